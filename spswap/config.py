@@ -1,0 +1,149 @@
+"""The one configuration of spswap: a dataclass filled from ``SPSWAP_*`` variables.
+
+Derived runtime values (the paths under the root) live in :class:`Paths`, apart from
+the settings themselves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from spswap.errors import ConfigError
+
+ENV_PREFIX = "SPSWAP_"
+DEFAULT_ROOT = Path("/dev/shm/spswap")
+
+
+def _parse_size(text: str) -> int:
+    """Parse ``"64G"``, ``"512MiB"``, ``"1000000"`` into bytes."""
+    units = {
+        "": 1, "B": 1,
+        "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10,
+        "M": 1 << 20, "MB": 1 << 20, "MIB": 1 << 20,
+        "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30,
+        "T": 1 << 40, "TB": 1 << 40, "TIB": 1 << 40,
+    }  # fmt: skip
+    s = text.strip().upper()
+    digits = s.rstrip("KMGTIB")
+    suffix = s[len(digits) :]
+    try:
+        value = float(digits)
+    except ValueError:
+        raise ConfigError(f"cannot read {text!r} as a size: use bytes or a K/M/G/T suffix") from None
+    if suffix not in units or value < 0:
+        raise ConfigError(f"cannot read {text!r} as a size: use bytes or a K/M/G/T suffix")
+    return int(value * units[suffix])
+
+
+def _parse_gpus(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.replace(" ", "").split(",") if x != "")
+    except ValueError:
+        raise ConfigError(f"cannot read {text!r} as a GPU list: use e.g. 0,1,2,3") from None
+
+
+@dataclass(frozen=True)
+class Config:
+    """spswap settings. Every field can be set as ``SPSWAP_<FIELD>`` (upper case)."""
+
+    root: Path = DEFAULT_ROOT
+    """Where the pool, slots, images and sockets live (node-local tmpfs)."""
+    pool_capacity_bytes: int | None = None
+    """Pool size limit; default: 80% of the root file system's size."""
+    gpus: tuple[int, ...] | None = None
+    """GPU indexes of this node when NVML is absent; default: NVML, then CUDA_VISIBLE_DEVICES."""
+    slot_poll_interval_s: float = 0.02
+    """How often a waiting reservation looks again."""
+    slot_timeout_s: float = 600.0
+    """Default time a reservation waits before it fails with the current holders."""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Config:
+        """Build the config from ``SPSWAP_*`` variables; unknown ones are an error."""
+        env = os.environ if env is None else env
+        names = {f.name for f in dataclasses.fields(cls)}
+        values: dict[str, object] = {}
+        for key, raw in env.items():
+            if not key.startswith(ENV_PREFIX):
+                continue
+            name = key[len(ENV_PREFIX) :].lower()
+            if name not in names:
+                if name in _NON_CONFIG_VARS:
+                    continue
+                valid = ", ".join(ENV_PREFIX + n.upper() for n in sorted(names))
+                raise ConfigError(f"unknown setting {key}; valid settings: {valid}")
+            values[name] = _convert(name, raw)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        unknown = set(values) - names
+        if unknown:
+            raise ConfigError(f"unknown setting(s) {sorted(unknown)}; valid: {sorted(names)}")
+        cfg = cls(**values)  # type: ignore[arg-type]
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` naming the bad field and the fix."""
+        if not self.root.is_absolute():
+            raise ConfigError(f"SPSWAP_ROOT must be an absolute path, got {self.root}")
+        if self.pool_capacity_bytes is not None and self.pool_capacity_bytes <= 0:
+            raise ConfigError("SPSWAP_POOL_CAPACITY_BYTES must be positive (e.g. 64G)")
+        if self.slot_poll_interval_s <= 0:
+            raise ConfigError("SPSWAP_SLOT_POLL_INTERVAL_S must be positive")
+        if self.slot_timeout_s < 0:
+            raise ConfigError("SPSWAP_SLOT_TIMEOUT_S must be >= 0")
+
+    @property
+    def paths(self) -> Paths:
+        return Paths(self.root)
+
+
+# Variables with the prefix that are not settings (job-side state, test knobs).
+_NON_CONFIG_VARS = frozenset({"job_state", "socket", "log_level", "criu", "test_slurm"})
+
+
+def _convert(name: str, raw: str) -> object:
+    if name == "root":
+        return Path(raw)
+    if name == "pool_capacity_bytes":
+        return _parse_size(raw)
+    if name == "gpus":
+        return _parse_gpus(raw)
+    try:
+        return float(raw)
+    except ValueError:
+        raise ConfigError(f"{ENV_PREFIX}{name.upper()}={raw!r} is not a number") from None
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Where each piece keeps its files under the root."""
+
+    root: Path
+    pool: Path = field(init=False)
+    slots: Path = field(init=False)
+    images: Path = field(init=False)
+    run: Path = field(init=False)
+    log: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "pool", self.root / "pool")
+        object.__setattr__(self, "slots", self.root / "slots")
+        object.__setattr__(self, "images", self.root / "images")
+        object.__setattr__(self, "run", self.root / "run")
+        object.__setattr__(self, "log", self.root / "log")
+
+    @property
+    def events(self) -> Path:
+        """The daemon's append-only event log (JSON lines)."""
+        return self.log / "events.jsonl"
+
+    @property
+    def socket(self) -> Path:
+        return self.run / "spswapd.sock"
+
+
+parse_size = _parse_size

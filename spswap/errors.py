@@ -1,0 +1,110 @@
+"""Every error spswap raises on purpose.
+
+Each message says what happened and what to do next; the CLI prints ``str(err)``
+and exits with ``err.exit_code``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class SpswapError(Exception):
+    """Base of every error spswap raises on purpose."""
+
+    exit_code = 1
+
+
+class ConfigError(SpswapError):
+    """A setting is missing, unknown or out of range."""
+
+    exit_code = 2
+
+
+class PoolError(SpswapError):
+    """A pool operation failed; the pool is left as it was."""
+
+
+class InvalidCheckpoint(PoolError):
+    """The input is not a usable safetensors checkpoint."""
+
+
+class PoolEntryNotFound(PoolError):
+    """No pool entry matches the given name or digest."""
+
+
+class PoolCorrupt(PoolError):
+    """A pool entry's data no longer matches its manifest."""
+
+    def __init__(self, message: str, *, tensor: str | None = None) -> None:
+        super().__init__(message)
+        self.tensor = tensor
+
+
+class PoolFull(PoolError):
+    """The pool cannot make room: every entry that would have to go is in use."""
+
+    def __init__(self, message: str, *, needed_bytes: int, free_bytes: int) -> None:
+        super().__init__(message)
+        self.needed_bytes = needed_bytes
+        self.free_bytes = free_bytes
+
+
+class PoolEntryInUse(PoolError):
+    """The entry is used by a live process or job and cannot be removed."""
+
+
+class TransferError(SpswapError):
+    """Weights could not be copied from the pool into a model."""
+
+
+class SlotError(SpswapError):
+    """A slot reservation could not be made or released."""
+
+
+class SlotTimeout(SlotError):
+    """Waiting for a slot took longer than the timeout."""
+
+    def __init__(self, message: str, *, holders: Sequence[str]) -> None:
+        super().__init__(message)
+        self.holders = list(holders)
+
+
+class IllegalTransition(SpswapError):
+    """An instance was asked to move between two states that are not adjacent."""
+
+
+class EngineError(SpswapError):
+    """An engine failed to load, sleep, wake or generate."""
+
+
+class PermissionDenied(SpswapError):
+    """The caller may not act on another user's job, reservation or image."""
+
+    exit_code = 3
+
+
+class DaemonError(SpswapError):
+    """The node daemon is unreachable or answered with an error."""
+
+
+class SlurmCommandError(SpswapError):
+    """A Slurm command failed; carries the command and its output."""
+
+    def __init__(self, message: str, *, argv: Sequence[str], output: str = "") -> None:
+        super().__init__(message)
+        self.argv = list(argv)
+        self.output = output
+
+
+class CheckpointFailed(SpswapError):
+    """A CRIU or CUDA checkpoint/restore step failed."""
+
+    def __init__(
+        self, message: str, *, log_path: str | None = None, log_tail: Sequence[str] = ()
+    ) -> None:
+        tail = "\n".join(log_tail)
+        full = message if not tail else f"{message}\nlast lines of {log_path}:\n{tail}"
+        super().__init__(full)
+        self.log_path = log_path
+        self.log_tail = list(log_tail)

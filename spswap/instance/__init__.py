@@ -1,0 +1,1 @@
+"""Instances of a model and the states they move through."""
