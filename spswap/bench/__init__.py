@@ -1,0 +1,1 @@
+"""Benchmarks behind ``spswap bench``: side-by-side measurements, reported as ratios."""

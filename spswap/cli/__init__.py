@@ -1,0 +1,1 @@
+"""The ``spswap`` command line (typer + rich)."""

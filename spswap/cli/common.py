@@ -1,0 +1,33 @@
+"""Helpers every command module shares: config, JSON output, the consoles."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+
+from spswap.config import Config
+
+console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+JsonOpt = typer.Option(False, "--json", help="Print machine-readable JSON instead of tables.")
+RootOpt = typer.Option(
+    None, "--root", envvar="SPSWAP_ROOT",
+    help="spswap's state directory (pool, slots, images) on node-local tmpfs.",
+    show_default="/dev/shm/spswap",
+)  # fmt: skip
+
+
+def load_config(root: Path | None = None) -> Config:
+    """The config from the environment, with ``--root`` taking precedence."""
+    return Config.from_env(root=root)
+
+
+def emit_json(obj: Any) -> None:
+    """Print ``obj`` as JSON on stdout (sorted keys, so scripts and goldens are stable)."""
+    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=True) + "\n")

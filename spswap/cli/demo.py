@@ -1,0 +1,5 @@
+"""Placeholder; replaced by the demo command."""
+
+
+def demo() -> None:
+    """Run the demo."""

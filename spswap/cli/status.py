@@ -1,0 +1,5 @@
+"""Placeholder; replaced by the status command."""
+
+
+def status() -> None:
+    """Show GPUs, slots, pool entries and instances."""

@@ -1,0 +1,1 @@
+"""The node-wide weight pool: flat, DMA-aligned weight files on tmpfs."""
