@@ -7,7 +7,7 @@ import sys
 import typer
 
 from spswap import __version__
-from spswap.cli import bench, demo, pool, slots, status
+from spswap.cli import bench, daemon, demo, doctor, events, images, node, pool, slots, status
 from spswap.cli.common import err_console
 from spswap.errors import SpswapError
 
@@ -24,8 +24,13 @@ app = typer.Typer(
 app.add_typer(pool.app, name="pool")
 app.add_typer(slots.app, name="slots")
 app.add_typer(bench.app, name="bench")
+app.add_typer(daemon.app, name="daemon")
+app.add_typer(node.app, name="node")
+app.add_typer(images.app, name="images")
 app.command("status")(status.status)
 app.command("demo")(demo.demo)
+app.command("doctor")(doctor.doctor)
+app.command("events")(events.events)
 
 
 def _version(value: bool) -> None:

@@ -1,0 +1,5 @@
+"""Placeholder; replaced by the doctor command."""
+
+
+def doctor() -> None:
+    """Check this node."""

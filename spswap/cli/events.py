@@ -1,0 +1,5 @@
+"""Placeholder; replaced by the events command."""
+
+
+def events() -> None:
+    """Show the event log."""
