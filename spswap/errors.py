@@ -88,6 +88,10 @@ class DaemonError(SpswapError):
     """The node daemon is unreachable or answered with an error."""
 
 
+class ProtocolError(DaemonError):
+    """A message on the daemon's socket is malformed, too large or of another version."""
+
+
 class SlurmCommandError(SpswapError):
     """A Slurm command failed; carries the command and its output."""
 
