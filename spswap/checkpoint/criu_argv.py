@@ -1,0 +1,123 @@
+"""The command lines spswap runs CRIU with: pure functions, pinned by golden tests.
+
+Flags, and why:
+- ``--shell-job`` when the process is not a session leader (not started with setsid).
+- ``--tcp-close`` drops established TCP connections (clients reconnect); without it CRIU
+  refuses to dump them.
+- ``--ext-unix-sk`` lets CRIU dump Unix sockets whose peer is outside the tree; a *connected
+  stream* socket to an outside peer still fails, so the engine closes those before a dump.
+- ``--ghost-limit`` raises the size up to which mapped-then-deleted files are copied into
+  the image.
+- ``--restore-detached`` makes the restored tree a child of init, not of the caller; with
+  ``--pidfile`` the caller still learns its pid.
+- ``-v4 -o LOG`` keeps a full log inside the image directory: CRIU's own exit status says
+  little, the log says why.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+LOG_VERBOSITY = "-v4"
+
+
+def check_argv(criu: str) -> list[str]:
+    """``criu check``: does this kernel support what a dump and a restore need."""
+    return [criu, "check"]
+
+
+def version_argv(criu: str) -> list[str]:
+    """``criu --version``: prints ``Version: X.Y[.Z]``."""
+    return [criu, "--version"]
+
+
+def dump_argv(
+    criu: str,
+    *,
+    pid: int,
+    images_dir: Path,
+    log_file: str = "dump.log",
+    leave_running: bool = False,
+    shell_job: bool,
+    tcp_close: bool = False,
+    ghost_limit_bytes: int | None = None,
+    ext_unix_sk: bool = False,
+) -> list[str]:
+    """``criu dump`` of the tree rooted at ``pid`` into ``images_dir``.
+
+    ``log_file`` is relative to ``images_dir`` (CRIU writes it there with ``-D``).
+    """
+    if pid <= 0:
+        raise ValueError(f"pid must be positive, got {pid}")
+    argv = [criu, "dump", "--tree", str(pid), "--images-dir", str(images_dir)]
+    argv += [LOG_VERBOSITY, "--log-file", log_file]
+    if leave_running:
+        argv.append("--leave-running")
+    if shell_job:
+        argv.append("--shell-job")
+    if tcp_close:
+        argv.append("--tcp-close")
+    if ext_unix_sk:
+        argv.append("--ext-unix-sk")
+    if ghost_limit_bytes is not None:
+        if ghost_limit_bytes < 0:
+            raise ValueError(f"ghost_limit_bytes must be >= 0, got {ghost_limit_bytes}")
+        argv += ["--ghost-limit", str(ghost_limit_bytes)]
+    return argv
+
+
+def restore_argv(
+    criu: str,
+    *,
+    images_dir: Path,
+    log_file: str = "restore.log",
+    pidfile: Path,
+    restore_detached: bool = True,
+    shell_job: bool,
+    tcp_close: bool = False,
+    ext_unix_sk: bool = False,
+    auto_dedup: bool = False,
+) -> list[str]:
+    """``criu restore`` of the image in ``images_dir``; the root pid is written to ``pidfile``.
+
+    ``auto_dedup`` frees image pages as they are restored (faster on tmpfs, but the image
+    can be used only once: the caller must delete it afterwards).
+    """
+    argv = [criu, "restore", "--images-dir", str(images_dir)]
+    argv += [LOG_VERBOSITY, "--log-file", log_file, "--pidfile", str(pidfile)]
+    if restore_detached:
+        argv.append("--restore-detached")
+    if shell_job:
+        argv.append("--shell-job")
+    if tcp_close:
+        argv.append("--tcp-close")
+    if ext_unix_sk:
+        argv.append("--ext-unix-sk")
+    if auto_dedup:
+        argv.append("--auto-dedup")
+    return argv
+
+
+def parse_version(text: str) -> tuple[int, int, int] | None:
+    """``(major, minor, patch)`` from ``criu --version`` output, None if absent.
+
+    >>> parse_version("Version: 4.1.1\\n")
+    (4, 1, 1)
+    >>> parse_version("Version: 4.2\\nGitID: v4.2\\n")
+    (4, 2, 0)
+    """
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith("Version:"):
+            continue
+        parts = line.split(":", 1)[1].strip().split(".")
+        nums: list[int] = []
+        for p in parts[:3]:
+            digits = "".join(ch for ch in p if ch.isdigit()) if not p.isdigit() else p
+            if not digits:
+                break
+            nums.append(int(digits))
+        if nums:
+            nums += [0] * (3 - len(nums))
+            return (nums[0], nums[1], nums[2])
+    return None
