@@ -1,0 +1,228 @@
+#!/bin/bash
+# slurm_up.sh - a real single-node Slurm (slurmctld + slurmd + munged) for spswap's tests
+# and for trying spswap on one machine. Debian/Ubuntu, run as root, no systemd needed.
+#
+#   scripts/slurm_up.sh [up]    install what is missing, configure, start, wait until idle
+#   scripts/slurm_up.sh down    cancel every job, stop the daemons (and munged we started)
+#
+# Re-running "up" restarts the cluster with a fresh configuration and no jobs.
+#
+# Environment (all optional):
+#   SLURM_CI_DIR   state, spool, logs and fake GPU devices      (default /tmp/spswap-slurm)
+#   FAKE_GPUS      fake GPUs exposed as GRES gpu (char devices)  (default 2; 0 = none)
+#   SLURM_PROLOG   Prolog script (absolute after resolution)     (default <repo>/slurm/prolog.sh)
+#   SLURM_EPILOG   Epilog script                                 (default <repo>/slurm/epilog.sh)
+#                  set either to "none" to run without it
+#   SPSWAP_BIN     the spswap executable the prolog/epilog run; written to /etc/default/spswap
+#   SPSWAP_ROOT    spswap's root for the prolog/epilog (also written to /etc/default/spswap)
+#   PROCTRACK      linuxproc | cgroup                            (default linuxproc)
+#   GRACE_TIME     GraceTime in seconds of the preemptable "low" partition (default 10)
+#   IDLE_TIMEOUT_S seconds to wait for the node to become idle   (default 60)
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+SLURM_CI_DIR=${SLURM_CI_DIR:-/tmp/spswap-slurm}
+FAKE_GPUS=${FAKE_GPUS:-2}
+PROCTRACK=${PROCTRACK:-linuxproc}
+GRACE_TIME=${GRACE_TIME:-10}
+IDLE_TIMEOUT_S=${IDLE_TIMEOUT_S:-60}
+SLURM_PROLOG=${SLURM_PROLOG:-$REPO/slurm/prolog.sh}
+SLURM_EPILOG=${SLURM_EPILOG:-$REPO/slurm/epilog.sh}
+DEFAULTS_FILE=/etc/default/spswap
+DEFAULTS_MARK="# written by spswap scripts/slurm_up.sh"
+
+say() { echo "[slurm_up] $*"; }
+die() { echo "slurm_up: $*" >&2; exit 1; }
+pid_of() { cat "$SLURM_CI_DIR/$1.pid" 2>/dev/null || true; }
+running() { local p; p=$(pid_of "$1"); [ -n "$p" ] && kill -0 "$p" 2>/dev/null; }
+wait_gone() {  # pid, tries of 0.2 s
+    local i; for ((i = 0; i < $2; i++)); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.2; done
+    return 1
+}
+
+stop_cluster() {
+    local ctld slurmd pid exe
+    # slurmd removes its pid file when shutdown begins: read both first
+    ctld=$(pid_of slurmctld); slurmd=$(pid_of slurmd)
+    if [ -n "$ctld" ] && kill -0 "$ctld" 2>/dev/null; then
+        # A slurmd shut down while a job was completing stayed behind ignoring SIGTERM:
+        # empty the queue first.
+        timeout 10 squeue -h -o %A 2>/dev/null | xargs -r timeout 10 scancel 2>/dev/null || true
+        for _ in $(seq 1 100); do
+            [ -z "$(timeout 5 squeue -h -o %A 2>/dev/null)" ] && break
+            sleep 0.2
+        done
+        timeout 10 scontrol shutdown >/dev/null 2>&1 || true
+    fi
+    for pid in $ctld $slurmd; do
+        wait_gone "$pid" 50 && continue
+        kill -TERM "$pid" 2>/dev/null || true
+        wait_gone "$pid" 25 || kill -KILL "$pid" 2>/dev/null || true
+    done
+    for pid in /proc/[0-9]*; do   # step daemons left by an unclean stop
+        exe=$(readlink "$pid/exe" 2>/dev/null || true)
+        case "$exe" in */slurmstepd) kill -KILL "${pid#/proc/}" 2>/dev/null || true ;; esac
+    done
+}
+
+if [ "${1:-up}" = down ]; then
+    stop_cluster
+    if [ -f "$SLURM_CI_DIR/munged.ours" ] && [ -s /run/munge/munged.pid ]; then
+        kill -TERM "$(cat /run/munge/munged.pid)" 2>/dev/null || true
+        rm -f "$SLURM_CI_DIR/munged.ours"
+    fi
+    if [ -f "$DEFAULTS_FILE" ] && grep -qF "$DEFAULTS_MARK" "$DEFAULTS_FILE"; then
+        rm -f "$DEFAULTS_FILE"
+    fi
+    say "stopped"
+    exit 0
+fi
+[ "${1:-up}" = up ] || die "unknown command '$1': use 'up' or 'down'"
+[ "$(id -u)" = 0 ] || die "must run as root (it installs packages and starts slurmd)"
+START_S=$SECONDS
+
+# -- packages -------------------------------------------------------------------------
+need=()
+for cmd in slurmctld slurmd sbatch munged; do command -v "$cmd" >/dev/null || need+=("$cmd"); done
+if [ ${#need[@]} -gt 0 ]; then
+    say "installing slurmctld slurmd slurm-client munge (missing: ${need[*]})"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get -o DPkg::Lock::Timeout=600 update -qq
+    apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends \
+        slurmctld slurmd slurm-client munge >/dev/null
+fi
+say "$(slurmctld -V), $(munged -V 2>&1 | head -1)"
+
+# -- munge ----------------------------------------------------------------------------
+[ -s /etc/munge/munge.key ] || mungekey --create --keyfile=/etc/munge/munge.key
+chown munge:munge /etc/munge/munge.key
+chmod 0400 /etc/munge/munge.key
+install -d -o munge -g munge -m 0755 /run/munge
+mkdir -p "$SLURM_CI_DIR"
+if ! munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then
+    runuser -u munge -- /usr/sbin/munged   # daemonizes itself
+    touch "$SLURM_CI_DIR/munged.ours"
+    for _ in $(seq 1 50); do munge -n 2>/dev/null | unmunge >/dev/null 2>&1 && break; sleep 0.1; done
+fi
+munge -n | unmunge >/dev/null || die "munge does not work: see /var/log/munge/munged.log"
+
+# -- configuration --------------------------------------------------------------------
+if running slurmctld || running slurmd; then stop_cluster; fi
+mkdir -p "$SLURM_CI_DIR"/{state,spool,log,dev}
+HOST=$(hostname -s)
+MEM_MB=$(slurmd -C | sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p')
+
+resolve_hook() {  # "none" -> nothing; else an absolute, executable path
+    [ "$1" = none ] && return 0
+    local path; path=$(readlink -f "$1") || die "cannot resolve $1"
+    [ -x "$path" ] || die "$path is not an executable file (chmod +x it)"
+    echo "$path"
+}
+PROLOG=$(resolve_hook "$SLURM_PROLOG")
+EPILOG=$(resolve_hook "$SLURM_EPILOG")
+
+# The prolog runs with no PATH: tell it where spswap is.
+if [ -n "${SPSWAP_BIN:-}${SPSWAP_ROOT:-}" ]; then
+    if [ -f "$DEFAULTS_FILE" ] && ! grep -qF "$DEFAULTS_MARK" "$DEFAULTS_FILE"; then
+        die "$DEFAULTS_FILE exists and was not written by this script: edit it yourself"
+    fi
+    {
+        echo "$DEFAULTS_MARK"
+        [ -n "${SPSWAP_BIN:-}" ] && echo "SPSWAP_BIN=$SPSWAP_BIN"
+        [ -n "${SPSWAP_ROOT:-}" ] && echo "SPSWAP_ROOT=$SPSWAP_ROOT"
+    } > "$DEFAULTS_FILE"
+fi
+
+GRES_NODE=""
+GRES_TYPES=""
+: > /etc/slurm/gres.conf
+if [ "$FAKE_GPUS" -gt 0 ]; then
+    # Slurm 22.05 drops file-less GPUs and ignores regular files: fake GPUs must be
+    # character devices with the NVIDIA major number (195).
+    for ((i = 0; i < FAKE_GPUS; i++)); do
+        dev="$SLURM_CI_DIR/dev/nvidia$i"
+        [ -c "$dev" ] || { rm -f "$dev"; mknod "$dev" c 195 "$i"; }
+    done
+    echo "NodeName=$HOST Name=gpu File=$SLURM_CI_DIR/dev/nvidia[0-$((FAKE_GPUS - 1))]" \
+        > /etc/slurm/gres.conf
+    GRES_NODE="Gres=gpu:$FAKE_GPUS"
+    GRES_TYPES="GresTypes=gpu"   # AccountingStorageTRES=gres/gpu is fatal without slurmdbd
+fi
+if [ "$PROCTRACK" = cgroup ]; then
+    printf '%s\n' CgroupPlugin=autodetect ConstrainCores=no ConstrainRAMSpace=no \
+        ConstrainDevices=no > /etc/slurm/cgroup.conf
+fi
+
+cat > /etc/slurm/slurm.conf <<EOF
+# generated by spswap scripts/slurm_up.sh: a single-node test cluster
+ClusterName=spswap-ci
+SlurmctldHost=$HOST(127.0.0.1)
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+# a requeued job may start again after cred_expire seconds (default 120, minimum 5)
+AuthInfo=cred_expire=5
+StateSaveLocation=$SLURM_CI_DIR/state
+SlurmdSpoolDir=$SLURM_CI_DIR/spool
+SlurmctldPidFile=$SLURM_CI_DIR/slurmctld.pid
+SlurmdPidFile=$SLURM_CI_DIR/slurmd.pid
+SlurmctldLogFile=$SLURM_CI_DIR/log/slurmctld.log
+SlurmdLogFile=$SLURM_CI_DIR/log/slurmd.log
+SlurmctldDebug=info
+SlurmdDebug=info
+ProctrackType=proctrack/$PROCTRACK
+TaskPlugin=task/none
+SchedulerType=sched/backfill
+SchedulerParameters=sched_interval=2,bf_interval=1
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+ReturnToService=2
+MpiDefault=none
+MailProg=/bin/true
+JobCompType=jobcomp/none
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+SlurmctldTimeout=30
+SlurmdTimeout=30
+InactiveLimit=0
+MinJobAge=300
+KillWait=5
+Waittime=0
+${PROLOG:+Prolog=$PROLOG}
+${EPILOG:+Epilog=$EPILOG}
+PrologFlags=Alloc
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+# deliver the job's --signal (e.g. B:USR1) at preemption, before GraceTime's SIGTERM
+SlurmctldParameters=preempt_send_user_signal
+$GRES_TYPES
+NodeName=$HOST NodeAddr=127.0.0.1 CPUs=$(nproc) RealMemory=$MEM_MB $GRES_NODE State=UNKNOWN
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1
+PartitionName=low   Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=REQUEUE GraceTime=$GRACE_TIME
+PartitionName=high  Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF
+EOF
+
+# -- start and wait until the node is idle ----------------------------------------------
+slurmctld -c   # -c: clean start, no jobs from an earlier run
+slurmd
+state=""
+deadline=$((SECONDS + IDLE_TIMEOUT_S))
+while [ $SECONDS -lt $deadline ]; do
+    for d in slurmctld slurmd; do   # a fatal configuration error ends a daemon at once
+        if ! running "$d"; then
+            sleep 0.5
+            running "$d" || { tail -n 20 "$SLURM_CI_DIR/log/$d.log" >&2; die "$d is not running"; }
+        fi
+    done
+    state=$(timeout 5 sinfo -h -N -o %T 2>/dev/null | head -1 || true)
+    [ "$state" = idle ] && break
+    sleep 0.1
+done
+if [ "$state" != idle ]; then
+    sinfo -N -o '%N %T %E' >&2 || true
+    tail -n 30 "$SLURM_CI_DIR/log/slurmctld.log" "$SLURM_CI_DIR/log/slurmd.log" >&2 || true
+    die "node $HOST not idle after ${IDLE_TIMEOUT_S}s (state '$state')"
+fi
+say "node $HOST idle after $((SECONDS - START_S)) s; prolog=${PROLOG:-none} epilog=${EPILOG:-none}"
+sinfo
