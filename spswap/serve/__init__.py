@@ -1,0 +1,1 @@
+"""The in-job side: a model server that survives preemption and requeue."""

@@ -1,0 +1,226 @@
+"""``spswap serve``: one model server inside a Slurm job that survives preemption.
+
+Life of a run:
+  1. reserve a slot on the job's GPU (FIFO behind whoever holds it);
+  2. make sure the model is in the pool (first time: read from disk once), start the
+     engine from the pool;
+  3. answer requests from the spool (and the job-local socket) until idle or told to stop;
+  4. on the preemption signal (USR1) or SIGTERM: stop admitting, leave unanswered requests
+     in the spool (that is the saved state), suspend the engine through the
+     :class:`Suspender` (today: sleep; with CRIU: sleep + CUDA checkpoint + dump),
+     release the slot, ask Slurm to requeue when the signal was USR1, and exit.
+A run with restart count > 0 finds the saved requests in the spool and answers them first.
+
+Signal handlers only set a flag (no work, no forking in a handler); the loop notices it
+between requests.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any, Protocol
+
+from spswap.config import Config
+from spswap.errors import SpswapError
+from spswap.instance.registry import InstanceRecord, InstanceRegistry
+from spswap.liveness import Holder
+from spswap.serve.spool import Request, Spool
+
+EXIT_OK = 0
+EXIT_PREEMPTED = 0  # Slurm requeues on its own (PreemptMode=REQUEUE) or because we asked it
+
+
+class Suspender(Protocol):
+    """How a stopping server puts its engine away; the CRIU checkpoint plugs in here."""
+
+    name: str
+
+    def suspend(self, engine: Any) -> dict[str, Any]:
+        """Move the engine out of the GPU; return what was done (for the event log)."""
+        ...
+
+
+class SleepSuspender:
+    """Until a CRIU image can be taken: sleep the engine (weights out of device memory);
+    the request spool is the rest of the saved state."""
+
+    name = "sleep"
+
+    def suspend(self, engine: Any) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        engine.sleep()
+        return {"suspender": self.name, "seconds": time.perf_counter() - t0}
+
+
+@dataclass
+class ServeOptions:
+    """What ``spswap serve`` was asked to do."""
+
+    model: Path  # checkpoint directory (config.json + safetensors)
+    state_dir: Path  # spool lives here; must survive the requeue
+    engine: str = "reference"
+    device: str = "cpu"
+    units: int = 4
+    slot_timeout_s: float = 600.0
+    requests_file: Path | None = None  # JSON lines to enqueue once (batch jobs)
+    exit_when_idle: bool = False
+    requeue_on_usr1: bool = True
+    poll_interval_s: float = 0.05
+    slot_gpus: tuple[int, ...] = ()  # GPUs the job was given (slot table indexes)
+
+
+@dataclass
+class ServeResult:
+    answered: int = 0
+    resumed: int = 0  # requests found in the spool at start (saved by an earlier run)
+    stopped_by: str | None = None  # signal name when preempted
+    pending_left: int = 0
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+
+EngineFactory = Callable[[ServeOptions], Any]
+
+
+class Server:
+    """One serving run. Construct, then :meth:`run`; the pieces are injected so tests
+    can drive each step (signal handlers are methods, not closures)."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        opts: ServeOptions,
+        *,
+        engine_factory: EngineFactory,
+        job_id: str | None = None,
+        restart_count: int = 0,
+        suspender: Suspender | None = None,
+        requeue: Callable[[str], None] | None = None,
+        log: Callable[[str], None] = print,
+    ) -> None:
+        self.cfg = cfg
+        self.opts = opts
+        self.engine_factory = engine_factory
+        self.job_id = job_id
+        self.restart_count = restart_count
+        self.suspender = suspender or SleepSuspender()
+        self.requeue = requeue
+        self.log = log
+        self.spool = Spool(opts.state_dir)
+        self.stop_event = threading.Event()
+        self.stop_signal: str | None = None
+        self.instance_id = f"{job_id or 'local'}-{os.getpid()}"
+        self.registry = InstanceRegistry(cfg.paths.run / "instances")
+
+    # -- signals -------------------------------------------------------------
+    def handle_signal(self, signum: int, _frame: FrameType | None = None) -> None:
+        """Only records the request to stop; the loop does the work."""
+        if self.stop_signal is None:
+            self.stop_signal = signal.Signals(signum).name
+        self.stop_event.set()
+
+    def install_signal_handlers(self) -> None:
+        for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self.handle_signal)
+
+    # -- the run ---------------------------------------------------------------
+    def run(self) -> ServeResult:
+        result = ServeResult()
+        self.spool.create()
+        if self.opts.requests_file is not None:
+            self._enqueue_file(self.opts.requests_file)
+        result.resumed = sum(1 for _ in self.spool.pending()) if self.restart_count else 0
+        reservation, slots = self._reserve()
+        engine = None
+        try:
+            from spswap.pool.store import Pool
+
+            pool = Pool.from_config(self.cfg)
+            manifest = pool.import_checkpoint(self.opts.model)
+            engine = self.engine_factory(self.opts)
+            t0 = time.perf_counter()
+            engine.load_from_pool(pool, manifest.digest)
+            self._record("up", engine)
+            self.log(f"spswap serve: {manifest.name} up from the pool in "
+                     f"{time.perf_counter() - t0:.2f} s; restart count {self.restart_count}, "
+                     f"{result.resumed} saved request(s) to resume")  # fmt: skip
+            self._serve_loop(engine, result)
+            if self.stop_event.is_set():
+                result.stopped_by = self.stop_signal
+                result.events.append(self.suspender.suspend(engine))
+                self._record("sleep", engine)
+        finally:
+            if reservation is not None and slots is not None:
+                slots.release(reservation.id)
+            if engine is not None and not self.stop_event.is_set():
+                engine.close()
+                self.registry.remove(self.instance_id)
+        result.pending_left = sum(1 for _ in self.spool.pending())
+        if result.stopped_by == "SIGUSR1" and self.requeue and self.job_id:
+            # scancel --signal=USR1 --batch does not requeue by itself; preemption does,
+            # and a second requeue of a job already pending is harmless.
+            self.requeue(self.job_id)
+        return result
+
+    def _serve_loop(self, engine: Any, result: ServeResult) -> None:
+        while not self.stop_event.is_set():
+            pending = list(self.spool.pending())
+            for req in pending:
+                if self.stop_event.is_set():
+                    return
+                out = engine.generate([req.prompt_ids], req.max_new_tokens)[0]
+                self.spool.complete(req, out, job_id=self.job_id,
+                                    restart_count=self.restart_count)  # fmt: skip
+                result.answered += 1
+            if not pending and self.opts.exit_when_idle:
+                return
+            self.stop_event.wait(self.opts.poll_interval_s)
+
+    def _enqueue_file(self, path: Path) -> int:
+        import json
+
+        added = 0
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                data = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise SpswapError(f"{path}:{n}: not JSON ({e}); one request per line") from None
+            added += self.spool.submit(Request.from_json(data))
+        return added
+
+    def _reserve(self) -> tuple[Any, Any]:
+        """A slot on the job's GPU; none when the node has no GPU list (CPU runs)."""
+        if not self.opts.slot_gpus:
+            return None, None
+        from spswap.slots.table import SlotTable
+
+        table = SlotTable(self.cfg.paths.slots, self.opts.slot_gpus,
+                          poll_interval_s=self.cfg.slot_poll_interval_s)  # fmt: skip
+        holder = Holder.current(job_id=self.job_id)
+        res = table.reserve(model=self.opts.model.name, units=self.opts.units,
+                            allowed_gpus=self.opts.slot_gpus, holder=holder,
+                            timeout_s=self.opts.slot_timeout_s)  # fmt: skip
+        return res, table
+
+    def _record(self, state: str, engine: Any) -> None:
+        """Best effort: a status record is not worth failing a job for (e.g. a root-owned
+        run directory on a node where the daemon has not made it writable)."""
+        try:
+            self._put_record(state)
+        except OSError as e:
+            self.log(f"spswap serve: could not update the instance record ({e})")
+
+    def _put_record(self, state: str) -> None:
+        self.registry.put(InstanceRecord(
+            id=self.instance_id, model=self.opts.model.name, state=state, pid=os.getpid(),
+            uid=os.getuid(), job_id=self.job_id, device=self.opts.device,
+            engine=self.opts.engine,
+        ))  # fmt: skip

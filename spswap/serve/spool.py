@@ -1,0 +1,107 @@
+"""Durable request spool of one serving job: the saved request state IS the spool.
+
+A request is accepted by writing ``inbox/<id>.json`` (atomically); it is answered by
+writing ``outbox/<id>.json`` and then removing the inbox file. Whatever is still in the
+inbox when a job is preempted, killed or crashes is exactly the work that its next run
+(restart count > 0) resumes: nothing a user submitted is lost, nothing is answered twice.
+Plain files, no torch; the spool lives in the job's state directory (by default under
+the submit directory, so it survives the node and the requeue).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from spswap.errors import SpswapError
+from spswap.fsutil import atomic_write_json, read_json
+
+_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+
+
+@dataclass(frozen=True)
+class Request:
+    """One generation request: token ids in, greedy token ids out."""
+
+    id: str
+    prompt_ids: list[int]
+    max_new_tokens: int
+    submitted: float = field(default_factory=time.time)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "prompt_ids": self.prompt_ids,
+            "max_new_tokens": self.max_new_tokens, "submitted": self.submitted,
+        }  # fmt: skip
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Request:
+        """Validate a request from a user: clear errors, never a traceback."""
+        rid = str(d.get("id") or uuid.uuid4().hex)
+        if not _ID_RE.match(rid):
+            raise SpswapError(f"request id {rid!r} must be 1-128 characters of [A-Za-z0-9._-]")
+        ids = d.get("prompt_ids")
+        if not isinstance(ids, list) or not ids or not all(isinstance(x, int) for x in ids):
+            raise SpswapError(f"request {rid}: prompt_ids must be a non-empty list of ints")
+        n = d.get("max_new_tokens", 16)
+        if not isinstance(n, int) or not 1 <= n <= 4096:
+            raise SpswapError(f"request {rid}: max_new_tokens must be an int in 1..4096")
+        return cls(id=rid, prompt_ids=list(ids), max_new_tokens=n,
+                   submitted=float(d.get("submitted", time.time())))  # fmt: skip
+
+
+class Spool:
+    """``inbox/`` (accepted, unanswered) and ``outbox/`` (answered) of one job."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir = state_dir
+        self.inbox = state_dir / "inbox"
+        self.outbox = state_dir / "outbox"
+
+    def create(self) -> None:
+        self.inbox.mkdir(parents=True, exist_ok=True)
+        self.outbox.mkdir(parents=True, exist_ok=True)
+
+    def submit(self, request: Request) -> bool:
+        """Accept ``request``; False when it was accepted or answered before (idempotent)."""
+        if self.answer(request.id) is not None or (self.inbox / f"{request.id}.json").exists():
+            return False
+        atomic_write_json(self.inbox / f"{request.id}.json", request.to_json())
+        return True
+
+    def pending(self) -> Iterator[Request]:
+        """Unanswered requests, oldest first (the order they were accepted in)."""
+        items: list[Request] = []
+        for path in self.inbox.glob("*.json"):
+            data = read_json(path)
+            if isinstance(data, dict):
+                items.append(Request.from_json(data))
+        yield from sorted(items, key=lambda r: (r.submitted, r.id))
+
+    def complete(self, request: Request, output_ids: list[int], **extra: Any) -> None:
+        """Record the answer, then drop the request from the inbox (in that order)."""
+        answer = {"id": request.id, "prompt_ids": request.prompt_ids,
+                  "output_ids": output_ids, "answered": time.time(), **extra}  # fmt: skip
+        atomic_write_json(self.outbox / f"{request.id}.json", answer)
+        try:
+            os.unlink(self.inbox / f"{request.id}.json")
+        except FileNotFoundError:
+            pass
+
+    def answer(self, request_id: str) -> dict[str, Any] | None:
+        data = read_json(self.outbox / f"{request_id}.json")
+        return data if isinstance(data, dict) else None
+
+    def answers(self) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        for path in sorted(self.outbox.glob("*.json")):
+            data = read_json(path)
+            if isinstance(data, dict):
+                out[str(data["id"])] = data
+        return out
