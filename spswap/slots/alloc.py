@@ -26,6 +26,7 @@ def allocate(
 
     ``held`` maps a GPU to the unit indexes taken on it (missing: all free).
     """
+
     def free_count(g: int) -> int:
         return UNITS_PER_GPU - len(held.get(g, ()))
 

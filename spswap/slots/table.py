@@ -293,8 +293,8 @@ class SlotTable:
                 )
             if not 1 <= whole_gpus <= len(candidates):
                 raise SlotError(
-                    f"whole_gpus must be 1..{len(candidates)} (GPUs {', '.join(map(str, candidates))}), "
-                    f"got {whole_gpus}"
+                    f"whole_gpus must be 1..{len(candidates)} "
+                    f"(GPUs {', '.join(map(str, candidates))}), got {whole_gpus}"
                 )
             return _Request(UNITS_PER_GPU, whole_gpus, candidates)
         if units not in VALID_UNITS:
@@ -307,7 +307,10 @@ class SlotTable:
     @contextmanager
     def _locked(self, deadline: float | None = None) -> Iterator[_State]:
         """Hold the lock, load the state, reclaim stale entries; save if changed."""
-        timeout_s = _READ_LOCK_TIMEOUT_S if deadline is None else max(deadline - time.monotonic(), 0.0)
+        if deadline is None:
+            timeout_s = _READ_LOCK_TIMEOUT_S
+        else:
+            timeout_s = max(deadline - time.monotonic(), 0.0)
         try:
             # A held lock is only ever held for one read-modify-write; waiting for the
             # queue happens outside it, so a short poll is enough.
@@ -420,9 +423,11 @@ class SlotTable:
             lines.append("held by:")
             lines += [f"  {h}" for h in holders]
         if ahead:
-            lines.append(f"{len(ahead)} earlier waiter(s) for these GPUs: " + ", ".join(
-                f"ticket {q['ticket']} (model {q['model']}, pid {q['holder']['pid']})" for q in ahead
-            ))  # fmt: skip
+            queued = ", ".join(
+                f"ticket {q['ticket']} (model {q['model']}, pid {q['holder']['pid']})"
+                for q in ahead
+            )
+            lines.append(f"{len(ahead)} earlier waiter(s) for these GPUs: {queued}")
         lines.append(
             "wait longer (--timeout-s / timeout_s) or release a reservation "
             "(`spswap slots release ID`)"
