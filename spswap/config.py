@@ -30,12 +30,13 @@ def _parse_size(text: str) -> int:
     s = text.strip().upper()
     digits = s.rstrip("KMGTIB")
     suffix = s[len(digits) :]
+    bad = ConfigError(f"cannot read {text!r} as a size: use bytes or a K/M/G/T suffix")
     try:
         value = float(digits)
     except ValueError:
-        raise ConfigError(f"cannot read {text!r} as a size: use bytes or a K/M/G/T suffix") from None
+        raise bad from None
     if suffix not in units or value < 0:
-        raise ConfigError(f"cannot read {text!r} as a size: use bytes or a K/M/G/T suffix")
+        raise bad
     return int(value * units[suffix])
 
 

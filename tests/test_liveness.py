@@ -1,0 +1,36 @@
+import os
+import subprocess
+import sys
+
+from spswap.liveness import Holder, holder_alive, pid_alive, pid_start_time
+
+
+def test_own_process_is_alive_and_start_time_pins_it():
+    me = os.getpid()
+    start = pid_start_time(me)
+    assert start is not None
+    assert pid_alive(me) and pid_alive(me, start)
+    assert not pid_alive(me, start + 1)  # same pid, other start: a reused pid
+
+
+def test_dead_and_zombie_processes_are_not_alive():
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    while pid_start_time(p.pid) is not None:  # becomes a zombie until reaped
+        if p.poll() is not None:
+            break
+    assert not pid_alive(p.pid)
+    p.wait()
+    assert not pid_alive(p.pid)
+    assert not pid_alive(0) and not pid_alive(-5)
+
+
+def test_job_bound_holder_follows_the_job_and_falls_back_to_the_pid():
+    dead = Holder(pid=2**22 + 7, pid_start=None, uid=0, job_id="42")
+    assert holder_alive(dead, job_alive=lambda j: True)
+    assert not holder_alive(dead, job_alive=lambda j: False)
+    assert not holder_alive(dead, job_alive=lambda j: None)  # can't tell: the pid decides
+    live = Holder.current(job_id="42")
+    assert holder_alive(live, job_alive=lambda j: None)
+    assert holder_alive(live, job_alive=lambda j: False)  # never reclaim a live process
+    assert Holder.from_json(live.to_json()) == live
+    assert "job 42" in live.describe()
