@@ -1,0 +1,151 @@
+"""A pool entry's ``data.bin`` mapped read-only, with a zero-copy torch view per tensor.
+
+The views point straight into the mapping: they are valid only while the
+:class:`MappedEntry` is open, and they must never be written (the pages are mapped
+read-only; a write would fault). Registering the mapping with CUDA (see
+:mod:`spswap.transfer.cuda_host`) happens at most once per mapping and lasts until
+:meth:`MappedEntry.close`, so repeated wakes pay the registration cost once.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import warnings
+from pathlib import Path
+from types import TracebackType
+
+import torch
+
+from spswap.errors import TransferError
+from spswap.pool.manifest import Manifest
+from spswap.transfer import cuda_host
+from spswap.transfer.dtypes import to_torch
+
+
+class MappedEntry:
+    """``data.bin`` of one pool entry, mapped read-only; a context manager."""
+
+    def __init__(self, manifest: Manifest, data_path: Path) -> None:
+        self.manifest = manifest
+        self.data_path = Path(data_path)
+        self._mmap: mmap.mmap | None = None
+        self._base: torch.Tensor | None = None
+        self._views: dict[str, torch.Tensor] | None = None
+        self._registration: cuda_host.Registration | None = None
+        self._closed = False
+        try:
+            fd = os.open(self.data_path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError as e:
+            raise TransferError(
+                f"cannot open pool data {self.data_path}: {e.strerror}; check that the entry "
+                f"still exists (spswap pool ls) and that this user may read it"
+            ) from None
+        try:
+            size = os.fstat(fd).st_size
+            if size < manifest.data_size_bytes:
+                raise TransferError(
+                    f"{self.data_path} holds {size} bytes but its manifest says "
+                    f"{manifest.data_size_bytes}: the entry is damaged; remove it "
+                    f"(spswap pool rm {manifest.name}) and import it again"
+                )
+            if manifest.data_size_bytes > 0:
+                self._mmap = mmap.mmap(
+                    fd, manifest.data_size_bytes, mmap.MAP_SHARED, mmap.PROT_READ
+                )
+        finally:
+            os.close(fd)  # the mapping keeps the pages; the descriptor is not needed
+        with warnings.catch_warnings():
+            # torch warns that the buffer is not writable: that is the point.
+            warnings.simplefilter("ignore", UserWarning)
+            self._base = (
+                torch.frombuffer(self._mmap, dtype=torch.uint8)
+                if self._mmap is not None
+                else torch.empty(0, dtype=torch.uint8)
+            )
+
+    # -- views -------------------------------------------------------------------------
+    @property
+    def size_bytes(self) -> int:
+        return self.manifest.data_size_bytes
+
+    @property
+    def address(self) -> int:
+        """Address of the first mapped byte (0 when the entry holds no data)."""
+        self._check_open()
+        assert self._base is not None
+        return self._base.data_ptr() if self._mmap is not None else 0
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Every tensor of the entry as a read-only CPU view into the mapping, by name."""
+        self._check_open()
+        if self._views is None:
+            assert self._base is not None
+            views: dict[str, torch.Tensor] = {}
+            for t in self.manifest.tensors:
+                end = t.offset + t.size_bytes
+                if end > self.size_bytes:
+                    raise TransferError(
+                        f"tensor {t.name} ends at byte {end}, past the end of "
+                        f"{self.data_path} ({self.size_bytes}): the manifest is damaged; "
+                        f"remove the entry and import it again"
+                    )
+                raw = self._base[t.offset : end]
+                views[t.name] = raw.view(to_torch(t.dtype)).view(t.shape)
+            self._views = views
+        return self._views
+
+    # -- CUDA registration ---------------------------------------------------------------
+    @property
+    def registered(self) -> bool:
+        return self._registration is not None
+
+    def register_cuda(self) -> float:
+        """Page-lock the mapping for DMA (once); returns the seconds it took (0 if done)."""
+        self._check_open()
+        if self._registration is not None or self._mmap is None:
+            return 0.0
+        self._registration = cuda_host.register(self.address, self.size_bytes)
+        return self._registration.seconds
+
+    # -- teardown --------------------------------------------------------------------------
+    def close(self) -> None:
+        """Unregister, drop the views, unmap. The views must not be used afterwards."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._registration is not None:
+            cuda_host.unregister(self._registration)
+            self._registration = None
+        self._views = None
+        self._base = None
+        if self._mmap is not None:
+            self._mmap.close()
+            self._mmap = None
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TransferError(
+                f"the mapping of {self.data_path} is closed; open the entry again"
+            )
+
+    def __enter__(self) -> MappedEntry:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass

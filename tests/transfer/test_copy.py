@@ -1,0 +1,152 @@
+"""Transfer on CPU from real pool entries (pool.writer -> data.bin -> mmap -> copy)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from spswap.errors import TransferError  # noqa: E402
+from spswap.transfer.copy import check_compatible, copy_into, mismatches  # noqa: E402
+from spswap.transfer.mapping import MappedEntry  # noqa: E402
+
+from .conftest import write_entry  # noqa: E402
+
+
+def _source() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return {
+        "a.weight": torch.randn(33, 17, generator=g),
+        "b.bias": torch.randn(5, generator=g).to(torch.bfloat16),
+        "c.ids": torch.arange(12, dtype=torch.int64).view(3, 4),
+        "d.flag": torch.tensor([True, False, True]),
+        "e.empty": torch.empty(0, 4),
+        "f.half": torch.randn(2, 3, 4, generator=g).to(torch.float16),
+    }
+
+
+def _dest_like(src: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {n: torch.zeros_like(t) for n, t in src.items()}
+
+
+def test_views_are_zero_copy_and_offsets_aligned(pool) -> None:
+    src = _source()
+    m = write_entry(pool, "m", src)
+    with MappedEntry(m, pool.data_path(m)) as mapping:
+        views = mapping.tensors()
+        assert set(views) == set(src)
+        for name, t in src.items():
+            assert torch.equal(views[name], t), name
+            if t.numel():
+                assert views[name].data_ptr() - mapping.address == m.by_name()[name].offset
+                assert views[name].data_ptr() % 4096 == 0
+
+
+def test_copy_into_cpu_is_bit_exact_and_reports(pool) -> None:
+    src = _source()
+    m = write_entry(pool, "m", src)
+    dst = _dest_like(src)
+    with MappedEntry(m, pool.data_path(m)) as mapping:
+        report = copy_into(mapping, dst)
+    for name, t in src.items():
+        assert torch.equal(dst[name], t), name
+    assert report.size_bytes == sum(t.numel() * t.element_size() for t in src.values())
+    assert report.tensors == len(src)
+    assert report.device == "cpu"
+    assert report.seconds > 0 and report.gb_per_s > 0
+    assert not report.registered
+    assert report.to_json()["gb_per_s"] == report.gb_per_s
+
+
+@pytest.mark.parametrize(
+    "mutate, expected",
+    [  # noqa: E501
+        (lambda d: d.pop("a.weight"), "a.weight: in the pool entry, not in the model"),
+        (lambda d: d.__setitem__("z.extra", torch.zeros(2)), "z.extra: in the model, not in the pool"),  # noqa: E501
+        (lambda d: d.__setitem__("a.weight", torch.zeros(17, 33)), "a.weight: shape [33, 17] in the pool, [17, 33] in the model"),  # noqa: E501
+        (lambda d: d.__setitem__("b.bias", torch.zeros(5)), "b.bias: dtype BF16 in the pool, F32 in the model"),  # noqa: E501
+    ],
+)  # fmt: skip
+def test_mismatch_raises_before_any_byte_moves(pool, mutate, expected: str) -> None:
+    src = _source()
+    m = write_entry(pool, "m", src)
+    dst = _dest_like(src)
+    mutate(dst)
+    before = {n: t.clone() for n, t in dst.items()}
+    with MappedEntry(m, pool.data_path(m)) as mapping:
+        with pytest.raises(TransferError) as err:
+            copy_into(mapping, dst)
+    assert expected in str(err.value)
+    assert "nothing was copied" in str(err.value)
+    assert "spswap pool import" in str(err.value)
+    for name, t in dst.items():  # destination untouched, every tensor
+        assert torch.equal(t, before[name]), name
+
+
+def test_many_mismatches_are_capped_in_the_message(pool) -> None:
+    m = write_entry(pool, "m", {f"t{i}": torch.zeros(2) for i in range(9)})
+    with pytest.raises(TransferError, match=r"(?s)9 mismatch\(es\).*and 4 more"):
+        check_compatible(m, {})
+    assert len(mismatches(m, {})) == 9
+
+
+def test_truncated_data_file_is_refused(pool) -> None:
+    m = write_entry(pool, "m", {"w": torch.ones(4096)})
+    path = pool.data_path(m)
+    path.chmod(0o644)
+    with open(path, "r+b") as f:
+        f.truncate(100)
+    with pytest.raises(TransferError, match="damaged"):
+        MappedEntry(m, path)
+
+
+def test_closed_mapping_refuses_use(pool) -> None:
+    m = write_entry(pool, "m", {"w": torch.ones(8)})
+    mapping = MappedEntry(m, pool.data_path(m))
+    mapping.close()
+    mapping.close()  # idempotent
+    assert mapping.closed
+    with pytest.raises(TransferError, match="closed"):
+        mapping.tensors()
+
+
+def test_mixed_devices_are_refused(pool) -> None:
+    m = write_entry(pool, "m", {"w": torch.ones(8), "v": torch.ones(8)})
+    dst = {"w": torch.zeros(8), "v": torch.zeros(8, device="meta")}
+    with MappedEntry(m, pool.data_path(m)) as mapping:
+        with pytest.raises(TransferError, match="several devices"):
+            copy_into(mapping, dst)
+    assert torch.equal(dst["w"], torch.zeros(8))
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none visible)")
+
+
+@cuda
+@pytest.mark.gpu
+def test_copy_into_cuda_registers_once_and_is_exact(pool) -> None:
+    src = _source()
+    m = write_entry(pool, "m", src)
+    dst = {n: torch.zeros_like(t, device="cuda") for n, t in src.items()}
+    with MappedEntry(m, pool.data_path(m)) as mapping:
+        first = copy_into(mapping, dst)
+        assert first.registered and mapping.registered
+        second = copy_into(mapping, dst)
+        assert second.register_s == 0.0
+    for name, t in src.items():
+        assert torch.equal(dst[name].cpu(), t), name
+    assert first.device.startswith("cuda")
+
+
+@cuda
+@pytest.mark.gpu
+def test_cuda_host_register_read_only_mapping(pool) -> None:
+    from spswap.transfer import cuda_host
+
+    m = write_entry(pool, "m", {"w": torch.ones(1 << 20)})
+    with MappedEntry(m, pool.data_path(m)) as mapping:
+        s = mapping.register_cuda()
+        assert s > 0 and mapping.registered
+        assert mapping.register_cuda() == 0.0
+        assert mapping.tensors()["w"].is_pinned()
+    assert cuda_host.available()
