@@ -1,0 +1,80 @@
+"""Talk to the node daemon: one request per connection, errors raised as spswap errors."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+from spswap import errors
+from spswap.config import Config
+from spswap.daemon import protocol
+from spswap.errors import DaemonError, SpswapError
+
+
+class Client:
+    """A client of the daemon serving ``cfg``'s root."""
+
+    def __init__(self, cfg: Config, timeout_s: float = 30.0) -> None:
+        self.cfg = cfg
+        self.timeout_s = timeout_s
+
+    def _unreachable(self, why: str) -> DaemonError:
+        return DaemonError(
+            f"spswapd is not reachable at {self.cfg.paths.socket} ({why}); start it with "
+            f"`spswap daemon start` (as root), or see {self.cfg.paths.log / 'prolog.log'} "
+            "for why the Slurm prolog could not"
+        )
+
+    def call(self, op: str, **args: Any) -> Any:
+        """Send ``op`` and return its result; raises the daemon's error as its spswap type."""
+        line = protocol.encode(protocol.request(op, **args))
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(self.timeout_s)
+            try:
+                sock.connect(str(self.cfg.paths.socket))
+            except (FileNotFoundError, ConnectionRefusedError) as e:
+                raise self._unreachable(e.strerror or type(e).__name__) from None
+            except PermissionError:
+                raise self._unreachable("permission denied on the socket") from None
+            except socket.timeout:
+                raise self._unreachable("connect timed out") from None
+            try:
+                sock.sendall(line)
+                reply = _read_line(sock)
+            except socket.timeout:
+                raise DaemonError(
+                    f"spswapd did not answer {op} within {self.timeout_s:g} s"
+                ) from None
+            except OSError as e:
+                raise self._unreachable(f"connection failed: {e}") from None
+        finally:
+            sock.close()
+        if not reply:
+            raise self._unreachable("it closed the connection without an answer")
+        response = protocol.decode_response(reply)
+        if response["ok"]:
+            return response["result"]
+        raise error_from_response(response["error"])
+
+
+def _read_line(sock: socket.socket) -> bytes:
+    buf = bytearray()
+    while b"\n" not in buf:
+        chunk = sock.recv(1 << 16)
+        if not chunk:
+            break
+        buf += chunk
+    return bytes(buf)
+
+
+def error_from_response(err: dict[str, Any]) -> SpswapError:
+    """The spswap error named in a response (a :class:`DaemonError` when unknown)."""
+    message = str(err.get("message", "the daemon gave no reason"))
+    cls = getattr(errors, str(err.get("type", "")), None)
+    if isinstance(cls, type) and issubclass(cls, SpswapError):
+        try:
+            return cls(message)
+        except TypeError:  # needs more than a message (PoolFull...): keep the text
+            pass
+    return DaemonError(f"spswapd: {message}")

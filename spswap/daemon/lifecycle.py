@@ -1,0 +1,184 @@
+"""Start, find, stop and ensure the node daemon.
+
+The daemon holds an exclusive ``flock`` on ``run/spswapd.pid`` for its whole life, so a
+pid file left by a crashed daemon is recognised as stale (nobody holds its lock) without
+trusting the pid in it. :func:`ensure` is on the Slurm prolog's path: when the daemon
+runs it costs one ``flock`` probe and one socket ping, and imports nothing heavy.
+
+Starting from a Slurm prolog has two traps (slurmd kills the prolog's process group as
+soon as it exits, and reads the prolog's stdout/stderr until EOF). :func:`start`
+therefore launches the daemon in its own session (``setsid``) with stdin from
+``/dev/null`` and stdout/stderr to the daemon's log, then waits until the child really
+leads its own session and answers a ping, before the prolog may exit.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from spswap.config import Config
+from spswap.errors import DaemonError
+
+PID_FILE = "spswapd.pid"
+START_LOCK = "spswapd.start.lock"
+LOG_FILE = "spswapd.log"
+
+
+def pid_path(cfg: Config) -> Path:
+    return cfg.paths.run / PID_FILE
+
+
+def log_path(cfg: Config) -> Path:
+    """The daemon's own stdout/stderr and tracebacks."""
+    return cfg.paths.log / LOG_FILE
+
+
+def daemon_running(cfg: Config) -> int | None:
+    """The pid of the live daemon for this root, or None (no pid file, or a stale one)."""
+    try:
+        fd = os.open(pid_path(cfg), os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            text = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            # the lock is taken before the pid is written: a just-started daemon may
+            # briefly show an empty file; it is running all the same
+            return int(text) if text.isdigit() else -1
+        return None  # we got the lock: nobody holds it, the pid file is stale
+    finally:
+        os.close(fd)  # also drops our probe lock
+
+
+def ping(cfg: Config, timeout_s: float = 1.0) -> bool:
+    """True when the daemon answers a ping on its socket."""
+    from spswap.daemon.client import Client
+
+    try:
+        Client(cfg, timeout_s=timeout_s).call("ping")
+    except DaemonError:
+        return False
+    return True
+
+
+def _wait_ready(cfg: Config, pid: int | None, deadline: float) -> int:
+    while True:
+        running = daemon_running(cfg)
+        if running and running > 0 and ping(cfg, timeout_s=max(0.05, deadline - time.monotonic())):
+            return running
+        if pid is not None and _exited(pid):
+            raise DaemonError(
+                f"spswapd exited right after it started; see {log_path(cfg)} for why"
+            )
+        if time.monotonic() > deadline:
+            raise DaemonError(
+                f"spswapd did not answer on {cfg.paths.socket} in time; see {log_path(cfg)}"
+            )
+        time.sleep(0.01)
+
+
+def _exited(pid: int) -> bool:
+    try:
+        done, _status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return not Path(f"/proc/{pid}").exists()
+    return done == pid
+
+
+def daemon_argv() -> list[str]:
+    """The command that runs the daemon in the foreground."""
+    return [sys.executable, "-m", "spswap.daemon"]
+
+
+def start(cfg: Config, wait_s: float = 10.0) -> int:
+    """Start the daemon detached from the caller (safe from a Slurm prolog); its pid.
+
+    Two callers racing are serialised by a start lock; the loser finds the winner's
+    daemon. Raises :class:`DaemonError` (naming the log) when it does not come up.
+    """
+    deadline = time.monotonic() + wait_s
+    prepare_dirs(cfg)
+    lock_fd = os.open(cfg.paths.run / START_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        running = daemon_running(cfg)
+        if running:
+            return _wait_ready(cfg, None, deadline)
+        pid = _spawn_detached(cfg)
+        return _wait_ready(cfg, pid, deadline)
+    finally:
+        os.close(lock_fd)
+
+
+def _spawn_detached(cfg: Config) -> int:
+    import subprocess
+
+    env = dict(os.environ)
+    env["SPSWAP_ROOT"] = str(cfg.root)
+    # no PATH in a prolog: the daemon needs none, but child tools (criu) will
+    env.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+    log_fd = os.open(log_path(cfg), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        proc = subprocess.Popen(
+            daemon_argv(), stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd,
+            start_new_session=True, close_fds=True, cwd="/", env=env,
+        )  # fmt: skip
+    finally:
+        os.close(log_fd)
+    # Popen returns after the child's exec; setsid ran before it. Check anyway: the
+    # prolog must not exit while the daemon is still in its process group.
+    deadline = time.monotonic() + 2.0
+    while os.getsid(proc.pid) != proc.pid:
+        if time.monotonic() > deadline:
+            raise DaemonError(f"spswapd (pid {proc.pid}) did not leave the caller's session")
+        time.sleep(0.001)
+    proc.returncode = 0  # never reap it from here: it outlives us (silences Popen.__del__)
+    return proc.pid
+
+
+def prepare_dirs(cfg: Config) -> None:
+    """Create root, run and log directories; run/ must be traversable by users."""
+    for d in (cfg.root, cfg.paths.run, cfg.paths.log):
+        d.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() == 0 or cfg.paths.run.stat().st_uid == os.geteuid():
+        os.chmod(cfg.paths.run, 0o755)
+
+
+def stop(cfg: Config, timeout_s: float = 10.0) -> int | None:
+    """Stop the daemon (SIGTERM, then SIGKILL after ``timeout_s``); the pid it had, or None."""
+    pid = daemon_running(cfg)
+    if not pid or pid < 0:
+        return None
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return pid
+    deadline = time.monotonic() + timeout_s
+    while daemon_running(cfg):
+        if time.monotonic() > deadline:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            deadline = time.monotonic() + 5.0
+        _exited(pid)
+        time.sleep(0.01)
+    return pid
+
+
+def ensure(cfg: Config, wait_s: float = 10.0) -> int:
+    """The running daemon's pid, starting it first when needed; fast when it runs."""
+    pid = daemon_running(cfg)
+    if pid and pid > 0 and ping(cfg):
+        return pid
+    return start(cfg, wait_s=wait_s)

@@ -1,0 +1,74 @@
+"""``spswapd`` in the foreground: take the pid-file lock, serve, clean up.
+
+Run by :func:`spswap.daemon.lifecycle.start` (detached) or by systemd
+(``spswap daemon run``). All state lives on tmpfs under the root, so a daemon started
+after a crash carries on with the pool, slots, jobs and images as they were.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import sys
+import time
+
+from spswap.config import Config
+from spswap.daemon import lifecycle
+from spswap.errors import DaemonError
+
+
+def _take_pid_lock(cfg: Config) -> int | None:
+    """The locked pid-file descriptor, or None when another daemon holds it."""
+    fd = os.open(lifecycle.pid_path(cfg), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        os.close(fd)
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return None
+        raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    os.fchmod(fd, 0o644)
+    return fd
+
+
+def run(cfg: Config) -> int:
+    """Serve until SIGTERM/SIGINT; 0 on a clean stop, 0 also when one already runs."""
+    from spswap.daemon.server import Server, install_signal_handlers
+
+    lifecycle.prepare_dirs(cfg)
+    os.umask(0o022)
+    lock_fd = _take_pid_lock(cfg)
+    if lock_fd is None:
+        other = lifecycle.daemon_running(cfg)
+        print(f"{time.strftime('%F %T')} spswapd: already running (pid {other}); exiting",
+              flush=True)  # fmt: skip
+        return 0
+    server = Server(cfg)
+    try:
+        server.bind()
+        install_signal_handlers(server)
+        server.state.jobs.dir.mkdir(parents=True, exist_ok=True)
+        server.state.event("daemon.start", uid=os.getuid(), pid=os.getpid(),
+                           socket=str(cfg.paths.socket))  # fmt: skip
+        print(f"{time.strftime('%F %T')} spswapd: pid {os.getpid()} serving "
+              f"{cfg.paths.socket}", flush=True)  # fmt: skip
+        server.serve_forever()
+        server.state.event("daemon.stop", uid=os.getuid(), pid=os.getpid())
+        print(f"{time.strftime('%F %T')} spswapd: stopped", flush=True)
+        return 0
+    finally:
+        server.close()
+        # unlink nothing else: the pid file stays (its lock tells liveness), and
+        # pool, slots, jobs and images must outlive the daemon
+        os.close(lock_fd)
+
+
+def main() -> int:
+    try:
+        return run(Config.from_env())
+    except DaemonError as e:
+        print(f"spswapd: {e}", file=sys.stderr, flush=True)
+        return 1

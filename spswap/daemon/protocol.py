@@ -1,0 +1,149 @@
+"""The daemon's wire format: versioned JSON, one object per line.
+
+A request is ``{"v": 1, "op": "<name>", "args": {...}}``; the answer is
+``{"v": 1, "ok": true, "result": ...}`` or
+``{"v": 1, "ok": false, "error": {"type": "<SpswapError subclass>", "message": "..."}}``.
+Everything here is pure (bytes in, data out) so the exact bytes are pinned by tests.
+Never pickle: the daemon runs as root and its clients are users.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from spswap.errors import ProtocolError
+
+PROTOCOL_VERSION = 1
+MAX_MESSAGE_BYTES = 64 * 1024
+"""Longest accepted line, newline included; a longer one is answered with an error."""
+
+# op -> {arg name: (accepted JSON kind, required)}. Kinds: "str", "int", "bool", "int_list".
+# Keeping the table here (not in the server) lets the client reject a bad call before it
+# reaches the socket, and keeps the server's dispatch and the protocol in one place.
+ArgSpec = dict[str, tuple[str, bool]]
+OPS: dict[str, ArgSpec] = {
+    "ping": {},
+    "status": {},
+    "slots.list": {},
+    "slots.release": {"reservation_id": ("str", True)},
+    "job.register": {
+        "job_id": ("str", True),
+        "uid": ("int", True),
+        "user": ("str", False),
+        "gpus": ("int_list", False),
+        "restart_count": ("int", False),
+    },
+    "job.end": {"job_id": ("str", True), "requeued": ("bool", False)},
+    "jobs.list": {},
+    "events.tail": {"n": ("int", False)},
+    "checkpoint": {"job_id": ("str", True)},
+    "restore": {"job_id": ("str", True)},
+}
+
+
+@dataclass(frozen=True)
+class Request:
+    """One validated request."""
+
+    op: str
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+def encode(msg: dict[str, Any]) -> bytes:
+    """One compact JSON object with sorted keys, newline-terminated."""
+    return json.dumps(msg, separators=(",", ":"), sort_keys=True).encode() + b"\n"
+
+
+def request(op: str, **args: Any) -> dict[str, Any]:
+    """The request message for ``op`` (validated like the daemon would)."""
+    msg = {"v": PROTOCOL_VERSION, "op": op, "args": args}
+    validate_request(msg)
+    return msg
+
+
+def ok(result: Any) -> dict[str, Any]:
+    """A successful response."""
+    return {"v": PROTOCOL_VERSION, "ok": True, "result": result}
+
+
+def error(type_name: str, message: str) -> dict[str, Any]:
+    """A failed response; ``type_name`` names a class in :mod:`spswap.errors` when it can."""
+    return {"v": PROTOCOL_VERSION, "ok": False, "error": {"type": type_name, "message": message}}
+
+
+def _parse_line(line: bytes) -> dict[str, Any]:
+    if len(line) > MAX_MESSAGE_BYTES:
+        raise ProtocolError(
+            f"message of {len(line)} bytes is larger than the limit of {MAX_MESSAGE_BYTES}; "
+            "send smaller requests"
+        )
+    try:
+        obj = json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ProtocolError(f"message is not UTF-8 JSON ({e}); send one JSON object per line") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError(f"message must be a JSON object, got {type(obj).__name__}")
+    version = obj.get("v")
+    if version != PROTOCOL_VERSION or isinstance(version, bool):
+        raise ProtocolError(
+            f"protocol version {version!r} is not supported (this daemon speaks "
+            f"{PROTOCOL_VERSION}); use the spswap of the same release as the daemon"
+        )
+    return obj
+
+
+def _kind_ok(kind: str, value: Any) -> bool:
+    if kind == "str":
+        return isinstance(value, str)
+    if kind == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind == "int_list":
+        return isinstance(value, list) and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value
+        )
+    raise AssertionError(f"unknown arg kind {kind}")
+
+
+def validate_request(obj: dict[str, Any]) -> Request:
+    """Check op and args of a parsed request against :data:`OPS`."""
+    op = obj.get("op")
+    if not isinstance(op, str) or op not in OPS:
+        raise ProtocolError(f"unknown op {op!r}; valid ops: {', '.join(sorted(OPS))}")
+    args = obj.get("args", {})
+    if not isinstance(args, dict):
+        raise ProtocolError(f"args of {op} must be a JSON object, got {type(args).__name__}")
+    spec = OPS[op]
+    unknown = sorted(set(args) - set(spec))
+    if unknown:
+        valid = ", ".join(sorted(spec)) or "none"
+        raise ProtocolError(f"unknown argument(s) {unknown} for {op}; valid: {valid}")
+    for name, (kind, required) in spec.items():
+        if name not in args:
+            if required:
+                raise ProtocolError(f"{op} needs the argument {name!r} ({kind})")
+            continue
+        if args[name] is None and not required:
+            continue
+        if not _kind_ok(kind, args[name]):
+            raise ProtocolError(f"argument {name!r} of {op} must be {kind}, got {args[name]!r}")
+    return Request(op=op, args={k: v for k, v in args.items() if v is not None})
+
+
+def decode_request(line: bytes) -> Request:
+    """Parse and validate one request line; raises :class:`ProtocolError`."""
+    return validate_request(_parse_line(line))
+
+
+def decode_response(line: bytes) -> dict[str, Any]:
+    """Parse one response line; checks its shape, not its result."""
+    obj = _parse_line(line)
+    if obj.get("ok") is True and "result" in obj:
+        return obj
+    err = obj.get("error")
+    if obj.get("ok") is False and isinstance(err, dict) and isinstance(err.get("message"), str):
+        return obj
+    raise ProtocolError(f"response has neither a result nor an error: {line[:200]!r}")

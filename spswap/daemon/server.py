@@ -1,0 +1,191 @@
+"""The daemon's Unix-socket server: one thread per connection, one JSON line per request.
+
+The caller is identified by the kernel (``SO_PEERCRED``), never by what it claims.
+Nothing a client sends can stop the server: malformed, oversized, half-sent or slow
+messages get an error answer (or the connection is closed) and the next client is
+served as before.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+from spswap.config import Config
+from spswap.daemon import protocol
+from spswap.daemon.handlers import HANDLERS, Context, DaemonState
+from spswap.errors import DaemonError, ProtocolError, SpswapError
+
+READ_TIMEOUT_S = 10.0
+"""A client that sends no complete line within this time is answered and dropped."""
+ACCEPT_POLL_S = 0.5
+
+
+@dataclass(frozen=True)
+class Peer:
+    pid: int
+    uid: int
+    gid: int
+
+
+def peer_credentials(conn: socket.socket) -> Peer:
+    """The connecting process's pid, uid and gid as the kernel saw them at connect()."""
+    raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, gid = struct.unpack("3i", raw)
+    return Peer(pid=pid, uid=uid, gid=gid)
+
+
+class LineTooLong(Exception):
+    pass
+
+
+def read_line(conn: socket.socket, buf: bytearray) -> bytes | None:
+    """The next line (newline included) from ``conn``; None at a clean EOF.
+
+    Raises :class:`LineTooLong` past :data:`protocol.MAX_MESSAGE_BYTES` and
+    ``socket.timeout`` when the client goes quiet mid-line.
+    """
+    while True:
+        nl = buf.find(b"\n")
+        if nl >= 0:
+            line = bytes(buf[: nl + 1])
+            del buf[: nl + 1]
+            return line
+        if len(buf) > protocol.MAX_MESSAGE_BYTES:
+            raise LineTooLong()
+        chunk = conn.recv(1 << 16)
+        if not chunk:
+            return None  # EOF; an unterminated tail is dropped (the client gave up)
+        buf += chunk
+
+
+class Server:
+    """Serves ``cfg.paths.socket`` until :meth:`shutdown`."""
+
+    def __init__(self, cfg: Config, *, read_timeout_s: float = READ_TIMEOUT_S) -> None:
+        self.cfg = cfg
+        self.read_timeout_s = read_timeout_s
+        self.state = DaemonState(cfg)
+        self._stop = threading.Event()
+        self._sock: socket.socket | None = None
+
+    def bind(self) -> None:
+        """Bind the socket (a stale one from a crashed daemon is removed first)."""
+        path = self.cfg.paths.socket
+        if len(os.fsencode(str(path))) > 107:
+            raise DaemonError(
+                f"socket path {path} is longer than the 107 bytes Unix sockets allow; "
+                "use a shorter SPSWAP_ROOT"
+            )
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(str(path))
+        # anyone may connect; every request is authorized by the caller's uid
+        os.chmod(path, 0o666)
+        sock.listen(128)
+        sock.settimeout(ACCEPT_POLL_S)
+        self._sock = sock
+
+    def serve_forever(self) -> None:
+        assert self._sock is not None, "bind() first"
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                if self._stop.is_set():
+                    break
+                raise
+            threading.Thread(target=self._serve_conn, args=(conn,), daemon=True).start()
+
+    def shutdown(self) -> None:
+        self._stop.set()
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+            try:
+                self.cfg.paths.socket.unlink()
+            except FileNotFoundError:
+                pass
+
+    # -- one connection ----------------------------------------------------------------
+
+    def _serve_conn(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                peer = peer_credentials(conn)
+                conn.settimeout(self.read_timeout_s)
+                buf = bytearray()
+                while True:
+                    try:
+                        line = read_line(conn, buf)
+                    except LineTooLong:
+                        self._send(conn, protocol.error("ProtocolError", (
+                            f"message larger than {protocol.MAX_MESSAGE_BYTES} bytes; "
+                            "send smaller requests")))  # fmt: skip
+                        return
+                    except socket.timeout:
+                        self._send(conn, protocol.error("ProtocolError", (
+                            f"no complete message within {self.read_timeout_s:g} s; "
+                            "end each request with a newline")))  # fmt: skip
+                        return
+                    if line is None:
+                        return
+                    self._send(conn, self.handle_line(line, peer))
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client left: nothing to answer
+            except Exception:
+                self._log_exception("connection")
+
+    def handle_line(self, line: bytes, peer: Peer) -> dict[str, Any]:
+        """The response to one request line from ``peer`` (never raises)."""
+        op = "?"
+        try:
+            req = protocol.decode_request(line)
+            op = req.op
+            ctx = Context(peer_uid=peer.uid, peer_pid=peer.pid, state=self.state)
+            return protocol.ok(HANDLERS[req.op](ctx, req.args))
+        except ProtocolError as e:
+            return protocol.error("ProtocolError", str(e))
+        except SpswapError as e:
+            return protocol.error(type(e).__name__, str(e))
+        except Exception as e:
+            self._log_exception(f"op {op}")
+            return protocol.error(
+                "DaemonError",
+                f"internal error in {op}: {type(e).__name__}: {e}; the traceback is in "
+                f"{self.cfg.paths.log / 'spswapd.log'}",
+            )
+
+    @staticmethod
+    def _send(conn: socket.socket, msg: dict[str, Any]) -> None:
+        conn.sendall(protocol.encode(msg))
+
+    @staticmethod
+    def _log_exception(where: str) -> None:
+        stamp = time.strftime("%F %T")
+        sys.stderr.write(f"{stamp} spswapd: error in {where}:\n{traceback.format_exc()}")
+        sys.stderr.flush()
+
+
+def install_signal_handlers(server: Server) -> None:
+    def stop(signum: int, _frame: object) -> None:
+        server.shutdown()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the prolog's session may hang up
