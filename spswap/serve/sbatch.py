@@ -1,0 +1,104 @@
+"""The sbatch scripts users start from: rendered by pure functions, pinned by goldens.
+
+``sbatch_templates/serve.sbatch`` and ``batch.sbatch`` are exactly what these functions
+return with their defaults; ``python -m spswap.serve.sbatch --write`` regenerates them.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "sbatch_templates"
+
+
+@dataclass(frozen=True)
+class SbatchOptions:
+    """What a user changes in a template."""
+
+    model: str = "/path/to/model"  # checkpoint directory: config.json + *.safetensors
+    job_name: str = "spswap-serve"
+    partition: str = "low"
+    gpus: int = 1
+    units: int = 4  # quarter-GPU units of the slot (1, 2 or 4)
+    signal_lead_s: int = 120  # USR1 this long before the time limit
+    time_limit: str = "04:00:00"
+    requests: str | None = None  # batch jobs: a JSON-lines file of requests
+
+
+_HANDLER = """\
+# The handlers only forward the signal to spswap (kill is a shell builtin: no fork in a
+# handler; a forking handler can lose a SIGTERM that follows SIGCONT within a millisecond).
+# spswap then stops admitting, saves the unanswered requests, puts the model away,
+# releases its GPU slot and exits; Slurm requeues the job (on USR1 spswap asks for it).
+trap 'kill -USR1 "$PID" 2>/dev/null' USR1
+trap 'kill -TERM "$PID" 2>/dev/null' TERM
+# wait returns when a trapped signal arrives: keep waiting until spswap has exited.
+while :; do
+    wait "$PID"; rc=$?
+    kill -0 "$PID" 2>/dev/null || break
+done
+exit "$rc"
+"""
+
+
+def render_serve(opts: SbatchOptions = SbatchOptions()) -> str:
+    """A requeueable model server (or, with ``opts.requests``, a resumable batch job)."""
+    batch = opts.requests is not None
+    what = "a preemptible batch generation job that resumes where it stopped" if batch \
+        else "a requeueable model server"  # fmt: skip
+    extra = requests_line = ""
+    if batch:
+        requests_line = (f"REQUESTS={shlex.quote(opts.requests or '')}   "
+                         "# CHANGE: one JSON request per line\n")  # fmt: skip
+        extra = ' \\\n    --requests "$REQUESTS" --exit-when-idle'
+    return f"""#!/bin/bash
+# spswap: {what}.
+# Submit with: sbatch {"batch" if batch else "serve"}.sbatch
+# Change the lines marked CHANGE.
+#SBATCH --job-name={opts.job_name}
+#SBATCH --partition={opts.partition}
+#SBATCH --gres=gpu:{opts.gpus}
+#SBATCH --time={opts.time_limit}
+#SBATCH --requeue
+#SBATCH --signal=B:USR1@{opts.signal_lead_s}
+#SBATCH --open-mode=append
+#SBATCH --output=%x-%j.log
+
+MODEL={shlex.quote(opts.model)}   # CHANGE: the model's checkpoint directory
+{requests_line}# The unanswered requests are saved here; it must outlive the job (the submit directory
+# does); the job id stays the same across requeues.
+STATE="${{SLURM_SUBMIT_DIR:-$PWD}}/.spswap/${{SLURM_JOB_ID}}"
+
+echo "spswap: job ${{SLURM_JOB_ID}} run ${{SLURM_RESTART_COUNT:-0}} on $(hostname)"
+spswap serve "$MODEL" --state-dir "$STATE" --units {opts.units}{extra} &
+PID=$!
+{_HANDLER}"""
+
+
+def render_batch(opts: SbatchOptions | None = None) -> str:
+    """The batch-generation variant of :func:`render_serve`."""
+    opts = opts or SbatchOptions(job_name="spswap-batch", requests="/path/to/requests.jsonl")
+    return render_serve(opts)
+
+
+def templates() -> dict[str, str]:
+    """File name -> content of every template in sbatch_templates/."""
+    return {"serve.sbatch": render_serve(), "batch.sbatch": render_batch()}
+
+
+def main(argv: list[str]) -> int:
+    if argv[1:] != ["--write"]:
+        print("usage: python -m spswap.serve.sbatch --write", file=sys.stderr)
+        return 2
+    TEMPLATES_DIR.mkdir(exist_ok=True)
+    for name, text in templates().items():
+        (TEMPLATES_DIR / name).write_text(text)
+        print(f"wrote {TEMPLATES_DIR / name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
