@@ -1,0 +1,195 @@
+"""Pure parsers of Slurm's text: string in, data out. No subprocess here.
+
+Formats are those of Slurm 22.05 (pinned by captured outputs in
+``tests/fixtures/slurm/``): ``scontrol show job -o -d JOB`` (one line of ``Key=value``
+per job) and ``squeue --json`` (openapi v0.0.38; it ignores ``-j``: filter here).
+Malformed text raises :class:`ValueError`; the backend turns it into a
+:class:`~spswap.errors.SlurmCommandError` that carries the command.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+# States in which a job still has its allocation on a node (its processes may run).
+ALLOCATED_STATES = frozenset(
+    {"RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING", "STOPPED", "RESIZING",
+     "SIGNALING", "STAGE_OUT"}
+)  # fmt: skip
+
+# Fields whose value is free text and may contain spaces and "x=y" words. Inside one of
+# them, only a key from KNOWN_KEYS starts the next field.
+FREE_TEXT_KEYS = frozenset(
+    {"JobName", "Comment", "AdminComment", "SystemComment", "Command", "WorkDir",
+     "StdErr", "StdIn", "StdOut", "Reason", "Features", "Network", "Licenses"}
+)  # fmt: skip
+KNOWN_KEYS = frozenset(
+    "JobId JobName UserId GroupId MCS_label Priority Nice Account QOS JobState Reason "
+    "Dependency Requeue Restarts BatchFlag Reboot ExitCode DerivedExitCode RunTime "
+    "TimeLimit TimeMin SubmitTime EligibleTime AccrueTime StartTime EndTime Deadline "
+    "PreemptEligibleTime PreemptTime SuspendTime SecsPreSuspend LastSchedEval Scheduler "
+    "Partition AllocNode:Sid ReqNodeList ExcNodeList NodeList BatchHost NumNodes NumCPUs "
+    "NumTasks CPUs/Task ReqB:S:C:T TRES Socks/Node NtasksPerN:B:S:C CoreSpec JOB_GRES "
+    "Nodes CPU_IDs Mem GRES MinCPUsNode MinMemoryNode MinTmpDiskNode Features DelayBoot "
+    "OverSubscribe Contiguous Licenses Network Command WorkDir Comment AdminComment "
+    "SystemComment StdErr StdIn StdOut Power TresPerNode TresPerJob MemPerNode MemPerCPU "
+    "ArrayJobId ArrayTaskId ArrayTaskThrottle HetJobId HetJobOffset HetJobIdSet "
+    "Reservation Container ContainerID CpusPerTres MemPerTres TresBind TresFreq "
+    "MailUser MailType NtasksPerTRES Prefer ClusterFeatures BurstBuffer "
+    "BurstBufferState Partitions Cluster".split()
+)  # fmt: skip
+_KEY_AT = re.compile(r"(?:^|(?<=\s))([A-Za-z][A-Za-z0-9_:/]*)=")
+_NODE_GRES = re.compile(r"(?:^|\s)Nodes=(\S+) CPU_IDs=\S* Mem=\S* GRES=(\S*)")
+_GPU_IDX = re.compile(r"(?:^|,)gpu(?::[^:(,]+)?:\d+\(IDX:([0-9,\-]+)\)")
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """A job as the controller sees it."""
+
+    job_id: str
+    state: str
+    """Slurm's state name, upper case: PENDING, RUNNING, COMPLETED, CANCELLED, ..."""
+    restart_count: int = 0
+    uid: int | None = None
+    partition: str | None = None
+    reason: str | None = None
+    gpus: tuple[int, ...] = ()
+    """GPU indexes allocated on the job's nodes (union over nodes)."""
+    gpus_by_node: dict[str, tuple[int, ...]] = field(default_factory=dict, hash=False)
+    """Node (or node range, e.g. ``n[1-2]``) -> GPU indexes there."""
+    comment: str | None = None
+
+    @property
+    def allocated(self) -> bool:
+        """True while the job holds its nodes (running, suspended, completing...)."""
+        return self.state in ALLOCATED_STATES
+
+
+def parse_scontrol_show_jobs(text: str) -> list[dict[str, str]]:
+    """Every job of ``scontrol show job -o [-d]`` output: one dict per non-empty line."""
+    return [parse_scontrol_show_job(line) for line in text.splitlines() if line.strip()]
+
+
+def parse_scontrol_show_job(text: str) -> dict[str, str]:
+    """One job of ``scontrol show job -o [-d]``: ``{"JobId": "5", "JobState": ...}``.
+
+    Values may contain ``=`` (``TRES=cpu=1,node=1``) and, in free-text fields
+    (``Comment``, ``JobName``, ``WorkDir``...), spaces and ``x=y`` words. A word
+    ``Key=`` starts a new field unless the current field is free text and ``Key`` is
+    not one of Slurm's field names. Repeated keys (per-node ``Nodes=... GRES=...``
+    with ``-d``) keep their first value; see :func:`parse_node_gres`.
+    """
+    line = text.strip()
+    if "\n" in line:
+        raise ValueError("expected one job (one line of `scontrol show job -o`), got several")
+    fields: dict[str, str] = {}
+    key: str | None = None
+    value_start = 0
+    for match in _KEY_AT.finditer(line):
+        if key is not None:
+            if key in FREE_TEXT_KEYS and match.group(1) not in KNOWN_KEYS:
+                continue
+            fields.setdefault(key, line[value_start : match.start()].strip())
+        key, value_start = match.group(1), match.end()
+    if key is None or not line.startswith("JobId="):
+        raise ValueError(f"not `scontrol show job -o` output: {line[:120]!r}")
+    fields.setdefault(key, line[value_start:].strip())
+    return fields
+
+
+def parse_gpu_indexes(gres: str) -> tuple[int, ...]:
+    """GPU indexes in a GRES detail string: ``"gpu:a100:2(IDX:0,2-3)"`` -> ``(0, 2, 3)``."""
+    indexes: set[int] = set()
+    for match in _GPU_IDX.finditer(gres):
+        for part in match.group(1).split(","):
+            if not part:
+                continue
+            low, _, high = part.partition("-")
+            indexes.update(range(int(low), int(high or low) + 1))
+    return tuple(sorted(indexes))
+
+
+def parse_node_gres(text: str) -> dict[str, tuple[int, ...]]:
+    """Per-node GPU indexes from ``scontrol show job -o -d`` (``Nodes=n1 ... GRES=...``)."""
+    return {m.group(1): parse_gpu_indexes(m.group(2)) for m in _NODE_GRES.finditer(text)}
+
+
+def _union(by_node: dict[str, tuple[int, ...]]) -> tuple[int, ...]:
+    return tuple(sorted({gpu for gpus in by_node.values() for gpu in gpus}))
+
+
+def _null(value: str | None) -> str | None:
+    return None if value in (None, "", "(null)", "None") else value
+
+
+def job_info_from_scontrol(text: str) -> JobInfo:
+    """A :class:`JobInfo` from one line of ``scontrol show job -o -d``."""
+    fields = parse_scontrol_show_job(text)
+    by_node = parse_node_gres(text)
+    uid_match = re.search(r"\((\d+)\)$", fields.get("UserId", ""))
+    try:
+        restarts = int(fields.get("Restarts", "0"))
+    except ValueError:
+        raise ValueError(f"Restarts={fields.get('Restarts')!r} is not a number") from None
+    return JobInfo(
+        job_id=fields["JobId"],
+        state=fields.get("JobState", "UNKNOWN").upper(),
+        restart_count=restarts,
+        uid=int(uid_match.group(1)) if uid_match else None,
+        partition=_null(fields.get("Partition")),
+        reason=_null(fields.get("Reason")),
+        gpus=_union(by_node),
+        gpus_by_node=by_node,
+        comment=_null(fields.get("Comment")),
+    )
+
+
+def _state_name(raw: Any) -> str:
+    # 22.05 gives a string; later openapi versions give a list of flags
+    if isinstance(raw, list):
+        return str(raw[0]).upper() if raw else "UNKNOWN"
+    return str(raw or "UNKNOWN").upper()
+
+
+def _job_info_from_json(job: dict[str, Any]) -> JobInfo:
+    nodes = str(job.get("nodes") or "")
+    details = [str(d) for d in job.get("gres_detail") or []]
+    by_node: dict[str, tuple[int, ...]] = {}
+    if details and nodes:
+        # one detail per node; a single-node job (spswap's case) names its node plainly
+        key = nodes if len(details) == 1 else None
+        for i, detail in enumerate(details):
+            by_node[key or f"{nodes}#{i}"] = parse_gpu_indexes(detail)
+    uid = job.get("user_id")
+    return JobInfo(
+        job_id=str(job["job_id"]),
+        state=_state_name(job.get("job_state")),
+        restart_count=int(job.get("restart_cnt") or 0),
+        uid=int(uid) if isinstance(uid, int) else None,
+        partition=_null(job.get("partition")),
+        reason=_null(job.get("state_reason")),
+        gpus=_union(by_node),
+        gpus_by_node=by_node,
+        comment=_null(job.get("comment")),
+    )
+
+
+def parse_squeue_json(text: str, job_id: str | None = None) -> list[JobInfo]:
+    """Jobs in ``squeue --json`` output, only ``job_id`` if given (22.05 ignores ``-j``)."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"squeue --json did not print JSON ({exc}): {text[:120]!r}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("jobs"), list):
+        raise ValueError("squeue --json output has no 'jobs' list")
+    errors = doc.get("errors") or []
+    if errors:
+        raise ValueError(f"squeue --json reported errors: {errors}")
+    jobs = [_job_info_from_json(job) for job in doc["jobs"]]
+    if job_id is not None:
+        jobs = [job for job in jobs if job.job_id == str(job_id)]
+    return jobs
