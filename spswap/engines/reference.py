@@ -1,0 +1,266 @@
+"""The reference engine: a small deterministic torch transformer that spswap swaps in
+tests and the demo, on CPU or CUDA, exactly as it swaps vLLM on a GPU node.
+
+Cold path: :meth:`ReferenceEngine.load_from_checkpoint` reads ``model.safetensors``.
+Pool path: :meth:`ReferenceEngine.load_from_pool` maps the pool entry (kept mapped and in
+use for the engine's life, registered with CUDA once) and copies from it. ``sleep`` frees
+every weight's storage (device memory really returned); ``wake`` re-allocates it and
+copies back from the mapping.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from spswap.engines.protocol import EngineInfo
+from spswap.engines.reference_model import Decoder, ReferenceConfig, build, init_weights
+from spswap.errors import EngineError
+from spswap.instance.state import Instance, Primitive, State
+from spswap.pool.manifest import Manifest, align_up
+from spswap.transfer.copy import TransferReport, copy_into
+from spswap.transfer.dtypes import to_safetensors
+from spswap.transfer.mapping import MappedEntry
+
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+ENGINE_KIND = "reference"
+
+
+def save_checkpoint(config: ReferenceConfig, directory: Path) -> Path:
+    """Write ``model.safetensors`` (weights from ``config.seed``) and ``config.json``
+    into ``directory``; returns the directory."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file(init_weights(config), str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
+    (directory / CONFIG_FILE).write_text(json.dumps(config.to_json(), indent=2) + "\n")
+    return directory
+
+
+def load_config(directory: Path) -> ReferenceConfig:
+    """The config saved next to a reference checkpoint."""
+    path = Path(directory) / CONFIG_FILE
+    try:
+        return ReferenceConfig.from_json(json.loads(path.read_text()))
+    except FileNotFoundError:
+        raise EngineError(
+            f"{path} not found: a reference checkpoint directory holds {WEIGHTS_FILE} and "
+            f"{CONFIG_FILE} (write one with spswap.engines.reference.save_checkpoint)"
+        ) from None
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class ReferenceEngine:
+    """One reference model in this process. Not thread-safe."""
+
+    def __init__(
+        self, config: ReferenceConfig, device: str | torch.device | None = None,
+        *, name: str = "reference",
+    ) -> None:  # fmt: skip
+        self.config = config
+        self.device = torch.device(device if device is not None else default_device())
+        self.name = name
+        self.instance = Instance(name=name, state=State.UP)
+        self._model: Decoder | None = None
+        self._mapping: MappedEntry | None = None
+        self._pool_stack = contextlib.ExitStack()
+        self._source = ""
+
+    # -- loading ------------------------------------------------------------------------
+    def load_from_checkpoint(self, path: Path) -> float:
+        """Cold path: read a safetensors checkpoint (a file, or a directory holding
+        ``model.safetensors``) onto the device; returns seconds."""
+        from safetensors.torch import load_file
+
+        path = Path(path)
+        file = path / WEIGHTS_FILE if path.is_dir() else path
+        start = time.perf_counter()
+        self._release()
+        try:
+            state = load_file(str(file), device=str(self.device))
+        except FileNotFoundError:
+            raise EngineError(f"checkpoint {file} not found") from None
+        model = build(self.config, "meta")
+        expected = {n: (tuple(p.shape), p.dtype) for n, p in model.named_parameters()}
+        got = {n: (tuple(t.shape), t.dtype) for n, t in state.items()}
+        if got != expected:
+            diff = sorted(set(expected.items()) ^ set(got.items()))[:5]
+            raise EngineError(
+                f"{file} does not match the reference config {self.config}: first "
+                f"differences {diff}; load it with the config saved next to it (load_config)"
+            )
+        model.load_state_dict(state, strict=True, assign=True)
+        self._model = model.requires_grad_(False)
+        self._sync()
+        self._source = str(file)
+        self.instance = Instance(name=self.name, state=State.UP)
+        return time.perf_counter() - start
+
+    def load_from_pool(self, pool: Any, ref: str) -> TransferReport:
+        """Map pool entry ``ref`` (kept mapped and marked in use until :meth:`close`),
+        allocate the weights on the device and copy them in."""
+        self._release()
+        stack = contextlib.ExitStack()
+        try:
+            manifest: Manifest = stack.enter_context(pool.use(ref))
+            mapping = MappedEntry(manifest, pool.data_path(manifest))
+            stack.callback(mapping.close)
+            model = build(self.config, self.device)
+            report = copy_into(mapping, dict(model.named_parameters()))
+        except BaseException:
+            stack.close()
+            raise
+        self._pool_stack, self._mapping, self._model = stack, mapping, model
+        self._source = f"pool:{manifest.digest}"
+        self.instance = Instance(name=self.name, state=State.UP)
+        return report
+
+    # -- Sleep <-> Up -----------------------------------------------------------------
+    def sleep(self) -> float:
+        """Up -> Sleep: free every weight's storage (the pool keeps the bytes)."""
+        model = self._loaded()
+        if self._mapping is None:
+            raise EngineError(
+                f"{self.name}: cannot sleep: its weights came from {self._source}, not the "
+                "pool, so nothing could bring them back; load it with load_from_pool"
+            )
+        self.instance.begin(Primitive.SLEEP)
+        start = time.perf_counter()
+        try:
+            self._sync()
+            for p in model.parameters():
+                p.untyped_storage().resize_(0)
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()  # hand the memory back to the driver
+        except BaseException:
+            self.instance.abort()
+            raise
+        seconds = time.perf_counter() - start
+        self.instance.commit(seconds)
+        return seconds
+
+    def wake(self) -> TransferReport:
+        """Sleep -> Up: re-allocate the weights and copy them back from the pool mapping."""
+        model = self._loaded()
+        assert self._mapping is not None  # sleep() refuses without one
+        self.instance.begin(Primitive.WAKE)
+        start = time.perf_counter()
+        try:
+            for p in model.parameters():
+                p.untyped_storage().resize_(p.numel() * p.element_size())
+            report = copy_into(self._mapping, dict(model.named_parameters()))
+        except BaseException:
+            self.instance.abort()
+            raise
+        self.instance.commit(time.perf_counter() - start)
+        return report
+
+    @property
+    def state(self) -> State:
+        return self.instance.state
+
+    # -- serving ------------------------------------------------------------------------
+    @torch.inference_mode()
+    def generate(self, prompt_ids: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+        """Greedy continuations (new tokens only), one prompt at a time.
+
+        Deterministic for identical weights on one device: the ops (matmul, softmax,
+        argmax, embedding lookup) take the same kernels for the same shapes, and no
+        global determinism flag is flipped that would leak into the host process.
+        """
+        model = self._loaded()
+        if self.state is not State.UP:
+            raise EngineError(
+                f"{self.name} is {self.state.value}: its weights are not on the device; "
+                "wake it first"
+            )
+        c = self.config
+        out: list[list[int]] = []
+        for prompt in prompt_ids:
+            if not prompt:
+                raise EngineError("an empty prompt has nothing to continue; give a token")
+            if len(prompt) + max_new_tokens > c.max_seq_len:
+                raise EngineError(
+                    f"prompt of {len(prompt)} tokens + {max_new_tokens} new exceeds "
+                    f"max_seq_len {c.max_seq_len}; shorten it or use a larger config"
+                )
+            if min(prompt) < 0 or max(prompt) >= c.vocab_size:
+                raise EngineError(f"token ids must lie in [0, {c.vocab_size}); got {prompt}")
+            ids = torch.tensor(prompt, dtype=torch.long, device=self.device)
+            new: list[int] = []
+            for _ in range(max_new_tokens):
+                nxt = model(ids)[-1].argmax()
+                ids = torch.cat([ids, nxt.view(1)])
+                new.append(int(nxt))
+            out.append(new)
+        return out
+
+    # -- export, health, teardown -----------------------------------------------------------
+    def export_weights(self, pool: Any, name: str) -> Manifest:
+        """Write the current weights as pool entry ``name``; returns its manifest."""
+        model = self._loaded()
+        if self.state is not State.UP:
+            raise EngineError(f"{self.name} is {self.state.value}: wake it before exporting")
+        params = dict(model.named_parameters())
+        identity = {"engine": ENGINE_KIND, "config": self.config.to_json()}
+        # Each tensor starts on an aligned offset: reserve the padded size.
+        total = sum(align_up(p.numel() * p.element_size()) for p in params.values())
+        with pool.writer(name, identity=identity, expected_size_bytes=total) as w:
+            for pname in sorted(params):
+                p = params[pname]
+                raw = p.detach().to("cpu").contiguous().view(torch.uint8).reshape(-1).numpy()
+                w.add(pname, to_safetensors(p.dtype), tuple(p.shape), raw)
+        manifest: Manifest = w.manifest
+        return manifest
+
+    def health(self) -> EngineInfo:
+        """State, device and footprint now."""
+        params = list(self._model.parameters()) if self._model is not None else []
+        return EngineInfo(
+            name=self.name, kind=ENGINE_KIND, device=str(self.device), state=self.state,
+            weight_bytes=sum(p.numel() * p.element_size() for p in params),
+            resident_bytes=sum(p.untyped_storage().nbytes() for p in params),
+            source=self._source,
+            details={"loaded": self._model is not None,
+                     "registered": bool(self._mapping and self._mapping.registered)},
+        )  # fmt: skip
+
+    def close(self) -> None:
+        """Drop the weights, unmap the pool entry and stop using it."""
+        self._release()
+
+    def __enter__(self) -> ReferenceEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _release(self) -> None:
+        self._model = None
+        self._mapping = None
+        self._pool_stack.close()
+        self._pool_stack = contextlib.ExitStack()
+        self._source = ""
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def _loaded(self) -> Decoder:
+        if self._model is None:
+            raise EngineError(
+                f"{self.name} holds no weights: call load_from_checkpoint or load_from_pool"
+            )
+        return self._model
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
