@@ -16,9 +16,11 @@ Flags, and why:
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 LOG_VERBOSITY = "-v4"
+_VERSION_RE = re.compile(r"^\s*Version:\s*(\d+)\.(\d+)(?:\.(\d+))?", re.MULTILINE)
 
 
 def check_argv(criu: str) -> list[str]:
@@ -106,18 +108,7 @@ def parse_version(text: str) -> tuple[int, int, int] | None:
     >>> parse_version("Version: 4.2\\nGitID: v4.2\\n")
     (4, 2, 0)
     """
-    for line in text.splitlines():
-        line = line.strip()
-        if not line.startswith("Version:"):
-            continue
-        parts = line.split(":", 1)[1].strip().split(".")
-        nums: list[int] = []
-        for p in parts[:3]:
-            digits = "".join(ch for ch in p if ch.isdigit()) if not p.isdigit() else p
-            if not digits:
-                break
-            nums.append(int(digits))
-        if nums:
-            nums += [0] * (3 - len(nums))
-            return (nums[0], nums[1], nums[2])
-    return None
+    m = _VERSION_RE.search(text)
+    if m is None:
+        return None
+    return (int(m.group(1)), int(m.group(2)), int(m.group(3) or 0))

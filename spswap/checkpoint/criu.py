@@ -1,0 +1,328 @@
+"""Run CRIU: find it, check it, dump a process tree into an image, restore it.
+
+Images live in ``<images_root>/<key>/``. A dump writes into a hidden temporary directory
+next to it and renames it only when CRIU succeeded, so a half-written image is never
+visible under its key; on any failure (tmpfs full included) the partial image is deleted
+and :class:`~spswap.errors.CheckpointFailed` carries the last lines of CRIU's log.
+
+CRIU's log goes to a pipe (``--log-file -``), not to a file next to the image: when the
+image's file system fills up, a log file there would lose exactly the lines that say so.
+The captured log is written afterwards into the image (``dump.log``) or, on failure, into
+the log directory (default ``<images_root>/.logs/``).
+
+Restores are detached (``--restore-detached``): the restored tree is re-parented to init
+(or the nearest subreaper), not left as a child of the caller; its pid comes from a
+pidfile. The alternative, restoring as our child through ``criu swrk`` with
+``rst_sibling``, needs pycriu, which only ships in CRIU's source tree.
+
+Dumps and restores need root (the daemon runs them).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from spswap.checkpoint import criu_argv, proctree
+from spswap.errors import CheckpointFailed
+from spswap.fsutil import atomic_write_json, dir_size_bytes, read_json
+
+MIN_VERSION = (4, 1, 0)
+DUMP_META = "spswap-dump.json"
+LOG_TAIL_LINES = 15
+BUILD_HINT = "build one with scripts/build_criu.sh (CRIU >= 4.1 is needed on kernels >= 6.13)"
+# The harmless line CRIU logs on every run when it cannot raise its own fd limit.
+_NOISE = "Can't setup RLIMIT_NOFILE for self"
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    """A complete CRIU image on disk."""
+
+    key: str
+    path: Path
+    pid: int
+    size_bytes: int
+    dump_s: float
+    criu_version: tuple[int, int, int]
+
+
+def find_criu(env: dict[str, str] | None = None) -> Path | None:
+    """The criu to use: ``$SPSWAP_CRIU``, then PATH, then /usr/local/sbin/criu."""
+    env = dict(os.environ) if env is None else env
+    explicit = env.get("SPSWAP_CRIU")
+    if explicit:
+        return Path(explicit) if os.access(explicit, os.X_OK) else None
+    on_path = shutil.which("criu", path=env.get("PATH", os.defpath) + ":/usr/sbin:/sbin")
+    if on_path:
+        return Path(on_path)
+    fallback = Path("/usr/local/sbin/criu")
+    return fallback if os.access(fallback, os.X_OK) else None
+
+
+def criu_version(path: Path) -> tuple[int, int, int]:
+    """``(major, minor, patch)`` of a criu binary; CheckpointFailed when it cannot say."""
+    try:
+        res = subprocess.run(
+            criu_argv.version_argv(str(path)), capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise CheckpointFailed(f"cannot run {path} --version ({e}); {BUILD_HINT}") from None
+    version = criu_argv.parse_version(res.stdout + res.stderr)
+    if version is None:
+        raise CheckpointFailed(
+            f"{path} --version printed no version ({(res.stdout + res.stderr).strip()!r}); "
+            f"{BUILD_HINT}"
+        )
+    return version
+
+
+def criu_check(path: Path) -> tuple[bool, str]:
+    """Run ``criu check``: (passed, its output). Needs root."""
+    try:
+        res = subprocess.run(
+            criu_argv.check_argv(str(path)), capture_output=True, text=True, timeout=60
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return False, str(e)
+    output = "\n".join(
+        line for line in (res.stdout + res.stderr).splitlines() if _NOISE not in line
+    ).strip()
+    return res.returncode == 0, output
+
+
+def available() -> bool:
+    """True when a criu >= 4.1 is found (whether the kernel agrees is ``criu_check``'s job)."""
+    path = find_criu()
+    if path is None:
+        return False
+    try:
+        return criu_version(path) >= MIN_VERSION
+    except CheckpointFailed:
+        return False
+
+
+def _require_criu(criu: Path | None) -> tuple[Path, tuple[int, int, int]]:
+    path = criu or find_criu()
+    if path is None:
+        raise CheckpointFailed(f"no criu found (SPSWAP_CRIU, PATH, /usr/local/sbin); {BUILD_HINT}")
+    version = criu_version(path)
+    if version < MIN_VERSION:
+        have = ".".join(map(str, version))
+        raise CheckpointFailed(f"{path} is CRIU {have}, too old; {BUILD_HINT}")
+    if os.geteuid() != 0:
+        raise CheckpointFailed(
+            "CRIU dumps and restores need root: ask the spswap daemon (it runs as root) to do it"
+        )
+    return path, version
+
+
+def _check_key(key: str) -> None:
+    if not key or "/" in key or key.startswith(".") or key != key.strip():
+        raise CheckpointFailed(
+            f"bad image key {key!r}: use letters, digits, '-', '_' (no '/', no leading '.')"
+        )
+
+
+def log_tail(text: str, lines: int = LOG_TAIL_LINES) -> list[str]:
+    """The last ``lines`` lines of a CRIU log, without the harmless RLIMIT line."""
+    kept = [line for line in text.splitlines() if line.strip() and _NOISE not in line]
+    return kept[-lines:]
+
+
+def hint_for(log: str) -> str:
+    """What to do about a failed CRIU run, judged from its log."""
+    if "No space left on device" in log:
+        return (
+            "the image's file system is full: free space (remove old images) or give the "
+            "tmpfs more room; the process was resumed and keeps running"
+        )
+    if "io_uring" in log:
+        return proctree.IO_URING_FIX
+    if "File exists" in log and "fork" in log.lower():
+        return "a pid the image needs is in use: wait until the old process is gone"
+    if "unix" in log.lower() and ("xternal" in log or "peer" in log):
+        return proctree.SOCKET_FIX
+    return "see the log for the reason"
+
+
+def _write_log(text: str, path: Path) -> Path | None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        return path
+    except OSError:
+        return None
+
+
+def _run(argv: list[str], timeout_s: float) -> tuple[int, str]:
+    try:
+        res = subprocess.run(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout_s,
+            stdin=subprocess.DEVNULL, check=False,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired as e:
+        out = e.output.decode(errors="replace") if e.output else ""
+        return -1, out + f"\nspswap: criu did not finish within {timeout_s} s\n"
+    return res.returncode, res.stdout.decode(errors="replace")
+
+
+def preflight(pid: int) -> list[int]:
+    """Refuse a dump that CRIU would fail mid-way; returns the tree's pids.
+
+    Raises CheckpointFailed naming every io_uring and every connected Unix stream socket
+    to an outside peer, with the fix.
+    """
+    if not proctree.pid_exists(pid):
+        raise CheckpointFailed(f"cannot dump pid {pid}: no such process")
+    pids = proctree.process_tree_pids(pid)
+    blockers = proctree.find_blockers(pids, proctree.unix_sockets())
+    if blockers:
+        lines = "\n".join("  " + b.describe() for b in blockers)
+        raise CheckpointFailed(f"cannot dump pid {pid}: CRIU cannot save these:\n{lines}")
+    return pids
+
+
+def dump(
+    pid: int,
+    image_key: str,
+    images_root: Path,
+    *,
+    criu: Path | None = None,
+    leave_running: bool = False,
+    tcp_close: bool = False,
+    ghost_limit_bytes: int | None = None,
+    log_dir: Path | None = None,
+    timeout_s: float = 600.0,
+) -> ImageInfo:
+    """Dump the tree rooted at ``pid`` into ``images_root/<image_key>/``.
+
+    Unless ``leave_running``, the tree is gone after a successful dump. On failure the
+    partial image is deleted, the tree keeps running (CRIU resumes it) and
+    CheckpointFailed carries the log's path and last lines.
+    """
+    path, version = _require_criu(criu)
+    _check_key(image_key)
+    final = images_root / image_key
+    if final.exists():
+        raise CheckpointFailed(f"image {final} exists already: remove it first or use a new key")
+    pids = preflight(pid)
+    log_dir = log_dir or images_root / ".logs"
+    images_root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = images_root / f".tmp-{image_key}-{secrets.token_hex(4)}"
+    tmp.mkdir(mode=0o700)
+    shell_job = os.getsid(pid) != pid
+    try:
+        atomic_write_json(tmp / DUMP_META, {
+            "version": 1, "pid": pid, "shell_job": shell_job,
+            "pids": pids, "tids": sorted({t for p in pids for t in proctree.thread_ids(p)}),
+            "criu_version": list(version), "dumped_at": time.time(),
+        })  # fmt: skip
+        argv = criu_argv.dump_argv(
+            str(path), pid=pid, images_dir=tmp, log_file="-", leave_running=leave_running,
+            shell_job=shell_job, tcp_close=tcp_close, ghost_limit_bytes=ghost_limit_bytes,
+        )  # fmt: skip
+        start = time.monotonic()
+        rc, log = _run(argv, timeout_s)
+        dump_s = time.monotonic() - start
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if rc != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        log_path = _write_log(log, log_dir / f"{image_key}.dump.log")
+        raise CheckpointFailed(
+            f"criu dump of pid {pid} into {final} failed (exit {rc}): {hint_for(log)}; "
+            "the partial image was deleted",
+            log_path=str(log_path) if log_path else None, log_tail=log_tail(log),
+        )  # fmt: skip
+    # The image is complete; a log that does not fit any more must not cost the image.
+    if _write_log(log, tmp / "dump.log") is None:
+        _write_log(log, log_dir / f"{image_key}.dump.log")
+    try:
+        os.rename(tmp, final)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointFailed(f"could not move the finished image to {final}: {e}") from None
+    return ImageInfo(image_key, final, pid, dir_size_bytes(final), dump_s, version)
+
+
+def image_pid(image_dir: Path) -> int:
+    """The root pid an image restores to (from spswap's dump record)."""
+    meta = read_json(image_dir / DUMP_META)
+    if not meta:
+        raise CheckpointFailed(f"{image_dir} has no {DUMP_META}: not an image spswap dumped")
+    return int(meta["pid"])
+
+
+def wait_pids_free(pids: list[int], timeout_s: float) -> None:
+    """Wait until none of ``pids`` exists, reaping those that are our zombie children."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        busy = [p for p in pids if proctree.pid_exists(p)]
+        for p in busy:
+            try:
+                os.waitpid(p, os.WNOHANG)
+            except ChildProcessError:
+                pass
+        busy = [p for p in busy if proctree.pid_exists(p)]
+        if not busy:
+            return
+        if time.monotonic() >= deadline:
+            who = ", ".join(proctree.describe_pid(p) for p in busy)
+            raise CheckpointFailed(
+                f"cannot restore: {who} still in use after {timeout_s:g} s, and the image "
+                "needs the same pid; wait until that process exits (or stop it) and try again"
+            )
+        time.sleep(0.02)
+
+
+def restore(
+    image_key: str,
+    images_root: Path,
+    *,
+    criu: Path | None = None,
+    pid_wait_s: float = 5.0,
+    tcp_close: bool = False,
+    auto_dedup: bool = False,
+    log_dir: Path | None = None,
+    timeout_s: float = 600.0,
+) -> int:
+    """Restore ``images_root/<image_key>/`` detached; returns the restored root pid.
+
+    ``auto_dedup`` frees the image while restoring (faster, single use: delete it after).
+    """
+    path, _ = _require_criu(criu)
+    _check_key(image_key)
+    image_dir = images_root / image_key
+    if not image_dir.is_dir():
+        raise CheckpointFailed(f"no image {image_dir}: dump one first")
+    meta = read_json(image_dir / DUMP_META) or {}
+    if "pid" not in meta:
+        raise CheckpointFailed(f"{image_dir} has no {DUMP_META}: not an image spswap dumped")
+    wait_pids_free(sorted({int(meta["pid"]), *meta.get("pids", []), *meta.get("tids", [])}),
+                   pid_wait_s)  # fmt: skip
+    log_dir = log_dir or images_root / ".logs"
+    with tempfile.TemporaryDirectory(prefix="spswap-restore-") as scratch:
+        pidfile = Path(scratch) / "pid"
+        argv = criu_argv.restore_argv(
+            str(path), images_dir=image_dir, log_file="-", pidfile=pidfile,
+            shell_job=bool(meta.get("shell_job")), tcp_close=tcp_close, auto_dedup=auto_dedup,
+        )  # fmt: skip
+        rc, log = _run(argv, timeout_s)
+        log_path = _write_log(log, log_dir / f"{image_key}.restore.log")
+        if rc != 0:
+            raise CheckpointFailed(
+                f"criu restore of {image_dir} failed (exit {rc}): {hint_for(log)}",
+                log_path=str(log_path) if log_path else None, log_tail=log_tail(log),
+            )  # fmt: skip
+        try:
+            return int(pidfile.read_text().strip())
+        except (OSError, ValueError):
+            return int(meta["pid"])

@@ -1,0 +1,186 @@
+"""What a process tree holds, read from /proc: its pids, thread ids, and open files.
+
+CRIU dumps a whole tree, and some things in it cannot be dumped (an io_uring, a connected
+Unix stream socket whose peer is outside the tree). Finding them before a dump turns a
+mid-swap "Dumping FAILED" into a clear error that names the fix.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+IO_URING_LINK = "anon_inode:[io_uring]"
+PROC = Path("/proc")
+
+
+def children(pid: int, proc: Path = PROC) -> list[int]:
+    """Direct children of ``pid`` (every thread's ``children`` file)."""
+    kids: list[int] = []
+    try:
+        tasks = list((proc / str(pid) / "task").iterdir())
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return kids
+    for task in tasks:
+        try:
+            text = (task / "children").read_text()
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        kids.extend(int(x) for x in text.split())
+    return kids
+
+
+def process_tree_pids(root_pid: int, proc: Path = PROC) -> list[int]:
+    """``root_pid`` and all its descendants, parents before children."""
+    out: list[int] = []
+    todo = [root_pid]
+    seen: set[int] = set()
+    while todo:
+        pid = todo.pop(0)
+        if pid in seen or not (proc / str(pid)).exists():
+            continue
+        seen.add(pid)
+        out.append(pid)
+        todo.extend(children(pid, proc))
+    return out
+
+
+def thread_ids(pid: int, proc: Path = PROC) -> list[int]:
+    """Every thread id of ``pid`` (including ``pid`` itself)."""
+    try:
+        return sorted(int(t.name) for t in (proc / str(pid) / "task").iterdir())
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return []
+
+
+def fd_links(pid: int, proc: Path = PROC) -> dict[int, str]:
+    """``{fd: link target}`` of ``pid``'s open files (empty if it is gone)."""
+    links: dict[int, str] = {}
+    fd_dir = proc / str(pid) / "fd"
+    try:
+        names = os.listdir(fd_dir)
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return links
+    for name in names:
+        try:
+            links[int(name)] = os.readlink(fd_dir / name)
+        except (FileNotFoundError, ProcessLookupError, PermissionError, ValueError):
+            continue
+    return links
+
+
+def socket_inode(link: str) -> int | None:
+    """The inode of a ``socket:[123]`` fd link, None for anything else."""
+    if link.startswith("socket:[") and link.endswith("]"):
+        return int(link[len("socket:[") : -1])
+    return None
+
+
+@dataclass(frozen=True)
+class UnixSocket:
+    """One Unix socket as ``ss -xaHn`` shows it."""
+
+    netid: str  # u_str, u_seq, u_dgr
+    state: str  # ESTAB, LISTEN, UNCONN, ...
+    inode: int
+    peer_inode: int
+    path: str
+
+
+def parse_ss_unix(text: str) -> dict[int, UnixSocket]:
+    """Parse ``ss -xaHn`` output into ``{inode: UnixSocket}``.
+
+    The columns are netid, state, recv-q, send-q, local address, local inode, peer address,
+    peer inode; a path may contain spaces, so the inodes are taken from the end.
+    """
+    out: dict[int, UnixSocket] = {}
+    for line in text.splitlines():
+        tok = line.split()
+        if len(tok) < 8 or not tok[0].startswith("u_"):
+            continue
+        try:
+            inode, peer = int(tok[-3]), int(tok[-1])
+        except ValueError:
+            continue
+        path = " ".join(tok[4:-3])
+        out[inode] = UnixSocket(tok[0], tok[1], inode, peer, "" if path == "*" else path)
+    return out
+
+
+def unix_sockets() -> dict[int, UnixSocket] | None:
+    """Every Unix socket of this network namespace, or None when ``ss`` is not there."""
+    try:
+        res = subprocess.run(
+            ["ss", "-xaHn"], capture_output=True, text=True, timeout=10, check=False
+        )
+    except (FileNotFoundError, subprocess.TimeoutExpired):
+        return None
+    return parse_ss_unix(res.stdout) if res.returncode == 0 else None
+
+
+@dataclass(frozen=True)
+class Blocker:
+    """Something in the tree that CRIU cannot dump, and what to do about it."""
+
+    pid: int
+    fd: int
+    what: str
+    fix: str
+
+    def describe(self) -> str:
+        return f"pid {self.pid} fd {self.fd}: {self.what} ({self.fix})"
+
+
+IO_URING_FIX = (
+    "set `sysctl kernel.io_uring_disabled=2` before the engine starts, so nothing in it "
+    "can create an io_uring"
+)
+SOCKET_FIX = "close client connections before the dump (the engine's drain step does this)"
+
+
+def find_blockers(
+    pids: list[int], sockets: dict[int, UnixSocket] | None, proc: Path = PROC
+) -> list[Blocker]:
+    """io_urings and connected Unix stream sockets to peers outside ``pids``.
+
+    ``sockets`` comes from :func:`unix_sockets`; when it is None the socket check is
+    skipped (best effort), the io_uring check still runs.
+    """
+    links = {pid: fd_links(pid, proc) for pid in pids}
+    tree_inodes = {
+        ino for fds in links.values() for link in fds.values()
+        if (ino := socket_inode(link)) is not None
+    }  # fmt: skip
+    blockers: list[Blocker] = []
+    for pid, fds in links.items():
+        for fd, link in sorted(fds.items()):
+            if link == IO_URING_LINK:
+                blockers.append(Blocker(pid, fd, "an io_uring instance", IO_URING_FIX))
+                continue
+            ino = socket_inode(link)
+            if ino is None or sockets is None or ino not in sockets:
+                continue
+            s = sockets[ino]
+            if s.netid in ("u_str", "u_seq") and s.state == "ESTAB":
+                if s.peer_inode and s.peer_inode not in tree_inodes:
+                    what = f"a connected Unix stream socket (inode {ino}, peer {s.peer_inode})"
+                    blockers.append(Blocker(pid, fd, what, SOCKET_FIX))
+    return blockers
+
+
+def describe_pid(pid: int, proc: Path = PROC) -> str:
+    """``"pid 123 (python3, state S, parent 1)"``, or ``"pid 123 (gone)"``."""
+    try:
+        stat = (proc / str(pid) / "stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return f"pid {pid} (gone)"
+    comm = stat[stat.find("(") + 1 : stat.rfind(")")]
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return f"pid {pid} ({comm}, state {fields[0]}, parent {fields[1]})"
+
+
+def pid_exists(pid: int, proc: Path = PROC) -> bool:
+    """True while ``/proc/<pid>`` exists (a zombie counts: its pid is still taken)."""
+    return pid > 0 and (proc / str(pid)).exists()

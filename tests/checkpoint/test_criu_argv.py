@@ -1,0 +1,79 @@
+"""Golden tests: the exact command lines spswap runs CRIU with."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from spswap.checkpoint import criu_argv as a
+
+
+def test_check_and_version() -> None:
+    assert a.check_argv("/usr/local/sbin/criu") == ["/usr/local/sbin/criu", "check"]
+    assert a.version_argv("criu") == ["criu", "--version"]
+
+
+def test_dump_minimal() -> None:
+    assert a.dump_argv("criu", pid=42, images_dir=Path("/shm/images/.tmp-k-1"), shell_job=False) == [
+        "criu", "dump", "--tree", "42", "--images-dir", "/shm/images/.tmp-k-1",
+        "-v4", "--log-file", "dump.log",
+    ]  # fmt: skip
+
+
+def test_dump_every_flag() -> None:
+    argv = a.dump_argv(
+        "/opt/criu/criu", pid=7, images_dir=Path("/img dir/x"), log_file="-",
+        leave_running=True, shell_job=True, tcp_close=True, ghost_limit_bytes=1 << 20,
+        ext_unix_sk=True,
+    )  # fmt: skip
+    assert argv == [
+        "/opt/criu/criu", "dump", "--tree", "7", "--images-dir", "/img dir/x",
+        "-v4", "--log-file", "-", "--leave-running", "--shell-job", "--tcp-close",
+        "--ext-unix-sk", "--ghost-limit", "1048576",
+    ]  # fmt: skip
+
+
+def test_dump_rejects_bad_values() -> None:
+    with pytest.raises(ValueError, match="pid"):
+        a.dump_argv("criu", pid=0, images_dir=Path("/x"), shell_job=False)
+    with pytest.raises(ValueError, match="ghost_limit"):
+        a.dump_argv("criu", pid=1, images_dir=Path("/x"), shell_job=False, ghost_limit_bytes=-1)
+
+
+def test_restore_default_is_detached() -> None:
+    argv = a.restore_argv(
+        "criu", images_dir=Path("/shm/images/k"), pidfile=Path("/tmp/p"), shell_job=False
+    )
+    assert argv == [
+        "criu", "restore", "--images-dir", "/shm/images/k", "-v4", "--log-file",
+        "restore.log", "--pidfile", "/tmp/p", "--restore-detached",
+    ]  # fmt: skip
+
+
+def test_restore_every_flag() -> None:
+    argv = a.restore_argv(
+        "criu", images_dir=Path("/i"), log_file="-", pidfile=Path("/p"),
+        restore_detached=False, shell_job=True, tcp_close=True, ext_unix_sk=True,
+        auto_dedup=True,
+    )  # fmt: skip
+    assert argv == [
+        "criu", "restore", "--images-dir", "/i", "-v4", "--log-file", "-", "--pidfile", "/p",
+        "--shell-job", "--tcp-close", "--ext-unix-sk", "--auto-dedup",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("Version: 4.1.1\n", (4, 1, 1)),
+        ("Version: 4.2\nGitID: v4.2\n", (4, 2, 0)),
+        ("Version: 3.17.1\n", (3, 17, 1)),
+        ("Version: 4.1.1 (gitid 0)\n", (4, 1, 1)),
+        ("Version: 4.0-rc1\n", (4, 0, 0)),
+        ("criu: command failed\n", None),
+        ("", None),
+    ],
+)
+def test_parse_version(text: str, expected: tuple[int, int, int] | None) -> None:
+    assert a.parse_version(text) == expected

@@ -1,0 +1,128 @@
+"""Real CRIU on a real process: dump, restore, and every trap the module handles."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from spswap.checkpoint import criu
+from spswap.errors import CheckpointFailed
+from tests.checkpoint.conftest import Server, needs_criu
+
+pytestmark = [pytest.mark.criu, needs_criu]
+
+
+def test_dump_then_restore_continues_the_same_state(server: Server, tmp_path: Path) -> None:
+    images = tmp_path / "images"
+    token, count, total = server.ask().split()
+    assert count == "1"
+    info = criu.dump(server.pid, "counter", images)
+    assert info.path == images / "counter" and info.path.is_dir()
+    assert info.size_bytes > 1 << 20 and info.pid == server.pid
+    assert (info.path / "dump.log").read_text().strip().endswith("Dumping finished successfully")
+    assert not [p for p in images.iterdir() if p.name.startswith(".tmp-")]
+    # The dumped process is gone (our zombie child until restore reaps it).
+    assert server.proc.poll() is not None or not criu.proctree.pid_exists(server.pid)
+
+    pid = criu.restore("counter", images)
+    assert pid == server.pid
+    again_token, again_count, again_total = server.ask().split()
+    assert again_token == token  # same memory, not a fresh start
+    assert (int(again_count), int(again_total)) == (2, int(total) + 2)
+    # Detached: the restored process is not our child.
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def test_dump_refuses_an_existing_key(server: Server, tmp_path: Path) -> None:
+    (tmp_path / "images" / "taken").mkdir(parents=True)
+    with pytest.raises(CheckpointFailed, match="exists already"):
+        criu.dump(server.pid, "taken", tmp_path / "images")
+    assert server.ask().split()[1] == "1"
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path: Path):
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    res = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1M", "tmpfs", str(mnt)], capture_output=True, text=True
+    )
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip()}")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_full_tmpfs_deletes_the_partial_image_and_the_process_runs_on(
+    server: Server, tmp_path: Path, tiny_tmpfs: Path
+) -> None:
+    server.ask()
+    logs = tmp_path / "logs"
+    with pytest.raises(CheckpointFailed) as exc:
+        criu.dump(server.pid, "big", tiny_tmpfs, log_dir=logs)
+    err = exc.value
+    assert "full" in str(err) and "keeps running" in str(err)
+    assert err.log_path == str(logs / "big.dump.log")
+    assert "No space left on device" in Path(err.log_path).read_text()
+    assert err.log_tail and "last lines of" in str(err) and err.log_tail[-1] in str(err)
+    assert list(tiny_tmpfs.iterdir()) == []  # no partial image, no temp dir
+    assert server.ask().split()[1] == "2"  # resumed by CRIU, state intact
+
+
+def test_restore_while_the_pid_is_in_use_fails_clearly(server: Server, tmp_path: Path) -> None:
+    images = tmp_path / "images"
+    criu.dump(server.pid, "live", images, leave_running=True)
+    assert server.ask().split()[1] == "1"  # still running after --leave-running
+    with pytest.raises(CheckpointFailed) as exc:
+        criu.restore("live", images, pid_wait_s=0.3)
+    assert f"pid {server.pid} (python" in str(exc.value) and "still in use" in str(exc.value)
+    # Once it is gone (and reaped by restore's wait), the same image restores.
+    server.kill()
+    pid = criu.restore("live", images, pid_wait_s=5)
+    assert pid == server.pid
+    assert server.ask().split()[1] == "1"  # the state at the dump, not the later one
+
+
+def test_restore_failure_carries_the_log_tail(server: Server, tmp_path: Path) -> None:
+    images = tmp_path / "images"
+    info = criu.dump(server.pid, "broken", images)
+    (info.path / "pstree.img").unlink()
+    with pytest.raises(CheckpointFailed) as exc:
+        criu.restore("broken", images, log_dir=tmp_path / "logs")
+    err = exc.value
+    assert err.log_path == str(tmp_path / "logs" / "broken.restore.log")
+    assert err.log_tail and err.log_tail[-1] in str(err)
+    assert "criu restore of" in str(err)
+
+
+def test_dump_refuses_a_connected_outside_peer(server: Server, tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as held:
+        held.connect(str(server.sock))
+        held.sendall(b"hold")
+        assert held.recv(64).strip() == b"holding"
+        with pytest.raises(CheckpointFailed) as exc:
+            criu.dump(server.pid, "sock", tmp_path / "images")
+        held.sendall(b"done")
+    assert "connected Unix stream socket" in str(exc.value)
+    assert "close client connections" in str(exc.value)
+    assert not (tmp_path / "images" / "sock").exists()
+    assert server.ask().split()[1] == "1"
+
+
+def test_dump_refuses_an_io_uring(tmp_path: Path) -> None:
+    if Path("/proc/sys/kernel/io_uring_disabled").read_text().strip() != "0":
+        pytest.skip("io_uring is disabled on this machine: nothing to detect")
+    srv = Server(tmp_path, "--io-uring")
+    try:
+        with pytest.raises(CheckpointFailed) as exc:
+            criu.dump(srv.pid, "ring", tmp_path / "images")
+        assert "io_uring" in str(exc.value) and "io_uring_disabled=2" in str(exc.value)
+        assert srv.ask().split()[1] == "1"
+    finally:
+        srv.kill()
