@@ -37,9 +37,7 @@ def criu_skip_reason() -> str | None:
     return None
 
 
-needs_criu = pytest.mark.skipif(
-    (reason := criu_skip_reason()) is not None, reason=reason or ""
-)
+needs_criu = pytest.mark.skipif((reason := criu_skip_reason()) is not None, reason=reason or "")
 
 
 def ask(sock_path: Path, cmd: bytes = b"next", timeout_s: float = 5.0) -> str:

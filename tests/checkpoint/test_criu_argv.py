@@ -15,7 +15,8 @@ def test_check_and_version() -> None:
 
 
 def test_dump_minimal() -> None:
-    assert a.dump_argv("criu", pid=42, images_dir=Path("/shm/images/.tmp-k-1"), shell_job=False) == [
+    argv = a.dump_argv("criu", pid=42, images_dir=Path("/shm/images/.tmp-k-1"), shell_job=False)
+    assert argv == [
         "criu", "dump", "--tree", "42", "--images-dir", "/shm/images/.tmp-k-1",
         "-v4", "--log-file", "dump.log",
     ]  # fmt: skip
