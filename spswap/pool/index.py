@@ -1,0 +1,156 @@
+"""The pool's bookkeeping: last use, live users, source aliases and space reservations.
+
+One JSON file, ``<pool>/index.json``, read and written only under the lock
+``<pool>/.locks/index.lock``. Every read under the lock drops what is dead: users and
+reservations whose holder is gone, and records of entries whose directory vanished,
+so a crashed process never pins an entry or a reservation for good. Pure
+bookkeeping: no torch, no Slurm (the job probe is plugged in).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
+
+from spswap.fsutil import atomic_write_json, read_json
+from spswap.liveness import Holder, JobProbe, holder_alive
+from spswap.pool.manifest import SourceFile
+
+INDEX_FILE = "index.json"
+LOCKS_DIR = ".locks"
+INDEX_VERSION = 1
+
+
+@dataclass
+class EntryRecord:
+    last_used: float = 0.0
+    uses: list[Holder] = field(default_factory=list)
+
+
+@dataclass
+class Reservation:
+    size_bytes: int
+    holder: Holder
+
+
+@dataclass
+class IndexState:
+    """The decoded index; mutate it inside :meth:`PoolIndex.locked`."""
+
+    entries: dict[str, EntryRecord] = field(default_factory=dict)
+    # source key -> (digest, the exact source files it was imported from)
+    sources: dict[str, tuple[str, tuple[SourceFile, ...]]] = field(default_factory=dict)
+    # temp build dir name -> room reserved for it
+    reservations: dict[str, Reservation] = field(default_factory=dict)
+
+    def record(self, digest: str) -> EntryRecord:
+        return self.entries.setdefault(digest, EntryRecord())
+
+    def touch(self, digest: str, now: float | None = None) -> None:
+        self.record(digest).last_used = time.time() if now is None else now
+
+    def reserved_bytes(self, *, exclude: str | None = None) -> int:
+        return sum(r.size_bytes for k, r in self.reservations.items() if k != exclude)
+
+    def forget(self, digest: str) -> None:
+        self.entries.pop(digest, None)
+        for key in [k for k, (d, _) in self.sources.items() if d == digest]:
+            del self.sources[key]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": INDEX_VERSION,
+            "entries": {d: {"last_used": r.last_used, "uses": [h.to_json() for h in r.uses]}
+                        for d, r in sorted(self.entries.items())},
+            "sources": {k: {"digest": d, "sources": [s.to_json() for s in srcs]}
+                        for k, (d, srcs) in sorted(self.sources.items())},
+            "reservations": {k: {"size_bytes": r.size_bytes, "holder": r.holder.to_json()}
+                             for k, r in sorted(self.reservations.items())},
+        }  # fmt: skip
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any] | None) -> IndexState:
+        if not d:
+            return cls()
+        return cls(
+            entries={k: EntryRecord(float(v.get("last_used", 0.0)),
+                                    [Holder.from_json(h) for h in v.get("uses", [])])
+                     for k, v in d.get("entries", {}).items()},
+            sources={k: (str(v["digest"]), tuple(SourceFile.from_json(s) for s in v["sources"]))
+                     for k, v in d.get("sources", {}).items()},
+            reservations={k: Reservation(int(v["size_bytes"]), Holder.from_json(v["holder"]))
+                          for k, v in d.get("reservations", {}).items()},
+        )  # fmt: skip
+
+
+class PoolIndex:
+    """``index.json`` of one pool directory, with its lock."""
+
+    def __init__(self, pool_dir: Path, job_alive: JobProbe | None = None) -> None:
+        self.pool_dir = pool_dir
+        self.path = pool_dir / INDEX_FILE
+        self.locks_dir = pool_dir / LOCKS_DIR
+        self.job_alive = job_alive
+        self._lock: FileLock | None = None
+
+    def lock_path(self, name: str) -> Path:
+        return self.locks_dir / name
+
+    def _file_lock(self) -> FileLock:
+        if self._lock is None:
+            self.locks_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
+            self._lock = FileLock(str(self.locks_dir / "index.lock"))
+        return self._lock
+
+    def alive(self, holder: Holder) -> bool:
+        return holder_alive(holder, self.job_alive)
+
+    def read_unlocked(self) -> IndexState:
+        """A snapshot for display (no lock, nothing pruned but dead users filtered)."""
+        state = IndexState.from_json(read_json(self.path))
+        for rec in state.entries.values():
+            rec.uses = [h for h in rec.uses if self.alive(h)]
+        return state
+
+    @contextmanager
+    def locked(self, live_digests: set[str] | None = None) -> Iterator[IndexState]:
+        """Hold the index lock; yield the pruned state; write it back if it changed.
+
+        ``live_digests``: the entries that exist on disk; records of others are dropped.
+        The lock is re-entrant within one :class:`PoolIndex`, and nested blocks see and
+        change the same state.
+        """
+        lock = self._file_lock()
+        with lock:
+            outer = getattr(self, "_state", None)
+            if outer is not None:
+                yield outer
+                return
+            raw = read_json(self.path)
+            state = IndexState.from_json(raw)
+            self._prune(state, live_digests)
+            self._state: IndexState | None = state
+            try:
+                yield state
+                new = state.to_json()
+                if new != (raw or IndexState().to_json()):
+                    atomic_write_json(self.path, new)
+            finally:
+                self._state = None
+
+    def _prune(self, state: IndexState, live_digests: set[str] | None) -> None:
+        for rec in state.entries.values():
+            rec.uses = [h for h in rec.uses if self.alive(h)]
+        for key in [k for k, r in state.reservations.items() if not self.alive(r.holder)]:
+            del state.reservations[key]
+        if live_digests is not None:
+            for digest in [d for d in state.entries if d not in live_digests]:
+                state.forget(digest)
+            for key in [k for k, (d, _) in state.sources.items() if d not in live_digests]:
+                del state.sources[key]

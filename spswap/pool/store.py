@@ -1,0 +1,406 @@
+"""The node-wide weight pool: entries on tmpfs, capacity, LRU eviction and live users.
+
+Layout under ``pool_dir`` (``$SPSWAP_ROOT/pool``)::
+
+    <digest>/manifest.json, <digest>/data.bin   one entry, immutable once renamed in
+    .tmp-<pid>-<start>-<rand>/                  an entry being built (or being removed)
+    .locks/index.lock, .locks/import-<key>.lock  file locks (never unlinked)
+    index.json                                  last use, users, source aliases, reservations
+
+Entry directories appear (rename from a temp dir) and disappear (rename to a temp dir,
+then delete) only under the index lock, so eviction, removal, publication and
+acquiring a use never race. No torch here.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from spswap.config import Config
+from spswap.errors import PoolCorrupt, PoolEntryInUse, PoolEntryNotFound, PoolError, PoolFull
+from spswap.fsutil import dir_size_bytes, read_json
+from spswap.liveness import Holder, JobProbe
+from spswap.pool.index import LOCKS_DIR, IndexState, PoolIndex, Reservation
+from spswap.pool.manifest import DATA_FILE, MANIFEST_FILE, Manifest, SourceFile
+from spswap.pool.writer import DIR_MODE, TMP_PREFIX, EntryWriter, tmp_dir_name, tmp_dir_owner_alive
+from spswap.units import fmt_bytes
+
+DEFAULT_CAPACITY_FRACTION = 0.8
+MIN_PREFIX_CHARS = 6
+# Room for manifest.json on top of the data file when reserving.
+MANIFEST_ALLOWANCE_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class EntryInfo:
+    """One entry as ``spswap pool ls`` shows it."""
+
+    manifest: Manifest
+    path: Path
+    size_bytes: int  # on disk: data.bin + manifest.json
+    last_used: float
+    users: list[Holder]  # live ones only
+
+    def to_json(self) -> dict[str, Any]:
+        m = self.manifest
+        return {
+            "name": m.name, "digest": m.digest, "path": str(self.path),
+            "size_bytes": self.size_bytes, "data_size_bytes": m.data_size_bytes,
+            "tensor_count": len(m.tensors), "created": m.created, "last_used": self.last_used,
+            "users": [h.to_json() for h in self.users],
+            "sources": [s.to_json() for s in m.sources], "identity": m.identity,
+        }  # fmt: skip
+
+
+class Pool:
+    """The weight pool in one directory. Safe to use from many processes at once."""
+
+    def __init__(
+        self, pool_dir: Path, *, capacity_bytes: int | None = None,
+        job_alive: JobProbe | None = None,
+    ) -> None:  # fmt: skip
+        self.pool_dir = Path(pool_dir)
+        self._capacity_bytes = capacity_bytes
+        self.job_alive = job_alive
+        self.index = PoolIndex(self.pool_dir, job_alive)
+
+    @classmethod
+    def from_config(cls, cfg: Config, job_alive: JobProbe | None = None) -> Pool:
+        """The pool under ``cfg.paths.pool`` with ``cfg.pool_capacity_bytes``."""
+        return cls(cfg.paths.pool, capacity_bytes=cfg.pool_capacity_bytes, job_alive=job_alive)
+
+    # -- sizes -------------------------------------------------------------------------
+
+    @property
+    def capacity_bytes(self) -> int:
+        """The configured limit, else 80% of the size of the file system holding the pool."""
+        if self._capacity_bytes is not None:
+            return self._capacity_bytes
+        st = os.statvfs(_existing_parent(self.pool_dir))
+        return int(st.f_blocks * st.f_frsize * DEFAULT_CAPACITY_FRACTION)
+
+    @property
+    def used_bytes(self) -> int:
+        """Bytes on disk of every published entry."""
+        return sum(dir_size_bytes(d) for d in self._entry_dirs())
+
+    def _fs_free_bytes(self) -> int:
+        st = os.statvfs(_existing_parent(self.pool_dir))
+        return st.f_bavail * st.f_frsize
+
+    # -- looking up ----------------------------------------------------------------------
+
+    def entry_dir(self, digest: str) -> Path:
+        return self.pool_dir / digest
+
+    def data_path(self, manifest: Manifest) -> Path:
+        return self.entry_dir(manifest.digest) / DATA_FILE
+
+    def _entry_dirs(self) -> list[Path]:
+        try:
+            return sorted(p for p in self.pool_dir.iterdir()
+                          if p.is_dir() and not p.name.startswith("."))  # fmt: skip
+        except FileNotFoundError:
+            return []
+
+    def _manifests(self) -> list[Manifest]:
+        out = []
+        for d in self._entry_dirs():
+            raw = read_json(d / MANIFEST_FILE)
+            if raw is None:
+                continue
+            try:
+                out.append(Manifest.from_json(raw))
+            except (PoolCorrupt, KeyError, TypeError, ValueError):
+                continue
+        return out
+
+    def _live_digests(self) -> set[str]:
+        return {d.name for d in self._entry_dirs()}
+
+    def entries(self) -> list[EntryInfo]:
+        """Every entry, most recently used first."""
+        state = self.index.read_unlocked()
+        out = []
+        for m in self._manifests():
+            rec = state.entries.get(m.digest)
+            out.append(EntryInfo(
+                manifest=m, path=self.entry_dir(m.digest),
+                size_bytes=dir_size_bytes(self.entry_dir(m.digest)),
+                last_used=rec.last_used if rec and rec.last_used else m.created,
+                users=list(rec.uses) if rec else [],
+            ))  # fmt: skip
+        return sorted(out, key=lambda e: -e.last_used)
+
+    def find(self, ref: str) -> Manifest:
+        """The entry named ``ref``, or with digest ``ref`` or a unique prefix (>= 6 chars)."""
+        manifests = self._manifests()
+        by_name = [m for m in manifests if m.name == ref]
+        if len(by_name) == 1:
+            return by_name[0]
+        if len(by_name) > 1:
+            digests = ", ".join(m.digest[:12] for m in by_name)
+            raise PoolError(f"{len(by_name)} pool entries are named {ref!r} ({digests}); "
+                            "name one by its digest")  # fmt: skip
+        if len(ref) >= MIN_PREFIX_CHARS:
+            hits = [m for m in manifests if m.digest.startswith(ref.lower())]
+            if len(hits) == 1:
+                return hits[0]
+            if len(hits) > 1:
+                raise PoolError(
+                    f"digest prefix {ref!r} matches {len(hits)} entries; give more of it"
+                )
+        have = ", ".join(f"{m.name} ({m.digest[:12]})" for m in manifests) or "none"
+        raise PoolEntryNotFound(
+            f"no pool entry named {ref!r} or with a digest starting with it (at least "
+            f"{MIN_PREFIX_CHARS} characters); entries in {self.pool_dir}: {have}. "
+            "Import one with: spswap pool import PATH"
+        )
+
+    # -- users ---------------------------------------------------------------------------
+
+    def acquire_use(self, ref: str, holder: Holder | None = None) -> Manifest:
+        """Mark the entry as used by ``holder`` (default: this process): never evicted while
+        the holder lives. Pair with :meth:`release_use` (or use :meth:`use`)."""
+        holder = holder or Holder.current()
+        with self.index.locked(self._live_digests()) as state:
+            m = self.find(ref)
+            rec = state.record(m.digest)
+            rec.uses.append(holder)
+            rec.last_used = time.time()
+        return m
+
+    def release_use(self, digest: str, holder: Holder) -> None:
+        """Drop one use of ``digest`` by ``holder`` (no error when it is already gone)."""
+        key = _holder_key(holder)
+        with self.index.locked(self._live_digests()) as state:
+            rec = state.entries.get(digest)
+            if rec is None:
+                return
+            for i, h in enumerate(rec.uses):
+                if _holder_key(h) == key:
+                    del rec.uses[i]
+                    break
+            rec.last_used = time.time()
+
+    @contextmanager
+    def use(self, ref: str, holder: Holder | None = None) -> Iterator[Manifest]:
+        """Hold a use of the entry for the ``with`` block; touches its last use."""
+        holder = holder or Holder.current()
+        m = self.acquire_use(ref, holder)
+        try:
+            yield m
+        finally:
+            self.release_use(m.digest, holder)
+
+    # -- capacity ------------------------------------------------------------------------
+
+    def ensure_room(self, size_bytes: int) -> list[str]:
+        """Evict least-recently-used entries without live users until ``size_bytes`` fit.
+
+        Returns the evicted digests. Raises :class:`PoolFull` (and evicts nothing) when
+        even evicting every unused entry would not be enough.
+        """
+        with self.index.locked(self._live_digests()) as state:
+            return self._make_room(state, size_bytes, exclude=None)
+
+    def reserve_room(self, name: str, size_bytes: int, holder: Holder) -> list[str]:
+        """Make room and hold it for the temp build dir ``name`` until it is published."""
+        with self.index.locked(self._live_digests()) as state:
+            evicted = self._make_room(state, size_bytes, exclude=name)
+            state.reservations[name] = Reservation(size_bytes, holder)
+        return evicted
+
+    def release_reservation(self, name: str) -> None:
+        if not self.index.path.exists():
+            return
+        with self.index.locked() as state:
+            state.reservations.pop(name, None)
+
+    def _make_room(self, state: IndexState, size_bytes: int, *, exclude: str | None) -> list[str]:
+        capacity = self.capacity_bytes
+        infos = self.entries()
+        used = sum(e.size_bytes for e in infos)
+        reserved = state.reserved_bytes(exclude=exclude)
+        free = capacity - used - reserved
+        fs_free = self._fs_free_bytes()
+        plan: list[EntryInfo] = []
+        # Oldest first; in-use entries (per the locked, pruned state) are never candidates.
+        for e in sorted(infos, key=lambda e: e.last_used):
+            if free >= size_bytes and fs_free >= size_bytes:
+                break
+            rec = state.entries.get(e.manifest.digest)
+            if rec and rec.uses:
+                continue
+            plan.append(e)
+            free += e.size_bytes
+            fs_free += e.size_bytes
+        if free < size_bytes or fs_free < size_bytes:
+            raise self._full_error(state, infos, size_bytes, min(free, fs_free), capacity)
+        for e in plan:
+            self._delete_entry(state, e.manifest.digest)
+        return [e.manifest.digest for e in plan]
+
+    def _full_error(
+        self, state: IndexState, infos: list[EntryInfo], size_bytes: int, free: int, capacity: int
+    ) -> PoolFull:
+        in_use = []
+        for e in infos:
+            rec = state.entries.get(e.manifest.digest)
+            if rec and rec.uses:
+                who = "; ".join(h.describe() for h in rec.uses)
+                in_use.append(f"{e.manifest.name} ({e.manifest.digest[:12]}, "
+                              f"{fmt_bytes(e.size_bytes)}) used by {who}")  # fmt: skip
+        held = "; ".join(in_use) or "none"
+        free_now = max(capacity - sum(e.size_bytes for e in infos) - state.reserved_bytes(), 0)
+        return PoolFull(
+            f"pool full: need {fmt_bytes(size_bytes)}, capacity {fmt_bytes(capacity)}, "
+            f"{fmt_bytes(free_now)} free and not enough unused entries to evict. In use: "
+            f"{held}. Wait for those users to finish, remove entries with "
+            "'spswap pool rm REF', or raise SPSWAP_POOL_CAPACITY_BYTES",
+            needed_bytes=size_bytes, free_bytes=max(free, 0),
+        )  # fmt: skip
+
+    # -- publishing and removing ---------------------------------------------------------
+
+    def publish(self, tmp: Path, manifest: Manifest, reservation: str) -> tuple[Manifest, bool]:
+        """Rename a finished temp dir into place; keep an existing entry with the same digest.
+
+        Returns ``(manifest, reused)``.
+        """
+        final = self.entry_dir(manifest.digest)
+        with self.index.locked(self._live_digests()) as state:
+            reserved = state.reservations.pop(reservation, None)
+            if (final / MANIFEST_FILE).is_file():
+                shutil.rmtree(tmp, ignore_errors=True)
+                state.touch(manifest.digest)
+                return Manifest.from_json(read_json(final / MANIFEST_FILE)), True
+            if reserved is None:
+                self._make_room(state, dir_size_bytes(tmp), exclude=None)
+            if final.exists():  # an empty or broken leftover with our digest
+                self._trash(final)
+            os.rename(tmp, final)
+            state.touch(manifest.digest)
+            if manifest.sources:
+                state.sources[source_key(manifest.sources)] = (manifest.digest, manifest.sources)
+        return manifest, False
+
+    def remove(self, ref: str, *, force: bool = False) -> Manifest:
+        """Delete an entry; refuses (:class:`PoolEntryInUse`) while a live user holds it."""
+        with self.index.locked(self._live_digests()) as state:
+            m = self.find(ref)
+            rec = state.entries.get(m.digest)
+            if rec and rec.uses and not force:
+                who = "; ".join(h.describe() for h in rec.uses)
+                raise PoolEntryInUse(
+                    f"pool entry {m.name} ({m.digest[:12]}) is in use by {who}; stop those "
+                    "jobs first, or pass --force (their mapped copies stay valid until they exit)"
+                )
+            self._delete_entry(state, m.digest)
+        return m
+
+    def _delete_entry(self, state: IndexState, digest: str) -> None:
+        self._trash(self.entry_dir(digest))
+        state.forget(digest)
+
+    def _trash(self, path: Path) -> None:
+        # Rename first so the entry vanishes atomically; a crash mid-delete leaves a temp
+        # dir that the next import cleans up.
+        trash = self.pool_dir / tmp_dir_name(Holder.current())
+        os.rename(path, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+
+    def remove_stale_tmp_dirs(self) -> list[str]:
+        """Delete temp dirs whose builder process is gone; returns their names."""
+        removed: list[str] = []
+        try:
+            children = list(self.pool_dir.iterdir())
+        except FileNotFoundError:
+            return removed
+        for p in children:
+            if p.name.startswith(TMP_PREFIX) and not tmp_dir_owner_alive(p.name):
+                shutil.rmtree(p, ignore_errors=True)
+                removed.append(p.name)
+        return removed
+
+    # -- writing -------------------------------------------------------------------------
+
+    def writer(
+        self, name: str, *, identity: dict[str, Any] | None = None,
+        sources: Sequence[SourceFile] = (), expected_size_bytes: int | None = None,
+    ) -> EntryWriter:  # fmt: skip
+        """A context manager that builds one entry (see :class:`EntryWriter`).
+
+        ``expected_size_bytes`` (sum of tensor bytes) reserves room, evicting if needed,
+        before anything is written; without it room is made when the entry is published.
+        """
+        self.ensure_dirs()
+        return EntryWriter(self, name, identity=identity, sources=sources,
+                           expected_size_bytes=expected_size_bytes)  # fmt: skip
+
+    def ensure_dirs(self) -> None:
+        self.pool_dir.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
+        (self.pool_dir / LOCKS_DIR).mkdir(exist_ok=True, mode=DIR_MODE)
+
+    def import_checkpoint(
+        self, path: Path, *, name: str | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> Manifest:  # fmt: skip
+        """Import a safetensors checkpoint (file or directory); see :mod:`spswap.pool.importer`."""
+        from spswap.pool.importer import import_checkpoint
+
+        return import_checkpoint(self, Path(path), name=name, progress=progress)
+
+    def find_by_sources(self, sources: Sequence[SourceFile]) -> Manifest | None:
+        """The entry imported from exactly these files (path, size, mtime), touched; or None."""
+        sources = tuple(sources)
+        with self.index.locked(self._live_digests()) as state:
+            hit = state.sources.get(source_key(sources))
+            if hit is None or hit[1] != sources:
+                return None
+            raw = read_json(self.entry_dir(hit[0]) / MANIFEST_FILE)
+            if raw is None:
+                return None
+            state.touch(hit[0])
+            return Manifest.from_json(raw)
+
+    def remember_sources(self, sources: Sequence[SourceFile], digest: str) -> None:
+        """Record that these source files hold the content of ``digest``."""
+        sources = tuple(sources)
+        with self.index.locked(self._live_digests()) as state:
+            if digest in self._live_digests():
+                state.sources[source_key(sources)] = (digest, sources)
+
+    # -- checking ------------------------------------------------------------------------
+
+    def verify(self, ref: str) -> Manifest:
+        """Recompute every checksum; :class:`PoolCorrupt` names the first bad tensor."""
+        from spswap.pool.verify import verify_entry
+
+        m = self.find(ref)
+        verify_entry(m, self.data_path(m))
+        return m
+
+
+def source_key(sources: Sequence[SourceFile]) -> str:
+    """Key of a set of source files by path only: same files, same import lock."""
+    import hashlib
+
+    return hashlib.sha256("\0".join(sorted(s.path for s in sources)).encode()).hexdigest()[:32]
+
+
+def _holder_key(h: Holder) -> tuple[int, int | None, int, str | None]:
+    return (h.pid, h.pid_start, h.uid, h.job_id)
+
+
+def _existing_parent(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
