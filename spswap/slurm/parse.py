@@ -1,8 +1,9 @@
 """Pure parsers of Slurm's text: string in, data out. No subprocess here.
 
 Formats are those of Slurm 22.05 (pinned by captured outputs in
-``tests/fixtures/slurm/``): ``scontrol show job -o -d JOB`` (one line of ``Key=value``
-per job) and ``squeue --json`` (openapi v0.0.38; it ignores ``-j``: filter here).
+``tests/fixtures/slurm/``): ``scontrol show job -d JOB`` (multi-line, what the backend
+reads), ``scontrol show job -o -d JOB`` (one line of ``Key=value`` per job) and
+``squeue --json`` (openapi v0.0.38; it ignores ``-j``: filter here).
 Malformed text raises :class:`ValueError`; the backend turns it into a
 :class:`~spswap.errors.SlurmCommandError` that carries the command.
 """
@@ -42,7 +43,7 @@ KNOWN_KEYS = frozenset(
     "BurstBufferState Partitions Cluster".split()
 )  # fmt: skip
 _KEY_AT = re.compile(r"(?:^|(?<=\s))([A-Za-z][A-Za-z0-9_:/]*)=")
-_NODE_GRES = re.compile(r"(?:^|\s)Nodes=(\S+) CPU_IDs=\S* Mem=\S* GRES=(\S*)")
+_NODE_GRES = re.compile(r"(?:^|\s)Nodes=(\S+) CPU_IDs=\S* Mem=\S* GRES=(\S*)", re.MULTILINE)
 _GPU_IDX = re.compile(r"(?:^|,)gpu(?::[^:(,]+)?:\d+\(IDX:([0-9,\-]+)\)")
 
 
@@ -70,34 +71,68 @@ class JobInfo:
 
 
 def parse_scontrol_show_jobs(text: str) -> list[dict[str, str]]:
-    """Every job of ``scontrol show job -o [-d]`` output: one dict per non-empty line."""
-    return [parse_scontrol_show_job(line) for line in text.splitlines() if line.strip()]
+    """Every job of ``scontrol show job [-d] [-o]`` output, in either layout."""
+    if _is_multiline(text):
+        blocks = re.split(r"\n\s*\n", text.strip())
+    else:
+        blocks = text.splitlines()
+    return [parse_scontrol_show_job(block) for block in blocks if block.strip()]
+
+
+def _is_multiline(text: str) -> bool:
+    return "\n   " in text.strip("\n")
 
 
 def parse_scontrol_show_job(text: str) -> dict[str, str]:
-    """One job of ``scontrol show job -o [-d]``: ``{"JobId": "5", "JobState": ...}``.
+    """One job of ``scontrol show job [-d]`` (multi-line) or ``... -o`` (one line).
 
-    Values may contain ``=`` (``TRES=cpu=1,node=1``) and, in free-text fields
-    (``Comment``, ``JobName``, ``WorkDir``...), spaces and ``x=y`` words. A word
-    ``Key=`` starts a new field unless the current field is free text and ``Key`` is
-    not one of Slurm's field names. Repeated keys (per-node ``Nodes=... GRES=...``
-    with ``-d``) keep their first value; see :func:`parse_node_gres`.
+    Prefer the multi-line layout: there Slurm puts each free-text field (``JobName``
+    after ``JobId`` on the first line; ``Comment``, ``WorkDir``, ``Command``, ``Std*``)
+    on a line of its own, so a job named ``x JobState=COMPLETED`` cannot forge a field.
+    In the ``-o`` layout values may still contain ``=`` (``TRES=cpu=1,node=1``); inside a
+    free-text field only one of Slurm's field names ends it, which a name crafted with
+    field names defeats: use ``-o`` for display only. Repeated keys (per-node
+    ``Nodes=... GRES=...`` with ``-d``) keep their first value; see :func:`parse_node_gres`.
     """
-    line = text.strip()
-    if "\n" in line:
-        raise ValueError("expected one job (one line of `scontrol show job -o`), got several")
+    if not text.strip().startswith("JobId="):
+        raise ValueError(f"not `scontrol show job` output: {text.strip()[:120]!r}")
+    if not _is_multiline(text):
+        line = text.strip()
+        if "\n" in line:
+            raise ValueError("expected one job (one line of `scontrol show job -o`), got several")
+        return _split_fields(line, free_text=True)
+    fields: dict[str, str] = {}
+    for number, raw in enumerate(text.strip("\n").splitlines()):
+        line = raw.strip()
+        key = line.partition("=")[0]
+        if number == 0:
+            job_id, _, name = line.partition(" JobName=")
+            fields["JobId"] = job_id.removeprefix("JobId=")
+            fields["JobName"] = name
+        elif key in FREE_TEXT_KEYS and key not in _SPLITTABLE_IN_MULTILINE:
+            fields.setdefault(key, line[len(key) + 1 :].strip())
+        elif line:
+            for k, v in _split_fields(line, free_text=False).items():
+                fields.setdefault(k, v)
+    return fields
+
+
+# In the multi-line layout these share a line with other fields: split them normally.
+_SPLITTABLE_IN_MULTILINE = frozenset({"Reason", "Features", "Network", "Licenses"})
+
+
+def _split_fields(line: str, *, free_text: bool) -> dict[str, str]:
     fields: dict[str, str] = {}
     key: str | None = None
     value_start = 0
     for match in _KEY_AT.finditer(line):
         if key is not None:
-            if key in FREE_TEXT_KEYS and match.group(1) not in KNOWN_KEYS:
+            if free_text and key in FREE_TEXT_KEYS and match.group(1) not in KNOWN_KEYS:
                 continue
             fields.setdefault(key, line[value_start : match.start()].strip())
         key, value_start = match.group(1), match.end()
-    if key is None or not line.startswith("JobId="):
-        raise ValueError(f"not `scontrol show job -o` output: {line[:120]!r}")
-    fields.setdefault(key, line[value_start:].strip())
+    if key is not None:
+        fields.setdefault(key, line[value_start:].strip())
     return fields
 
 
@@ -127,7 +162,7 @@ def _null(value: str | None) -> str | None:
 
 
 def job_info_from_scontrol(text: str) -> JobInfo:
-    """A :class:`JobInfo` from one line of ``scontrol show job -o -d``."""
+    """A :class:`JobInfo` from one job of ``scontrol show job -d`` (either layout)."""
     fields = parse_scontrol_show_job(text)
     by_node = parse_node_gres(text)
     uid_match = re.search(r"\((\d+)\)$", fields.get("UserId", ""))
