@@ -1,5 +1,108 @@
-"""Placeholder sub-app; replaced by the module that owns 'daemon'."""
+"""``spswap daemon``: start, stop, inspect and ensure the node daemon spswapd."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
 
 import typer
 
-app = typer.Typer(help="daemon commands", no_args_is_help=True)
+from spswap.cli.common import JsonOpt, RootOpt, console, emit_json, load_config
+from spswap.errors import DaemonError
+
+app = typer.Typer(
+    help=(
+        "The per-node daemon spswapd (root): owns the pool and the privileged operations, "
+        "serves $SPSWAP_ROOT/run/spswapd.sock. The Slurm prolog starts it when needed."
+    ),
+    no_args_is_help=True,
+)
+
+WaitOpt = typer.Option(10.0, "--wait-s", min=0.1, help="Seconds to wait for it to answer.")
+
+
+@app.command("start")
+def start(root: Path | None = RootOpt, wait_s: float = WaitOpt) -> None:
+    """Start spswapd detached (its own session, output to log/spswapd.log) unless it
+    already runs; waits until it answers on its socket."""
+    from spswap.daemon import lifecycle
+
+    cfg = load_config(root)
+    before = lifecycle.daemon_running(cfg)
+    pid = lifecycle.start(cfg, wait_s=wait_s)
+    word = "already running" if before == pid else "started"
+    console.print(f"spswapd {word} (pid {pid}, socket {cfg.paths.socket})", markup=False)
+
+
+@app.command("stop")
+def stop(
+    root: Path | None = RootOpt,
+    timeout_s: float = typer.Option(10.0, "--timeout-s", help="SIGKILL after this long."),
+) -> None:
+    """Stop spswapd (SIGTERM, then SIGKILL after --timeout-s). The pool, slots, jobs and
+    images stay on tmpfs; the next start carries on with them."""
+    from spswap.daemon import lifecycle
+
+    cfg = load_config(root)
+    pid = lifecycle.stop(cfg, timeout_s=timeout_s)
+    if pid is None:
+        console.print("spswapd was not running", markup=False)
+    else:
+        console.print(f"spswapd stopped (was pid {pid})", markup=False)
+
+
+@app.command("ensure")
+def ensure(root: Path | None = RootOpt, wait_s: float = WaitOpt) -> None:
+    """Start spswapd if it is not running; silent and fast (one lock probe and one ping)
+    when it is. Idempotent: safe to run from every prolog and cron job."""
+    from spswap.daemon import lifecycle
+
+    lifecycle.ensure(load_config(root), wait_s=wait_s)
+
+
+@app.command("status")
+def status(root: Path | None = RootOpt, json: bool = JsonOpt) -> None:
+    """Whether spswapd runs, its pid, version, uptime and socket. Exits 1 when it is not
+    running or does not answer."""
+    from spswap.daemon import lifecycle
+    from spswap.daemon.client import Client
+
+    cfg = load_config(root)
+    pid = lifecycle.daemon_running(cfg)
+    info: dict[str, object] = {"running": False, "pid": pid, "socket": str(cfg.paths.socket),
+                               "log": str(lifecycle.log_path(cfg))}  # fmt: skip
+    problem = None
+    if pid:
+        try:
+            info.update(Client(cfg, timeout_s=5.0).call("status"))
+            info["running"] = True
+        except DaemonError as e:
+            problem = f"spswapd holds its pid file (pid {pid}) but does not answer: {e}"
+    else:
+        problem = "spswapd is not running; start it with `spswap daemon start` (as root)"
+    if json:
+        emit_json({**info, "problem": problem})
+    elif problem:
+        console.print(problem, markup=False)
+    else:
+        up = time.strftime("%F %T", time.localtime(float(info["started_at"])))  # type: ignore[arg-type]
+        console.print(
+            f"spswapd running: pid {info['pid']}, version {info['version']}, protocol "
+            f"{info['protocol']}, up since {up} ({info['uptime_s']} s), "
+            f"{info['jobs']} job(s) running, socket {info['socket']}", markup=False,
+        )  # fmt: skip
+    if problem:
+        raise typer.Exit(1)
+
+
+@app.command("run")
+def run(root: Path | None = RootOpt) -> None:
+    """Run spswapd in the foreground (for systemd: slurm/spswapd.service). Exits 0 at
+    once when another spswapd already serves this root."""
+    from spswap.daemon.main import run as run_daemon
+
+    try:
+        raise typer.Exit(run_daemon(load_config(root)))
+    except DaemonError as e:
+        console.print(f"spswapd: {e}", markup=False)
+        raise typer.Exit(1) from None

@@ -1,5 +1,78 @@
-"""Placeholder; replaced by the events command."""
+"""``spswap events``: the node's event log (job starts and ends, releases, daemon starts)."""
+
+from __future__ import annotations
+
+import json as jsonlib
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from spswap.cli.common import JsonOpt, RootOpt, console, emit_json, load_config
 
 
-def events() -> None:
-    """Show the event log."""
+def _when(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def event_line(event: dict[str, Any]) -> str:
+    """One event as a plain line: time, kind, job, uid, details as key=value."""
+    detail = " ".join(f"{k}={v}" for k, v in sorted((event.get("detail") or {}).items()))
+    job = event.get("job_id") or "-"
+    uid = event.get("uid")
+    return f"{_when(float(event.get('ts', 0)))}  {event.get('kind', '?'):<14} job={job} " + (
+        f"uid={'-' if uid is None else uid} {detail}".rstrip()
+    )
+
+
+def events_table(events: list[dict[str, Any]]) -> Table:
+    table = Table(title="events", title_justify="left")
+    for col in ("time", "kind", "job", "uid", "detail"):
+        table.add_column(col)
+    for e in events:
+        detail = " ".join(f"{k}={v}" for k, v in sorted((e.get("detail") or {}).items()))
+        uid = e.get("uid")
+        table.add_row(_when(float(e.get("ts", 0))), str(e.get("kind")), e.get("job_id") or "-",
+                      "-" if uid is None else str(uid), detail)  # fmt: skip
+    return table
+
+
+def events(
+    n: int = typer.Option(50, "-n", "--lines", min=0, help="How many of the latest events."),
+    json: bool = JsonOpt,
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new events."),
+    root: Path | None = RootOpt,
+) -> None:
+    """Show the node's event log ($SPSWAP_ROOT/log/events.jsonl, written by spswapd):
+    job starts and ends, reservation releases, daemon starts and stops. Reads the file
+    directly, so it works while the daemon is down. With --json: a JSON list (or, with
+    --follow, one JSON object per line)."""
+    from spswap.daemon import events as log
+
+    cfg = load_config(root)
+    latest = log.tail(cfg.paths.events, n)
+    if json and not follow:
+        emit_json(latest)
+        return
+    if json:
+        for e in latest:
+            print(jsonlib.dumps(e, sort_keys=True), flush=True)
+    elif follow:
+        for e in latest:
+            console.print(event_line(e), markup=False)
+    elif not latest:
+        console.print(f"no events yet in {cfg.paths.events}", markup=False)
+        return
+    else:
+        console.print(events_table(latest))
+    if follow:
+        try:
+            for e in log.follow(cfg.paths.events):
+                if json:
+                    print(jsonlib.dumps(e, sort_keys=True), flush=True)
+                else:
+                    console.print(event_line(e), markup=False)
+        except KeyboardInterrupt:
+            pass

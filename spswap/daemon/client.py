@@ -37,12 +37,12 @@ class Client:
                 raise self._unreachable(e.strerror or type(e).__name__) from None
             except PermissionError:
                 raise self._unreachable("permission denied on the socket") from None
-            except socket.timeout:
+            except TimeoutError:
                 raise self._unreachable("connect timed out") from None
             try:
                 sock.sendall(line)
                 reply = _read_line(sock)
-            except socket.timeout:
+            except TimeoutError:
                 raise DaemonError(
                     f"spswapd did not answer {op} within {self.timeout_s:g} s"
                 ) from None

@@ -196,8 +196,10 @@ def op_job_end(ctx: Context, args: dict[str, Any]) -> Any:
         st.jobs.put(rec)
     result = {"job_id": job_id, "state": rec.state, "released_reservations": released,
               "dropped_pool_uses": dropped, "problems": problems}  # fmt: skip
-    st.event("job.end", job_id=job_id, uid=rec.uid, state=rec.state,
-             released_reservations=released, dropped_pool_uses=dropped, problems=problems)  # fmt: skip
+    st.event(
+        "job.end", job_id=job_id, uid=rec.uid, state=rec.state,
+        released_reservations=released, dropped_pool_uses=dropped, problems=problems,
+    )  # fmt: skip
     return result
 
 

@@ -82,7 +82,9 @@ def _parse_line(line: bytes) -> dict[str, Any]:
     try:
         obj = json.loads(line.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ProtocolError(f"message is not UTF-8 JSON ({e}); send one JSON object per line") from None
+        raise ProtocolError(
+            f"message is not UTF-8 JSON ({e}); send one JSON object per line"
+        ) from None
     if not isinstance(obj, dict):
         raise ProtocolError(f"message must be a JSON object, got {type(obj).__name__}")
     version = obj.get("v")

@@ -102,7 +102,7 @@ class Server:
         while not self._stop.is_set():
             try:
                 conn, _ = self._sock.accept()
-            except socket.timeout:
+            except TimeoutError:
                 continue
             except OSError:
                 if self._stop.is_set():
@@ -138,7 +138,7 @@ class Server:
                             f"message larger than {protocol.MAX_MESSAGE_BYTES} bytes; "
                             "send smaller requests")))  # fmt: skip
                         return
-                    except socket.timeout:
+                    except TimeoutError:
                         self._send(conn, protocol.error("ProtocolError", (
                             f"no complete message within {self.read_timeout_s:g} s; "
                             "end each request with a newline")))  # fmt: skip

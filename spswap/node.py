@@ -1,0 +1,142 @@
+"""The node side of a Slurm job: what ``spswap node prolog`` and ``node epilog`` do.
+
+Both run as root from slurmd with almost no environment. A failing prolog drains the
+node, so spswap's own trouble (daemon down, bad settings, a full tmpfs) is logged to
+``$SPSWAP_ROOT/log/{prolog,epilog}.log`` and never turned into a non-zero exit. Only a
+call outside any Slurm job (no ``SLURM_JOB_ID``) is an error, since that is a mistake
+of whoever ran it, not a node problem.
+
+This module is on the prolog's hot path (budget: 100 ms including Python start-up):
+it imports only the config, the daemon client and lifecycle, and the Slurm env reader.
+:func:`fast_main` serves ``spswap node prolog|epilog`` without typer or rich.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from collections.abc import Mapping
+from pathlib import Path
+
+from spswap.config import DEFAULT_ROOT, Config
+from spswap.errors import SpswapError
+
+NOT_IN_SLURM = (
+    "error: no SLURM_JOB_ID in the environment: `spswap node {action}` is run by slurmd "
+    "as the Slurm {Action} (slurm.conf: {Action}=/path/to/{action}.sh), not by hand"
+)
+
+
+def _log(root: Path, action: str, message: str) -> None:
+    """Append one line to ``log/<action>.log``; a log that can't be written is ignored."""
+    line = f"{time.strftime('%F %T')} [{os.getpid()}] {action}: {message}\n"
+    try:
+        log_dir = root / "log"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(log_dir / f"{action}.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line.encode(errors="replace"))
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
+def _config(env: Mapping[str, str], action: str) -> Config | None:
+    try:
+        return Config.from_env(env)
+    except SpswapError as e:
+        _log(Path(env.get("SPSWAP_ROOT") or DEFAULT_ROOT), action, f"bad settings: {e}")
+        return None
+
+
+def prolog(env: Mapping[str, str] | None = None) -> int:
+    """Ensure spswapd runs and record the job (id, uid, user, GPUs, restart count).
+
+    Returns 0 whatever goes wrong on spswap's side (logged to ``log/prolog.log``);
+    2 only outside a Slurm job.
+    """
+    from spswap.slurm.env import JobEnv
+
+    env = os.environ if env is None else env
+    job = JobEnv.from_env(env)
+    if job is None:
+        print(NOT_IN_SLURM.format(action="prolog", Action="Prolog"), file=sys.stderr)
+        return 2
+    cfg = _config(env, "prolog")
+    if cfg is None:
+        return 0
+    try:
+        from spswap.daemon import lifecycle
+        from spswap.daemon.client import Client
+
+        if job.uid is None:
+            raise SpswapError("no SLURM_JOB_UID in the prolog's environment; job not recorded")
+        lifecycle.ensure(cfg)
+        Client(cfg, timeout_s=10.0).call(
+            "job.register", job_id=job.job_id, uid=job.uid, user=job.user or "",
+            gpus=list(job.gpus), restart_count=job.restart_count,
+        )  # fmt: skip
+    except SpswapError as e:
+        _log(cfg.root, "prolog", f"job {job.job_id}: {e}")
+    except Exception:
+        _log(cfg.root, "prolog", f"job {job.job_id}: unexpected error\n{traceback.format_exc()}")
+    return 0
+
+
+def epilog(env: Mapping[str, str] | None = None) -> int:
+    """Release what the job held (slots, pool uses); keep the pool and the images.
+
+    Returns 0 whatever goes wrong on spswap's side (logged to ``log/epilog.log``);
+    2 only outside a Slurm job.
+    """
+    from spswap.slurm.env import JobEnv
+
+    env = os.environ if env is None else env
+    job = JobEnv.from_env(env)
+    if job is None:
+        print(NOT_IN_SLURM.format(action="epilog", Action="Epilog"), file=sys.stderr)
+        return 2
+    cfg = _config(env, "epilog")
+    if cfg is None:
+        return 0
+    try:
+        from spswap.daemon.client import Client
+
+        result = Client(cfg, timeout_s=30.0).call("job.end", job_id=job.job_id)
+        for problem in result.get("problems", []):
+            _log(cfg.root, "epilog", f"job {job.job_id}: {problem}")
+    except SpswapError as e:
+        _log(cfg.root, "epilog", f"job {job.job_id}: {e}")
+    except Exception:
+        _log(cfg.root, "epilog", f"job {job.job_id}: unexpected error\n{traceback.format_exc()}")
+    return 0
+
+
+def fast_main(argv: list[str]) -> int | None:
+    """Handle ``node prolog`` / ``node epilog`` (no options) without loading the CLI.
+
+    Returns the exit code, or None when ``argv`` is anything else (``--help`` too):
+    the caller then runs the full typer app.
+    """
+    if argv == ["node", "prolog"]:
+        return prolog()
+    if argv == ["node", "epilog"]:
+        return epilog()
+    return None
+
+
+def main() -> None:
+    """Console-script entry that serves the Slurm hooks before loading typer and rich.
+
+    ``spswap node prolog`` must cost <= 100 ms with Python's start-up included; the full
+    CLI's imports alone take more than half of that. Everything else goes to the app.
+    """
+    code = fast_main(sys.argv[1:])
+    if code is not None:
+        sys.exit(code)
+    from spswap.cli.app import main as app_main
+
+    app_main()
