@@ -1,5 +1,162 @@
-"""Placeholder sub-app; replaced by the module that owns 'pool'."""
+"""``spswap pool``: import checkpoints into the node's weight pool, list, remove, verify."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
 
 import typer
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+from rich.table import Table
 
-app = typer.Typer(help="pool commands", no_args_is_help=True)
+from spswap.cli.common import JsonOpt, RootOpt, console, emit_json, err_console, load_config
+from spswap.errors import PoolCorrupt
+from spswap.pool.manifest import Manifest
+from spswap.pool.store import EntryInfo, Pool
+from spswap.units import fmt_bytes, fmt_rate, fmt_seconds
+
+app = typer.Typer(
+    help=(
+        "The node's weight pool: model weights as flat, DMA-aligned files on tmpfs "
+        "($SPSWAP_ROOT/pool), read from disk once and shared by every job of the node."
+    ),
+    no_args_is_help=True,
+)
+
+# Below this, a progress bar only flickers.
+PROGRESS_MIN_BYTES = 256 << 20
+
+
+def _pool(root: Path | None) -> Pool:
+    return Pool.from_config(load_config(root))
+
+
+def _ago(ts: float, now: float) -> str:
+    if ts <= 0:
+        return "never"
+    return f"{fmt_seconds(max(now - ts, 0.0))} ago"
+
+
+@app.command("import")
+def import_(
+    path: Path = typer.Argument(..., help="A .safetensors file, or a directory with "
+                                "model.safetensors or model.safetensors.index.json + shards."),
+    name: str | None = typer.Option(None, "--name", help="Entry name (default: the "
+                                    "directory or file name)."),
+    root: Path | None = RootOpt,
+    json_out: bool = JsonOpt,
+) -> None:  # fmt: skip
+    """Read a safetensors checkpoint once into the pool (reused if already imported)."""
+    pool = _pool(root)
+    started = time.time()
+    t0 = time.perf_counter()
+    with Progress(
+        "[progress.description]{task.description}", BarColumn(), DownloadColumn(),
+        TransferSpeedColumn(), TimeRemainingColumn(), console=err_console, transient=True,
+        disable=json_out or not err_console.is_terminal,
+    ) as bar:  # fmt: skip
+        task = bar.add_task(f"importing {path.name}", total=None, visible=False)
+
+        def progress(done_bytes: int, total_bytes: int) -> None:
+            visible = total_bytes >= PROGRESS_MIN_BYTES
+            bar.update(task, completed=done_bytes, total=total_bytes, visible=visible)
+
+        manifest = pool.import_checkpoint(path, name=name, progress=progress)
+    seconds = time.perf_counter() - t0
+    # An entry written by this call was created after it started; an older one was reused.
+    reused = manifest.created < started
+    _report_import(pool, manifest, seconds, reused, json_out)
+
+
+def _report_import(
+    pool: Pool, m: Manifest, seconds: float, reused: bool, json_out: bool
+) -> None:
+    out = {
+        "name": m.name, "digest": m.digest, "path": str(pool.entry_dir(m.digest)),
+        "data_size_bytes": m.data_size_bytes, "tensor_count": len(m.tensors),
+        "seconds": seconds, "bytes_per_s": m.tensor_bytes / seconds if seconds > 0 else None,
+        "reused": reused,
+    }  # fmt: skip
+    if json_out:
+        emit_json(out)
+        return
+    how = "reused" if reused else "imported"
+    rate = "" if reused else f" at {fmt_rate(m.tensor_bytes, seconds)}"
+    console.print(
+        f"{how} {m.name} {m.digest[:12]}: {len(m.tensors)} tensors, "
+        f"{fmt_bytes(m.data_size_bytes)} in {fmt_seconds(seconds)}{rate}\n"
+        f"digest {m.digest}"
+    )
+
+
+@app.command("ls")
+def ls(root: Path | None = RootOpt, json_out: bool = JsonOpt) -> None:
+    """List the pool's entries, most recently used first, with size and live users."""
+    pool = _pool(root)
+    infos = pool.entries()
+    if json_out:
+        emit_json({
+            "pool": str(pool.pool_dir), "capacity_bytes": pool.capacity_bytes,
+            "used_bytes": sum(e.size_bytes for e in infos),
+            "entries": [e.to_json() for e in infos],
+        })  # fmt: skip
+        return
+    console.print(_table(pool, infos))
+
+
+def _table(pool: Pool, infos: list[EntryInfo]) -> Table:
+    used = sum(e.size_bytes for e in infos)
+    table = Table(title=f"pool {pool.pool_dir}: {fmt_bytes(used)} of "
+                  f"{fmt_bytes(pool.capacity_bytes)}")  # fmt: skip
+    for col in ("name", "digest", "size", "tensors", "users", "last used"):
+        table.add_column(col, justify="right" if col in ("size", "tensors") else "left")
+    now = time.time()
+    for e in infos:
+        users = ", ".join(h.describe() for h in e.users) or "-"
+        table.add_row(e.manifest.name, e.manifest.digest[:12], fmt_bytes(e.size_bytes),
+                      str(len(e.manifest.tensors)), users, _ago(e.last_used, now))  # fmt: skip
+    return table
+
+
+@app.command("rm")
+def rm(
+    ref: str = typer.Argument(..., help="Entry name, digest, or digest prefix (>= 6 chars)."),
+    force: bool = typer.Option(False, "--force", help="Remove even while a live job uses it."),
+    root: Path | None = RootOpt,
+) -> None:
+    """Remove an entry (refused while a live process or job uses it, unless --force)."""
+    m = _pool(root).remove(ref, force=force)
+    console.print(f"removed {m.name} {m.digest[:12]} ({fmt_bytes(m.data_size_bytes)})")
+
+
+@app.command("verify")
+def verify(
+    ref: str = typer.Argument(..., help="Entry name, digest, or digest prefix (>= 6 chars)."),
+    root: Path | None = RootOpt,
+    json_out: bool = JsonOpt,
+) -> None:
+    """Recompute every tensor's checksum; exit 1 naming the first bad tensor."""
+    pool = _pool(root)
+    m = pool.find(ref)
+    t0 = time.perf_counter()
+    try:
+        pool.verify(m.digest)
+    except PoolCorrupt as e:
+        if not json_out:
+            raise
+        emit_json({"name": m.name, "digest": m.digest, "ok": False, "bad_tensor": e.tensor,
+                   "error": str(e)})  # fmt: skip
+        raise typer.Exit(e.exit_code) from None
+    seconds = time.perf_counter() - t0
+    if json_out:
+        emit_json({"name": m.name, "digest": m.digest, "ok": True, "bad_tensor": None,
+                   "error": None})  # fmt: skip
+        return
+    console.print(f"ok {m.name} {m.digest[:12]}: {len(m.tensors)} tensors match "
+                  f"({fmt_rate(m.tensor_bytes, seconds)})")  # fmt: skip
