@@ -1,0 +1,180 @@
+# ruff: noqa: E501  (tables of real outputs read best one row per line)
+"""Parsers against outputs captured from a real Slurm 22.05 (tests/fixtures/slurm/)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from spswap.slurm.parse import (
+    JobInfo,
+    job_info_from_scontrol,
+    parse_gpu_indexes,
+    parse_node_gres,
+    parse_scontrol_show_job,
+    parse_scontrol_show_jobs,
+    parse_squeue_json,
+)
+
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "slurm"
+
+
+def _text(name: str) -> str:
+    return (FIXTURES / name).read_text()
+
+
+@pytest.mark.parametrize(
+    ("fixture", "expected"),
+    [
+        ("scontrol_show_job_running.txt",
+         ("1", "RUNNING", 0, 0, "debug", None, (0,), "keep me, a=b")),
+        ("scontrol_show_job_pending.txt", ("2", "PENDING", 0, 0, "debug", "Resources", (), None)),
+        ("scontrol_show_job_requeued_pending.txt",
+         ("3", "PENDING", 1, 0, "low", "BeginTime", (), "model:qwen")),
+        ("scontrol_show_job_restarted.txt", ("3", "RUNNING", 1, 0, "low", None, (0,), "model:qwen")),
+        ("scontrol_show_job_cancelled.txt", ("3", "CANCELLED", 1, 0, "low", None, (), "model:qwen")),
+        ("scontrol_show_job_failed.txt", ("4", "FAILED", 0, 0, "debug", "NonZeroExitCode", (), None)),
+        ("scontrol_show_job_two_gpus_odd_text.txt", ("5", "RUNNING", 0, 0, "high", None, (0, 1), "a  b")),
+        ("scontrol_show_job_multiline_forged_name.txt",
+         ("8", "RUNNING", 0, 0, "debug", None, (0,), "hi there Restarts=9 UserId=x(5)")),
+        ("scontrol_show_job_multiline_pending.txt", ("9", "PENDING", 0, 0, "debug", "Resources", (), None)),
+        ("scontrol_show_job_multiline_cancelled.txt",
+         ("8", "CANCELLED", 0, 0, "debug", None, (), "hi there Restarts=9 UserId=x(5)")),
+    ],
+)  # fmt: skip
+def test_job_info_from_scontrol(fixture: str, expected: tuple[object, ...]) -> None:
+    info = job_info_from_scontrol(_text(fixture))
+    got = (info.job_id, info.state, info.restart_count, info.uid, info.partition, info.reason,
+           info.gpus, info.comment)  # fmt: skip
+    assert got == expected
+
+
+@pytest.mark.parametrize(
+    ("fixture", "key", "value"),
+    [
+        ("scontrol_show_job_running.txt", "JobName", "env job"),
+        ("scontrol_show_job_running.txt", "TRES", "cpu=1,node=1,billing=1"),
+        ("scontrol_show_job_running.txt", "AllocNode:Sid", "localhost:3482"),
+        ("scontrol_show_job_running.txt", "ReqB:S:C:T", "0:0:*:*"),
+        ("scontrol_show_job_running.txt", "Power", ""),
+        ("scontrol_show_job_running.txt", "StdOut", "/tmp/envjob.out"),
+        ("scontrol_show_job_running.txt", "TresPerNode", "gres:gpu:1"),
+        ("scontrol_show_job_two_gpus_odd_text.txt", "JobState", "RUNNING"),
+        # one-line layout: a field name inside a free-text value ends it (documented limit)
+        ("scontrol_show_job_two_gpus_odd_text.txt", "JobName", "odd name=x"),
+        ("scontrol_show_job_multiline_forged_name.txt", "JobName", "x JobState=COMPLETED Restarts=7"),
+        ("scontrol_show_job_multiline_forged_name.txt", "Restarts", "0"),
+        ("scontrol_show_job_multiline_forged_name.txt", "JobState", "RUNNING"),
+        ("scontrol_show_job_multiline_forged_name.txt", "WorkDir", "/tmp"),
+        ("scontrol_show_job_multiline_forged_name.txt", "Reason", "None"),
+    ],
+)  # fmt: skip
+def test_fields(fixture: str, key: str, value: str) -> None:
+    assert parse_scontrol_show_job(_text(fixture))[key] == value
+
+
+def test_one_line_layout_can_be_forged_by_a_job_name_multi_line_cannot() -> None:
+    # same job (id 8, named "x JobState=COMPLETED Restarts=7"), both layouts
+    one_line = parse_scontrol_show_job(_text("scontrol_show_job_oneline_forged_name.txt"))
+    multi = parse_scontrol_show_job(_text("scontrol_show_job_multiline_forged_name.txt"))
+    assert multi["JobState"] == "RUNNING"
+    assert one_line["JobState"] == "COMPLETED"  # why the backend reads the multi-line layout
+
+
+def test_all_jobs_multiline() -> None:
+    jobs = parse_scontrol_show_jobs(_text("scontrol_show_job_multiline_all.txt"))
+    assert [job["JobId"] for job in jobs] == [str(i) for i in range(1, 10)]
+    assert jobs[7]["JobName"] == "x JobState=COMPLETED Restarts=7"
+
+
+def test_all_jobs_one_line() -> None:
+    text = _text("scontrol_show_job_running.txt") + _text("scontrol_show_job_pending.txt")
+    assert [job["JobId"] for job in parse_scontrol_show_jobs(text)] == ["1", "2"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "slurm_load_jobs error: Invalid job id specified", "NodeName=vm Arch=x86_64",
+     "JobId=1 JobName=a\nJobId=2 JobName=b"],
+)  # fmt: skip
+def test_scontrol_rejects_other_text(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_scontrol_show_job(text)
+
+
+@pytest.mark.parametrize(
+    ("gres", "expected"),
+    [
+        ("gpu:1(IDX:0)", (0,)),
+        ("gpu:2(IDX:0-1)", (0, 1)),
+        ("gpu:a100:3(IDX:0,2-3)", (0, 2, 3)),
+        ("gpu:h200:1(IDX:7),shard:2(0/4)", (7,)),
+        ("shard:2(0/4)", ()),
+        ("gpu:1(IDX:N/A)", ()),
+        ("", ()),
+    ],
+)
+def test_parse_gpu_indexes(gres: str, expected: tuple[int, ...]) -> None:
+    assert parse_gpu_indexes(gres) == expected
+
+
+def test_parse_node_gres_multi_node() -> None:
+    text = ("JobId=1 JobName=a\n   JOB_GRES=gpu:3\n     Nodes=n1 CPU_IDs=0 Mem=0 GRES=gpu:2(IDX:0-1)\n"
+            "     Nodes=n2 CPU_IDs=0-1 Mem=10 GRES=gpu:1(IDX:3)\n")  # fmt: skip
+    assert parse_node_gres(text) == {"n1": (0, 1), "n2": (3,)}
+    assert job_info_from_scontrol(text).gpus == (0, 1, 3)
+
+
+@pytest.mark.parametrize(
+    ("fixture", "job_id", "expected"),
+    [
+        ("squeue_running_pending.json", None,
+         [("1", "RUNNING", 0, (0,)), ("2", "PENDING", 0, ())]),
+        ("squeue_running_pending.json", "2", [("2", "PENDING", 0, ())]),
+        ("squeue_requeued.json", "3", [("3", "PENDING", 1, ())]),
+        ("squeue_after_end.json", "4", [("4", "FAILED", 0, ())]),
+        ("squeue_after_end.json", "99", []),
+        ("squeue_two_gpus.json", "5", [("5", "RUNNING", 0, (0, 1))]),
+    ],
+)  # fmt: skip
+def test_parse_squeue_json(
+    fixture: str, job_id: str | None, expected: list[tuple[object, ...]]
+) -> None:
+    jobs = parse_squeue_json(_text(fixture), job_id)
+    assert [(j.job_id, j.state, j.restart_count, j.gpus) for j in jobs] == expected
+    assert all(j.uid == 0 for j in jobs)
+
+
+def test_squeue_json_fields() -> None:
+    (job,) = parse_squeue_json(_text("squeue_running_pending.json"), "1")
+    assert job == JobInfo(
+        job_id="1", state="RUNNING", restart_count=0, uid=0, partition="debug", reason=None,
+        gpus=(0,), gpus_by_node={"vm": (0,)}, comment="keep me, a=b",
+    )  # fmt: skip
+    assert job.allocated
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "not json", "[]", '{"jobs": 3}', '{"errors": [{"error": "x"}], "jobs": []}'],
+)
+def test_squeue_json_rejects(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_squeue_json(text)
+
+
+def test_squeue_json_later_state_list() -> None:
+    text = '{"jobs": [{"job_id": 9, "job_state": ["RUNNING", "REQUEUED"], "restart_cnt": 2}]}'
+    (job,) = parse_squeue_json(text)
+    assert (job.state, job.restart_count, job.uid) == ("RUNNING", 2, None)
+
+
+@pytest.mark.parametrize(
+    ("state", "allocated"),
+    [("RUNNING", True), ("COMPLETING", True), ("SUSPENDED", True), ("CONFIGURING", True),
+     ("PENDING", False), ("COMPLETED", False), ("CANCELLED", False), ("FAILED", False),
+     ("PREEMPTED", False), ("NODE_FAIL", False), ("TIMEOUT", False), ("OUT_OF_MEMORY", False)],
+)  # fmt: skip
+def test_allocated_states(state: str, allocated: bool) -> None:
+    assert JobInfo(job_id="1", state=state).allocated is allocated
