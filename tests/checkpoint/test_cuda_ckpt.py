@@ -1,0 +1,128 @@
+"""CUDA checkpoint: the pure parts here; the driver calls run on a GPU machine only."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from spswap.checkpoint import cuda_ckpt
+from spswap.errors import CheckpointFailed
+
+A = "GPU-0a1b2c3d-0000-1111-2222-333344445555"
+B = "GPU-ffffffff-0000-1111-2222-333344445555"
+C = "GPU-12345678-9abc-def0-1234-56789abcdef0"
+D = "GPU-00000000-0000-0000-0000-000000000001"
+
+
+def test_uuid_round_trip() -> None:
+    raw = cuda_ckpt.uuid_bytes(A)
+    assert len(raw) == 16 and raw[:4] == bytes.fromhex("0a1b2c3d")
+    assert cuda_ckpt.uuid_text(raw) == A
+    assert cuda_ckpt.uuid_bytes(A.removeprefix("GPU-").upper()) == raw
+    with pytest.raises(ValueError, match="not a GPU UUID"):
+        cuda_ckpt.uuid_bytes("GPU-1234")
+    with pytest.raises(ValueError, match="16 bytes"):
+        cuda_ckpt.uuid_text(b"\x00" * 15)
+
+
+@pytest.mark.parametrize(
+    ("visible", "mapping", "expected"),
+    [
+        ([A, B, C], {}, [(A, A), (B, B), (C, C)]),
+        ([A, B, C], {A: B}, [(A, B), (B, A), (C, C)]),
+        ([A, B, C], {A: C, C: A}, [(A, C), (B, B), (C, A)]),
+        ([A, B, C, D], {A: B, B: C}, [(A, B), (B, C), (C, A), (D, D)]),
+        ([A], {A: A}, [(A, A)]),
+        ([A, B], {A.lower().removeprefix("GPU-"): B}, [(A, B), (B, A)]),
+    ],
+)
+def test_gpu_pairs_cover_every_visible_gpu(
+    visible: list[str], mapping: dict[str, str], expected: list[tuple[str, str]]
+) -> None:
+    pairs = cuda_ckpt.gpu_pairs(visible, mapping)
+    assert pairs == expected
+    assert sorted(o for o, _ in pairs) == sorted(visible)  # every GPU once as old
+    assert sorted(n for _, n in pairs) == sorted(visible)  # and once as new
+
+
+@pytest.mark.parametrize(
+    ("visible", "mapping", "message"),
+    [
+        ([A, B], {C: A}, "not one of the GPUs"),
+        ([A, B], {A: C}, "not one of the GPUs"),
+        ([A, B, C], {A: C, B: C}, "same GPU"),
+        ([A, A], {}, "duplicate"),
+    ],
+)
+def test_gpu_pairs_reject(visible: list[str], mapping: dict[str, str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        cuda_ckpt.gpu_pairs(visible, mapping)
+
+
+def test_cuda_pids_from_open_device_files(tmp_path: Path) -> None:
+    for pid, targets in {1: ["/dev/null"], 2: ["/dev/nvidiactl", "/dev/nvidia0"], 3: []}.items():
+        (tmp_path / str(pid) / "fd").mkdir(parents=True)
+        for fd, target in enumerate(targets):
+            os.symlink(target, tmp_path / str(pid) / "fd" / str(fd))
+    assert cuda_ckpt.cuda_pids([1, 2, 3, 4], tmp_path) == [2]
+
+
+def test_process_tree_pids_of_this_process() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert cuda_ckpt.process_tree_pids(os.getpid())[0] == os.getpid()
+        assert child.pid in cuda_ckpt.process_tree_pids(os.getpid())
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_unavailable_is_explained_not_crashed() -> None:
+    if cuda_ckpt.available():
+        pytest.skip("CUDA checkpoint is available here: covered by the GPU test")
+    reason = cuda_ckpt.unavailable_reason()
+    assert reason and ("cuda-bindings" in reason or "driver" in reason or "cuInit" in reason)
+    with pytest.raises(CheckpointFailed, match="not available"):
+        cuda_ckpt.get_state(os.getpid())
+    with pytest.raises(CheckpointFailed, match="not available"):
+        cuda_ckpt.checkpoint_tree(os.getpid())
+
+
+GPU_CHILD = """
+import sys, torch
+x = torch.arange(1 << 20, device="cuda", dtype=torch.float64)
+torch.cuda.synchronize()
+print("ready", flush=True)
+sys.stdin.readline()
+print(float(x.sum()), flush=True)
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not cuda_ckpt.available(), reason=f"{cuda_ckpt.unavailable_reason()}")
+def test_checkpoint_and_restore_a_real_cuda_process() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", GPU_CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        assert proc.stdout.readline().strip() == "ready"
+        assert cuda_ckpt.get_state(proc.pid) == "RUNNING"
+        assert cuda_ckpt.checkpoint_tree(proc.pid) == [proc.pid]
+        assert cuda_ckpt.get_state(proc.pid) == "CHECKPOINTED"
+        assert cuda_ckpt.cuda_pids([proc.pid]) == []  # the GPU files are released
+        uuids = cuda_ckpt.visible_gpu_uuids()
+        gpu_map = {uuids[0]: uuids[0]}  # exercise gpuPairs even on one GPU
+        assert cuda_ckpt.restore_tree(proc.pid, gpu_map) == [proc.pid]
+        assert cuda_ckpt.unlock_tree(proc.pid) == [proc.pid]
+        assert cuda_ckpt.get_state(proc.pid) == "RUNNING"
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert float(proc.stdout.readline()) == float(sum(range(1 << 20)))
+    finally:
+        proc.kill()
+        proc.wait()
