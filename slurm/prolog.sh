@@ -19,7 +19,7 @@ DEFAULTS=${SPSWAP_DEFAULTS:-/etc/default/spswap}
 ROOT=${SPSWAP_ROOT:-/dev/shm/spswap}
 LOG=$ROOT/log/$ACTION.log
 { mkdir -p "$ROOT/log" && : >> "$LOG"; } 2>/dev/null || LOG=/var/log/spswap-$ACTION.log
-exec </dev/null >>"$LOG" 2>&1
+exec </dev/null >>"$LOG" 2>&1 || exec >/dev/null 2>&1
 
 say() { echo "$(date '+%F %T') job=${SLURM_JOB_ID:-?} $ACTION: $*"; }
 BIN=${SPSWAP_BIN:-}

@@ -1,0 +1,101 @@
+"""slurm/prolog.sh and slurm/epilog.sh run directly, as slurmd runs them: as root-ish,
+with an empty environment except Slurm's variables. They must always exit 0, print
+nothing (slurmd reads their output until EOF), and log what happened."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+HOOKS = ["prolog", "epilog"]
+
+
+def _run_hook(action: str, tmp_path: Path, bin_body: str | None, extra: str = "") -> tuple[
+    subprocess.CompletedProcess[str], str, float
+]:
+    root = tmp_path / "root"
+    defaults = tmp_path / "defaults"
+    lines = [f"SPSWAP_ROOT={root}"]
+    if bin_body is not None:
+        spswap = tmp_path / "spswap"
+        spswap.write_text("#!/bin/bash\n" + bin_body + "\n")
+        spswap.chmod(0o755)
+        lines.append(f"SPSWAP_BIN={spswap}")
+    else:
+        lines.append(f"SPSWAP_BIN={tmp_path / 'missing' / 'spswap'}")
+    defaults.write_text("\n".join(lines) + "\n" + extra)
+    env = {"SPSWAP_DEFAULTS": str(defaults), "SLURM_JOB_ID": "41", "SLURM_JOB_GPUS": "1"}
+    start = time.monotonic()
+    proc = subprocess.run(
+        [str(REPO / "slurm" / f"{action}.sh")], env=env, capture_output=True, text=True,
+        timeout=30,
+    )  # fmt: skip
+    elapsed = time.monotonic() - start
+    log = (root / "log" / f"{action}.log").read_text()
+    return proc, log, elapsed
+
+
+@pytest.mark.parametrize("action", HOOKS)
+def test_success_runs_spswap_node_action_with_the_job_environment(
+    action: str, tmp_path: Path
+) -> None:
+    body = f'echo "args=$* job=$SLURM_JOB_ID gpus=$SLURM_JOB_GPUS path=$PATH" > {tmp_path}/seen'
+    proc, log, _ = _run_hook(action, tmp_path, body)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
+    seen = (tmp_path / "seen").read_text()
+    assert seen.startswith(f"args=node {action} job=41 gpus=1 path=/usr/local/sbin:")
+    assert f"job=41 {action}: ok" in log
+
+
+@pytest.mark.parametrize("action", HOOKS)
+def test_missing_spswap_exits_0_and_logs(action: str, tmp_path: Path) -> None:
+    proc, log, _ = _run_hook(action, tmp_path, None)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
+    assert "spswap executable not found" in log
+
+
+@pytest.mark.parametrize("action", HOOKS)
+def test_failing_spswap_exits_0_and_logs(action: str, tmp_path: Path) -> None:
+    proc, log, _ = _run_hook(action, tmp_path, "echo 'daemon socket refused' >&2; exit 3")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
+    assert "daemon socket refused" in log
+    assert f"FAILED: '{tmp_path}/spswap node {action}' exited 3; node left in service" in log
+
+
+def test_hanging_spswap_is_killed_after_the_timeout(tmp_path: Path) -> None:
+    proc, log, elapsed = _run_hook("prolog", tmp_path, "sleep 60", "SPSWAP_HOOK_TIMEOUT_S=1\n")
+    assert proc.returncode == 0
+    assert elapsed < 10
+    assert "took more than 1s (killed)" in log
+
+
+def test_a_child_left_running_does_not_hold_the_hook_output(tmp_path: Path) -> None:
+    # slurmd waits for EOF on the prolog's stdout: a daemon that inherited it would hang
+    # the job in "RUNNING Prolog". The wrapper sends everything to the log file instead.
+    body = f"sleep 30 & echo $! > {tmp_path}/child; exit 0"
+    proc, log, elapsed = _run_hook("prolog", tmp_path, body)
+    child = int((tmp_path / "child").read_text())
+    try:
+        assert proc.returncode == 0
+        assert elapsed < 10
+        assert "prolog: ok" in log
+    finally:
+        os.kill(child, signal.SIGKILL)
+
+
+def test_unwritable_root_falls_back_without_failing(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    defaults = tmp_path / "defaults"
+    defaults.write_text(f"SPSWAP_ROOT={blocker}/root\nSPSWAP_BIN={tmp_path}/none\n")
+    proc = subprocess.run(
+        [str(REPO / "slurm" / "prolog.sh")], env={"SPSWAP_DEFAULTS": str(defaults)},
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert (proc.returncode, proc.stdout) == (0, "")
