@@ -58,7 +58,7 @@ def test_import_sharded(pool: Pool, tmp_path: Path) -> None:
     _assert_entry_holds(pool, m, arrays)
 
 
-def test_same_content_from_another_path_keeps_the_existing_entry(pool: Pool, tmp_path: Path) -> None:
+def test_same_content_from_another_path_keeps_existing(pool: Pool, tmp_path: Path) -> None:
     arrays = tensors()
     a = write_st(tmp_path / "a.safetensors", arrays)
     m1 = pool.import_checkpoint(a)
