@@ -67,7 +67,7 @@ def test_live_process_pins_entry_until_killed(sized: tuple[Pool, int], tmp_path:
     ms = [_import(pool, tmp_path, s) for s in (1, 2, 3)]
     holders = [spawn_python(HOLD, str(pool.pool_dir), m.digest[:10]) for m in ms]
     try:
-        for h, m in zip(holders, ms):
+        for h, m in zip(holders, ms, strict=True):
             assert h.stdout is not None and h.stdout.readline().strip() == m.digest
         users = {e.manifest.name: [u.pid for u in e.users] for e in pool.entries()}
         assert users == {f"m{i + 1}": [h.pid] for i, h in enumerate(holders)}
