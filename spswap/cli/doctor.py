@@ -1,5 +1,34 @@
-"""Placeholder; replaced by the doctor command."""
+"""``spswap doctor``: check this node for model swapping."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from spswap.cli.common import JsonOpt, RootOpt, console, emit_json, err_console, load_config
+
+StrictOpt = typer.Option(
+    False, "--strict", help="Exit with status 1 when a required check fails (for CI and prologs)."
+)
 
 
-def doctor() -> None:
-    """Check this node."""
+def doctor(json: bool = JsonOpt, root: Path | None = RootOpt, strict: bool = StrictOpt) -> None:
+    """Check this node: CRIU version and `criu check`, kernel, io_uring sysctl, NVIDIA driver
+    (>= 570 for checkpoint, >= 580 to restore onto another GPU), persistence mode, the tmpfs
+    under SPSWAP_ROOT, cgroup mode, and whether the daemon runs.
+
+    Run it as root for `criu check`. Exits 0 unless --strict and a required check fails.
+    """
+    from spswap.doctor import collect, failed_required, render
+
+    report = collect(load_config(root))
+    if json:
+        emit_json(report)
+    else:
+        console.print(render(report))
+    failed = failed_required(report)
+    if strict and failed:
+        names = ", ".join(c["name"] for c in failed)
+        err_console.print(f"required checks failed: {names}")
+        raise typer.Exit(1)

@@ -1,0 +1,285 @@
+"""``spswap doctor``: what a node has, and what it lacks, for model swapping.
+
+:func:`collect` runs every check and returns plain data (the CLI prints it as a table or as
+JSON); the parsers of system text are pure functions with tests. Each check is
+``{name, ok, required, value, detail}``: ``ok`` is True (good), False (broken) or None (a
+warning, or not applicable on this node, e.g. no GPU); ``detail`` says what to do.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import platform
+import re
+import socket
+from pathlib import Path
+from typing import Any
+
+from rich.markup import escape
+from rich.table import Table
+
+from spswap.config import Config
+from spswap.units import fmt_bytes
+
+KERNEL_NEEDS_CRIU_41 = (6, 13)
+DRIVER_CHECKPOINT = 570
+DRIVER_REMAP = 580
+SCHEMA_VERSION = 1
+
+
+def check(
+    name: str, ok: bool | None, value: str, detail: str = "", *, required: bool = False
+) -> dict[str, Any]:
+    """One check result."""
+    return {"name": name, "ok": ok, "required": required, "value": value, "detail": detail}
+
+
+# ---- pure parsers -------------------------------------------------------------------------
+
+
+def kernel_version(release: str) -> tuple[int, int]:
+    """``(6, 18)`` from ``"6.18.44-fc-v669"``; ``(0, 0)`` when unreadable."""
+    m = re.match(r"(\d+)\.(\d+)", release)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+def kernel_config_value(config_text: str, key: str) -> str | None:
+    """``"y"``/``"m"``/a value for ``key`` in a kernel .config, ``"n"`` when "is not set"."""
+    for line in config_text.splitlines():
+        if line.startswith(f"{key}="):
+            return line.split("=", 1)[1].strip().strip('"')
+        if line.strip() == f"# {key} is not set":
+            return "n"
+    return None
+
+
+def parse_nvidia_version(text: str) -> str | None:
+    """The driver version from ``/proc/driver/nvidia/version`` (e.g. ``"580.159.04"``)."""
+    m = re.search(r"Kernel Module(?: for [\w-]+)?\s+(\d+\.\d+(?:\.\d+)?)", text)
+    return m.group(1) if m else None
+
+
+def driver_major(version: str) -> int:
+    return int(version.split(".")[0])
+
+
+def mount_for(path: Path, mounts_text: str) -> tuple[str, str] | None:
+    """``(mount point, fs type)`` of the mount holding ``path``, from ``/proc/mounts`` text."""
+    best: tuple[str, str] | None = None
+    target = str(path)
+    for line in mounts_text.splitlines():
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        point = parts[1].replace("\\040", " ")
+        inside = target == point or target.startswith(point.rstrip("/") + "/") or point == "/"
+        if inside and (best is None or len(point) > len(best[0])):
+            best = (point, parts[2])
+    return best
+
+
+def cgroup_mode(sys_fs_cgroup: Path) -> str:
+    """``v2``, ``hybrid`` or ``v1``, from what is mounted at /sys/fs/cgroup."""
+    if (sys_fs_cgroup / "cgroup.controllers").exists():
+        return "v2"
+    if (sys_fs_cgroup / "unified" / "cgroup.controllers").exists():
+        return "hybrid"
+    return "v1"
+
+
+# ---- the checks -----------------------------------------------------------------------------
+
+
+def _criu_checks(release: str) -> list[dict[str, Any]]:
+    from spswap.checkpoint import criu
+    from spswap.errors import CheckpointFailed
+
+    needs_41 = kernel_version(release) >= KERNEL_NEEDS_CRIU_41
+    why = "kernels >= 6.13 need CRIU >= 4.1" if needs_41 else "spswap needs CRIU >= 4.1"
+    path = criu.find_criu()
+    if path is None:
+        return [
+            check("criu", False, "not found", f"run scripts/build_criu.sh ({why})", required=True)
+        ]
+    try:
+        version = criu.criu_version(path)
+    except CheckpointFailed as e:
+        return [check("criu", False, str(path), str(e), required=True)]
+    text = f"{'.'.join(map(str, version))} ({path})"
+    if version < criu.MIN_VERSION:
+        out = [
+            check("criu", False, text, f"too old: {why}; run scripts/build_criu.sh", required=True)
+        ]
+    else:
+        out = [check("criu", True, text, required=True)]
+    if os.geteuid() != 0:
+        out.append(check("criu check", None, "not run", "needs root: run `sudo spswap doctor`"))
+        return out
+    ok, output = criu.criu_check(path)
+    last = output.strip().splitlines()[-1] if output.strip() else ""
+    out.append(check("criu check", ok, last, "" if ok else output[-500:], required=True))
+    return out
+
+
+def _kernel_config(release: str) -> dict[str, Any]:
+    key = "CONFIG_CHECKPOINT_RESTORE"
+    text = None
+    try:
+        text = gzip.decompress(Path("/proc/config.gz").read_bytes()).decode(errors="replace")
+    except OSError:
+        try:
+            text = Path(f"/boot/config-{release}").read_text(errors="replace")
+        except OSError:
+            pass
+    if text is None:
+        return check(
+            key, None, "unknown", "no /proc/config.gz or /boot/config-*; `criu check` tells"
+        )
+    value = kernel_config_value(text, key)
+    return check(key, value == "y", value or "absent", "" if value == "y" else "CRIU needs it")
+
+
+def _io_uring() -> dict[str, Any]:
+    name = "kernel.io_uring_disabled"
+    try:
+        value = Path("/proc/sys/kernel/io_uring_disabled").read_text().strip()
+    except OSError:
+        return check(
+            name, None, "absent", "kernel < 6.6: engines that open an io_uring cannot be dumped"
+        )
+    if value == "2":
+        return check(name, True, value)
+    return check(
+        name, None, value,
+        "vLLM holds an io_uring that CRIU cannot dump: `sysctl -w kernel.io_uring_disabled=2` "
+        "before engines start",
+    )  # fmt: skip
+
+
+def _nvml_checks() -> list[dict[str, Any]]:
+    try:
+        import pynvml  # type: ignore[import-not-found]
+    except ImportError:
+        return [check("GPUs", None, "NVML not installed", "pip install nvidia-ml-py")]
+    try:
+        pynvml.nvmlInit()
+    except Exception as e:  # noqa: BLE001 - any NVML failure means "no GPU view here"
+        return [check("GPUs", None, "none", f"NVML: {e}")]
+    try:
+        n = pynvml.nvmlDeviceGetCount()
+        names, off = [], []
+        for i in range(n):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            name = pynvml.nvmlDeviceGetName(h)
+            names.append(name.decode() if isinstance(name, bytes) else str(name))
+            if pynvml.nvmlDeviceGetPersistenceMode(h) != pynvml.NVML_FEATURE_ENABLED:
+                off.append(i)
+    finally:
+        pynvml.nvmlShutdown()
+    gpus = check("GPUs", n > 0, f"{n}: {', '.join(sorted(set(names)))}" if n else "0")
+    if off:
+        persistence = check(
+            "persistence mode", None, f"off on GPU {','.join(map(str, off))}",
+            "each restore re-initialises an idle GPU (~2 s): `nvidia-smi -pm 1`",
+        )  # fmt: skip
+    else:
+        persistence = check("persistence mode", True if n else None, "on" if n else "no GPU")
+    return [gpus, persistence]
+
+
+def _driver() -> dict[str, Any]:
+    try:
+        version = parse_nvidia_version(Path("/proc/driver/nvidia/version").read_text())
+    except OSError:
+        version = None
+    if version is None:
+        return check("NVIDIA driver", None, "none", "no NVIDIA driver: CPU-only node")
+    major = driver_major(version)
+    if major >= DRIVER_REMAP:
+        return check("NVIDIA driver", True, version)
+    if major >= DRIVER_CHECKPOINT:
+        return check(
+            "NVIDIA driver", None, version, f"restore onto another GPU needs >= {DRIVER_REMAP}"
+        )
+    return check("NVIDIA driver", False, version, f"CUDA checkpoint needs >= {DRIVER_CHECKPOINT}")
+
+
+def _cuda_checkpoint() -> dict[str, Any]:
+    from spswap.checkpoint import cuda_ckpt
+
+    reason = cuda_ckpt.unavailable_reason()
+    if reason is None:
+        return check("cuCheckpoint API", True, "cuda.bindings.driver")
+    return check("cuCheckpoint API", None, "unavailable", reason)
+
+
+def _storage(cfg: Config) -> dict[str, Any]:
+    probe = cfg.root
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    st = os.statvfs(probe)
+    size, free = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+    try:
+        found = mount_for(probe.resolve(), Path("/proc/mounts").read_text())
+    except OSError:
+        found = None
+    fstype = found[1] if found else "unknown"
+    value = f"{fstype} at {found[0] if found else probe}: {fmt_bytes(size)}, {fmt_bytes(free)} free"
+    if fstype == "tmpfs":
+        return check(f"storage ({cfg.root})", True, value, required=True)
+    return check(
+        f"storage ({cfg.root})", None, value,
+        "not tmpfs: pool and images are slower; set SPSWAP_ROOT to a tmpfs such as /dev/shm/spswap",
+    )  # fmt: skip
+
+
+def _daemon(cfg: Config) -> dict[str, Any]:
+    from spswap.daemon import lifecycle
+
+    pid = lifecycle.daemon_running(cfg)
+    path = lifecycle.pid_path(cfg)
+    if pid is None:
+        return check(
+            "daemon",
+            None,
+            "not running",
+            f"no live daemon holds {path}; the Slurm prolog starts it",
+        )
+    return check("daemon", True, f"pid {pid}" if pid > 0 else "starting")
+
+
+def collect(cfg: Config) -> dict[str, Any]:
+    """Every check for this node: ``{"version", "node", "checks": [...]}``."""
+    release = platform.release()
+    checks: list[dict[str, Any]] = []
+    checks += _criu_checks(release)
+    new_kernel = kernel_version(release) >= KERNEL_NEEDS_CRIU_41
+    checks.append(
+        check("kernel", True, release, "CRIU >= 4.1 needed (>= 6.13)" if new_kernel else "")
+    )
+    checks.append(_kernel_config(release))
+    checks.append(_io_uring())
+    checks.append(_driver())
+    checks += _nvml_checks()
+    checks.append(_cuda_checkpoint())
+    checks.append(_storage(cfg))
+    checks.append(check("cgroup mode", True, cgroup_mode(Path("/sys/fs/cgroup"))))
+    checks.append(_daemon(cfg))
+    return {"version": SCHEMA_VERSION, "node": socket.gethostname(), "checks": checks}
+
+
+def failed_required(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The required checks that failed (what ``--strict`` exits non-zero on)."""
+    return [c for c in report["checks"] if c["required"] and c["ok"] is False]
+
+
+def render(report: dict[str, Any]) -> Table:
+    """A rich table: one row per check, a mark, the value and what to do."""
+    marks = {True: "[green]ok[/]", False: "[red]FAIL[/]", None: "[yellow]warn[/]"}
+    table = Table(title=f"spswap doctor: {report['node']}", title_justify="left")
+    for col in ("check", "", "value", "what to do"):
+        table.add_column(col, overflow="fold")
+    for c in report["checks"]:
+        table.add_row(escape(c["name"]), marks[c["ok"]], escape(c["value"]), escape(c["detail"]))
+    return table

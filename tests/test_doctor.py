@@ -1,0 +1,151 @@
+"""spswap doctor: parsers on captured text, collect() on this machine, the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from spswap import doctor
+from spswap.cli.app import app
+from spswap.config import Config
+
+NVIDIA_VERSION = (
+    "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  "
+    "(dvs-builder@U22-I3-AE18-09-3)  Thu Jan  1 00:00:00 UTC 2026\n"
+    "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n"
+)
+NVIDIA_VERSION_PROPRIETARY = (
+    "NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.86.15  Thu Jan 16 2025\n"
+)
+MOUNTS = """\
+/dev/vda / ext4 rw 0 0
+tmpfs /dev/shm tmpfs rw,size=24684084k 0 0
+tmpfs /dev/shm/spswap/images tmpfs rw,size=1024k 0 0
+tmpfs /tmp/a\\040b tmpfs rw 0 0
+"""
+
+
+@pytest.mark.parametrize(
+    ("release", "expected"),
+    [("6.18.44-fc-v669", (6, 18)), ("5.14.0-427.el9.x86_64", (5, 14)), ("weird", (0, 0))],
+)
+def test_kernel_version(release: str, expected: tuple[int, int]) -> None:
+    assert doctor.kernel_version(release) == expected
+
+
+def test_kernel_config_value() -> None:
+    text = 'CONFIG_A=y\n# CONFIG_CHECKPOINT_RESTORE is not set\nCONFIG_B="x y"\nCONFIG_M=m\n'
+    assert doctor.kernel_config_value(text, "CONFIG_CHECKPOINT_RESTORE") == "n"
+    assert doctor.kernel_config_value(text, "CONFIG_A") == "y"
+    assert doctor.kernel_config_value(text, "CONFIG_B") == "x y"
+    assert doctor.kernel_config_value(text, "CONFIG_M") == "m"
+    assert doctor.kernel_config_value(text, "CONFIG_NONE") is None
+
+
+def test_parse_nvidia_version() -> None:
+    assert doctor.parse_nvidia_version(NVIDIA_VERSION) == "580.159.04"
+    assert doctor.parse_nvidia_version(NVIDIA_VERSION_PROPRIETARY) == "570.86.15"
+    assert doctor.parse_nvidia_version("garbage") is None
+    assert doctor.driver_major("580.159.04") == 580
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("/dev/shm/spswap", ("/dev/shm", "tmpfs")),
+        ("/dev/shm/spswap/images/k", ("/dev/shm/spswap/images", "tmpfs")),
+        ("/dev/shmother", ("/", "ext4")),
+        ("/tmp/a b/x", ("/tmp/a b", "tmpfs")),
+        ("/var/lib", ("/", "ext4")),
+    ],
+)
+def test_mount_for(path: str, expected: tuple[str, str]) -> None:
+    assert doctor.mount_for(Path(path), MOUNTS) == expected
+
+
+def test_cgroup_mode(tmp_path: Path) -> None:
+    assert doctor.cgroup_mode(tmp_path) == "v1"
+    (tmp_path / "unified").mkdir()
+    (tmp_path / "unified" / "cgroup.controllers").write_text("")
+    assert doctor.cgroup_mode(tmp_path) == "hybrid"
+    (tmp_path / "cgroup.controllers").write_text("cpu memory")
+    assert doctor.cgroup_mode(tmp_path) == "v2"
+
+
+EXPECTED = {
+    "criu", "kernel", "CONFIG_CHECKPOINT_RESTORE", "kernel.io_uring_disabled", "NVIDIA driver",
+    "GPUs", "cuCheckpoint API", "cgroup mode", "daemon",
+}  # fmt: skip
+
+
+def test_collect_on_this_machine(tmp_path: Path) -> None:
+    report = doctor.collect(Config(root=tmp_path / "root"))
+    names = {c["name"] for c in report["checks"]}
+    assert EXPECTED <= names
+    assert any(n.startswith("storage (") for n in names)
+    for c in report["checks"]:
+        assert c["name"] and isinstance(c["value"], str) and isinstance(c["detail"], str)
+        assert c["ok"] in (True, False, None)
+        if c["ok"] is False:
+            assert c["detail"], f"{c['name']} fails without saying what to do"
+    by_name = {c["name"]: c for c in report["checks"]}
+    assert by_name["daemon"]["ok"] is None  # nothing runs under this fresh root
+    release = os.uname().release
+    assert by_name["kernel"]["value"] == release
+    json.dumps(report)  # plain data
+
+
+def test_daemon_seen_through_its_locked_pid_file(tmp_path: Path) -> None:
+    cfg = Config(root=tmp_path)
+    cfg.paths.run.mkdir(parents=True)
+    pid_file = cfg.paths.run / "spswapd.pid"
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, sys, time\n"
+        f"fd = os.open({str(pid_file)!r}, os.O_RDWR | os.O_CREAT)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+        "os.write(fd, str(os.getpid()).encode())\n"
+        "print('locked', flush=True)\n"
+        "time.sleep(30)\n"
+    )], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        checks = {c["name"]: c for c in doctor.collect(cfg)["checks"]}
+        assert checks["daemon"]["ok"] is True
+        assert checks["daemon"]["value"] == f"pid {holder.pid}"
+    finally:
+        holder.kill()
+        holder.wait()
+    time.sleep(0.05)
+    checks = {c["name"]: c for c in doctor.collect(cfg)["checks"]}
+    assert checks["daemon"]["ok"] is None  # stale pid file: nobody holds the lock
+
+
+def test_cli_json_and_table(tmp_path: Path) -> None:
+    runner = CliRunner()
+    res = runner.invoke(app, ["doctor", "--json", "--root", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout)
+    assert report["version"] == 1 and EXPECTED <= {c["name"] for c in report["checks"]}
+    res = runner.invoke(app, ["doctor", "--root", str(tmp_path)])
+    assert res.exit_code == 0 and "criu" in res.stdout and "daemon" in res.stdout
+
+
+def test_strict_fails_on_an_old_criu(tmp_path: Path) -> None:
+    old = tmp_path / "criu"
+    old.write_text("#!/bin/sh\necho 'Version: 3.17.1'\n")
+    old.chmod(0o755)
+    runner = CliRunner()
+    env = {"SPSWAP_CRIU": str(old)}
+    res = runner.invoke(app, ["doctor", "--json", "--root", str(tmp_path)], env=env)
+    assert res.exit_code == 0  # without --strict, a report is not a failure
+    criu = next(c for c in json.loads(res.stdout)["checks"] if c["name"] == "criu")
+    assert criu["ok"] is False and "3.17.1" in criu["value"] and "build_criu.sh" in criu["detail"]
+    res = runner.invoke(app, ["doctor", "--strict", "--root", str(tmp_path)], env=env)
+    assert res.exit_code == 1
