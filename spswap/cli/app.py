@@ -7,7 +7,7 @@ import sys
 import typer
 
 from spswap import __version__
-from spswap.cli import bench, daemon, demo, doctor, events, images, node, pool, slots, status
+from spswap.cli import bench, daemon, demo, doctor, events, images, node, pool, serve, slots, status
 from spswap.cli.common import err_console
 from spswap.errors import SpswapError
 
@@ -20,6 +20,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    rich_markup_mode="markdown",
 )
 app.add_typer(pool.app, name="pool")
 app.add_typer(slots.app, name="slots")
@@ -29,6 +30,7 @@ app.add_typer(node.app, name="node")
 app.add_typer(images.app, name="images")
 app.command("status")(status.status)
 app.command("demo")(demo.demo)
+app.command("serve")(serve.serve)
 app.command("doctor")(doctor.doctor)
 app.command("events")(events.events)
 

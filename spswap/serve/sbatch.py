@@ -28,6 +28,11 @@ class SbatchOptions:
     requests: str | None = None  # batch jobs: a JSON-lines file of requests
 
 
+_STATE_COMMENT = """\
+# The unanswered requests are saved here; it must outlive the job (the submit directory
+# does); the job id stays the same across requeues.
+"""
+
 _HANDLER = """\
 # The handlers only forward the signal to spswap (kill is a shell builtin: no fork in a
 # handler; a forking handler can lose a SIGTERM that follows SIGCONT within a millisecond).
@@ -68,8 +73,7 @@ def render_serve(opts: SbatchOptions = SbatchOptions()) -> str:
 #SBATCH --output=%x-%j.log
 
 MODEL={shlex.quote(opts.model)}   # CHANGE: the model's checkpoint directory
-{requests_line}# The unanswered requests are saved here; it must outlive the job (the submit directory
-# does); the job id stays the same across requeues.
+{requests_line}{_STATE_COMMENT}
 STATE="${{SLURM_SUBMIT_DIR:-$PWD}}/.spswap/${{SLURM_JOB_ID}}"
 
 echo "spswap: job ${{SLURM_JOB_ID}} run ${{SLURM_RESTART_COUNT:-0}} on $(hostname)"

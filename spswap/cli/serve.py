@@ -1,0 +1,106 @@
+"""``spswap serve``: the in-job model server."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import typer
+
+from spswap.cli.common import RootOpt, emit_json, err_console, load_config
+
+
+def serve(
+    model: Path = typer.Argument(
+        ..., exists=True, file_okay=False, resolve_path=True,
+        help="The model's checkpoint directory (config.json + *.safetensors).",
+    ),
+    state_dir: Path = typer.Option(
+        None, "--state-dir",
+        help="Where unanswered requests are kept across preemption and requeue "
+             "(default: $SLURM_SUBMIT_DIR/.spswap/$SLURM_JOB_ID).",
+    ),
+    engine: str = typer.Option("reference", help="Engine: reference (vllm: coming)."),
+    device: str = typer.Option(None, help="cpu, cuda or cuda:N (default: cuda when present)."),
+    units: int = typer.Option(4, help="Quarter-GPU units to reserve on the job's GPU: 1, 2 or 4."),
+    slot_timeout_s: float = typer.Option(600.0, help="How long to wait for the GPU slot."),
+    requests: Path = typer.Option(
+        None, exists=True, dir_okay=False,
+        help="JSON-lines requests to enqueue once ({\"id\", \"prompt_ids\", \"max_new_tokens\"}).",
+    ),
+    exit_when_idle: bool = typer.Option(
+        False, help="Exit once every request is answered (batch jobs)."
+    ),
+    requeue: bool = typer.Option(
+        True, help="On USR1, ask Slurm to requeue this job after saving its state."
+    ),
+    root: Path = RootOpt,
+    json: bool = typer.Option(False, "--json", help="Print a JSON summary when the run ends."),
+) -> None:
+    """Serve MODEL inside a Slurm job, surviving preemption and requeue.
+
+    Reserves a slot on the job's GPU, loads the model from the node's pool (importing it
+    from MODEL the first time), and answers the requests in the state directory's inbox
+    (answers go to its outbox). On USR1 (sbatch --signal=B:USR1@N) or SIGTERM it stops
+    admitting, keeps the unanswered requests, puts the model away, releases the slot and
+    exits; the requeued run (SLURM_RESTART_COUNT > 0) answers the saved requests first.
+    """
+    from spswap.serve.runtime import ServeOptions, Server
+    from spswap.slurm.env import JobEnv
+
+    cfg = load_config(root)
+    job = JobEnv.from_env()
+    if state_dir is None:
+        if job is None:
+            raise typer.BadParameter("outside a Slurm job, give --state-dir")
+        base = Path(os.environ.get("SLURM_SUBMIT_DIR") or os.getcwd())
+        state_dir = base / ".spswap" / job.job_id
+    if device is None:
+        device = _default_device()
+    opts = ServeOptions(
+        model=model, state_dir=state_dir, engine=engine, device=device, units=units,
+        slot_timeout_s=slot_timeout_s, requests_file=requests,
+        exit_when_idle=exit_when_idle, requeue_on_usr1=requeue,
+        slot_gpus=tuple(job.gpus) if job else (),
+    )  # fmt: skip
+    from spswap.serve.factory import make_engine
+
+    server = Server(
+        cfg, opts, engine_factory=make_engine,
+        job_id=job.job_id if job else None,
+        restart_count=job.restart_count if job else 0,
+        requeue=_requeue if requeue else None,
+        log=lambda msg: err_console.print(msg, markup=False, highlight=False),
+    )  # fmt: skip
+    server.install_signal_handlers()
+    result = server.run()
+    summary = {
+        "answered": result.answered, "resumed": result.resumed,
+        "stopped_by": result.stopped_by, "pending_left": result.pending_left,
+        "state_dir": str(state_dir), "events": result.events,
+    }  # fmt: skip
+    if json:
+        emit_json(summary)
+    else:
+        err_console.print(
+            f"spswap serve: answered {result.answered}, {result.pending_left} left in "
+            f"{state_dir}/inbox" + (f"; stopped by {result.stopped_by}" if result.stopped_by
+                                    else ""), markup=False)  # fmt: skip
+
+
+def _default_device() -> str:
+    try:
+        import torch
+    except ImportError:
+        return "cpu"
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _requeue(job_id: str) -> None:
+    from spswap.slurm.backend import get_backend
+
+    backend = get_backend()
+    if backend is None:
+        err_console.print("spswap serve: no Slurm commands here; not requeueing", markup=False)
+        return
+    backend.requeue(job_id)

@@ -1,0 +1,23 @@
+"""Build the engine ``spswap serve`` was asked for (torch and vLLM imported here only)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from spswap.errors import ConfigError
+from spswap.serve.runtime import ServeOptions
+
+ENGINES = ("reference",)
+
+
+def make_engine(opts: ServeOptions) -> Any:
+    """A fresh, empty engine of kind ``opts.engine`` for the model in ``opts.model``."""
+    if opts.engine == "reference":
+        try:
+            from spswap.engines.reference import ReferenceEngine, load_config
+        except ImportError as e:
+            raise ConfigError(
+                f"the reference engine needs torch ({e}); pip install 'spswap[torch]'"
+            ) from e
+        return ReferenceEngine(load_config(opts.model), opts.device, name=opts.model.name)
+    raise ConfigError(f"unknown engine {opts.engine!r}; valid engines: {', '.join(ENGINES)}")
