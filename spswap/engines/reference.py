@@ -24,7 +24,7 @@ from spswap.errors import EngineError
 from spswap.instance.state import Instance, Primitive, State
 from spswap.pool.manifest import Manifest, align_up
 from spswap.transfer.copy import TransferReport, copy_into
-from spswap.transfer.dtypes import to_safetensors
+from spswap.transfer.dtypes import to_safetensors, to_torch
 from spswap.transfer.mapping import MappedEntry
 
 WEIGHTS_FILE = "model.safetensors"
@@ -80,27 +80,35 @@ class ReferenceEngine:
     def load_from_checkpoint(self, path: Path) -> float:
         """Cold path: read a safetensors checkpoint (a file, or a directory holding
         ``model.safetensors``) onto the device; returns seconds."""
-        from safetensors.torch import load_file
+        from safetensors import safe_open
 
         path = Path(path)
         file = path / WEIGHTS_FILE if path.is_dir() else path
+        if not file.is_file():
+            raise EngineError(f"checkpoint {file} not found")
         start = time.perf_counter()
         self._release()
-        try:
-            state = load_file(str(file), device=str(self.device))
-        except FileNotFoundError:
-            raise EngineError(f"checkpoint {file} not found") from None
-        model = build(self.config, "meta")
-        expected = {n: (tuple(p.shape), p.dtype) for n, p in model.named_parameters()}
-        got = {n: (tuple(t.shape), t.dtype) for n, t in state.items()}
-        if got != expected:
-            diff = sorted(set(expected.items()) ^ set(got.items()))[:5]
-            raise EngineError(
-                f"{file} does not match the reference config {self.config}: first "
-                f"differences {diff}; load it with the config saved next to it (load_config)"
-            )
-        model.load_state_dict(state, strict=True, assign=True)
-        self._model = model.requires_grad_(False)
+        model = build(self.config, self.device)
+        params = dict(model.named_parameters())
+        # Read every tensor into the engine's own memory, as a real engine does (a CPU
+        # load_file would hand back lazy mmap-backed tensors and time nothing).
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            expected = {n: (tuple(p.shape), p.dtype) for n, p in params.items()}
+            got = {}
+            for n in f.keys():
+                sl = f.get_slice(n)
+                got[n] = (tuple(sl.get_shape()), to_torch(sl.get_dtype()))
+            if got != expected:
+                diff = sorted(set(expected.items()) ^ set(got.items()))[:5]
+                raise EngineError(
+                    f"{file} does not match the reference config {self.config}: first "
+                    f"differences {diff}; load it with the config saved next to it "
+                    "(load_config)"
+                )
+            with torch.no_grad():
+                for n, p in params.items():
+                    p.copy_(f.get_tensor(n))
+        self._model = model
         self._sync()
         self._source = str(file)
         self.instance = Instance(name=self.name, state=State.UP)
@@ -185,7 +193,6 @@ class ReferenceEngine:
                 "wake it first"
             )
         c = self.config
-        out: list[list[int]] = []
         for prompt in prompt_ids:
             if not prompt:
                 raise EngineError("an empty prompt has nothing to continue; give a token")
@@ -196,13 +203,18 @@ class ReferenceEngine:
                 )
             if min(prompt) < 0 or max(prompt) >= c.vocab_size:
                 raise EngineError(f"token ids must lie in [0, {c.vocab_size}); got {prompt}")
-            ids = torch.tensor(prompt, dtype=torch.long, device=self.device)
-            new: list[int] = []
+        # Prompts of one length run as one batch: no padding, so no mask subtleties.
+        by_len: dict[int, list[int]] = {}
+        for i, prompt in enumerate(prompt_ids):
+            by_len.setdefault(len(prompt), []).append(i)
+        out: list[list[int]] = [[] for _ in prompt_ids]
+        for idx in by_len.values():
+            ids = torch.tensor([prompt_ids[i] for i in idx], dtype=torch.long, device=self.device)
             for _ in range(max_new_tokens):
-                nxt = model(ids)[-1].argmax()
-                ids = torch.cat([ids, nxt.view(1)])
-                new.append(int(nxt))
-            out.append(new)
+                nxt = model(ids).argmax(dim=-1)
+                ids = torch.cat([ids, nxt[:, None]], dim=1)
+            for row, i in enumerate(idx):
+                out[i] = ids[row, len(prompt_ids[i]) :].tolist()
         return out
 
     # -- export, health, teardown -----------------------------------------------------------
