@@ -1,0 +1,175 @@
+"""Image identity: the key an image is stored under, its meta.json, and the check before restore.
+
+A CRIU image restores exactly the process that was dumped, with its libraries, driver state and
+credentials. Restoring it under a different engine, torch, driver, GPU model or user gives a
+process that crashes or, worse, runs as someone else. So each image carries ``meta.json`` with
+the identity it was made under and a sha256 over its files, and :func:`verify_before_restore`
+compares both with the present before anything is restored.
+
+Key: ``<model digest>-<engine config hash>-<identity hash>`` (shortened), so a change in any
+of the three makes a new key instead of reusing a stale image.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import stat
+import time
+from dataclasses import asdict, dataclass, fields
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from spswap.fsutil import atomic_write_json, read_json
+
+META_FILE = "meta.json"
+META_VERSION = 1
+# Files spswap writes next to CRIU's own: not part of what is restored, not hashed.
+NOT_HASHED = frozenset({META_FILE, "dump.log"})
+_CHUNK_BYTES = 8 << 20
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What an image depends on; every field must match before a restore."""
+
+    engine: str
+    engine_version: str
+    torch: str
+    python: str
+    driver: str
+    gpu_model: str
+    criu_version: str
+    model_digest: str
+    uid: int
+    config_hash: str
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Identity:
+        return cls(**{f.name: data[f.name] for f in fields(cls)})
+
+    def hash(self) -> str:
+        """sha256 of the identity without the model and config (they are in the key apart)."""
+        d = self.to_json()
+        del d["model_digest"], d["config_hash"]
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
+
+
+def config_hash(engine_config: dict[str, Any]) -> str:
+    """sha256 of an engine config (canonical JSON: key order does not matter)."""
+    return hashlib.sha256(json.dumps(engine_config, sort_keys=True).encode()).hexdigest()
+
+
+def image_key(identity: Identity) -> str:
+    """``<model digest>-<config hash>-<identity hash>``, 16+8+8 hex characters."""
+    return f"{identity.model_digest[:16]}-{identity.config_hash[:8]}-{identity.hash()[:8]}"
+
+
+def package_version(name: str) -> str:
+    """Installed version of a distribution, without importing it (torch imports slowly)."""
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "none"
+
+
+def probe_identity(
+    *, engine: str, engine_version: str, model_digest: str, engine_config: dict[str, Any],
+    uid: int, gpu_model: str, driver: str | None = None, criu_version: str | None = None,
+) -> Identity:  # fmt: skip
+    """The identity of a process started here now. ``gpu_model`` comes from the caller (NVML
+    in the daemon), so this module asks no GPU anything; driver and CRIU are read when absent."""
+    if driver is None:
+        from spswap.doctor import parse_nvidia_version
+
+        try:
+            driver = parse_nvidia_version(Path("/proc/driver/nvidia/version").read_text()) or "none"
+        except OSError:
+            driver = "none"
+    if criu_version is None:
+        from spswap.checkpoint import criu
+
+        path = criu.find_criu()
+        criu_version = ".".join(map(str, criu.criu_version(path))) if path else "none"
+    return Identity(
+        engine=engine, engine_version=engine_version, torch=package_version("torch"),
+        python=platform.python_version(), driver=driver, gpu_model=gpu_model,
+        criu_version=criu_version, model_digest=model_digest, uid=uid,
+        config_hash=config_hash(engine_config),
+    )  # fmt: skip
+
+
+def integrity_hash(image_dir: Path) -> str:
+    """sha256 over every image file's relative name and content, in name order."""
+    h = hashlib.sha256()
+    paths = sorted(
+        p for p in image_dir.rglob("*") if p.is_file() and p.relative_to(image_dir).as_posix()
+        not in NOT_HASHED
+    )  # fmt: skip
+    for p in paths:
+        rel = p.relative_to(image_dir).as_posix().encode()
+        h.update(len(rel).to_bytes(4, "little") + rel)
+        h.update(p.stat().st_size.to_bytes(8, "little"))
+        with open(p, "rb") as f:
+            while chunk := f.read(_CHUNK_BYTES):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def write_meta(image_dir: Path, identity: Identity) -> dict[str, Any]:
+    """Write ``meta.json`` (identity + integrity hash) into a finished image; returns it."""
+    meta = {
+        "version": META_VERSION, "key": image_dir.name, "identity": identity.to_json(),
+        "sha256": integrity_hash(image_dir), "created_at": time.time(),
+    }  # fmt: skip
+    atomic_write_json(image_dir / META_FILE, meta, mode=0o600)
+    return meta
+
+
+def read_meta(image_dir: Path) -> dict[str, Any] | None:
+    """The image's meta.json, or None when it has none."""
+    meta = read_json(image_dir / META_FILE)
+    return meta if isinstance(meta, dict) else None
+
+
+def verify_before_restore(
+    image_dir: Path, expected: Identity, *, check_integrity: bool = True
+) -> str | None:
+    """None when the image may be restored here; otherwise the reason it may not.
+
+    Checks, in order: the image exists and (when we are root) is owned by root and writable
+    by nobody else; meta.json is there; every identity field matches; and, unless
+    ``check_integrity`` is off (it reads the whole image), the files hash as recorded.
+    """
+    try:
+        st = image_dir.stat()
+    except FileNotFoundError:
+        return f"no image at {image_dir}"
+    if os.geteuid() == 0 and (st.st_uid != 0 or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)):
+        return (
+            f"{image_dir} is not owned by root or is writable by others: only images the "
+            "daemon dumped itself are restored"
+        )
+    meta = read_meta(image_dir)
+    if meta is None or "identity" not in meta:
+        return f"{image_dir} has no {META_FILE}: not a complete spswap image, dump it again"
+    if meta.get("version") != META_VERSION:
+        return f"{image_dir}/{META_FILE} has version {meta.get('version')}, expected {META_VERSION}"
+    recorded = meta["identity"]
+    diffs = [
+        f"{f.name}: image {recorded.get(f.name)!r}, here {getattr(expected, f.name)!r}"
+        for f in fields(Identity) if recorded.get(f.name) != getattr(expected, f.name)
+    ]  # fmt: skip
+    if diffs:
+        return "the image was made under another identity (" + "; ".join(diffs) + ")"
+    if check_integrity:
+        actual = integrity_hash(image_dir)
+        if actual != meta.get("sha256"):
+            return f"{image_dir} changed since it was dumped (sha256 {actual[:12]} != recorded)"
+    return None

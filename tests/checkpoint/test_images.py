@@ -1,0 +1,103 @@
+"""Image identity, meta.json and the check before a restore, on real files."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import pytest
+
+from spswap.checkpoint import criu, images
+from spswap.checkpoint.images import Identity
+from tests.checkpoint.conftest import Server, needs_criu
+
+ID = Identity(
+    engine="vllm", engine_version="0.26.0", torch="2.11.0", python="3.11.7",
+    driver="580.159.04", gpu_model="NVIDIA H200", criu_version="4.1.1",
+    model_digest="ab" * 32, uid=1000, config_hash=images.config_hash({"tp": 1, "eager": True}),
+)  # fmt: skip
+
+
+def _image(tmp_path: Path) -> Path:
+    d = tmp_path / "img"
+    d.mkdir(mode=0o700)
+    (d / "pages-1.img").write_bytes(os.urandom(3000))
+    (d / "core-1.img").write_bytes(b"core")
+    (d / "dump.log").write_text("Dumping finished successfully\n")
+    return d
+
+
+def test_key_and_hashes() -> None:
+    assert images.config_hash({"eager": True, "tp": 1}) == ID.config_hash  # key order irrelevant
+    key = images.image_key(ID)
+    assert key == f"{'ab' * 8}-{ID.config_hash[:8]}-{ID.hash()[:8]}"
+    # The identity hash leaves model and config out (they have their own parts of the key) ...
+    assert dataclasses.replace(ID, model_digest="cd" * 32).hash() == ID.hash()
+    # ... and changes with anything else.
+    assert dataclasses.replace(ID, driver="580.1").hash() != ID.hash()
+    assert images.image_key(dataclasses.replace(ID, uid=1001)) != key
+    assert Identity.from_json(ID.to_json()) == ID
+
+
+def test_meta_round_trip_and_verify(tmp_path: Path) -> None:
+    d = _image(tmp_path)
+    meta = images.write_meta(d, ID)
+    assert images.read_meta(d) == meta and meta["identity"]["uid"] == 1000
+    assert images.verify_before_restore(d, ID) is None
+    (d / "dump.log").write_text("logs are not part of the image\n")
+    assert images.verify_before_restore(d, ID) is None
+
+
+def test_verify_names_every_difference(tmp_path: Path) -> None:
+    d = _image(tmp_path)
+    images.write_meta(d, ID)
+    other = dataclasses.replace(ID, driver="580.200.01", uid=1001)
+    reason = images.verify_before_restore(d, other)
+    assert reason is not None
+    assert "driver: image '580.159.04', here '580.200.01'" in reason
+    assert "uid: image 1000, here 1001" in reason and "torch" not in reason
+
+
+def test_verify_finds_tampering_and_missing_meta(tmp_path: Path) -> None:
+    d = _image(tmp_path)
+    images.write_meta(d, ID)
+    with open(d / "pages-1.img", "r+b") as f:
+        f.write(b"X")
+    reason = images.verify_before_restore(d, ID)
+    assert reason is not None and "changed since it was dumped" in reason
+    assert images.verify_before_restore(d, ID, check_integrity=False) is None
+    (d / "meta.json").unlink()
+    assert "no meta.json" in (images.verify_before_restore(d, ID) or "")
+    assert "no image" in (images.verify_before_restore(tmp_path / "nope", ID) or "")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="ownership check applies to the root daemon")
+def test_verify_refuses_an_image_others_can_write(tmp_path: Path) -> None:
+    d = _image(tmp_path)
+    images.write_meta(d, ID)
+    d.chmod(0o777)
+    assert "writable by others" in (images.verify_before_restore(d, ID) or "")
+    d.chmod(0o700)
+    os.chown(d, 1000, 1000)
+    assert "not owned by root" in (images.verify_before_restore(d, ID) or "")
+
+
+def test_probe_identity() -> None:
+    ident = images.probe_identity(
+        engine="torch-ref", engine_version="1", model_digest="ef" * 32,
+        engine_config={"dtype": "float32"}, uid=os.getuid(), gpu_model="none",
+        driver="none", criu_version="4.1.1",
+    )  # fmt: skip
+    assert ident.python.count(".") == 2 and ident.torch != ""
+    assert ident.config_hash == images.config_hash({"dtype": "float32"})
+
+
+@pytest.mark.criu
+@needs_criu
+def test_meta_on_a_real_criu_image(server: Server, tmp_path: Path) -> None:
+    info = criu.dump(server.pid, "real", tmp_path / "images")
+    images.write_meta(info.path, ID)
+    assert images.verify_before_restore(info.path, ID) is None
+    assert criu.restore("real", tmp_path / "images") == server.pid
+    assert server.ask().split()[1] == "1"
