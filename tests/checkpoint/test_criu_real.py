@@ -10,7 +10,8 @@ import pytest
 
 from spswap.checkpoint import criu
 from spswap.errors import CheckpointFailed
-from tests.checkpoint.conftest import Server, needs_criu
+
+from .criu_helpers import Server, needs_criu
 
 pytestmark = [pytest.mark.criu, needs_criu]
 

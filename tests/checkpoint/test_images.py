@@ -10,7 +10,8 @@ import pytest
 
 from spswap.checkpoint import criu, images
 from spswap.checkpoint.images import Identity
-from tests.checkpoint.conftest import Server, needs_criu
+
+from .criu_helpers import Server, needs_criu
 
 ID = Identity(
     engine="vllm", engine_version="0.26.0", torch="2.11.0", python="3.11.7",
