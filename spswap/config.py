@@ -102,8 +102,13 @@ class Config:
         return Paths(self.root)
 
 
-# Variables with the prefix that are not settings (job-side state, test knobs).
-_NON_CONFIG_VARS = frozenset({"job_state", "socket", "log_level", "criu", "test_slurm"})
+# Variables with the prefix that are not settings of this dataclass: read by the shell
+# hooks and scripts (bin, hook_timeout_s, defaults, torch, venv), by the CRIU finder (criu)
+# and by the test suite (test_slurm, accept_golden).
+_NON_CONFIG_VARS = frozenset({
+    "bin", "hook_timeout_s", "defaults", "torch", "venv", "criu", "test_slurm",
+    "accept_golden",
+})
 
 
 def _convert(name: str, raw: str) -> object:

@@ -1,0 +1,117 @@
+"""What ``spswap status`` shows: collected as JSON-ready data, rendered by pure functions.
+
+Collection reads the files under the root (pool index, slot state, instance records, the
+daemon's pid file); it needs no daemon, no torch and no Slurm.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+
+from spswap import __version__
+from spswap.config import Config
+from spswap.units import fmt_bytes
+
+STATUS_VERSION = 1
+
+
+def collect_status(cfg: Config, *, gpus: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Everything ``spswap status`` shows, as data (what ``--json`` prints)."""
+    from spswap.daemon.lifecycle import daemon_running
+    from spswap.instance.registry import InstanceRegistry
+    from spswap.pool.store import Pool
+    from spswap.slots.gpus import discover_gpus
+    from spswap.slots.table import SlotTable
+
+    if gpus is None:
+        gpus = [g.to_json() for g in discover_gpus(cfg)]
+    pool = Pool.from_config(cfg)
+    entries = pool.entries()
+    slots = SlotTable(cfg.paths.slots, [g["index"] for g in gpus]).snapshot()
+    pid = daemon_running(cfg)
+    instances = [
+        {**rec.to_json(), "alive": alive}
+        for rec, alive in InstanceRegistry(cfg.paths.run / "instances").list()
+    ]
+    return {
+        "version": STATUS_VERSION,
+        "spswap": __version__,
+        "root": str(cfg.root),
+        "daemon": {"running": pid is not None, "pid": pid},
+        "gpus": gpus,
+        "slots": slots,
+        "pool": {
+            "capacity_bytes": pool.capacity_bytes,
+            "used_bytes": sum(e.size_bytes for e in entries),
+            "entries": [e.to_json() for e in entries],
+        },
+        "instances": instances,
+    }
+
+
+def _ago(ts: float, now: float) -> str:
+    if not ts:
+        return "never"
+    s = max(0.0, now - ts)
+    if s < 60:
+        return f"{s:.0f} s ago"
+    if s < 3600:
+        return f"{s / 60:.0f} min ago"
+    return f"{s / 3600:.1f} h ago"
+
+
+def _user(h: dict[str, Any]) -> str:
+    job = f"job {h['job_id']} " if h.get("job_id") else ""
+    return f"{job}pid {h['pid']} uid {h['uid']}"
+
+
+def render_pool(pool: dict[str, Any], now: float) -> Table:
+    """One row per pool entry, most recently used first."""
+    t = Table(title=f"pool: {fmt_bytes(pool['used_bytes'])} of "
+                    f"{fmt_bytes(pool['capacity_bytes'])}")  # fmt: skip
+    for col in ("name", "digest", "size", "tensors", "users", "last use"):
+        t.add_column(col)
+    for e in pool["entries"]:
+        users = "\n".join(_user(h) for h in e["users"]) or "-"
+        t.add_row(e["name"], e["digest"][:12], fmt_bytes(e["size_bytes"]),
+                  str(e["tensor_count"]), users, _ago(e["last_used"], now))  # fmt: skip
+    return t
+
+
+def render_instances(instances: list[dict[str, Any]], now: float) -> Table:
+    """One row per model instance the node knows of."""
+    t = Table(title="instances")
+    for col in ("id", "model", "engine", "state", "device", "job", "pid", "updated", "note"):
+        t.add_column(col)
+    for i in instances:
+        pid = str(i["pid"]) + ("" if i["alive"] else " (gone)")
+        t.add_row(i["id"], i["model"], i["engine"], i["state"], i["device"],
+                  i.get("job_id") or "-", pid, _ago(i["updated"], now),
+                  i.get("reason") or "")  # fmt: skip
+    return t
+
+
+def render_status(data: dict[str, Any], *, now: float | None = None) -> Group:
+    """The rich view of :func:`collect_status`'s data."""
+    from spswap.cli.slots import render_slots
+
+    now = time.time() if now is None else now
+    d = data["daemon"]
+    head = Table.grid(padding=(0, 2))
+    head.add_row("spswap", data["spswap"])
+    head.add_row("root", data["root"])
+    head.add_row("daemon", f"running (pid {d['pid']})" if d["running"]
+                 else "not running (spswap daemon start, or the Slurm prolog starts it)")
+    gpus = ", ".join(f"{g['index']}" + (f" {g['name']}" if g.get("name") else "")
+                     for g in data["gpus"]) or "none found (set SPSWAP_GPUS, e.g. 0,1)"
+    head.add_row("GPUs", gpus)  # fmt: skip
+    parts: list[Any] = [head]
+    if data["gpus"]:
+        parts.extend(render_slots(data["slots"]))
+    parts.append(render_pool(data["pool"], now))
+    parts.append(render_instances(data["instances"], now))
+    return Group(*parts)

@@ -1,0 +1,130 @@
+"""Golden tests of `spswap status --json` and of the table output."""
+
+from __future__ import annotations
+
+import difflib
+import io
+import json
+import os
+import struct
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from spswap.cli.app import app
+from spswap.config import Config
+from spswap.instance.registry import InstanceRecord, InstanceRegistry
+from spswap.liveness import Holder
+from spswap.pool.store import Pool
+from spswap.slots.table import SlotTable
+from spswap.status import collect_status, render_status
+
+GOLDEN = Path(__file__).parent / "golden"
+ACCEPT = os.environ.get("SPSWAP_ACCEPT_GOLDEN") == "1"
+FIXED_T = 1_800_000_000.0
+
+
+def _check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if ACCEPT:
+        path.write_text(text)
+    expected = path.read_text()
+    if text != expected:
+        diff = "".join(difflib.unified_diff(expected.splitlines(True), text.splitlines(True),
+                                            f"golden/{name}", "actual"))
+        pytest.fail(f"{name} changed:\n{diff}\naccept with: SPSWAP_ACCEPT_GOLDEN=1 pytest "
+                    f"tests/test_status.py")
+
+
+def _write_safetensors(path: Path) -> None:
+    """A two-tensor F32 checkpoint with fixed bytes (no torch needed)."""
+    a = struct.pack("<4f", 1, 2, 3, 4)
+    b = struct.pack("<2f", 5, 6)
+    header = {"a.weight": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]},
+              "b.bias": {"dtype": "F32", "shape": [2], "data_offsets": [16, 24]}}
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + a + b)
+
+
+def _normalize(data: dict[str, Any]) -> dict[str, Any]:
+    """Replace what differs between runs (times, pids, temp paths) with placeholders."""
+    text = json.dumps(data)
+    root = data["root"]
+    text = text.replace(root, "<root>")
+    d = json.loads(text)
+    d["spswap"] = "<version>"
+    d["pool"]["capacity_bytes"] = 1 << 30
+    # on-disk size includes manifest.json, whose length follows the temp path and the time
+    d["pool"]["used_bytes"] = sum(e["data_size_bytes"] for e in d["pool"]["entries"])
+    for e in d["pool"]["entries"]:
+        e["created"] = e["last_used"] = FIXED_T
+        e["size_bytes"] = e["data_size_bytes"]
+        e["sources"] = [{**s, "path": Path(s["path"]).name, "mtime_ns": 0} for s in e["sources"]]
+        for h in e["users"]:
+            h.update(pid=1234, pid_start=None, since=FIXED_T)
+    for r in d["slots"]["reservations"]:
+        r["granted_at"] = FIXED_T
+        r["holder"].update(pid=1234, pid_start=None, since=FIXED_T)
+    for i in d["instances"]:
+        i.update(pid=1234, updated=FIXED_T)
+    return d
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Config:
+    cfg = Config.from_env({}, root=tmp_path / "root", pool_capacity_bytes=1 << 30)
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    _write_safetensors(ckpt / "model.safetensors")
+    pool = Pool.from_config(cfg)
+    m = pool.import_checkpoint(ckpt, name="tiny")
+    me = Holder.current(job_id="77")
+    pool.acquire_use(m.digest, me)
+    table = SlotTable(cfg.paths.slots, [0, 1])
+    table.reserve(model="tiny", units=2, holder=me, timeout_s=1)
+    table.reserve(model="other", units=4, allowed_gpus=[1], holder=Holder.current(job_id="78"),
+                  timeout_s=1)
+    reg = InstanceRegistry(cfg.paths.run / "instances")
+    reg.put(InstanceRecord(id="77-1234", model="tiny", state="up", pid=os.getpid(), uid=0,
+                           job_id="77", device="cuda:0"))
+    reg.put(InstanceRecord(id="78-99", model="other", state="saved", pid=2**22 + 1, uid=0,
+                           job_id="78", device="cuda:1", reason="cold start: image identity "
+                           "differs (driver 570 != 580)"))
+    return cfg
+
+
+GPUS = [{"index": 0, "name": "Fake H200", "memory_total_bytes": 150_000_000_000,
+         "source": "test"},
+        {"index": 1, "name": "Fake H200", "memory_total_bytes": 150_000_000_000,
+         "source": "test"}]
+
+
+def test_status_json_golden(node: Config):
+    data = _normalize(collect_status(node, gpus=GPUS))
+    _check_golden("status.json", json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def test_status_table_golden(node: Config, monkeypatch):
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    data = _normalize(collect_status(node, gpus=GPUS))
+    buf = io.StringIO()
+    Console(file=buf, width=110, color_system=None, legacy_windows=False).print(
+        render_status(data, now=FIXED_T + 90))
+    _check_golden("status.txt", buf.getvalue())
+
+
+def test_status_cli_json_has_every_section(node: Config):
+    res = CliRunner().invoke(app, ["status", "--json", "--root", str(node.root)],
+                             env={"SPSWAP_GPUS": "0,1"})
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    assert set(data) == {"version", "spswap", "root", "daemon", "gpus", "slots", "pool",
+                         "instances"}
+    assert [g["index"] for g in data["gpus"]] == [0, 1]
+    assert len(data["slots"]["reservations"]) == 2
+    assert data["pool"]["entries"][0]["name"] == "tiny"
