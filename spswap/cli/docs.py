@@ -1,0 +1,74 @@
+"""Generate docs/cli.md from the command tree, so the reference never drifts from --help.
+
+    python -m spswap.cli.docs --write     # regenerate docs/cli.md
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from pathlib import Path
+
+from typing import Any
+
+import typer
+
+DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
+
+
+# Duck-typed on click's objects: typer vendors click in some versions and not in others.
+def _param_line(p: Any) -> str:
+    if p.param_type_name == "argument":
+        return f"- `{(p.metavar or p.name).upper()}` (argument{'' if p.required else ', optional'})"
+    names = ", ".join(f"`{o}`" for o in p.opts + p.secondary_opts)
+    help_text = " ".join((p.help or "").split())
+    default = ""
+    if p.show_default not in (False, None) and p.default not in (None, False, "", ()):
+        shown = p.show_default if isinstance(p.show_default, str) else p.default
+        default = f" (default: `{shown}`)"
+    return f"- {names}: {help_text}{default}".rstrip(": ")
+
+
+def _command_md(path: str, cmd: Any) -> list[str]:
+    doc = inspect.cleandoc(cmd.help or "")
+    lines = [f"### `{path}`", ""]
+    if doc:
+        lines += [" ".join(para.split()) + "\n" for para in doc.split("\n\n")]
+    params = [p for p in cmd.params if p.name not in ("help",)]
+    lines += [_param_line(p) for p in params]
+    return lines + [""]
+
+
+def render_cli_md(app: typer.Typer) -> str:
+    """The whole CLI reference as Markdown (pure function of the command tree)."""
+    root = typer.main.get_command(app)
+    out = ["# spswap command reference", "",
+           "Generated from the commands themselves (`python -m spswap.cli.docs --write`); "
+           "`spswap COMMAND --help` shows the same.", ""]  # fmt: skip
+
+    def walk(prefix: str, cmd: Any) -> None:
+        if hasattr(cmd, "commands"):
+            if prefix != "spswap":
+                out.extend([f"## `{prefix}`", "", " ".join((cmd.help or "").split()), ""])
+            for name in sorted(cmd.commands):
+                walk(f"{prefix} {name}", cmd.commands[name])
+        else:
+            out.extend(_command_md(prefix, cmd))
+
+    walk("spswap", root)
+    return "\n".join(out).rstrip() + "\n"
+
+
+def main(argv: list[str]) -> int:
+    from spswap.cli.app import app
+
+    if argv[1:] != ["--write"]:
+        print("usage: python -m spswap.cli.docs --write", file=sys.stderr)
+        return 2
+    DOC_PATH.write_text(render_cli_md(app))
+    print(f"wrote {DOC_PATH}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
