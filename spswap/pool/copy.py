@@ -17,7 +17,7 @@ from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 CHUNK_BYTES = 4 << 20
-MAX_THREADS = 4
+MAX_THREADS = 8
 PROGRESS_INTERVAL_S = 0.1
 
 
