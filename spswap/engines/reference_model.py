@@ -172,8 +172,8 @@ class Decoder(nn.Module):
 def build(config: ReferenceConfig, device: torch.device | str) -> Decoder:
     """The network with uninitialised weights on ``device`` (no init cost)."""
     with torch.device("meta"):
-        model = Decoder(config)
-    model = model.to_empty(device=device).to(config.torch_dtype)
+        model = Decoder(config).to(config.torch_dtype)  # meta: no memory, no init
+    model = model.to_empty(device=device)
     model.requires_grad_(False)
     return model.eval()
 

@@ -129,9 +129,7 @@ class MappedEntry:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise TransferError(
-                f"the mapping of {self.data_path} is closed; open the entry again"
-            )
+            raise TransferError(f"the mapping of {self.data_path} is closed; open the entry again")
 
     def __enter__(self) -> MappedEntry:
         return self
