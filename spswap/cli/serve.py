@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from spswap.cli.common import RootOpt, emit_json, err_console, load_config
+from spswap.errors import SpswapError
 
 
 def serve(
@@ -103,4 +104,8 @@ def _requeue(job_id: str) -> None:
     if backend is None:
         err_console.print("spswap serve: no Slurm commands here; not requeueing", markup=False)
         return
-    backend.requeue(job_id)
+    try:
+        backend.requeue(job_id)
+    except SpswapError as e:
+        # Preemption requeues the job by itself; a refused second request changes nothing.
+        err_console.print(f"spswap serve: requeue request refused ({e})", markup=False)

@@ -1,0 +1,107 @@
+"""The whole swap on a REAL Slurm: two jobs, one GPU slot, preemption and requeue.
+
+A low-priority batch job serves model A from the sbatch template spswap ships; a
+high-priority job for model B preempts it. A gets USR1, saves its unanswered requests,
+puts its model away, releases its slot and is requeued; B waits for the slot, serves and
+ends; A runs again with restart count 1 and answers the rest. Every answer must equal
+the model's cold greedy answer, and no slot may leak. SPSWAP_TEST_SLURM=1 to run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from spswap.serve.sbatch import SbatchOptions, render_serve
+from spswap.slots.table import SlotTable
+from tests.slurm.conftest import SlurmCluster, wait_for
+
+torch = pytest.importorskip("torch")
+from spswap.engines.reference import ReferenceEngine, save_checkpoint  # noqa: E402
+from spswap.engines.reference_model import preset  # noqa: E402
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+MAX_NEW = 12
+
+
+def _requests(path: Path, prefix: str, n: int) -> list[list[int]]:
+    prompts = [[3 + i, 9, 2 * i + 1, 5] for i in range(n)]
+    path.write_text("".join(json.dumps({"id": f"{prefix}{i:02d}", "prompt_ids": p,
+                                        "max_new_tokens": MAX_NEW}) + "\n"
+                            for i, p in enumerate(prompts)))
+    return prompts
+
+
+def _cold(model: Path, name: str, prompts: list[list[int]]) -> list[list[int]]:
+    eng = ReferenceEngine(preset(name), "cpu")
+    eng.load_from_checkpoint(model)
+    try:
+        return [eng.generate([p], MAX_NEW)[0] for p in prompts]
+    finally:
+        eng.close()
+
+
+def _submit(cluster: SlurmCluster, script: str, name: str) -> str:
+    path = cluster.work / f"{name}.sbatch"
+    path.write_text(script)
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+               SPSWAP_ROOT=str(cluster.spswap_root))
+    out = subprocess.run(["sbatch", "--parsable", f"--chdir={cluster.work}", str(path)],
+                         env=env, capture_output=True, text=True, timeout=30, check=True)
+    return out.stdout.strip().split(";")[0]
+
+
+def _answers(state: Path) -> dict[str, dict]:
+    outbox = state / "outbox"
+    if not outbox.is_dir():
+        return {}
+    return {p.stem: json.loads(p.read_text()) for p in outbox.glob("*.json")}
+
+
+def _job_log(cluster: SlurmCluster, name: str, job: str) -> str:
+    path = cluster.work / f"{name}-{job}.log"
+    return path.read_text() if path.exists() else "(no log)"
+
+
+def test_preempted_job_resumes_its_requests_and_answers_like_cold(
+    slurm_cluster: SlurmCluster,
+) -> None:
+    work = slurm_cluster.work
+    model_a, model_b = work / "model-a", work / "model-b"
+    save_checkpoint(preset("small"), model_a)
+    save_checkpoint(preset("tiny", seed=7), model_b)
+    prompts_a = _requests(work / "a.jsonl", "a", 16)
+    prompts_b = _requests(work / "b.jsonl", "b", 4)
+
+    low = _submit(slurm_cluster, render_serve(SbatchOptions(
+        model=str(model_a), job_name="swap-low", partition="low", gpus=2,
+        requests=str(work / "a.jsonl"), time_limit="00:20:00")), "swap-low")
+    state_a = work / ".spswap" / low
+    wait_for("job A's first answers", lambda: len(_answers(state_a)) >= 2, timeout_s=120)
+
+    high = _submit(slurm_cluster, render_serve(SbatchOptions(
+        model=str(model_b), job_name="swap-high", partition="high", gpus=1,
+        requests=str(work / "b.jsonl"), time_limit="00:20:00")), "swap-high")
+    state_b = work / ".spswap" / high
+    wait_for("job B's answers", lambda: len(_answers(state_b)) == len(prompts_b),
+             timeout_s=120)
+    wait_for("job A's requeued run to finish every request",
+             lambda: len(_answers(state_a)) == len(prompts_a), timeout_s=180)
+
+    log_a = _job_log(slurm_cluster, "swap-low", low)
+    answers_a, answers_b = _answers(state_a), _answers(state_b)
+    runs = sorted({a["restart_count"] for a in answers_a.values()})
+    assert runs == [0, 1], f"A must answer in both runs; log:\n{log_a}"
+    assert "stopped by SIGUSR1" in log_a, log_a
+    assert [answers_a[f"a{i:02d}"]["output_ids"] for i in range(len(prompts_a))] == \
+        _cold(model_a, "small", prompts_a)
+    assert [answers_b[f"b{i:02d}"]["output_ids"] for i in range(len(prompts_b))] == \
+        _cold(model_b, "tiny", prompts_b)
+    assert not list((state_a / "inbox").glob("*.json"))
+    table = SlotTable(slurm_cluster.spswap_root / "slots", [0, 1])
+    wait_for("every slot released", lambda: table.reservations() == [], timeout_s=30)
