@@ -1,0 +1,59 @@
+"""The running test cluster and a polling helper, shared by the Slurm tests."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SLURM_UP = REPO / "scripts" / "slurm_up.sh"
+DEFAULTS_FILE = Path("/etc/default/spswap")
+
+
+@dataclass
+class SlurmCluster:
+    """The running test cluster: 2 fake GPUs, partitions debug, low (preemptable), high."""
+
+    work: Path
+    spswap_root: Path
+    spswap_bin: str
+    grace_time_s: int
+
+    def sbatch(self, script: str, *args: str) -> str:
+        """Submit ``script`` (bash body) with ``args``; returns the job id."""
+        path = self.work / f"job{time.monotonic_ns()}.sh"
+        path.write_text("#!/bin/bash\n" + script + "\n")
+        proc = subprocess.run(
+            ["sbatch", "--parsable", f"--chdir={self.work}", f"--output={self.work}/%j.out",
+             *args, str(path)],
+            capture_output=True, text=True, timeout=30, check=True,
+        )  # fmt: skip
+        return proc.stdout.strip().split(";")[0]
+
+    def node_state(self) -> str:
+        """The node's state (sinfo prints it once per partition)."""
+        out = subprocess.run(
+            ["sinfo", "-h", "-N", "-o", "%T"], capture_output=True, text=True, timeout=10
+        )
+        return " ".join(sorted(set(out.stdout.split())))
+
+    def hook_log(self, action: str) -> str:
+        path = self.spswap_root / "log" / f"{action}.log"
+        return path.read_text() if path.exists() else ""
+
+
+def wait_for(what: str, check: Callable[[], object], timeout_s: float = 30.0) -> object:
+    """Poll ``check`` until it returns something truthy; fail naming ``what``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s:g} s waiting for {what}")
+        time.sleep(0.2)

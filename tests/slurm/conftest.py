@@ -1,0 +1,46 @@
+"""A real single-node Slurm for the integration tests (scripts/slurm_up.sh).
+
+Started once per session when SPSWAP_TEST_SLURM=1 (root, Debian/Ubuntu: the script
+installs slurmctld, slurmd and munge with apt), stopped at the end; skipped otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .cluster import DEFAULTS_FILE, SLURM_UP, SlurmCluster, wait_for
+
+__all__ = ["SlurmCluster", "wait_for"]  # tests import these from here too
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    if os.environ.get("SPSWAP_TEST_SLURM") != "1":
+        pytest.skip("real Slurm tests: run as root with SPSWAP_TEST_SLURM=1 (they start one "
+                    "with scripts/slurm_up.sh)")  # fmt: skip
+    if os.geteuid() != 0:
+        pytest.skip("real Slurm tests need root (slurm_up.sh installs and starts slurmd)")
+    if DEFAULTS_FILE.exists() and "slurm_up.sh" not in DEFAULTS_FILE.read_text():
+        pytest.skip(f"{DEFAULTS_FILE} belongs to a real install: not touching it")
+    work = tmp_path_factory.mktemp("slurm-jobs")
+    work.chmod(0o755)
+    root = tmp_path_factory.mktemp("spswap-root")
+    spswap_bin = str(Path(sys.executable).parent / "spswap")
+    grace_time_s = 10
+    env = dict(os.environ, SPSWAP_BIN=spswap_bin, SPSWAP_ROOT=str(root),
+               GRACE_TIME=str(grace_time_s), FAKE_GPUS="2")  # fmt: skip
+    up = subprocess.run([str(SLURM_UP), "up"], env=env, capture_output=True, text=True,
+                        timeout=600)  # fmt: skip
+    if up.returncode != 0:
+        pytest.fail(f"scripts/slurm_up.sh failed:\n{up.stdout}\n{up.stderr}")
+    try:
+        yield SlurmCluster(work=work, spswap_root=root, spswap_bin=spswap_bin,
+                           grace_time_s=grace_time_s)  # fmt: skip
+    finally:
+        subprocess.run([str(SLURM_UP), "down"], env=env, capture_output=True, timeout=120)

@@ -1,0 +1,158 @@
+"""Against a REAL slurmctld + slurmd + munge (scripts/slurm_up.sh, 2 fake GPUs),
+with the project's own prolog and epilog. SPSWAP_TEST_SLURM=1 to run."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from spswap.slurm.backend import CliBackend, get_backend
+from spswap.slurm.env import JobEnv
+
+from .cluster import DEFAULTS_FILE, SlurmCluster, wait_for
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+
+@pytest.fixture
+def backend(slurm_cluster: SlurmCluster) -> CliBackend:
+    found = get_backend()
+    assert isinstance(found, CliBackend)  # no pyslurm matches Slurm 22.05 here
+    return found
+
+
+def _state(backend: CliBackend, job_id: str) -> str | None:
+    info = backend.job(job_id)
+    return info.state if info else None
+
+
+def _env_file(path: Path) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+
+
+def test_job_environment_has_its_fake_gpu(slurm_cluster: SlurmCluster, backend: CliBackend) -> None:
+    out = slurm_cluster.work / "env-gpu"
+    job = slurm_cluster.sbatch(f"env > {out}.tmp; mv {out}.tmp {out}", "--gres=gpu:1",
+                               "--comment=model:tiny")  # fmt: skip
+    wait_for("the job's environment", out.exists)
+    env = JobEnv.from_env(_env_file(out))
+    assert env is not None
+    assert (env.job_id, env.restart_count, env.uid, env.user, env.partition) == (
+        job, 0, 0, "root", "debug")
+    assert len(env.gpus) == 1 and env.gpus[0] in (0, 1)
+    # the prolog ran for this job (spswap's outcome is logged, whatever it was)
+    wait_for("the prolog's log line",
+             lambda: f"job={job} prolog:" in slurm_cluster.hook_log("prolog"))  # fmt: skip
+
+
+def test_backend_running_then_cancelled(slurm_cluster: SlurmCluster, backend: CliBackend) -> None:
+    job = slurm_cluster.sbatch("sleep 60", "--gres=gpu:1")
+    wait_for("RUNNING", lambda: _state(backend, job) == "RUNNING")
+    info = backend.job(job)
+    assert info is not None and len(info.gpus) == 1 and info.uid == 0
+    assert backend.job_alive(job) is True
+    assert any(j.job_id == job for j in backend.jobs())
+    backend.cancel(job)
+    wait_for("the cancelled job to end", lambda: backend.job_alive(job) is False)
+    assert _state(backend, job) == "CANCELLED"
+    assert backend.job("999999") is None
+    assert backend.job_alive("999999") is False
+
+
+def test_requeue_increments_restart_count(slurm_cluster: SlurmCluster, backend: CliBackend) -> None:
+    marks = slurm_cluster.work / "requeue-marks"
+    job = slurm_cluster.sbatch(
+        f'echo "run ${{SLURM_RESTART_COUNT:-0}}" >> {marks}; sleep 60', "--requeue"
+    )
+    wait_for("the first run", lambda: marks.exists() and "run 0" in marks.read_text())
+    backend.requeue(job)
+    wait_for("the rerun", lambda: "run 1" in marks.read_text(), timeout_s=40)
+    info = backend.job(job)
+    assert info is not None and info.restart_count == 1 and info.state == "RUNNING"
+    backend.cancel(job)
+
+
+def test_preemption_sends_usr1_then_requeues(
+    slurm_cluster: SlurmCluster, backend: CliBackend
+) -> None:
+    marks = slurm_cluster.work / "preempt-marks"
+    # the handlers only record (builtin echo, no fork): a forking handler lost a signal
+    script = f"""
+echo "start ${{SLURM_RESTART_COUNT:-0}} $SLURM_JOB_GPUS" >> {marks}
+[ "${{SLURM_RESTART_COUNT:-0}}" -gt 0 ] && exit 0
+trap 'echo usr1 >> {marks}' USR1
+trap 'echo term >> {marks}; exit 0' TERM
+while :; do sleep 1 & wait $!; done
+"""
+    low = slurm_cluster.sbatch(script, "--partition=low", "--gres=gpu:2", "--requeue",
+                               "--signal=B:USR1@60")  # fmt: skip
+    wait_for("the low job to run", lambda: marks.exists() and "start 0" in marks.read_text())
+    submitted = time.monotonic()
+    high = slurm_cluster.sbatch("sleep 3", "--partition=high", "--gres=gpu:1")
+    wait_for("USR1 at preemption", lambda: "usr1" in marks.read_text(), timeout_s=15)
+    usr1_after_s = time.monotonic() - submitted
+    wait_for("SIGTERM after GraceTime", lambda: "term" in marks.read_text(),
+             timeout_s=slurm_cluster.grace_time_s + 40)  # fmt: skip
+    term_after_s = time.monotonic() - submitted
+    wait_for("the requeued rerun", lambda: "start 1" in marks.read_text(), timeout_s=60)
+    lines = marks.read_text().split("\n")
+    assert [line.split(" ")[0] for line in lines if line] == ["start", "usr1", "term", "start"]
+    assert usr1_after_s < 10, "USR1 must come at preemption (preempt_send_user_signal)"
+    assert term_after_s >= slurm_cluster.grace_time_s - 1, "SIGTERM only after GraceTime"
+    info = backend.job(low)
+    assert info is not None and info.restart_count == 1
+    wait_for("the high job to finish", lambda: backend.job_alive(high) is False, timeout_s=30)
+
+
+def test_signal_batch_reaches_the_batch_shell(
+    slurm_cluster: SlurmCluster, backend: CliBackend
+) -> None:
+    marks = slurm_cluster.work / "signal-marks"
+    script = f"""
+trap 'echo usr1 >> {marks}' USR1
+echo ready >> {marks}
+while :; do sleep 1 & wait $!; done
+"""
+    job = slurm_cluster.sbatch(script)
+    wait_for("the job to be ready", lambda: marks.exists() and "ready" in marks.read_text())
+    backend.signal_batch(job, "SIGUSR1")
+    wait_for("USR1 in the batch shell", lambda: "usr1" in marks.read_text(), timeout_s=10)
+    backend.cancel(job)
+
+
+def test_prolog_without_spswap_leaves_the_node_in_service(
+    slurm_cluster: SlurmCluster, backend: CliBackend
+) -> None:
+    saved = DEFAULTS_FILE.read_text()
+    DEFAULTS_FILE.write_text(
+        saved.replace(f"SPSWAP_BIN={slurm_cluster.spswap_bin}", "SPSWAP_BIN=/nonexistent/spswap")
+    )
+    try:
+        job = slurm_cluster.sbatch("true", "--gres=gpu:1")
+        wait_for("the job to complete", lambda: _state(backend, job) == "COMPLETED")
+    finally:
+        DEFAULTS_FILE.write_text(saved)
+    assert f"job={job} prolog: spswap executable not found" in slurm_cluster.hook_log("prolog")
+    wait_for("the epilog's log line",
+             lambda: f"job={job} epilog: spswap executable not found"
+             in slurm_cluster.hook_log("epilog"))  # fmt: skip
+    wait_for("the node back to idle", lambda: slurm_cluster.node_state() == "idle")
+    # a failing `spswap node prolog` (whatever it does today) must not drain it either
+    job = slurm_cluster.sbatch(f"{slurm_cluster.spswap_bin} --version", "--gres=gpu:1")
+    wait_for("the job to complete", lambda: _state(backend, job) == "COMPLETED")
+    wait_for("the node back to idle", lambda: slurm_cluster.node_state() == "idle")
+
+
+def test_unreachable_controller_is_unknown_not_dead(
+    slurm_cluster: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conf = Path("/etc/slurm/slurm.conf").read_text()
+    bad = tmp_path / "slurm.conf"
+    bad.write_text(conf + "SlurmctldPort=9\n")  # nothing listens there
+    monkeypatch.setenv("SLURM_CONF", str(bad))
+    assert CliBackend(timeout_s=5).job_alive("1") is None
+    proc = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=30)
+    assert "DOWN" in proc.stdout
