@@ -88,8 +88,15 @@ def tail(path: Path, n: int = 50) -> list[dict[str, Any]]:
 
 
 def follow(path: Path, *, poll_s: float = 0.2, from_end: bool = True) -> Iterator[dict[str, Any]]:
-    """Yield events as they are appended (like ``tail -f``); stops when the caller stops."""
+    """Yield events appended from now on (like ``tail -f``); stops when the caller stops.
+
+    The starting offset is taken at the call, not at the first ``next()``.
+    """
     offset = path.stat().st_size if (from_end and path.exists()) else 0
+    return _follow_from(path, offset, poll_s)
+
+
+def _follow_from(path: Path, offset: int, poll_s: float) -> Iterator[dict[str, Any]]:
     pending = b""
     while True:
         try:

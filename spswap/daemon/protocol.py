@@ -76,7 +76,7 @@ def error(type_name: str, message: str) -> dict[str, Any]:
 def _parse_line(line: bytes) -> dict[str, Any]:
     if len(line) > MAX_MESSAGE_BYTES:
         raise ProtocolError(
-            f"message of {len(line)} bytes is larger than the limit of {MAX_MESSAGE_BYTES}; "
+            f"message of {len(line)} bytes is larger than the limit of {MAX_MESSAGE_BYTES} bytes; "
             "send smaller requests"
         )
     try:

@@ -135,7 +135,7 @@ class Server:
                         line = read_line(conn, buf)
                     except LineTooLong:
                         self._send(conn, protocol.error("ProtocolError", (
-                            f"message larger than {protocol.MAX_MESSAGE_BYTES} bytes; "
+                            f"message is larger than the limit of {protocol.MAX_MESSAGE_BYTES} bytes; "
                             "send smaller requests")))  # fmt: skip
                         return
                     except TimeoutError:

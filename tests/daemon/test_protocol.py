@@ -1,0 +1,82 @@
+"""The wire format, byte for byte, and every way a request can be refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from spswap.daemon import protocol
+from spswap.daemon.client import error_from_response
+from spswap.errors import DaemonError, PermissionDenied, ProtocolError, SlotError
+
+
+def test_request_bytes() -> None:
+    msg = protocol.request("slots.release", reservation_id="r7")
+    assert protocol.encode(msg) == b'{"args":{"reservation_id":"r7"},"op":"slots.release","v":1}\n'
+    assert protocol.encode(protocol.request("ping")) == b'{"args":{},"op":"ping","v":1}\n'
+
+
+def test_response_bytes() -> None:
+    assert protocol.encode(protocol.ok({"pong": True})) == b'{"ok":true,"result":{"pong":true},"v":1}\n'
+    assert protocol.encode(protocol.error("PermissionDenied", "not yours")) == (
+        b'{"error":{"message":"not yours","type":"PermissionDenied"},"ok":false,"v":1}\n'
+    )
+
+
+def test_decode_valid_request() -> None:
+    req = protocol.decode_request(
+        b'{"v":1,"op":"job.register","args":{"job_id":"12","uid":1000,"gpus":[0,1]}}\n'
+    )
+    assert req == protocol.Request("job.register", {"job_id": "12", "uid": 1000, "gpus": [0, 1]})
+    # an optional arg given as null is the same as leaving it out
+    req = protocol.decode_request(b'{"v":1,"op":"job.end","args":{"job_id":"1","requeued":null}}')
+    assert req.args == {"job_id": "1"}
+
+
+@pytest.mark.parametrize(
+    ("line", "needle"),
+    [
+        (b"not json\n", "not UTF-8 JSON"),
+        (b"\xff\xfe\n", "not UTF-8 JSON"),
+        (b"[1,2]\n", "must be a JSON object"),
+        (b'{"op":"ping"}\n', "protocol version None"),
+        (b'{"v":2,"op":"ping"}\n', "protocol version 2"),
+        (b'{"v":true,"op":"ping"}\n', "protocol version True"),
+        (b'{"v":1,"op":"rm -rf"}\n', "unknown op 'rm -rf'; valid ops: checkpoint, events.tail"),
+        (b'{"v":1,"op":"ping","args":[]}\n', "args of ping must be a JSON object"),
+        (b'{"v":1,"op":"ping","args":{"x":1}}\n', "unknown argument(s) ['x'] for ping; valid: none"),
+        (b'{"v":1,"op":"slots.release","args":{}}\n', "needs the argument 'reservation_id'"),
+        (b'{"v":1,"op":"job.register","args":{"job_id":"1","uid":true}}\n', "'uid' of job.register must be int"),
+        (b'{"v":1,"op":"job.register","args":{"job_id":"1","uid":0,"gpus":["a"]}}\n', "must be int_list"),
+        (b'{"v":1,"op":"checkpoint","args":{"job_id":5}}\n', "'job_id' of checkpoint must be str"),
+    ],
+)
+def test_decode_refuses(line: bytes, needle: str) -> None:
+    with pytest.raises(ProtocolError, match=None) as info:
+        protocol.decode_request(line)
+    assert needle in str(info.value)
+
+
+def test_oversized_refused() -> None:
+    line = b'{"v":1,"op":"ping","args":{"pad":"' + b"x" * protocol.MAX_MESSAGE_BYTES + b'"}}\n'
+    with pytest.raises(ProtocolError, match="larger than the limit of 65536"):
+        protocol.decode_request(line)
+
+
+def test_client_rejects_bad_call_before_sending() -> None:
+    with pytest.raises(ProtocolError, match="unknown op"):
+        protocol.request("nope")
+
+
+def test_decode_response_shapes() -> None:
+    assert protocol.decode_response(b'{"ok":true,"result":null,"v":1}\n')["result"] is None
+    with pytest.raises(ProtocolError, match="neither a result nor an error"):
+        protocol.decode_response(b'{"ok":true,"v":1}\n')
+
+
+def test_error_types_map_back() -> None:
+    assert type(error_from_response({"type": "PermissionDenied", "message": "m"})) is PermissionDenied
+    assert type(error_from_response({"type": "SlotError", "message": "m"})) is SlotError
+    # PoolFull needs more than a message; unknown names and non-errors stay DaemonError
+    for name in ("PoolFull", "NoSuchThing", "Path", "ValueError"):
+        err = error_from_response({"type": name, "message": "boom"})
+        assert type(err) is DaemonError and "boom" in str(err)
