@@ -39,6 +39,8 @@ class Client:
                 raise self._unreachable("permission denied on the socket") from None
             except TimeoutError:
                 raise self._unreachable("connect timed out") from None
+            except OSError as e:  # e.g. "AF_UNIX path too long"
+                raise self._unreachable(str(e)) from None
             try:
                 sock.sendall(line)
                 reply = _read_line(sock)

@@ -1,0 +1,121 @@
+"""Authorization with two real uids: root and a system user created for the test."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import subprocess
+
+import pytest
+
+from spswap.config import Config
+from spswap.daemon.client import Client
+from spswap.liveness import Holder
+from spswap.slots.table import SlotTable
+
+TEST_USER = "spswaptest1"
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create a second uid")
+
+
+@pytest.fixture(scope="module")
+def user_uid() -> int:
+    try:
+        return pwd.getpwnam(TEST_USER).pw_uid
+    except KeyError:
+        pass
+    r = subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
+                        TEST_USER], capture_output=True, text=True)  # fmt: skip
+    if r.returncode != 0:
+        pytest.skip(f"useradd {TEST_USER} failed: {r.stderr.strip()}")
+    return pwd.getpwnam(TEST_USER).pw_uid
+
+
+def _steps(cfg: Config, steps: list) -> list[str]:
+    out = []
+    for op, args in steps:
+        if op == "reserve-own":  # a reservation of this process, released through the socket
+            r = SlotTable(cfg.paths.slots, [0]).reserve(
+                model="mine", units=1, holder=Holder.current(), timeout_s=5
+            )
+            op, args = "slots.release", {"reservation_id": r.id}
+        try:
+            Client(cfg).call(op, **args)
+            out.append("ok")
+        except Exception as e:
+            out.append(f"{type(e).__name__}: {e}")
+    return out
+
+
+def run_as_user(cfg: Config, steps: list, uid: int) -> list[str]:
+    """Run ``steps`` in a forked child that dropped to ``uid`` (a real second uid).
+
+    A fork, not a new interpreter: the venv's Python may live where the test user cannot
+    execute it (/root/.pyenv); everything the child needs is imported already.
+    """
+    gid = pwd.getpwuid(uid).pw_gid
+    rfd, wfd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: never return into pytest
+        code = 1
+        try:
+            os.close(rfd)
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
+            assert os.getuid() == uid and os.geteuid() == uid
+            os.write(wfd, json.dumps(_steps(cfg, steps)).encode())
+            code = 0
+        except BaseException as e:
+            os.write(wfd, json.dumps([f"child failed: {e!r}"]).encode())
+        finally:
+            os._exit(code)
+    os.close(wfd)
+    data = b""
+    while chunk := os.read(rfd, 65536):
+        data += chunk
+    os.close(rfd)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, data
+    return json.loads(data)
+
+
+def test_user_acts_only_on_own(cfg: Config, daemon: int, user_uid: int) -> None:
+    root = Client(cfg)
+    root.call("job.register", job_id="100", uid=0, user="root")
+    root.call("job.register", job_id="200", uid=user_uid, user=TEST_USER)
+    table = SlotTable(cfg.paths.slots, [0])
+    os.chmod(cfg.paths.slots, 0o777)  # as the prolog's table would leave it
+    for name in ("slots.lock", "state.json"):
+        if (cfg.paths.slots / name).exists():
+            os.chmod(cfg.paths.slots / name, 0o666)
+    rootres = table.reserve(model="root-model", units=2, holder=Holder.current(), timeout_s=5)
+    for name in ("slots.lock", "state.json"):
+        os.chmod(cfg.paths.slots / name, 0o666)
+
+    out = run_as_user(cfg, [
+        ["slots.release", {"reservation_id": rootres.id}],
+        ["checkpoint", {"job_id": "100"}],
+        ["restore", {"job_id": "100"}],
+        ["checkpoint", {"job_id": "200"}],
+        ["reserve-own", {}],
+        ["job.register", {"job_id": "300", "uid": user_uid}],
+        ["job.end", {"job_id": "100"}],
+        ["ping", {}],
+        ["slots.list", {}],
+    ], user_uid)  # fmt: skip
+    assert out[0].startswith("PermissionDenied: ") and f"uid {user_uid}" in out[0], out[0]
+    assert out[1].startswith("PermissionDenied: job 100 belongs to uid 0"), out[1]
+    assert out[2].startswith("PermissionDenied: job 100 belongs to uid 0"), out[2]
+    # its own job passes authorization and reaches the (not yet available) operation
+    assert out[3] == "DaemonError: checkpoint is not available yet: it arrives with the checkpoint issue"
+    assert out[4] == "ok"
+    assert out[5].startswith("PermissionDenied: job.register is for the Slurm prolog/epilog")
+    assert out[6].startswith("PermissionDenied: job.end is for the Slurm prolog/epilog")
+    assert out[7:] == ["ok", "ok"]
+    # root's reservation and job are untouched; root may release anyone's
+    assert [r.id for r in table.reservations()] == [rootres.id]
+    assert {j["job_id"]: j["state"] for j in root.call("jobs.list")} == {"100": "running", "200": "running"}
+    root.call("slots.release", reservation_id=rootres.id)
+    assert table.reservations() == []
