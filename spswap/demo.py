@@ -158,9 +158,9 @@ def render_demo(result: DemoResult) -> Group:
         f"on {result.device} (preset {result.preset})",
     )
     for col, just in (
-        ("model", "left"), ("weights", "right"), ("cold load\n(safetensors)", "right"),
-        ("restore\n(pool, median)", "right"), ("restore\nGB/s", "right"),
-        ("speed-up", "right"), ("answers = cold", "center"),
+        ("model", "left"), ("weights", "right"), ("cold load", "right"),
+        ("pool restore", "right"), ("GB/s", "right"), ("speed-up", "right"),
+        ("answers", "center"),
     ):  # fmt: skip
         table.add_column(col, justify=just)  # type: ignore[arg-type]
     for m in result.models:
@@ -182,9 +182,10 @@ def render_demo(result: DemoResult) -> Group:
         )  # fmt: skip
     )
     note = Text(
-        f"cold load = build + read model.safetensors; restore = wake from the pool "
-        f"(re-allocate + copy); {result.max_new_tokens} greedy tokens per prompt; "
-        f"total {fmt_seconds(result.seconds)}",
+        "cold load = build the model + read model.safetensors (already in page cache); "
+        "pool restore = wake (re-allocate + copy from the pool), median of rounds; "
+        f"answers = rounds whose {result.max_new_tokens}-token greedy answers equal the cold "
+        f"ones; total {fmt_seconds(result.seconds)}",
         style="dim",
     )
     return Group(table, line, note)
