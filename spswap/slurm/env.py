@@ -21,6 +21,7 @@ ENV_VARS: dict[str, tuple[str, ...]] = {
     "comment": ("SLURM_JOB_COMMENT",),
     "node": ("SLURMD_NODENAME",),
     "partition": ("SLURM_JOB_PARTITION",),
+    "shards": ("SLURM_SHARDS_ON_NODE",),
 }
 """Property -> the variables that carry it, in the order they are looked up."""
 
@@ -67,6 +68,8 @@ class JobEnv:
     comment: str | None = None
     node: str | None = None
     partition: str | None = None
+    shards: int = 0
+    """Shard GRES units on this node (``--gres=shard:N``); its GPU is in ``gpus``."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> JobEnv | None:
@@ -84,6 +87,7 @@ class JobEnv:
             comment=_first(env, "comment"),
             node=_first(env, "node"),
             partition=_first(env, "partition"),
+            shards=max(0, _int_or_none(_first(env, "shards")) or 0),
         )
 
     @property

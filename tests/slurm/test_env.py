@@ -39,6 +39,9 @@ def _read_env(name: str) -> dict[str, str]:
         ({"SLURM_JOB_ID": "7", "SLURM_JOB_COMMENT": "model: a b", "SLURMD_NODENAME": "n1",
           "SLURM_JOB_PARTITION": "low"},
          JobEnv(job_id="7", comment="model: a b", node="n1", partition="low")),
+        # captured from a real 22.05 job with --gres=shard:2 (4 shards per GPU)
+        ({"SLURM_JOB_ID": "7", "SLURM_JOB_GPUS": "0", "CUDA_VISIBLE_DEVICES": "0",
+          "SLURM_SHARDS_ON_NODE": "2"}, JobEnv(job_id="7", gpus=(0,), shards=2)),
     ],
 )  # fmt: skip
 def test_from_env_table(env: dict[str, str], expected: JobEnv | None) -> None:
