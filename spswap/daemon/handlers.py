@@ -31,8 +31,7 @@ def authorize(peer_uid: int, owner_uid: int, what: str) -> None:
     """Root may act on anything; anyone else only on what ``owner_uid`` owns."""
     if peer_uid != ROOT_UID and peer_uid != owner_uid:
         raise PermissionDenied(
-            f"{what} belongs to uid {owner_uid}, not to you (uid {peer_uid}); "
-            "ask its owner or root"
+            f"{what} belongs to uid {owner_uid}, not to you (uid {peer_uid}); ask its owner or root"
         )
 
 
@@ -68,7 +67,8 @@ class DaemonState:
             try:
                 from spswap.slurm.backend import get_backend
 
-                self._job_probe = get_backend().job_alive
+                backend = get_backend()
+                self._job_probe = None if backend is None else backend.job_alive
             except Exception:  # no Slurm here: holders are judged by their pids alone
                 self._job_probe = None
         return self._job_probe

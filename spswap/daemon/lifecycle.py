@@ -77,9 +77,7 @@ def _wait_ready(cfg: Config, pid: int | None, deadline: float) -> int:
         if running and running > 0 and ping(cfg, timeout_s=max(0.05, deadline - time.monotonic())):
             return running
         if pid is not None and _exited(pid):
-            raise DaemonError(
-                f"spswapd exited right after it started; see {log_path(cfg)} for why"
-            )
+            raise DaemonError(f"spswapd exited right after it started; see {log_path(cfg)} for why")
         if time.monotonic() > deadline:
             raise DaemonError(
                 f"spswapd did not answer on {cfg.paths.socket} in time; see {log_path(cfg)}"

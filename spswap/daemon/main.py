@@ -56,7 +56,8 @@ def run(cfg: Config) -> int:
         print(f"{time.strftime('%F %T')} spswapd: pid {os.getpid()} serving "
               f"{cfg.paths.socket}", flush=True)  # fmt: skip
         server.serve_forever()
-        server.state.event("daemon.stop", uid=os.getuid(), pid=os.getpid())
+        if not server.orphaned:  # else its root is gone: recreate nothing there
+            server.state.event("daemon.stop", uid=os.getuid(), pid=os.getpid())
         print(f"{time.strftime('%F %T')} spswapd: stopped", flush=True)
         return 0
     finally:

@@ -76,6 +76,8 @@ class Server:
         self.state = DaemonState(cfg)
         self._stop = threading.Event()
         self._sock: socket.socket | None = None
+        self._sock_ino = 0
+        self.orphaned = False
 
     def bind(self) -> None:
         """Bind the socket (a stale one from a crashed daemon is removed first)."""
@@ -96,6 +98,15 @@ class Server:
         sock.listen(128)
         sock.settimeout(ACCEPT_POLL_S)
         self._sock = sock
+        self._sock_ino = os.stat(path).st_ino
+
+    def _socket_is_ours(self) -> bool:
+        # A root deleted under us (rm -rf, a test's temp dir) or a second daemon that
+        # took over the path: this one can no longer be reached, so it must not linger.
+        try:
+            return os.stat(self.cfg.paths.socket).st_ino == self._sock_ino
+        except FileNotFoundError:
+            return False
 
     def serve_forever(self) -> None:
         assert self._sock is not None, "bind() first"
@@ -103,6 +114,12 @@ class Server:
             try:
                 conn, _ = self._sock.accept()
             except TimeoutError:
+                if not self._socket_is_ours():
+                    sys.stderr.write(f"{time.strftime('%F %T')} spswapd: {self.cfg.paths.socket} "
+                                     "was removed or replaced; exiting\n")  # fmt: skip
+                    sys.stderr.flush()
+                    self.orphaned = True
+                    break
                 continue
             except OSError:
                 if self._stop.is_set():
@@ -117,10 +134,8 @@ class Server:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
-            try:
+            if self._socket_is_ours():
                 self.cfg.paths.socket.unlink()
-            except FileNotFoundError:
-                pass
 
     # -- one connection ----------------------------------------------------------------
 
@@ -134,14 +149,13 @@ class Server:
                     try:
                         line = read_line(conn, buf)
                     except LineTooLong:
-                        self._send(conn, protocol.error("ProtocolError", (
-                            f"message is larger than the limit of {protocol.MAX_MESSAGE_BYTES} bytes; "
-                            "send smaller requests")))  # fmt: skip
+                        limit = protocol.MAX_MESSAGE_BYTES
+                        self._refuse(conn, f"message is larger than the limit of {limit} bytes; "
+                                     "send smaller requests")  # fmt: skip
                         return
                     except TimeoutError:
-                        self._send(conn, protocol.error("ProtocolError", (
-                            f"no complete message within {self.read_timeout_s:g} s; "
-                            "end each request with a newline")))  # fmt: skip
+                        self._refuse(conn, f"no complete message within {self.read_timeout_s:g} "
+                                     "s; end each request with a newline")  # fmt: skip
                         return
                     if line is None:
                         return
@@ -170,6 +184,11 @@ class Server:
                 f"internal error in {op}: {type(e).__name__}: {e}; the traceback is in "
                 f"{self.cfg.paths.log / 'spswapd.log'}",
             )
+
+    @staticmethod
+    def _refuse(conn: socket.socket, message: str) -> None:
+        """Answer a message that can't be read as a request (the connection then closes)."""
+        conn.sendall(protocol.encode(protocol.error("ProtocolError", message)))
 
     @staticmethod
     def _send(conn: socket.socket, msg: dict[str, Any]) -> None:

@@ -40,7 +40,9 @@ def daemon(cfg: Config) -> Iterator[int]:
     yield lifecycle.start(cfg, wait_s=15.0)
 
 
-def exchange(cfg: Config, data: bytes, *, close_write: bool = True, timeout_s: float = 15.0) -> bytes:
+def exchange(
+    cfg: Config, data: bytes, *, close_write: bool = True, timeout_s: float = 15.0
+) -> bytes:
     """Send raw bytes to the daemon and read until it closes (or, with close_write, EOF)."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(timeout_s)

@@ -4,6 +4,7 @@ killed the moment the prolog exits, its stdout/stderr read until EOF."""
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -21,9 +22,12 @@ from spswap.slots.table import SlotTable
 from tests.daemon.conftest import FAST_SPSWAP, prolog_env, which_spswap
 
 REPO = Path(__file__).resolve().parents[2]
+EOF_WAIT_S = 5.0
 
 
-def run_like_slurmd(argv: list[str], env: dict[str, str], timeout_s: float = 30.0) -> tuple[int, bytes, float]:
+def run_like_slurmd(
+    argv: list[str], env: dict[str, str], timeout_s: float = 30.0
+) -> tuple[int, bytes, float]:
     """Start ``argv`` in its own process group with piped output; when it exits, kill
     the group (SIGTERM, 10 ms, SIGKILL) and read the pipes until EOF, as slurmd 22.05's
     run_command does. Returns (exit code, output, seconds the EOF read took)."""
@@ -38,7 +42,16 @@ def run_like_slurmd(argv: list[str], env: dict[str, str], timeout_s: float = 30.
         time.sleep(0.01)
     t0 = time.monotonic()
     assert proc.stdout is not None
-    out = proc.stdout.read()  # hangs here if the daemon kept the pipe open
+    fd = proc.stdout.fileno()
+    out = b""
+    while time.monotonic() - t0 < EOF_WAIT_S:  # slurmd would wait forever here
+        ready, _, _ = select.select([fd], [], [], 0.1)
+        if ready:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            out += chunk
+    proc.stdout.close()
     return rc, out, time.monotonic() - t0
 
 
@@ -51,7 +64,11 @@ def _script(tmp_path: Path, body: str) -> Path:
 
 @pytest.mark.parametrize("entry", ["console-script", "fast"])
 def test_prolog_starts_daemon_that_survives(cfg: Config, tmp_path: Path, entry: str) -> None:
-    exe = " ".join(FAST_SPSWAP[:2]) + " '" + FAST_SPSWAP[2] + "'" if entry == "fast" else which_spswap()
+    exe = (
+        " ".join(FAST_SPSWAP[:2]) + " '" + FAST_SPSWAP[2] + "'"
+        if entry == "fast"
+        else which_spswap()
+    )
     # the shell stays the group leader and its stdout is slurmd's pipe, which spswap inherits
     script = _script(tmp_path, f"{exe} node prolog\necho prolog-exit=$?\n")
     rc, out, eof_s = run_like_slurmd([str(script)], prolog_env(cfg, "7001"))
@@ -61,14 +78,20 @@ def test_prolog_starts_daemon_that_survives(cfg: Config, tmp_path: Path, entry: 
     pid = lifecycle.daemon_running(cfg)
     assert pid and pid_alive(pid) and os.getsid(pid) == pid
     jobs = Client(cfg).call("jobs.list")
-    assert [(j["job_id"], j["uid"], j["gpus"], j["state"]) for j in jobs] == [("7001", 0, [0], "running")]
+    assert [(j["job_id"], j["uid"], j["gpus"], j["state"]) for j in jobs] == [
+        ("7001", 0, [0], "running")
+    ]
 
     # a second prolog finds it running: same pid, both jobs recorded
     rc, out, eof_s = run_like_slurmd([str(script)], prolog_env(cfg, "7002"))
     assert rc == 0 and eof_s < 2.0
     assert lifecycle.daemon_running(cfg) == pid
     assert sorted(j["job_id"] for j in Client(cfg).call("jobs.list")) == ["7001", "7002"]
-    assert b"error" not in (cfg.paths.log / "prolog.log").read_bytes() if (cfg.paths.log / "prolog.log").exists() else True
+    assert (
+        b"error" not in (cfg.paths.log / "prolog.log").read_bytes()
+        if (cfg.paths.log / "prolog.log").exists()
+        else True
+    )
 
 
 def test_repo_prolog_wrapper(cfg: Config, tmp_path: Path) -> None:

@@ -16,7 +16,10 @@ def test_request_bytes() -> None:
 
 
 def test_response_bytes() -> None:
-    assert protocol.encode(protocol.ok({"pong": True})) == b'{"ok":true,"result":{"pong":true},"v":1}\n'
+    assert (
+        protocol.encode(protocol.ok({"pong": True}))
+        == b'{"ok":true,"result":{"pong":true},"v":1}\n'
+    )
     assert protocol.encode(protocol.error("PermissionDenied", "not yours")) == (
         b'{"error":{"message":"not yours","type":"PermissionDenied"},"ok":false,"v":1}\n'
     )
@@ -43,10 +46,19 @@ def test_decode_valid_request() -> None:
         (b'{"v":true,"op":"ping"}\n', "protocol version True"),
         (b'{"v":1,"op":"rm -rf"}\n', "unknown op 'rm -rf'; valid ops: checkpoint, events.tail"),
         (b'{"v":1,"op":"ping","args":[]}\n', "args of ping must be a JSON object"),
-        (b'{"v":1,"op":"ping","args":{"x":1}}\n', "unknown argument(s) ['x'] for ping; valid: none"),
+        (
+            b'{"v":1,"op":"ping","args":{"x":1}}\n',
+            "unknown argument(s) ['x'] for ping; valid: none",
+        ),
         (b'{"v":1,"op":"slots.release","args":{}}\n', "needs the argument 'reservation_id'"),
-        (b'{"v":1,"op":"job.register","args":{"job_id":"1","uid":true}}\n', "'uid' of job.register must be int"),
-        (b'{"v":1,"op":"job.register","args":{"job_id":"1","uid":0,"gpus":["a"]}}\n', "must be int_list"),
+        (
+            b'{"v":1,"op":"job.register","args":{"job_id":"1","uid":true}}\n',
+            "'uid' of job.register must be int",
+        ),
+        (
+            b'{"v":1,"op":"job.register","args":{"job_id":"1","uid":0,"gpus":["a"]}}\n',
+            "must be int_list",
+        ),
         (b'{"v":1,"op":"checkpoint","args":{"job_id":5}}\n', "'job_id' of checkpoint must be str"),
     ],
 )
@@ -74,7 +86,9 @@ def test_decode_response_shapes() -> None:
 
 
 def test_error_types_map_back() -> None:
-    assert type(error_from_response({"type": "PermissionDenied", "message": "m"})) is PermissionDenied
+    assert (
+        type(error_from_response({"type": "PermissionDenied", "message": "m"})) is PermissionDenied
+    )
     assert type(error_from_response({"type": "SlotError", "message": "m"})) is SlotError
     # PoolFull needs more than a message; unknown names and non-errors stay DaemonError
     for name in ("PoolFull", "NoSuchThing", "Path", "ValueError"):

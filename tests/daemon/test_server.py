@@ -57,7 +57,10 @@ def test_ensure_is_idempotent_and_fast(cfg: Config, daemon: int) -> None:
         (b'{"v":9,"op":"ping"}\n', "protocol version 9"),
         (b'{"v":1,"op":"slots.release","args":{"reservation_id":3}}\n', "must be str"),
         (b"x" * (protocol.MAX_MESSAGE_BYTES + 10), "larger than the limit of 65536 bytes"),
-        (b'{"v":1,"op":"ping","args":{"p":"' + b"y" * 70000 + b'"}}\n', "larger than the limit of 65536 bytes"),
+        (
+            b'{"v":1,"op":"ping","args":{"p":"' + b"y" * 70000 + b'"}}\n',
+            "larger than the limit of 65536 bytes",
+        ),
     ],
 )
 def test_hostile_messages_answered(cfg: Config, daemon: int, data: bytes, needle: str) -> None:
@@ -131,3 +134,18 @@ def test_second_start_is_a_no_op_and_stop(cfg: Config, daemon: int) -> None:
     assert lifecycle.stop(cfg) is None
     kinds = [json.loads(x)["kind"] for x in cfg.paths.events.read_bytes().splitlines()]
     assert kinds == ["daemon.start", "daemon.stop"]
+
+
+def test_daemon_exits_when_its_root_is_removed(cfg: Config, daemon: int) -> None:
+    import shutil
+
+    shutil.rmtree(cfg.root)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        done, _ = os.waitpid(daemon, os.WNOHANG)
+        if done == daemon:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("spswapd kept running after its root was removed")
+    assert not cfg.root.exists()  # it recreated nothing on the way out

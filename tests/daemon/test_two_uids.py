@@ -109,13 +109,19 @@ def test_user_acts_only_on_own(cfg: Config, daemon: int, user_uid: int) -> None:
     assert out[1].startswith("PermissionDenied: job 100 belongs to uid 0"), out[1]
     assert out[2].startswith("PermissionDenied: job 100 belongs to uid 0"), out[2]
     # its own job passes authorization and reaches the (not yet available) operation
-    assert out[3] == "DaemonError: checkpoint is not available yet: it arrives with the checkpoint issue"
+    assert (
+        out[3]
+        == "DaemonError: checkpoint is not available yet: it arrives with the checkpoint issue"
+    )
     assert out[4] == "ok"
     assert out[5].startswith("PermissionDenied: job.register is for the Slurm prolog/epilog")
     assert out[6].startswith("PermissionDenied: job.end is for the Slurm prolog/epilog")
     assert out[7:] == ["ok", "ok"]
     # root's reservation and job are untouched; root may release anyone's
     assert [r.id for r in table.reservations()] == [rootres.id]
-    assert {j["job_id"]: j["state"] for j in root.call("jobs.list")} == {"100": "running", "200": "running"}
+    assert {j["job_id"]: j["state"] for j in root.call("jobs.list")} == {
+        "100": "running",
+        "200": "running",
+    }
     root.call("slots.release", reservation_id=rootres.id)
     assert table.reservations() == []
