@@ -22,7 +22,7 @@ from spswap.engines.protocol import EngineInfo
 from spswap.engines.reference_model import Decoder, ReferenceConfig, build, init_weights
 from spswap.errors import EngineError
 from spswap.instance.state import Instance, Primitive, State
-from spswap.pool.manifest import Manifest, align_up
+from spswap.pool.manifest import Manifest, padded_size_bytes
 from spswap.transfer.copy import TransferReport, copy_into
 from spswap.transfer.dtypes import to_safetensors, to_torch
 from spswap.transfer.mapping import MappedEntry
@@ -226,7 +226,7 @@ class ReferenceEngine:
         params = dict(model.named_parameters())
         identity = {"engine": ENGINE_KIND, "config": self.config.to_json()}
         # Each tensor starts on an aligned offset: reserve the padded size.
-        total = sum(align_up(p.numel() * p.element_size()) for p in params.values())
+        total = padded_size_bytes(p.numel() * p.element_size() for p in params.values())
         with pool.writer(name, identity=identity, expected_size_bytes=total) as w:
             for pname in sorted(params):
                 p = params[pname]

@@ -19,7 +19,7 @@ from filelock import FileLock
 
 from spswap.errors import InvalidCheckpoint
 from spswap.pool.copy import Range, ShortRead, hash_ranges
-from spswap.pool.manifest import Manifest, align_up
+from spswap.pool.manifest import Manifest, padded_size_bytes
 from spswap.pool.safetensors_format import Checkpoint, resolve_checkpoint
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ def import_checkpoint(
         hit = pool.find_by_sources(sources)
         if hit is not None:
             return hit
-        expected = sum(align_up(t.size_bytes) for _f, t in ckpt.tensors)
+        expected = padded_size_bytes(t.size_bytes for _f, t in ckpt.tensors)
         with pool.writer(name or ckpt.name, sources=sources, expected_size_bytes=expected) as w:
             _copy(ckpt, w, progress)
             _check_unchanged(ckpt)

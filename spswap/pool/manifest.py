@@ -9,6 +9,7 @@ Pure data: no torch.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,12 @@ DTYPE_SIZES: dict[str, int] = {
 def align_up(offset: int, alignment: int = ALIGNMENT_BYTES) -> int:
     """The first multiple of ``alignment`` at or after ``offset``."""
     return (offset + alignment - 1) // alignment * alignment
+
+
+def padded_size_bytes(sizes: Iterable[int]) -> int:
+    """Size of a data file holding tensors of ``sizes`` bytes, each on an aligned offset:
+    what :meth:`Pool.writer` wants as ``expected_size_bytes``."""
+    return sum(align_up(s) for s in sizes)
 
 
 @dataclass(frozen=True)
@@ -71,7 +78,9 @@ class SourceFile:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> SourceFile:
-        return cls(path=str(d["path"]), size_bytes=int(d["size_bytes"]), mtime_ns=int(d["mtime_ns"]))
+        return cls(
+            path=str(d["path"]), size_bytes=int(d["size_bytes"]), mtime_ns=int(d["mtime_ns"])
+        )
 
 
 @dataclass(frozen=True)

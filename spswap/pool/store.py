@@ -338,7 +338,8 @@ class Pool:
     ) -> EntryWriter:  # fmt: skip
         """A context manager that builds one entry (see :class:`EntryWriter`).
 
-        ``expected_size_bytes`` (sum of tensor bytes) reserves room, evicting if needed,
+        ``expected_size_bytes`` (the padded data size: :func:`padded_size_bytes` of the
+        tensor sizes) reserves room, evicting if needed,
         before anything is written; without it room is made when the entry is published.
         """
         self.ensure_dirs()
