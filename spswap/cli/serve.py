@@ -19,7 +19,7 @@ def serve(
     state_dir: Path = typer.Option(
         None, "--state-dir",
         help="Where unanswered requests are kept across preemption and requeue "
-             "(default: $SLURM_SUBMIT_DIR/.spswap/$SLURM_JOB_ID).",
+             "(default: ./.spswap/$SLURM_JOB_ID in the job's working directory).",
     ),
     engine: str = typer.Option("reference", help="Engine: reference (vllm: coming)."),
     device: str = typer.Option(None, help="cpu, cuda or cuda:N (default: cuda when present)."),
@@ -54,8 +54,7 @@ def serve(
     if state_dir is None:
         if job is None:
             raise typer.BadParameter("outside a Slurm job, give --state-dir")
-        base = Path(os.environ.get("SLURM_SUBMIT_DIR") or os.getcwd())
-        state_dir = base / ".spswap" / job.job_id
+        state_dir = Path(os.getcwd()) / ".spswap" / job.job_id
     if device is None:
         device = _default_device()
     opts = ServeOptions(

@@ -29,8 +29,9 @@ class SbatchOptions:
 
 
 _STATE_COMMENT = """\
-# The unanswered requests are saved here; it must outlive the job (the submit directory
-# does); the job id stays the same across requeues.
+# The unanswered requests are saved here; it must outlive the job (the job's working
+# directory, sbatch --chdir or the submit directory, does); the job id stays the same
+# across requeues.
 """
 
 _HANDLER = """\
@@ -74,7 +75,7 @@ def render_serve(opts: SbatchOptions = SbatchOptions()) -> str:
 
 MODEL={shlex.quote(opts.model)}   # CHANGE: the model's checkpoint directory
 {requests_line}{_STATE_COMMENT}
-STATE="${{SLURM_SUBMIT_DIR:-$PWD}}/.spswap/${{SLURM_JOB_ID}}"
+STATE="$PWD/.spswap/${{SLURM_JOB_ID}}"
 
 echo "spswap: job ${{SLURM_JOB_ID}} run ${{SLURM_RESTART_COUNT:-0}} on $(hostname)"
 spswap serve "$MODEL" --state-dir "$STATE" --units {opts.units}{extra} &
