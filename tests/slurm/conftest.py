@@ -44,3 +44,8 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
                            grace_time_s=grace_time_s)  # fmt: skip
     finally:
         subprocess.run([str(SLURM_UP), "down"], env=env, capture_output=True, timeout=120)
+        # the prolog started a daemon for this root: it must not outlive the tests
+        from spswap.config import Config
+        from spswap.daemon.lifecycle import stop
+
+        stop(Config.from_env({}, root=root))
