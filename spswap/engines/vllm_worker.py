@@ -1,0 +1,195 @@
+"""spswap's vLLM worker extension: pool export, pool load and wake-time copies, inside
+vLLM's own worker process.
+
+vLLM mixes the class named by ``worker_extension_cls`` into its GPU worker; each public
+method here is then callable from the engine's owner as
+``llm.collective_rpc("spswap_<method>", args=(...))``. Methods take and return plain
+data (str, int, float, dict, list): results cross vLLM's msgpack channel, so no
+``VLLM_ALLOW_INSECURE_SERIALIZATION`` is needed.
+
+Every attribute is prefixed ``spswap_`` because vLLM refuses an extension whose names
+clash with the worker's. The weights are the tensors vLLM holds after loading
+(``model_runner.model``: fused qkv / gate_up, tied embeddings once) plus persistent
+buffers, so a copy back needs no weight loader and no post-processing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from spswap.errors import EngineError
+from spswap.pool.manifest import Manifest, align_up
+from spswap.pool.store import Pool
+from spswap.transfer.copy import copy_into
+from spswap.transfer.dtypes import to_safetensors
+from spswap.transfer.mapping import MappedEntry
+
+
+def weight_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The tensors a pool entry holds for ``model``: its parameters (tied ones once) and
+    its persistent buffers, by name, each storage range once."""
+    out: dict[str, torch.Tensor] = {}
+    seen: set[tuple[int, tuple[int, ...], tuple[int, ...]]] = set()
+    persistent = set(model.state_dict(keep_vars=True).keys())
+    named = list(model.named_parameters())
+    named += [(n, b) for n, b in model.named_buffers() if n in persistent]
+    for name, t in named:
+        key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()))
+        if key in seen:
+            continue
+        seen.add(key)
+        out[name] = t.data if isinstance(t, torch.nn.Parameter) else t
+    return out
+
+
+class SpswapWorkerExtension:
+    """Mixed into vLLM's worker (``worker_extension_cls``); see the module docstring.
+
+    State lives on the worker as ``_spswap_*`` attributes created lazily, so nothing
+    here runs in ``__init__`` (vLLM does not call it for extensions).
+    """
+
+    # -- helpers (underscore + prefix: not meant for collective_rpc) --------------------
+    def _spswap_model(self) -> torch.nn.Module:
+        return self.model_runner.model  # type: ignore[attr-defined,no-any-return]
+
+    def _spswap_rank(self) -> tuple[int, int]:
+        pc = self.vllm_config.parallel_config  # type: ignore[attr-defined]
+        rank = int(getattr(self, "rank", 0))
+        return rank, int(pc.tensor_parallel_size)
+
+    def _spswap_stack(self) -> contextlib.ExitStack:
+        stack = getattr(self, "_spswap_exit_stack", None)
+        if stack is None:
+            stack = contextlib.ExitStack()
+            self._spswap_exit_stack = stack
+        return stack
+
+    # -- callable through collective_rpc ------------------------------------------------
+    def spswap_weights_info(self) -> dict[str, Any]:
+        """Bytes, tensor count, dtypes and rank of the weights this worker holds."""
+        tensors = weight_tensors(self._spswap_model())
+        rank, tp = self._spswap_rank()
+        return {
+            "rank": rank, "tp_size": tp, "tensors": len(tensors),
+            "size_bytes": sum(t.numel() * t.element_size() for t in tensors.values()),
+            "dtypes": sorted({str(t.dtype) for t in tensors.values()}),
+            "mapped": getattr(self, "_spswap_mapping", None) is not None,
+        }  # fmt: skip
+
+    @torch.inference_mode()
+    def spswap_export(self, pool_dir: str, name: str, identity: dict[str, Any]) -> dict[str, Any]:
+        """Write this worker's weights as pool entry ``name`` with ``identity`` (plus this
+        worker's rank and tp_size); returns the manifest's name, digest and sizes."""
+        tensors = weight_tensors(self._spswap_model())
+        rank, tp = self._spswap_rank()
+        identity = {**identity, "rank": rank, "tp_size": tp}
+        total = sum(align_up(t.numel() * t.element_size()) for t in tensors.values())
+        pool = Pool(Path(pool_dir))
+        start = time.perf_counter()
+        with pool.writer(name, identity=identity, expected_size_bytes=total) as w:
+            for tname in sorted(tensors):
+                t = tensors[tname]
+                raw = t.detach().contiguous().to("cpu").view(torch.uint8).reshape(-1).numpy()
+                w.add(tname, to_safetensors(t.dtype), tuple(t.shape), raw)
+        m: Manifest = w.manifest
+        return {
+            "name": m.name, "digest": m.digest, "size_bytes": m.data_size_bytes,
+            "tensors": len(m.tensors), "seconds": time.perf_counter() - start,
+            "reused": w.reused, "identity": m.identity,
+        }  # fmt: skip
+
+    def spswap_attach(self, pool_dir: str, ref: str) -> dict[str, Any]:
+        """Map pool entry ``ref`` read-only, mark it in use by this worker and register it
+        with CUDA (once): later :meth:`spswap_copy` calls reuse the mapping."""
+        self.spswap_detach()
+        pool = Pool(Path(pool_dir))
+        stack = contextlib.ExitStack()
+        try:
+            manifest: Manifest = stack.enter_context(pool.use(ref))
+            mapping = MappedEntry(manifest, pool.data_path(manifest))
+            stack.callback(mapping.close)
+            from spswap.transfer.copy import check_compatible
+
+            check_compatible(manifest, weight_tensors(self._spswap_model()))
+            register_s = mapping.register_cuda() if torch.cuda.is_available() else 0.0
+        except BaseException:
+            stack.close()
+            raise
+        self._spswap_exit_stack = stack
+        self._spswap_mapping = mapping
+        return {
+            "name": manifest.name, "digest": manifest.digest,
+            "size_bytes": manifest.data_size_bytes, "tensors": len(manifest.tensors),
+            "register_s": register_s, "registered": mapping.registered,
+        }  # fmt: skip
+
+    def spswap_copy(self) -> dict[str, Any]:
+        """Copy the attached entry into the weights (async copies on a dedicated stream);
+        returns the TransferReport as a dict. Call after ``wake_up(tags=["weights"])``."""
+        mapping: MappedEntry | None = getattr(self, "_spswap_mapping", None)
+        if mapping is None:
+            raise EngineError(
+                "no pool entry is attached to this vLLM worker; call spswap_attach (or "
+                "VllmEngine.load_from_pool) first"
+            )
+        report = copy_into(mapping, weight_tensors(self._spswap_model()))
+        return report.to_json()
+
+    def spswap_load(self, pool_dir: str, ref: str) -> dict[str, Any]:
+        """:meth:`spswap_attach` then :meth:`spswap_copy`; returns both reports."""
+        attach = self.spswap_attach(pool_dir, ref)
+        return {"attach": attach, "copy": self.spswap_copy()}
+
+    def spswap_detach(self) -> dict[str, Any]:
+        """Unregister and unmap the attached entry and drop this worker's use of it."""
+        had = getattr(self, "_spswap_mapping", None) is not None
+        self._spswap_mapping = None
+        self._spswap_stack().close()
+        self._spswap_exit_stack = contextlib.ExitStack()
+        return {"detached": had}
+
+    @torch.inference_mode()
+    def spswap_verify(self, pool_dir: str, ref: str) -> dict[str, Any]:
+        """Hash every weight on the device against entry ``ref``'s checksums (slow: reads
+        everything back; for tests). Returns the names that differ."""
+        pool = Pool(Path(pool_dir))
+        manifest = pool.find(ref)
+        tensors = weight_tensors(self._spswap_model())
+        differ = []
+        for entry in manifest.tensors:
+            t = tensors.get(entry.name)
+            if t is None:
+                differ.append(entry.name)
+                continue
+            raw = t.detach().contiguous().to("cpu").view(torch.uint8).reshape(-1).numpy()
+            if "sha256:" + hashlib.sha256(memoryview(raw)).hexdigest() != entry.checksum:
+                differ.append(entry.name)
+        return {"checked": len(manifest.tensors), "differ": differ}
+
+    def spswap_pinned_copy_limit(self, size_bytes: int, repeats: int = 5) -> dict[str, Any]:
+        """Host->GPU copy rate from a ``cudaHostAlloc`` (pinned) buffer of ``size_bytes``
+        in this process: the ceiling a pool copy is measured against. Best of ``repeats``."""
+        src = torch.empty(size_bytes, dtype=torch.uint8, pin_memory=True)
+        src.fill_(1)
+        dst = torch.empty(size_bytes, dtype=torch.uint8, device="cuda")
+        stream = torch.cuda.Stream()
+        times = []
+        for _ in range(repeats):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            with torch.cuda.stream(stream):
+                dst.copy_(src, non_blocking=True)
+            stream.synchronize()
+            times.append(time.perf_counter() - start)
+        del dst, src
+        torch.cuda.empty_cache()
+        best = min(times)
+        return {"size_bytes": size_bytes, "best_s": best, "times_s": times,
+                "gb_per_s": size_bytes / best / 1e9}  # fmt: skip
