@@ -71,27 +71,29 @@ def run_scenario(slots_dir: Path, gpus: list[int], log: Path, workers: list[dict
                                     hold_last_forever=w.get("kill", False)), w)  # fmt: skip
     deadline = time.monotonic() + timeout_s
     try:
-        for name, (proc, w) in procs.items():
-            if not w.get("kill"):
-                continue
-
-            def holds_final(name: str = name) -> bool:
-                return any(
-                    e["ev"] == "grant" and e["w"] == name and e["final"] for e in read_log(log)
-                )
-
-            wait_for(holds_final, max(deadline - time.monotonic(), 0.1), f"{name}'s last grant")
-            kill_and_log(proc, log, name)
-        for name, (proc, w) in procs.items():
-            if w.get("kill"):
-                continue
-            try:
-                _out, err = proc.communicate(timeout=max(deadline - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
+        # Kill each marked worker as soon as it holds its last grant, in whatever order
+        # that happens (the others may be queued behind it), until every worker is done.
+        pending = set(procs)
+        while pending:
+            if time.monotonic() > deadline:
                 raise AssertionError(
-                    f"worker {name} did not finish; log: {read_log(log)}"
-                ) from None
-            assert proc.returncode == 0, f"worker {name} failed:\n{err}"
+                    f"workers {sorted(pending)} did not finish in {timeout_s} s; "
+                    f"log: {read_log(log)}"
+                )
+            holding = {e["w"] for e in read_log(log) if e["ev"] == "grant" and e["final"]}
+            for name in sorted(pending):
+                proc, w = procs[name]
+                if w.get("kill") and name in holding:
+                    kill_and_log(proc, log, name)
+                    pending.discard(name)
+                elif not w.get("kill") and proc.poll() is not None:
+                    _out, err = proc.communicate()
+                    assert proc.returncode == 0, f"worker {name} failed:\n{err}"
+                    pending.discard(name)
+                elif w.get("kill") and proc.poll() is not None:
+                    _out, err = proc.communicate()
+                    raise AssertionError(f"worker {name} exited before it was killed:\n{err}")
+            time.sleep(0.005)
     finally:
         for proc, _w in procs.values():
             if proc.poll() is None:
