@@ -105,3 +105,65 @@ def test_preempted_job_resumes_its_requests_and_answers_like_cold(
     assert not list((state_a / "inbox").glob("*.json"))
     table = SlotTable(slurm_cluster.spswap_root / "slots", [0, 1])
     wait_for("every slot released", lambda: table.reservations() == [], timeout_s=30)
+
+
+def _serving_job(cluster: SlurmCluster, name: str, n: int, *, exit_when_idle: bool = True
+                 ) -> tuple[str, Path, Path, list[list[int]]]:
+    work = cluster.work
+    model = work / f"model-{name}"
+    if not model.exists():
+        save_checkpoint(preset("small"), model)
+    prompts = _requests(work / f"{name}.jsonl", name, n)
+    script = render_serve(SbatchOptions(model=str(model), job_name=name, partition="debug",
+                                        gpus=1, requests=str(work / f"{name}.jsonl"),
+                                        time_limit="00:20:00"))
+    if not exit_when_idle:
+        script = script.replace(" --exit-when-idle", "")
+    job = _submit(cluster, script, name)
+    return job, work / ".spswap" / job, model, prompts
+
+
+@pytest.mark.parametrize("how", ["scontrol-requeue", "scancel-usr1-batch"])
+def test_requeue_and_usr1_take_the_same_path(slurm_cluster: SlurmCluster, how: str) -> None:
+    from spswap.slurm.backend import CliBackend
+
+    backend = CliBackend()
+    job, state, model, prompts = _serving_job(slurm_cluster, f"rq-{how}", 16)
+    wait_for("the first answers", lambda: len(_answers(state)) >= 2, timeout_s=120)
+    if how == "scontrol-requeue":
+        backend.requeue(job)
+    else:
+        backend.signal_batch(job, "USR1")
+    wait_for("every request answered", lambda: len(_answers(state)) == len(prompts),
+             timeout_s=180)
+    log = _job_log(slurm_cluster, f"rq-{how}", job)
+    answers = _answers(state)
+    assert sorted({a["restart_count"] for a in answers.values()}) == [0, 1], log
+    stopped_by = "SIGTERM" if how == "scontrol-requeue" else "SIGUSR1"
+    assert f"stopped by {stopped_by}" in log, log
+    assert [answers[f"rq-{how}{i:02d}"]["output_ids"] for i in range(len(prompts))] == \
+        _cold(model, "small", prompts)
+    table = SlotTable(slurm_cluster.spswap_root / "slots", [0, 1])
+    wait_for("every slot released", lambda: table.reservations() == [], timeout_s=30)
+
+
+def test_sigkilled_server_leaves_no_reservation_behind(slurm_cluster: SlurmCluster) -> None:
+    from spswap.slurm.backend import CliBackend
+
+    job, state, _model, _prompts = _serving_job(slurm_cluster, "killed", 4,
+                                                exit_when_idle=False)
+    table = SlotTable(slurm_cluster.spswap_root / "slots", [0, 1])
+    held = wait_for("the job's reservation",
+                    lambda: [r for r in table.reservations() if r.holder.job_id == job],
+                    timeout_s=120)
+    wait_for("its answers", lambda: len(_answers(state)) == 4, timeout_s=120)
+    os.kill(held[0].holder.pid, 9)  # no handler runs, nothing is released by the job
+    wait_for("the reservation reclaimed",
+             lambda: not [r for r in table.reservations() if r.holder.job_id == job],
+             timeout_s=60)
+    backend = CliBackend()
+    wait_for("the job to end", lambda: backend.job_alive(job) is False, timeout_s=60)
+    # the GPU is usable again: a new reservation on it is granted at once
+    gpu = held[0].gpus[0]
+    res = table.reserve(model="next", units=4, allowed_gpus=[gpu], timeout_s=5)
+    table.release(res.id)
