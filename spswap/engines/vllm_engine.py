@@ -343,6 +343,10 @@ class VllmEngine:
         """Rank 0's weight bytes, tensor count and dtypes."""
         return self._rpc("spswap_weights_info")
 
+    def pinned_copy_limit(self, size_bytes: int) -> dict[str, Any]:
+        """Host->GPU rate from a pinned buffer in the engine's own process (best of 5)."""
+        return self._rpc("spswap_pinned_copy_limit", int(size_bytes))
+
     def health(self) -> EngineInfo:
         """State and footprint now."""
         info = self.weights_info() if self._llm is not None else {"size_bytes": 0}

@@ -37,7 +37,7 @@ def weight_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     seen: set[tuple[int, tuple[int, ...], tuple[int, ...]]] = set()
     persistent = set(model.state_dict(keep_vars=True).keys())
-    named = list(model.named_parameters())
+    named: list[tuple[str, torch.Tensor]] = list(model.named_parameters())
     named += [(n, b) for n, b in model.named_buffers() if n in persistent]
     for name, t in named:
         key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()))
@@ -54,6 +54,10 @@ class SpswapWorkerExtension:
     State lives on the worker as ``_spswap_*`` attributes created lazily, so nothing
     here runs in ``__init__`` (vLLM does not call it for extensions).
     """
+
+    # Annotations only (no class attributes): nothing here can clash with the worker.
+    _spswap_mapping: MappedEntry | None
+    _spswap_exit_stack: contextlib.ExitStack
 
     # -- helpers (underscore + prefix: not meant for collective_rpc) --------------------
     def _spswap_model(self) -> torch.nn.Module:
@@ -98,7 +102,8 @@ class SpswapWorkerExtension:
                 t = tensors[tname]
                 raw = t.detach().contiguous().to("cpu").view(torch.uint8).reshape(-1).numpy()
                 w.add(tname, to_safetensors(t.dtype), tuple(t.shape), raw)
-        m: Manifest = w.manifest
+        m = w.manifest
+        assert m is not None  # set when the writer closes without an error
         return {
             "name": m.name, "digest": m.digest, "size_bytes": m.data_size_bytes,
             "tensors": len(m.tensors), "seconds": time.perf_counter() - start,
@@ -169,7 +174,7 @@ class SpswapWorkerExtension:
                 differ.append(entry.name)
                 continue
             raw = t.detach().contiguous().to("cpu").view(torch.uint8).reshape(-1).numpy()
-            if "sha256:" + hashlib.sha256(memoryview(raw)).hexdigest() != entry.checksum:
+            if "sha256:" + hashlib.sha256(raw.tobytes()).hexdigest() != entry.checksum:
                 differ.append(entry.name)
         return {"checked": len(manifest.tensors), "differ": differ}
 

@@ -1,0 +1,289 @@
+"""``spswap bench swap``: vLLM's own swap paths against spswap's, side by side, per model.
+
+For each model directory (config.json + real safetensors on local disk), in one run
+and with the same settings:
+
+1. cold start: a fresh ``LLM`` reading the safetensors (page cache dropped first,
+   best effort); its greedy outputs are the reference for every later check;
+2. vLLM level 1: ``sleep(level=1)`` + ``wake_up()``;
+3. vLLM level 2 + reload: ``sleep(level=2)``, ``wake_up(["weights"])``,
+   ``collective_rpc("reload_weights")`` (vLLM's reload from the checkpoint files),
+   ``wake_up(["kv_cache"])``, ``reset_prefix_cache()``;
+4. export to the pool (once), attach (map + ``cudaHostRegister``, once);
+5. spswap: ``sleep(level=2)`` + wake with the weights copied from the pool, ``cycles``
+   times;
+6. start without disk: a fresh ``LLM`` with dummy weights filled from the pool, then
+   one more spswap cycle on it;
+7. the pinned-copy limit (``cudaHostAlloc`` buffer -> GPU) in the engine's process.
+
+After every swap the greedy token ids must equal the cold ones. Goals checked: spswap's
+cycle >= 20x faster than level 2 + reload, within 150 ms + bytes / 55 GB/s, copies at
+>= 95% of the pinned limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from spswap.engines.vllm_engine import VllmEngine, VllmSettings, vllm_version
+from spswap.pool.store import Pool
+from spswap.units import fmt_bytes, fmt_seconds
+
+GOAL_SPEEDUP = 20.0
+GOAL_FIXED_S = 0.150
+GOAL_LINK_BYTES_PER_S = 55e9
+GOAL_COPY_FRACTION = 0.95
+DEFAULT_MAX_NEW_TOKENS = 16
+PINNED_PROBE_MAX_BYTES = 4 << 30
+
+
+def default_prompts(vocab_size: int = 32000) -> list[list[int]]:
+    """Four token-id prompts of different lengths (deterministic)."""
+    return [[(7 * i + 13 * j) % (vocab_size - 200) + 100 for j in range(n)]
+            for i, n in enumerate((8, 17, 33, 64))]  # fmt: skip
+
+
+def evict_page_cache(model_dir: Path) -> bool:
+    """Drop ``model_dir``'s files from the page cache (fsync + POSIX_FADV_DONTNEED), so
+    a cold start reads the disk. Best effort: returns whether every file was advised."""
+    ok = True
+    for path in sorted(Path(model_dir).iterdir()):
+        if not path.is_file():
+            continue
+        try:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+        except OSError:
+            ok = False
+    return ok
+
+
+def goals(size_bytes: int, spswap_cycle_s: float, level2_reload_s: float | None,
+          copy_gb_per_s: float, pinned_gb_per_s: float) -> dict[str, Any]:  # fmt: skip
+    """The issue's three goals for one model, with the numbers they compare."""
+    bound_s = GOAL_FIXED_S + size_bytes / GOAL_LINK_BYTES_PER_S
+    speedup = level2_reload_s / spswap_cycle_s if level2_reload_s and spswap_cycle_s else None
+    fraction = copy_gb_per_s / pinned_gb_per_s if pinned_gb_per_s else 0.0
+    return {
+        "speedup_vs_level2_reload": speedup,
+        "speedup_ok": speedup is not None and speedup >= GOAL_SPEEDUP,
+        "bound_s": bound_s, "within_bound": spswap_cycle_s <= bound_s,
+        "copy_fraction_of_pinned": fraction, "copy_ok": fraction >= GOAL_COPY_FRACTION,
+    }  # fmt: skip
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _level2_reload(llm: Any) -> dict[str, Any]:
+    """vLLM's own level-2 swap: discard everything, reload the checkpoint files."""
+    out: dict[str, Any] = {"sleep_s": _timed(lambda: llm.sleep(level=2))}
+    out["wake_weights_s"] = _timed(lambda: llm.wake_up(tags=["weights"]))
+    out["reload_s"] = _timed(lambda: llm.collective_rpc("reload_weights"))
+    out["wake_kv_s"] = _timed(lambda: llm.wake_up(tags=["kv_cache"]))
+    out["reset_prefix_s"] = _timed(llm.reset_prefix_cache)
+    out["total_s"] = sum(v for k, v in out.items() if k.endswith("_s"))
+    return out
+
+
+def _spswap_cycle(engine: VllmEngine) -> dict[str, Any]:
+    sleep_s = engine.sleep()
+    engine.wake()
+    w = engine.last_wake
+    assert w is not None
+    return {"sleep_s": sleep_s, "wake_s": w.total_s, "total_s": sleep_s + w.total_s,
+            "wake_weights_s": w.wake_weights_s, "copy_rpc_s": w.copy_s,
+            "wake_kv_s": w.wake_kv_s, "reset_prefix_s": w.reset_prefix_s,
+            "copy": w.copy}  # fmt: skip
+
+
+def bench_model(
+    model_dir: Path, pool: Pool, settings: VllmSettings, *, cycles: int = 3,
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, prompts: list[list[int]] | None = None,
+    log: Callable[[str], None] = lambda s: None, keep_entry: bool = False,
+) -> dict[str, Any]:  # fmt: skip
+    """Every swap path for one model directory; see the module docstring."""
+    model_dir = Path(model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    prompts = prompts or default_prompts(int(config.get("vocab_size", 32000)))
+    r: dict[str, Any] = {"model": model_dir.name, "path": str(model_dir), "errors": []}
+    identical: dict[str, bool] = {}
+
+    def check(label: str, engine: VllmEngine) -> None:
+        identical[label] = engine.generate(prompts, max_new_tokens) == reference
+        log(f"{model_dir.name}: {label}: identical={identical[label]}")
+
+    eng = VllmEngine(model_dir, settings)
+    try:
+        r["page_cache_evicted"] = evict_page_cache(model_dir)
+        r["cold_start_s"] = eng.load_from_checkpoint(model_dir)
+        log(f"{model_dir.name}: cold start {r['cold_start_s']:.2f} s")
+        reference = eng.generate(prompts, max_new_tokens)
+        r["reference_tokens"] = reference
+        check("cold_repeat", eng)
+        info = eng.weights_info()
+        r["weights"] = info
+        size = int(info["size_bytes"])
+        probe = min(size, PINNED_PROBE_MAX_BYTES)
+        r["pinned"] = eng.pinned_copy_limit(probe)
+        llm = eng.llm
+        l1 = {"sleep_s": _timed(lambda: llm.sleep(level=1)), "wake_s": _timed(llm.wake_up)}
+        r["level1"] = {**l1, "total_s": l1["sleep_s"] + l1["wake_s"]}
+        check("after_level1", eng)
+        evict_page_cache(model_dir)
+        try:
+            r["level2_reload"] = _level2_reload(llm)
+            check("after_level2_reload", eng)
+        except Exception as e:  # vLLM's reload may not support a layout: record, go on
+            r["errors"].append(f"level2_reload: {e!r}"[:2000])
+        start = time.perf_counter()
+        manifest = eng.export_weights(pool, f"vllm-{model_dir.name}")
+        r["export"] = {"seconds": time.perf_counter() - start, "digest": manifest.digest,
+                       "size_bytes": manifest.data_size_bytes}  # fmt: skip
+        r["attach"] = eng.attach(pool, manifest.digest)
+        r["spswap_cycles"] = []
+        for i in range(cycles):
+            r["spswap_cycles"].append(_spswap_cycle(eng))
+            check(f"after_spswap_cycle_{i + 1}", eng)
+        log(f"{model_dir.name}: spswap cycles {[c['total_s'] for c in r['spswap_cycles']]}")
+    finally:
+        eng.close()
+    eng = VllmEngine(model_dir, settings)
+    try:
+        report = eng.load_from_pool(pool, manifest.digest)
+        r["pool_start"] = {"start_s": eng.last_start_s, "copy": report.to_json()}
+        log(f"{model_dir.name}: start without disk {eng.last_start_s:.2f} s")
+        check("pool_start", eng)
+        r["pool_start"]["cycle"] = _spswap_cycle(eng)
+        check("pool_start_after_spswap_cycle", eng)
+    finally:
+        eng.close()
+        if not keep_entry:
+            pool.remove(manifest.digest)
+    r["identical"] = identical
+    r["all_identical"] = all(identical.values())
+    cycle_s = statistics.median(c["total_s"] for c in r["spswap_cycles"])
+    copy_rate = statistics.median(c["copy"]["gb_per_s"] for c in r["spswap_cycles"])
+    r["spswap_cycle_median_s"] = cycle_s
+    r["copy_median_gb_per_s"] = copy_rate
+    l2 = r.get("level2_reload", {}).get("total_s")
+    r["goals"] = goals(size, cycle_s, l2, copy_rate, r["pinned"]["gb_per_s"])
+    return r
+
+
+def bench_swap(
+    model_dirs: list[Path], *, pool_dir: Path, settings: VllmSettings | None = None,
+    cycles: int = 3, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    log: Callable[[str], None] = lambda s: None,
+) -> dict[str, Any]:  # fmt: skip
+    """:func:`bench_model` for each directory, with the run's machine and versions."""
+    settings = settings or VllmSettings()
+    pool = Pool(Path(pool_dir))
+    import torch
+
+    result: dict[str, Any] = {
+        "host": platform.node(), "python": platform.python_version(),
+        "torch": torch.__version__, "vllm": vllm_version(),
+        "settings": settings.to_json(), "cycles": cycles, "max_new_tokens": max_new_tokens,
+        "pool_dir": str(pool_dir), "models": [],
+    }  # fmt: skip
+    for d in model_dirs:
+        try:
+            result["models"].append(
+                bench_model(
+                    Path(d), pool, settings, cycles=cycles, max_new_tokens=max_new_tokens, log=log
+                )  # fmt: skip
+            )
+        except Exception as e:
+            result["models"].append({"model": Path(d).name, "errors": [repr(e)[:2000]]})
+            log(f"{Path(d).name}: FAILED {e!r}")
+    return result
+
+
+def _s(x: float | None) -> str:
+    return fmt_seconds(x) if x is not None else "-"
+
+
+def render_bench_swap(result: dict[str, Any]) -> Table:
+    """One row per model: every swap path's seconds, rates and the goals."""
+    t = Table(title=f"swap paths (vLLM {result['vllm']}, torch {result['torch']}, "
+                    f"{result['host']})")  # fmt: skip
+    for col in ("model", "weights", "cold start", "L1 sleep+wake", "L2+reload",
+                "spswap cycle", "copy GB/s", "pinned GB/s", "pool start", "speedup",
+                "goals", "identical"):  # fmt: skip
+        t.add_column(col, justify="left" if col == "model" else "right")
+    for m in result["models"]:
+        if "goals" not in m:
+            t.add_row(m["model"], *["-"] * 10, "error: " + "; ".join(m.get("errors", []))[:60])
+            continue
+        g = m["goals"]
+        ok = [name for name, key in (("20x", "speedup_ok"), ("bound", "within_bound"),
+                                     ("95%", "copy_ok")) if g[key]]  # fmt: skip
+        speed = g["speedup_vs_level2_reload"]
+        t.add_row(
+            m["model"], fmt_bytes(m["weights"]["size_bytes"]), _s(m["cold_start_s"]),
+            _s(m["level1"]["total_s"]), _s(m.get("level2_reload", {}).get("total_s")),
+            f"{_s(m['spswap_cycle_median_s'])} (<= {_s(g['bound_s'])})",
+            f"{m['copy_median_gb_per_s']:.1f}", f"{m['pinned']['gb_per_s']:.1f}",
+            _s(m["pool_start"]["start_s"]), f"{speed:.0f}x" if speed else "-",
+            ",".join(ok) or "none", "yes" if m["all_identical"] else "NO",
+        )  # fmt: skip
+    return t
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m spswap.bench.swap",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--models",
+        nargs="+",
+        required=True,
+        type=Path,
+        help="model directories (config.json + safetensors)",
+    )
+    ap.add_argument("--pool-dir", type=Path, default=Path("/dev/shm/spswap-bench/pool"))
+    ap.add_argument("--cycles", type=int, default=3)
+    ap.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.4)
+    ap.add_argument("--json", action="store_true", help="print the result as JSON")
+    ap.add_argument("--out", type=Path, help="also write the JSON result here")
+    args = ap.parse_args(argv)  # fmt: skip
+    settings = VllmSettings(gpu_memory_utilization=args.gpu_memory_utilization)
+    result = bench_swap(
+        args.models, pool_dir=args.pool_dir, settings=settings, cycles=args.cycles,
+        max_new_tokens=args.max_new_tokens, log=lambda s: print(s, file=sys.stderr, flush=True),
+    )  # fmt: skip
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        from rich.console import Console
+
+        Console().print(render_bench_swap(result))
+    return 0 if all(m.get("all_identical") for m in result["models"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,321 @@
+"""The vLLM engine.
+
+CPU (always): the pure parts (identity, LLM arguments, rpc replies, goals, model shapes)
+and the worker extension's export -> pool entry -> attach -> copy path, run on a real
+torch model inside a stand-in for vLLM's worker (vLLM's worker itself needs a GPU).
+GPU + vLLM (skipped with a reason elsewhere): a real vLLM 0.26 on a Qwen2 0.5B-shaped
+model with real safetensors: cold vs start-without-disk outputs, sleep/wake cycles,
+and the export round trip checked byte for byte.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import io
+import json
+import os
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from spswap.bench.swap import evict_page_cache, goals, render_bench_swap  # noqa: E402
+from spswap.engines.protocol import Engine  # noqa: E402
+from spswap.engines.vllm_engine import (  # noqa: E402
+    WORKER_EXTENSION,
+    VllmEngine,
+    VllmSettings,
+    available,
+    engine_env,
+    engine_identity,
+    find_entry,
+    identity_matches,
+    llm_kwargs,
+    model_config_hash,
+    rank_result,
+    transfer_report,
+)
+from spswap.engines.vllm_worker import SpswapWorkerExtension, weight_tensors  # noqa: E402
+from spswap.errors import EngineError, TransferError  # noqa: E402
+from spswap.pool.store import Pool  # noqa: E402
+from spswap.transfer.copy import TransferReport  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("make_models", ROOT / "scripts/gpu/make_models.py")
+assert spec and spec.loader
+make_models = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(make_models)
+
+
+def _model_dir(tmp_path: Path, **over: Any) -> Path:
+    d = tmp_path / "m"
+    d.mkdir(exist_ok=True)
+    (d / "config.json").write_text(json.dumps({**make_models.qwen2_config("0.5b"), **over}))
+    return d
+
+
+@pytest.fixture
+def pool(tmp_path: Path) -> Pool:
+    return Pool(tmp_path / "pool", capacity_bytes=1 << 30)
+
+
+# -- pure parts ------------------------------------------------------------------------
+def test_engine_satisfies_the_protocol(tmp_path: Path) -> None:
+    assert isinstance(VllmEngine(_model_dir(tmp_path)), Engine)
+
+
+def test_identity_depends_on_config_content_not_key_order_or_place(tmp_path: Path) -> None:
+    a = _model_dir(tmp_path)
+    b = tmp_path / "elsewhere"
+    b.mkdir()
+    cfg = json.loads((a / "config.json").read_text())
+    (b / "config.json").write_text(json.dumps(dict(reversed(list(cfg.items())))))
+    assert model_config_hash(a) == model_config_hash(b)
+    ident = engine_identity(a, VllmSettings(), "0.26.0")
+    assert ident == {"engine": "vllm", "vllm": "0.26.0", "tp_size": 1, "rank": 0,
+                     "dtype": "bfloat16", "model_config_hash": model_config_hash(a)}  # fmt: skip
+    (b / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 2}))
+    assert model_config_hash(a) != model_config_hash(b)
+    with pytest.raises(EngineError, match="config.json"):
+        model_config_hash(tmp_path / "nowhere")
+
+
+@pytest.mark.parametrize("key", ["engine", "vllm", "tp_size", "rank", "dtype",
+                                 "model_config_hash"])  # fmt: skip
+def test_identity_matches_needs_every_key(key: str, tmp_path: Path) -> None:
+    ident = engine_identity(_model_dir(tmp_path), VllmSettings(), "0.26.0")
+    assert identity_matches({**ident, "extra": 1}, ident)
+    assert not identity_matches({**ident, key: "other"}, ident)
+
+
+def test_find_entry_picks_the_newest_matching_entry(tmp_path: Path, pool: Pool) -> None:
+    ident = engine_identity(_model_dir(tmp_path), VllmSettings(), "0.26.0")
+    digests = []
+    for i, identity in enumerate([ident, {**ident, "dtype": "float16"}, ident]):
+        with pool.writer(f"e{i}", identity=identity) as w:
+            w.add("x", "U8", (4,), bytes([i] * 4))
+        digests.append(w.manifest.digest)
+    found = find_entry(pool, ident)
+    assert found is not None and found.digest == digests[2]
+    assert find_entry(pool, {**ident, "vllm": "0.33.0"}) is None
+
+
+def test_llm_kwargs_and_env(tmp_path: Path) -> None:
+    s = VllmSettings(gpu_memory_utilization=0.3)
+    kw = llm_kwargs(tmp_path, s, dummy=True)
+    assert kw["load_format"] == "dummy" and kw["enable_sleep_mode"] is True
+    assert kw["skip_tokenizer_init"] is True and kw["enable_prefix_caching"] is False
+    assert kw["attention_config"] == {"backend": "FLASH_ATTN"}
+    assert llm_kwargs(tmp_path, s, dummy=False)["load_format"] == "auto"
+    module, _, cls = kw["worker_extension_cls"].rpartition(".")
+    assert getattr(importlib.import_module(module), cls) is SpswapWorkerExtension
+    env = engine_env(s)
+    assert env["VLLM_USE_FLASHINFER_SAMPLER"] == "0" and env["VLLM_USE_V2_MODEL_RUNNER"] == "0"
+    assert engine_env(VllmSettings(multiprocessing=False))["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+
+
+def test_rank_result_checks_every_rank_replied() -> None:
+    assert rank_result([{"a": 1}], "m", 1) == {"a": 1}
+    with pytest.raises(EngineError, match="one dict per rank"):
+        rank_result([None], "m", 1)
+    with pytest.raises(EngineError, match=WORKER_EXTENSION):
+        rank_result([{"a": 1}], "m", 2)
+
+
+def test_transfer_report_round_trips_through_its_json() -> None:
+    r = TransferReport(size_bytes=10, seconds=0.5, device="cuda:0", tensors=2,
+                       registered=True, register_s=0.1)  # fmt: skip
+    assert transfer_report(json.loads(json.dumps(r.to_json()))) == r
+
+
+def test_goals() -> None:
+    g = goals(55_000_000_000, 1.0, 30.0, 52.0, 54.0)
+    assert g["bound_s"] == pytest.approx(1.15) and g["within_bound"]
+    assert g["speedup_vs_level2_reload"] == pytest.approx(30.0) and g["speedup_ok"]
+    assert g["copy_fraction_of_pinned"] == pytest.approx(52 / 54) and g["copy_ok"]
+    g = goals(55_000_000_000, 1.2, 10.0, 40.0, 54.0)
+    assert not (g["within_bound"] or g["speedup_ok"] or g["copy_ok"])
+    assert goals(1, 0.1, None, 1.0, 0.0)["speedup_vs_level2_reload"] is None
+
+
+def test_render_bench_swap_shows_every_path() -> None:
+    from rich.console import Console
+
+    m = {"model": "qwen2-0.5b", "weights": {"size_bytes": 988_000_000}, "cold_start_s": 20.0,
+         "level1": {"total_s": 2.5}, "level2_reload": {"total_s": 3.0},
+         "spswap_cycle_median_s": 0.12, "copy_median_gb_per_s": 53.1,
+         "pinned": {"gb_per_s": 54.0}, "pool_start": {"start_s": 14.0},
+         "all_identical": True, "goals": goals(988_000_000, 0.12, 3.0, 53.1, 54.0)}  # fmt: skip
+    result = {"vllm": "0.26.0", "torch": "2.11", "host": "h", "models": [m,
+              {"model": "broken", "errors": ["boom"]}]}  # fmt: skip
+    out = io.StringIO()
+    Console(file=out, width=250).print(render_bench_swap(result))
+    text = out.getvalue()
+    for s in ("qwen2-0.5b", "53.1", "54.0", "25x", "bound,95%", "yes", "error: boom"):
+        assert s in text, s
+
+
+def test_qwen2_shapes_have_the_published_sizes() -> None:
+    def params(size: str) -> int:
+        shapes = make_models.tensor_shapes(make_models.qwen2_config(size))
+        return sum(int(torch.Size(s).numel()) for s in shapes.values())
+
+    assert 490e6 < params("0.5b") < 500e6
+    assert 1.53e9 < params("1.5b") < 1.55e9
+    assert 7.6e9 < params("7b") < 7.65e9
+    shapes = make_models.tensor_shapes(make_models.qwen2_config("7b"))
+    plan = make_models.shard_plan(shapes, 4 << 30)
+    assert [n for shard in plan for n in shard] == list(shapes)
+    assert len(plan) == 4
+
+
+def test_evict_page_cache(tmp_path: Path) -> None:
+    (tmp_path / "a.safetensors").write_bytes(b"x" * 4096)
+    assert evict_page_cache(tmp_path)
+
+
+# -- the worker extension on CPU, in a stand-in worker -----------------------------------
+class _Tiny(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(11, 4)
+        self.proj = torch.nn.Linear(4, 6)
+        self.head = torch.nn.Linear(4, 11, bias=False)
+        self.head.weight = self.embed.weight  # tied, as Qwen2-0.5B/1.5B
+        self.register_buffer("scale", torch.full((4,), 2.0))  # persistent
+        self.register_buffer("cache", torch.zeros(3), persistent=False)
+
+
+class _Worker(SpswapWorkerExtension):
+    """The attributes of vLLM's GPU worker that the extension reads."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model_runner = SimpleNamespace(model=model)
+        self.vllm_config = SimpleNamespace(parallel_config=SimpleNamespace(tensor_parallel_size=1))
+        self.rank = 0
+
+
+def test_weight_tensors_takes_tied_params_once_and_persistent_buffers() -> None:
+    names = set(weight_tensors(_Tiny()))
+    assert names == {"embed.weight", "proj.weight", "proj.bias", "scale"}
+
+
+def test_worker_export_attach_copy_round_trip(tmp_path: Path, pool: Pool) -> None:
+    torch.manual_seed(0)
+    src = _Worker(_Tiny())
+    out = src.spswap_export(str(pool.pool_dir), "tiny", {"engine": "vllm", "vllm": "x"})
+    assert out["identity"] == {"engine": "vllm", "vllm": "x", "rank": 0, "tp_size": 1}
+    assert out["tensors"] == 4 and json.loads(json.dumps(out)) == out  # plain data
+    torch.manual_seed(1)
+    dst = _Worker(_Tiny())
+    assert dst.spswap_verify(str(pool.pool_dir), "tiny")["differ"]  # different weights
+    loaded = dst.spswap_load(str(pool.pool_dir), out["digest"])
+    assert loaded["copy"]["size_bytes"] > 0 and loaded["attach"]["digest"] == out["digest"]
+    assert dst.spswap_verify(str(pool.pool_dir), "tiny") == {"checked": 4, "differ": []}
+    assert torch.equal(dst.model_runner.model.head.weight, src.model_runner.model.embed.weight)
+    # The entry is in use while attached, and no longer after detach.
+    users = [e.users for e in pool.entries() if e.manifest.digest == out["digest"]][0]
+    assert [h.pid for h in users] == [os.getpid()]
+    with torch.no_grad():
+        dst.model_runner.model.proj.weight.zero_()
+    dst.spswap_copy()  # a wake: from the same mapping again
+    assert dst.spswap_verify(str(pool.pool_dir), "tiny")["differ"] == []
+    assert dst.spswap_detach() == {"detached": True}
+    assert [e.users for e in pool.entries()] == [[]]
+    with pytest.raises(EngineError, match="spswap_attach"):
+        dst.spswap_copy()
+
+
+def test_worker_attach_refuses_an_entry_of_another_layout(tmp_path: Path, pool: Pool) -> None:
+    with pool.writer("other") as w:
+        w.add("x", "U8", (4,), b"abcd")
+    with pytest.raises(TransferError, match="does not fit"):
+        _Worker(_Tiny()).spswap_attach(str(pool.pool_dir), "other")
+    assert [e.users for e in pool.entries()] == [[]]
+
+
+@pytest.mark.skipif(available(), reason="vLLM is installed here")
+def test_without_vllm_loading_says_what_to_do(tmp_path: Path) -> None:
+    with pytest.raises(EngineError, match="reference engine"):
+        VllmEngine(_model_dir(tmp_path)).load_from_checkpoint(_model_dir(tmp_path))
+
+
+# -- a real vLLM on a GPU ------------------------------------------------------------------
+NO_VLLM = "vLLM is not installed (put a vLLM kit on PYTHONPATH: scripts/gpu/README)"
+gpu_vllm = [
+    pytest.mark.gpu, pytest.mark.slow,
+    pytest.mark.skipif(not available(), reason=NO_VLLM),
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU visible"),
+]  # fmt: skip
+PROMPTS = [[(7 * i + 13 * j) % 30000 + 100 for j in range(n)] for i, n in enumerate((8, 17, 33))]
+NEW_TOKENS = 12
+SETTINGS = VllmSettings(gpu_memory_utilization=0.3, max_model_len=512)
+
+
+@pytest.fixture(scope="module")
+def vllm_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    given = os.environ.get("SPSWAP_TEST_VLLM_MODEL")
+    if given:
+        return Path(given)
+    out = tmp_path_factory.mktemp("models")
+    return Path(make_models.write_model(out, "0.5b", seed=0, shard_bytes=4 << 30)["dir"])
+
+
+@pytest.fixture(scope="module")
+def cold(vllm_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    pool = Pool(Path(os.environ.get("SPSWAP_TEST_POOL", tmp_path_factory.mktemp("pool"))))
+    eng = VllmEngine(vllm_model, SETTINGS)
+    eng.load_from_checkpoint(vllm_model)
+    reference = eng.generate(PROMPTS, NEW_TOKENS)
+    manifest = eng.export_weights(pool, "test-qwen2-0.5b")
+    eng.attach(pool, manifest.digest)
+    yield SimpleNamespace(engine=eng, reference=reference, pool=pool, manifest=manifest)
+    eng.close()
+
+
+def _apply(f: Any) -> Any:
+    for m in gpu_vllm:
+        f = m(f)
+    return f
+
+
+@_apply
+def test_cold_outputs_are_deterministic(cold: Any) -> None:
+    assert all(len(o) == NEW_TOKENS for o in cold.reference)
+    assert cold.engine.generate(PROMPTS, NEW_TOKENS) == cold.reference
+
+
+@_apply
+def test_sleep_wake_cycles_give_the_cold_outputs(cold: Any) -> None:
+    eng = cold.engine
+    for _ in range(3):
+        eng.sleep()
+        report = eng.wake()
+        assert report.registered and report.size_bytes == cold.manifest.data_size_bytes
+        assert eng.generate(PROMPTS, NEW_TOKENS) == cold.reference
+    print(f"last wake: {eng.last_wake}", file=sys.stderr)
+
+
+@_apply
+def test_export_round_trip_byte_for_byte(cold: Any) -> None:
+    m = cold.manifest
+    assert m.identity["engine"] == "vllm" and m.identity["rank"] == 0
+    assert any("qkv_proj" in t.name for t in m.tensors)  # the form vLLM holds: fused
+    res = cold.engine._rpc("spswap_verify", str(cold.pool.pool_dir), m.digest)
+    assert res["differ"] == [] and res["checked"] == len(m.tensors)
+
+
+@_apply
+def test_start_without_disk_gives_the_cold_outputs(cold: Any, vllm_model: Path) -> None:
+    with VllmEngine(vllm_model, SETTINGS) as eng:
+        started = eng.start(cold.pool, "unused-name")
+        assert started["from"] == "pool"
+        assert eng.generate(PROMPTS, NEW_TOKENS) == cold.reference
+        eng.sleep()
+        eng.wake()
+        assert eng.generate(PROMPTS, NEW_TOKENS) == cold.reference
