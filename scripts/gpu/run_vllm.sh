@@ -10,6 +10,9 @@ BUDGET_S="${BUDGET_S:-520}"
 MODELS=/tmp/spswap-models
 POOL=/dev/shm/spswap-bench/pool
 mkdir -p "$OUT"
+# The pool belongs on tmpfs; a container's /dev/shm may be too small for it.
+if [ "$(df -B1G --output=avail /dev/shm | tail -1)" -lt 40 ]; then POOL=/tmp/spswap-bench/pool; fi
+echo "pool: $POOL"
 start=$(date +%s)
 left() { echo $(( BUDGET_S - ($(date +%s) - start) )); }
 step() { echo "=== $1 (t=$(( $(date +%s) - start ))s)"; }

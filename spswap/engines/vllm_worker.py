@@ -122,8 +122,10 @@ class SpswapWorkerExtension:
             stack.callback(mapping.close)
             from spswap.transfer.copy import check_compatible
 
-            check_compatible(manifest, weight_tensors(self._spswap_model()))
-            register_s = mapping.register_cuda() if torch.cuda.is_available() else 0.0
+            tensors = weight_tensors(self._spswap_model())
+            check_compatible(manifest, tensors)
+            on_cuda = any(t.is_cuda for t in tensors.values())
+            register_s = mapping.register_cuda() if on_cuda else 0.0
         except BaseException:
             stack.close()
             raise
