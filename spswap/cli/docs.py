@@ -8,7 +8,6 @@ from __future__ import annotations
 import inspect
 import sys
 from pathlib import Path
-
 from typing import Any
 
 import typer

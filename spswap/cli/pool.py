@@ -19,6 +19,7 @@ from spswap.cli.common import JsonOpt, RootOpt, console, emit_json, err_console,
 from spswap.errors import PoolCorrupt
 from spswap.pool.manifest import Manifest
 from spswap.pool.store import EntryInfo, Pool
+from spswap.slurm.backend import job_probe
 from spswap.units import fmt_bytes, fmt_rate, fmt_seconds
 
 app = typer.Typer(
@@ -34,7 +35,7 @@ PROGRESS_MIN_BYTES = 256 << 20
 
 
 def _pool(root: Path | None) -> Pool:
-    return Pool.from_config(load_config(root))
+    return Pool.from_config(load_config(root), job_alive=job_probe())
 
 
 def _ago(ts: float, now: float) -> str:

@@ -13,6 +13,7 @@ from rich.table import Table
 from spswap.cli.common import JsonOpt, RootOpt, console, emit_json, load_config
 from spswap.liveness import Holder
 from spswap.slots.table import UNITS_PER_GPU, SlotTable
+from spswap.slurm.backend import job_probe
 
 app = typer.Typer(
     help=(
@@ -74,7 +75,7 @@ def render_slots(snapshot: dict[str, Any]) -> list[Table]:
 @app.command("ls")
 def ls(json_out: bool = JsonOpt, root: Path | None = RootOpt) -> None:
     """Show every GPU's units, who holds them and who waits (stale holders are reclaimed)."""
-    table = SlotTable.from_config(load_config(root))
+    table = SlotTable.from_config(load_config(root), job_alive=job_probe())
     snap = table.snapshot()
     if json_out:
         emit_json(snap)
@@ -121,7 +122,7 @@ def reserve(
     Give it back earlier with `spswap slots release ID`.
     """
     cfg = load_config(root)
-    table = SlotTable.from_config(cfg)
+    table = SlotTable.from_config(cfg, job_alive=job_probe())
     holder = Holder.current(pid=os.getppid() if pid is None else pid, job_id=job_id or None)
     r = table.reserve(
         model=model, units=units, whole_gpus=whole_gpus, allowed_gpus=gpu or None,

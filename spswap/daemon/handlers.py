@@ -64,13 +64,9 @@ class DaemonState:
         """Slurm's answer to "is this job alive", when a backend is available."""
         if not self._probe_loaded:
             self._probe_loaded = True
-            try:
-                from spswap.slurm.backend import get_backend
+            from spswap.slurm.backend import job_probe
 
-                backend = get_backend()
-                self._job_probe = None if backend is None else backend.job_alive
-            except Exception:  # no Slurm here: holders are judged by their pids alone
-                self._job_probe = None
+            self._job_probe = job_probe()
         return self._job_probe
 
     def slot_table(self) -> Any:

@@ -21,7 +21,8 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any, Protocol, runtime_checkable
 
-from spswap.errors import SlurmCommandError
+from spswap.errors import SlurmCommandError, SpswapError
+from spswap.liveness import JobProbe
 from spswap.slurm.parse import JobInfo, job_info_from_scontrol, parse_squeue_json
 
 CLI_COMMANDS = ("scontrol", "squeue", "scancel")
@@ -294,3 +295,25 @@ def get_backend(*, timeout_s: float = DEFAULT_TIMEOUT_S) -> SlurmBackend | None:
         return None
     pyslurm_backend = PyslurmBackend.create(installed_slurm_version(timeout_s))
     return pyslurm_backend if pyslurm_backend is not None else cli
+
+
+def job_probe(*, timeout_s: float = DEFAULT_TIMEOUT_S) -> JobProbe | None:
+    """The probe bookkeeping plugs in for job-bound holders (``liveness.JobProbe``):
+    None where Slurm is absent (holders are then judged by their processes alone).
+
+    The backend is made on first use: the slot table and the pool ask only about holders
+    whose process has gone, so most commands never pay for a Slurm call.
+    """
+    if not CliBackend(timeout_s=timeout_s).available():
+        return None
+    backend: list[SlurmBackend | None] = []
+
+    def probe(job_id: str) -> bool | None:
+        if not backend:
+            try:
+                backend.append(get_backend(timeout_s=timeout_s))
+            except SpswapError:
+                backend.append(None)
+        return None if backend[0] is None else backend[0].job_alive(job_id)
+
+    return probe
