@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from collections.abc import Sequence
 from typing import Any
 
 from spswap import errors
@@ -27,6 +28,15 @@ class Client:
 
     def call(self, op: str, **args: Any) -> Any:
         """Send ``op`` and return its result; raises the daemon's error as its spswap type."""
+        return self.call_with_fds(op, (), **args)
+
+    def call_with_fds(self, op: str, fds: Sequence[int], **args: Any) -> Any:
+        """Like :meth:`call`, passing open file descriptors along (SCM_RIGHTS).
+
+        The daemon gets its own copies; the caller still owns (and closes) ``fds``.
+        """
+        if len(fds) > protocol.MAX_FDS:
+            raise DaemonError(f"{len(fds)} files in one request; at most {protocol.MAX_FDS}")
         line = protocol.encode(protocol.request(op, **args))
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -42,7 +52,12 @@ class Client:
             except OSError as e:  # e.g. "AF_UNIX path too long"
                 raise self._unreachable(str(e)) from None
             try:
-                sock.sendall(line)
+                if fds:
+                    # the descriptors ride on the first bytes; the rest follows plainly
+                    sent = socket.send_fds(sock, [line], list(fds))
+                    sock.sendall(line[sent:])
+                else:
+                    sock.sendall(line)
                 reply = _read_line(sock)
             except TimeoutError:
                 raise DaemonError(
@@ -75,6 +90,8 @@ def error_from_response(err: dict[str, Any]) -> SpswapError:
     message = str(err.get("message", "the daemon gave no reason"))
     cls = getattr(errors, str(err.get("type", "")), None)
     if isinstance(cls, type) and issubclass(cls, SpswapError):
+        if cls is errors.SlotTimeout:  # the holders are in the message already
+            return errors.SlotTimeout(message, holders=[])
         try:
             return cls(message)
         except TypeError:  # needs more than a message (PoolFull...): keep the text

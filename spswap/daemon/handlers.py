@@ -19,10 +19,11 @@ from typing import Any
 from spswap import __version__
 from spswap.config import Config
 from spswap.daemon import events
-from spswap.daemon.jobs import JobRecord, JobStore
+from spswap.daemon.jobs import JobRecord, JobStore, check_job_id
 from spswap.daemon.protocol import PROTOCOL_VERSION
-from spswap.errors import DaemonError, PermissionDenied, SpswapError
-from spswap.liveness import JobProbe
+from spswap.errors import DaemonError, PermissionDenied, ProtocolError, SlotError, SpswapError
+from spswap.liveness import Holder, JobProbe, pid_alive, pid_start_time
+from spswap.slots.table import SlotTable
 
 ROOT_UID = 0
 
@@ -85,6 +86,8 @@ class Context:
     peer_uid: int
     peer_pid: int
     state: DaemonState
+    fds: tuple[int, ...] = ()
+    """File descriptors that came with the request (SCM_RIGHTS); the server closes them."""
 
 
 Handler = Callable[[Context, dict[str, Any]], Any]
@@ -122,6 +125,100 @@ def op_slots_release(ctx: Context, args: dict[str, Any]) -> Any:
     ctx.state.event("slots.release", job_id=released.holder.job_id, uid=ctx.peer_uid,
                     reservation=released.id, model=released.model)  # fmt: skip
     return released.to_json()
+
+
+def _peer_holder(ctx: Context, job_id: str | None) -> Holder:
+    """The caller as a holder: its pid and uid from SO_PEERCRED, never from the request.
+
+    A job id binds the holder to a Slurm job (it then outlives the process while the job
+    runs), so a user may name only a running job the prolog registered for their uid.
+    """
+    if job_id is not None and ctx.peer_uid != ROOT_UID:
+        rec = ctx.state.jobs.get(job_id)
+        if rec is None:
+            raise PermissionDenied(
+                f"job {job_id} is not registered on this node, so it cannot be checked to be "
+                f"yours (uid {ctx.peer_uid}); run inside the job (its prolog registers it) "
+                "or leave the job id out"
+            )
+        authorize(ctx.peer_uid, rec.uid, f"job {job_id}")
+        if rec.state != "running":
+            raise PermissionDenied(f"job {job_id} has {rec.state}; a reservation or pool use "
+                                   "can be bound only to a running job")  # fmt: skip
+    elif job_id is not None:
+        check_job_id(job_id)
+    start = pid_start_time(ctx.peer_pid)
+    if start is None:
+        raise DaemonError(f"the calling process (pid {ctx.peer_pid}) is gone")
+    return Holder(pid=ctx.peer_pid, pid_start=start, uid=ctx.peer_uid, job_id=job_id,
+                  since=time.time())  # fmt: skip
+
+
+def op_slots_reserve(ctx: Context, args: dict[str, Any]) -> Any:
+    """Reserve for the caller; the wait happens here (this connection's thread only)."""
+    holder = _peer_holder(ctx, args.get("job_id"))
+    cached = ctx.state.slot_table()
+    table = _RequesterTable(cached.slots_dir, cached.gpus, job_alive=cached.job_alive,
+                            poll_interval_s=cached.poll_interval_s)  # fmt: skip
+    res = table.reserve(
+        model=args["model"], units=args.get("units", table.UNITS_PER_GPU),
+        whole_gpus=args.get("whole_gpus"), allowed_gpus=args.get("allowed_gpus"),
+        holder=holder, timeout_s=float(args["timeout_s"]),
+    )  # fmt: skip
+    ctx.state.event("slots.reserve", job_id=holder.job_id, uid=holder.uid, pid=holder.pid,
+                    reservation=res.id, model=res.model, gpus=list(res.gpus),
+                    units=list(res.units))  # fmt: skip
+    return res.to_json()
+
+
+class _RequesterTable(SlotTable):
+    """Stops waiting once the requester has gone (its client was killed mid-wait):
+    otherwise its queue ticket would hold back everyone behind it until the timeout."""
+
+    def _try_grant(self, st: Any, ticket: int, req: Any, holder: Holder, model: str) -> Any:
+        if not pid_alive(holder.pid, holder.pid_start):
+            raise SlotError(f"pid {holder.pid} asked for a slot and exited while waiting")
+        return super()._try_grant(st, ticket, req, holder, model)
+
+
+def _pool(ctx: Context) -> Any:
+    from spswap.pool.store import Pool
+
+    return Pool.from_config(ctx.state.cfg, job_alive=ctx.state.job_probe())
+
+
+def op_pool_use(ctx: Context, args: dict[str, Any]) -> Any:
+    """Mark a pool entry used by the caller (never evicted while it lives)."""
+    holder = _peer_holder(ctx, args.get("job_id"))
+    manifest = _pool(ctx).acquire_use(args["ref"], holder)
+    return manifest.to_json()
+
+
+def op_pool_unuse(ctx: Context, args: dict[str, Any]) -> Any:
+    """Drop one of the caller's uses of an entry (other holders' uses are untouchable)."""
+    pool = _pool(ctx)
+    manifest = pool.find(args["ref"])
+    rec = pool.index.read_unlocked().entries.get(manifest.digest)
+    for h in rec.uses if rec else []:
+        if h.pid == ctx.peer_pid and h.uid == ctx.peer_uid:
+            pool.release_use(manifest.digest, h)
+            return {"digest": manifest.digest, "released": True}
+    return {"digest": manifest.digest, "released": False}
+
+
+def op_pool_import(ctx: Context, args: dict[str, Any]) -> Any:
+    """Import from the descriptors the caller opened: only what the caller can read."""
+    from spswap.pool.importer import import_from_fds
+
+    names = args["files"]
+    if len(names) != len(ctx.fds):
+        raise ProtocolError(f"pool.import names {len(names)} file(s) but {len(ctx.fds)} "
+                            "descriptor(s) came with it; send one descriptor per name")  # fmt: skip
+    files = list(zip(names, ctx.fds, strict=True))
+    manifest = import_from_fds(_pool(ctx), files, name=args.get("name"), owner_uid=ctx.peer_uid)
+    ctx.state.event("pool.import", uid=ctx.peer_uid, pid=ctx.peer_pid, name=manifest.name,
+                    digest=manifest.digest)  # fmt: skip
+    return manifest.to_json()
 
 
 def op_job_register(ctx: Context, args: dict[str, Any]) -> Any:
@@ -231,6 +328,10 @@ HANDLERS: dict[str, Handler] = {
     "status": op_status,
     "slots.list": op_slots_list,
     "slots.release": op_slots_release,
+    "slots.reserve": op_slots_reserve,
+    "pool.use": op_pool_use,
+    "pool.unuse": op_pool_unuse,
+    "pool.import": op_pool_import,
     "job.register": op_job_register,
     "job.end": op_job_end,
     "jobs.list": op_jobs_list,

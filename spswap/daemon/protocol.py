@@ -18,8 +18,14 @@ from spswap.errors import ProtocolError
 PROTOCOL_VERSION = 1
 MAX_MESSAGE_BYTES = 64 * 1024
 """Longest accepted line, newline included; a longer one is answered with an error."""
+MAX_FDS = 256
+"""Most file descriptors one request may carry (SCM_RIGHTS); a checkpoint's shards."""
 
-# op -> {arg name: (accepted JSON kind, required)}. Kinds: "str", "int", "bool", "int_list".
+FD_OPS = frozenset({"pool.import"})
+"""Ops whose request carries open file descriptors; any other op's are closed unread."""
+
+# op -> {arg name: (accepted JSON kind, required)}. Kinds: "str", "int", "bool", "number"
+# (int or float), "int_list", "str_list".
 # Keeping the table here (not in the server) lets the client reject a bad call before it
 # reaches the socket, and keeps the server's dispatch and the protocol in one place.
 ArgSpec = dict[str, tuple[str, bool]]
@@ -28,6 +34,20 @@ OPS: dict[str, ArgSpec] = {
     "status": {},
     "slots.list": {},
     "slots.release": {"reservation_id": ("str", True)},
+    # The holder of a reservation or a pool use is always the caller (SO_PEERCRED); a
+    # job id is accepted only when the prolog registered that job for the caller's uid.
+    "slots.reserve": {
+        "model": ("str", True),
+        "units": ("int", False),
+        "whole_gpus": ("int", False),
+        "allowed_gpus": ("int_list", False),
+        "job_id": ("str", False),
+        "timeout_s": ("number", True),
+    },
+    "pool.use": {"ref": ("str", True), "job_id": ("str", False)},
+    "pool.unuse": {"ref": ("str", True)},
+    # "files": the checkpoint-relative name of each attached file descriptor, in order.
+    "pool.import": {"files": ("str_list", True), "name": ("str", False)},
     "job.register": {
         "job_id": ("str", True),
         "uid": ("int", True),
@@ -103,6 +123,10 @@ def _kind_ok(kind: str, value: Any) -> bool:
         return isinstance(value, int) and not isinstance(value, bool)
     if kind == "bool":
         return isinstance(value, bool)
+    if kind == "number":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == "str_list":
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
     if kind == "int_list":
         return isinstance(value, list) and all(
             isinstance(v, int) and not isinstance(v, bool) for v in value

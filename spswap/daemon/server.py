@@ -47,11 +47,13 @@ class LineTooLong(Exception):
     pass
 
 
-def read_line(conn: socket.socket, buf: bytearray) -> bytes | None:
+def read_line(conn: socket.socket, buf: bytearray, fds: list[int] | None = None) -> bytes | None:
     """The next line (newline included) from ``conn``; None at a clean EOF.
 
-    Raises :class:`LineTooLong` past :data:`protocol.MAX_MESSAGE_BYTES` and
-    ``socket.timeout`` when the client goes quiet mid-line.
+    With ``fds``, file descriptors passed along (SCM_RIGHTS) are appended to it; the
+    caller owns and must close them. Raises :class:`LineTooLong` past
+    :data:`protocol.MAX_MESSAGE_BYTES` and ``socket.timeout`` when the client goes
+    quiet mid-line.
     """
     while True:
         nl = buf.find(b"\n")
@@ -61,7 +63,13 @@ def read_line(conn: socket.socket, buf: bytearray) -> bytes | None:
             return line
         if len(buf) > protocol.MAX_MESSAGE_BYTES:
             raise LineTooLong()
-        chunk = conn.recv(1 << 16)
+        if fds is None:
+            chunk = conn.recv(1 << 16)
+        else:
+            chunk, got, flags, _ = socket.recv_fds(conn, 1 << 16, protocol.MAX_FDS)
+            fds.extend(got)
+            if flags & socket.MSG_CTRUNC:
+                raise LineTooLong()  # more descriptors than one request may carry
         if not chunk:
             return None  # EOF; an unterminated tail is dropped (the client gave up)
         buf += chunk
@@ -145,9 +153,10 @@ class Server:
                 peer = peer_credentials(conn)
                 conn.settimeout(self.read_timeout_s)
                 buf = bytearray()
+                fds: list[int] = []
                 while True:
                     try:
-                        line = read_line(conn, buf)
+                        line = read_line(conn, buf, fds)
                     except LineTooLong:
                         limit = protocol.MAX_MESSAGE_BYTES
                         self._refuse(conn, f"message is larger than the limit of {limit} bytes; "
@@ -159,19 +168,33 @@ class Server:
                         return
                     if line is None:
                         return
-                    self._send(conn, self.handle_line(line, peer))
+                    # descriptors travel with the request they arrived with, and only it
+                    taken, fds[:] = tuple(fds), []
+                    try:
+                        response = self.handle_line(line, peer, taken)
+                    finally:
+                        _close_all(taken)
+                    self._send(conn, response)
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the client left: nothing to answer
             except Exception:
                 self._log_exception("connection")
+            finally:
+                _close_all(fds)
 
-    def handle_line(self, line: bytes, peer: Peer) -> dict[str, Any]:
-        """The response to one request line from ``peer`` (never raises)."""
+    def handle_line(self, line: bytes, peer: Peer, fds: tuple[int, ...] = ()) -> dict[str, Any]:
+        """The response to one request line from ``peer`` (never raises).
+
+        ``fds``: descriptors that came with the line; the caller closes them afterwards.
+        """
         op = "?"
         try:
             req = protocol.decode_request(line)
             op = req.op
-            ctx = Context(peer_uid=peer.uid, peer_pid=peer.pid, state=self.state)
+            if fds and op not in protocol.FD_OPS:
+                raise ProtocolError(f"{op} takes no file descriptors; send them only with "
+                                    f"{', '.join(sorted(protocol.FD_OPS))}")  # fmt: skip
+            ctx = Context(peer_uid=peer.uid, peer_pid=peer.pid, state=self.state, fds=fds)
             return protocol.ok(HANDLERS[req.op](ctx, req.args))
         except ProtocolError as e:
             return protocol.error("ProtocolError", str(e))
@@ -199,6 +222,16 @@ class Server:
         stamp = time.strftime("%F %T")
         sys.stderr.write(f"{stamp} spswapd: error in {where}:\n{traceback.format_exc()}")
         sys.stderr.flush()
+
+
+def _close_all(fds: list[int] | tuple[int, ...]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    if isinstance(fds, list):
+        fds.clear()
 
 
 def install_signal_handlers(server: Server) -> None:

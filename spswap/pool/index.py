@@ -9,6 +9,7 @@ bookkeeping: no torch, no Slurm (the job probe is plugged in).
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,6 +19,7 @@ from typing import Any
 
 from filelock import FileLock
 
+from spswap.errors import PermissionDenied
 from spswap.fsutil import atomic_write_json, read_json
 from spswap.liveness import Holder, JobProbe, holder_alive
 from spswap.pool.manifest import SourceFile
@@ -25,6 +27,10 @@ from spswap.pool.manifest import SourceFile
 INDEX_FILE = "index.json"
 LOCKS_DIR = ".locks"
 INDEX_VERSION = 1
+# Written only by root (the daemon, or root on the command line): users read the index
+# and the entries, and record their uses and imports through spswapd.
+INDEX_MODE = 0o644
+LOCK_MODE = 0o644
 
 
 @dataclass
@@ -105,8 +111,25 @@ class PoolIndex:
     def _file_lock(self) -> FileLock:
         if self._lock is None:
             self.locks_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
-            self._lock = FileLock(str(self.locks_dir / "index.lock"))
+            self._lock = FileLock(str(self.locks_dir / "index.lock"), mode=LOCK_MODE)
         return self._lock
+
+    @property
+    def read_only(self) -> bool:
+        """True when this process cannot take the index lock: it may read, not write."""
+        for target in (self.locks_dir / "index.lock", self.locks_dir, self.pool_dir):
+            if target.exists():
+                return not os.access(target, os.W_OK)
+        return False  # nothing yet: whoever creates the pool may write it
+
+    def check_writable(self, what: str = "change the pool") -> None:
+        """Raise :class:`PermissionDenied` (at once, not after a lock timeout) when read-only."""
+        if self.read_only:
+            raise PermissionDenied(
+                f"cannot {what} directly: {self.pool_dir} is writable only by root (uid "
+                f"{os.getuid()} here); go through the daemon (spswap.access.use_entry / "
+                "import_model), and start it with `spswap daemon start` if it is not running"
+            )
 
     def alive(self, holder: Holder) -> bool:
         return holder_alive(holder, self.job_alive)
@@ -126,6 +149,7 @@ class PoolIndex:
         The lock is re-entrant within one :class:`PoolIndex`, and nested blocks see and
         change the same state.
         """
+        self.check_writable()
         lock = self._file_lock()
         with lock:
             outer = getattr(self, "_state", None)
@@ -140,7 +164,7 @@ class PoolIndex:
                 yield state
                 new = state.to_json()
                 if new != (raw or IndexState().to_json()):
-                    atomic_write_json(self.path, new)
+                    atomic_write_json(self.path, new, mode=INDEX_MODE)
             finally:
                 self._state = None
 

@@ -76,6 +76,12 @@ class Pool:
         """The pool under ``cfg.paths.pool`` with ``cfg.pool_capacity_bytes``."""
         return cls(cfg.paths.pool, capacity_bytes=cfg.pool_capacity_bytes, job_alive=job_alive)
 
+    @property
+    def read_only(self) -> bool:
+        """True for a caller that may read the pool but not change it (a user, not root):
+        ls, find, data_path and verify work; uses and imports go through spswapd."""
+        return self.index.read_only
+
     # -- sizes -------------------------------------------------------------------------
 
     @property
@@ -342,6 +348,7 @@ class Pool:
         tensor sizes) reserves room, evicting if needed,
         before anything is written; without it room is made when the entry is published.
         """
+        self.index.check_writable(f"write pool entry {name!r}")
         self.ensure_dirs()
         return EntryWriter(self, name, identity=identity, sources=sources,
                            expected_size_bytes=expected_size_bytes)  # fmt: skip
@@ -357,6 +364,7 @@ class Pool:
         """Import a safetensors checkpoint (file or directory); see :mod:`spswap.pool.importer`."""
         from spswap.pool.importer import import_checkpoint
 
+        self.index.check_writable(f"import {path}")
         return import_checkpoint(self, Path(path), name=name, progress=progress)
 
     def find_by_sources(self, sources: Sequence[SourceFile]) -> Manifest | None:

@@ -35,6 +35,11 @@ from spswap.slots.alloc import UNITS_PER_GPU, VALID_UNITS, allocate
 STATE_FILE = "state.json"
 LOCK_FILE = "slots.lock"
 _READ_LOCK_TIMEOUT_S = 30.0
+# Only the daemon (root) writes here: a lock users could open would let any of them
+# hold it forever, and a writable state file would let them grant themselves GPUs.
+DIR_MODE = 0o755
+STATE_MODE = 0o644
+LOCK_MODE = 0o644
 
 
 @dataclass(frozen=True)
@@ -121,9 +126,9 @@ def _make_lock(path: Path) -> filelock.BaseFileLock:
     # preserve_lock_file (filelock >= 4) rules out the soft-lock fallback, which
     # releases by unlinking its marker; older versions never unlink on Unix.
     try:
-        return filelock.FileLock(path, mode=0o666, preserve_lock_file=True)  # type: ignore[call-arg,unused-ignore]
+        return filelock.FileLock(path, mode=LOCK_MODE, preserve_lock_file=True)  # type: ignore[call-arg,unused-ignore]
     except TypeError:
-        return filelock.FileLock(path, mode=0o666)
+        return filelock.FileLock(path, mode=LOCK_MODE)
 
 
 class SlotTable:
@@ -146,13 +151,26 @@ class SlotTable:
         self.state_path = self.slots_dir / STATE_FILE
         self.lock_path = self.slots_dir / LOCK_FILE
         if not self.slots_dir.is_dir():
-            self.slots_dir.mkdir(parents=True, exist_ok=True)
-            # Every user of the node reserves here; the lock needs a writable directory.
             try:
-                os.chmod(self.slots_dir, 0o777)
+                self.slots_dir.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
+                os.chmod(self.slots_dir, DIR_MODE)  # whatever the umask
             except PermissionError:
-                pass
+                pass  # a user looking before the daemon made it: reads see an empty table
         self._lock = _make_lock(self.lock_path)
+
+    @property
+    def read_only(self) -> bool:
+        """True when this process cannot take the lock (a user: changes go through spswapd)."""
+        target = self.lock_path if self.lock_path.exists() else self.slots_dir
+        return not os.access(target, os.W_OK)
+
+    def _check_writable(self, what: str) -> None:
+        if self.read_only:
+            raise PermissionDenied(
+                f"cannot {what} directly: {self.slots_dir} is writable only by root (uid "
+                f"{os.getuid()} here); go through the daemon (spswap.access.reserve_slot / "
+                "release_slot), and start it with `spswap daemon start` if it is not running"
+            )
 
     @classmethod
     def from_config(
@@ -190,6 +208,7 @@ class SlotTable:
         ``timeout_s``, and :class:`SlotError` for a request that can never be met.
         """
         req = self._request(units, whole_gpus, allowed_gpus)
+        self._check_writable("reserve a slot")
         holder = Holder.current() if holder is None else holder
         deadline = time.monotonic() + timeout_s
         ticket: int | None = None
@@ -224,6 +243,7 @@ class SlotTable:
 
     def release(self, reservation_id: str, *, uid: int | None = None) -> Reservation:
         """Give a reservation back; ``uid`` (unless root) must be the holder's."""
+        self._check_writable("release a reservation")
         with self._locked() as st:
             for r in st.reclaimed:
                 if r.id == reservation_id:
@@ -246,22 +266,22 @@ class SlotTable:
 
     def reservations(self) -> list[Reservation]:
         """Live reservations (stale ones are reclaimed first)."""
-        with self._locked() as st:
+        with self._view() as st:
             return list(st.reservations)
 
     def waiters(self) -> list[dict[str, Any]]:
         """Queued requests in ticket order (dead waiters dropped first)."""
-        with self._locked() as st:
+        with self._view() as st:
             return [dict(q) for q in st.queue]
 
     def reclaim_stale(self) -> list[Reservation]:
         """Drop reservations whose holder has gone; return them."""
-        with self._locked() as st:
+        with self._view() as st:
             return list(st.reclaimed)
 
     def snapshot(self) -> dict[str, Any]:
         """JSON-ready view: per GPU units free/held with reservation ids, reservations, waiters."""
-        with self._locked() as st:
+        with self._view() as st:
             reservations = list(st.reservations)
             queue = [dict(q) for q in st.queue]
         return build_snapshot(self.gpus, reservations, queue)
@@ -326,9 +346,21 @@ class SlotTable:
             self._reclaim(st)
             yield st
             if st.dirty:
-                atomic_write_json(self.state_path, st.to_json())
+                atomic_write_json(self.state_path, st.to_json(), mode=STATE_MODE)
         finally:
             self._lock.release()
+
+    @contextmanager
+    def _view(self) -> Iterator[_State]:
+        """The state for reading: locked (and cleaned) when this process may write it,
+        else read without the lock (the file is replaced atomically) and cleaned in memory."""
+        if not self.read_only:
+            with self._locked() as st:
+                yield st
+            return
+        st = self._load()
+        self._reclaim(st)
+        yield st
 
     def _load(self) -> _State:
         data = read_json(self.state_path)
