@@ -1,0 +1,145 @@
+"""Slots through spswapd for a second real uid: held by the caller, never writable by it."""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from typing import Any
+
+from spswap import access
+from spswap.config import Config
+from spswap.daemon.client import Client
+from spswap.slots.table import SlotTable
+from tests.security.conftest import TEST_USER, as_user, outcome, spawn_as
+
+
+def _register(cfg: Config, user_uid: int) -> None:
+    root = Client(cfg)
+    root.call("job.register", job_id="100", uid=0, user="root")
+    root.call("job.register", job_id="200", uid=user_uid, user=TEST_USER)
+    root.call("job.register", job_id="201", uid=user_uid, user=TEST_USER)
+    root.call("job.end", job_id="201")
+
+
+def _user_session(cfg: Config, root_rid: str) -> dict[str, Any]:
+    out: dict[str, Any] = {"pid": os.getpid()}
+    r = access.reserve_slot(cfg, model="mine", units=1, allowed_gpus=[0], job_id="200",
+                            timeout_s=5)  # fmt: skip
+    out["mine"] = r.to_json()
+    table = SlotTable(cfg.paths.slots, [0, 1])
+    out["read_only"] = table.read_only
+    out["seen"] = sorted(x.id for x in table.reservations())  # read without the lock
+    out["snapshot_units_free"] = [g["units_free"] for g in table.snapshot()["gpus"]]
+    out["other_job"] = outcome(access.reserve_slot, cfg, model="x", units=1, job_id="100",
+                               timeout_s=1)  # fmt: skip
+    out["unregistered_job"] = outcome(access.reserve_slot, cfg, model="x", units=1,
+                                      job_id="999", timeout_s=1)  # fmt: skip
+    out["ended_job"] = outcome(access.reserve_slot, cfg, model="x", units=1, job_id="201",
+                               timeout_s=1)  # fmt: skip
+    out["release_root"] = outcome(access.release_slot, cfg, root_rid)
+    out["direct_reserve"] = outcome(table.reserve, model="x", units=1, timeout_s=1)
+    for name in ("state.json", "slots.lock"):
+        out[f"write_{name}"] = outcome(open, cfg.paths.slots / name, "r+")
+    out["create_file"] = outcome(open, cfg.paths.slots / "mine.json", "w")
+    out["release_mine"] = outcome(access.release_slot, cfg, r.id)
+    out["after"] = sorted(x.id for x in table.reservations())
+    return out
+
+
+def test_user_reserves_through_daemon_only(cfg: Config, daemon: int, user_uid: int) -> None:
+    _register(cfg, user_uid)
+    table = SlotTable.from_config(cfg)
+    rootres = access.reserve_slot(cfg, model="root-model", units=2, allowed_gpus=[0],
+                                  timeout_s=5)  # fmt: skip
+    for path, mode in ((cfg.paths.slots, 0o755), (table.state_path, 0o644),
+                       (table.lock_path, 0o644)):  # fmt: skip
+        st = os.stat(path)
+        assert (stat.S_IMODE(st.st_mode), st.st_uid) == (mode, 0), path
+
+    out = as_user(user_uid, _user_session, cfg, rootres.id)
+
+    mine = out["mine"]
+    assert mine["holder"]["pid"] == out["pid"] and mine["holder"]["uid"] == user_uid
+    assert mine["holder"]["job_id"] == "200" and mine["holder"]["pid_start"]
+    assert mine["gpus"] == [0] and len(mine["units"]) == 1
+    assert out["read_only"] is True
+    assert out["seen"] == sorted([rootres.id, mine["id"]])
+    assert out["snapshot_units_free"] == [1, 4]
+    assert out["other_job"].startswith("PermissionDenied: job 100 belongs to uid 0"), out
+    assert out["unregistered_job"].startswith("PermissionDenied: job 999 is not registered")
+    assert out["ended_job"].startswith("PermissionDenied: job 201 has ended"), out
+    assert out["release_root"].startswith("PermissionDenied: "), out
+    assert out["direct_reserve"].startswith("PermissionDenied: cannot reserve a slot directly")
+    assert "spswap daemon start" in out["direct_reserve"]
+    for key in ("write_state.json", "write_slots.lock", "create_file"):
+        assert out[key].startswith("PermissionError: "), (key, out[key])
+    assert out["release_mine"] == "ok"
+    assert out["after"] == [rootres.id]
+    # root's reservation is untouched; root (direct) may release it
+    assert [r.id for r in table.reservations()] == [rootres.id]
+    assert access.release_slot(cfg, rootres.id).id == rootres.id
+    assert table.reservations() == []
+
+
+def _wait_for_slot(cfg: Config, timeout_s: float) -> Any:
+    try:
+        r = access.reserve_slot(cfg, model="waiter", units=4, allowed_gpus=[1],
+                                timeout_s=timeout_s)  # fmt: skip
+    except Exception as e:
+        return [type(e).__name__, str(e), os.getpid()]
+    return [r.to_json(), time.time(), os.getpid()]
+
+
+def test_long_wait_in_daemon_blocks_nobody(cfg: Config, daemon: int, user_uid: int) -> None:
+    held = access.reserve_slot(cfg, model="hog", units=4, allowed_gpus=[1], timeout_s=5)
+    waiter = spawn_as(user_uid, _wait_for_slot, cfg, 20.0)
+    client = Client(cfg)
+    deadline = time.monotonic() + 10
+    while not client.call("slots.list")["waiters"]:
+        assert time.monotonic() < deadline, "the user's request never queued"
+        time.sleep(0.05)
+    # the daemon answers others while one connection waits for a slot
+    t0 = time.monotonic()
+    for _ in range(5):
+        assert client.call("ping")["pong"] is True
+    assert time.monotonic() - t0 < 2.0
+    queued = client.call("slots.list")["waiters"]
+    assert [q["holder"]["uid"] for q in queued] == [user_uid]
+    assert queued[0]["holder"]["pid"] == waiter.pid
+    released_at = time.time()
+    access.release_slot(cfg, held.id)
+    granted, granted_at, pid = waiter.result()
+    assert granted["holder"] == {**granted["holder"], "pid": pid, "uid": user_uid}
+    assert granted["gpus"] == [1] and granted_at >= released_at
+    # the holder's process has exited: the next read reclaims its reservation
+    assert SlotTable.from_config(cfg).reservations() == []
+
+
+def test_timeout_comes_back_as_slot_timeout(cfg: Config, daemon: int, user_uid: int) -> None:
+    held = access.reserve_slot(cfg, model="hog", units=4, allowed_gpus=[1], timeout_s=5)
+    kind, message, _pid = as_user(user_uid, _wait_for_slot, cfg, 0.5)
+    assert kind == "SlotTimeout", message
+    assert "no slot for model waiter" in message and held.id in message
+    assert Client(cfg).call("slots.list")["waiters"] == []
+
+
+def test_killed_waiter_frees_its_place(cfg: Config, daemon: int, user_uid: int) -> None:
+    held = access.reserve_slot(cfg, model="hog", units=4, allowed_gpus=[1], timeout_s=5)
+    waiter = spawn_as(user_uid, _wait_for_slot, cfg, 30.0)
+    client = Client(cfg)
+    deadline = time.monotonic() + 10
+    while not client.call("slots.list")["waiters"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    os.kill(waiter.pid, 9)
+    os.waitpid(waiter.pid, 0)
+    os.close(waiter.rfd)
+    access.release_slot(cfg, held.id)
+    # root gets the GPU at once: the dead waiter neither holds it nor stays queued ahead
+    t0 = time.monotonic()
+    mine = access.reserve_slot(cfg, model="next", units=4, allowed_gpus=[1], timeout_s=5)
+    assert time.monotonic() - t0 < 3.0
+    assert mine.holder.pid == os.getpid()
+    time.sleep(0.2)  # the daemon thread notices its requester is gone and dequeues
+    assert client.call("slots.list")["waiters"] == []
