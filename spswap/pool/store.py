@@ -362,9 +362,9 @@ class Pool:
         progress: Callable[[int, int], None] | None = None,
     ) -> Manifest:  # fmt: skip
         """Import a safetensors checkpoint (file or directory); see :mod:`spswap.pool.importer`."""
+        self.index.check_writable(f"import {path}")
         from spswap.pool.importer import import_checkpoint
 
-        self.index.check_writable(f"import {path}")
         return import_checkpoint(self, Path(path), name=name, progress=progress)
 
     def find_by_sources(self, sources: Sequence[SourceFile]) -> Manifest | None:

@@ -20,6 +20,12 @@ from typing import Any
 
 import pytest
 
+# The forked child runs as a uid that may not read the interpreter's own library
+# directory (/root/.pyenv): anything it imports lazily must be imported here first.
+import concurrent.futures  # noqa: F401  (spswap.pool.copy)
+import spswap.pool.importer  # noqa: F401
+import spswap.pool.safetensors_format  # noqa: F401
+import spswap.slots.gpus  # noqa: F401
 from spswap.config import Config
 from spswap.daemon import lifecycle
 
