@@ -6,6 +6,9 @@ the daemon sees a different SO_PEERCRED and the kernel applies real file permiss
 
 from __future__ import annotations
 
+# The forked child runs as a uid that may not read the interpreter's own library
+# directory (/root/.pyenv): anything it imports lazily is imported here first.
+import concurrent.futures  # noqa: F401  (used lazily by spswap.pool.copy)
 import json
 import os
 import pwd
@@ -20,9 +23,6 @@ from typing import Any
 
 import pytest
 
-# The forked child runs as a uid that may not read the interpreter's own library
-# directory (/root/.pyenv): anything it imports lazily must be imported here first.
-import concurrent.futures  # noqa: F401  (spswap.pool.copy)
 import spswap.pool.importer  # noqa: F401
 import spswap.pool.safetensors_format  # noqa: F401
 import spswap.slots.gpus  # noqa: F401
