@@ -54,6 +54,15 @@ def default_prompts(vocab_size: int = 32000) -> list[list[int]]:
             for i, n in enumerate((8, 17, 33, 64))]  # fmt: skip
 
 
+def compare_outputs(got: list[list[int]], want: list[list[int]]) -> dict[str, Any]:
+    """Whether greedy outputs match, and where each prompt's first differs (None: equal)."""
+    first = [next((i for i, (a, b) in enumerate(zip(g, w, strict=False)) if a != b),
+                  None if len(g) == len(w) else min(len(g), len(w)))
+             for g, w in zip(got, want, strict=True)]  # fmt: skip
+    return {"equal": got == want, "prompts_equal": sum(f is None for f in first),
+            "prompts": len(want), "first_diff": first}  # fmt: skip
+
+
 def evict_page_cache(model_dir: Path) -> bool:
     """Drop ``model_dir``'s files from the page cache (fsync + POSIX_FADV_DONTNEED), so
     a cold start reads the disk. Best effort: returns whether every file was advised."""
@@ -119,17 +128,24 @@ def bench_model(
     model_dir: Path, pool: Pool, settings: VllmSettings, *, cycles: int = 3,
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, prompts: list[list[int]] | None = None,
     log: Callable[[str], None] = lambda s: None, keep_entry: bool = False,
+    into: dict[str, Any] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """Every swap path for one model directory; see the module docstring."""
+    """Every swap path for one model directory; see the module docstring. Results
+    accumulate in ``into`` (when given) so a failure part-way keeps what was measured."""
     model_dir = Path(model_dir)
     config = json.loads((model_dir / "config.json").read_text())
     prompts = prompts or default_prompts(int(config.get("vocab_size", 32000)))
-    r: dict[str, Any] = {"model": model_dir.name, "path": str(model_dir), "errors": []}
+    r = into if into is not None else {}
+    r.update({"model": model_dir.name, "path": str(model_dir), "errors": []})
     identical: dict[str, bool] = {}
+    r["mismatches"] = {}
 
     def check(label: str, engine: VllmEngine) -> None:
-        identical[label] = engine.generate(prompts, max_new_tokens) == reference
-        log(f"{model_dir.name}: {label}: identical={identical[label]}")
+        c = compare_outputs(engine.generate(prompts, max_new_tokens), reference)
+        identical[label] = c["equal"]
+        if not c["equal"]:
+            r["mismatches"][label] = c
+        log(f"{model_dir.name}: {label}: identical={c['equal']} first_diff={c['first_diff']}")
 
     eng = VllmEngine(model_dir, settings)
     try:
@@ -180,6 +196,9 @@ def bench_model(
             pool.remove(manifest.digest)
     r["identical"] = identical
     r["all_identical"] = all(identical.values())
+    # A no-swap repeat that differs means vLLM itself is not run-to-run exact here:
+    # later mismatches then say nothing about the swap (see the kit notes on flat logits).
+    r["repeat_deterministic"] = identical.get("cold_repeat", False)
     cycle_s = statistics.median(c["total_s"] for c in r["spswap_cycles"])
     copy_rate = statistics.median(c["copy"]["gb_per_s"] for c in r["spswap_cycles"])
     r["spswap_cycle_median_s"] = cycle_s
@@ -206,15 +225,15 @@ def bench_swap(
         "pool_dir": str(pool_dir), "models": [],
     }  # fmt: skip
     for d in model_dirs:
+        partial: dict[str, Any] = {}
         try:
-            result["models"].append(
-                bench_model(
-                    Path(d), pool, settings, cycles=cycles, max_new_tokens=max_new_tokens, log=log
-                )  # fmt: skip
-            )
+            bench_model(Path(d), pool, settings, cycles=cycles,
+                        max_new_tokens=max_new_tokens, log=log, into=partial)  # fmt: skip
         except Exception as e:
-            result["models"].append({"model": Path(d).name, "errors": [repr(e)[:2000]]})
+            partial.setdefault("model", Path(d).name)
+            partial.setdefault("errors", []).append(repr(e)[:2000])
             log(f"{Path(d).name}: FAILED {e!r}")
+        result["models"].append(partial)
     return result
 
 

@@ -79,13 +79,16 @@ class VllmSettings:
 
 def engine_env(settings: VllmSettings) -> dict[str, str]:
     """Environment vLLM reads at start: no hub, no telemetry, no flashinfer sampler
-    (not shipped everywhere), the V1 model runner, in/out-of-process engine core."""
+    (not shipped everywhere), the V1 model runner, in/out-of-process engine core
+    started by spawn."""
     return {
         "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
         "VLLM_USE_FLASHINFER_SAMPLER": "0",
         "VLLM_USE_V2_MODEL_RUNNER": "1" if settings.v2_model_runner else "0",
         "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if settings.multiprocessing else "0",
+        # A parent that touched CUDA (even torch.cuda.is_available()) poisons fork.
+        "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
     }  # fmt: skip
 
 

@@ -48,6 +48,12 @@ def weight_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
+def _host_bytes(t: torch.Tensor) -> Any:
+    """A tensor's bytes on the host as a flat uint8 numpy array (0-dim tensors too:
+    vLLM holds scalar parameters such as attention scales)."""
+    return t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy()
+
+
 class SpswapWorkerExtension:
     """Mixed into vLLM's worker (``worker_extension_cls``); see the module docstring.
 
@@ -100,7 +106,7 @@ class SpswapWorkerExtension:
         with pool.writer(name, identity=identity, expected_size_bytes=total) as w:
             for tname in sorted(tensors):
                 t = tensors[tname]
-                raw = t.detach().contiguous().to("cpu").view(torch.uint8).reshape(-1).numpy()
+                raw = _host_bytes(t)
                 w.add(tname, to_safetensors(t.dtype), tuple(t.shape), raw)
         m = w.manifest
         assert m is not None  # set when the writer closes without an error
@@ -175,7 +181,7 @@ class SpswapWorkerExtension:
             if t is None:
                 differ.append(entry.name)
                 continue
-            raw = t.detach().contiguous().to("cpu").view(torch.uint8).reshape(-1).numpy()
+            raw = _host_bytes(t)
             if "sha256:" + hashlib.sha256(raw.tobytes()).hexdigest() != entry.checksum:
                 differ.append(entry.name)
         return {"checked": len(manifest.tensors), "differ": differ}

@@ -24,7 +24,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from spswap.bench.swap import evict_page_cache, goals, render_bench_swap  # noqa: E402
+from spswap.bench.swap import (  # noqa: E402
+    compare_outputs,
+    evict_page_cache,
+    goals,
+    render_bench_swap,
+)
 from spswap.engines.protocol import Engine  # noqa: E402
 from spswap.engines.vllm_engine import (  # noqa: E402
     WORKER_EXTENSION,
@@ -116,6 +121,7 @@ def test_llm_kwargs_and_env(tmp_path: Path) -> None:
     assert getattr(importlib.import_module(module), cls) is SpswapWorkerExtension
     env = engine_env(s)
     assert env["VLLM_USE_FLASHINFER_SAMPLER"] == "0" and env["VLLM_USE_V2_MODEL_RUNNER"] == "0"
+    assert env["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
     assert engine_env(VllmSettings(multiprocessing=False))["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
 
 
@@ -141,6 +147,13 @@ def test_goals() -> None:
     g = goals(55_000_000_000, 1.2, 10.0, 40.0, 54.0)
     assert not (g["within_bound"] or g["speedup_ok"] or g["copy_ok"])
     assert goals(1, 0.1, None, 1.0, 0.0)["speedup_vs_level2_reload"] is None
+
+
+def test_compare_outputs_says_where_prompts_diverge() -> None:
+    assert compare_outputs([[1, 2], [3]], [[1, 2], [3]]) == {
+        "equal": True, "prompts_equal": 2, "prompts": 2, "first_diff": [None, None]}  # fmt: skip
+    c = compare_outputs([[1, 5, 6], [3], [4]], [[1, 2, 3], [3], [4, 4]])
+    assert c["first_diff"] == [1, None, 1] and c["prompts_equal"] == 1 and not c["equal"]
 
 
 def test_render_bench_swap_shows_every_path() -> None:
@@ -189,6 +202,7 @@ class _Tiny(torch.nn.Module):
         self.head.weight = self.embed.weight  # tied, as Qwen2-0.5B/1.5B
         self.register_buffer("scale", torch.full((4,), 2.0))  # persistent
         self.register_buffer("cache", torch.zeros(3), persistent=False)
+        self.k_scale = torch.nn.Parameter(torch.rand(()), requires_grad=False)  # 0-dim
 
 
 class _Worker(SpswapWorkerExtension):
@@ -202,7 +216,7 @@ class _Worker(SpswapWorkerExtension):
 
 def test_weight_tensors_takes_tied_params_once_and_persistent_buffers() -> None:
     names = set(weight_tensors(_Tiny()))
-    assert names == {"embed.weight", "proj.weight", "proj.bias", "scale"}
+    assert names == {"embed.weight", "proj.weight", "proj.bias", "k_scale", "scale"}
 
 
 def test_worker_export_attach_copy_round_trip(tmp_path: Path, pool: Pool) -> None:
@@ -210,14 +224,15 @@ def test_worker_export_attach_copy_round_trip(tmp_path: Path, pool: Pool) -> Non
     src = _Worker(_Tiny())
     out = src.spswap_export(str(pool.pool_dir), "tiny", {"engine": "vllm", "vllm": "x"})
     assert out["identity"] == {"engine": "vllm", "vllm": "x", "rank": 0, "tp_size": 1}
-    assert out["tensors"] == 4 and json.loads(json.dumps(out)) == out  # plain data
+    assert out["tensors"] == 5 and json.loads(json.dumps(out)) == out  # plain data
     torch.manual_seed(1)
     dst = _Worker(_Tiny())
     assert dst.spswap_verify(str(pool.pool_dir), "tiny")["differ"]  # different weights
     loaded = dst.spswap_load(str(pool.pool_dir), out["digest"])
     assert loaded["copy"]["size_bytes"] > 0 and loaded["attach"]["digest"] == out["digest"]
-    assert dst.spswap_verify(str(pool.pool_dir), "tiny") == {"checked": 4, "differ": []}
+    assert dst.spswap_verify(str(pool.pool_dir), "tiny") == {"checked": 5, "differ": []}
     assert torch.equal(dst.model_runner.model.head.weight, src.model_runner.model.embed.weight)
+    assert float(dst.model_runner.model.k_scale) == float(src.model_runner.model.k_scale)
     # The entry is in use while attached, and no longer after detach.
     users = [e.users for e in pool.entries() if e.manifest.digest == out["digest"]][0]
     assert [h.pid for h in users] == [os.getpid()]
