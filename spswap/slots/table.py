@@ -156,7 +156,20 @@ class SlotTable:
                 os.chmod(self.slots_dir, DIR_MODE)  # whatever the umask
             except PermissionError:
                 pass  # a user looking before the daemon made it: reads see an empty table
+        self._tighten_modes()
         self._lock = _make_lock(self.lock_path)
+
+    def _tighten_modes(self) -> None:
+        # Earlier releases made these world-writable; whoever owns them (root in
+        # production) takes write access away from everyone else on sight.
+        for path, mode in ((self.slots_dir, DIR_MODE), (self.state_path, STATE_MODE),
+                           (self.lock_path, LOCK_MODE)):  # fmt: skip
+            try:
+                st = os.stat(path)
+                if st.st_uid == os.geteuid() and st.st_mode & 0o022:
+                    os.chmod(path, mode)
+            except OSError:
+                pass
 
     @property
     def read_only(self) -> bool:

@@ -9,6 +9,7 @@ import subprocess
 
 import pytest
 
+from spswap import access
 from spswap.config import Config
 from spswap.daemon.client import Client
 from spswap.liveness import Holder
@@ -32,13 +33,18 @@ def user_uid() -> int:
     return pwd.getpwnam(TEST_USER).pw_uid
 
 
+@pytest.fixture(autouse=True)
+def _daemon_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    # autouse fixtures come first, so the daemon started by `daemon` inherits it
+    monkeypatch.setenv("SPSWAP_GPUS", "0")
+
+
 def _steps(cfg: Config, steps: list) -> list[str]:
     out = []
     for op, args in steps:
-        if op == "reserve-own":  # a reservation of this process, released through the socket
-            r = SlotTable(cfg.paths.slots, [0]).reserve(
-                model="mine", units=1, holder=Holder.current(), timeout_s=5
-            )
+        if op == "reserve-own":  # a reservation of this process, through the socket both ways
+            r = access.reserve_slot(cfg, model="mine", units=1, allowed_gpus=[0], timeout_s=5)
+            assert (r.holder.pid, r.holder.uid) == (os.getpid(), os.getuid())
             op, args = "slots.release", {"reservation_id": r.id}
         try:
             Client(cfg).call(op, **args)
@@ -86,13 +92,7 @@ def test_user_acts_only_on_own(cfg: Config, daemon: int, user_uid: int) -> None:
     root.call("job.register", job_id="100", uid=0, user="root")
     root.call("job.register", job_id="200", uid=user_uid, user=TEST_USER)
     table = SlotTable(cfg.paths.slots, [0])
-    os.chmod(cfg.paths.slots, 0o777)  # as the prolog's table would leave it
-    for name in ("slots.lock", "state.json"):
-        if (cfg.paths.slots / name).exists():
-            os.chmod(cfg.paths.slots / name, 0o666)
     rootres = table.reserve(model="root-model", units=2, holder=Holder.current(), timeout_s=5)
-    for name in ("slots.lock", "state.json"):
-        os.chmod(cfg.paths.slots / name, 0o666)
 
     out = run_as_user(cfg, [
         ["slots.release", {"reservation_id": rootres.id}],

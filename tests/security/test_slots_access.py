@@ -143,3 +143,17 @@ def test_killed_waiter_frees_its_place(cfg: Config, daemon: int, user_uid: int) 
     assert mine.holder.pid == os.getpid()
     time.sleep(0.2)  # the daemon thread notices its requester is gone and dequeues
     assert client.call("slots.list")["waiters"] == []
+
+
+def test_root_takes_back_world_writable_slot_files(cfg: Config) -> None:
+    # what an earlier release left behind: 0777 directory, 0666 files
+    cfg.paths.slots.mkdir(parents=True)
+    os.chmod(cfg.paths.slots, 0o777)
+    for name in ("state.json", "slots.lock"):
+        (cfg.paths.slots / name).touch()
+        os.chmod(cfg.paths.slots / name, 0o666)
+    (cfg.paths.slots / "state.json").write_text('{"version": 1}')
+    table = SlotTable.from_config(cfg)
+    modes = {p.name: stat.S_IMODE(os.stat(p).st_mode)
+             for p in (cfg.paths.slots, table.state_path, table.lock_path)}  # fmt: skip
+    assert modes == {"slots": 0o755, "state.json": 0o644, "slots.lock": 0o644}
