@@ -187,6 +187,10 @@ class PoolAccess:
             raise ValueError("the holder of a use is always the calling process")
         return use_entry(self.cfg, ref, job_id=self.job_id)
 
+    @property
+    def pool_dir(self) -> Path:
+        return self.pool.pool_dir
+
     def data_path(self, manifest: Manifest) -> Path:
         return self.pool.data_path(manifest)
 
