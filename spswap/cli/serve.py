@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from spswap.cli.common import RootOpt, emit_json, err_console, load_config
+from spswap.config import Config
 from spswap.errors import SpswapError
 
 
@@ -34,6 +36,11 @@ def serve(
     ),
     requeue: bool = typer.Option(
         True, help="On USR1, ask Slurm to requeue this job after saving its state."
+    ),
+    checkpoint: bool = typer.Option(
+        True, help="On a stop, have the node daemon checkpoint this process (CUDA checkpoint "
+        "+ CRIU) so the requeued run restores it instead of starting again; needs a Slurm "
+        "job and a running spswapd, silently off otherwise.",
     ),
     root: Path = RootOpt,
     json: bool = typer.Option(False, "--json", help="Print a JSON summary when the run ends."),
@@ -65,11 +72,14 @@ def serve(
     )  # fmt: skip
     from spswap.serve.factory import make_engine
 
+    checkpointer = _checkpointer(cfg) if checkpoint and job is not None else None
+
     server = Server(
         cfg, opts, engine_factory=make_engine,
         job_id=job.job_id if job else None,
         restart_count=job.restart_count if job else 0,
         requeue=_requeue if requeue else None,
+        checkpointer=checkpointer,
         log=lambda msg: err_console.print(msg, markup=False, highlight=False),
     )  # fmt: skip
     server.install_signal_handlers()
@@ -86,6 +96,22 @@ def serve(
             f"spswap serve: answered {result.answered}, {result.pending_left} left in "
             f"{state_dir}/inbox" + (f"; stopped by {result.stopped_by}" if result.stopped_by
                                     else ""), markup=False)  # fmt: skip
+
+
+def _checkpointer(cfg: Config) -> Any:
+    """A daemon-backed checkpointer when spswapd answers; None (sleep only) otherwise."""
+    from spswap.serve.checkpointer import DaemonCheckpointer
+
+    ckpt = DaemonCheckpointer(cfg)
+    if not ckpt.available():
+        err_console.print("spswap serve: spswapd is not running: stops will not checkpoint",
+                          markup=False)  # fmt: skip
+        return None
+    ckpt.install()
+    # CRIU restores a session leader on its own; a job's background process is not one.
+    if os.getsid(0) != os.getpid():
+        os.setsid()
+    return ckpt
 
 
 def _default_device() -> str:

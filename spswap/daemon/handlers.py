@@ -315,14 +315,6 @@ def _job_for(ctx: Context, job_id: str) -> JobRecord:
     return rec
 
 
-def _not_yet(op: str) -> Any:
-    def handler(ctx: Context, args: dict[str, Any]) -> Any:
-        _job_for(ctx, args["job_id"])
-        raise DaemonError(f"{op} is not available yet: it arrives with the checkpoint issue")
-
-    return handler
-
-
 HANDLERS: dict[str, Handler] = {
     "ping": op_ping,
     "status": op_status,
@@ -336,6 +328,18 @@ HANDLERS: dict[str, Handler] = {
     "job.end": op_job_end,
     "jobs.list": op_jobs_list,
     "events.tail": op_events_tail,
-    "checkpoint": _not_yet("checkpoint"),
-    "restore": _not_yet("restore"),
 }
+
+
+def _register_checkpoint_ops() -> None:
+    # ckpt_ops imports this module (Context, _job_for): register after both exist.
+    from spswap.daemon import ckpt_ops
+
+    HANDLERS.update({
+        "checkpoint": ckpt_ops.op_checkpoint,
+        "restore": ckpt_ops.op_restore,
+        "checkpoint.status": ckpt_ops.op_checkpoint_status,
+    })
+
+
+_register_checkpoint_ops()

@@ -29,6 +29,8 @@ FD_OPS = frozenset({"pool.import"})
 # Keeping the table here (not in the server) lets the client reject a bad call before it
 # reaches the socket, and keeps the server's dispatch and the protocol in one place.
 ArgSpec = dict[str, tuple[str, bool]]
+_IDENTITY: ArgSpec = {k: ("str", True) for k in (
+    "engine", "engine_version", "torch", "python", "model_digest", "config_hash")}
 OPS: dict[str, ArgSpec] = {
     "ping": {},
     "status": {},
@@ -58,8 +60,12 @@ OPS: dict[str, ArgSpec] = {
     "job.end": {"job_id": ("str", True), "requeued": ("bool", False)},
     "jobs.list": {},
     "events.tail": {"n": ("int", False)},
-    "checkpoint": {"job_id": ("str", True)},
-    "restore": {"job_id": ("str", True)},
+    # The instance names its engine, versions, model and config; the daemon adds the uid,
+    # driver, GPU model and CRIU version itself.
+    "checkpoint": {"job_id": ("str", True), "pid": ("int", False), "requeue": ("bool", False),
+                   **_IDENTITY},
+    "restore": {"job_id": ("str", True), "restart_count": ("int", False), **_IDENTITY},
+    "checkpoint.status": {"job_id": ("str", True)},
 }
 
 

@@ -30,7 +30,7 @@ from typing import Any, Protocol
 from spswap.config import Config
 from spswap.errors import SpswapError
 from spswap.instance.registry import InstanceRecord, InstanceRegistry
-from spswap.liveness import Holder
+from spswap.liveness import pid_alive
 from spswap.serve.spool import Request, Spool
 
 EXIT_OK = 0
@@ -102,6 +102,7 @@ class Server:
         restart_count: int = 0,
         suspender: Suspender | None = None,
         requeue: Callable[[str], None] | None = None,
+        checkpointer: Any = None,
         log: Callable[[str], None] = print,
     ) -> None:
         self.cfg = cfg
@@ -117,6 +118,9 @@ class Server:
         self.stop_signal: str | None = None
         self.instance_id = f"{job_id or 'local'}-{os.getpid()}"
         self.registry = InstanceRegistry(cfg.paths.run / "instances")
+        self.checkpointer = checkpointer
+        self.reason: str | None = None  # why this run started cold, when it did
+        self._slot: Any = None  # our Reservation, while we hold one
 
     # -- signals -------------------------------------------------------------
     def handle_signal(self, signum: int, _frame: FrameType | None = None) -> None:
@@ -131,42 +135,125 @@ class Server:
 
     # -- the run ---------------------------------------------------------------
     def run(self) -> ServeResult:
+        """Serve until idle (with ``exit_when_idle``) or told to stop; see the module doc."""
         result = ServeResult()
         self.spool.create()
         if self.opts.requests_file is not None:
             self._enqueue_file(self.opts.requests_file)
-        result.resumed = sum(1 for _ in self.spool.pending()) if self.restart_count else 0
-        reservation, slots = self._reserve()
+        result.resumed = self._pending() if self.restart_count else 0
+        from spswap.access import PoolAccess
+
+        pool = PoolAccess(self.cfg, job_id=self.job_id)  # through spswapd unless root
+        manifest = pool.import_checkpoint(self.opts.model)
+        self._slot = self._reserve()
         engine = None
         try:
-            from spswap.pool.store import Pool
-
-            pool = Pool.from_config(self.cfg)
-            manifest = pool.import_checkpoint(self.opts.model)
+            if self.restart_count and self.checkpointer is not None and self.job_id:
+                if self._restore_and_proxy(manifest.digest, result):
+                    return self._finish(result)
             engine = self.engine_factory(self.opts)
             t0 = time.perf_counter()
             engine.load_from_pool(pool, manifest.digest)
-            self._record("up", engine)
+            self._record("up")
             self.log(f"spswap serve: {manifest.name} up from the pool in "
                      f"{time.perf_counter() - t0:.2f} s; restart count {self.restart_count}, "
                      f"{result.resumed} saved request(s) to resume")  # fmt: skip
-            self._serve_loop(engine, result)
-            if self.stop_event.is_set():
-                result.stopped_by = self.stop_signal
-                result.events.append(self.suspender.suspend(engine))
-                self._record("sleep", engine)
+            self._serve_until_done(engine, manifest.digest, result)
         finally:
-            if reservation is not None and slots is not None:
-                slots.release(reservation.id)
+            self._release_slot()
             if engine is not None and not self.stop_event.is_set():
                 engine.close()
                 self.registry.remove(self.instance_id)
-        result.pending_left = sum(1 for _ in self.spool.pending())
-        if result.stopped_by == "SIGUSR1" and self.requeue and self.job_id:
-            # scancel --signal=USR1 --batch does not requeue by itself; preemption does,
-            # and a second requeue of a job already pending is harmless.
-            self.requeue(self.job_id)
+        return self._finish(result)
+
+    def _finish(self, result: ServeResult) -> ServeResult:
+        result.pending_left = self._pending()
         return result
+
+    def _pending(self) -> int:
+        return sum(1 for _ in self.spool.pending())
+
+    def _serve_until_done(self, engine: Any, digest: str, result: ServeResult) -> None:
+        """Serve; on a stop, suspend and (with a checkpointer) park until restored."""
+        while True:
+            self._serve_loop(engine, result)
+            if not self.stop_event.is_set():
+                return  # idle and asked to exit when idle
+            result.stopped_by = self.stop_signal
+            result.events.append(self.suspender.suspend(engine))
+            self._record("sleep")
+            self._release_slot()
+            requeue = result.stopped_by == "SIGUSR1" and self.job_id is not None
+            outcome = self._park(digest, requeue) if self.checkpointer else None
+            if outcome is None or outcome.state != "restored":
+                if outcome is not None:
+                    result.events.append({"checkpoint": "failed", "reason": outcome.reason})
+                    self.log(f"spswap serve: no checkpoint image ({outcome.reason}); the next "
+                             "run starts from the pool")  # fmt: skip
+                if requeue and self.requeue and self.job_id:
+                    # scancel --signal=USR1 --batch does not requeue by itself; preemption
+                    # does, and a second requeue of a job already pending is harmless.
+                    self.requeue(self.job_id)
+                return
+            # Restored by a later run of the job: its proxy holds the slot.
+            self.restart_count = outcome.restart_count
+            self.stop_event.clear()
+            self.stop_signal = None
+            result.stopped_by = None
+            t0 = time.perf_counter()
+            engine.wake()
+            self._record("up")
+            result.events.append({"restored": True, "restart_count": self.restart_count,
+                                  "timings_s": outcome.timings_s,
+                                  "wake_s": time.perf_counter() - t0})  # fmt: skip
+            self.log(f"spswap serve: restored from the checkpoint image into run "
+                     f"{self.restart_count}; weights back in {time.perf_counter() - t0:.3f} s")
+
+    def _park(self, digest: str, requeue: bool) -> Any:
+        """Ask the daemon to dump this process; returns when restored or refused."""
+        from spswap.serve.checkpointer import ParkOutcome, identity_args
+
+        assert self.checkpointer is not None and self.job_id is not None
+        self._record("checkpoint")
+        ident = identity_args(engine=self.opts.engine, engine_version="",
+                              model_digest=digest, config_hash=self._config_hash())
+        try:
+            return self.checkpointer.park(self.job_id, ident, requeue=requeue)
+        except SpswapError as e:
+            return ParkOutcome("failed", reason=str(e))
+
+    def _restore_and_proxy(self, digest: str, result: ServeResult) -> bool:
+        """In a requeued run: restore the job's instance and stand in for it until it exits
+        (forwarding signals); False when there is nothing to restore (cold start)."""
+        from spswap.serve.checkpointer import identity_args
+
+        assert self.checkpointer is not None and self.job_id is not None
+        ident = identity_args(engine=self.opts.engine, engine_version="",
+                              model_digest=digest, config_hash=self._config_hash())
+        try:
+            info = self.checkpointer.restore(self.job_id, ident, self.restart_count)
+        except SpswapError as e:
+            self.reason = f"cold start: {e}"
+            self.log(f"spswap serve: {self.reason}")
+            return False
+        pid = int(info["pid"])
+        self.log(f"spswap serve: job {self.job_id} restored from its image as pid {pid} "
+                 f"({info.get('timings_s')}); standing in for it")  # fmt: skip
+        result.events.append({"restored_pid": pid, "timings_s": info.get("timings_s")})
+        forwarded: str | None = None
+        while pid_alive(pid):
+            if self.stop_signal is not None and forwarded is None:
+                forwarded = self.stop_signal
+                os.kill(pid, signal.Signals[forwarded])
+            time.sleep(0.05)
+        result.stopped_by = forwarded
+        return True
+
+    def _config_hash(self) -> str:
+        from spswap.checkpoint.images import config_hash
+
+        return config_hash({"engine": self.opts.engine, "device": self.opts.device,
+                            "model": str(self.opts.model), "units": self.opts.units})
 
     def _serve_loop(self, engine: Any, result: ServeResult) -> None:
         while not self.stop_event.is_set():
@@ -196,21 +283,25 @@ class Server:
             added += self.spool.submit(Request.from_json(data))
         return added
 
-    def _reserve(self) -> tuple[Any, Any]:
-        """A slot on the job's GPU; none when the node has no GPU list (CPU runs)."""
+    def _reserve(self) -> Any:
+        """A slot on the job's GPU (through spswapd unless root); none when the node has no
+        GPU list (CPU runs)."""
         if not self.opts.slot_gpus:
-            return None, None
-        from spswap.slots.table import SlotTable
+            return None
+        from spswap.access import reserve_slot
 
-        table = SlotTable(self.cfg.paths.slots, self.opts.slot_gpus,
-                          poll_interval_s=self.cfg.slot_poll_interval_s)  # fmt: skip
-        holder = Holder.current(job_id=self.job_id)
-        res = table.reserve(model=self.opts.model.name, units=self.opts.units,
-                            allowed_gpus=self.opts.slot_gpus, holder=holder,
+        return reserve_slot(self.cfg, model=self.opts.model.name, units=self.opts.units,
+                            allowed_gpus=self.opts.slot_gpus, job_id=self.job_id,
                             timeout_s=self.opts.slot_timeout_s)  # fmt: skip
-        return res, table
 
-    def _record(self, state: str, engine: Any) -> None:
+    def _release_slot(self) -> None:
+        if self._slot is not None:
+            from spswap.access import release_slot
+
+            reservation, self._slot = self._slot, None
+            release_slot(self.cfg, reservation.id)
+
+    def _record(self, state: str) -> None:
         """Best effort: a status record is not worth failing a job for (e.g. a root-owned
         run directory on a node where the daemon has not made it writable)."""
         try:
@@ -222,5 +313,5 @@ class Server:
         self.registry.put(InstanceRecord(
             id=self.instance_id, model=self.opts.model.name, state=state, pid=os.getpid(),
             uid=os.getuid(), job_id=self.job_id, device=self.opts.device,
-            engine=self.opts.engine,
+            engine=self.opts.engine, reason=self.reason,
         ))  # fmt: skip

@@ -44,7 +44,8 @@ def test_decode_valid_request() -> None:
         (b'{"op":"ping"}\n', "protocol version None"),
         (b'{"v":2,"op":"ping"}\n', "protocol version 2"),
         (b'{"v":true,"op":"ping"}\n', "protocol version True"),
-        (b'{"v":1,"op":"rm -rf"}\n', "unknown op 'rm -rf'; valid ops: checkpoint, events.tail"),
+        (b'{"v":1,"op":"rm -rf"}\n',
+         "unknown op 'rm -rf'; valid ops: checkpoint, checkpoint.status, events.tail"),
         (b'{"v":1,"op":"ping","args":[]}\n', "args of ping must be a JSON object"),
         (
             b'{"v":1,"op":"ping","args":{"x":1}}\n',

@@ -87,6 +87,10 @@ def run_as_user(cfg: Config, steps: list, uid: int) -> list[str]:
     return json.loads(data)
 
 
+IDENT = {"engine": "reference", "engine_version": "0", "torch": "0", "python": "3",
+         "model_digest": "ab" * 32, "config_hash": "cd" * 32}
+
+
 def test_user_acts_only_on_own(cfg: Config, daemon: int, user_uid: int) -> None:
     root = Client(cfg)
     root.call("job.register", job_id="100", uid=0, user="root")
@@ -96,9 +100,9 @@ def test_user_acts_only_on_own(cfg: Config, daemon: int, user_uid: int) -> None:
 
     out = run_as_user(cfg, [
         ["slots.release", {"reservation_id": rootres.id}],
-        ["checkpoint", {"job_id": "100"}],
-        ["restore", {"job_id": "100"}],
-        ["checkpoint", {"job_id": "200"}],
+        ["checkpoint", {"job_id": "100", **IDENT}],
+        ["restore", {"job_id": "100", **IDENT}],
+        ["checkpoint", {"job_id": "200", "pid": 1, **IDENT}],
         ["reserve-own", {}],
         ["job.register", {"job_id": "300", "uid": user_uid}],
         ["job.end", {"job_id": "100"}],
@@ -108,11 +112,8 @@ def test_user_acts_only_on_own(cfg: Config, daemon: int, user_uid: int) -> None:
     assert out[0].startswith("PermissionDenied: ") and f"uid {user_uid}" in out[0], out[0]
     assert out[1].startswith("PermissionDenied: job 100 belongs to uid 0"), out[1]
     assert out[2].startswith("PermissionDenied: job 100 belongs to uid 0"), out[2]
-    # its own job passes authorization and reaches the (not yet available) operation
-    assert (
-        out[3]
-        == "DaemonError: checkpoint is not available yet: it arrives with the checkpoint issue"
-    )
+    # its own job passes authorization, but a user may checkpoint only itself
+    assert out[3] == "DaemonError: a user may checkpoint only the calling process itself"
     assert out[4] == "ok"
     assert out[5].startswith("PermissionDenied: job.register is for the Slurm prolog/epilog")
     assert out[6].startswith("PermissionDenied: job.end is for the Slurm prolog/epilog")

@@ -1,0 +1,160 @@
+"""The daemon's checkpoint and restore of an instance, in the order the facts demand.
+
+Dump (the instance has already slept: weights out of GPU memory, the pool has them):
+  CUDA checkpoint of the small remainder (driver API) -> CRIU dump -> meta.json
+  (identity + integrity hash).
+Restore:
+  identity + integrity check -> CRIU restore -> CUDA restore (+GPU remap) -> unlock;
+  the instance then wakes and copies its weights from the pool itself.
+
+Runs as root inside ``spswapd``. Images live in ``<images_root>/<key>/`` (root-only), keyed by
+job and identity; only images this code dumped (they carry spswap's dump record and meta)
+are ever restored, and only for the same uid (the uid is part of the identity).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from spswap.checkpoint import criu, cuda_ckpt, proctree
+from spswap.checkpoint.images import Identity, image_key, read_meta, verify_before_restore
+from spswap.errors import CheckpointFailed
+from spswap.fsutil import atomic_write_json, read_json
+
+CUDA_RECORD = "spswap-cuda.json"
+PREFLIGHT_WAIT_S = 3.0  # the instance closes its daemon connection right after asking
+
+
+class ImageRejected(CheckpointFailed):
+    """The image may not be restored here (identity, integrity, ownership); cold-start."""
+
+
+@dataclass
+class DumpReport:
+    key: str
+    path: Path
+    size_bytes: int
+    cuda_pids: list[int]
+    timings_s: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"key": self.key, "path": str(self.path), "size_bytes": self.size_bytes,
+                "cuda_pids": self.cuda_pids, "timings_s": self.timings_s}  # fmt: skip
+
+
+def job_image_key(job_id: str, identity: Identity) -> str:
+    """``job<id>-<model>-<config>-<identity>``: one image per job and identity."""
+    if not re.fullmatch(r"[A-Za-z0-9_.+-]{1,64}", job_id):
+        raise CheckpointFailed(f"bad job id {job_id!r}")
+    return f"job{job_id.replace('+', '_')}-{image_key(identity)}"
+
+
+def images_of_job(images_root: Path, job_id: str) -> list[Path]:
+    """The finished images of ``job_id`` (temp dirs of unfinished dumps excluded)."""
+    if not images_root.is_dir():
+        return []
+    prefix = f"job{job_id.replace('+', '_')}-"
+    return sorted(p for p in images_root.iterdir() if p.name.startswith(prefix) and p.is_dir())
+
+
+def _wait_preflight(pid: int, wait_s: float) -> None:
+    """The instance closes its socket to us right after asking; give it a moment."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            criu.preflight(pid)
+            return
+        except CheckpointFailed:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.02)
+
+
+def dump_instance(
+    images_root: Path, *, job_id: str, pid: int, identity: Identity,
+    criu_path: Path | None = None,
+) -> DumpReport:  # fmt: skip
+    """CUDA-checkpoint (when the tree uses CUDA) and CRIU-dump the tree of ``pid``.
+
+    On success the process is gone and the image is complete with its meta. On failure
+    the process runs on (CUDA state restored and unlocked again) and no image is left.
+    """
+    key = job_image_key(job_id, identity)
+    for old in images_of_job(images_root, job_id):  # a job keeps only its newest image
+        shutil.rmtree(old, ignore_errors=True)
+    timings: dict[str, float] = {}
+    _wait_preflight(pid, PREFLIGHT_WAIT_S)
+    tree = proctree.process_tree_pids(pid)
+    cuda = cuda_ckpt.cuda_pids(tree) if cuda_ckpt.available() else []
+    if cuda:
+        t0 = time.monotonic()
+        cuda = cuda_ckpt.checkpoint_tree(pid)
+        timings["cuda_checkpoint"] = time.monotonic() - t0
+    try:
+        info = criu.dump(pid, key, images_root, criu=criu_path)
+    except CheckpointFailed:
+        if cuda:  # CRIU resumed the tree: give it its GPU state back
+            cuda_ckpt.restore_tree(pid, pids=cuda)
+            cuda_ckpt.unlock_tree(pid, pids=cuda)
+        raise
+    timings["criu_dump"] = info.dump_s
+    atomic_write_json(info.path / CUDA_RECORD, {"cuda_pids": cuda}, mode=0o600)
+    t0 = time.monotonic()
+    from spswap.checkpoint.images import write_meta
+
+    write_meta(info.path, identity)
+    timings["meta"] = time.monotonic() - t0
+    return DumpReport(key, info.path, info.size_bytes, cuda, timings)
+
+
+def restore_instance(
+    images_root: Path, *, job_id: str, expected: Identity, criu_path: Path | None = None,
+    gpu_map: dict[str, str] | None = None, check_integrity: bool = True,
+) -> tuple[int, dict[str, float]]:  # fmt: skip
+    """Restore the job's image if it matches ``expected``; returns (pid, timings).
+
+    A mismatching or damaged image raises :class:`ImageRejected` with the reason and is
+    deleted (it can never become restorable again); the caller cold-starts instead.
+    """
+    images = images_of_job(images_root, job_id)
+    if not images:
+        raise ImageRejected(f"no image of job {job_id}: cold start")
+    image = images[-1]
+    timings: dict[str, float] = {}
+    t0 = time.monotonic()
+    reason = verify_before_restore(image, expected, check_integrity=check_integrity)
+    timings["verify"] = time.monotonic() - t0
+    if reason is not None:
+        shutil.rmtree(image, ignore_errors=True)
+        raise ImageRejected(f"image {image.name} not restored: {reason}")
+    t0 = time.monotonic()
+    pid = criu.restore(image.name, images_root, criu=criu_path)
+    timings["criu_restore"] = time.monotonic() - t0
+    cuda = list((read_json(image / CUDA_RECORD) or {}).get("cuda_pids", []))
+    if cuda:
+        t0 = time.monotonic()
+        cuda_ckpt.restore_tree(pid, gpu_map=gpu_map, pids=cuda)
+        timings["cuda_restore"] = time.monotonic() - t0
+        t0 = time.monotonic()
+        cuda_ckpt.unlock_tree(pid, pids=cuda)
+        timings["cuda_unlock"] = time.monotonic() - t0
+    # A process image is single use: once restored, the process moves on from it.
+    shutil.rmtree(image, ignore_errors=True)
+    return pid, timings
+
+
+def image_digests(images_root: Path) -> dict[str, str]:
+    """Image key -> the pool digest it needs at restore (its weights' mapping)."""
+    out: dict[str, str] = {}
+    if not images_root.is_dir():
+        return out
+    for p in images_root.iterdir():
+        meta = read_meta(p) if p.is_dir() and not p.name.startswith(".") else None
+        if meta and "identity" in meta:
+            out[p.name] = str(meta["identity"].get("model_digest", ""))
+    return out

@@ -1,0 +1,100 @@
+"""The serving process's side of CRIU checkpoint and restore (the daemon does the work).
+
+``park``: an asleep instance asks the daemon to dump it, closes the connection (a connected
+socket cannot be dumped) and waits. If the dump succeeds the process ends there; when a
+later run restores it, it wakes up inside this wait, gets SIGUSR2 from the daemon and
+learns its new run from ``checkpoint.status``. If the dump fails, SIGUSR2 comes at once and
+the status says why: the caller exits as it would without CRIU (its requests are saved).
+
+``restore``: the new run's proxy asks the daemon to bring the job's instance back.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+from spswap import __version__
+from spswap.config import Config
+
+RESUME_SIGNAL = signal.SIGUSR2
+
+
+def identity_args(*, engine: str, engine_version: str, model_digest: str,
+                  config_hash: str) -> dict[str, str]:  # fmt: skip
+    """The identity fields the instance names itself (the daemon adds uid, driver, GPU
+    model and CRIU version)."""
+    import platform
+
+    from spswap.checkpoint.images import package_version
+
+    return {
+        "engine": engine, "engine_version": engine_version or __version__,
+        "torch": package_version("torch"), "python": platform.python_version(),
+        "model_digest": model_digest, "config_hash": config_hash,
+    }  # fmt: skip
+
+
+@dataclass
+class ParkOutcome:
+    """How a park ended: ``restored`` (in a new run) or ``failed`` (dump refused)."""
+
+    state: str
+    reason: str | None = None
+    restart_count: int = 0
+    proxy_pid: int | None = None
+    timings_s: dict[str, float] | None = None
+
+
+class DaemonCheckpointer:
+    """Checkpoint through ``spswapd``; one per serving process."""
+
+    def __init__(self, cfg: Config, *, wait_s: float = 3600.0) -> None:
+        self.cfg = cfg
+        self.wait_s = wait_s
+        self.resumed = threading.Event()
+
+    def install(self) -> None:
+        """SIGUSR2 = the daemon says "look at your checkpoint status"."""
+        signal.signal(RESUME_SIGNAL, self._on_resume)
+
+    def _on_resume(self, _signum: int, _frame: FrameType | None = None) -> None:
+        self.resumed.set()
+
+    def available(self) -> bool:
+        from spswap.daemon.lifecycle import ping
+
+        return ping(self.cfg)
+
+    def _client(self) -> Any:
+        from spswap.daemon.client import Client
+
+        return Client(self.cfg)
+
+    def park(self, job_id: str, identity: dict[str, str], *, requeue: bool = False
+             ) -> ParkOutcome:  # fmt: skip
+        """Ask to be dumped and wait; returns only if restored later or if the dump failed.
+
+        ``requeue``: the daemon requeues the job once the image is complete (not before:
+        a requeue ends the job's processes after KillWait, which could cut a dump short).
+        """
+        self.resumed.clear()
+        self._client().call("checkpoint", job_id=job_id, requeue=requeue, **identity)
+        # Frozen and dumped somewhere in this wait (or told the dump failed).
+        if not self.resumed.wait(self.wait_s):
+            return ParkOutcome("failed", reason=f"no dump within {self.wait_s:g} s")
+        status = self._client().call("checkpoint.status", job_id=job_id)
+        if status.get("state") == "restored":
+            return ParkOutcome("restored", restart_count=int(status.get("restart_count", 0)),
+                               proxy_pid=status.get("proxy_pid"),
+                               timings_s=status.get("timings_s"))  # fmt: skip
+        return ParkOutcome("failed", reason=str(status.get("reason") or status.get("state")))
+
+    def restore(self, job_id: str, identity: dict[str, str], restart_count: int) -> dict[str, Any]:
+        """Bring the job's instance back; raises CheckpointFailed (cold start) otherwise."""
+        result: dict[str, Any] = self._client().call(
+            "restore", job_id=job_id, restart_count=restart_count, **identity)
+        return result
