@@ -80,7 +80,7 @@ def serve(
         restart_count=job.restart_count if job else 0,
         requeue=_requeue if requeue else None,
         checkpointer=checkpointer,
-        log=lambda msg: err_console.print(msg, markup=False, highlight=False),
+        log=lambda msg: err_console.print(msg, markup=False, highlight=False, soft_wrap=True),
     )  # fmt: skip
     server.install_signal_handlers()
     result = server.run()

@@ -109,7 +109,7 @@ def _dump(st: DaemonState, job_id: str, pid: int, identity: Identity, requeue: b
         return
     _set_status(st, job_id, state="saved", pid=pid, key=report.key,
                 size_bytes=report.size_bytes, timings_s=report.timings_s)  # fmt: skip
-    st.event("checkpoint.saved", job_id=job_id, uid=identity.uid, **report.to_json())
+    st.event("checkpoint.saved", job_id=job_id, uid=identity.uid, image=report.to_json())
     if requeue:
         _requeue(st, job_id)
 

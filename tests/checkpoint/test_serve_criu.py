@@ -1,0 +1,177 @@
+"""The checkpoint path of `spswap serve`, end to end on CPU, with the real CRIU and a real
+spswapd (no Slurm needed: the job is registered with the daemon as its prolog would).
+
+Run 0 serves, is told to stop (USR1), sleeps its engine, parks, and is dumped by the
+daemon; run 1 (restart count 1) asks the daemon to restore it, and the restored process
+wakes its weights from the pool and answers the rest: every answer equal to the model's
+cold greedy answer. Then the faults: an image changed by one byte, or made under another
+identity, is never restored: the run cold-starts and says why.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from spswap.checkpoint import criu
+from spswap.config import Config
+from spswap.daemon import lifecycle
+from spswap.daemon.client import Client
+
+torch = pytest.importorskip("torch")
+from spswap.engines.reference import ReferenceEngine, save_checkpoint  # noqa: E402
+from spswap.engines.reference_model import preset  # noqa: E402
+
+pytestmark = [pytest.mark.criu, pytest.mark.slow]
+MAX_NEW = 12
+N_REQ = 16
+JOB = "4242"
+
+
+def _criu_ok() -> str | None:
+    if os.geteuid() != 0:
+        return "CRIU dumps need root"
+    path = criu.find_criu()
+    if path is None or criu.criu_version(path) < criu.MIN_VERSION:
+        return "needs CRIU >= 4.1 (bash scripts/build_criu.sh)"
+    return None
+
+
+@pytest.fixture
+def node() -> Iterator[Config]:
+    reason = _criu_ok()
+    if reason:
+        pytest.skip(reason)
+    root = Path(tempfile.mkdtemp(prefix="spsc-", dir="/tmp"))
+    os.chmod(root, 0o755)
+    cfg = Config.from_env({}, root=root)
+    lifecycle.start(cfg, wait_s=15.0)
+    try:
+        yield cfg
+    finally:
+        lifecycle.stop(cfg, timeout_s=5.0)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _setup(cfg: Config, tmp: Path) -> tuple[Path, list[list[int]]]:
+    model = tmp / "model"
+    save_checkpoint(preset("small"), model)
+    prompts = [[2 + i, 5, 3 * i + 1, 8] for i in range(N_REQ)]
+    (tmp / "req.jsonl").write_text("".join(
+        json.dumps({"id": f"q{i:02d}", "prompt_ids": p, "max_new_tokens": MAX_NEW}) + "\n"
+        for i, p in enumerate(prompts)))
+    Client(cfg).call("job.register", job_id=JOB, uid=0, user="root")
+    return model, prompts
+
+
+def _serve(cfg: Config, tmp: Path, model: Path, restart: int, log: str) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update(SPSWAP_ROOT=str(cfg.root), SLURM_JOB_ID=JOB, SLURM_RESTART_COUNT=str(restart))
+    out = open(tmp / log, "w")  # a regular file, as a Slurm job's output is
+    return subprocess.Popen(
+        [sys.executable, "-m", "spswap.cli", "serve", str(model), "--state-dir",
+         str(tmp / "state"), "--device", "cpu", "--requests", str(tmp / "req.jsonl"),
+         "--exit-when-idle", "--json"],
+        env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+    )
+
+
+def _answers(tmp: Path) -> dict[str, list[int]]:
+    box = tmp / "state" / "outbox"
+    return {p.stem: json.loads(p.read_text())["output_ids"] for p in box.glob("*.json")}
+
+
+def _cold(model: Path, prompts: list[list[int]]) -> list[list[int]]:
+    eng = ReferenceEngine(preset("small"), "cpu")
+    eng.load_from_checkpoint(model)
+    try:
+        return [eng.generate([p], MAX_NEW)[0] for p in prompts]
+    finally:
+        eng.close()
+
+
+def _wait(what: str, check, timeout_s: float = 120.0):
+    deadline = time.monotonic() + timeout_s
+    while not (value := check()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+    return value
+
+
+def _dump_run0(cfg: Config, tmp: Path, model: Path) -> dict:
+    first = _serve(cfg, tmp, model, 0, "run0.log")
+    _wait("the first answers", lambda: len(_answers(tmp)) >= 2 or first.poll() is not None)
+    assert first.poll() is None, (tmp / "run0.log").read_text()
+    first.send_signal(signal.SIGUSR1)
+    first.wait(timeout=120)
+    # CRIU ends the process before the daemon has written the image's meta: wait for it
+    status = _wait("the dump to finish", lambda: (
+        st if (st := Client(cfg).call("checkpoint.status", job_id=JOB))["state"] != "dumping"
+        else None))
+    assert status["state"] == "saved", (status, (tmp / "run0.log").read_text())
+    assert first.returncode == -signal.SIGKILL  # CRIU ends a dumped process
+    assert 0 < len(_answers(tmp)) < N_REQ
+    return status
+
+
+def test_stop_dump_restore_answers_like_cold(node: Config, tmp_path: Path) -> None:
+    model, prompts = _setup(node, tmp_path)
+    status = _dump_run0(node, tmp_path, model)
+    assert status["size_bytes"] > 0 and "criu_dump" in status["timings_s"]
+    before = len(_answers(tmp_path))
+
+    second = _serve(node, tmp_path, model, 1, "run1.log")
+    assert second.wait(timeout=300) == 0, (tmp_path / "run1.log").read_text()
+    log1 = (tmp_path / "run1.log").read_text()
+    summary = json.loads(log1[log1.index("\n{\n"):])
+    assert summary["events"][0]["restored_pid"] == status["pid"], log1
+    assert summary["pending_left"] == 0
+    answers = _answers(tmp_path)
+    assert len(answers) == N_REQ > before
+    assert [answers[f"q{i:02d}"] for i in range(N_REQ)] == _cold(model, prompts)
+    kinds = [e["kind"] for e in Client(node).call("events.tail", n=50)]
+    assert "checkpoint.saved" in kinds and "restore.done" in kinds
+    # a process image is single use
+    assert not any(p.name.startswith(f"job{JOB}-") for p in node.paths.images.iterdir())
+
+
+@pytest.mark.parametrize("fault", ["flip-one-byte", "other-identity"])
+def test_a_damaged_or_foreign_image_is_never_restored(node: Config, tmp_path: Path,
+                                                      fault: str) -> None:
+    model, prompts = _setup(node, tmp_path)
+    _dump_run0(node, tmp_path, model)
+    (image,) = [p for p in node.paths.images.iterdir() if p.name.startswith(f"job{JOB}-")]
+    if fault == "flip-one-byte":
+        target = max((p for p in image.iterdir() if p.name.startswith("pages")),
+                     key=lambda p: p.stat().st_size)
+        with open(target, "r+b") as f:
+            f.seek(target.stat().st_size // 2)
+            b = f.read(1)
+            f.seek(-1, os.SEEK_CUR)
+            f.write(bytes([b[0] ^ 1]))
+        needle = "changed since it was dumped"
+    else:
+        meta = json.loads((image / "meta.json").read_text())
+        meta["identity"]["torch"] = "0.0.1"
+        (image / "meta.json").write_text(json.dumps(meta))
+        needle = "another identity"
+
+    second = _serve(node, tmp_path, model, 1, "run1.log")
+    assert second.wait(timeout=300) == 0, (tmp_path / "run1.log").read_text()
+    log1 = (tmp_path / "run1.log").read_text()
+    assert "cold start" in log1 and needle in log1, log1
+    answers = _answers(tmp_path)
+    assert [answers[f"q{i:02d}"] for i in range(N_REQ)] == _cold(model, prompts)
+    assert not image.exists()  # a rejected image is deleted, never retried
+    kinds = [e["kind"] for e in Client(node).call("events.tail", n=50)]
+    assert "restore.rejected" in kinds
