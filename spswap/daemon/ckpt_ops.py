@@ -22,12 +22,20 @@ import os
 import signal
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spswap.checkpoint.images import Identity
-from spswap.daemon.handlers import Context, DaemonState, _job_for
 from spswap.errors import CheckpointFailed, DaemonError
 from spswap.fsutil import atomic_write_json, read_json
+
+if TYPE_CHECKING:  # handlers imports this module to register the ops
+    from spswap.daemon.handlers import Context, DaemonState
+
+
+def _job_for(ctx: Context, job_id: str) -> Any:
+    from spswap.daemon.handlers import _job_for as job_for
+
+    return job_for(ctx, job_id)
 
 IDENTITY_ARGS = ("engine", "engine_version", "torch", "python", "model_digest", "config_hash")
 RESUME_SIGNAL = signal.SIGUSR2
