@@ -311,7 +311,7 @@ def test_sleep_wake_cycles_give_the_cold_outputs(cold: Any) -> None:
     for _ in range(3):
         eng.sleep()
         report = eng.wake()
-        assert report.registered and report.size_bytes == cold.manifest.data_size_bytes
+        assert report.registered and report.size_bytes == cold.manifest.tensor_bytes
         assert eng.generate(PROMPTS, NEW_TOKENS) == cold.reference
     print(f"last wake: {eng.last_wake}", file=sys.stderr)
 
