@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 import typer
+from rich.markup import escape
 
 from spswap import __version__
 from spswap.cli import bench, daemon, demo, doctor, events, images, node, pool, serve, slots, status
@@ -55,5 +56,6 @@ def main() -> None:
     try:
         app()
     except SpswapError as e:
-        err_console.print(f"[bold red]error:[/] {e}", markup=True, soft_wrap=True)
+        # the message is text, not markup: "spswap[torch]" must print as written
+        err_console.print(f"[bold red]error:[/] {escape(str(e))}", markup=True, soft_wrap=True)
         sys.exit(e.exit_code)

@@ -96,3 +96,35 @@ def prolog(
 
 def _shm_or_tmp() -> str:
     return "/dev/shm" if Path("/dev/shm").is_dir() else tempfile.gettempdir()
+
+
+@app.command("swap")
+def swap(
+    models: list[Path] = typer.Argument(
+        ..., exists=True, file_okay=False,
+        help="Model directories (config.json + safetensors), e.g. written by "
+             "scripts/gpu/make_models.py.",
+    ),
+    pool_dir: Path = typer.Option(
+        Path("/dev/shm/spswap-bench/pool"), help="Scratch pool for the exported weights."
+    ),
+    cycles: int = typer.Option(3, min=1, help="spswap sleep+wake cycles per model."),
+    json: bool = JsonOpt,
+) -> None:
+    """vLLM swap paths side by side on the same model and settings (needs a GPU and vLLM):
+    cold start, level-1 sleep+wake, level-2 sleep + wake + reload from disk, spswap
+    sleep+wake from the pool, start without disk, and the pinned-copy limit, with the
+    greedy outputs after each swap compared to the cold ones."""
+    try:
+        from spswap.bench.swap import bench_swap, render_bench_swap
+        from spswap.engines.vllm_engine import available
+    except ImportError as e:
+        raise ConfigError(f"bench swap needs torch ({e}); pip install 'spswap[torch,vllm]'") from e
+    if not available():
+        raise ConfigError("bench swap needs vLLM and a CUDA GPU; pip install 'spswap[vllm]'")
+    result = bench_swap(list(models), pool_dir=pool_dir, cycles=cycles,
+                        log=lambda s: console.print(s, markup=False, soft_wrap=True))  # fmt: skip
+    if json:
+        emit_json(result)
+    else:
+        console.print(render_bench_swap(result))
