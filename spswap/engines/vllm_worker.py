@@ -30,6 +30,12 @@ from spswap.transfer.copy import copy_into
 from spswap.transfer.dtypes import to_safetensors
 from spswap.transfer.mapping import MappedEntry
 
+# Host copies go through a device staging buffer: vLLM's weight memory, once re-mapped by
+# its sleep-mode allocator after a level-2 sleep, took them at ~20 GB/s, a plain buffer at
+# ~55 (H200, measured by spswap_copy_probe). At wake time the KV cache is still asleep, so
+# 1 GiB of staging is free memory.
+STAGING_BYTES = 1 << 30
+
 
 def weight_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The tensors a pool entry holds for ``model``: its parameters (tied ones once) and
@@ -152,7 +158,8 @@ class SpswapWorkerExtension:
                 "no pool entry is attached to this vLLM worker; call spswap_attach (or "
                 "VllmEngine.load_from_pool) first"
             )
-        report = copy_into(mapping, weight_tensors(self._spswap_model()))
+        report = copy_into(mapping, weight_tensors(self._spswap_model()),
+                           staging_bytes=STAGING_BYTES)  # fmt: skip
         return report.to_json()
 
     def spswap_load(self, pool_dir: str, ref: str) -> dict[str, Any]:
@@ -185,6 +192,50 @@ class SpswapWorkerExtension:
             if "sha256:" + hashlib.sha256(raw.tobytes()).hexdigest() != entry.checksum:
                 differ.append(entry.name)
         return {"checked": len(manifest.tensors), "differ": differ}
+
+    def spswap_copy_probe(self, repeats: int = 3) -> dict[str, Any]:
+        """Diagnose the pool -> weights copy rate (for scripts/gpu/vllm_copy_probe.py): the
+        attached entry into the live weights, into fresh tensors of the same shapes, and
+        as one flat buffer; plus where the weights' memory comes from."""
+        mapping: MappedEntry | None = getattr(self, "_spswap_mapping", None)
+        if mapping is None:
+            raise EngineError("attach a pool entry first (spswap_attach)")
+        weights = weight_tensors(self._spswap_model())
+        total = sum(t.size_bytes for t in mapping.manifest.tensors)
+
+        def best(fn: Any) -> float:
+            times = []
+            for _ in range(repeats):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                fn()
+                torch.cuda.synchronize()
+                times.append(time.perf_counter() - t0)
+            return total / min(times) / 1e9
+
+        fresh = {n: torch.empty(t.shape, dtype=t.dtype, device=t.device)
+                 for n, t in weights.items()}  # fmt: skip
+        flat = torch.empty(mapping.size_bytes, dtype=torch.uint8, device="cuda")
+        srcs = mapping.tensors()
+        out = {
+            "live_gb_s": best(lambda: copy_into(mapping, weights)),
+            "live_staged_gb_s": best(
+                lambda: copy_into(mapping, weights, staging_bytes=STAGING_BYTES)),
+            "fresh_gb_s": best(lambda: copy_into(mapping, fresh)),
+            "flat_gb_s": best(lambda: flat.copy_(mapping._base, non_blocking=True)),
+            "src_pinned": [bool(t.is_pinned()) for t in list(srcs.values())[:3]],
+            "live_contiguous": all(t.is_contiguous() for t in weights.values()),
+            "live_dtypes": sorted({str(t.dtype) for t in weights.values()}),
+            "allocator": torch.cuda.get_allocator_backend(),
+            "tensors": len(weights),
+            "cpu_affinity": sorted(__import__("os").sched_getaffinity(0))[:64],
+        }
+        sizes = sorted(t.size_bytes for t in mapping.manifest.tensors)
+        out["size_median"] = sizes[len(sizes) // 2]
+        fresh.clear()
+        flat.resize_(0)
+        torch.cuda.empty_cache()
+        return out
 
     def spswap_pinned_copy_limit(self, size_bytes: int, repeats: int = 5) -> dict[str, Any]:
         """Host->GPU copy rate from a ``cudaHostAlloc`` (pinned) buffer of ``size_bytes``

@@ -65,6 +65,11 @@ class MappedEntry:
             )
 
     # -- views -------------------------------------------------------------------------
+    def tensors_base(self) -> torch.Tensor:
+        """The whole data file as one read-only uint8 tensor (no copy)."""
+        self._check_open()
+        return self._base
+
     @property
     def size_bytes(self) -> int:
         return self.manifest.data_size_bytes
