@@ -18,6 +18,7 @@ import os
 import platform
 import stat
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, fields
 from importlib import metadata
 from pathlib import Path
@@ -30,6 +31,7 @@ META_VERSION = 1
 # Files spswap writes next to CRIU's own: not part of what is restored, not hashed.
 NOT_HASHED = frozenset({META_FILE, "dump.log"})
 _CHUNK_BYTES = 8 << 20
+PIECE_BYTES = 64 << 20  # unit of parallel hashing
 
 
 @dataclass(frozen=True)
@@ -105,20 +107,41 @@ def probe_identity(
     )  # fmt: skip
 
 
-def integrity_hash(image_dir: Path) -> str:
-    """sha256 over every image file's relative name and content, in name order."""
+def _piece_digest(path: Path, offset: int, size: int) -> bytes:
     h = hashlib.sha256()
+    with open(path, "rb") as f:
+        f.seek(offset)
+        left = size
+        while left > 0 and (chunk := f.read(min(_CHUNK_BYTES, left))):
+            h.update(chunk)
+            left -= len(chunk)
+    return h.digest()
+
+
+def integrity_hash(image_dir: Path, *, threads: int | None = None) -> str:
+    """sha256 over every image file's relative name, size and content, in name order.
+
+    Each file is hashed in pieces of :data:`PIECE_BYTES` on several threads (hashlib lets
+    go of the GIL), and the piece digests are hashed in order: a 1.6 GB image took 1.7-1.8 s
+    with one thread on the H200 machine, a large share of a swap.
+    """
     paths = sorted(
         p for p in image_dir.rglob("*") if p.is_file() and p.relative_to(image_dir).as_posix()
         not in NOT_HASHED
     )  # fmt: skip
+    pieces = [(p, off, min(PIECE_BYTES, p.stat().st_size - off))
+              for p in paths for off in range(0, max(p.stat().st_size, 1), PIECE_BYTES)]
+    workers = threads or min(16, os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        digests = list(pool.map(lambda a: _piece_digest(*a), pieces))
+    h = hashlib.sha256()
+    it = iter(digests)
     for p in paths:
         rel = p.relative_to(image_dir).as_posix().encode()
-        h.update(len(rel).to_bytes(4, "little") + rel)
-        h.update(p.stat().st_size.to_bytes(8, "little"))
-        with open(p, "rb") as f:
-            while chunk := f.read(_CHUNK_BYTES):
-                h.update(chunk)
+        size = p.stat().st_size
+        h.update(len(rel).to_bytes(4, "little") + rel + size.to_bytes(8, "little"))
+        for _ in range(0, max(size, 1), PIECE_BYTES):
+            h.update(next(it))
     return h.hexdigest()
 
 

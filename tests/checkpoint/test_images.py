@@ -102,3 +102,17 @@ def test_meta_on_a_real_criu_image(server: Server, tmp_path: Path) -> None:
     assert images.verify_before_restore(info.path, ID) is None
     assert criu.restore("real", tmp_path / "images") == server.pid
     assert server.ask().split()[1] == "1"
+
+
+def test_integrity_hash_is_the_same_on_any_number_of_threads(tmp_path):
+    from spswap.checkpoint.images import PIECE_BYTES, integrity_hash
+
+    (tmp_path / "pages-1.img").write_bytes(bytes(range(256)) * (PIECE_BYTES // 128 + 3))
+    (tmp_path / "core.img").write_bytes(b"core")
+    (tmp_path / "empty.img").write_bytes(b"")
+    hashes = {integrity_hash(tmp_path, threads=n) for n in (1, 2, 5)}
+    assert len(hashes) == 1
+    with open(tmp_path / "pages-1.img", "r+b") as f:  # one byte in the second piece
+        f.seek(PIECE_BYTES + 7)
+        f.write(b"\xff")
+    assert integrity_hash(tmp_path, threads=3) not in hashes
