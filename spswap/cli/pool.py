@@ -15,6 +15,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from spswap.access import import_model
 from spswap.cli.common import JsonOpt, RootOpt, console, emit_json, err_console, load_config
 from spswap.errors import PoolCorrupt
 from spswap.pool.manifest import Manifest
@@ -68,7 +69,8 @@ def import_(
             visible = total_bytes >= PROGRESS_MIN_BYTES
             bar.update(task, completed=done_bytes, total=total_bytes, visible=visible)
 
-        manifest = pool.import_checkpoint(path, name=name, progress=progress)
+        # root writes the pool itself; a user's files go to spswapd as open descriptors
+        manifest = import_model(load_config(root), path, name, progress=progress)
     seconds = time.perf_counter() - t0
     # An entry written by this call was created after it started; an older one was reused.
     reused = manifest.created < started

@@ -10,6 +10,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
+from spswap.access import privileged, release_slot, reserve_slot
 from spswap.cli.common import JsonOpt, RootOpt, console, emit_json, load_config
 from spswap.liveness import Holder
 from spswap.slots.table import UNITS_PER_GPU, SlotTable
@@ -118,16 +119,22 @@ def reserve(
     """Reserve GPU units and print the reservation id (wait in line if they are taken).
 
     This command exits at once, so the reservation is tied to the calling shell
-    (or --pid) and, inside a Slurm job, to the job: it is reclaimed when they end.
+    (or --pid; root only) and, inside a Slurm job, to the job: it is reclaimed when they
+    end. A user's reservation is made by spswapd.
     Give it back earlier with `spswap slots release ID`.
     """
     cfg = load_config(root)
-    table = SlotTable.from_config(cfg, job_alive=job_probe())
-    holder = Holder.current(pid=os.getppid() if pid is None else pid, job_id=job_id or None)
-    r = table.reserve(
-        model=model, units=units, whole_gpus=whole_gpus, allowed_gpus=gpu or None,
-        holder=holder, timeout_s=cfg.slot_timeout_s if timeout_s is None else timeout_s,
-    )  # fmt: skip
+    wait_s = cfg.slot_timeout_s if timeout_s is None else timeout_s
+    if privileged():
+        table = SlotTable.from_config(cfg, job_alive=job_probe())
+        holder = Holder.current(pid=os.getppid() if pid is None else pid, job_id=job_id or None)
+        r = table.reserve(model=model, units=units, whole_gpus=whole_gpus,
+                          allowed_gpus=gpu or None, holder=holder, timeout_s=wait_s)  # fmt: skip
+    else:
+        # Users write the table through spswapd, which holds it for the calling process
+        # (this one, gone when it exits) and, when given, for the caller's Slurm job.
+        r = reserve_slot(cfg, model=model, units=units, whole_gpus=whole_gpus,
+                         allowed_gpus=gpu or None, job_id=job_id or None, timeout_s=wait_s)
     if json_out:
         emit_json(r.to_json())
     else:
@@ -141,9 +148,7 @@ def release(
     root: Path | None = RootOpt,
 ) -> None:
     """Give a reservation back (your own, or anyone's as root)."""
-    # Releasing needs no GPU list: skip NVML.
-    table = SlotTable.from_config(load_config(root), gpus=[])
-    r = table.release(reservation_id, uid=os.getuid())
+    r = release_slot(load_config(root), reservation_id)  # a user's goes through spswapd
     if json_out:
         emit_json(r.to_json())
     else:
