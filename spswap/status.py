@@ -31,7 +31,11 @@ def collect_status(cfg: Config, *, gpus: list[dict[str, Any]] | None = None) -> 
         gpus = [g.to_json() for g in discover_gpus(cfg)]
     pool = Pool.from_config(cfg)
     entries = pool.entries()
-    slots = SlotTable(cfg.paths.slots, [g["index"] for g in gpus]).snapshot()
+    from spswap.slurm.backend import job_probe
+
+    # with the job probe: a reservation of a live job outlives the process that made it
+    slots = SlotTable(cfg.paths.slots, [g["index"] for g in gpus],
+                      job_alive=job_probe()).snapshot()  # fmt: skip
     pid = daemon_running(cfg)
     instances = [
         {**rec.to_json(), "alive": alive}

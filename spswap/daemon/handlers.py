@@ -62,12 +62,25 @@ class DaemonState:
         events.append(self.cfg.paths.events, kind, **fields)
 
     def job_probe(self) -> JobProbe | None:
-        """Slurm's answer to "is this job alive", when a backend is available."""
+        """Is this job alive: Slurm's answer when it can give one, else what the prolog
+        and epilog recorded (a job registered here and not ended is alive)."""
         if not self._probe_loaded:
             self._probe_loaded = True
             from spswap.slurm.backend import job_probe
 
-            self._job_probe = job_probe()
+            slurm = job_probe()
+
+            def probe(job_id: str) -> bool | None:
+                verdict = slurm(job_id) if slurm is not None else None
+                if verdict is not None:
+                    return verdict
+                try:
+                    rec = self.jobs.get(job_id)
+                except SpswapError:  # not a job id we could have recorded
+                    return None
+                return None if rec is None else rec.state == "running"
+
+            self._job_probe = probe
         return self._job_probe
 
     def slot_table(self) -> Any:

@@ -1,0 +1,57 @@
+"""The `spswap` commands themselves, run as a second real uid: writes go through spswapd."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from typer.testing import CliRunner
+
+from spswap.cli.app import app
+from spswap.config import Config
+from spswap.daemon.client import Client
+from spswap.slots.table import SlotTable
+from tests.security.conftest import TEST_USER, as_user
+
+
+def _cli(cfg: Config, *args: str) -> dict[str, Any]:
+    """Run the command tree in this (user) process: the venv's interpreter lives under
+    root's home, which the other uid cannot exec."""
+    r = CliRunner().invoke(app, [*args, "--root", str(cfg.root)])
+    return {"code": r.exit_code, "out": r.stdout, "error": repr(r.exception)}
+
+
+def _warm_up(cfg: Config) -> None:
+    """Load every module the commands need while still root: after the switch to the
+    other uid, root's Python installation (under /root) cannot be read any more."""
+    _cli(cfg, "slots", "reserve", "--help")
+    _cli(cfg, "slots", "release", "--help")
+    _cli(cfg, "slots", "reserve", "--model", "warm", "--units", "3")  # refused: reserves nothing
+    import spswap.access  # noqa: F401
+    import spswap.daemon.client  # noqa: F401
+
+
+def _spswap_as(uid: int, cfg: Config, *args: str) -> dict[str, Any]:
+    result: dict[str, Any] = as_user(uid, _cli, cfg, *args)
+    return result
+
+
+def test_user_cli_reserves_and_releases_through_the_daemon(
+    cfg: Config, daemon: int, user_uid: int
+) -> None:
+    Client(cfg).call("job.register", job_id="300", uid=user_uid, user=TEST_USER)
+    _warm_up(cfg)
+    res = _spswap_as(user_uid, cfg, "slots", "reserve", "--model", "m", "--units", "2",
+                     "--job-id", "300", "--json")
+    assert res["code"] == 0, res
+    made = json.loads(res["out"])
+    assert made["holder"]["uid"] == user_uid and made["holder"]["job_id"] == "300"
+    # held by the job (alive: registered and running), although the command has exited;
+    # asked of the daemon, which knows the job (no Slurm controller runs here)
+    held = Client(cfg).call("slots.list")["reservations"]
+    assert [r["id"] for r in held] == [made["id"]]
+    other = _spswap_as(user_uid, cfg, "slots", "reserve", "--model", "m", "--job-id", "999")
+    assert other["error"].startswith("PermissionDenied(") and "not registered" in other["error"]
+    done = _spswap_as(user_uid, cfg, "slots", "release", made["id"])
+    assert done["code"] == 0, done
+    assert SlotTable(cfg.paths.slots, [0, 1]).reservations() == []
