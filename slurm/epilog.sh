@@ -1,45 +1,10 @@
 #!/bin/bash
 # spswap's Slurm Epilog (slurm.conf: Epilog=/path/to/epilog.sh).
 #
-# Runs `spswap node epilog` (release what the job held: its slot reservations and
-# pool references; keep what must outlive it: images, pool entries) and ALWAYS exits 0:
-# a failing epilog drains the node, and spswap's own trouble must never take a
-# node out of service. Failures are logged, not raised.
-#
-# slurmd runs this as root with almost no environment (no PATH). Settings come from
-# $SPSWAP_DEFAULTS (default /etc/default/spswap), a file of VAR=value lines:
-#   SPSWAP_BIN=/opt/spswap/bin/spswap    the spswap executable
-#   SPSWAP_ROOT=/dev/shm/spswap          log goes to $SPSWAP_ROOT/log/epilog.log
-#   SPSWAP_HOOK_TIMEOUT_S=60             longest time spswap may take here
-# slurmd reads this script's stdout/stderr until EOF, so everything goes to the log.
-ACTION=epilog
-export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-DEFAULTS=${SPSWAP_DEFAULTS:-/etc/default/spswap}
-# shellcheck disable=SC1090
-[ -r "$DEFAULTS" ] && { set -a; . "$DEFAULTS" || true; set +a; }
-ROOT=${SPSWAP_ROOT:-/dev/shm/spswap}
-LOG=$ROOT/log/$ACTION.log
-{ mkdir -p "$ROOT/log" && : >> "$LOG"; } 2>/dev/null || LOG=/var/log/spswap-$ACTION.log
-exec </dev/null >>"$LOG" 2>&1 || exec >/dev/null 2>&1
-
-say() { echo "$(date '+%F %T') job=${SLURM_JOB_ID:-?} $ACTION: $*"; }
-BIN=${SPSWAP_BIN:-}
-if [ -z "$BIN" ]; then
-    for candidate in /usr/local/bin/spswap /usr/bin/spswap /opt/spswap/bin/spswap; do
-        [ -x "$candidate" ] && { BIN=$candidate; break; }
-    done
-fi
-if [ -z "$BIN" ] || [ ! -x "$BIN" ]; then
-    say "spswap executable not found (SPSWAP_BIN='${SPSWAP_BIN:-}'; set it in $DEFAULTS); skipped"
-    exit 0
-fi
-timeout -k 5 "${SPSWAP_HOOK_TIMEOUT_S:-60}" "$BIN" node "$ACTION"
-rc=$?
-if [ "$rc" = 0 ]; then
-    say "ok"
-elif [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
-    say "FAILED: '$BIN node $ACTION' took more than ${SPSWAP_HOOK_TIMEOUT_S:-60}s (killed); node left in service"
-else
-    say "FAILED: '$BIN node $ACTION' exited $rc; node left in service"
-fi
+# Runs `spswap node epilog` (release what the job held: its slot reservations and pool uses; keep what must outlive it: images, pool entries) through hook.sh beside this file, and ALWAYS
+# exits 0: a failing epilog drains the node, and spswap's own trouble must never take a
+# node out of service. Failures are logged to $SPSWAP_ROOT/log/epilog.log. Settings:
+# /etc/default/spswap (SPSWAP_BIN, SPSWAP_ROOT, SPSWAP_HOOK_TIMEOUT_S); see hook.sh.
+HOOK="$(dirname "$0")/hook.sh"
+[ -r "$HOOK" ] && /bin/bash "$HOOK" epilog
 exit 0

@@ -1,0 +1,42 @@
+#!/bin/bash
+# The body of spswap's Slurm Prolog and Epilog: `hook.sh prolog|epilog` runs
+# `spswap node prolog|epilog` and ALWAYS exits 0 (a failing prolog or epilog drains the
+# node; spswap's own trouble must never take a node out of service). See prolog.sh.
+#
+# slurmd runs this as root with almost no environment (no PATH). Settings come from
+# $SPSWAP_DEFAULTS (default /etc/default/spswap), a file of VAR=value lines:
+#   SPSWAP_BIN=/opt/spswap/bin/spswap    the spswap executable
+#   SPSWAP_ROOT=/dev/shm/spswap          log goes to $SPSWAP_ROOT/log/<prolog|epilog>.log
+#   SPSWAP_HOOK_TIMEOUT_S=60             longest time spswap may take here
+# slurmd reads this script's stdout/stderr until EOF, so everything goes to the log.
+case "${1:-}" in prolog|epilog) ACTION=$1 ;; *) exit 0 ;; esac
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+DEFAULTS=${SPSWAP_DEFAULTS:-/etc/default/spswap}
+# shellcheck disable=SC1090
+[ -r "$DEFAULTS" ] && { set -a; . "$DEFAULTS" || true; set +a; }
+ROOT=${SPSWAP_ROOT:-/dev/shm/spswap}
+LOG=$ROOT/log/$ACTION.log
+{ mkdir -p "$ROOT/log" && : >> "$LOG"; } 2>/dev/null || LOG=/var/log/spswap-$ACTION.log
+exec </dev/null >>"$LOG" 2>&1 || exec >/dev/null 2>&1
+
+say() { echo "$(date '+%F %T') job=${SLURM_JOB_ID:-?} $ACTION: $*"; }
+BIN=${SPSWAP_BIN:-}
+if [ -z "$BIN" ]; then
+    for candidate in /usr/local/bin/spswap /usr/bin/spswap /opt/spswap/bin/spswap; do
+        [ -x "$candidate" ] && { BIN=$candidate; break; }
+    done
+fi
+if [ -z "$BIN" ] || [ ! -x "$BIN" ]; then
+    say "spswap executable not found (SPSWAP_BIN='${SPSWAP_BIN:-}'; set it in $DEFAULTS); skipped"
+    exit 0
+fi
+timeout -k 5 "${SPSWAP_HOOK_TIMEOUT_S:-60}" "$BIN" node "$ACTION"
+rc=$?
+if [ "$rc" = 0 ]; then
+    say "ok"
+elif [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+    say "FAILED: '$BIN node $ACTION' took more than ${SPSWAP_HOOK_TIMEOUT_S:-60}s (killed); node left in service"
+else
+    say "FAILED: '$BIN node $ACTION' exited $rc; node left in service"
+fi
+exit 0
