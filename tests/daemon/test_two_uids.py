@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import os
-import pwd
-import subprocess
 
 import pytest
 
@@ -14,23 +11,9 @@ from spswap.config import Config
 from spswap.daemon.client import Client
 from spswap.liveness import Holder
 from spswap.slots.table import SlotTable
-
-TEST_USER = "spswaptest1"
+from tests.uids import TEST_USER, as_user
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create a second uid")
-
-
-@pytest.fixture(scope="module")
-def user_uid() -> int:
-    try:
-        return pwd.getpwnam(TEST_USER).pw_uid
-    except KeyError:
-        pass
-    r = subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
-                        TEST_USER], capture_output=True, text=True)  # fmt: skip
-    if r.returncode != 0:
-        pytest.skip(f"useradd {TEST_USER} failed: {r.stderr.strip()}")
-    return pwd.getpwnam(TEST_USER).pw_uid
 
 
 @pytest.fixture(autouse=True)
@@ -55,36 +38,9 @@ def _steps(cfg: Config, steps: list) -> list[str]:
 
 
 def run_as_user(cfg: Config, steps: list, uid: int) -> list[str]:
-    """Run ``steps`` in a forked child that dropped to ``uid`` (a real second uid).
-
-    A fork, not a new interpreter: the venv's Python may live where the test user cannot
-    execute it (/root/.pyenv); everything the child needs is imported already.
-    """
-    gid = pwd.getpwuid(uid).pw_gid
-    rfd, wfd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child: never return into pytest
-        code = 1
-        try:
-            os.close(rfd)
-            os.setgroups([])
-            os.setgid(gid)
-            os.setuid(uid)
-            assert os.getuid() == uid and os.geteuid() == uid
-            os.write(wfd, json.dumps(_steps(cfg, steps)).encode())
-            code = 0
-        except BaseException as e:
-            os.write(wfd, json.dumps([f"child failed: {e!r}"]).encode())
-        finally:
-            os._exit(code)
-    os.close(wfd)
-    data = b""
-    while chunk := os.read(rfd, 65536):
-        data += chunk
-    os.close(rfd)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, data
-    return json.loads(data)
+    """Run ``steps`` as ``uid`` (a forked child that dropped root)."""
+    result: list[str] = as_user(uid, _steps, cfg, steps)
+    return result
 
 
 IDENT = {"engine": "reference", "engine_version": "0", "torch": "0", "python": "3",

@@ -9,15 +9,10 @@ from __future__ import annotations
 # The forked child runs as a uid that may not read the interpreter's own library
 # directory (/root/.pyenv): anything it imports lazily is imported here first.
 import concurrent.futures  # noqa: F401  (used lazily by spswap.pool.copy)
-import json
 import os
-import pwd
 import shutil
-import subprocess
 import tempfile
-import traceback
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +23,8 @@ import spswap.pool.safetensors_format  # noqa: F401
 import spswap.slots.gpus  # noqa: F401
 from spswap.config import Config
 from spswap.daemon import lifecycle
+from tests.uids import TEST_USER, as_user, spawn_as  # noqa: F401 (re-exported)
 
-TEST_USER = "spswaptest1"
 GPUS = "0,1"
 
 
@@ -53,74 +48,6 @@ def cfg(monkeypatch: pytest.MonkeyPatch) -> Iterator[Config]:
 def daemon(cfg: Config) -> int:
     """The pid of a real spswapd (a detached subprocess, as root) serving ``cfg``'s root."""
     return lifecycle.start(cfg, wait_s=15.0)
-
-
-@pytest.fixture(scope="session")
-def user_uid() -> int:
-    if os.geteuid() != 0:
-        pytest.skip("needs root to create and switch to a second uid")
-    try:
-        return pwd.getpwnam(TEST_USER).pw_uid
-    except KeyError:
-        pass
-    r = subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
-                        TEST_USER], capture_output=True, text=True)  # fmt: skip
-    if r.returncode != 0:
-        pytest.skip(f"useradd {TEST_USER} failed: {r.stderr.strip()}")
-    return pwd.getpwnam(TEST_USER).pw_uid
-
-
-@dataclass
-class Child:
-    """A forked child running as another uid; :meth:`result` waits for its JSON answer."""
-
-    pid: int
-    rfd: int
-
-    def result(self) -> Any:
-        data = b""
-        while chunk := os.read(self.rfd, 65536):
-            data += chunk
-        os.close(self.rfd)
-        _, status = os.waitpid(self.pid, 0)
-        out = json.loads(data) if data else {"crash": f"no output, status {status}"}
-        assert "crash" not in out, out["crash"]
-        return out["value"]
-
-
-def spawn_as(uid: int, fn: Callable[..., Any], *args: Any) -> Child:
-    """Run ``fn(*args)`` in a forked child as ``uid``; its JSON-able return value comes back.
-
-    A fork, not a new interpreter: the venv's Python may live where the test user cannot
-    execute it; everything the child needs is imported already.
-    """
-    gid = pwd.getpwuid(uid).pw_gid
-    rfd, wfd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child: never return into pytest
-        code = 1
-        try:
-            os.close(rfd)
-            os.setgroups([])
-            os.setgid(gid)
-            os.setuid(uid)
-            assert os.getuid() == uid and os.geteuid() == uid
-            out = {"value": fn(*args)}
-            code = 0
-        except BaseException:
-            out = {"crash": traceback.format_exc()}
-        finally:
-            try:
-                os.write(wfd, json.dumps(out).encode())
-            finally:
-                os._exit(code)
-    os.close(wfd)
-    return Child(pid, rfd)
-
-
-def as_user(uid: int, fn: Callable[..., Any], *args: Any) -> Any:
-    """``fn(*args)`` run as ``uid``; waits for it."""
-    return spawn_as(uid, fn, *args).result()
 
 
 def outcome(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> str:

@@ -1,0 +1,72 @@
+"""Running test code as a second real uid (root creates a system user for it).
+
+The second uid runs its part in a forked child that dropped root (setgid/setuid), so a
+daemon sees a different SO_PEERCRED and the kernel applies real file permissions. A
+fork, not a new interpreter: the venv's Python may live where that user cannot execute
+it (/root/.pyenv), so everything the child needs must be imported before the fork.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+TEST_USER = "spswaptest1"
+
+
+@dataclass
+class Child:
+    """A forked child running as another uid; :meth:`result` waits for its JSON answer."""
+
+    pid: int
+    rfd: int
+
+    def result(self) -> Any:
+        data = b""
+        while chunk := os.read(self.rfd, 65536):
+            data += chunk
+        os.close(self.rfd)
+        _, status = os.waitpid(self.pid, 0)
+        out = json.loads(data) if data else {"crash": f"no output, status {status}"}
+        assert "crash" not in out, out["crash"]
+        return out["value"]
+
+
+def spawn_as(uid: int, fn: Callable[..., Any], *args: Any) -> Child:
+    """Run ``fn(*args)`` in a forked child as ``uid``; its JSON-able return value comes back.
+
+    A fork, not a new interpreter: the venv's Python may live where the test user cannot
+    execute it; everything the child needs is imported already.
+    """
+    gid = pwd.getpwuid(uid).pw_gid
+    rfd, wfd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: never return into pytest
+        code = 1
+        try:
+            os.close(rfd)
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
+            assert os.getuid() == uid and os.geteuid() == uid
+            out = {"value": fn(*args)}
+            code = 0
+        except BaseException:
+            out = {"crash": traceback.format_exc()}
+        finally:
+            try:
+                os.write(wfd, json.dumps(out).encode())
+            finally:
+                os._exit(code)
+    os.close(wfd)
+    return Child(pid, rfd)
+
+
+def as_user(uid: int, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` run as ``uid``; waits for it."""
+    return spawn_as(uid, fn, *args).result()
