@@ -35,6 +35,7 @@ from spswap.pool.safetensors_format import (
 
 if TYPE_CHECKING:
     from spswap.pool.store import Pool
+    from spswap.pool.writer import EntryWriter
 
 
 def import_checkpoint(
@@ -42,9 +43,22 @@ def import_checkpoint(
     progress: Callable[[int, int], None] | None = None,
 ) -> Manifest:  # fmt: skip
     """Import ``path`` (a .safetensors file or a checkpoint directory); returns its manifest."""
+    ckpt = resolve_checkpoint(path)
+
+    def fill(w: EntryWriter) -> None:
+        _copy(ckpt, w, progress)
+        _check_unchanged(ckpt)
+
+    return _import_once(pool, ckpt, name or ckpt.name, fill)
+
+
+def _import_once(
+    pool: Pool, ckpt: Checkpoint, name: str, fill: Callable[[EntryWriter], None]
+) -> Manifest:
+    """One entry per source set, however many processes import it at once: under the
+    source's lock, reuse what an earlier import made; else ``fill`` a new entry."""
     from spswap.pool.store import source_key
 
-    ckpt = resolve_checkpoint(path)
     sources = ckpt.sources
     pool.ensure_dirs()
     with FileLock(str(pool.index.lock_path(f"import-{source_key(sources)}.lock"))):
@@ -52,9 +66,8 @@ def import_checkpoint(
         if hit is not None:
             return hit
         expected = padded_size_bytes(t.size_bytes for _f, t in ckpt.tensors)
-        with pool.writer(name or ckpt.name, sources=sources, expected_size_bytes=expected) as w:
-            _copy(ckpt, w, progress)
-            _check_unchanged(ckpt)
+        with pool.writer(name, sources=sources, expected_size_bytes=expected) as w:
+            fill(w)
         assert w.manifest is not None
         pool.remember_sources(sources, w.manifest.digest)
         return w.manifest
@@ -123,23 +136,14 @@ def import_from_fds(
     the caller's to close. ``owner_uid`` keys the source aliases, so one user's files
     never stand in for another's.
     """
-    from spswap.pool.store import source_key
-
     ckpt, by_path = checkpoint_from_fds(files, name=name, owner_uid=owner_uid)
-    sources = ckpt.sources
-    pool.ensure_dirs()
-    with FileLock(str(pool.index.lock_path(f"import-{source_key(sources)}.lock"))):
-        hit = pool.find_by_sources(sources)
-        if hit is not None:
-            return hit
-        expected = padded_size_bytes(t.size_bytes for _f, t in ckpt.tensors)
-        with pool.writer(ckpt.name, sources=sources, expected_size_bytes=expected) as w:
-            _copy(ckpt, w, progress, by_path)
-            for f in ckpt.files:
-                _check_fd_unchanged(f.path, by_path[f.path], f.size_bytes, f.mtime_ns)
-        assert w.manifest is not None
-        pool.remember_sources(sources, w.manifest.digest)
-        return w.manifest
+
+    def fill(w: EntryWriter) -> None:
+        _copy(ckpt, w, progress, by_path)
+        for f in ckpt.files:
+            _check_fd_unchanged(f.path, by_path[f.path], f.size_bytes, f.mtime_ns)
+
+    return _import_once(pool, ckpt, ckpt.name, fill)
 
 
 def checkpoint_from_fds(
