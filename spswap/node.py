@@ -17,8 +17,9 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from spswap.config import DEFAULT_ROOT, Config
 from spswap.errors import SpswapError
@@ -52,23 +53,37 @@ def _config(env: Mapping[str, str], action: str) -> Config | None:
         return None
 
 
+def _hook(action: str, env: Mapping[str, str] | None, body: Callable[[Config, Any], None]
+          ) -> int:  # fmt: skip
+    """Run ``body(cfg, job)`` for a Slurm hook: 0 whatever goes wrong on spswap's side
+    (logged to ``log/<action>.log``: a failing hook drains the node), 2 only outside a job."""
+    from spswap.slurm.env import JobEnv
+
+    env = os.environ if env is None else env
+    job = JobEnv.from_env(env)
+    if job is None:
+        print(NOT_IN_SLURM.format(action=action, Action=action.capitalize()), file=sys.stderr)
+        return 2
+    cfg = _config(env, action)
+    if cfg is None:
+        return 0
+    try:
+        body(cfg, job)
+    except SpswapError as e:
+        _log(cfg.root, action, f"job {job.job_id}: {e}")
+    except Exception:
+        _log(cfg.root, action, f"job {job.job_id}: unexpected error\n{traceback.format_exc()}")
+    return 0
+
+
 def prolog(env: Mapping[str, str] | None = None) -> int:
     """Ensure spswapd runs and record the job (id, uid, user, GPUs, restart count).
 
     Returns 0 whatever goes wrong on spswap's side (logged to ``log/prolog.log``);
     2 only outside a Slurm job.
     """
-    from spswap.slurm.env import JobEnv
 
-    env = os.environ if env is None else env
-    job = JobEnv.from_env(env)
-    if job is None:
-        print(NOT_IN_SLURM.format(action="prolog", Action="Prolog"), file=sys.stderr)
-        return 2
-    cfg = _config(env, "prolog")
-    if cfg is None:
-        return 0
-    try:
+    def body(cfg: Config, job: Any) -> None:
         from spswap.daemon import lifecycle
         from spswap.daemon.client import Client
 
@@ -79,11 +94,8 @@ def prolog(env: Mapping[str, str] | None = None) -> int:
             "job.register", job_id=job.job_id, uid=job.uid, user=job.user or "",
             gpus=list(job.gpus), restart_count=job.restart_count,
         )  # fmt: skip
-    except SpswapError as e:
-        _log(cfg.root, "prolog", f"job {job.job_id}: {e}")
-    except Exception:
-        _log(cfg.root, "prolog", f"job {job.job_id}: unexpected error\n{traceback.format_exc()}")
-    return 0
+
+    return _hook("prolog", env, body)
 
 
 def epilog(env: Mapping[str, str] | None = None) -> int:
@@ -92,27 +104,15 @@ def epilog(env: Mapping[str, str] | None = None) -> int:
     Returns 0 whatever goes wrong on spswap's side (logged to ``log/epilog.log``);
     2 only outside a Slurm job.
     """
-    from spswap.slurm.env import JobEnv
 
-    env = os.environ if env is None else env
-    job = JobEnv.from_env(env)
-    if job is None:
-        print(NOT_IN_SLURM.format(action="epilog", Action="Epilog"), file=sys.stderr)
-        return 2
-    cfg = _config(env, "epilog")
-    if cfg is None:
-        return 0
-    try:
+    def body(cfg: Config, job: Any) -> None:
         from spswap.daemon.client import Client
 
         result = Client(cfg, timeout_s=30.0).call("job.end", job_id=job.job_id)
         for problem in result.get("problems", []):
             _log(cfg.root, "epilog", f"job {job.job_id}: {problem}")
-    except SpswapError as e:
-        _log(cfg.root, "epilog", f"job {job.job_id}: {e}")
-    except Exception:
-        _log(cfg.root, "epilog", f"job {job.job_id}: unexpected error\n{traceback.format_exc()}")
-    return 0
+
+    return _hook("epilog", env, body)
 
 
 def fast_main(argv: list[str]) -> int | None:
