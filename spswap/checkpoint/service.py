@@ -14,8 +14,10 @@ are ever restored, and only for the same uid (the uid is part of the identity).
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,12 +56,43 @@ def job_image_key(job_id: str, identity: Identity) -> str:
     return f"job{job_id.replace('+', '_')}-{image_key(identity)}"
 
 
+def job_prefix(job_id: str) -> str:
+    """Every image (and unfinished dump) name of the job starts with this."""
+    return f"job{job_id.replace('+', '_')}-"
+
+
 def images_of_job(images_root: Path, job_id: str) -> list[Path]:
     """The finished images of ``job_id`` (temp dirs of unfinished dumps excluded)."""
     if not images_root.is_dir():
         return []
-    prefix = f"job{job_id.replace('+', '_')}-"
+    prefix = job_prefix(job_id)
     return sorted(p for p in images_root.iterdir() if p.name.startswith(prefix) and p.is_dir())
+
+
+def temp_dirs(images_root: Path, job_id: str | None = None) -> list[Path]:
+    """Directories of unfinished dumps (``.tmp-<key>-<random>``), all or of one job."""
+    if not images_root.is_dir():
+        return []
+    prefix = ".tmp-" + (job_prefix(job_id) if job_id is not None else "")
+    return sorted(p for p in images_root.iterdir() if p.name.startswith(prefix) and p.is_dir())
+
+
+def incomplete_images(images_root: Path) -> list[Path]:
+    """Image directories without meta.json: the dumper died between CRIU's end and the
+    meta (never restorable: :func:`verify_before_restore` refuses them)."""
+    if not images_root.is_dir():
+        return []
+    return sorted(p for p in images_root.iterdir()
+                  if p.is_dir() and p.name.startswith("job") and read_meta(p) is None)  # fmt: skip
+
+
+def delete_job_images(images_root: Path, job_id: str) -> list[str]:
+    """Delete every image and unfinished dump of ``job_id``; the names deleted."""
+    gone = []
+    for p in images_of_job(images_root, job_id) + temp_dirs(images_root, job_id):
+        shutil.rmtree(p, ignore_errors=True)
+        gone.append(p.name)
+    return gone
 
 
 def _wait_preflight(pid: int, wait_s: float) -> None:
@@ -85,8 +118,7 @@ def dump_instance(
     the process runs on (CUDA state restored and unlocked again) and no image is left.
     """
     key = job_image_key(job_id, identity)
-    for old in images_of_job(images_root, job_id):  # a job keeps only its newest image
-        shutil.rmtree(old, ignore_errors=True)
+    delete_job_images(images_root, job_id)  # a job keeps only its newest image
     timings: dict[str, float] = {}
     _wait_preflight(pid, PREFLIGHT_WAIT_S)
     tree = proctree.process_tree_pids(pid)
@@ -132,20 +164,36 @@ def restore_instance(
     if reason is not None:
         shutil.rmtree(image, ignore_errors=True)
         raise ImageRejected(f"image {image.name} not restored: {reason}")
-    t0 = time.monotonic()
-    pid = criu.restore(image.name, images_root, criu=criu_path)
-    timings["criu_restore"] = time.monotonic() - t0
-    cuda = list((read_json(image / CUDA_RECORD) or {}).get("cuda_pids", []))
-    if cuda:
+    # A process image is single use: once a restore began, the process may have run on
+    # from it, so it is deleted whether the restore succeeded or not (a failed restore
+    # is not retried: the caller cold-starts).
+    pid: int | None = None
+    try:
         t0 = time.monotonic()
-        cuda_ckpt.restore_tree(pid, gpu_map=gpu_map, pids=cuda)
-        timings["cuda_restore"] = time.monotonic() - t0
-        t0 = time.monotonic()
-        cuda_ckpt.unlock_tree(pid, pids=cuda)
-        timings["cuda_unlock"] = time.monotonic() - t0
-    # A process image is single use: once restored, the process moves on from it.
-    shutil.rmtree(image, ignore_errors=True)
+        pid = criu.restore(image.name, images_root, criu=criu_path)
+        timings["criu_restore"] = time.monotonic() - t0
+        cuda = list((read_json(image / CUDA_RECORD) or {}).get("cuda_pids", []))
+        if cuda:
+            t0 = time.monotonic()
+            cuda_ckpt.restore_tree(pid, gpu_map=gpu_map, pids=cuda)
+            timings["cuda_restore"] = time.monotonic() - t0
+            t0 = time.monotonic()
+            cuda_ckpt.unlock_tree(pid, pids=cuda)
+            timings["cuda_unlock"] = time.monotonic() - t0
+    except CheckpointFailed as e:
+        if pid is not None:  # half restored (GPU state missing): it must not run on
+            _kill_quietly(pid)
+        raise CheckpointFailed(f"{e}\nthe image {image.name} was deleted: cold start") from None
+    finally:
+        shutil.rmtree(image, ignore_errors=True)
     return pid, timings
+
+
+def _kill_quietly(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def image_digests(images_root: Path) -> dict[str, str]:

@@ -11,6 +11,14 @@ Flow, for one job's instance P and, after the requeue, the new run's proxy Q:
 - A rejected image (other identity, changed bytes) is deleted and Q cold-starts; the
   reason goes to the event log, the answer and ``spswap status``.
 
+Image lifecycle: while an image exists its pool entry must stay (the restored process
+maps the entry's file by path), so the daemon holds one pool use per image on disk
+(holder: the daemon process itself, no job; see :func:`sync_image_uses`). The uses are
+re-counted after every dump, restore and job end and at start-up, so a daemon killed
+with ``-9`` (its uses die with it) takes them back when it starts again.
+:func:`recover` (start-up) also fails a dump the dead daemon left "dumping", resumes
+the instance when it still runs, and deletes unfinished dumps.
+
 The identity parts the caller cannot be trusted with (uid, driver, GPU model, CRIU) are
 taken by the daemon itself; the caller names its engine, versions, model and config.
 """
@@ -21,6 +29,8 @@ import functools
 import os
 import signal
 import threading
+import time
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -110,16 +120,23 @@ def _dump(st: DaemonState, job_id: str, pid: int, identity: Identity, requeue: b
     except Exception as e:  # the instance runs on: tell it, and record why
         _set_status(st, job_id, state="failed", pid=pid, reason=str(e))
         st.event("checkpoint.failed", job_id=job_id, uid=identity.uid, reason=str(e)[:2000])
-        try:
-            os.kill(pid, RESUME_SIGNAL)
-        except ProcessLookupError:
-            pass
+        _resume(pid)
+        _sync_quietly(st)  # an older image of the job was deleted before the dump
         return
+    _sync_quietly(st)  # before "saved": a restore must find the entry held
     _set_status(st, job_id, state="saved", pid=pid, key=report.key,
                 size_bytes=report.size_bytes, timings_s=report.timings_s)  # fmt: skip
     st.event("checkpoint.saved", job_id=job_id, uid=identity.uid, image=report.to_json())
     if requeue:
         _requeue(st, job_id)
+
+
+def _resume(pid: int) -> None:
+    """Tell a parked instance to look at its status (it runs on: the dump failed)."""
+    try:
+        os.kill(pid, RESUME_SIGNAL)
+    except ProcessLookupError:
+        pass
 
 
 def _requeue(st: DaemonState, job_id: str) -> None:
@@ -144,9 +161,7 @@ def op_restore(ctx: Context, args: dict[str, Any]) -> Any:
     expected = _identity(args, rec.uid)
     status = read_json(_status_path(st, job_id)) or {}
     if status.get("state") != "saved":
-        raise CheckpointFailed(
-            f"job {job_id} has no saved image (state {status.get('state', 'none')}): cold start"
-        )
+        raise CheckpointFailed(no_image_reason(job_id, status))
     from spswap.checkpoint.service import ImageRejected, restore_instance
 
     try:
@@ -159,11 +174,38 @@ def op_restore(ctx: Context, args: dict[str, Any]) -> Any:
         _set_status(st, job_id, state="failed", reason=str(e))
         st.event("restore.failed", job_id=job_id, uid=rec.uid, reason=str(e)[:2000])
         raise
+    finally:
+        _sync_quietly(st)  # the image is gone whatever happened
+    # The status first: the woken instance reads it to learn its new run.
     _set_status(st, job_id, state="restored", pid=pid, proxy_pid=ctx.peer_pid,
                 restart_count=int(args.get("restart_count", 0)), timings_s=timings)  # fmt: skip
+    try:
+        os.kill(pid, RESUME_SIGNAL)
+    except ProcessLookupError:
+        # Killed (or OOM) between CRIU's end and our signal: the proxy must cold-start
+        # now rather than stand in for nobody.
+        reason = (f"the restored instance of job {job_id} (pid {pid}) died before it woke; "
+                  "its image is single use and was deleted: cold start")  # fmt: skip
+        _set_status(st, job_id, state="failed", reason=reason)
+        st.event("restore.failed", job_id=job_id, uid=rec.uid, reason=reason)
+        raise CheckpointFailed(reason) from None
     st.event("restore.done", job_id=job_id, uid=rec.uid, pid=pid, timings_s=timings)
-    os.kill(pid, RESUME_SIGNAL)
     return {"pid": pid, "timings_s": timings}
+
+
+def no_image_reason(job_id: str, status: dict[str, Any]) -> str:
+    """Why a job's run cannot be restored, from its checkpoint status (shown to the user)."""
+    state = status.get("state", "none")
+    if state == "none":
+        return f"job {job_id} has no checkpoint image (never dumped on this node): cold start"
+    if state == "restored":
+        return (f"job {job_id}'s image was restored already (it is single use) and that "
+                "instance has ended: cold start")  # fmt: skip
+    if state == "dumping":
+        return f"job {job_id}'s dump has not finished: cold start"
+    why = status.get("reason")
+    return f"job {job_id} has no saved image (dump {state}" + (f": {why}" if why else "") + \
+        "): cold start"
 
 
 def op_checkpoint_status(ctx: Context, args: dict[str, Any]) -> Any:
@@ -171,3 +213,179 @@ def op_checkpoint_status(ctx: Context, args: dict[str, Any]) -> Any:
     job_id = args["job_id"]
     _job_for(ctx, job_id)
     return read_json(_status_path(ctx.state, job_id)) or {"job_id": job_id, "state": "none"}
+
+
+# -- image lifecycle -------------------------------------------------------------------
+
+_USES_LOCK = threading.Lock()
+RECOVER_WAIT_S = 60.0  # how long start-up waits for a dead daemon's CRIU to let go
+
+
+def _daemon_holder() -> Any:
+    from spswap.liveness import Holder, pid_start_time
+
+    pid = os.getpid()
+    return Holder(pid=pid, pid_start=pid_start_time(pid), uid=os.getuid(), job_id=None,
+                  since=time.time())  # fmt: skip
+
+
+def sync_image_uses(st: DaemonState) -> dict[str, int]:
+    """Hold exactly one pool use per image on disk (holder: this daemon process).
+
+    An image whose pool entry is gone can never be restored (the process it holds maps
+    the entry's file): it is deleted. Returns digest -> uses now held.
+    """
+    from spswap.checkpoint.service import image_digests
+    from spswap.errors import PoolEntryNotFound
+    from spswap.pool.store import Pool
+
+    if not st.cfg.paths.pool.is_dir():
+        return {}
+    me = _daemon_holder()
+    with _USES_LOCK:
+        pool = Pool.from_config(st.cfg, job_alive=st.job_probe())
+        by_digest = image_digests(st.cfg.paths.images)
+        want = Counter(d for d in by_digest.values() if d)
+        have = Counter(e.manifest.digest for e in pool.entries()
+                       for h in e.users if _same_holder(h, me))  # fmt: skip
+        for digest in set(want) | set(have):
+            for _ in range(want[digest] - have[digest]):
+                try:
+                    pool.acquire_use(digest, me)
+                except PoolEntryNotFound:
+                    _drop_images_needing(st, by_digest, digest)
+                    want[digest] = 0
+                    break
+            for _ in range(have[digest] - want[digest]):
+                pool.release_use(digest, me)
+        return {d: n for d, n in want.items() if n}
+
+
+def _same_holder(a: Any, b: Any) -> bool:
+    return (a.pid, a.pid_start, a.uid, a.job_id) == (b.pid, b.pid_start, b.uid, b.job_id)
+
+
+def _drop_images_needing(st: DaemonState, by_digest: dict[str, str], digest: str) -> None:
+    import shutil
+
+    for key, d in by_digest.items():
+        if d == digest:
+            shutil.rmtree(st.cfg.paths.images / key, ignore_errors=True)
+            st.event("image.dropped", image=key,
+                     reason=f"its pool entry {digest[:12]} is gone: it cannot be restored")
+
+
+def _sync_quietly(st: DaemonState) -> None:
+    """A failed re-count must not fail the dump or restore it follows."""
+    try:
+        sync_image_uses(st)
+    except Exception as e:  # noqa: BLE001 - logged; the next sync tries again
+        st.event("image.uses_failed", reason=str(e)[:500])
+
+
+def drop_job_images(st: DaemonState, job_id: str) -> list[str]:
+    """Delete the job's images and unfinished dumps and give back their pool uses."""
+    from spswap.checkpoint.service import delete_job_images
+
+    gone = delete_job_images(st.cfg.paths.images, job_id)
+    if gone:
+        status = read_json(_status_path(st, job_id)) or {}
+        if status.get("state") in ("saved", "dumping"):
+            _set_status(st, job_id, state="deleted", reason="the job ended and will not return")
+    _sync_quietly(st)
+    return gone
+
+
+def recover(st: DaemonState) -> dict[str, Any]:
+    """Daemon start-up: clean up after a daemon that died (``kill -9``, OOM, reboot of
+    the service) and take back the pool uses of the images on disk.
+
+    A status left "dumping" is failed with the reason; when its instance still runs (CRIU
+    died with the daemon and let the process go) it is told (SIGUSR2) and exits as after
+    any failed dump, its requests saved. If a CRIU of the dead daemon still holds the
+    process, that wait happens in a thread so the daemon answers meanwhile.
+    """
+    from spswap.checkpoint.service import incomplete_images, temp_dirs
+
+    stale = []
+    status_dir = st.cfg.paths.run / "checkpoints"
+    for path in sorted(status_dir.glob("*.json")) if status_dir.is_dir() else []:
+        status = read_json(path) or {}
+        if status.get("state") == "dumping":
+            stale.append((str(status.get("job_id") or path.stem), int(status.get("pid") or 0)))
+    dumping = {job for job, _ in stale}
+    removed = []
+    images = st.cfg.paths.images
+    for p in temp_dirs(images) + incomplete_images(images):
+        if not any(_of_job(p, j) for j in dumping):  # those wait for their CRIU to end
+            removed.append(_rmtree(p))
+    for job_id, pid in stale:
+        threading.Thread(target=_recover_dump, args=(st, job_id, pid), daemon=True).start()
+    _sync_quietly(st)
+    if stale or removed:
+        st.event("checkpoint.recovered", stale_dumps=[j for j, _ in stale], removed=removed)
+    return {"stale_dumps": [j for j, _ in stale], "removed": removed}
+
+
+def _of_job(p: Path, job_id: str) -> bool:
+    from spswap.checkpoint.service import job_prefix
+
+    return p.name.removeprefix(".tmp-").startswith(job_prefix(job_id))
+
+
+def _rmtree(p: Path) -> str:
+    import shutil
+
+    shutil.rmtree(p, ignore_errors=True)
+    return p.name
+
+
+def _traced(pid: int) -> bool:
+    """True while a tracer (a CRIU still dumping) holds ``pid``."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("TracerPid:"):
+                return int(line.split()[1]) != 0
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+def _recover_dump(st: DaemonState, job_id: str, pid: int) -> None:
+    from spswap.checkpoint.service import incomplete_images, temp_dirs
+    from spswap.liveness import pid_alive
+
+    deadline = time.monotonic() + RECOVER_WAIT_S
+    while pid > 0 and _traced(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    alive = pid > 0 and pid_alive(pid)
+    for p in temp_dirs(st.cfg.paths.images, job_id) + incomplete_images(st.cfg.paths.images):
+        if _of_job(p, job_id):
+            _rmtree(p)
+    fate = "it runs on and was told" if alive else "CRIU had ended it: its requests are saved"
+    reason = (f"spswapd died during the dump of job {job_id} (pid {pid}); the unfinished "
+              f"image was deleted; {fate}: the next run starts cold")  # fmt: skip
+    _set_status(st, job_id, state="failed", pid=pid, reason=reason)
+    st.event("checkpoint.failed", job_id=job_id, reason=reason)
+    if alive:
+        _resume(pid)
+
+
+def job_fate(slurm_state: str | None, requeued: bool | None) -> str:
+    """Whether an ended job will run again: "back", "gone" or "unknown".
+
+    ``slurm_state``: the controller's state name (None when Slurm does not know the job
+    or cannot be asked); ``requeued``: what the epilog was told, when it was.
+    """
+    back = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SPECIAL_EXIT"}
+    gone = {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+            "BOOT_FAIL", "DEADLINE", "PREEMPTED", "REVOKED"}  # fmt: skip
+    state = (slurm_state or "").upper().split()[0] if slurm_state else ""
+    if state in back:
+        return "back"
+    if state in gone:
+        return "gone"
+    # not known to Slurm, or still COMPLETING (a requeued job looks the same then)
+    if requeued is None:
+        return "unknown"
+    return "back" if requeued else "gone"

@@ -279,7 +279,10 @@ def _drop_job_pool_uses(st: DaemonState, job_id: str) -> list[str]:
 
 
 def op_job_end(ctx: Context, args: dict[str, Any]) -> Any:
-    """The epilog: give back the job's slots and pool uses; keep the pool and images."""
+    """The epilog: give back the job's slots and pool uses; keep the pool. The job's
+    checkpoint images stay only if it comes back (requeued): Slurm says so, or, where
+    Slurm does not know the job, the ``requeued`` argument; when neither can tell they
+    stay (an unused image costs tmpfs, a deleted one a cold start)."""
     require_root(ctx.peer_uid, "job.end")
     st = ctx.state
     job_id = args["job_id"]
@@ -287,6 +290,7 @@ def op_job_end(ctx: Context, args: dict[str, Any]) -> Any:
     problems = []
     released: list[str] = []
     dropped: list[str] = []
+    images_deleted: list[str] = []
     try:
         released = _release_job_reservations(st, job_id)
     except Exception as e:  # the rest of the epilog still runs
@@ -295,18 +299,64 @@ def op_job_end(ctx: Context, args: dict[str, Any]) -> Any:
         dropped = _drop_job_pool_uses(st, job_id)
     except Exception as e:
         problems.append(f"pool: {e}")
+    fate = "unknown"
+    try:
+        fate = _job_fate(st, job_id, requeued)
+        if fate == "gone":
+            from spswap.daemon.ckpt_ops import drop_job_images
+
+            images_deleted = drop_job_images(st, job_id)
+    except Exception as e:
+        problems.append(f"images: {e}")
     with st.lock:
         rec = st.jobs.get(job_id) or JobRecord(job_id=job_id, uid=-1)
-        rec.state = "requeued" if requeued else "ended"
+        rec.state = "requeued" if requeued or fate == "back" else "ended"
         rec.ended_at = time.time()
         st.jobs.put(rec)
     result = {"job_id": job_id, "state": rec.state, "released_reservations": released,
-              "dropped_pool_uses": dropped, "problems": problems}  # fmt: skip
+              "dropped_pool_uses": dropped, "fate": fate, "images_deleted": images_deleted,
+              "problems": problems}  # fmt: skip
     st.event(
-        "job.end", job_id=job_id, uid=rec.uid, state=rec.state,
-        released_reservations=released, dropped_pool_uses=dropped, problems=problems,
+        "job.end", job_id=job_id, uid=rec.uid, state=rec.state, fate=fate,
+        released_reservations=released, dropped_pool_uses=dropped,
+        images_deleted=images_deleted, problems=problems,
     )  # fmt: skip
     return result
+
+
+JOB_END_SLURM_TIMEOUT_S = 5.0  # the epilog must not hang on a controller that is down
+
+
+def _job_fate(st: DaemonState, job_id: str, requeued: bool | None) -> str:
+    """"back", "gone" or "unknown"; asks Slurm only when the job has images to decide on."""
+    from spswap.checkpoint.service import images_of_job, temp_dirs
+    from spswap.daemon.ckpt_ops import job_fate
+
+    if not images_of_job(st.cfg.paths.images, job_id) and not temp_dirs(st.cfg.paths.images,
+                                                                          job_id):
+        return job_fate(None, requeued)
+    from spswap.slurm.backend import get_backend
+
+    state = None
+    try:
+        backend = get_backend(timeout_s=JOB_END_SLURM_TIMEOUT_S)
+        info = backend.job(job_id) if backend is not None else None
+        state = info.state if info is not None else None
+    except SpswapError as e:
+        st.event("job.end_slurm_unreachable", job_id=job_id, reason=str(e)[:500])
+    return job_fate(state, requeued)
+
+
+def on_daemon_start(state: DaemonState) -> dict[str, Any]:
+    """Start-up hook (``spswapd`` calls it before serving): clean up after a daemon that
+    died mid-dump and take back the pool uses of the checkpoint images on disk."""
+    from spswap.daemon.ckpt_ops import recover
+
+    try:
+        return recover(state)
+    except Exception as e:  # a daemon that cannot clean up must still serve
+        state.event("daemon.recover_failed", reason=str(e)[:2000])
+        return {"error": str(e)}
 
 
 def op_jobs_list(ctx: Context, args: dict[str, Any]) -> Any:

@@ -51,6 +51,9 @@ def run(cfg: Config) -> int:
         server.bind()
         install_signal_handlers(server)
         server.state.jobs.dir.mkdir(parents=True, exist_ok=True)
+        from spswap.daemon.handlers import on_daemon_start
+
+        on_daemon_start(server.state)  # before the first request is served
         server.state.event("daemon.start", uid=os.getuid(), pid=os.getpid(),
                            socket=str(cfg.paths.socket))  # fmt: skip
         print(f"{time.strftime('%F %T')} spswapd: pid {os.getpid()} serving "

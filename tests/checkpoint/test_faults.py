@@ -1,0 +1,292 @@
+"""Faults on the checkpoint path of `spswap serve`, with the real CRIU, a real spswapd and
+real serving processes (the job registered with the daemon as its prolog would).
+
+For each fault: no broken image is ever restored, the next run starts cold and says why,
+every request is answered as the cold model answers it, and no slot reservation, pool
+use or image is left behind. Cases: spswapd killed -9 during a dump; the engine killed -9
+during a dump, during CRIU's restore, and right after it; the images' tmpfs full during
+a dump; and the image lifecycle (a pool use per image, dropped with it; the epilog keeps
+a requeued job's image and deletes an ended one's).
+
+The daemon and the serving processes run without Slurm's commands on PATH: the
+controller on a test machine may be down, and each query to it then takes 10-18 s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from spswap.config import Config
+from spswap.daemon import lifecycle
+from spswap.daemon.client import Client
+from spswap.fsutil import read_json
+from spswap.pool.store import Pool
+from spswap.slots.table import SlotTable
+
+from .test_serve_criu import JOB, N_REQ, _answers, _cold, _criu_ok, _setup, _wait
+
+pytestmark = [pytest.mark.criu, pytest.mark.slow]
+PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/sbin"  # no scontrol/squeue (/usr/bin)
+
+
+def _env(cfg: Config, restart: int | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SPSWAP_"))}
+    env.update(SPSWAP_ROOT=str(cfg.root), SPSWAP_GPUS="0", PATH=PATH)
+    if restart is not None:
+        env.update(SLURM_JOB_ID=JOB, SLURM_RESTART_COUNT=str(restart), SLURM_JOB_GPUS="0")
+    return env
+
+
+def _start_daemon(cfg: Config) -> int:
+    """`spswap daemon ensure`, as the prolog runs it."""
+    res = subprocess.run([sys.executable, "-m", "spswap.cli", "daemon", "ensure"],
+                         env=_env(cfg), capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    pid = lifecycle.daemon_running(cfg)
+    assert pid and pid > 0
+    return pid
+
+
+def _make_node(tmpfs: bool) -> Iterator[Config]:
+    reason = _criu_ok()
+    if reason:
+        pytest.skip(reason)
+    root = Path(tempfile.mkdtemp(prefix="spsf-", dir="/tmp"))
+    os.chmod(root, 0o755)
+    cfg = Config.from_env({"SPSWAP_GPUS": "0"}, root=root)
+    mounted = False
+    if tmpfs:
+        cfg.paths.images.mkdir(mode=0o700)
+        res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1M,mode=0700", "tmpfs",
+                              str(cfg.paths.images)], capture_output=True, text=True)  # fmt: skip
+        if res.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip()}")
+        mounted = True
+    try:
+        _start_daemon(cfg)
+        yield cfg
+    finally:
+        lifecycle.stop(cfg, timeout_s=5.0)
+        if mounted:
+            subprocess.run(["umount", "-l", str(cfg.paths.images)], check=False)
+        subprocess.run(["rm", "-rf", str(root)], check=False)
+
+
+@pytest.fixture
+def node() -> Iterator[Config]:
+    yield from _make_node(tmpfs=False)
+
+
+@pytest.fixture
+def tiny_node() -> Iterator[Config]:
+    yield from _make_node(tmpfs=True)
+
+
+class Runs:
+    """The job's runs (restart 0, 1, ...) as `spswap serve` subprocesses."""
+
+    def __init__(self, cfg: Config, tmp: Path) -> None:
+        self.cfg, self.tmp = cfg, tmp
+        self.model, self.prompts = _setup(cfg, tmp)
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, restart: int) -> subprocess.Popen:
+        out = open(self.tmp / f"run{restart}.log", "w")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "spswap.cli", "serve", str(self.model), "--state-dir",
+             str(self.tmp / "state"), "--device", "cpu", "--requests",
+             str(self.tmp / "req.jsonl"), "--exit-when-idle", "--json"],
+            env=_env(self.cfg, restart), stdout=out, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        self.procs.append(proc)
+        return proc
+
+    def log(self, restart: int) -> str:
+        return (self.tmp / f"run{restart}.log").read_text()
+
+    def summary(self, restart: int) -> dict:
+        text = self.log(restart)
+        return json.loads(text[text.index("\n{\n"):])
+
+    def stop_run0(self) -> subprocess.Popen:
+        """Run 0 answers a few requests, then gets USR1 (it parks and asks for a dump)."""
+        first = self.start(0)
+        _wait("the first answers", lambda: len(_answers(self.tmp)) >= 2 or first.poll() is not None)
+        assert first.poll() is None, self.log(0)
+        first.send_signal(signal.SIGUSR1)
+        return first
+
+    def finish_cold(self, restart: int, needle: str) -> None:
+        """A run that starts cold, says why (``needle``) and answers everything."""
+        proc = self.start(restart)
+        assert proc.wait(timeout=300) == 0, self.log(restart)
+        log = self.log(restart)
+        assert "cold start" in log and needle in log, log
+        assert self.summary(restart)["pending_left"] == 0
+        answers = _answers(self.tmp)
+        assert [answers[f"q{i:02d}"] for i in range(N_REQ)] == _cold(self.model, self.prompts)
+
+    def kill_all(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+@pytest.fixture
+def runs(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Runs]:
+    cfg = request.getfixturevalue("tiny_node" if "tiny" in request.node.name else "node")
+    r = Runs(cfg, tmp_path)
+    yield r
+    r.kill_all()
+
+
+def _status(cfg: Config) -> dict:
+    return read_json(cfg.paths.run / "checkpoints" / f"{JOB}.json") or {}
+
+
+def _job_dirs(cfg: Config) -> list[str]:
+    """Images and unfinished dumps of the job."""
+    if not cfg.paths.images.is_dir():
+        return []
+    return sorted(p.name for p in cfg.paths.images.iterdir()
+                  if p.name.removeprefix(".tmp-").startswith(f"job{JOB}-"))  # fmt: skip
+
+
+def _dump_started(cfg: Config) -> bool:
+    return _status(cfg).get("state") == "dumping" and any(
+        p.startswith(".tmp-") for p in _job_dirs(cfg))
+
+
+def _daemon_uses(cfg: Config) -> list[int]:
+    return [h.pid for e in Pool.from_config(cfg).entries() for h in e.users if h.job_id is None]
+
+
+def _assert_clean(cfg: Config) -> None:
+    assert _job_dirs(cfg) == []
+    assert SlotTable.from_config(cfg).reservations() == []
+    assert [e.users for e in Pool.from_config(cfg).entries()] == [[]]
+
+
+def _settled(cfg: Config) -> dict:
+    return _wait("the dump to end", lambda: (
+        st if (st := _status(cfg)).get("state") not in (None, "dumping") else None), 60)
+
+
+def _proc_state(pid: int) -> str:
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return "gone"
+    keep = [ln for ln in lines if ln.startswith(("State:", "TracerPid:"))]
+    return ", ".join(" ".join(ln.split()) for ln in keep)
+
+
+def test_daemon_killed_during_a_dump(runs: Runs) -> None:
+    cfg = runs.cfg
+    first = runs.stop_run0()
+    _wait("the dump to start", lambda: _dump_started(cfg), 60)
+    daemon = lifecycle.daemon_running(cfg)
+    assert daemon and daemon > 0
+    os.kill(daemon, signal.SIGKILL)
+    time.sleep(1.0)
+    observed = _proc_state(first.pid)
+    print(f"run 0 one second after spswapd was killed: {observed}")
+    assert "(stopped)" not in observed and "(tracing stop)" not in observed, observed
+    _start_daemon(cfg)  # start-up fails the stale dump and resumes run 0 if it lives
+    first.wait(timeout=60)
+    print(f"run 0 exit status {first.returncode}")
+    status = _settled(cfg)
+    assert status["state"] == "failed" and "spswapd died during the dump" in status["reason"]
+    assert _job_dirs(cfg) == []
+    runs.finish_cold(1, "spswapd died during the dump")
+    _assert_clean(cfg)
+
+
+def test_engine_killed_during_a_dump(runs: Runs) -> None:
+    cfg = runs.cfg
+    first = runs.stop_run0()
+    _wait("the dump to start", lambda: _dump_started(cfg), 60)
+    first.kill()
+    first.wait(timeout=30)
+    status = _settled(cfg)
+    assert status["state"] == "failed" and "criu dump" in status["reason"], status
+    assert _job_dirs(cfg) == []  # the partial image was deleted
+    runs.finish_cold(1, "criu dump")
+    _assert_clean(cfg)
+
+
+@pytest.mark.parametrize("when", ["in-criu-restore", "before-wake"])
+def test_engine_killed_during_a_restore(runs: Runs, when: str) -> None:
+    cfg = runs.cfg
+    first = runs.stop_run0()
+    first.wait(timeout=120)
+    saved = _settled(cfg)
+    assert saved["state"] == "saved", (saved, runs.log(0))
+    pid = int(saved["pid"])
+    second = runs.start(1)
+    if when == "in-criu-restore":  # the pid exists again: CRIU is rebuilding the process
+        _wait("the restore to begin", lambda: Path(f"/proc/{pid}").exists(), 120)
+    else:
+        _wait("the restore to end", lambda: _status(cfg).get("state") != "saved", 120)
+    os.kill(pid, signal.SIGKILL)
+    assert second.wait(timeout=120) == 0, runs.log(1)  # the proxy noticed, did not hang
+    log1 = runs.log(1)
+    print(f"{when}: run 1 said:\n{log1[:log1.find(chr(10) + '{')]}")
+    assert _job_dirs(cfg) == []  # single use: never restored twice
+    if runs.summary(1)["pending_left"]:
+        # it stood in for the restored process until that died: the requests stay in
+        # the spool and the next run answers them from a cold start
+        assert SlotTable.from_config(cfg).reservations() == []
+        runs.finish_cold(2, "single use")
+    else:  # the restore itself failed: run 1 started cold at once
+        assert "cold start" in log1
+        answers = _answers(runs.tmp)
+        assert [answers[f"q{i:02d}"] for i in range(N_REQ)] == _cold(runs.model, runs.prompts)
+    _assert_clean(cfg)
+
+
+def test_tiny_tmpfs_full_during_a_dump(runs: Runs) -> None:
+    cfg = runs.cfg
+    first = runs.stop_run0()
+    assert first.wait(timeout=120) == 0, runs.log(0)  # resumed; exits with requests saved
+    status = _settled(cfg)
+    assert status["state"] == "failed" and "file system is full" in status["reason"], status
+    assert "no checkpoint image" in runs.log(0)
+    assert _job_dirs(cfg) == []
+    assert runs.summary(0)["pending_left"] > 0
+    runs.finish_cold(1, "file system is full")
+    _assert_clean(cfg)
+
+
+def test_image_holds_its_pool_entry_until_the_job_ends(runs: Runs) -> None:
+    cfg = runs.cfg
+    runs.stop_run0().wait(timeout=120)
+    assert _settled(cfg)["state"] == "saved"
+    daemon = lifecycle.daemon_running(cfg)
+    assert _daemon_uses(cfg) == [daemon]  # the image's use, held by the daemon
+    # a daemon killed -9 takes its uses back when it starts again
+    os.kill(daemon, signal.SIGKILL)
+    _wait("the daemon to die", lambda: not lifecycle.daemon_running(cfg), 10)
+    assert _daemon_uses(cfg) == []
+    daemon = _start_daemon(cfg)
+    assert _daemon_uses(cfg) == [daemon]
+    client = Client(cfg)
+    kept = client.call("job.end", job_id=JOB, requeued=True)
+    assert kept["fate"] == "back" and kept["images_deleted"] == []
+    assert len(_job_dirs(cfg)) == 1 and _daemon_uses(cfg) == [daemon]
+    gone = client.call("job.end", job_id=JOB, requeued=False)
+    assert gone["fate"] == "gone" and len(gone["images_deleted"]) == 1
+    assert _status(cfg)["state"] == "deleted"
+    _assert_clean(cfg)
