@@ -290,3 +290,15 @@ def test_image_holds_its_pool_entry_until_the_job_ends(runs: Runs) -> None:
     assert gone["fate"] == "gone" and len(gone["images_deleted"]) == 1
     assert _status(cfg)["state"] == "deleted"
     _assert_clean(cfg)
+
+
+@pytest.mark.parametrize(("state", "requeued", "fate"), [
+    ("PENDING", None, "back"), ("REQUEUED", False, "back"), ("REQUEUE_HOLD", None, "back"),
+    ("COMPLETED", True, "gone"), ("CANCELLED by 0", None, "gone"), ("TIMEOUT", None, "gone"),
+    ("COMPLETING", None, "unknown"), ("COMPLETING", True, "back"), ("COMPLETING", False, "gone"),
+    (None, None, "unknown"), (None, True, "back"), (None, False, "gone"),
+])  # fmt: skip
+def test_job_fate(state: str | None, requeued: bool | None, fate: str) -> None:
+    from spswap.daemon.ckpt_ops import job_fate
+
+    assert job_fate(state, requeued) == fate
