@@ -32,6 +32,7 @@ app.add_typer(images.app, name="images")
 app.command("status")(status.status)
 app.command("demo")(demo.demo)
 app.command("serve")(serve.serve)
+app.command("ask")(serve.ask)
 app.command("doctor")(doctor.doctor)
 app.command("events")(events.events)
 

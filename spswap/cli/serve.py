@@ -42,6 +42,11 @@ def serve(
         "+ CRIU) so the requeued run restores it instead of starting again; needs a Slurm "
         "job and a running spswapd, silently off otherwise.",
     ),
+    socket: Path = typer.Option(
+        None, "--socket",
+        help="Also answer requests on this Unix socket (mode 0600; `spswap ask`); default: "
+             "none. Give `auto` for $XDG_RUNTIME_DIR or /tmp/spswap-$UID/serve-$SLURM_JOB_ID.sock.",
+    ),
     root: Path = RootOpt,
     json: bool = typer.Option(False, "--json", help="Print a JSON summary when the run ends."),
 ) -> None:
@@ -69,7 +74,10 @@ def serve(
         slot_timeout_s=slot_timeout_s, requests_file=requests,
         exit_when_idle=exit_when_idle, requeue_on_usr1=requeue,
         slot_gpus=tuple(job.gpus) if job else (),
+        socket_path=_socket_path(socket, job.job_id if job else None),
     )  # fmt: skip
+    if opts.socket_path is not None:
+        err_console.print(f"spswap serve: requests on {opts.socket_path}", markup=False)
     from spswap.serve.factory import make_engine
 
     checkpointer = _checkpointer(cfg) if checkpoint and job is not None else None
@@ -114,6 +122,14 @@ def _checkpointer(cfg: Config) -> Any:
     return ckpt
 
 
+def _socket_path(given: Path | None, job_id: str | None) -> Path | None:
+    from spswap.serve.front import default_socket_path
+
+    if given is None:
+        return None
+    return default_socket_path(job_id) if str(given) == "auto" else given
+
+
 def _default_device() -> str:
     try:
         import torch
@@ -134,3 +150,35 @@ def _requeue(job_id: str) -> None:
     except SpswapError as e:
         # Preemption requeues the job by itself; a refused second request changes nothing.
         err_console.print(f"spswap serve: requeue request refused ({e})", markup=False)
+
+
+def ask(
+    prompt_ids: str = typer.Argument(..., help="Token ids of the prompt, e.g. 1,2,3."),
+    socket: Path = typer.Option(..., "--socket", help="The socket `spswap serve` listens on."),
+    max_new_tokens: int = typer.Option(16, help="Tokens to generate (greedy)."),
+    request_id: str = typer.Option(None, "--id", help="Request id (default: a new one); "
+                                   "asking again with the same id returns the saved answer."),
+    timeout_s: float = typer.Option(600.0, help="How long to wait for the answer."),
+    json: bool = typer.Option(False, "--json", help="Print the whole answer as JSON."),
+) -> None:
+    """Send one generation request to a serving job and print the answer's token ids.
+
+    If the server is stopped meanwhile (preemption), the request is kept and answered by
+    the job's next run: ask again with the same --id to get it.
+    """
+    from spswap.serve.front import ask as send
+
+    try:
+        ids = [int(x) for x in prompt_ids.split(",") if x.strip()]
+    except ValueError:
+        raise typer.BadParameter("prompt ids must be integers, e.g. 1,2,3") from None
+    req: dict[str, Any] = {"prompt_ids": ids, "max_new_tokens": max_new_tokens}
+    if request_id:
+        req["id"] = request_id
+    answer = send(socket, req, timeout_s=timeout_s)
+    if json:
+        emit_json(answer)
+    elif answer.get("ok"):
+        print(",".join(map(str, answer["output_ids"])))
+    else:
+        raise SpswapError(str(answer.get("error")))

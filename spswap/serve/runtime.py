@@ -74,6 +74,7 @@ class ServeOptions:
     requeue_on_usr1: bool = True
     poll_interval_s: float = 0.05
     slot_gpus: tuple[int, ...] = ()  # GPUs the job was given (slot table indexes)
+    socket_path: Path | None = None  # the front door (Unix socket, mode 0600); None: spool only
 
 
 @dataclass
@@ -121,6 +122,7 @@ class Server:
         self.checkpointer = checkpointer
         self.reason: str | None = None  # why this run started cold, when it did
         self._slot: Any = None  # our Reservation, while we hold one
+        self.front: Any = None
 
     # -- signals -------------------------------------------------------------
     def handle_signal(self, signum: int, _frame: FrameType | None = None) -> None:
@@ -142,6 +144,9 @@ class Server:
             self._enqueue_file(self.opts.requests_file)
         result.resumed = self._pending() if self.restart_count else 0
         from spswap.access import PoolAccess
+        from spswap.serve.front import Front
+
+        self.front = Front(self.spool, self.opts.socket_path) if self.opts.socket_path else None
 
         pool = PoolAccess(self.cfg, job_id=self.job_id)  # through spswapd unless root
         manifest = pool.import_checkpoint(self.opts.model)
@@ -154,6 +159,8 @@ class Server:
             engine = self.engine_factory(self.opts)
             t0 = time.perf_counter()
             engine.load_from_pool(pool, manifest.digest)
+            if self.front is not None:
+                self.front.open()
             self._record("up")
             self.log(f"spswap serve: {manifest.name} up from the pool in "
                      f"{time.perf_counter() - t0:.2f} s; restart count {self.restart_count}, "
@@ -161,6 +168,8 @@ class Server:
             self._serve_until_done(engine, manifest.digest, result)
         finally:
             self._release_slot()
+            if self.front is not None:
+                self.front.close("the server has ended")
             if engine is not None and not self.stop_event.is_set():
                 engine.close()
                 self.registry.remove(self.instance_id)
@@ -180,6 +189,9 @@ class Server:
             if not self.stop_event.is_set():
                 return  # idle and asked to exit when idle
             result.stopped_by = self.stop_signal
+            if self.front is not None:  # stop admitting; a dump cannot keep connections
+                self.front.close(f"the server is stopping ({self.stop_signal}); your request "
+                                 "is saved and answered after the restart")  # fmt: skip
             result.events.append(self.suspender.suspend(engine))
             self._record("sleep")
             self._release_slot()
@@ -202,6 +214,8 @@ class Server:
             result.stopped_by = None
             t0 = time.perf_counter()
             engine.wake()
+            if self.front is not None:
+                self.front.open()
             self._record("up")
             result.events.append({"restored": True, "restart_count": self.restart_count,
                                   "timings_s": outcome.timings_s,

@@ -1,0 +1,162 @@
+"""A small Unix-socket front door for ``spswap serve``: one JSON request per line, one
+JSON answer per line, on a socket only the job's user can reach (mode 0600).
+
+Every request is first written to the spool (that is what makes it survive a preemption);
+the connection then waits for its answer in the outbox. On a stop the front closes its
+listening socket and every client connection (a dump cannot carry connections to outside
+peers): a waiting client is told its request was saved and where its answer will be.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from spswap.errors import SpswapError
+from spswap.serve.spool import Request, Spool
+
+MAX_LINE_BYTES = 1 << 20
+ANSWER_POLL_S = 0.01
+
+
+def default_socket_path(job_id: str | None) -> Path:
+    """Node-local and short (a Unix socket path has at most 107 bytes)."""
+    base = Path(os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/spswap-{os.getuid()}")
+    return base / f"serve-{job_id or os.getpid()}.sock"
+
+
+class Front:
+    """Accepts requests on ``path`` and answers them from ``spool``."""
+
+    def __init__(self, spool: Spool, path: Path) -> None:
+        self.spool = spool
+        self.path = path
+        self._listener: socket.socket | None = None
+        self._clients: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self._closing = threading.Event()
+
+    def open(self) -> None:
+        """Bind and listen (again, after a restore); accept in a daemon thread."""
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)  # 0600: the job's user only
+        try:
+            sock.bind(str(self.path))
+        finally:
+            os.umask(old)
+        sock.listen(64)
+        self._closing.clear()
+        self._listener = sock
+        threading.Thread(target=self._accept, args=(sock,), daemon=True).start()
+
+    def close(self, reason: str) -> None:
+        """Stop admitting: close the listener and every client (telling each why)."""
+        self._closing.set()
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.close()
+            try:
+                self.path.unlink()
+            except FileNotFoundError:
+                pass
+        with self._lock:
+            clients, self._clients = self._clients, set()
+        for conn in clients:
+            _send(conn, {"ok": False, "saved": True, "error": reason})
+            conn.close()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while not self._closing.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return  # closed
+            with self._lock:
+                self._clients.add(conn)
+            threading.Thread(target=self._serve_client, args=(conn,), daemon=True).start()
+
+    def _serve_client(self, conn: socket.socket) -> None:
+        try:
+            for line in _lines(conn):
+                _send(conn, self._answer(line))
+        except OSError:
+            pass
+        finally:
+            with self._lock:
+                known = conn in self._clients
+                self._clients.discard(conn)
+            if known:
+                conn.close()
+
+    def _answer(self, line: bytes) -> dict[str, Any]:
+        try:
+            req = Request.from_json(json.loads(line))
+        except (ValueError, SpswapError) as e:
+            return {"ok": False, "error": f"bad request: {e}"}
+        self.spool.submit(req)
+        while not self._closing.is_set():
+            answer = self.spool.answer(req.id)
+            if answer is not None:
+                return {"ok": True, **answer}
+            time.sleep(ANSWER_POLL_S)
+        return {"ok": False, "saved": True, "id": req.id,
+                "error": "the server is stopping; the request is saved and answered after "
+                         "the restart (see the outbox)"}  # fmt: skip
+
+
+def _lines(conn: socket.socket) -> Any:
+    buf = b""
+    while True:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return
+        buf += chunk
+        if len(buf) > MAX_LINE_BYTES:
+            _send(conn, {"ok": False, "error": f"request larger than {MAX_LINE_BYTES} bytes"})
+            return
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            if line.strip():
+                yield line
+
+
+def _send(conn: socket.socket, obj: dict[str, Any]) -> None:
+    try:
+        conn.sendall(json.dumps(obj).encode() + b"\n")
+    except OSError:
+        pass
+
+
+def ask(path: Path, request: dict[str, Any], *, timeout_s: float = 600.0) -> dict[str, Any]:
+    """Send one request to a serving job's front and wait for its answer."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout_s)
+    try:
+        try:
+            sock.connect(str(path))
+        except OSError as e:
+            raise SpswapError(
+                f"no spswap server at {path} ({e.strerror or e}); is the job running? "
+                "(`spswap serve --socket` prints where it listens)"
+            ) from None
+        sock.sendall(json.dumps(request).encode() + b"\n")
+        buf = b""
+        while b"\n" not in buf:
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise SpswapError(f"{path}: the server closed the connection without an answer")
+            buf += chunk
+        answer: dict[str, Any] = json.loads(buf.split(b"\n", 1)[0])
+        return answer
+    finally:
+        sock.close()

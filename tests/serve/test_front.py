@@ -1,0 +1,71 @@
+"""The Unix-socket front of `spswap serve`, with a real server process and the real engine."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from spswap.errors import SpswapError
+from spswap.serve.front import ask
+
+torch = pytest.importorskip("torch")
+from spswap.engines.reference import ReferenceEngine, save_checkpoint  # noqa: E402
+from spswap.engines.reference_model import preset  # noqa: E402
+
+
+def _cold(model: Path, prompt: list[int], n: int) -> list[int]:
+    eng = ReferenceEngine(preset("tiny"), "cpu")
+    eng.load_from_checkpoint(model)
+    try:
+        return eng.generate([prompt], n)[0]
+    finally:
+        eng.close()
+
+
+def test_ask_over_the_socket(tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    save_checkpoint(preset("tiny"), model)
+    sock = Path(tempfile.mkdtemp(prefix="spf-", dir="/tmp")) / "s.sock"  # short path
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env["SPSWAP_ROOT"] = str(tmp_path / "root")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "spswap.cli", "serve", str(model), "--state-dir",
+         str(tmp_path / "state"), "--device", "cpu", "--socket", str(sock), "--json"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not sock.exists():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert stat.S_IMODE(sock.stat().st_mode) == 0o600
+        a = ask(sock, {"id": "q1", "prompt_ids": [4, 5, 6], "max_new_tokens": 6})
+        assert a["ok"] and a["output_ids"] == _cold(model, [4, 5, 6], 6)
+        again = ask(sock, {"id": "q1", "prompt_ids": [4, 5, 6], "max_new_tokens": 6})
+        assert again["output_ids"] == a["output_ids"]  # answered once, kept
+        bad = ask(sock, {"id": "../x", "prompt_ids": [1]})
+        assert not bad["ok"] and "bad request" in bad["error"]
+        with socket.socket(socket.AF_UNIX) as raw:  # garbage, then the server still answers
+            raw.connect(str(sock))
+            raw.sendall(b"not json\n")
+            assert b"bad request" in raw.recv(4096)
+        assert ask(sock, {"prompt_ids": [1, 2], "max_new_tokens": 2})["ok"]
+        proc.send_signal(signal.SIGUSR1)
+        out, err = proc.communicate(timeout=60)
+        assert json.loads(out)["stopped_by"] == "SIGUSR1", err
+        assert not sock.exists()
+        with pytest.raises(SpswapError, match="is the job running"):
+            ask(sock, {"prompt_ids": [1]})
+    finally:
+        if proc.poll() is None:
+            proc.kill()
