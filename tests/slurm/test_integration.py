@@ -156,3 +156,27 @@ def test_unreachable_controller_is_unknown_not_dead(
     assert CliBackend(timeout_s=5).job_alive("1") is None
     proc = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=30)
     assert "DOWN" in proc.stdout
+
+
+def test_prolog_daemon_outlives_the_job_and_is_reused(
+    slurm_cluster: SlurmCluster, backend: CliBackend
+) -> None:
+    """The prolog starts spswapd detached: it survives the prolog and the job, and the
+    next job's prolog finds the same daemon; both jobs are recorded."""
+    from spswap.config import Config
+    from spswap.daemon import lifecycle
+    from spswap.daemon.client import Client
+
+    cfg = Config.from_env({}, root=slurm_cluster.spswap_root)
+    first = slurm_cluster.sbatch("true", "--gres=gpu:1")
+    wait_for("the first job to complete", lambda: _state(backend, first) == "COMPLETED")
+    pid = wait_for("the daemon", lambda: lifecycle.daemon_running(cfg))
+    assert lifecycle.ping(cfg)
+    second = slurm_cluster.sbatch("true", "--gres=gpu:1")
+    wait_for("the second job to complete", lambda: _state(backend, second) == "COMPLETED")
+    assert lifecycle.daemon_running(cfg) == pid and lifecycle.ping(cfg)
+    jobs = {j["job_id"]: j for j in Client(cfg).call("jobs.list")}
+    assert {first, second} <= set(jobs)
+    wait_for("the epilogs", lambda: all(
+        j["state"] != "running" for j in Client(cfg).call("jobs.list")
+        if j["job_id"] in (first, second)))
