@@ -206,3 +206,13 @@ def image_digests(images_root: Path) -> dict[str, str]:
         if meta and "identity" in meta:
             out[p.name] = str(meta["identity"].get("model_digest", ""))
     return out
+
+
+def image_job_ids(images_root: Path) -> list[str]:
+    """The jobs that have finished images (from the keys: ``job<id>-...``)."""
+    ids = set()
+    if images_root.is_dir():
+        for p in images_root.iterdir():
+            if p.is_dir() and p.name.startswith("job") and "-" in p.name:
+                ids.add(p.name[3:].split("-", 1)[0])
+    return sorted(ids)

@@ -247,7 +247,26 @@ def op_job_register(ctx: Context, args: dict[str, Any]) -> Any:
         st.jobs.put(rec)
     st.event("job.start", job_id=rec.job_id, uid=rec.uid, user=rec.user, gpus=rec.gpus,
              restart_count=rec.restart_count)  # fmt: skip
+    # Off the prolog's path: the epilog cannot tell a requeued job from a finished one
+    # (both COMPLETING), so each prolog looks again at the jobs that left images behind.
+    threading.Thread(target=collect_images, args=(st, rec.job_id), daemon=True).start()
     return rec.to_json()
+
+
+def collect_images(st: DaemonState, current_job: str) -> list[str]:
+    """Delete the images of jobs that Slurm now says are gone (never the current job's);
+    returns the job ids whose images went."""
+    from spswap.checkpoint.service import image_job_ids
+    from spswap.daemon.ckpt_ops import drop_job_images
+
+    gone = []
+    for job_id in image_job_ids(st.cfg.paths.images):
+        if job_id != current_job and _job_fate(st, job_id, None,
+                                               forgotten_is_gone=True) == "gone":
+            drop_job_images(st, job_id)
+            st.event("images.collected", job_id=job_id)
+            gone.append(job_id)
+    return gone
 
 
 def _release_job_reservations(st: DaemonState, job_id: str) -> list[str]:
@@ -327,8 +346,12 @@ def op_job_end(ctx: Context, args: dict[str, Any]) -> Any:
 JOB_END_SLURM_TIMEOUT_S = 5.0  # the epilog must not hang on a controller that is down
 
 
-def _job_fate(st: DaemonState, job_id: str, requeued: bool | None) -> str:
-    """"back", "gone" or "unknown"; asks Slurm only when the job has images to decide on."""
+def _job_fate(st: DaemonState, job_id: str, requeued: bool | None, *,
+              forgotten_is_gone: bool = False) -> str:  # fmt: skip
+    """"back", "gone" or "unknown"; asks Slurm only when the job has images to decide on.
+
+    ``forgotten_is_gone``: a job the controller answers for but no longer knows has ended
+    (it keeps pending and requeued jobs; finished ones go after MinJobAge)."""
     from spswap.checkpoint.service import images_of_job, temp_dirs
     from spswap.daemon.ckpt_ops import job_fate
 
@@ -342,6 +365,8 @@ def _job_fate(st: DaemonState, job_id: str, requeued: bool | None) -> str:
         backend = get_backend(timeout_s=JOB_END_SLURM_TIMEOUT_S)
         info = backend.job(job_id) if backend is not None else None
         state = info.state if info is not None else None
+        if info is None and backend is not None and forgotten_is_gone:
+            return "gone"
     except SpswapError as e:
         st.event("job.end_slurm_unreachable", job_id=job_id, reason=str(e)[:500])
     return job_fate(state, requeued)

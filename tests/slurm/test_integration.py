@@ -180,3 +180,26 @@ def test_prolog_daemon_outlives_the_job_and_is_reused(
     wait_for("the epilogs", lambda: all(
         j["state"] != "running" for j in Client(cfg).call("jobs.list")
         if j["job_id"] in (first, second)))
+
+
+def test_images_of_finished_jobs_are_collected(
+    slurm_cluster: SlurmCluster, backend: CliBackend, tmp_path: Path
+) -> None:
+    """The epilog cannot tell a requeued job from a finished one; a later prolog asks
+    Slurm again and drops the images of jobs that ended or that it no longer knows."""
+    from spswap.config import Config
+    from spswap.daemon.handlers import DaemonState, collect_images
+
+    cfg = Config.from_env({}, root=tmp_path / "root")
+    done = slurm_cluster.sbatch("true")
+    wait_for("the job to complete", lambda: _state(backend, done) == "COMPLETED")
+    running = slurm_cluster.sbatch("sleep 60")
+    wait_for("RUNNING", lambda: _state(backend, running) == "RUNNING")
+    for job in (done, running, "999999"):
+        (cfg.paths.images / f"job{job}-0123456789abcdef-01234567-89abcdef").mkdir(parents=True)
+    try:
+        assert collect_images(DaemonState(cfg), current_job="1") == [done, "999999"]
+        left = [p.name.split("-")[0] for p in cfg.paths.images.iterdir()]
+        assert left == [f"job{running}"]  # a running job's images stay
+    finally:
+        backend.cancel(running)
