@@ -261,6 +261,13 @@ class Server:
                 os.kill(pid, signal.Signals[forwarded])
             time.sleep(0.05)
         result.stopped_by = forwarded
+        if forwarded is None and (self._pending() or not self.opts.exit_when_idle):
+            # It ended on its own before its work was done (a crash, a kill): serve on
+            # from the pool in this run rather than leave the job idle.
+            self.reason = (f"cold start: the restored instance (pid {pid}) ended with "
+                           f"{self._pending()} request(s) unanswered")  # fmt: skip
+            self.log(f"spswap serve: {self.reason}")
+            return False
         return True
 
     def _config_hash(self) -> str:

@@ -245,15 +245,11 @@ def test_engine_killed_during_a_restore(runs: Runs, when: str) -> None:
     log1 = runs.log(1)
     print(f"{when}: run 1 said:\n{log1[:log1.find(chr(10) + '{')]}")
     assert _job_dirs(cfg) == []  # single use: never restored twice
-    if runs.summary(1)["pending_left"]:
-        # it stood in for the restored process until that died: the requests stay in
-        # the spool and the next run answers them from a cold start
-        assert SlotTable.from_config(cfg).reservations() == []
-        runs.finish_cold(2, "single use")
-    else:  # the restore itself failed: run 1 started cold at once
-        assert "cold start" in log1
-        answers = _answers(runs.tmp)
-        assert [answers[f"q{i:02d}"] for i in range(N_REQ)] == _cold(runs.model, runs.prompts)
+    # the restore failed, or the restored process died before it was done: either way
+    # run 1 carries on from a cold start in the same run and answers everything
+    assert runs.summary(1)["pending_left"] == 0 and "cold start" in log1, log1
+    answers = _answers(runs.tmp)
+    assert [answers[f"q{i:02d}"] for i in range(N_REQ)] == _cold(runs.model, runs.prompts)
     _assert_clean(cfg)
 
 
