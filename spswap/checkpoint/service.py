@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from spswap.checkpoint import criu, cuda_ckpt, proctree
+from spswap.checkpoint.gpu_map import remap
 from spswap.checkpoint.images import Identity, image_key, read_meta, verify_before_restore
 from spswap.errors import CheckpointFailed
 from spswap.fsutil import atomic_write_json, read_json
@@ -110,12 +111,13 @@ def _wait_preflight(pid: int, wait_s: float) -> None:
 
 def dump_instance(
     images_root: Path, *, job_id: str, pid: int, identity: Identity,
-    criu_path: Path | None = None,
+    criu_path: Path | None = None, gpu_uuids: list[str] | None = None,
 ) -> DumpReport:  # fmt: skip
     """CUDA-checkpoint (when the tree uses CUDA) and CRIU-dump the tree of ``pid``.
 
     On success the process is gone and the image is complete with its meta. On failure
     the process runs on (CUDA state restored and unlocked again) and no image is left.
+    ``gpu_uuids``: the job's GPUs, recorded so a restore on other GPUs can remap.
     """
     key = job_image_key(job_id, identity)
     delete_job_images(images_root, job_id)  # a job keeps only its newest image
@@ -135,7 +137,8 @@ def dump_instance(
             cuda_ckpt.unlock_tree(pid, pids=cuda)
         raise
     timings["criu_dump"] = info.dump_s
-    atomic_write_json(info.path / CUDA_RECORD, {"cuda_pids": cuda}, mode=0o600)
+    atomic_write_json(info.path / CUDA_RECORD, {"cuda_pids": cuda, "gpu_uuids": gpu_uuids or []},
+                      mode=0o600)  # fmt: skip
     t0 = time.monotonic()
     from spswap.checkpoint.images import write_meta
 
@@ -146,9 +149,12 @@ def dump_instance(
 
 def restore_instance(
     images_root: Path, *, job_id: str, expected: Identity, criu_path: Path | None = None,
-    gpu_map: dict[str, str] | None = None, check_integrity: bool = True,
+    gpu_uuids: list[str] | None = None, check_integrity: bool = True,
 ) -> tuple[int, dict[str, float]]:  # fmt: skip
     """Restore the job's image if it matches ``expected``; returns (pid, timings).
+
+    ``gpu_uuids``: the GPUs of the run that restores; when they differ from the ones the
+    image was dumped on, the CUDA restore remaps (driver >= 580).
 
     A mismatching or damaged image raises :class:`ImageRejected` with the reason and is
     deleted (it can never become restorable again); the caller cold-starts instead.
@@ -169,10 +175,14 @@ def restore_instance(
     # is not retried: the caller cold-starts).
     pid: int | None = None
     try:
+        record = read_json(image / CUDA_RECORD) or {}
+        cuda = list(record.get("cuda_pids", []))
+        gpu_map = None
+        if cuda and gpu_uuids and record.get("gpu_uuids"):
+            gpu_map = remap(record["gpu_uuids"], gpu_uuids)  # refuses a different count
         t0 = time.monotonic()
         pid = criu.restore(image.name, images_root, criu=criu_path)
         timings["criu_restore"] = time.monotonic() - t0
-        cuda = list((read_json(image / CUDA_RECORD) or {}).get("cuda_pids", []))
         if cuda:
             t0 = time.monotonic()
             cuda_ckpt.restore_tree(pid, gpu_map=gpu_map, pids=cuda)

@@ -116,7 +116,8 @@ def _dump(st: DaemonState, job_id: str, pid: int, identity: Identity, requeue: b
     from spswap.checkpoint.service import dump_instance
 
     try:
-        report = dump_instance(st.cfg.paths.images, job_id=job_id, pid=pid, identity=identity)
+        report = dump_instance(st.cfg.paths.images, job_id=job_id, pid=pid, identity=identity,
+                               gpu_uuids=_job_gpu_uuids(st, job_id))  # fmt: skip
     except Exception as e:  # the instance runs on: tell it, and record why
         _set_status(st, job_id, state="failed", pid=pid, reason=str(e))
         st.event("checkpoint.failed", job_id=job_id, uid=identity.uid, reason=str(e)[:2000])
@@ -129,6 +130,22 @@ def _dump(st: DaemonState, job_id: str, pid: int, identity: Identity, requeue: b
     st.event("checkpoint.saved", job_id=job_id, uid=identity.uid, image=report.to_json())
     if requeue:
         _requeue(st, job_id)
+
+
+def _job_gpu_uuids(st: DaemonState, job_id: str) -> list[str]:
+    """The UUIDs of the GPUs the prolog recorded for the job's current run (none without
+    a driver): what a restore on other GPUs is remapped against."""
+    from spswap.checkpoint.gpu_map import job_gpu_uuids, uuids_by_minor
+
+    rec = st.jobs.get(job_id)
+    by_minor = uuids_by_minor()
+    if rec is None or not rec.gpus or not by_minor:
+        return []
+    try:
+        return job_gpu_uuids(rec.gpus, by_minor)
+    except CheckpointFailed as e:  # no remap then: a same-GPU restore still works
+        st.event("checkpoint.gpus_unknown", job_id=job_id, reason=str(e))
+        return []
 
 
 def _resume(pid: int) -> None:
@@ -165,7 +182,8 @@ def op_restore(ctx: Context, args: dict[str, Any]) -> Any:
     from spswap.checkpoint.service import ImageRejected, restore_instance
 
     try:
-        pid, timings = restore_instance(st.cfg.paths.images, job_id=job_id, expected=expected)
+        pid, timings = restore_instance(st.cfg.paths.images, job_id=job_id, expected=expected,
+                                        gpu_uuids=_job_gpu_uuids(st, job_id))  # fmt: skip
     except ImageRejected as e:
         _set_status(st, job_id, state="rejected", reason=str(e))
         st.event("restore.rejected", job_id=job_id, uid=rec.uid, reason=str(e))
