@@ -44,3 +44,17 @@ def test_path_walks_the_line_both_ways():
     assert path(State.SAVED, State.UP) == [Primitive.RESTORE, Primitive.CUDA_RESTORE,
                                            Primitive.WAKE]
     assert path(State.SLEEP, State.SLEEP) == []
+
+
+def test_step_commits_with_its_duration_or_aborts():
+    inst = Instance("m")
+    with inst.step(Primitive.SLEEP):
+        pass
+    assert inst.state is State.SLEEP and inst.last_duration_s >= 0
+    with pytest.raises(RuntimeError, match="boom"):
+        with inst.step(Primitive.WAKE):
+            raise RuntimeError("boom")
+    assert inst.state is State.SLEEP and len(inst.history) == 1
+    inst.begin(Primitive.WAKE)  # the failed step left nothing pending
+    inst.commit(0.0)
+    assert inst.state is State.UP

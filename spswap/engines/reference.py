@@ -142,35 +142,22 @@ class ReferenceEngine:
                 f"{self.name}: cannot sleep: its weights came from {self._source}, not the "
                 "pool, so nothing could bring them back; load it with load_from_pool"
             )
-        self.instance.begin(Primitive.SLEEP)
-        start = time.perf_counter()
-        try:
+        with self.instance.step(Primitive.SLEEP):
             self._sync()
             for p in model.parameters():
                 p.untyped_storage().resize_(0)
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()  # hand the memory back to the driver
-        except BaseException:
-            self.instance.abort()
-            raise
-        seconds = time.perf_counter() - start
-        self.instance.commit(seconds)
-        return seconds
+        return self.instance.last_duration_s
 
     def wake(self) -> TransferReport:
         """Sleep -> Up: re-allocate the weights and copy them back from the pool mapping."""
         model = self._loaded()
         assert self._mapping is not None  # sleep() refuses without one
-        self.instance.begin(Primitive.WAKE)
-        start = time.perf_counter()
-        try:
+        with self.instance.step(Primitive.WAKE):
             for p in model.parameters():
                 p.untyped_storage().resize_(p.numel() * p.element_size())
             report = copy_into(self._mapping, dict(model.named_parameters()))
-        except BaseException:
-            self.instance.abort()
-            raise
-        self.instance.commit(time.perf_counter() - start)
         return report
 
     @property

@@ -264,25 +264,17 @@ class VllmEngine:
                 f"{self.name}: cannot sleep at level 2: no pool entry is attached, so "
                 "nothing could bring the weights back; export_weights then attach first"
             )
-        self.instance.begin(Primitive.SLEEP)
-        start = time.perf_counter()
-        try:
+        with self.instance.step(Primitive.SLEEP):
             llm.sleep(level=2)
-        except BaseException:
-            self.instance.abort()
-            raise
-        seconds = time.perf_counter() - start
-        self.instance.commit(seconds)
-        return seconds
+        return self.instance.last_duration_s
 
     def wake(self) -> Any:
         """Sleep -> Up: weights memory back, weights copied from the pool, then the KV
         cache, then an empty prefix cache. Returns the copy's TransferReport;
         :attr:`last_wake` holds the breakdown."""
         llm = self._loaded()
-        self.instance.begin(Primitive.WAKE)
         t = WakeTimes()
-        try:
+        with self.instance.step(Primitive.WAKE):
             s = time.perf_counter()
             llm.wake_up(tags=["weights"])
             t.wake_weights_s = time.perf_counter() - s
@@ -295,10 +287,6 @@ class VllmEngine:
             s = time.perf_counter()
             llm.reset_prefix_cache()
             t.reset_prefix_s = time.perf_counter() - s
-        except BaseException:
-            self.instance.abort()
-            raise
-        self.instance.commit(t.total_s)
         self.last_wake = t
         return transfer_report(t.copy)
 

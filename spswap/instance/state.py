@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,6 +115,24 @@ class Instance:
     def abort(self) -> None:
         """The pending primitive failed: the state stays as it was."""
         self._pending = None
+
+    @contextmanager
+    def step(self, primitive: Primitive) -> Iterator[None]:
+        """``begin``, run the block, then ``commit`` with its duration (or ``abort`` if it
+        raised): the one way engines record a transition."""
+        self.begin(primitive)
+        start = time.perf_counter()
+        try:
+            yield
+        except BaseException:
+            self.abort()
+            raise
+        self.commit(time.perf_counter() - start)
+
+    @property
+    def last_duration_s(self) -> float:
+        """Seconds the last committed primitive took."""
+        return float(self.history[-1]["duration_s"]) if self.history else 0.0
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "state": self.state.value, "history": self.history}
