@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -142,10 +142,13 @@ class PoolIndex:
         return state
 
     @contextmanager
-    def locked(self, live_digests: set[str] | None = None) -> Iterator[IndexState]:
+    def locked(self, live_digests: Callable[[], set[str]] | None = None
+               ) -> Iterator[IndexState]:  # fmt: skip
         """Hold the index lock; yield the pruned state; write it back if it changed.
 
-        ``live_digests``: the entries that exist on disk; records of others are dropped.
+        ``live_digests``: lists the entries that exist on disk; records of others are
+        dropped. It is called once the lock is held: a list taken before could miss an
+        entry published while this caller waited, and forget its uses.
         The lock is re-entrant within one :class:`PoolIndex`, and nested blocks see and
         change the same state.
         """
@@ -158,7 +161,7 @@ class PoolIndex:
                 return
             raw = read_json(self.path)
             state = IndexState.from_json(raw)
-            self._prune(state, live_digests)
+            self._prune(state, live_digests() if live_digests is not None else None)
             self._state: IndexState | None = state
             try:
                 yield state

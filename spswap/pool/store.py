@@ -176,7 +176,7 @@ class Pool:
         """Mark the entry as used by ``holder`` (default: this process): never evicted while
         the holder lives. Pair with :meth:`release_use` (or use :meth:`use`)."""
         holder = holder or Holder.current()
-        with self.index.locked(self._live_digests()) as state:
+        with self.index.locked(self._live_digests) as state:
             m = self.find(ref)
             rec = state.record(m.digest)
             rec.uses.append(holder)
@@ -186,7 +186,7 @@ class Pool:
     def release_use(self, digest: str, holder: Holder) -> None:
         """Drop one use of ``digest`` by ``holder`` (no error when it is already gone)."""
         key = _holder_key(holder)
-        with self.index.locked(self._live_digests()) as state:
+        with self.index.locked(self._live_digests) as state:
             rec = state.entries.get(digest)
             if rec is None:
                 return
@@ -214,12 +214,12 @@ class Pool:
         Returns the evicted digests. Raises :class:`PoolFull` (and evicts nothing) when
         even evicting every unused entry would not be enough.
         """
-        with self.index.locked(self._live_digests()) as state:
+        with self.index.locked(self._live_digests) as state:
             return self._make_room(state, size_bytes, exclude=None)
 
     def reserve_room(self, name: str, size_bytes: int, holder: Holder) -> list[str]:
         """Make room and hold it for the temp build dir ``name`` until it is published."""
-        with self.index.locked(self._live_digests()) as state:
+        with self.index.locked(self._live_digests) as state:
             evicted = self._make_room(state, size_bytes, exclude=name)
             state.reservations[name] = Reservation(size_bytes, holder)
         return evicted
@@ -282,7 +282,7 @@ class Pool:
         Returns ``(manifest, reused)``.
         """
         final = self.entry_dir(manifest.digest)
-        with self.index.locked(self._live_digests()) as state:
+        with self.index.locked(self._live_digests) as state:
             reserved = state.reservations.pop(reservation, None)
             if (final / MANIFEST_FILE).is_file():
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -300,7 +300,7 @@ class Pool:
 
     def remove(self, ref: str, *, force: bool = False) -> Manifest:
         """Delete an entry; refuses (:class:`PoolEntryInUse`) while a live user holds it."""
-        with self.index.locked(self._live_digests()) as state:
+        with self.index.locked(self._live_digests) as state:
             m = self.find(ref)
             rec = state.entries.get(m.digest)
             if rec and rec.uses and not force:
@@ -370,7 +370,7 @@ class Pool:
     def find_by_sources(self, sources: Sequence[SourceFile]) -> Manifest | None:
         """The entry imported from exactly these files (path, size, mtime), touched; or None."""
         sources = tuple(sources)
-        with self.index.locked(self._live_digests()) as state:
+        with self.index.locked(self._live_digests) as state:
             hit = state.sources.get(source_key(sources))
             if hit is None or hit[1] != sources:
                 return None
@@ -383,7 +383,7 @@ class Pool:
     def remember_sources(self, sources: Sequence[SourceFile], digest: str) -> None:
         """Record that these source files hold the content of ``digest``."""
         sources = tuple(sources)
-        with self.index.locked(self._live_digests()) as state:
+        with self.index.locked(self._live_digests) as state:
             if digest in self._live_digests():
                 state.sources[source_key(sources)] = (digest, sources)
 
