@@ -146,8 +146,13 @@ class Pool:
         return sorted(out, key=lambda e: -e.last_used)
 
     def find(self, ref: str) -> Manifest:
-        """The entry named ``ref``, or with digest ``ref`` or a unique prefix (>= 6 chars)."""
+        """The entry with digest ``ref``, else named ``ref``, else with a unique digest prefix
+        (>= 6 chars). A full digest wins over names: names are chosen by whoever imports,
+        and one equal to another entry's digest must not stand in for it."""
         manifests = self._manifests()
+        exact = [m for m in manifests if m.digest == ref.lower()]
+        if exact:
+            return exact[0]
         by_name = [m for m in manifests if m.name == ref]
         if len(by_name) == 1:
             return by_name[0]

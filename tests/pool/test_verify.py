@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -56,3 +57,22 @@ def test_find_by_name_prefix_and_errors(imported: tuple[Pool, str], tmp_path: Pa
     pool.import_checkpoint(write_st(tmp_path / "m2.safetensors", tensors(9)), name="m")
     with pytest.raises(PoolError, match="2 pool entries are named 'm'"):
         pool.find("m")
+
+
+def test_a_name_cannot_shadow_a_digest(tmp_path):
+    """Names are chosen by whoever imports (users too, through spswapd): an entry named
+    like another entry's digest must not be what a lookup by that digest returns."""
+    import struct
+
+    from spswap.pool.store import Pool
+
+    def ckpt(path, value):
+        raw = json.dumps({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
+        path.write_bytes(struct.pack("<Q", len(raw)) + raw + struct.pack("<f", value))
+        return path
+
+    pool = Pool(tmp_path / "pool")
+    victim = pool.import_checkpoint(ckpt(tmp_path / "a.safetensors", 1.0), name="victim")
+    fake = pool.import_checkpoint(ckpt(tmp_path / "b.safetensors", 2.0), name=victim.digest)
+    assert pool.find(victim.digest) == victim
+    assert pool.find(fake.digest) == fake
