@@ -51,6 +51,9 @@ class Client:
                 raise self._unreachable("connect timed out") from None
             except OSError as e:  # e.g. "AF_UNIX path too long"
                 raise self._unreachable(str(e)) from None
+            from spswap.daemon.trust import check_server
+
+            check_server(sock, self.cfg.paths.socket)  # before a byte (or a file) goes out
             try:
                 if fds:
                     # the descriptors ride on the first bytes; the rest follows plainly

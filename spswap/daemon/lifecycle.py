@@ -145,9 +145,16 @@ def _spawn_detached(cfg: Config) -> int:
 
 
 def prepare_dirs(cfg: Config) -> None:
-    """Create root, run and log directories; run/ must be traversable by users."""
+    """Create root, run and log directories (0755: users traverse run/ to the socket).
+
+    As root, first refuse a tree that another user could have prepared (see
+    :mod:`spswap.daemon.trust`).
+    """
+    from spswap.daemon.trust import check_root_tree
+
+    check_root_tree(cfg)
     for d in (cfg.root, cfg.paths.run, cfg.paths.log):
-        d.mkdir(parents=True, exist_ok=True)
+        d.mkdir(parents=True, exist_ok=True, mode=0o755)
     if os.geteuid() == 0 or cfg.paths.run.stat().st_uid == os.geteuid():
         os.chmod(cfg.paths.run, 0o755)
 

@@ -100,9 +100,13 @@ class Server:
         except FileNotFoundError:
             pass
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.bind(str(path))
-        # anyone may connect; every request is authorized by the caller's uid
-        os.chmod(path, 0o666)
+        # anyone may connect (0666: every request is authorized by the caller's uid); set
+        # by the umask at bind time, since a chmod by path would follow a symlink
+        old = os.umask(0o111)
+        try:
+            sock.bind(str(path))
+        finally:
+            os.umask(old)
         sock.listen(128)
         sock.settimeout(ACCEPT_POLL_S)
         self._sock = sock
@@ -129,10 +133,15 @@ class Server:
                     self.orphaned = True
                     break
                 continue
-            except OSError:
+            except OSError as e:
                 if self._stop.is_set():
                     break
-                raise
+                # out of descriptors or memory (a client flooding us): refuse for a moment,
+                # never die; every other user depends on this daemon
+                sys.stderr.write(f"{time.strftime('%F %T')} spswapd: accept failed: {e}\n")
+                sys.stderr.flush()
+                time.sleep(ACCEPT_POLL_S)
+                continue
             threading.Thread(target=self._serve_conn, args=(conn,), daemon=True).start()
 
     def shutdown(self) -> None:
