@@ -28,6 +28,7 @@ from spswap.checkpoint.gpu_map import remap
 from spswap.checkpoint.images import Identity, image_key, read_meta, verify_before_restore
 from spswap.errors import CheckpointFailed
 from spswap.fsutil import atomic_write_json, read_json
+from spswap.liveness import pid_alive
 
 CUDA_RECORD = "spswap-cuda.json"
 PREFLIGHT_WAIT_S = 3.0  # the instance closes its daemon connection right after asking
@@ -109,21 +110,48 @@ def _wait_preflight(pid: int, wait_s: float) -> None:
             time.sleep(0.02)
 
 
+def credentials_problem(pids: list[int], uid: int, proc: Path = Path("/proc")) -> str | None:
+    """Why the tree may not be dumped for ``uid``: CRIU restores the credentials the
+    processes had, so every one of them must be that user's, with no capabilities (a
+    setuid program in the tree would come back as root). None when all is well."""
+    for pid in pids:
+        try:
+            lines = (proc / str(pid) / "status").read_text().splitlines()
+        except OSError:
+            continue  # gone: CRIU will not see it either
+        fields = {k: v.split() for k, _, v in (line.partition(":") for line in lines)}
+        uids = {int(x) for x in fields.get("Uid", [])}
+        if uids != {uid}:
+            return f"process {pid} runs with uids {sorted(uids)}, not only {uid}"
+        if uid != 0 and int(fields.get("CapEff", ["0"])[0], 16) != 0:
+            return f"process {pid} holds capabilities (CapEff {fields['CapEff'][0]})"
+    return None
+
+
 def dump_instance(
     images_root: Path, *, job_id: str, pid: int, identity: Identity,
     criu_path: Path | None = None, gpu_uuids: list[str] | None = None,
+    pid_start: int | None = None,
 ) -> DumpReport:  # fmt: skip
     """CUDA-checkpoint (when the tree uses CUDA) and CRIU-dump the tree of ``pid``.
 
     On success the process is gone and the image is complete with its meta. On failure
     the process runs on (CUDA state restored and unlocked again) and no image is left.
     ``gpu_uuids``: the job's GPUs, recorded so a restore on other GPUs can remap.
+    ``pid_start``: the start time the caller had when it asked: a pid reused meanwhile is
+    not dumped. Every process of the tree must run as ``identity.uid``.
     """
+    if pid_start is not None and not pid_alive(pid, pid_start):
+        raise CheckpointFailed(f"process {pid} is gone or is another process now: not dumped")
     key = job_image_key(job_id, identity)
     delete_job_images(images_root, job_id)  # a job keeps only its newest image
     timings: dict[str, float] = {}
     _wait_preflight(pid, PREFLIGHT_WAIT_S)
     tree = proctree.process_tree_pids(pid)
+    problem = credentials_problem(tree, identity.uid)
+    if problem:
+        raise CheckpointFailed(f"not dumped: {problem}; a checkpoint restores credentials, so "
+                               "only processes of the job's own user are dumped")
     cuda = cuda_ckpt.cuda_pids(tree) if cuda_ckpt.available() else []
     if cuda:
         t0 = time.monotonic()
@@ -190,7 +218,7 @@ def restore_instance(
             t0 = time.monotonic()
             cuda_ckpt.unlock_tree(pid, pids=cuda)
             timings["cuda_unlock"] = time.monotonic() - t0
-    except CheckpointFailed as e:
+    except BaseException as e:
         if pid is not None:  # half restored (GPU state missing): it must not run on
             _kill_quietly(pid)
         raise CheckpointFailed(f"{e}\nthe image {image.name} was deleted: cold start") from None

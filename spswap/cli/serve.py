@@ -180,5 +180,7 @@ def ask(
         emit_json(answer)
     elif answer.get("ok"):
         print(",".join(map(str, answer["output_ids"])))
+    elif answer.get("saved"):
+        raise SpswapError(f"{answer.get('error')}: ask again later with --id {answer.get('id')}")
     else:
         raise SpswapError(str(answer.get("error")))

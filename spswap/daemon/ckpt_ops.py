@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from spswap.checkpoint.images import Identity
 from spswap.errors import CheckpointFailed, DaemonError
 from spswap.fsutil import atomic_write_json, read_json
+from spswap.liveness import pid_alive, pid_start_time
 
 if TYPE_CHECKING:  # handlers imports this module to register the ops
     from spswap.daemon.handlers import Context, DaemonState
@@ -96,40 +97,80 @@ def op_checkpoint(ctx: Context, args: dict[str, Any]) -> Any:
     st = ctx.state
     job_id = args["job_id"]
     rec = _job_for(ctx, job_id)
+    _require_running(rec)
     pid = int(args.get("pid") or ctx.peer_pid)
     if ctx.peer_uid != 0 and pid != ctx.peer_pid:
-        raise DaemonError("a user may checkpoint only the calling process itself")
+        raise DaemonError("a user may checkpoint only the calling process itself: leave out "
+                          "pid")  # fmt: skip
+    pid_start = pid_start_time(pid)
     identity = _identity(args, rec.uid)
     from spswap.checkpoint.criu import find_criu
 
     if find_criu() is None:
         raise CheckpointFailed("no CRIU on this node: run scripts/build_criu.sh (see doctor)")
+    # held until the dump thread ends (it releases it)
+    if not _job_lock(job_id).acquire(blocking=False):
+        raise CheckpointFailed(f"job {job_id} is being checkpointed or restored already")
     _set_status(st, job_id, state="dumping", pid=pid)
     st.event("checkpoint.start", job_id=job_id, uid=rec.uid, pid=pid)
     requeue = bool(args.get("requeue"))
-    threading.Thread(target=_dump, args=(st, job_id, pid, identity, requeue),
+    threading.Thread(target=_dump_locked, args=(st, job_id, pid, pid_start, identity, requeue),
                      daemon=True).start()  # fmt: skip
     return {"accepted": True, "pid": pid}
 
 
-def _dump(st: DaemonState, job_id: str, pid: int, identity: Identity, requeue: bool) -> None:
+_JOB_LOCKS: dict[str, threading.Lock] = {}
+_JOB_LOCKS_GUARD = threading.Lock()
+
+
+def _job_lock(job_id: str) -> threading.Lock:
+    """One checkpoint or restore of a job at a time (a second would delete the first's
+    image under it)."""
+    with _JOB_LOCKS_GUARD:
+        return _JOB_LOCKS.setdefault(job_id, threading.Lock())
+
+
+def _require_running(rec: Any) -> None:
+    if rec.state != "running":
+        raise CheckpointFailed(
+            f"job {rec.job_id} is {rec.state} on this node: checkpoints and restores are for "
+            "the job's running instance (its prolog registers each run)"
+        )
+
+
+def _dump_locked(st: DaemonState, job_id: str, pid: int, pid_start: int | None,
+                 identity: Identity, requeue: bool) -> None:  # fmt: skip
+    try:
+        gone = _dump(st, job_id, pid, pid_start, identity)
+    finally:
+        _job_lock(job_id).release()  # a restore may come at once: Slurm calls are slow
+    if requeue and gone:
+        # only once the process is gone (saved, or lost after CRIU ended it): the image is
+        # worth nothing if the job does not come back, and a cold start needs it back too
+        _requeue(st, job_id)
+
+
+def _dump(st: DaemonState, job_id: str, pid: int, pid_start: int | None,
+          identity: Identity) -> bool:  # fmt: skip
+    """Dump and record the outcome; True when the instance is gone (dumped, or killed by
+    CRIU before a later step failed), False when it runs on."""
     from spswap.checkpoint.service import dump_instance
 
     try:
         report = dump_instance(st.cfg.paths.images, job_id=job_id, pid=pid, identity=identity,
-                               gpu_uuids=_job_gpu_uuids(st, job_id))  # fmt: skip
-    except Exception as e:  # the instance runs on: tell it, and record why
+                               gpu_uuids=_job_gpu_uuids(st, job_id),
+                               pid_start=pid_start)  # fmt: skip
+    except Exception as e:  # the instance runs on (unless CRIU ended it): tell it, record why
+        _resume(pid)  # first: a failing status write must not leave it parked
         _set_status(st, job_id, state="failed", pid=pid, reason=str(e))
         st.event("checkpoint.failed", job_id=job_id, uid=identity.uid, reason=str(e)[:2000])
-        _resume(pid)
         _sync_quietly(st)  # an older image of the job was deleted before the dump
-        return
+        return not pid_alive(pid, pid_start)
     _sync_quietly(st)  # before "saved": a restore must find the entry held
     _set_status(st, job_id, state="saved", pid=pid, key=report.key,
                 size_bytes=report.size_bytes, timings_s=report.timings_s)  # fmt: skip
     st.event("checkpoint.saved", job_id=job_id, uid=identity.uid, image=report.to_json())
-    if requeue:
-        _requeue(st, job_id)
+    return True
 
 
 def _job_gpu_uuids(st: DaemonState, job_id: str) -> list[str]:
@@ -175,7 +216,18 @@ def op_restore(ctx: Context, args: dict[str, Any]) -> Any:
     st = ctx.state
     job_id = args["job_id"]
     rec = _job_for(ctx, job_id)
+    _require_running(rec)
     expected = _identity(args, rec.uid)
+    if not _job_lock(job_id).acquire(timeout=1.0):
+        raise CheckpointFailed(f"job {job_id} is being checkpointed or restored already")
+    try:
+        return _restore(ctx, st, rec, job_id, expected, args)
+    finally:
+        _job_lock(job_id).release()
+
+
+def _restore(ctx: Context, st: DaemonState, rec: Any, job_id: str, expected: Identity,
+             args: dict[str, Any]) -> Any:  # fmt: skip
     status = read_json(_status_path(st, job_id)) or {}
     if status.get("state") != "saved":
         raise CheckpointFailed(no_image_reason(job_id, status))
@@ -188,7 +240,7 @@ def op_restore(ctx: Context, args: dict[str, Any]) -> Any:
         _set_status(st, job_id, state="rejected", reason=str(e))
         st.event("restore.rejected", job_id=job_id, uid=rec.uid, reason=str(e))
         raise
-    except CheckpointFailed as e:
+    except Exception as e:
         _set_status(st, job_id, state="failed", reason=str(e))
         st.event("restore.failed", job_id=job_id, uid=rec.uid, reason=str(e)[:2000])
         raise
@@ -207,8 +259,22 @@ def op_restore(ctx: Context, args: dict[str, Any]) -> Any:
         _set_status(st, job_id, state="failed", reason=reason)
         st.event("restore.failed", job_id=job_id, uid=rec.uid, reason=reason)
         raise CheckpointFailed(reason) from None
+    _hold_pool_entry(st, expected.model_digest, pid, rec)
     st.event("restore.done", job_id=job_id, uid=rec.uid, pid=pid, timings_s=timings)
     return {"pid": pid, "timings_s": timings}
+
+
+def _hold_pool_entry(st: DaemonState, digest: str, pid: int, rec: Any) -> None:
+    """The restored process maps its pool entry: record its use (its old use died with the
+    dumped process), so the entry is not evicted under it."""
+    from spswap.liveness import Holder
+    from spswap.pool.store import Pool
+
+    holder = Holder(pid=pid, pid_start=pid_start_time(pid), uid=rec.uid, job_id=rec.job_id)
+    try:
+        Pool.from_config(st.cfg).acquire_use(digest, holder)
+    except Exception as e:  # the restore stands; only eviction protection is missing
+        st.event("restore.pool_use_failed", job_id=rec.job_id, reason=str(e)[:500])
 
 
 def no_image_reason(job_id: str, status: dict[str, Any]) -> str:

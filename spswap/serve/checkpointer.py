@@ -21,6 +21,8 @@ from spswap import __version__
 from spswap.config import Config
 
 RESUME_SIGNAL = signal.SIGUSR2
+PARK_SLICE_S = 300.0  # between status checks while parked (never during a dump's freeze)
+RESTORE_TIMEOUT_S = 1800.0  # hashing + CRIU + CUDA restore of a large image
 
 
 def identity_args(*, engine: str, engine_version: str, model_digest: str,
@@ -83,9 +85,19 @@ class DaemonCheckpointer:
         """
         self.resumed.clear()
         self._client().call("checkpoint", job_id=job_id, requeue=requeue, **identity)
-        # Frozen and dumped somewhere in this wait (or told the dump failed).
-        if not self.resumed.wait(self.wait_s):
-            return ParkOutcome("failed", reason=f"no dump within {self.wait_s:g} s")
+        # Frozen and dumped somewhere in this wait (or told the dump failed). Wait in
+        # slices and ask the daemon between them: a deadline measured before a dump has
+        # long passed after a restore, and only the daemon knows which it was.
+        status: dict = {}
+        for _ in range(max(1, int(self.wait_s // PARK_SLICE_S))):
+            if self.resumed.wait(PARK_SLICE_S):
+                break
+            status = self._client().call("checkpoint.status", job_id=job_id)
+            if status.get("state") != "dumping":
+                break
+        else:
+            return ParkOutcome("failed", reason=f"no dump within {self.wait_s:g} s; see "
+                               f"`spswap events` and {self.cfg.paths.log / 'spswapd.log'}")
         status = self._client().call("checkpoint.status", job_id=job_id)
         if status.get("state") == "restored":
             return ParkOutcome("restored", restart_count=int(status.get("restart_count", 0)),
@@ -95,6 +107,8 @@ class DaemonCheckpointer:
 
     def restore(self, job_id: str, identity: dict[str, str], restart_count: int) -> dict[str, Any]:
         """Bring the job's instance back; raises CheckpointFailed (cold start) otherwise."""
-        result: dict[str, Any] = self._client().call(
+        from spswap.daemon.client import Client
+
+        result: dict[str, Any] = Client(self.cfg, timeout_s=RESTORE_TIMEOUT_S).call(
             "restore", job_id=job_id, restart_count=restart_count, **identity)
         return result

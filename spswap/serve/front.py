@@ -12,8 +12,10 @@ from __future__ import annotations
 import json
 import os
 import socket
+import stat
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +46,13 @@ class Front:
     def open(self) -> None:
         """Bind and listen (again, after a restore); accept in a daemon thread."""
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        st = os.lstat(self.path.parent)
+        if stat.S_ISLNK(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+            raise SpswapError(
+                f"{self.path.parent} is not a private directory of yours (owner uid "
+                f"{st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}): another user could take "
+                "over the socket; remove it or give --socket a path in a directory of yours"
+            )
         try:
             self.path.unlink()
         except FileNotFoundError:
@@ -73,6 +82,10 @@ class Front:
             clients, self._clients = self._clients, set()
         for conn in clients:
             _send(conn, {"ok": False, "saved": True, "error": reason})
+            try:
+                conn.shutdown(socket.SHUT_RDWR)  # wake its thread out of recv()
+            except OSError:
+                pass
             conn.close()
 
     def _accept(self, listener: socket.socket) -> None:
@@ -138,7 +151,9 @@ def _send(conn: socket.socket, obj: dict[str, Any]) -> None:
 
 
 def ask(path: Path, request: dict[str, Any], *, timeout_s: float = 600.0) -> dict[str, Any]:
-    """Send one request to a serving job's front and wait for its answer."""
+    """Send one request to a serving job's front and wait for its answer. The id is made
+    here when the request has none, so a request the server saved can be asked for again."""
+    request = {**request, "id": request.get("id") or uuid.uuid4().hex}
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout_s)
     try:
@@ -154,9 +169,13 @@ def ask(path: Path, request: dict[str, Any], *, timeout_s: float = 600.0) -> dic
         while b"\n" not in buf:
             chunk = sock.recv(65536)
             if not chunk:
-                raise SpswapError(f"{path}: the server closed the connection without an answer")
+                raise SpswapError(
+                    f"{path}: the server closed the connection without an answer; the "
+                    f"request may be saved: ask again with --id {request['id']}"
+                )
             buf += chunk
         answer: dict[str, Any] = json.loads(buf.split(b"\n", 1)[0])
+        answer.setdefault("id", request["id"])
         return answer
     finally:
         sock.close()

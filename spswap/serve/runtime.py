@@ -260,6 +260,8 @@ class Server:
                 forwarded = self.stop_signal
                 os.kill(pid, signal.Signals[forwarded])
             time.sleep(0.05)
+        # a stop that came just as it exited (it may have been signalled directly)
+        forwarded = forwarded or self.stop_signal
         result.stopped_by = forwarded
         if forwarded is None and (self._pending() or not self.opts.exit_when_idle):
             # It ended on its own before its work was done (a crash, a kill): serve on

@@ -116,3 +116,24 @@ def test_integrity_hash_is_the_same_on_any_number_of_threads(tmp_path):
         f.seek(PIECE_BYTES + 7)
         f.write(b"\xff")
     assert integrity_hash(tmp_path, threads=3) not in hashes
+
+
+def test_credentials_problem_refuses_other_uids_and_capabilities(tmp_path):
+    from spswap.checkpoint.service import credentials_problem
+
+    def proc(pid, uid, cap="0000000000000000"):
+        d = tmp_path / str(pid)
+        d.mkdir()
+        (d / "status").write_text(f"Name:\tx\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n"
+                                  f"Gid:\t100\t100\t100\t100\nCapEff:\t{cap}\n")
+
+    proc(10, 1000)
+    proc(11, 1000)
+    assert credentials_problem([10, 11, 99], 1000, proc=tmp_path) is None  # 99: gone
+    (tmp_path / "12").mkdir()
+    (tmp_path / "12" / "status").write_text("Uid:\t1000\t0\t0\t0\nCapEff:\t0\n")  # setuid
+    assert "uids [0, 1000]" in credentials_problem([10, 12], 1000, proc=tmp_path)
+    proc(13, 1000, cap="0000000000003000")
+    assert "capabilities" in credentials_problem([13], 1000, proc=tmp_path)
+    proc(14, 0, cap="000001ffffffffff")
+    assert credentials_problem([14], 0, proc=tmp_path) is None  # root's own job

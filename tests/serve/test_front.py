@@ -69,3 +69,14 @@ def test_ask_over_the_socket(tmp_path: Path) -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_front_refuses_a_socket_directory_others_can_write(tmp_path: Path) -> None:
+    from spswap.serve.front import Front
+    from spswap.serve.spool import Spool
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    with pytest.raises(SpswapError, match="not a private directory of yours"):
+        Front(Spool(tmp_path / "state"), shared / "s.sock").open()
