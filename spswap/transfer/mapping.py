@@ -58,8 +58,10 @@ class MappedEntry:
         with warnings.catch_warnings():
             # torch warns that the buffer is not writable: that is the point.
             warnings.simplefilter("ignore", UserWarning)
+            # Through a memoryview: the mapping then counts the tensor as an export and
+            # refuses to unmap while any view lives (instead of leaving it dangling).
             self._base = (
-                torch.frombuffer(self._mmap, dtype=torch.uint8)
+                torch.frombuffer(memoryview(self._mmap), dtype=torch.uint8)
                 if self._mmap is not None
                 else torch.empty(0, dtype=torch.uint8)
             )
@@ -119,14 +121,19 @@ class MappedEntry:
         if self._closed:
             return
         self._closed = True
-        if self._registration is not None:
-            cuda_host.unregister(self._registration)
-            self._registration = None
-        self._views = None
-        self._base = None
-        if self._mmap is not None:
-            self._mmap.close()
-            self._mmap = None
+        try:
+            if self._registration is not None:
+                registration, self._registration = self._registration, None
+                cuda_host.unregister(registration)
+        finally:
+            self._views = None
+            self._base = None
+            mm, self._mmap = self._mmap, None
+            if mm is not None:
+                try:
+                    mm.close()
+                except BufferError:
+                    pass  # a view is still alive: the mapping goes when the last view does
 
     @property
     def closed(self) -> bool:

@@ -187,3 +187,16 @@ def test_staged_copy_cuda_is_exact(pool) -> None:
         copy_into(mapping, dst, staging_bytes=1 << 20)
     for name, t in src.items():
         assert torch.equal(dst[name].cpu(), t), name
+
+
+def test_views_outlive_a_closed_or_dropped_mapping(pool) -> None:
+    """A view taken from a mapping stays readable after close() (or after the mapping
+    object is dropped): the pages go with the last view, never under it (was a SIGSEGV)."""
+    src = {"t": torch.arange(1024, dtype=torch.float32)}
+    m = write_entry(pool, "m", src)
+    dropped = MappedEntry(m, pool.data_path(m)).tensors()["t"]
+    mapping = MappedEntry(m, pool.data_path(m))
+    kept = mapping.tensors()["t"]
+    mapping.close()
+    assert mapping.closed
+    assert torch.equal(dropped, src["t"]) and torch.equal(kept, src["t"])
