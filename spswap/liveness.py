@@ -82,13 +82,15 @@ class Holder:
 
 
 def holder_alive(holder: Holder, job_alive: JobProbe | None = None) -> bool:
-    """A job-bound holder lives as long as its job; otherwise as long as its process.
+    """A live process keeps what it holds; so does the live Slurm job it is bound to.
 
-    When the job probe cannot tell (Slurm unreachable), the process decides, so a
-    controller outage never reclaims a live job's reservation.
+    The process is looked at first (cheap, /proc); the job only when the process is gone
+    (a CLI reservation's process exits at once, its job lives on). When the job probe
+    cannot tell (Slurm unreachable), the holder counts as gone only if its process is:
+    a controller outage never reclaims a live process's reservation.
     """
+    if pid_alive(holder.pid, holder.pid_start):
+        return True
     if holder.job_id and job_alive is not None:
-        verdict = job_alive(holder.job_id)
-        if verdict is not None:
-            return verdict or pid_alive(holder.pid, holder.pid_start)
-    return pid_alive(holder.pid, holder.pid_start)
+        return bool(job_alive(holder.job_id))
+    return False

@@ -17,6 +17,7 @@ import re
 import shutil
 import signal as signal_module
 import subprocess
+import time
 from collections.abc import Sequence
 from types import ModuleType
 from typing import Any, Protocol, runtime_checkable
@@ -297,23 +298,53 @@ def get_backend(*, timeout_s: float = DEFAULT_TIMEOUT_S) -> SlurmBackend | None:
     return pyslurm_backend if pyslurm_backend is not None else cli
 
 
+PROBE_CACHE_S = 5.0  # a job's verdict is reused this long (probes run under file locks)
+PING_RETRY_S = 60.0  # after finding the controller down, ask it again only this late
+
+
+def controller_up(timeout_s: float = 5.0) -> bool:
+    """``scontrol ping`` says the primary controller is UP."""
+    try:
+        out = subprocess.run(["scontrol", "ping"], capture_output=True, text=True,
+                             timeout=timeout_s)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return out.returncode == 0 and " is UP" in out.stdout
+
+
 def job_probe(*, timeout_s: float = DEFAULT_TIMEOUT_S) -> JobProbe | None:
     """The probe bookkeeping plugs in for job-bound holders (``liveness.JobProbe``):
     None where Slurm is absent (holders are then judged by their processes alone).
 
-    The backend is made on first use: the slot table and the pool ask only about holders
-    whose process has gone, so most commands never pay for a Slurm call.
+    Nothing is asked until the first probe (most commands never need one): then the
+    controller is pinged once (a dead one makes every Slurm command wait for its timeout;
+    the probe answers "cannot tell" and pings again a minute later), and each job's
+    verdict is kept for a few seconds.
     """
     if not CliBackend(timeout_s=timeout_s).available():
         return None
     backend: list[SlurmBackend | None] = []
+    down_since: list[float] = []
+    cache: dict[str, tuple[float, bool | None]] = {}
 
     def probe(job_id: str) -> bool | None:
+        now = time.monotonic()
+        hit = cache.get(job_id)
+        if hit is not None and now - hit[0] < PROBE_CACHE_S:
+            return hit[1]
+        if down_since and now - down_since[0] < PING_RETRY_S:
+            return None
         if not backend:
+            if not controller_up(min(timeout_s, 5.0)):
+                down_since[:] = [now]
+                return None
+            down_since.clear()
             try:
                 backend.append(get_backend(timeout_s=timeout_s))
             except SpswapError:
                 backend.append(None)
-        return None if backend[0] is None else backend[0].job_alive(job_id)
+        verdict = None if backend[0] is None else backend[0].job_alive(job_id)
+        cache[job_id] = (now, verdict)
+        return verdict
 
     return probe
