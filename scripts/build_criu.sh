@@ -20,9 +20,13 @@
 # (and makes the bundle when asked).
 set -euo pipefail
 
+# The version trixie carried when this was written, and its tarball's sha256. When trixie
+# moves on, whatever >= 4.1 apt downloads is built instead (apt checks it against the
+# signed Sources index); the pinned sha256 applies to this version only.
 CRIU_VERSION=4.1.1
 CRIU_TARBALL="criu_${CRIU_VERSION}.orig.tar.xz"
 CRIU_SHA256=f80a66cb3726bb2116266d4759ce3bcbfab7abdb6b6d430bf20dd41911717afe
+APT=(apt-get -o DPkg::Lock::Timeout=600)
 MIN_MAJOR=4
 MIN_MINOR=1
 BUILD_PACKAGES=(
@@ -30,6 +34,7 @@ BUILD_PACKAGES=(
   libbsd-dev libcap-dev libdrm-dev libnet1-dev libnl-3-dev libnl-route-3-dev
   libprotobuf-c-dev libprotobuf-dev protobuf-c-compiler protobuf-compiler
   libaio-dev libnftables-dev libgnutls28-dev uuid-dev
+  iproute2  # ss: spswap checks a tree for connected sockets before a dump
 )
 
 PREFIX="${PREFIX:-/usr/local}"
@@ -97,8 +102,8 @@ install_build_packages() {
   [[ ${#missing[@]} -eq 0 ]] && return 0
   log "installing build packages: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
-  apt-get install -y --no-install-recommends "${missing[@]}" >&2 \
-    || { apt-get update >&2 && apt-get install -y --no-install-recommends "${missing[@]}" >&2; } \
+  "${APT[@]}" install -y --no-install-recommends "${missing[@]}" >&2 \
+    || { "${APT[@]}" update >&2 && "${APT[@]}" install -y --no-install-recommends "${missing[@]}" >&2; } \
     || die "could not install the build packages ${missing[*]}; install them and run again"
 }
 
@@ -119,7 +124,18 @@ fetch_tarball() {
   # Only the orig tarball is needed; apt may fail on the .dsc / debian.tar.xz, which we ignore
   # and judge by the tarball's checksum instead.
   (cd "$BUILD_DIR" && apt-get "${opts[@]}" source --download-only criu >&2) || true
-  [[ -f "$tarball" ]] || die "apt did not download $CRIU_TARBALL (is criu $CRIU_VERSION still in trixie on $mirror?)"
+  if [[ ! -f "$tarball" ]]; then
+    # trixie has moved on: take the newest orig tarball apt fetched, if it is >= 4.1
+    local found ver
+    found="$(ls -1 "$BUILD_DIR"/criu_*.orig.tar.* 2>/dev/null | sort -V | tail -1 || true)"
+    [[ -n "$found" ]] || die "apt did not download a criu source tarball from trixie on $mirror; check the mirror, or install criu >= 4.1 yourself"
+    ver="$(basename "$found" | sed -E 's/^criu_([0-9.]+)\.orig\.tar\..*$/\1/')"
+    [[ "$(printf '%s\n' "$MIN_MAJOR.$MIN_MINOR" "$ver" | sort -V | head -1)" == "$MIN_MAJOR.$MIN_MINOR" ]] \
+      || die "trixie offers criu $ver, older than $MIN_MAJOR.$MIN_MINOR"
+    log "trixie now carries criu $ver (not $CRIU_VERSION): building that"
+    CRIU_VERSION="$ver"; CRIU_TARBALL="$(basename "$found")"
+    return 0
+  fi
   echo "$CRIU_SHA256  $tarball" | sha256sum -c --status \
     || die "$tarball has the wrong sha256 (expected $CRIU_SHA256); delete it and run again"
 }
