@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run spswap's whole test suite on a fresh Debian 12 machine. As root it also builds CRIU
-# from source (scripts/build_criu.sh) and starts a real single-node Slurm
-# (scripts/slurm_up.sh) for the slow suites, and stops Slurm again at the end.
+# from source (scripts/build_criu.sh), and the Slurm suites start a real single-node Slurm
+# with scripts/slurm_up.sh (and stop it when they are done).
 #
 #   bash scripts/test.sh           # everything, slow suites included (what CI runs)
 #   bash scripts/test.sh --fast    # skip the suites marked slow (no Slurm, no CRIU build)

@@ -107,7 +107,7 @@ class Config:
 # and by the test suite (test_slurm, accept_golden).
 _NON_CONFIG_VARS = frozenset({
     "bin", "hook_timeout_s", "defaults", "torch", "venv", "criu", "test_slurm",
-    "accept_golden",
+    "accept_golden", "test_pool", "test_vllm_model",
 })
 
 

@@ -12,7 +12,7 @@ from spswap.config import parse_size
 from spswap.errors import ConfigError
 
 app = typer.Typer(
-    help="Benchmarks: transfer throughput, slot reservation latency, prolog cost.",
+    help="Benchmarks: transfer throughput, slot reservation latency, prolog cost, vLLM swap paths.",
     no_args_is_help=True,
 )
 

@@ -41,12 +41,13 @@ _HANDLER = """\
 # releases its GPU slot and exits; Slurm requeues the job (on USR1 spswap asks for it).
 trap 'kill -USR1 "$PID" 2>/dev/null' USR1
 trap 'kill -TERM "$PID" 2>/dev/null' TERM
-# wait returns when a trapped signal arrives: keep waiting until spswap has exited.
-while :; do
-    wait "$PID"; rc=$?
-    kill -0 "$PID" 2>/dev/null || break
+# wait returns when a trapped signal arrives: keep waiting until spswap has exited, then
+# take its exit status (bash keeps it for the last wait).
+while kill -0 "$PID" 2>/dev/null; do
+    wait "$PID"
 done
-exit "$rc"
+wait "$PID"
+exit $?
 """
 
 

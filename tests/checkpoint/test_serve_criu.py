@@ -129,6 +129,14 @@ def test_stop_dump_restore_answers_like_cold(node: Config, tmp_path: Path) -> No
     status = _dump_run0(node, tmp_path, model)
     assert status["size_bytes"] > 0 and "criu_dump" in status["timings_s"]
     before = len(_answers(tmp_path))
+    from typer.testing import CliRunner
+
+    from spswap.cli.app import app
+
+    listed = CliRunner().invoke(app, ["images", "ls", "--json", "--root", str(node.root)])
+    (image,) = json.loads(listed.stdout)
+    assert (image["job_id"], image["state"]) == (JOB, "saved") and image["size_bytes"] > 0
+    assert image["identity"]["engine"] == "reference" and image["identity"]["uid"] == 0
 
     second = _serve(node, tmp_path, model, 1, "run1.log")
     assert second.wait(timeout=300) == 0, (tmp_path / "run1.log").read_text()
