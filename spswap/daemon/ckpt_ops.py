@@ -111,7 +111,7 @@ def op_checkpoint(ctx: Context, args: dict[str, Any]) -> Any:
     # held until the dump thread ends (it releases it)
     if not _job_lock(job_id).acquire(blocking=False):
         raise CheckpointFailed(f"job {job_id} is being checkpointed or restored already")
-    _set_status(st, job_id, state="dumping", pid=pid)
+    _set_status(st, job_id, state="dumping", pid=pid, pid_start=pid_start)
     st.event("checkpoint.start", job_id=job_id, uid=rec.uid, pid=pid)
     requeue = bool(args.get("requeue"))
     threading.Thread(target=_dump_locked, args=(st, job_id, pid, pid_start, identity, requeue),
@@ -396,19 +396,21 @@ def recover(st: DaemonState) -> dict[str, Any]:
     for path in sorted(status_dir.glob("*.json")) if status_dir.is_dir() else []:
         status = read_json(path) or {}
         if status.get("state") == "dumping":
-            stale.append((str(status.get("job_id") or path.stem), int(status.get("pid") or 0)))
-    dumping = {job for job, _ in stale}
+            stale.append((str(status.get("job_id") or path.stem), int(status.get("pid") or 0),
+                          status.get("pid_start")))  # fmt: skip
+    dumping = {job for job, _, _ in stale}
     removed = []
     images = st.cfg.paths.images
     for p in temp_dirs(images) + incomplete_images(images):
         if not any(_of_job(p, j) for j in dumping):  # those wait for their CRIU to end
             removed.append(_rmtree(p))
-    for job_id, pid in stale:
-        threading.Thread(target=_recover_dump, args=(st, job_id, pid), daemon=True).start()
+    for job_id, pid, pid_start in stale:
+        threading.Thread(target=_recover_dump, args=(st, job_id, pid, pid_start),
+                         daemon=True).start()  # fmt: skip
     _sync_quietly(st)
     if stale or removed:
-        st.event("checkpoint.recovered", stale_dumps=[j for j, _ in stale], removed=removed)
-    return {"stale_dumps": [j for j, _ in stale], "removed": removed}
+        st.event("checkpoint.recovered", stale_dumps=[j for j, _, _ in stale], removed=removed)
+    return {"stale_dumps": [j for j, _, _ in stale], "removed": removed}
 
 
 def _of_job(p: Path, job_id: str) -> bool:
@@ -435,14 +437,15 @@ def _traced(pid: int) -> bool:
     return False
 
 
-def _recover_dump(st: DaemonState, job_id: str, pid: int) -> None:
+def _recover_dump(st: DaemonState, job_id: str, pid: int, pid_start: int | None) -> None:
     from spswap.checkpoint.service import incomplete_images, temp_dirs
     from spswap.liveness import pid_alive
 
     deadline = time.monotonic() + RECOVER_WAIT_S
     while pid > 0 and _traced(pid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    alive = pid > 0 and pid_alive(pid)
+    # the start time rules out a process that took the pid over since (we signal it)
+    alive = pid > 0 and pid_start is not None and pid_alive(pid, pid_start)
     for p in temp_dirs(st.cfg.paths.images, job_id) + incomplete_images(st.cfg.paths.images):
         if _of_job(p, job_id):
             _rmtree(p)

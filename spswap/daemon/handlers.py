@@ -385,11 +385,17 @@ def on_daemon_start(state: DaemonState) -> dict[str, Any]:
 
 
 def op_jobs_list(ctx: Context, args: dict[str, Any]) -> Any:
-    return [j.to_json() for j in ctx.state.jobs.all()]
+    """Root sees every job; a user only their own."""
+    return [j.to_json() for j in ctx.state.jobs.all()
+            if ctx.peer_uid == ROOT_UID or j.uid == ctx.peer_uid]  # fmt: skip
 
 
 def op_events_tail(ctx: Context, args: dict[str, Any]) -> Any:
-    return events.tail(ctx.state.cfg.paths.events, args.get("n", 50))
+    """Root sees every event; a user only those about their own jobs and processes."""
+    tail = events.tail(ctx.state.cfg.paths.events, args.get("n", 50))
+    if ctx.peer_uid == ROOT_UID:
+        return tail
+    return [e for e in tail if e.get("uid") == ctx.peer_uid]
 
 
 def _job_for(ctx: Context, job_id: str) -> JobRecord:

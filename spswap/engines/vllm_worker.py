@@ -222,7 +222,7 @@ class SpswapWorkerExtension:
             "live_staged_gb_s": best(
                 lambda: copy_into(mapping, weights, staging_bytes=STAGING_BYTES)),
             "fresh_gb_s": best(lambda: copy_into(mapping, fresh)),
-            "flat_gb_s": best(lambda: flat.copy_(mapping._base, non_blocking=True)),
+            "flat_gb_s": best(lambda: flat.copy_(mapping.tensors_base(), non_blocking=True)),
             "src_pinned": [bool(t.is_pinned()) for t in list(srcs.values())[:3]],
             "live_contiguous": all(t.is_contiguous() for t in weights.values()),
             "live_dtypes": sorted({str(t.dtype) for t in weights.values()}),

@@ -70,6 +70,7 @@ class MappedEntry:
     def tensors_base(self) -> torch.Tensor:
         """The whole data file as one read-only uint8 tensor (no copy)."""
         self._check_open()
+        assert self._base is not None  # set in __init__, dropped only by close()
         return self._base
 
     @property
