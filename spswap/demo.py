@@ -76,12 +76,17 @@ class DemoResult:
         return d
 
 
-def _scratch_parent(root: Path | None) -> Path | None:
+def _scratch_parent(root: Path | None, needed_bytes: int = 0) -> Path | None:
+    """``root``, else /dev/shm when it has room for ``needed_bytes`` (a container's may be
+    64 MB), else None (the system temp directory)."""
     if root is not None:
         root.mkdir(parents=True, exist_ok=True)
         return root
     shm = Path("/dev/shm")
-    return shm if shm.is_dir() and os.access(shm, os.W_OK) else None
+    if not (shm.is_dir() and os.access(shm, os.W_OK)):
+        return None
+    st = os.statvfs(shm)
+    return shm if st.f_bavail * st.f_frsize >= needed_bytes else None
 
 
 def _prompts(vocab_size: int) -> list[list[int]]:
@@ -105,9 +110,12 @@ def run_demo(
     say = progress or (lambda _msg: None)
     dev = str(torch.device(device)) if device else default_device()
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="spswap-demo-", dir=_scratch_parent(root)) as tmp:
+    configs = [make_preset(preset, seed=i) for i in range(models)]
+    # checkpoints + pool entries, with room to spare
+    needed = 3 * sum(c.weight_bytes for c in configs)
+    with tempfile.TemporaryDirectory(prefix="spswap-demo-",
+                                     dir=_scratch_parent(root, needed)) as tmp:  # fmt: skip
         work = Path(tmp)
-        configs = [make_preset(preset, seed=i) for i in range(models)]
         names = [f"model-{i}" for i in range(models)]
         prompts = _prompts(configs[0].vocab_size)
         results: list[ModelResult] = []

@@ -129,13 +129,16 @@ def copy_into(
         # The parameters may still be read by work queued on the current stream.
         stream.wait_stream(torch.cuda.current_stream(device))
         start = time.perf_counter()
-        with torch.cuda.stream(stream):
-            if staging_bytes:
-                _copy_staged(mapping, params, device, staging_bytes)
-            else:
-                for name, src in sources.items():
-                    params[name].copy_(src, non_blocking=True)
-        stream.synchronize()
+        try:
+            with torch.no_grad(), torch.cuda.stream(stream):
+                if staging_bytes:
+                    _copy_staged(mapping, params, device, staging_bytes)
+                else:
+                    for name, src in sources.items():
+                        params[name].copy_(src, non_blocking=True)
+        finally:
+            # also on an error: no copy may still read the mapping when the caller closes it
+            stream.synchronize()
         seconds = time.perf_counter() - start
     else:
         start = time.perf_counter()
