@@ -246,11 +246,19 @@ def image_digests(images_root: Path) -> dict[str, str]:
     return out
 
 
-def image_job_ids(images_root: Path) -> list[str]:
-    """The jobs that have finished images (from the keys: ``job<id>-...``)."""
+def image_job_ids(images_root: Path, statuses_dir: Path | None = None) -> list[str]:
+    """The jobs that have finished images. Keys hold the job id with '+' (het jobs) made
+    '_': the checkpoint status files, which hold the real id, put it back."""
+    real: dict[str, str] = {}
+    for path in sorted(statuses_dir.glob("*.json")) if statuses_dir and statuses_dir.is_dir() \
+            else []:  # fmt: skip
+        job = str((read_json(path) or {}).get("job_id") or "")
+        if job:
+            real[job_prefix(job)] = job
     ids = set()
     if images_root.is_dir():
         for p in images_root.iterdir():
             if p.is_dir() and p.name.startswith("job") and "-" in p.name:
-                ids.add(p.name[3:].split("-", 1)[0])
+                prefix = p.name.split("-", 1)[0] + "-"
+                ids.add(real.get(prefix, prefix[3:-1]))
     return sorted(ids)

@@ -260,7 +260,7 @@ def collect_images(st: DaemonState, current_job: str) -> list[str]:
     from spswap.daemon.ckpt_ops import drop_job_images
 
     gone = []
-    for job_id in image_job_ids(st.cfg.paths.images):
+    for job_id in image_job_ids(st.cfg.paths.images, st.cfg.paths.run / "checkpoints"):
         if job_id != current_job and _job_fate(st, job_id, None,
                                                forgotten_is_gone=True) == "gone":
             drop_job_images(st, job_id)

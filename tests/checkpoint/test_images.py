@@ -137,3 +137,15 @@ def test_credentials_problem_refuses_other_uids_and_capabilities(tmp_path):
     assert "capabilities" in credentials_problem([13], 1000, proc=tmp_path)
     proc(14, 0, cap="000001ffffffffff")
     assert credentials_problem([14], 0, proc=tmp_path) is None  # root's own job
+
+
+def test_image_job_ids_give_het_jobs_their_real_id(tmp_path):
+    from spswap.checkpoint.service import image_job_ids, job_prefix
+
+    images, statuses = tmp_path / "images", tmp_path / "checkpoints"
+    statuses.mkdir()
+    for job in ("123+0", "77"):
+        (images / f"{job_prefix(job)}aa-bb-cc").mkdir(parents=True)
+    (statuses / "123+0.json").write_text('{"job_id": "123+0", "state": "saved"}')
+    assert image_job_ids(images, statuses) == ["123+0", "77"]
+    assert image_job_ids(images) == ["123_0", "77"]  # without the status files: the key
