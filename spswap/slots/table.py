@@ -29,7 +29,7 @@ import filelock
 from spswap.config import Config
 from spswap.errors import PermissionDenied, SlotError, SlotTimeout, SpswapError
 from spswap.fsutil import STATE_VERSION, atomic_write_json, read_json
-from spswap.liveness import Holder, JobProbe, holder_alive, pid_alive
+from spswap.liveness import Holder, JobProbe, holder_alive, pid_alive, pid_start_time
 from spswap.slots.alloc import UNITS_PER_GPU, VALID_UNITS, allocate
 
 STATE_FILE = "state.json"
@@ -401,7 +401,10 @@ class SlotTable:
             st.reclaimed = [r for r in st.reservations if r not in live]
             st.reservations = live
             st.dirty = True
-        queue = [q for q in st.queue if pid_alive(q["holder"]["pid"], q["holder"].get("pid_start"))]
+        # a place in line lives as long as the process that waits in it (the holder may be
+        # a shell that outlives a killed `spswap slots reserve`)
+        queue = [q for q in st.queue
+                 if pid_alive((w := q.get("waiter") or q["holder"])["pid"], w.get("pid_start"))]
         if len(queue) != len(st.queue):
             st.queue = queue
             st.dirty = True
@@ -435,6 +438,7 @@ class SlotTable:
         st.queue.append({
             "ticket": ticket, "model": model, "units": req.units, "whole_gpus": req.whole_gpus,
             "candidates": list(req.candidates), "holder": holder.to_json(),
+            "waiter": {"pid": os.getpid(), "pid_start": pid_start_time(os.getpid())},
             "enqueued_at": time.time(),
         })  # fmt: skip
         st.queue.sort(key=lambda q: q["ticket"])

@@ -236,3 +236,25 @@ def test_dead_waiter_leaves_the_queue(tmp_path: Path) -> None:
     w.kill()
     w.wait()
     assert t.waiters() == []
+
+
+def test_a_killed_waiter_leaves_the_queue_though_its_holder_lives(tmp_path: Path) -> None:
+    """`spswap slots reserve` ties its reservation to the calling shell, but its place in
+    line belongs to the waiting process: SIGKILL it and the place goes, shell or not."""
+    import subprocess
+    import sys
+
+    t = _table(tmp_path, [0])
+    t.reserve(model="blocker")
+    code = (
+        "import os, sys; from pathlib import Path; "
+        "from spswap.liveness import Holder; from spswap.slots.table import SlotTable; "
+        f"SlotTable(Path({str(tmp_path / 'slots')!r}), [0], poll_interval_s=0.01).reserve("
+        "model='w', units=1, holder=Holder.current(pid=os.getppid()), timeout_s=60)"
+    )
+    w = subprocess.Popen([sys.executable, "-c", code])
+    wait_for(lambda: len(t.waiters()) == 1, 20, "the waiter to queue")
+    assert t.waiters()[0]["holder"]["pid"] == os.getpid()  # the holder: this (live) process
+    w.kill()
+    w.wait()
+    assert t.waiters() == []
