@@ -41,6 +41,7 @@ def collect_status(cfg: Config, *, gpus: list[dict[str, Any]] | None = None) -> 
         {**rec.to_json(), "alive": alive}
         for rec, alive in InstanceRegistry(cfg.paths.run / "instances").list()
     ]
+    checkpoints = _checkpoints(cfg.paths.run / "checkpoints")
     return {
         "version": STATUS_VERSION,
         "spswap": __version__,
@@ -54,7 +55,22 @@ def collect_status(cfg: Config, *, gpus: list[dict[str, Any]] | None = None) -> 
             "entries": [e.to_json() for e in entries],
         },
         "instances": instances,
+        "checkpoints": checkpoints,
     }
+
+
+def _checkpoints(directory: Any) -> list[dict[str, Any]]:
+    """Each job's checkpoint status as the daemon wrote it (readable by everyone: it says
+    where a job's image stands and, after a cold start, why)."""
+    from spswap.fsutil import read_json
+
+    out = []
+    for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
+        data = read_json(path)
+        if isinstance(data, dict):
+            keep = ("job_id", "state", "size_bytes", "reason", "timings_s")
+            out.append({k: data.get(k) for k in keep})
+    return out
 
 
 def _ago(ts: float, now: float) -> str:
@@ -99,6 +115,17 @@ def render_instances(instances: list[dict[str, Any]], now: float) -> Table:
     return t
 
 
+def render_checkpoints(checkpoints: list[dict[str, Any]]) -> Table:
+    """One row per job with a checkpoint: state, image size, and the reason of a failure."""
+    t = Table(title="checkpoints")
+    for col in ("job", "state", "image", "reason"):
+        t.add_column(col)
+    for c in checkpoints:
+        size = fmt_bytes(c["size_bytes"]) if c.get("size_bytes") else "-"
+        t.add_row(str(c.get("job_id")), str(c.get("state")), size, c.get("reason") or "")
+    return t
+
+
 def render_status(data: dict[str, Any], *, now: float | None = None) -> Group:
     """The rich view of :func:`collect_status`'s data."""
     from spswap.cli.slots import render_slots
@@ -118,4 +145,6 @@ def render_status(data: dict[str, Any], *, now: float | None = None) -> Group:
         parts.extend(render_slots(data["slots"]))
     parts.append(render_pool(data["pool"], now))
     parts.append(render_instances(data["instances"], now))
+    if data.get("checkpoints"):
+        parts.append(render_checkpoints(data["checkpoints"]))
     return Group(*parts)

@@ -91,6 +91,15 @@ def node(tmp_path: Path) -> Config:
     reg = InstanceRegistry(cfg.paths.run / "instances")
     reg.put(InstanceRecord(id="77-1234", model="tiny", state="up", pid=os.getpid(), uid=0,
                            job_id="77", device="cuda:0"))
+    from spswap.fsutil import atomic_write_json
+
+    atomic_write_json(cfg.paths.run / "checkpoints" / "78.json",
+                      {"job_id": "78", "state": "saved", "pid": 99, "size_bytes": 1631701505,
+                       "timings_s": {"criu_dump": 1.01}})
+    atomic_write_json(cfg.paths.run / "checkpoints" / "79.json",
+                      {"job_id": "79", "state": "rejected", "reason": "image job79-ab not "
+                       "restored: the image was made under another identity (torch: image "
+                       "'2.11.0', here '2.13.0')"})
     reg.put(InstanceRecord(id="78-99", model="other", state="saved", pid=2**22 + 1, uid=0,
                            job_id="78", device="cuda:1", reason="cold start: image identity "
                            "differs (driver 570 != 580)"))
@@ -124,7 +133,8 @@ def test_status_cli_json_has_every_section(node: Config):
     assert res.exit_code == 0, res.output
     data = json.loads(res.output)
     assert set(data) == {"version", "spswap", "root", "daemon", "gpus", "slots", "pool",
-                         "instances"}
+                         "instances", "checkpoints"}
+    assert [c["state"] for c in data["checkpoints"]] == ["saved", "rejected"]
     assert [g["index"] for g in data["gpus"]] == [0, 1]
     assert len(data["slots"]["reservations"]) == 2
     assert data["pool"]["entries"][0]["name"] == "tiny"

@@ -181,5 +181,9 @@ def test_a_damaged_or_foreign_image_is_never_restored(node: Config, tmp_path: Pa
     answers = _answers(tmp_path)
     assert [answers[f"q{i:02d}"] for i in range(N_REQ)] == _cold(model, prompts)
     assert not image.exists()  # a rejected image is deleted, never retried
+    from spswap.status import collect_status
+
+    (shown,) = collect_status(node, gpus=[])["checkpoints"]  # the reason, in spswap status
+    assert shown["state"] == "rejected" and needle in shown["reason"]
     kinds = [e["kind"] for e in Client(node).call("events.tail", n=50)]
     assert "restore.rejected" in kinds
