@@ -209,7 +209,9 @@ def restore_instance(
         if cuda and gpu_uuids and record.get("gpu_uuids"):
             gpu_map = remap(record["gpu_uuids"], gpu_uuids)  # refuses a different count
         t0 = time.monotonic()
-        pid = criu.restore(image.name, images_root, criu=criu_path)
+        # --auto-dedup frees the image's pages as they are restored (faster, less tmpfs at
+        # the peak); fine here: an image is single use and deleted below in any case
+        pid = criu.restore(image.name, images_root, criu=criu_path, auto_dedup=True)
         timings["criu_restore"] = time.monotonic() - t0
         if cuda:
             t0 = time.monotonic()
