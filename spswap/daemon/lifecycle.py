@@ -150,11 +150,18 @@ def prepare_dirs(cfg: Config) -> None:
     As root, first refuse a tree that another user could have prepared (see
     :mod:`spswap.daemon.trust`).
     """
-    from spswap.daemon.trust import check_root_tree
+    from spswap.daemon.trust import check_root_tree, quarantine_foreign_root
 
+    aside = quarantine_foreign_root(cfg)
+    if aside is not None:
+        sys.stderr.write(f"spswapd: {cfg.root} was not root's; moved it to {aside}\n")
     check_root_tree(cfg)
     for d in (cfg.root, cfg.paths.run, cfg.paths.log):
         d.mkdir(parents=True, exist_ok=True, mode=0o755)
+    if aside is not None:
+        from spswap.daemon import events
+
+        events.append(cfg.paths.events, "root.quarantined", moved_to=str(aside))
     if os.geteuid() == 0 or cfg.paths.run.stat().st_uid == os.geteuid():
         os.chmod(cfg.paths.run, 0o755)
 

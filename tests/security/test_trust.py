@@ -77,3 +77,26 @@ def test_client_sends_nothing_to_a_daemon_of_another_uid(user_uid: int) -> None:
     with pytest.raises(DaemonError, match=rf"runs as uid {user_uid}, not root"):
         Client(cfg, timeout_s=5).call("ping")
     assert child.result() == "nothing"
+
+
+def test_a_root_directory_a_user_made_is_moved_aside(user_uid: int) -> None:
+    """On /dev/shm anyone can create the root first: that must not keep spswapd down."""
+    import shutil
+
+    parent = Path(tempfile.mkdtemp(prefix="sptq-", dir="/tmp"))
+    os.chmod(parent, 0o1777)
+    root = parent / "spswap"
+    root.mkdir()
+    os.chown(root, user_uid, -1)
+    (root / "planted").write_text("x")
+    cfg = Config.from_env({}, root=root)
+    try:
+        lifecycle.start(cfg, wait_s=15)
+        assert os.stat(root).st_uid == 0 and not (root / "planted").exists()
+        (aside,) = [p for p in parent.iterdir() if p.name.startswith("spswap.untrusted-")]
+        assert (aside / "planted").exists()
+        kinds = [e["kind"] for e in Client(cfg).call("events.tail", n=10)]
+        assert "root.quarantined" in kinds
+    finally:
+        lifecycle.stop(cfg, timeout_s=5)
+        shutil.rmtree(parent, ignore_errors=True)
