@@ -99,6 +99,10 @@ def error(type_name: str, message: str) -> dict[str, Any]:
     return {"v": PROTOCOL_VERSION, "ok": False, "error": {"type": type_name, "message": message}}
 
 
+def _no_constant(name: str) -> Any:
+    raise ProtocolError(f"{name} is not a number the daemon accepts; send finite numbers")
+
+
 def _parse_line(line: bytes) -> dict[str, Any]:
     if len(line) > MAX_MESSAGE_BYTES:
         raise ProtocolError(
@@ -106,7 +110,7 @@ def _parse_line(line: bytes) -> dict[str, Any]:
             "send smaller requests"
         )
     try:
-        obj = json.loads(line.decode("utf-8"))
+        obj = json.loads(line.decode("utf-8"), parse_constant=_no_constant)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ProtocolError(
             f"message is not UTF-8 JSON ({e}); send one JSON object per line"
