@@ -249,6 +249,20 @@ def _daemon(cfg: Config) -> dict[str, Any]:
     return check("daemon", True, f"pid {pid}" if pid > 0 else "starting")
 
 
+def _root_ownership(cfg: Config) -> dict[str, Any]:
+    """The state tree must be root's alone (spswapd refuses it otherwise)."""
+    from spswap.daemon.trust import unsafe_dir
+
+    p = cfg.paths
+    problems = [why for d in (cfg.root, p.run, p.log, p.images, p.pool)
+                if (why := unsafe_dir(d))]  # fmt: skip
+    if problems:
+        return check("state tree", False, "; ".join(problems),
+                     f"remove {cfg.root} (spswapd recreates it) or fix the owner and mode",
+                     required=True)  # fmt: skip
+    return check("state tree", True, f"{cfg.root}: root's, not writable by others")
+
+
 def collect(cfg: Config) -> dict[str, Any]:
     """Every check for this node: ``{"version", "node", "checks": [...]}``."""
     release = platform.release()
@@ -265,6 +279,7 @@ def collect(cfg: Config) -> dict[str, Any]:
     checks.append(_cuda_checkpoint())
     checks.append(_storage(cfg))
     checks.append(check("cgroup mode", True, cgroup_mode(Path("/sys/fs/cgroup"))))
+    checks.append(_root_ownership(cfg))
     checks.append(_daemon(cfg))
     return {"version": SCHEMA_VERSION, "node": socket.gethostname(), "checks": checks}
 

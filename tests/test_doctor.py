@@ -149,3 +149,20 @@ def test_strict_fails_on_an_old_criu(tmp_path: Path) -> None:
     assert criu["ok"] is False and "3.17.1" in criu["value"] and "build_criu.sh" in criu["detail"]
     res = runner.invoke(app, ["doctor", "--strict", "--root", str(tmp_path)], env=env)
     assert res.exit_code == 1
+
+
+def test_state_tree_writable_by_others_is_a_required_failure(tmp_path):
+    import os
+
+    from spswap.config import Config
+    from spswap.doctor import collect, failed_required
+
+    root = tmp_path / "root"
+    root.mkdir()
+    os.chmod(root, 0o777)
+    report = collect(Config.from_env({}, root=root))
+    (tree,) = [c for c in report["checks"] if c["name"] == "state tree"]
+    # as root: the mode; as another user: the owner (not root) comes first
+    assert tree["ok"] is False
+    assert "writable by group or others" in tree["value"] or "owned by uid" in tree["value"]
+    assert tree in failed_required(report)
