@@ -161,8 +161,10 @@ def _dump(st: DaemonState, job_id: str, pid: int, pid_start: int | None,
                                gpu_uuids=_job_gpu_uuids(st, job_id),
                                pid_start=pid_start)  # fmt: skip
     except Exception as e:  # the instance runs on (unless CRIU ended it): tell it, record why
-        _resume(pid)  # first: a failing status write must not leave it parked
-        _set_status(st, job_id, state="failed", pid=pid, reason=str(e))
+        try:
+            _set_status(st, job_id, state="failed", pid=pid, reason=str(e))
+        finally:  # the status first (it reads it when told), but told in any case
+            _resume(pid, pid_start)
         st.event("checkpoint.failed", job_id=job_id, uid=identity.uid, reason=str(e)[:2000])
         _sync_quietly(st)  # an older image of the job was deleted before the dump
         return not pid_alive(pid, pid_start)
@@ -189,8 +191,11 @@ def _job_gpu_uuids(st: DaemonState, job_id: str) -> list[str]:
         return []
 
 
-def _resume(pid: int) -> None:
-    """Tell a parked instance to look at its status (it runs on: the dump failed)."""
+def _resume(pid: int, pid_start: int | None) -> None:
+    """Tell a parked instance to look at its status (it runs on: the dump failed). Only
+    the very process that parked: SIGUSR2 would end another that took over its pid."""
+    if not pid_alive(pid, pid_start):
+        return
     try:
         os.kill(pid, RESUME_SIGNAL)
     except ProcessLookupError:
@@ -455,7 +460,7 @@ def _recover_dump(st: DaemonState, job_id: str, pid: int, pid_start: int | None)
     _set_status(st, job_id, state="failed", pid=pid, reason=reason)
     st.event("checkpoint.failed", job_id=job_id, reason=reason)
     if alive:
-        _resume(pid)
+        _resume(pid, pid_start)
 
 
 def job_fate(slurm_state: str | None, requeued: bool | None) -> str:
