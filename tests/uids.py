@@ -1,4 +1,5 @@
-"""Running test code as a second real uid (root creates a system user for it).
+"""Running test code as a second real uid (root creates a system user for it), and the
+short state roots such tests share with their daemon.
 
 The second uid runs its part in a forked child that dropped root (setgid/setuid), so a
 daemon sees a different SO_PEERCRED and the kernel applies real file permissions. A
@@ -11,10 +12,17 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import shutil
+import tempfile
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+from spswap.config import Config
+from spswap.daemon import lifecycle
 
 TEST_USER = "spswaptest1"
 
@@ -70,3 +78,20 @@ def spawn_as(uid: int, fn: Callable[..., Any], *args: Any) -> Child:
 def as_user(uid: int, fn: Callable[..., Any], *args: Any) -> Any:
     """``fn(*args)`` run as ``uid``; waits for it."""
     return spawn_as(uid, fn, *args).result()
+
+
+@contextmanager
+def node_root(prefix: str, env: dict[str, str] | None = None) -> Iterator[Config]:
+    """A short, world-traversable (0755) state root with its daemon stopped afterwards.
+
+    Not under pytest's tmp_path: /tmp/pytest-of-root is 0700 (another uid could not reach
+    the socket) and its paths come close to the 107-byte socket limit.
+    """
+    root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    os.chmod(root, 0o755)
+    cfg = Config.from_env(env or {}, root=root)
+    try:
+        yield cfg
+    finally:
+        lifecycle.stop(cfg, timeout_s=5.0)
+        shutil.rmtree(root, ignore_errors=True)

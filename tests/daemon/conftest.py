@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +12,7 @@ import pytest
 
 from spswap.config import Config
 from spswap.daemon import lifecycle
+from tests.uids import node_root
 
 # A process whose first two argv items are "node prolog" served as `spswap node prolog`
 # is, minus typer (see spswap.node.main).
@@ -22,16 +21,8 @@ FAST_SPSWAP = [sys.executable, "-c", "import spswap.node as n; n.main()"]
 
 @pytest.fixture
 def cfg() -> Iterator[Config]:
-    # Not under pytest's tmp_path: /tmp/pytest-of-root is 0700 (another uid could not
-    # reach the socket) and its paths come close to the 107-byte socket limit.
-    root = Path(tempfile.mkdtemp(prefix="spsd-", dir="/tmp"))
-    os.chmod(root, 0o755)
-    cfg = Config.from_env({}, root=root)
-    try:
+    with node_root("spsd-") as cfg:
         yield cfg
-    finally:
-        lifecycle.stop(cfg, timeout_s=5.0)
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture

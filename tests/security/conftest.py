@@ -9,11 +9,7 @@ from __future__ import annotations
 # The forked child runs as a uid that may not read the interpreter's own library
 # directory (/root/.pyenv): anything it imports lazily is imported here first.
 import concurrent.futures  # noqa: F401  (used lazily by spswap.pool.copy)
-import os
-import shutil
-import tempfile
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,25 +19,17 @@ import spswap.pool.safetensors_format  # noqa: F401
 import spswap.slots.gpus  # noqa: F401
 from spswap.config import Config
 from spswap.daemon import lifecycle
-from tests.uids import TEST_USER, as_user, spawn_as  # noqa: F401 (re-exported)
+from tests.uids import TEST_USER, as_user, node_root, spawn_as  # noqa: F401 (re-exported)
 
 GPUS = "0,1"
 
 
 @pytest.fixture
 def cfg(monkeypatch: pytest.MonkeyPatch) -> Iterator[Config]:
-    # Not under pytest's tmp_path: /tmp/pytest-of-root is 0700, so the other uid could
-    # reach neither the socket nor the pool.
-    root = Path(tempfile.mkdtemp(prefix="spsec-", dir="/tmp"))
-    os.chmod(root, 0o755)
     monkeypatch.setenv("SPSWAP_GPUS", GPUS)  # the daemon inherits it
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
-    cfg = Config.from_env({"SPSWAP_GPUS": GPUS}, root=root)
-    try:
+    with node_root("spsec-", {"SPSWAP_GPUS": GPUS}) as cfg:
         yield cfg
-    finally:
-        lifecycle.stop(cfg, timeout_s=5.0)
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture
