@@ -187,3 +187,46 @@ def test_a_damaged_or_foreign_image_is_never_restored(node: Config, tmp_path: Pa
     assert shown["state"] == "rejected" and needle in shown["reason"]
     kinds = [e["kind"] for e in Client(node).call("events.tail", n=50)]
     assert "restore.rejected" in kinds
+
+
+def test_the_socket_front_answers_again_after_a_restore(node: Config, tmp_path: Path) -> None:
+    """A server (no exit when idle) with a socket: asked, checkpointed, restored by the
+    next run; the restored process listens again and answers like the cold model."""
+    from spswap.serve.front import ask
+
+    model, _ = _setup(node, tmp_path)
+    sock = Path(tempfile.mkdtemp(prefix="spsk-", dir="/tmp")) / "s.sock"
+
+    def start(restart: int, log: str) -> subprocess.Popen:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+        env.update(SPSWAP_ROOT=str(node.root), SLURM_JOB_ID=JOB,
+                   SLURM_RESTART_COUNT=str(restart))
+        return subprocess.Popen(
+            [sys.executable, "-m", "spswap.cli", "serve", str(model), "--state-dir",
+             str(tmp_path / "state"), "--device", "cpu", "--socket", str(sock)],
+            env=env, stdout=open(tmp_path / log, "w"), stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL)
+
+    first = start(0, "run0.log")
+    _wait("the socket", sock.exists, 60)
+    a1 = ask(sock, {"id": "s1", "prompt_ids": [9, 8, 7], "max_new_tokens": MAX_NEW})
+    first.send_signal(signal.SIGUSR1)
+    first.wait(timeout=120)
+    saved = _wait("the dump to finish", lambda: (
+        st if (st := Client(node).call("checkpoint.status", job_id=JOB))["state"] != "dumping"
+        else None))
+    assert saved["state"] == "saved", (saved, (tmp_path / "run0.log").read_text())
+    assert not sock.exists()  # closed before the dump: no connection may be dumped
+
+    second = start(1, "run1.log")
+    try:
+        _wait("the restored process to listen again", sock.exists, 120)
+        a2 = ask(sock, {"id": "s2", "prompt_ids": [1, 2, 3], "max_new_tokens": MAX_NEW})
+        assert a1["ok"] and a2["ok"], (a1, a2)
+        cold = _cold(model, [[9, 8, 7], [1, 2, 3]])
+        assert [a1["output_ids"], a2["output_ids"]] == cold
+        restored_log = (tmp_path / "run0.log").read_text()  # the restored process's output
+        assert "restored from the checkpoint image into run 1" in restored_log
+    finally:
+        second.send_signal(signal.SIGTERM)  # forwarded to the restored process
+        second.wait(timeout=120)
