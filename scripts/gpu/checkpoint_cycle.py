@@ -72,13 +72,11 @@ def child(args: argparse.Namespace) -> None:
 
 def parent(args: argparse.Namespace) -> dict:
     from spswap.checkpoint import cuda_ckpt
-    from spswap.checkpoint.images import Identity
+    from spswap.checkpoint.images import node_identity, probe_identity
     from spswap.checkpoint.service import dump_instance, restore_instance
-    from spswap.daemon.ckpt_ops import node_identity
     from spswap.engines.reference import ReferenceEngine, save_checkpoint
     from spswap.engines.reference_model import preset
     from spswap.pool.store import Pool
-    from spswap.serve.checkpointer import identity_args
 
     work = Path(tempfile.mkdtemp(prefix="spswap-ckpt-", dir="/dev/shm"))
     cfg = preset(args.preset)
@@ -101,9 +99,8 @@ def parent(args: argparse.Namespace) -> dict:
         if proc.poll() is not None or time.monotonic() > deadline:
             raise SystemExit(f"child failed:\n{(work / 'child.log').read_text()}")
         time.sleep(0.05)
-    ident = Identity(uid=0, **identity_args(engine="reference", engine_version="",
-                                            model_digest=manifest.digest,
-                                            config_hash="gpu-cycle"), **node_identity())
+    ident = probe_identity(engine="reference", engine_version="", model_digest=manifest.digest,
+                           engine_config={"cycle": "gpu"}, uid=0)
     t0 = time.perf_counter()
     rep = dump_instance(work / "images", job_id="gpu", pid=proc.pid, identity=ident)
     out["dump_total_s"] = time.perf_counter() - t0

@@ -253,14 +253,6 @@ def dump(
     return ImageInfo(image_key, final, pid, dir_size_bytes(final), dump_s, version)
 
 
-def image_pid(image_dir: Path) -> int:
-    """The root pid an image restores to (from spswap's dump record)."""
-    meta = read_json(image_dir / DUMP_META)
-    if not meta:
-        raise CheckpointFailed(f"{image_dir} has no {DUMP_META}: not an image spswap dumped")
-    return int(meta["pid"])
-
-
 def wait_pids_free(pids: list[int], timeout_s: float) -> None:
     """Wait until none of ``pids`` exists, reaping those that are our zombie children."""
     deadline = time.monotonic() + timeout_s

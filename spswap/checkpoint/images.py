@@ -12,6 +12,7 @@ of the three makes a new key instead of reusing a stale image.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -81,29 +82,56 @@ def package_version(name: str) -> str:
         return "none"
 
 
+def process_identity(*, engine: str, engine_version: str, model_digest: str,
+                     config_hash: str) -> dict[str, str]:  # fmt: skip
+    """The identity fields a model process names itself: its engine, the torch and Python
+    it runs on, its model and config (``engine_version`` defaults to spswap's)."""
+    from spswap import __version__
+
+    return {
+        "engine": engine, "engine_version": engine_version or __version__,
+        "torch": package_version("torch"), "python": platform.python_version(),
+        "model_digest": model_digest, "config_hash": config_hash,
+    }  # fmt: skip
+
+
+@functools.lru_cache(maxsize=1)
+def node_identity() -> dict[str, str]:
+    """Driver version, GPU model and CRIU version of this node, the fields the daemon adds
+    itself (read once, from files: no NVML, which costs seconds without persistence mode)."""
+    from spswap.checkpoint import criu
+    from spswap.doctor import parse_nvidia_version
+
+    try:
+        driver = parse_nvidia_version(Path("/proc/driver/nvidia/version").read_text()) or "none"
+    except OSError:
+        driver = "none"
+    gpu_model = "none"
+    for info in sorted(Path("/proc/driver/nvidia/gpus").glob("*/information")):
+        for line in info.read_text(errors="replace").splitlines():
+            if line.startswith("Model:"):
+                gpu_model = line.split(":", 1)[1].strip()
+                break
+        break
+    path = criu.find_criu()
+    version = ".".join(map(str, criu.criu_version(path))) if path else "none"
+    return {"driver": driver, "gpu_model": gpu_model, "criu_version": version}
+
+
 def probe_identity(
     *, engine: str, engine_version: str, model_digest: str, engine_config: dict[str, Any],
-    uid: int, gpu_model: str, driver: str | None = None, criu_version: str | None = None,
+    uid: int, gpu_model: str | None = None, driver: str | None = None,
+    criu_version: str | None = None,
 ) -> Identity:  # fmt: skip
-    """The identity of a process started here now. ``gpu_model`` comes from the caller (NVML
-    in the daemon), so this module asks no GPU anything; driver and CRIU are read when absent."""
-    if driver is None:
-        from spswap.doctor import parse_nvidia_version
-
-        try:
-            driver = parse_nvidia_version(Path("/proc/driver/nvidia/version").read_text()) or "none"
-        except OSError:
-            driver = "none"
-    if criu_version is None:
-        from spswap.checkpoint import criu
-
-        path = criu.find_criu()
-        criu_version = ".".join(map(str, criu.criu_version(path))) if path else "none"
+    """The whole identity of a process started here now; the node's fields come from
+    :func:`node_identity` unless given."""
+    node = node_identity()
     return Identity(
-        engine=engine, engine_version=engine_version, torch=package_version("torch"),
-        python=platform.python_version(), driver=driver, gpu_model=gpu_model,
-        criu_version=criu_version, model_digest=model_digest, uid=uid,
-        config_hash=config_hash(engine_config),
+        uid=uid,
+        **process_identity(engine=engine, engine_version=engine_version,
+                           model_digest=model_digest, config_hash=config_hash(engine_config)),
+        driver=driver or node["driver"], gpu_model=gpu_model or node["gpu_model"],
+        criu_version=criu_version or node["criu_version"],
     )  # fmt: skip
 
 

@@ -72,7 +72,7 @@ def serve(
     opts = ServeOptions(
         model=model, state_dir=state_dir, engine=engine, device=device, units=units,
         slot_timeout_s=slot_timeout_s, requests_file=requests,
-        exit_when_idle=exit_when_idle, requeue_on_usr1=requeue,
+        exit_when_idle=exit_when_idle,
         slot_gpus=tuple(job.gpus) if job else (),
         socket_path=_socket_path(socket, job.job_id if job else None),
     )  # fmt: skip

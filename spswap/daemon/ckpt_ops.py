@@ -25,7 +25,6 @@ taken by the daemon itself; the caller names its engine, versions, model and con
 
 from __future__ import annotations
 
-import functools
 import os
 import signal
 import threading
@@ -34,7 +33,7 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from spswap.checkpoint.images import Identity
+from spswap.checkpoint.images import Identity, node_identity
 from spswap.errors import CheckpointFailed, DaemonError
 from spswap.fsutil import atomic_write_json, read_json
 from spswap.liveness import pid_alive, pid_start_time
@@ -50,29 +49,6 @@ def _job_for(ctx: Context, job_id: str) -> Any:
 
 IDENTITY_ARGS = ("engine", "engine_version", "torch", "python", "model_digest", "config_hash")
 RESUME_SIGNAL = signal.SIGUSR2
-
-
-@functools.lru_cache(maxsize=1)
-def node_identity() -> dict[str, str]:
-    """Driver version, GPU model and CRIU version of this node (read once: no NVML, which
-    costs seconds without persistence mode)."""
-    from spswap.checkpoint import criu
-    from spswap.doctor import parse_nvidia_version
-
-    try:
-        driver = parse_nvidia_version(Path("/proc/driver/nvidia/version").read_text()) or "none"
-    except OSError:
-        driver = "none"
-    gpu_model = "none"
-    for info in sorted(Path("/proc/driver/nvidia/gpus").glob("*/information")):
-        for line in info.read_text(errors="replace").splitlines():
-            if line.startswith("Model:"):
-                gpu_model = line.split(":", 1)[1].strip()
-                break
-        break
-    path = criu.find_criu()
-    version = ".".join(map(str, criu.criu_version(path))) if path else "none"
-    return {"driver": driver, "gpu_model": gpu_model, "criu_version": version}
 
 
 def _identity(args: dict[str, Any], uid: int) -> Identity:

@@ -34,9 +34,6 @@ from spswap.units import fmt_bytes
 
 DEFAULT_CAPACITY_FRACTION = 0.8
 MIN_PREFIX_CHARS = 6
-# Room for manifest.json on top of the data file when reserving.
-MANIFEST_ALLOWANCE_BYTES = 1 << 20
-
 
 @dataclass(frozen=True)
 class EntryInfo:

@@ -17,27 +17,11 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from spswap import __version__
 from spswap.config import Config
 
 RESUME_SIGNAL = signal.SIGUSR2
 PARK_SLICE_S = 300.0  # between status checks while parked (never during a dump's freeze)
 RESTORE_TIMEOUT_S = 1800.0  # hashing + CRIU + CUDA restore of a large image
-
-
-def identity_args(*, engine: str, engine_version: str, model_digest: str,
-                  config_hash: str) -> dict[str, str]:  # fmt: skip
-    """The identity fields the instance names itself (the daemon adds uid, driver, GPU
-    model and CRIU version)."""
-    import platform
-
-    from spswap.checkpoint.images import package_version
-
-    return {
-        "engine": engine, "engine_version": engine_version or __version__,
-        "torch": package_version("torch"), "python": platform.python_version(),
-        "model_digest": model_digest, "config_hash": config_hash,
-    }  # fmt: skip
 
 
 @dataclass

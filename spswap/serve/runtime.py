@@ -33,9 +33,6 @@ from spswap.instance.registry import InstanceRecord, InstanceRegistry
 from spswap.liveness import pid_alive
 from spswap.serve.spool import Request, Spool
 
-EXIT_OK = 0
-EXIT_PREEMPTED = 0  # Slurm requeues on its own (PreemptMode=REQUEUE) or because we asked it
-
 
 class Suspender(Protocol):
     """How a stopping server puts its engine away; the CRIU checkpoint plugs in here."""
@@ -71,7 +68,6 @@ class ServeOptions:
     slot_timeout_s: float = 600.0
     requests_file: Path | None = None  # JSON lines to enqueue once (batch jobs)
     exit_when_idle: bool = False
-    requeue_on_usr1: bool = True
     poll_interval_s: float = 0.05
     slot_gpus: tuple[int, ...] = ()  # GPUs the job was given (slot table indexes)
     socket_path: Path | None = None  # the front door (Unix socket, mode 0600); None: spool only
@@ -225,27 +221,22 @@ class Server:
 
     def _park(self, digest: str, requeue: bool) -> Any:
         """Ask the daemon to dump this process; returns when restored or refused."""
-        from spswap.serve.checkpointer import ParkOutcome, identity_args
+        from spswap.serve.checkpointer import ParkOutcome
 
         assert self.checkpointer is not None and self.job_id is not None
         self._record("checkpoint")
-        ident = identity_args(engine=self.opts.engine, engine_version="",
-                              model_digest=digest, config_hash=self._config_hash())
         try:
-            return self.checkpointer.park(self.job_id, ident, requeue=requeue)
+            return self.checkpointer.park(self.job_id, self._identity(digest), requeue=requeue)
         except SpswapError as e:
             return ParkOutcome("failed", reason=str(e))
 
     def _restore_and_proxy(self, digest: str, result: ServeResult) -> bool:
         """In a requeued run: restore the job's instance and stand in for it until it exits
         (forwarding signals); False when there is nothing to restore (cold start)."""
-        from spswap.serve.checkpointer import identity_args
-
         assert self.checkpointer is not None and self.job_id is not None
-        ident = identity_args(engine=self.opts.engine, engine_version="",
-                              model_digest=digest, config_hash=self._config_hash())
         try:
-            info = self.checkpointer.restore(self.job_id, ident, self.restart_count)
+            info = self.checkpointer.restore(self.job_id, self._identity(digest),
+                                             self.restart_count)  # fmt: skip
         except SpswapError as e:
             self.reason = f"cold start: {e}"
             self.log(f"spswap serve: {self.reason}")
@@ -272,11 +263,15 @@ class Server:
             return False
         return True
 
-    def _config_hash(self) -> str:
-        from spswap.checkpoint.images import config_hash
+    def _identity(self, digest: str) -> dict[str, str]:
+        """What this instance names of its identity at a dump and expects at a restore:
+        the same fields both times, or the image is refused."""
+        from spswap.checkpoint.images import config_hash, process_identity
 
-        return config_hash({"engine": self.opts.engine, "device": self.opts.device,
-                            "model": str(self.opts.model), "units": self.opts.units})
+        cfg_hash = config_hash({"engine": self.opts.engine, "device": self.opts.device,
+                                "model": str(self.opts.model), "units": self.opts.units})
+        return process_identity(engine=self.opts.engine, engine_version="",
+                                model_digest=digest, config_hash=cfg_hash)  # fmt: skip
 
     def _serve_loop(self, engine: Any, result: ServeResult) -> None:
         while not self.stop_event.is_set():
