@@ -391,9 +391,9 @@ class SlotTable:
         )
 
     def _alive(self, holder: Holder) -> bool:
-        # A running process keeps its reservation whatever the job probe says, so the
-        # (possibly slow) probe is asked only about holders whose process has gone.
-        return pid_alive(holder.pid, holder.pid_start) or holder_alive(holder, self.job_alive)
+        # holder_alive looks at the process first: the (possibly slow) job probe is asked
+        # only about holders whose process has gone
+        return holder_alive(holder, self.job_alive)
 
     def _reclaim(self, st: _State) -> None:
         live = [r for r in st.reservations if self._alive(r.holder)]
