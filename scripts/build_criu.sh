@@ -30,7 +30,7 @@ APT=(apt-get -o DPkg::Lock::Timeout=600)
 MIN_MAJOR=4
 MIN_MINOR=1
 BUILD_PACKAGES=(
-  build-essential pkg-config xz-utils
+  build-essential pkg-config xz-utils patch
   libbsd-dev libcap-dev libdrm-dev libnet1-dev libnl-3-dev libnl-route-3-dev
   libprotobuf-c-dev libprotobuf-dev protobuf-c-compiler protobuf-compiler
   libaio-dev libnftables-dev libgnutls28-dev uuid-dev
@@ -38,6 +38,7 @@ BUILD_PACKAGES=(
 )
 
 PREFIX="${PREFIX:-/usr/local}"
+PATCH_DIR="$(cd "$(dirname "$0")" && pwd)/criu-patches"
 BUILD_DIR="${CRIU_BUILD_DIR:-/var/cache/spswap/criu-build}"
 BUNDLE_DIR=""
 FORCE=0
@@ -63,12 +64,21 @@ criu_version_of() {
   sed -n 's/^Version: *\([0-9]\+\)\.\([0-9]\+\).*/\1 \2/p' <<<"$out" | head -n1
 }
 
+patch_names() { ls -1 "$PATCH_DIR"/*.patch 2>/dev/null | xargs -r -n1 basename | sort | tr '\n' ' '; }
+stamp_file() { echo "$PREFIX/share/spswap/criu-patches"; }
+
 is_good() {
   local v major minor
   v="$(criu_version_of "$1")"
   [[ -n "$v" ]] || return 1
   read -r major minor <<<"$v"
-  (( major > MIN_MAJOR || (major == MIN_MAJOR && minor >= MIN_MINOR) ))
+  (( major > MIN_MAJOR || (major == MIN_MAJOR && minor >= MIN_MINOR) )) || return 1
+  # 4.1.x fails on TCP sockets under Linux >= 6.16 unless built here with our patches
+  if (( major == 4 && minor == 1 )); then
+    [[ "$1" == "$PREFIX/sbin/criu" && -f "$(stamp_file)" \
+       && "$(cat "$(stamp_file)")" == "$(patch_names)" ]] || return 1
+  fi
+  return 0
 }
 
 find_good_criu() {
@@ -146,10 +156,22 @@ build() {
     tar -C "$BUILD_DIR" -xf "$BUILD_DIR/$CRIU_TARBALL"
   fi
   [[ -f "$src/Makefile" ]] || die "the tarball did not unpack to $src"
+  local p
+  for p in "$PATCH_DIR"/*.patch; do
+    [[ -f "$p" ]] || continue
+    if patch -d "$src" -p1 --forward --dry-run -s <"$p" >/dev/null 2>&1; then
+      patch -d "$src" -p1 --forward -s <"$p" || die "could not apply $p"
+      log "applied $(basename "$p")"
+    else
+      log "$(basename "$p") does not apply (already applied, or this CRIU has the fix)"
+    fi
+  done
   log "building criu $CRIU_VERSION in $src with $(nproc) jobs"
   make -C "$src" -j"$(nproc)" criu >"$BUILD_DIR/build.log" 2>&1 \
     || { tail -n 30 "$BUILD_DIR/build.log" >&2; die "make failed; full log in $BUILD_DIR/build.log"; }
   install -D -m 0755 "$src/criu/criu" "$PREFIX/sbin/criu"
+  mkdir -p "$(dirname "$(stamp_file)")"
+  patch_names >"$(stamp_file)"
 }
 
 # Libraries of glibc itself: every Linux node has a compatible one, so they never travel.

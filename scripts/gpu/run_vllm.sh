@@ -1,21 +1,29 @@
 #!/usr/bin/env bash
 # On a GPU machine, from the project root, with a vLLM kit in .device/vllmkit (see
 # scripts/gpu/README.md): unpack the kit, write Qwen2-style models with real safetensors,
-# run the vLLM engine tests, then `python -m spswap.bench.swap`. Everything goes to
-# $OUT (default /tmp/spswap-gpu-out). Each step has its own time limit; the 7B model is
-# made and benched only while BUDGET_S seconds (default 520) leave room for it.
+# then run the steps named in STEPS (default: "skeleton bench tests"), in that order:
+#   skeleton  scripts/gpu/vllm_skeleton.py (needs root, a CRIU >= 4.1 in SPSWAP_CRIU or
+#             .criu-build/bundle, and sets kernel.io_uring_disabled=2 for its run)
+#   bench     python -m spswap.bench.swap on 0.5B and 1.5B
+#   tests     tests/engines/test_vllm.py on 0.5B
+#   bench7b   python -m spswap.bench.swap on 7B (--cycles 2)
+#   probe     scripts/gpu/vllm_copy_probe.py on 1.5B (why a copy runs below the limit)
+# Everything goes to $OUT (default /tmp/spswap-gpu-out). Each step has its own time limit
+# and runs only while BUDGET_S seconds (default 560) leave room for it.
 set -uo pipefail
 OUT="${OUT:-/tmp/spswap-gpu-out}"
-BUDGET_S="${BUDGET_S:-520}"
+BUDGET_S="${BUDGET_S:-560}"
+STEPS="${STEPS:-skeleton bench tests}"
 MODELS=/tmp/spswap-models
 POOL=/dev/shm/spswap-bench/pool
 mkdir -p "$OUT"
 # The pool belongs on tmpfs; a container's /dev/shm may be too small for it.
 if [ "$(df -B1G --output=avail /dev/shm | tail -1)" -lt 40 ]; then POOL=/tmp/spswap-bench/pool; fi
-echo "pool: $POOL"
+echo "pool: $POOL; steps: $STEPS"
 start=$(date +%s)
 left() { echo $(( BUDGET_S - ($(date +%s) - start) )); }
 step() { echo "=== $1 (t=$(( $(date +%s) - start ))s)"; }
+want() { [[ " $STEPS " == *" $1 "* ]]; }
 
 export VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 VLLM_NO_USAGE_STATS=1
 step kit
@@ -26,28 +34,49 @@ python3 -c "import sys, torch, vllm; print('python', sys.version.split()[0], 'to
 df -h /tmp /dev/shm | tail -2
 
 step models
-timeout -k 5 120 python3 scripts/gpu/make_models.py --out "$MODELS" --sizes 0.5b 1.5b || exit 3
+sizes="0.5b 1.5b"
+want bench7b && sizes="$sizes 7b"
+timeout -k 5 180 python3 scripts/gpu/make_models.py --out "$MODELS" --sizes $sizes || exit 3
 
-step tests
-SPSWAP_TEST_VLLM_MODEL="$MODELS/qwen2-0.5b" SPSWAP_TEST_POOL="$POOL-tests" \
-  timeout -k 5 170 python3 -m pytest tests/engines/test_vllm.py -q -rs -x -p no:cacheprovider \
-  --junitxml="$OUT/tests.xml"
-echo "tests rc=$?"
-rm -rf "$POOL-tests"
+if want skeleton; then
+  step skeleton
+  if [ -z "${SPSWAP_CRIU:-}" ] && [ -x .criu-build/bundle/criu ]; then
+    export SPSWAP_CRIU="$PWD/.criu-build/bundle/criu"
+  fi
+  old_uring=$(sysctl -n kernel.io_uring_disabled 2>/dev/null || echo 0)
+  sysctl -w kernel.io_uring_disabled=2 || echo "could not set kernel.io_uring_disabled"
+  "$SPSWAP_CRIU" --version | head -1
+  timeout -k 5 $(( $(left) < 280 ? $(left) : 280 )) python3 scripts/gpu/vllm_skeleton.py \
+    --model-a "$MODELS/qwen2-0.5b" --model-b "$MODELS/qwen2-1.5b" --out "$OUT/skeleton.json"
+  echo "skeleton rc=$?"
+  sysctl -w kernel.io_uring_disabled="$old_uring" >/dev/null 2>&1
+fi
 
-step bench-small
-timeout -k 5 $(( $(left) - 10 )) python3 -m spswap.bench.swap \
-  --models "$MODELS/qwen2-0.5b" "$MODELS/qwen2-1.5b" --pool-dir "$POOL" --out "$OUT/bench.json"
-echo "bench rc=$?"
-rm -rf "$MODELS/qwen2-0.5b" "$MODELS/qwen2-1.5b"
+if want probe; then
+  step probe
+  timeout -k 5 120 python3 scripts/gpu/vllm_copy_probe.py "$MODELS/qwen2-1.5b" 2>&1 | grep PROBE
+fi
 
-if [ "$(left)" -gt 200 ]; then
-  step 7b
-  timeout -k 5 60 python3 scripts/gpu/make_models.py --out "$MODELS" --sizes 7b \
-    && timeout -k 5 $(( $(left) - 5 )) python3 -m spswap.bench.swap \
-         --models "$MODELS/qwen2-7b" --pool-dir "$POOL" --cycles 2 --out "$OUT/bench-7b.json"
+if want bench && [ "$(left)" -gt 120 ]; then
+  step bench
+  timeout -k 5 $(( $(left) - 10 )) python3 -m spswap.bench.swap \
+    --models "$MODELS/qwen2-0.5b" "$MODELS/qwen2-1.5b" --pool-dir "$POOL" --out "$OUT/bench.json"
+  echo "bench rc=$?"
+fi
+
+if want tests && [ "$(left)" -gt 60 ]; then
+  step tests
+  SPSWAP_TEST_VLLM_MODEL="$MODELS/qwen2-0.5b" SPSWAP_TEST_POOL="$POOL-tests" \
+    timeout -k 5 $(( $(left) - 5 )) python3 -m pytest tests/engines/test_vllm.py -q -rs -x \
+    -p no:cacheprovider --junitxml="$OUT/tests.xml"
+  echo "tests rc=$?"
+  rm -rf "$POOL-tests"
+fi
+
+if want bench7b && [ "$(left)" -gt 150 ]; then
+  step bench7b
+  timeout -k 5 $(( $(left) - 5 )) python3 -m spswap.bench.swap \
+    --models "$MODELS/qwen2-7b" --pool-dir "$POOL" --cycles 2 --out "$OUT/bench-7b.json"
   echo "7b rc=$?"
-else
-  echo "=== 7b skipped: $(left) s left"
 fi
 step done

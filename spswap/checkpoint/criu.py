@@ -137,17 +137,21 @@ def log_tail(text: str, lines: int = LOG_TAIL_LINES) -> list[str]:
 
 
 def hint_for(log: str) -> str:
-    """What to do about a failed CRIU run, judged from its log."""
+    """What to do about a failed CRIU run, judged from its log's error lines (a verbose
+    log names sockets and io_urings in passing; only its errors say what failed)."""
+    errors = "\n".join(line for line in log.splitlines() if "Error" in line or "rror:" in line)
     if "No space left on device" in log:
         return (
             "the image's file system is full: free space (remove old images) or give the "
             "tmpfs more room; the process was resumed and keeps running"
         )
-    if "io_uring" in log:
+    if "io_uring" in errors:
         return proctree.IO_URING_FIX
-    if "File exists" in log and "fork" in log.lower():
+    if "File exists" in errors and "fork" in errors.lower():
         return "a pid the image needs is in use: wait until the old process is gone"
-    if "unix" in log.lower() and ("xternal" in log or "peer" in log):
+    if "TCP" in errors or "tcp" in errors:
+        return proctree.TCP_FIX
+    if "unix" in errors.lower() and ("xternal" in errors or "peer" in errors):
         return proctree.SOCKET_FIX
     return "see the log for the reason"
 
@@ -173,20 +177,24 @@ def _run(argv: list[str], timeout_s: float) -> tuple[int, str]:
     return res.returncode, res.stdout.decode(errors="replace")
 
 
-def preflight(pid: int) -> list[int]:
-    """Refuse a dump that CRIU would fail mid-way; returns the tree's pids.
+def preflight(pid: int) -> tuple[list[int], bool]:
+    """Refuse a dump that CRIU would fail mid-way; returns the tree's pids and whether it
+    holds TCP connections to itself (dumped with ``--tcp-close``).
 
-    Raises CheckpointFailed naming every io_uring and every connected Unix stream socket
-    to an outside peer, with the fix.
+    Raises CheckpointFailed naming every io_uring, every connected Unix stream socket and
+    every TCP connection to an outside peer, with the fix.
     """
     if not proctree.pid_exists(pid):
         raise CheckpointFailed(f"cannot dump pid {pid}: no such process")
     pids = proctree.process_tree_pids(pid)
     blockers = proctree.find_blockers(pids, proctree.unix_sockets())
+    inside, outside = proctree.tcp_connections(pids, proctree.tcp_sockets(pid))
+    blockers += [proctree.Blocker(p, fd, f"a TCP connection {s.local} -> {s.remote}",
+                                  proctree.TCP_FIX) for p, fd, s in outside]  # fmt: skip
     if blockers:
         lines = "\n".join("  " + b.describe() for b in blockers)
         raise CheckpointFailed(f"cannot dump pid {pid}: CRIU cannot save these:\n{lines}")
-    return pids
+    return pids, bool(inside)
 
 
 def dump(
@@ -212,7 +220,11 @@ def dump(
     final = images_root / image_key
     if final.exists():
         raise CheckpointFailed(f"image {final} exists already: remove it first or use a new key")
-    pids = preflight(pid)
+    pids, self_tcp = preflight(pid)
+    # A connection of the tree to itself cannot be kept across a restore without network
+    # locking; it is restored closed (torch.distributed's store in a one-GPU vLLM: unused
+    # once the engine is up).
+    tcp_close = tcp_close or self_tcp
     log_dir = log_dir or images_root / ".logs"
     images_root.mkdir(parents=True, exist_ok=True, mode=0o700)
     tmp = images_root / f".tmp-{image_key}-{secrets.token_hex(4)}"
@@ -222,7 +234,7 @@ def dump(
         atomic_write_json(tmp / DUMP_META, {
             "version": 1, "pid": pid, "shell_job": shell_job,
             "pids": pids, "tids": sorted({t for p in pids for t in proctree.thread_ids(p)}),
-            "criu_version": list(version), "dumped_at": time.time(),
+            "criu_version": list(version), "dumped_at": time.time(), "tcp_close": tcp_close,
         })  # fmt: skip
         argv = criu_argv.dump_argv(
             str(path), pid=pid, images_dir=tmp, log_file="-", leave_running=leave_running,
@@ -305,7 +317,8 @@ def restore(
         pidfile = Path(scratch) / "pid"
         argv = criu_argv.restore_argv(
             str(path), images_dir=image_dir, log_file="-", pidfile=pidfile,
-            shell_job=bool(meta.get("shell_job")), tcp_close=tcp_close, auto_dedup=auto_dedup,
+            shell_job=bool(meta.get("shell_job")),
+            tcp_close=tcp_close or bool(meta.get("tcp_close")), auto_dedup=auto_dedup,
         )  # fmt: skip
         rc, log = _run(argv, timeout_s)
         log_path = _write_log(log, log_dir / f"{image_key}.restore.log")

@@ -138,6 +138,66 @@ IO_URING_FIX = (
     "can create an io_uring"
 )
 SOCKET_FIX = "close client connections before the dump (the engine's drain step does this)"
+TCP_FIX = (
+    "close TCP connections to peers outside the process tree before the dump; connections "
+    "inside the tree (e.g. torch.distributed's store talking to itself) are dumped closed"
+)
+TCP_ESTABLISHED = "01"  # /proc/net/tcp's state column
+
+
+@dataclass(frozen=True)
+class TcpSocket:
+    """One row of /proc/<pid>/net/tcp or tcp6: addresses as the kernel prints them."""
+
+    local: str  # "0100007F:A1B2"
+    remote: str
+    state: str  # two hex digits; 01 = ESTABLISHED, 0A = LISTEN
+    inode: int
+
+
+def parse_proc_net_tcp(text: str) -> dict[int, TcpSocket]:
+    """Parse /proc/net/tcp (or tcp6) into ``{inode: TcpSocket}`` (header skipped)."""
+    out: dict[int, TcpSocket] = {}
+    for line in text.splitlines()[1:]:
+        tok = line.split()
+        if len(tok) < 10:
+            continue
+        try:
+            inode = int(tok[9])
+        except ValueError:
+            continue
+        if inode:
+            out[inode] = TcpSocket(tok[1], tok[2], tok[3], inode)
+    return out
+
+
+def tcp_sockets(pid: int, proc: Path = PROC) -> dict[int, TcpSocket]:
+    """Every TCP socket of ``pid``'s network namespace (IPv4 and IPv6)."""
+    out: dict[int, TcpSocket] = {}
+    for name in ("tcp", "tcp6"):
+        try:
+            out.update(parse_proc_net_tcp((proc / str(pid) / "net" / name).read_text()))
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+    return out
+
+
+def tcp_connections(
+    pids: list[int], sockets: dict[int, TcpSocket], proc: Path = PROC
+) -> tuple[list[tuple[int, int, TcpSocket]], list[tuple[int, int, TcpSocket]]]:
+    """The tree's established TCP connections as ``(inside, outside)`` lists of
+    ``(pid, fd, socket)``: inside when the other end is also a socket of the tree (a
+    loopback connection to itself), outside otherwise."""
+    mine: list[tuple[int, int, TcpSocket]] = []
+    for pid in pids:
+        for fd, link in sorted(fd_links(pid, proc).items()):
+            ino = socket_inode(link)
+            if ino is not None and ino in sockets and sockets[ino].state == TCP_ESTABLISHED:
+                mine.append((pid, fd, sockets[ino]))
+    ends = {(s.local, s.remote) for _, _, s in mine}
+    inside = [m for m in mine if (m[2].remote, m[2].local) in ends]
+    outside = [m for m in mine if (m[2].remote, m[2].local) not in ends]
+    return inside, outside
 
 
 def find_blockers(

@@ -290,6 +290,13 @@ class VllmEngine:
         self.last_wake = t
         return transfer_report(t.copy)
 
+    def trim(self) -> dict[str, Any]:
+        """Asleep, before a CUDA checkpoint: return cached device blocks to the driver
+        (see ``spswap_trim``); returns the device's memory figures."""
+        if self.state is not State.SLEEP:
+            raise EngineError(f"{self.name} is {self.state.value}: trim only after sleep()")
+        return self._rpc("spswap_trim")
+
     @property
     def state(self) -> State:
         return self.instance.state

@@ -8,6 +8,7 @@ dedicated stream, and the host waits once at the end. On CPU the copies are plai
 
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
 from collections.abc import Mapping
@@ -108,11 +109,12 @@ def copy_into(
     mapping if it is not yet (once per mapping), issues the async copies on ``stream``
     (a fresh dedicated stream if none) and synchronizes once.
 
-    ``staging_bytes``: copy host -> a contiguous device buffer of at most that size, in
-    large pieces, then device -> parameters. For destinations the copy engines write
-    slowly: after vLLM's level-2 sleep and wake, its re-mapped weight memory took host
-    copies at ~20 GB/s where a plain allocation took ~50 (H200); the device-side copies
-    cost little next to PCIe.
+    ``staging_bytes``: copy host -> two device staging buffers of that size in turn
+    (pieces of the entry's data), then device -> parameters, the two overlapped (see
+    :func:`staging_plan`). For destinations the copy engines write slowly: after vLLM's
+    level-2 sleep and wake, its re-mapped weight memory took host copies at ~20 GB/s
+    where a plain allocation took ~50 (H200); the device-side copies cost little next to
+    PCIe and run while the next piece crosses it.
     """
     check_compatible(mapping.manifest, params)
     device = _device_of(params)
@@ -155,36 +157,100 @@ def copy_into(
     )  # fmt: skip
 
 
-def staging_chunks(manifest: Manifest, staging_bytes: int) -> list[tuple[int, int, list[Any]]]:
-    """Group the tensors, in file order, into byte ranges of data.bin of at most
-    ``staging_bytes`` each (a larger tensor gets a range of its own): ``(start, end,
-    tensors)``. Pure: the plan :func:`copy_into` follows with ``staging_bytes``."""
-    chunks: list[tuple[int, int, list[Any]]] = []
+@dataclass(frozen=True)
+class Piece:
+    """One staged piece: bytes ``[start, end)`` of the entry's data go host -> staging
+    buffer ``buffer``; then each ``(name, tensor_offset, buffer_offset, size)`` slice goes
+    buffer -> that tensor's bytes."""
+
+    start: int
+    end: int
+    buffer: int
+    slices: tuple[tuple[str, int, int, int], ...]
+
+
+def staging_plan(manifest: Manifest, piece_bytes: int, buffers: int = 2) -> list[Piece]:
+    """Cut the entry's data into pieces of ``piece_bytes`` (alignment gaps between tensors
+    are skipped, tensors are split across pieces), the pieces taking the ``buffers``
+    staging buffers in turn. Pure: the plan :func:`copy_into` follows with
+    ``staging_bytes``; every tensor byte lands in exactly one slice."""
+    if piece_bytes <= 0:
+        raise TransferError(f"staging piece size must be positive, not {piece_bytes}")
+    pieces: list[Piece] = []
+    slices: list[tuple[str, int, int, int]] = []
+    start = end = -1
+
+    def close() -> None:
+        if slices:
+            pieces.append(Piece(start, end, len(pieces) % buffers, tuple(slices)))
+            slices.clear()
+
     for t in sorted(manifest.tensors, key=lambda t: t.offset):
-        end = t.offset + t.size_bytes
-        if chunks and end - chunks[-1][0] <= staging_bytes:
-            start, _, members = chunks[-1]
-            chunks[-1] = (start, end, [*members, t])
-        else:
-            chunks.append((t.offset, end, [t]))
-    return chunks
+        done = 0
+        while done < t.size_bytes:
+            at = t.offset + done
+            if slices and (at - start >= piece_bytes):
+                close()
+            if not slices:
+                start = at
+            n = min(t.size_bytes - done, start + piece_bytes - at)
+            slices.append((t.name, done, at - start, n))
+            end = at + n
+            done += n
+    close()
+    return pieces
+
+
+def _flat_bytes(t: torch.Tensor) -> torch.Tensor | None:
+    """``t``'s bytes as a flat uint8 view, or None when its memory is not one block."""
+    if not t.is_contiguous():
+        return None
+    return t.reshape(-1).view(torch.uint8)
 
 
 def _copy_staged(
     mapping: MappedEntry, params: Mapping[str, torch.Tensor], device: torch.device,
     staging_bytes: int,
 ) -> None:  # fmt: skip
-    """Host -> staging buffer (large copies) -> parameters (device copies), all in order
-    on the current stream, so one buffer is reused without extra synchronization (it is
-    allocated on that stream, so the allocator reuses it only after them)."""
-    plan = staging_chunks(mapping.manifest, staging_bytes)
-    largest = max((end - start for start, end, _ in plan), default=0)
-    buf = torch.empty(largest, dtype=torch.uint8, device=device)
+    """Host -> staging buffer (one large copy per piece) -> parameters (device copies),
+    with two buffers: on CUDA the host copy of piece k+1 (current stream) runs while
+    piece k is scattered (a second stream), so PCIe never waits for the scatter. Events
+    keep a buffer from being refilled before its scatter has read it."""
+    plan = staging_plan(mapping.manifest, staging_bytes)
+    if not plan:
+        return
     base = mapping.tensors_base()
-    for start, end, members in plan:
-        buf[: end - start].copy_(base[start:end], non_blocking=True)
-        for t in members:
-            dst = params[t.name]
-            rel = t.offset - start
-            dst.copy_(buf[rel : rel + t.size_bytes].view(dst.dtype).view(dst.shape),
-                      non_blocking=True)  # fmt: skip
+    flats = {name: _flat_bytes(t) for name, t in params.items()}
+    sources = mapping.tensors()
+    for name, flat in flats.items():  # rare: copy a strided parameter whole, directly
+        if flat is None:
+            params[name].copy_(sources[name], non_blocking=True)
+    size = max(p.end - p.start for p in plan)
+    bufs = [torch.empty(size, dtype=torch.uint8, device=device) for _ in range(2)]
+    cuda = device.type == "cuda"
+    h2d = torch.cuda.current_stream(device) if cuda else None
+    scatter = torch.cuda.Stream(device=device) if cuda else None
+    filled = [torch.cuda.Event() for _ in bufs] if cuda else []
+    drained = [torch.cuda.Event() for _ in bufs] if cuda else []
+    used = [False] * len(bufs)
+    for piece in plan:
+        buf = bufs[piece.buffer]
+        if cuda and used[piece.buffer]:
+            h2d.wait_event(drained[piece.buffer])  # type: ignore[union-attr]
+        buf[: piece.end - piece.start].copy_(base[piece.start : piece.end], non_blocking=True)
+        if cuda:
+            filled[piece.buffer].record(h2d)
+            scatter.wait_event(filled[piece.buffer])  # type: ignore[union-attr]
+        with torch.cuda.stream(scatter) if cuda else contextlib.nullcontext():
+            for name, t_off, b_off, n in piece.slices:
+                flat = flats[name]
+                if flat is not None:
+                    flat[t_off : t_off + n].copy_(buf[b_off : b_off + n], non_blocking=True)
+        if cuda:
+            drained[piece.buffer].record(scatter)
+            used[piece.buffer] = True
+    if cuda:
+        # the caller synchronizes its stream; the scatter stream joins it first
+        h2d.wait_stream(scatter)  # type: ignore[union-attr,arg-type]
+        for b in bufs:  # the allocator must not hand these out before the scatter ends
+            b.record_stream(scatter)  # type: ignore[arg-type]

@@ -22,6 +22,20 @@ def open_io_uring() -> int:
     return fd
 
 
+def tcp_to_itself() -> list[socket.socket]:
+    """A loopback TCP connection whose both ends are this process (as torch.distributed's
+    store has in a one-GPU vLLM); returns the listener and both ends, kept open."""
+    lst = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # as torch's TCPStore does: the restore must bind the port again while the dumped
+    # connection's closed ends may still hold it (TIME_WAIT)
+    lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    lst.bind(("127.0.0.1", 0))
+    lst.listen(1)
+    client = socket.create_connection(lst.getsockname())
+    server, _ = lst.accept()
+    return [lst, client, server]
+
+
 def main() -> None:
     path = sys.argv[1]
     token = secrets.token_hex(8)
@@ -29,6 +43,7 @@ def main() -> None:
     total = 0
     data = list(range(200_000))  # some heap, so an image is a few MB
     ring_fd = open_io_uring() if "--io-uring" in sys.argv else None  # noqa: F841 (kept open)
+    tcp = tcp_to_itself() if "--tcp-self" in sys.argv else []  # noqa: F841 (kept open)
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(path)
     srv.listen(4)

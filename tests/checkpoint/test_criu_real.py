@@ -11,7 +11,7 @@ import pytest
 from spswap.checkpoint import criu
 from spswap.errors import CheckpointFailed
 
-from .criu_helpers import Server, needs_criu
+from .criu_helpers import Server, ask, needs_criu
 
 pytestmark = [pytest.mark.criu, needs_criu]
 
@@ -125,5 +125,24 @@ def test_dump_refuses_an_io_uring(tmp_path: Path) -> None:
             criu.dump(srv.pid, "ring", tmp_path / "images")
         assert "io_uring" in str(exc.value) and "io_uring_disabled=2" in str(exc.value)
         assert srv.ask().split()[1] == "1"
+    finally:
+        srv.kill()
+
+
+def test_tcp_connection_to_itself_is_dumped_closed(tmp_path: Path) -> None:
+    """A tree connected to itself over TCP (torch.distributed's store in a one-GPU vLLM)
+    dumps with --tcp-close and comes back with its memory."""
+    import json
+
+    srv = Server(tmp_path, "--tcp-self")
+    try:
+        first = srv.ask().split()
+        info = criu.dump(srv.pid, "tcp", tmp_path / "images")
+        assert json.loads((info.path / criu.DUMP_META).read_text())["tcp_close"] is True
+        srv.proc.wait(timeout=10)
+        pid = criu.restore("tcp", tmp_path / "images")
+        after = ask(srv.sock).split()
+        assert after[0] == first[0] and after[1] == "2"  # same token, count went on
+        srv.kill(pid)
     finally:
         srv.kill()

@@ -1,3 +1,4 @@
+# ruff: noqa: E501  (verbatim /proc/net/tcp lines)
 """Pure parts of the process-tree scan: ss parsing, blockers over a fake /proc of real files."""
 
 from __future__ import annotations
@@ -7,6 +8,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from spswap.checkpoint import proctree
 from spswap.checkpoint.proctree import UnixSocket
@@ -81,3 +84,55 @@ def test_process_tree_of_a_real_tree() -> None:
         parent.wait()
     assert proctree.describe_pid(parent.pid) == f"pid {parent.pid} (gone)"
     assert not proctree.pid_exists(parent.pid)
+
+
+# /proc/net/tcp as Linux prints it: a listener, a loopback connection (both ends), and a
+# connection out to 10.0.0.5:22 (header and column layout verbatim).
+PROC_NET_TCP = """\
+  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:9C41 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 700 1 0 100 0 0 10 0
+   1: 0100007F:9C42 0100007F:9C41 01 00000000:00000000 00:00000000 00000000     0        0 701 1 0 20 4 30 10 -1
+   2: 0100007F:9C41 0100007F:9C42 01 00000000:00000000 00:00000000 00000000     0        0 702 1 0 20 4 30 10 -1
+   3: 0A000002:D431 0500000A:0016 01 00000000:00000000 00:00000000 00000000     0        0 703 1 0 20 4 30 10 -1
+   4: 0A000002:D432 0500000A:0016 06 00000000:00000000 03:00000000 00000000     0        0 0 3 0 0 0 0 0 0
+"""
+
+
+def test_parse_proc_net_tcp() -> None:
+    socks = proctree.parse_proc_net_tcp(PROC_NET_TCP)
+    assert sorted(socks) == [700, 701, 702, 703]  # inode 0 (time-wait) skipped
+    assert socks[701] == proctree.TcpSocket("0100007F:9C42", "0100007F:9C41", "01", 701)
+    assert socks[700].state == "0A"
+
+
+def test_tcp_connections_inside_and_outside(tmp_path: Path) -> None:
+    proc = _fake_proc(tmp_path, {
+        10: {3: "socket:[700]", 4: "socket:[701]", 5: "socket:[702]"},
+        11: {3: "socket:[703]", 4: "/dev/null"},
+    })  # fmt: skip
+    socks = proctree.parse_proc_net_tcp(PROC_NET_TCP)
+    inside, outside = proctree.tcp_connections([10, 11], socks, proc)
+    assert [(p, fd) for p, fd, _ in inside] == [(10, 4), (10, 5)]  # the listener is no link
+    assert [(p, fd, s.remote) for p, fd, s in outside] == [(11, 3, "0500000A:0016")]
+    # one end alone in the tree: its peer is outside
+    inside, outside = proctree.tcp_connections([11], socks, proc)
+    assert inside == [] and len(outside) == 1
+    proc2 = _fake_proc(tmp_path / "p2", {20: {3: "socket:[701]"}})
+    assert proctree.tcp_connections([20], socks, proc2)[1][0][1] == 3
+
+
+@pytest.mark.parametrize(("log", "fix"), [
+    ("(00.2) Error (criu/sk-inet.c:199): inet: Connected TCP socket, consider using "
+     "--tcp-established option.", proctree.TCP_FIX),
+    ("(00.1) Error (criu/files-ext.c:96): unix: Can't dump external socket, peer 5",
+     proctree.SOCKET_FIX),
+    ("(00.1) Error (criu/files.c:2): Unknown shit 600 (anon_inode:[io_uring])",
+     proctree.IO_URING_FIX),
+    # a verbose log names unix sockets and peers in passing: no error, no socket hint
+    ("(00.1) unix: Dumping unix socket at 5 peer 6\n(00.2) Error (criu/cr-dump.c:1): "
+     "Dump files (pid: 862) failed with -1", "see the log for the reason"),
+])  # fmt: skip
+def test_hint_for_reads_the_error_lines(log: str, fix: str) -> None:
+    from spswap.checkpoint.criu import hint_for
+
+    assert hint_for(log) == fix

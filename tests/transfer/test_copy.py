@@ -6,6 +6,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
 from spswap.errors import TransferError  # noqa: E402
 from spswap.transfer.copy import check_compatible, copy_into, mismatches  # noqa: E402
 from spswap.transfer.mapping import MappedEntry  # noqa: E402
@@ -165,16 +168,59 @@ def test_staged_copy_is_bit_exact_on_cpu(pool, staging_bytes: int) -> None:
         assert torch.equal(dst[name], t), name
 
 
-def test_staging_chunks_group_neighbours_in_file_order(pool) -> None:
-    from spswap.transfer.copy import staging_chunks
+def test_staging_plan_splits_tensors_and_skips_gaps(pool) -> None:
+    from spswap.transfer.copy import staging_plan
 
     src = {"a": torch.zeros(1024), "b": torch.zeros(1024), "c": torch.zeros(4096)}
-    m = write_entry(pool, "m", src)  # a@0, b@4096, c@8192 (16 KiB)
-    plan = [(s, e, [t.name for t in ts]) for s, e, ts in staging_chunks(m, 8192)]
-    offsets = {t.name: t.offset for t in m.tensors}
-    assert plan == [(offsets["a"], offsets["b"] + 4096, ["a", "b"]),
-                    (offsets["c"], offsets["c"] + 16384, ["c"])]
-    assert [len(ts) for _, _, ts in staging_chunks(m, 1 << 30)] == [3]
+    m = write_entry(pool, "m", src)  # a@0, b@4096, c@8192 (16 KiB): 4 KiB each, then 16
+    off = {t.name: t.offset for t in m.tensors}
+    plan = staging_plan(m, 8192)
+    assert [(p.start, p.end, p.buffer, p.slices) for p in plan] == [
+        (off["a"], off["a"] + 8192, 0, (("a", 0, 0, 4096), ("b", 0, 4096, 4096))),
+        (off["c"], off["c"] + 8192, 1, (("c", 0, 0, 8192),)),
+        (off["c"] + 8192, off["c"] + 16384, 0, (("c", 8192, 0, 8192),)),
+    ]
+    # pieces start mid-tensor: b is split, then c's first part shares b's piece
+    plan = staging_plan(m, 6144)
+    assert [p.slices for p in plan][:2] == [
+        (("a", 0, 0, 4096), ("b", 0, 4096, 2048)),
+        (("b", 2048, 0, 2048), ("c", 0, 2048, 4096)),
+    ]
+    assert len(staging_plan(m, 1 << 30)) == 1
+    with pytest.raises(TransferError, match="positive"):
+        staging_plan(m, 0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(sizes=st.lists(st.integers(1, 5000), min_size=1, max_size=6),
+       piece=st.integers(1, 9000))  # fmt: skip
+def test_staging_plan_covers_every_byte_once(sizes: list[int], piece: int) -> None:
+    """Property: each tensor's bytes are covered exactly once, in order, no piece is
+    larger than asked, and pieces alternate between the two buffers."""
+    from spswap.pool.manifest import Manifest, TensorEntry, align_up
+    from spswap.transfer.copy import staging_plan
+
+    entries, off = [], 0
+    for i, n in enumerate(sizes):
+        entries.append(TensorEntry(name=f"t{i}", dtype="U8", shape=(n,), offset=off,
+                                   size_bytes=n, checksum=""))  # fmt: skip
+        off = align_up(off + n)
+    m = Manifest(name="m", digest="d", data_size_bytes=off, tensors=tuple(entries))
+    plan = staging_plan(m, piece)
+    seen: dict[str, list[tuple[int, int]]] = {}
+    for i, p in enumerate(plan):
+        assert p.buffer == i % 2 and 0 < p.end - p.start <= piece
+        for name, t_off, b_off, n in p.slices:
+            assert n > 0 and 0 <= b_off and b_off + n <= p.end - p.start
+            tensor = next(t for t in entries if t.name == name)
+            assert p.start + b_off == tensor.offset + t_off  # the same bytes of data.bin
+            seen.setdefault(name, []).append((t_off, n))
+    for t in entries:
+        pos = 0
+        for t_off, n in seen[t.name]:
+            assert t_off == pos
+            pos += n
+        assert pos == t.size_bytes
 
 
 @cuda
