@@ -9,7 +9,9 @@ weights to the pool and copies them back. A swap is::
     wake:   llm.wake_up(tags=["weights"])           weight memory mapped again (garbage)
             collective_rpc("spswap_copy")           weights copied from the pool mapping
             llm.wake_up(tags=["kv_cache"])          KV cache back only after the weights
-            llm.reset_prefix_cache()                nothing computed from garbage survives
+            llm.reset_prefix_cache()                with prefix caching on: nothing computed
+                                                    from garbage survives (vLLM's sleep
+                                                    already cleared it)
 
 Start without disk: :meth:`VllmEngine.load_from_pool` builds the engine with
 ``load_format="dummy"`` and fills it from a pool entry exported earlier by an engine
@@ -284,9 +286,12 @@ class VllmEngine:
             s = time.perf_counter()
             llm.wake_up(tags=["kv_cache"])
             t.wake_kv_s = time.perf_counter() - s
-            s = time.perf_counter()
-            llm.reset_prefix_cache()
-            t.reset_prefix_s = time.perf_counter() - s
+            if self.settings.enable_prefix_caching:
+                # vLLM clears the prefix cache when it sleeps, and the weights are back
+                # before any KV block is computed; with caching on, make sure anyway.
+                s = time.perf_counter()
+                llm.reset_prefix_cache()
+                t.reset_prefix_s = time.perf_counter() - s
         self.last_wake = t
         return transfer_report(t.copy)
 
