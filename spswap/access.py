@@ -103,17 +103,22 @@ def import_model(
     cfg: Config, path: Path | str, name: str | None = None, *,
     timeout_s: float = DEFAULT_IMPORT_TIMEOUT_S,
     progress: Callable[[int, int], None] | None = None,
+    identity: dict[str, Any] | None = None,
 ) -> Manifest:  # fmt: skip
     """Import a safetensors checkpoint (file or directory) into the node's pool.
 
     A user's import reads only what the user can open: the files are opened here, as the
     caller, and the daemon reads them through those descriptors. ``progress`` is called
-    only on the direct (root) path.
+    only on the direct (root) path. ``identity`` (an engine's layout, e.g. weights as vLLM
+    holds them) is recorded in the entry with ``owner_uid``, the importing user's uid.
     """
     from spswap.pool.store import Pool
 
     if privileged():
-        return Pool.from_config(cfg).import_checkpoint(Path(path), name=name, progress=progress)
+        if identity is not None:
+            identity = {**identity, "owner_uid": os.getuid()}
+        return Pool.from_config(cfg).import_checkpoint(Path(path), name=name, progress=progress,
+                                                       identity=identity)  # fmt: skip
     from spswap.pool.safetensors_format import INDEX_FILE, resolve_checkpoint
 
     ckpt = resolve_checkpoint(Path(path))  # headers checked as the user, before any fd moves
@@ -125,8 +130,9 @@ def import_model(
         for file_path, _ in files:
             fds.append(_open_for_import(file_path))
             stack.callback(os.close, fds[-1])
+        extra = {"identity": identity} if identity is not None else {}
         result = _client(cfg, timeout_s).call_with_fds(
-            "pool.import", fds, files=[n for _, n in files], name=name or ckpt.name
+            "pool.import", fds, files=[n for _, n in files], name=name or ckpt.name, **extra
         )
     return Manifest.from_json(result)
 
@@ -200,5 +206,8 @@ class PoolAccess:
     def entries(self) -> list[Any]:
         return self.pool.entries()
 
-    def import_checkpoint(self, path: Path | str, *, name: str | None = None) -> Manifest:
-        return import_model(self.cfg, path, name=name)
+    def import_checkpoint(
+        self, path: Path | str, *, name: str | None = None,
+        identity: dict[str, Any] | None = None,
+    ) -> Manifest:  # fmt: skip
+        return import_model(self.cfg, path, name=name, identity=identity)

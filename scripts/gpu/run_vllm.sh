@@ -5,7 +5,7 @@
 #   skeleton  scripts/gpu/vllm_skeleton.py (needs root, a CRIU >= 4.1 in SPSWAP_CRIU or
 #             .criu-build/bundle, and sets kernel.io_uring_disabled=2 for its run)
 #   bench     python -m spswap.bench.swap on 0.5B and 1.5B
-#   tests     tests/engines/test_vllm.py on 0.5B
+#   tests     tests/engines/test_vllm.py and test_vllm_serve_gpu.py on 0.5B
 #   bench7b   python -m spswap.bench.swap on 7B (--cycles 2)
 #   probe     scripts/gpu/vllm_copy_probe.py on 1.5B (why a copy runs below the limit)
 # Everything goes to $OUT (default /tmp/spswap-gpu-out). Each step has its own time limit
@@ -29,6 +29,13 @@ export VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 VLLM_NO
 step kit
 bash .device/vllmkit/install_kit.sh /tmp/kit || exit 2
 export PYTHONPATH="/tmp/kit/site:$PWD"
+# vLLM's OpenAI server needs a few wheels the kit leaves out (uvicorn, ...): put them in
+# .device/serveaddon (pip download --no-deps, see scripts/gpu/README.md) to serve.
+if ls .device/serveaddon/*.whl >/dev/null 2>&1; then
+  python3 -c "import glob, zipfile; [zipfile.ZipFile(w).extractall('/tmp/kit/addon') for w in glob.glob('.device/serveaddon/*.whl')]"
+  export PYTHONPATH="$PYTHONPATH:/tmp/kit/addon"
+  python3 -c "import vllm.entrypoints.openai.api_server" 2>&1 | tail -1 | sed 's/^/api_server import: /'
+fi
 nvidia-smi --query-gpu=name,driver_version,persistence_mode,memory.total --format=csv
 python3 -c "import sys, torch, vllm; print('python', sys.version.split()[0], 'torch', torch.__version__, 'vllm', vllm.__version__)"
 df -h /tmp /dev/shm | tail -2
@@ -67,7 +74,8 @@ fi
 if want tests && [ "$(left)" -gt 60 ]; then
   step tests
   SPSWAP_TEST_VLLM_MODEL="$MODELS/qwen2-0.5b" SPSWAP_TEST_POOL="$POOL-tests" \
-    timeout -k 5 $(( $(left) - 5 )) python3 -m pytest tests/engines/test_vllm.py -q -rs -x \
+    timeout -k 5 $(( $(left) - 5 )) python3 -m pytest ${TESTS:-tests/engines/test_vllm.py \
+    tests/engines/test_vllm_serve_gpu.py} -q -rs -x -s \
     -p no:cacheprovider --junitxml="$OUT/tests.xml"
   echo "tests rc=$?"
   rm -rf "$POOL-tests"

@@ -31,7 +31,9 @@ app.add_typer(node.app, name="node")
 app.add_typer(images.app, name="images")
 app.command("status")(status.status)
 app.command("demo")(demo.demo)
-app.command("serve")(serve.serve)
+app.command(
+    "serve", context_settings={"allow_extra_args": True, "ignore_unknown_options": True}
+)(serve.serve)
 app.command("ask")(serve.ask)
 app.command("doctor")(doctor.doctor)
 app.command("events")(events.events)

@@ -14,6 +14,7 @@ from spswap.errors import SpswapError
 
 
 def serve(
+    ctx: typer.Context,
     model: Path = typer.Argument(
         ..., exists=True, file_okay=False, resolve_path=True,
         help="The model's checkpoint directory (config.json + *.safetensors).",
@@ -23,7 +24,20 @@ def serve(
         help="Where unanswered requests are kept across preemption and requeue "
              "(default: ./.spswap/$SLURM_JOB_ID in the job's working directory).",
     ),
-    engine: str = typer.Option("reference", help="Engine: reference (vllm: coming)."),
+    engine: str = typer.Option(
+        "reference", help="Engine: reference (token-id requests from the spool and --socket) "
+        "or vllm (vLLM's OpenAI server on a private Unix socket; vLLM's own options go after "
+        "--).",
+    ),
+    gpu_memory_utilization: float = typer.Option(
+        None, help="(vllm) Fraction of the GPU the server may use (weights + KV cache); "
+        "default: 0.9 of the reserved units' share (--units 2: 0.45).",
+    ),
+    max_model_len: int = typer.Option(4096, help="(vllm) Longest prompt + answer, tokens."),
+    eager: bool = typer.Option(
+        True, help="(vllm) No CUDA graphs or compilation: the fastest start (--no-eager for "
+        "peak throughput)."
+    ),
     device: str = typer.Option(None, help="cpu, cuda or cuda:N (default: cuda when present)."),
     units: int = typer.Option(4, help="Quarter-GPU units to reserve on the job's GPU: 1, 2 or 4."),
     slot_timeout_s: float = typer.Option(600.0, help="How long to wait for the GPU slot."),
@@ -52,11 +66,18 @@ def serve(
 ) -> None:
     """Serve MODEL inside a Slurm job, surviving preemption and requeue.
 
-    Reserves a slot on the job's GPU, loads the model from the node's pool (importing it
-    from MODEL the first time), and answers the requests in the state directory's inbox
-    (answers go to its outbox). On USR1 (sbatch --signal=B:USR1@N) or SIGTERM it stops
-    admitting, keeps the unanswered requests, puts the model away, releases the slot and
-    exits; the requeued run (SLURM_RESTART_COUNT > 0) answers the saved requests first.
+    Reference engine: reserves a slot on the job's GPU, loads the model from the node's
+    pool (importing it from MODEL the first time), and answers the requests in the state
+    directory's inbox (answers go to its outbox). On USR1 (sbatch --signal=B:USR1@N) or
+    SIGTERM it stops admitting, keeps the unanswered requests, puts the model away,
+    releases the slot and exits; the requeued run (SLURM_RESTART_COUNT > 0) answers the
+    saved requests first.
+
+    vLLM (--engine vllm -- VLLM_OPTIONS): runs vLLM's OpenAI-compatible server on
+    a Unix socket in the state directory (mode 0700: only you and root reach it; its path
+    is in STATE_DIR/endpoint.json), its weights filled from the node's pool (the first
+    run reads MODEL and exports them). On USR1 or SIGTERM it stops the server, releases
+    the slot and asks for a requeue; the next run starts from the pool, without disk.
     """
     from spswap.serve.runtime import ServeOptions, Server
     from spswap.slurm.env import JobEnv
@@ -67,6 +88,15 @@ def serve(
         if job is None:
             raise typer.BadParameter("outside a Slurm job, give --state-dir")
         state_dir = Path(os.getcwd()) / ".spswap" / job.job_id
+    if engine == "vllm":
+        _serve_vllm(cfg, job, model, state_dir, list(ctx.args), units=units,
+                    slot_timeout_s=slot_timeout_s, requeue=requeue, json_out=json,
+                    gpu_memory_utilization=gpu_memory_utilization,
+                    max_model_len=max_model_len, eager=eager)  # fmt: skip
+        return
+    if ctx.args:
+        raise typer.BadParameter(f"unexpected arguments {' '.join(ctx.args)}: options after "
+                                 "-- are for --engine vllm only")  # fmt: skip
     if device is None:
         device = _default_device()
     opts = ServeOptions(
@@ -104,6 +134,37 @@ def serve(
             f"spswap serve: answered {result.answered}, {result.pending_left} left in "
             f"{state_dir}/inbox" + (f"; stopped by {result.stopped_by}" if result.stopped_by
                                     else ""), markup=False)  # fmt: skip
+
+
+def _serve_vllm(
+    cfg: Config, job: Any, model: Path, state_dir: Path, vllm_args: list[str], *,
+    units: int, slot_timeout_s: float, requeue: bool, json_out: bool,
+    gpu_memory_utilization: float | None, max_model_len: int, eager: bool,
+) -> None:  # fmt: skip
+    from spswap.engines.vllm_engine import VllmSettings
+    from spswap.serve.vllm_run import VllmServe, VllmServeOptions
+
+    if gpu_memory_utilization is None:
+        gpu_memory_utilization = round(0.9 * units / 4, 3)
+    settings = VllmSettings(gpu_memory_utilization=gpu_memory_utilization,
+                            max_model_len=max_model_len, enforce_eager=eager)  # fmt: skip
+    opts = VllmServeOptions(
+        model=model, state_dir=state_dir, settings=settings, vllm_args=tuple(vllm_args),
+        units=units, slot_gpus=tuple(job.gpus) if job else (), slot_timeout_s=slot_timeout_s,
+    )  # fmt: skip
+    run = VllmServe(
+        cfg, opts, job_id=job.job_id if job else None,
+        restart_count=job.restart_count if job else 0,
+        requeue=_requeue if requeue else None,
+        log=lambda msg: err_console.print(msg, markup=False, highlight=False, soft_wrap=True),
+    )  # fmt: skip
+    run.install_signal_handlers()
+    result = run.run()
+    if json_out:
+        emit_json(result)
+    else:
+        err_console.print(f"spswap serve: stopped ({result['stopped_by'] or 'server ended'})",
+                          markup=False)  # fmt: skip
 
 
 def _checkpointer(cfg: Config) -> Any:

@@ -228,7 +228,15 @@ def op_pool_import(ctx: Context, args: dict[str, Any]) -> Any:
         raise ProtocolError(f"pool.import names {len(names)} file(s) but {len(ctx.fds)} "
                             "descriptor(s) came with it; send one descriptor per name")  # fmt: skip
     files = list(zip(names, ctx.fds, strict=True))
-    manifest = import_from_fds(_pool(ctx), files, name=args.get("name"), owner_uid=ctx.peer_uid)
+    identity = args.get("identity")
+    if identity is not None:
+        if not isinstance(identity, dict):
+            raise ProtocolError("pool.import identity must be a JSON object")
+        # who exported it, from SO_PEERCRED: engines trust only their own user's (and
+        # root's) exports, so no user can plant weights under another's identity
+        identity = {**identity, "owner_uid": ctx.peer_uid}
+    manifest = import_from_fds(_pool(ctx), files, name=args.get("name"), owner_uid=ctx.peer_uid,
+                               identity=identity)  # fmt: skip
     ctx.state.event("pool.import", uid=ctx.peer_uid, pid=ctx.peer_pid, name=manifest.name,
                     digest=manifest.digest)  # fmt: skip
     return manifest.to_json()

@@ -25,7 +25,7 @@ FD_OPS = frozenset({"pool.import"})
 """Ops whose request carries open file descriptors; any other op's are closed unread."""
 
 # op -> {arg name: (accepted JSON kind, required)}. Kinds: "str", "int", "bool", "number"
-# (int or float), "int_list", "str_list".
+# (int or float), "int_list", "str_list", "flat_dict" (an object of scalars).
 # Keeping the table here (not in the server) lets the client reject a bad call before it
 # reaches the socket, and keeps the server's dispatch and the protocol in one place.
 ArgSpec = dict[str, tuple[str, bool]]
@@ -49,7 +49,9 @@ OPS: dict[str, ArgSpec] = {
     "pool.use": {"ref": ("str", True), "job_id": ("str", False)},
     "pool.unuse": {"ref": ("str", True)},
     # "files": the checkpoint-relative name of each attached file descriptor, in order.
-    "pool.import": {"files": ("str_list", True), "name": ("str", False)},
+    # "identity": an engine's weight layout (e.g. vLLM's); the daemon adds owner_uid.
+    "pool.import": {"files": ("str_list", True), "name": ("str", False),
+                    "identity": ("flat_dict", False)},
     "job.register": {
         "job_id": ("str", True),
         "uid": ("int", True),
@@ -126,6 +128,9 @@ def _parse_line(line: bytes) -> dict[str, Any]:
     return obj
 
 
+MAX_FLAT_DICT_KEYS = 32
+
+
 def _kind_ok(kind: str, value: Any) -> bool:
     if kind == "str":
         return isinstance(value, str)
@@ -140,6 +145,11 @@ def _kind_ok(kind: str, value: Any) -> bool:
     if kind == "int_list":
         return isinstance(value, list) and all(
             isinstance(v, int) and not isinstance(v, bool) for v in value
+        )
+    if kind == "flat_dict":  # a few plain key -> scalar pairs, no nesting
+        return isinstance(value, dict) and len(value) <= MAX_FLAT_DICT_KEYS and all(
+            isinstance(k, str) and (v is None or isinstance(v, (str, int, float, bool)))
+            for k, v in value.items()
         )
     raise AssertionError(f"unknown arg kind {kind}")
 

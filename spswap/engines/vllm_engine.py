@@ -136,9 +136,21 @@ def identity_matches(entry_identity: dict[str, Any], wanted: dict[str, Any]) -> 
     return all(entry_identity.get(k) == wanted.get(k) for k in IDENTITY_KEYS)
 
 
-def find_entry(pool: Any, identity: dict[str, Any]) -> Any | None:
-    """The newest pool entry (a Manifest) whose identity matches, or None."""
-    hits = [e.manifest for e in pool.entries() if identity_matches(e.manifest.identity, identity)]
+def trusted_owner(entry_identity: dict[str, Any], uid: int) -> bool:
+    """Whether an exported entry may be loaded by ``uid``: exported by that user or by
+    root through spswapd (``owner_uid``), or written into the pool directly (no
+    ``owner_uid``: only the pool's owner can do that)."""
+    owner = entry_identity.get("owner_uid")
+    return owner is None or owner in (0, uid)
+
+
+def find_entry(pool: Any, identity: dict[str, Any], uid: int | None = None) -> Any | None:
+    """The newest pool entry (a Manifest) whose identity matches and whose exporter
+    ``uid`` trusts (:func:`trusted_owner`; default: this process's user), or None."""
+    uid = os.getuid() if uid is None else uid
+    hits = [e.manifest for e in pool.entries()
+            if identity_matches(e.manifest.identity, identity)
+            and trusted_owner(e.manifest.identity, uid)]  # fmt: skip
     return max(hits, key=lambda m: m.created) if hits else None
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -123,14 +124,31 @@ class SpswapWorkerExtension:
             "reused": w.reused, "identity": m.identity,
         }  # fmt: skip
 
-    def spswap_attach(self, pool_dir: str, ref: str) -> dict[str, Any]:
-        """Map pool entry ``ref`` read-only, mark it in use by this worker and register it
-        with CUDA (once): later :meth:`spswap_copy` calls reuse the mapping."""
+    @torch.inference_mode()
+    def spswap_export_file(self, path: str) -> dict[str, Any]:
+        """Write this worker's weights as one safetensors file at ``path`` (mode 0600), for
+        a user's import through spswapd (a user cannot write the pool itself); returns
+        the path, bytes and tensor count. The caller deletes the file after the import."""
+        from safetensors.torch import save_file
+
+        tensors = weight_tensors(self._spswap_model())
+        host = {n: t.detach().to("cpu").contiguous() for n, t in tensors.items()}
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.close(fd)
+        save_file(host, path)
+        return {"path": path, "tensors": len(host),
+                "size_bytes": sum(t.numel() * t.element_size() for t in host.values())}
+
+    def spswap_attach(self, pool_dir: str, ref: str, hold: bool = True) -> dict[str, Any]:
+        """Map pool entry ``ref`` read-only, mark it in use by this worker (``hold``; a
+        user's worker cannot write the pool: its owner holds the use through spswapd)
+        and register it with CUDA (once): later :meth:`spswap_copy` calls reuse the
+        mapping."""
         self.spswap_detach()
         pool = Pool(Path(pool_dir))
         stack = contextlib.ExitStack()
         try:
-            manifest: Manifest = stack.enter_context(pool.use(ref))
+            manifest: Manifest = stack.enter_context(pool.use(ref)) if hold else pool.find(ref)
             mapping = MappedEntry(manifest, pool.data_path(manifest))
             stack.callback(mapping.close)
             from spswap.transfer.copy import check_compatible
@@ -163,9 +181,9 @@ class SpswapWorkerExtension:
                            staging_bytes=STAGING_BYTES)  # fmt: skip
         return report.to_json()
 
-    def spswap_load(self, pool_dir: str, ref: str) -> dict[str, Any]:
+    def spswap_load(self, pool_dir: str, ref: str, hold: bool = True) -> dict[str, Any]:
         """:meth:`spswap_attach` then :meth:`spswap_copy`; returns both reports."""
-        attach = self.spswap_attach(pool_dir, ref)
+        attach = self.spswap_attach(pool_dir, ref, hold)
         return {"attach": attach, "copy": self.spswap_copy()}
 
     def spswap_trim(self) -> dict[str, Any]:

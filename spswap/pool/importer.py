@@ -41,19 +41,22 @@ if TYPE_CHECKING:
 def import_checkpoint(
     pool: Pool, path: Path, *, name: str | None = None,
     progress: Callable[[int, int], None] | None = None,
+    identity: dict[str, Any] | None = None,
 ) -> Manifest:  # fmt: skip
-    """Import ``path`` (a .safetensors file or a checkpoint directory); returns its manifest."""
+    """Import ``path`` (a .safetensors file or a checkpoint directory); returns its
+    manifest. ``identity`` is recorded in a new entry (see ``access.import_model``)."""
     ckpt = resolve_checkpoint(path)
 
     def fill(w: EntryWriter) -> None:
         _copy(ckpt, w, progress)
         _check_unchanged(ckpt)
 
-    return _import_once(pool, ckpt, name or ckpt.name, fill)
+    return _import_once(pool, ckpt, name or ckpt.name, fill, identity)
 
 
 def _import_once(
-    pool: Pool, ckpt: Checkpoint, name: str, fill: Callable[[EntryWriter], None]
+    pool: Pool, ckpt: Checkpoint, name: str, fill: Callable[[EntryWriter], None],
+    identity: dict[str, Any] | None = None,
 ) -> Manifest:
     """One entry per source set, however many processes import it at once: under the
     source's lock, reuse what an earlier import made; else ``fill`` a new entry."""
@@ -66,7 +69,8 @@ def _import_once(
         if hit is not None:
             return hit
         expected = padded_size_bytes(t.size_bytes for _f, t in ckpt.tensors)
-        with pool.writer(name, sources=sources, expected_size_bytes=expected) as w:
+        with pool.writer(name, sources=sources, expected_size_bytes=expected,
+                         identity=identity) as w:
             fill(w)
         assert w.manifest is not None
         pool.remember_sources(sources, w.manifest.digest)
@@ -125,6 +129,7 @@ MAX_NAME_CHARS = 200
 def import_from_fds(
     pool: Pool, files: Sequence[tuple[str, int]], *, name: str | None = None,
     owner_uid: int, progress: Callable[[int, int], None] | None = None,
+    identity: dict[str, Any] | None = None,
 ) -> Manifest:  # fmt: skip
     """Import a checkpoint from open descriptors: ``files`` is ``(relative name, fd)`` pairs.
 
@@ -143,7 +148,7 @@ def import_from_fds(
         for f in ckpt.files:
             _check_fd_unchanged(f.path, by_path[f.path], f.size_bytes, f.mtime_ns)
 
-    return _import_once(pool, ckpt, ckpt.name, fill)
+    return _import_once(pool, ckpt, ckpt.name, fill, identity)
 
 
 def checkpoint_from_fds(

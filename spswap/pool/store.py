@@ -362,12 +362,14 @@ class Pool:
     def import_checkpoint(
         self, path: Path, *, name: str | None = None,
         progress: Callable[[int, int], None] | None = None,
+        identity: dict[str, Any] | None = None,
     ) -> Manifest:  # fmt: skip
         """Import a safetensors checkpoint (file or directory); see :mod:`spswap.pool.importer`."""
         self.index.check_writable(f"import {path}")
         from spswap.pool.importer import import_checkpoint
 
-        return import_checkpoint(self, Path(path), name=name, progress=progress)
+        return import_checkpoint(self, Path(path), name=name, progress=progress,
+                                 identity=identity)  # fmt: skip
 
     def find_by_sources(self, sources: Sequence[SourceFile]) -> Manifest | None:
         """The entry imported from exactly these files (path, size, mtime), touched; or None."""

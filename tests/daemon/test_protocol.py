@@ -63,12 +63,30 @@ def test_decode_valid_request() -> None:
             "must be int_list",
         ),
         (b'{"v":1,"op":"checkpoint","args":{"job_id":5}}\n', "'job_id' of checkpoint must be str"),
+        (
+            b'{"v":1,"op":"pool.import","args":{"files":["a"],"identity":{"x":{"y":1}}}}\n',
+            "must be flat_dict",
+        ),
+        (
+            b'{"v":1,"op":"pool.import","args":{"files":["a"],"identity":[1]}}\n',
+            "must be flat_dict",
+        ),
     ],
 )
 def test_decode_refuses(line: bytes, needle: str) -> None:
     with pytest.raises(ProtocolError, match=None) as info:
         protocol.decode_request(line)
     assert needle in str(info.value)
+
+
+def test_flat_dict_identity_accepted() -> None:
+    line = (b'{"v":1,"op":"pool.import","args":{"files":["a"],"identity":'
+            b'{"engine":"vllm","tp_size":1,"x":null,"ok":true,"f":0.5}}}\n')  # fmt: skip
+    req = protocol.decode_request(line)
+    assert req.args["identity"]["engine"] == "vllm"
+    many = {f"k{i}": i for i in range(protocol.MAX_FLAT_DICT_KEYS + 1)}
+    with pytest.raises(ProtocolError, match="flat_dict"):
+        protocol.request("pool.import", files=["a"], identity=many)
 
 
 def test_oversized_refused() -> None:

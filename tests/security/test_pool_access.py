@@ -196,3 +196,34 @@ def test_user_without_daemon_is_told_to_start_it(cfg: Config, user_uid: int) -> 
     msg = as_user(user_uid, _no_daemon, cfg)
     assert msg.startswith("DaemonError: spswapd is not reachable") and \
         "spswap daemon start" in msg and "prolog.log" in msg, msg  # fmt: skip
+
+
+LAYOUT = {"engine": "vllm", "vllm": "0.26.0", "tp_size": 1, "rank": 0, "dtype": "bfloat16",
+          "model_config_hash": "c0ffee"}  # fmt: skip
+
+
+def _import_with_identity(cfg: Config, path: str, claimed_owner: int) -> dict[str, Any]:
+    m = access.import_model(cfg, path, name="exported",
+                            identity={**LAYOUT, "owner_uid": claimed_owner})
+    return m.to_json()
+
+
+def test_exports_are_stamped_with_the_importing_users_uid(
+    cfg: Config, daemon: int, user_uid: int
+) -> None:
+    """An engine export imported through spswapd carries the importer's uid, whatever the
+    caller claimed, and only that user (or root) trusts it: no user can plant weights
+    that another user's engine would load."""
+    from spswap.engines.vllm_engine import find_entry, trusted_owner
+
+    home = _user_dir(cfg, user_uid)
+    path = write_st(home / "export.safetensors", tensors(5))
+    _chown_tree(path, user_uid)
+    out = as_user(user_uid, _import_with_identity, cfg, str(path), 0)  # claims root
+    assert out["identity"] == {**LAYOUT, "owner_uid": user_uid}
+    pool = Pool.from_config(cfg)
+    assert trusted_owner(out["identity"], user_uid) and not trusted_owner(out["identity"], 4242)
+    assert not trusted_owner(out["identity"], 0)  # root, too, loads only its own exports
+    assert find_entry(pool, LAYOUT, uid=user_uid).digest == out["digest"]
+    assert find_entry(pool, LAYOUT, uid=user_uid + 1) is None
+    assert find_entry(pool, LAYOUT, uid=0) is None

@@ -1,0 +1,217 @@
+"""``spswap serve MODEL --engine vllm -- <vllm args>``: vLLM's OpenAI server inside a Slurm
+job, its weights kept in the node's pool.
+
+Life of a run:
+  1. reserve a slot on the job's GPU (FIFO behind whoever holds it);
+  2. find the model's weights in the pool *as vLLM holds them* (same vLLM version, dtype,
+     parallel layout and config, exported by this user or root): if there, start the
+     server with dummy weights and fill them from the pool (no disk read); else start it
+     from the checkpoint files and export its weights to the pool once (a user's export
+     goes through spswapd), for every later start;
+  3. serve on a private Unix socket (see :mod:`spswap.serve.vllm_api`) until told to stop;
+     ``endpoint.json`` in the state directory says where;
+  4. on the preemption signal (USR1) or SIGTERM: stop the server, release the slot, ask
+     Slurm to requeue when the signal was USR1, and exit. The requeued run starts from
+     the pool.
+
+Signal handlers only set a flag; the loop does the work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from spswap.config import Config
+from spswap.engines.vllm_engine import VllmSettings, engine_identity, find_entry
+from spswap.errors import EngineError
+from spswap.fsutil import atomic_write_json
+from spswap.serve.vllm_api import VllmApiServer
+
+ENDPOINT_FILE = "endpoint.json"
+
+
+def installed_vllm_version() -> str:
+    """vLLM's version from its package metadata (no import: importing vLLM takes seconds
+    and this process never runs it)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        raise EngineError(
+            "vLLM is not installed here (no vllm package metadata); install it (pip install "
+            "vllm) or put a vLLM kit on PYTHONPATH, or serve with --engine reference"
+        ) from None
+
+
+@dataclass
+class VllmServeOptions:
+    """What ``spswap serve --engine vllm`` was asked to do."""
+
+    model: Path
+    state_dir: Path  # the server's socket, log and endpoint.json live here (mode 0700)
+    settings: VllmSettings = field(default_factory=VllmSettings)
+    vllm_args: tuple[str, ...] = ()
+    units: int = 4
+    slot_gpus: tuple[int, ...] = ()
+    slot_timeout_s: float = 600.0
+    start_timeout_s: float = 900.0
+    poll_interval_s: float = 0.2
+    # the command that runs vLLM's OpenAI server module (default: this Python, -m the
+    # module); e.g. a container wrapper: ("apptainer", "exec", "--nv", IMG, "python3", "-m", ...)
+    launcher: tuple[str, ...] = ()
+
+
+class VllmServe:
+    """One run of the vLLM server; construct, then :meth:`run`."""
+
+    def __init__(
+        self, cfg: Config, opts: VllmServeOptions, *, job_id: str | None = None,
+        restart_count: int = 0, requeue: Callable[[str], None] | None = None,
+        pool: Any = None, log: Callable[[str], None] = print, vllm_version: str | None = None,
+    ) -> None:  # fmt: skip
+        from spswap.access import PoolAccess
+
+        self.cfg = cfg
+        self.opts = opts
+        self.job_id = job_id
+        self.restart_count = restart_count
+        self.requeue = requeue
+        self.log = log
+        self.vllm_version = vllm_version  # None: the installed vLLM's
+        self.pool = pool if pool is not None else PoolAccess(cfg, job_id=job_id)
+        self.stop_event = threading.Event()
+        self.stop_signal: str | None = None
+        self.server = VllmApiServer(
+            opts.model, opts.state_dir / "sock", opts.settings, opts.vllm_args,
+            log_path=opts.state_dir / "vllm.log", log=log, launcher=opts.launcher or None,
+        )  # fmt: skip
+        self._slot: Any = None
+        self._uses = contextlib.ExitStack()
+
+    # -- signals ----------------------------------------------------------------------
+    def handle_signal(self, signum: int, _frame: FrameType | None = None) -> None:
+        """Only records the request to stop; the loop does the work."""
+        if self.stop_signal is None:
+            self.stop_signal = signal.Signals(signum).name
+        self.stop_event.set()
+
+    def install_signal_handlers(self) -> None:
+        for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self.handle_signal)
+
+    # -- the run ----------------------------------------------------------------------
+    def identity(self) -> dict[str, Any]:
+        """What a pool entry must match to fill this server's weights."""
+        version = self.vllm_version or installed_vllm_version()
+        return engine_identity(self.opts.model, self.opts.settings, version)
+
+    def run(self) -> dict[str, Any]:
+        """Serve until stopped or the server ends; returns a summary (see module doc)."""
+        opts = self.opts
+        opts.state_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(opts.state_dir, 0o700)
+        result: dict[str, Any] = {"restart_count": self.restart_count, "stopped_by": None}
+        identity = self.identity()  # a clear error before any slot is taken
+        self._slot = self._reserve()
+        # this process holds the pool entry's use (through spswapd for a user): the
+        # server's worker only maps it
+        self._uses = contextlib.ExitStack()
+        try:
+            result.update(self._start(identity))
+            self._write_endpoint()
+            self.log(f"spswap serve: {opts.model.name} up ({result['from']}) in "
+                     f"{result['start_s']:.1f} s; OpenAI API on unix:{self.server.uds}")
+            while not self.stop_event.wait(opts.poll_interval_s):
+                proc = self.server.proc
+                if proc is not None and proc.poll() is not None:
+                    raise EngineError(f"the vLLM server exited with {proc.returncode}; see "
+                                      f"{self.server.log_path}")  # fmt: skip
+            result["stopped_by"] = self.stop_signal
+        finally:
+            t0 = time.perf_counter()
+            self.server.stop()
+            result["stop_s"] = time.perf_counter() - t0
+            self._release_slot()
+            self._uses.close()
+            (opts.state_dir / ENDPOINT_FILE).unlink(missing_ok=True)
+        if self.stop_signal == "SIGUSR1" and self.job_id and self.requeue:
+            self.requeue(self.job_id)
+        return result
+
+    def _start(self, identity: dict[str, Any]) -> dict[str, Any]:
+        """Start from the pool when an entry fits, else from disk and export once."""
+        server, pool = self.server, self.pool
+        entry = find_entry(pool, identity)
+        t0 = time.perf_counter()
+        if entry is not None:
+            self._uses.enter_context(pool.use(entry.digest))
+            server.start(dummy=True, timeout_s=self.opts.start_timeout_s)
+            with_pool = server.rpc("spswap_load", str(pool.pool_dir), entry.digest, False)
+            return {"from": "pool", "digest": entry.digest, "start_s": time.perf_counter() - t0,
+                    "copy": with_pool.get("copy")}  # fmt: skip
+        server.start(dummy=False, timeout_s=self.opts.start_timeout_s)
+        digest = self._export(identity)
+        self._uses.enter_context(pool.use(digest))
+        server.rpc("spswap_attach", str(pool.pool_dir), digest, False)
+        return {"from": "checkpoint", "digest": digest, "start_s": time.perf_counter() - t0}
+
+    def _export(self, identity: dict[str, Any]) -> str:
+        """The running server's weights into the pool, once; returns the entry's digest.
+        Root writes the pool directly; a user's export is a private file that spswapd
+        imports through its descriptor, stamped with the user's uid."""
+        from spswap.access import privileged
+
+        name = f"vllm-{self.opts.model.name}"
+        layout = {k: v for k, v in identity.items() if k not in ("rank", "tp_size")}
+        if privileged():
+            layout["owner_uid"] = os.getuid()
+            out = self.server.rpc("spswap_export", str(self.pool.pool_dir), name, layout)
+            return str(out["digest"])
+        if self.opts.settings.tensor_parallel_size != 1:
+            raise EngineError(
+                "exporting a tensor-parallel engine's weights through spswapd is not supported "
+                "yet: run with --tensor-parallel-size 1, or export once as root"
+            )
+        export_dir = self.opts.state_dir / "export"
+        export_dir.mkdir(mode=0o700, exist_ok=True)
+        path = export_dir / f"{name}.safetensors"
+        path.unlink(missing_ok=True)
+        try:
+            self.server.rpc("spswap_export_file", str(path))
+            manifest = self.pool.import_checkpoint(path, name=name, identity=identity)
+        finally:
+            path.unlink(missing_ok=True)
+        return str(manifest.digest)
+
+    def _write_endpoint(self) -> None:
+        atomic_write_json(self.opts.state_dir / ENDPOINT_FILE, {
+            "uds": str(self.server.uds), "pid": os.getpid(),
+            "server_pid": self.server.proc.pid if self.server.proc else None,
+            "model": str(self.opts.model), "job_id": self.job_id,
+        }, mode=0o600)  # fmt: skip
+
+    def _reserve(self) -> Any:
+        if not self.opts.slot_gpus:
+            return None
+        from spswap.access import reserve_slot
+
+        return reserve_slot(self.cfg, model=self.opts.model.name, units=self.opts.units,
+                            allowed_gpus=self.opts.slot_gpus, job_id=self.job_id,
+                            timeout_s=self.opts.slot_timeout_s)  # fmt: skip
+
+    def _release_slot(self) -> None:
+        if self._slot is not None:
+            from spswap.access import release_slot
+
+            reservation, self._slot = self._slot, None
+            release_slot(self.cfg, reservation.id)

@@ -1,0 +1,221 @@
+"""``spswap serve --engine vllm``: the server's command line (exact), the private socket,
+and whole runs against a stand-in for vLLM's OpenAI server that hosts spswap's real worker
+extension (tests/serve/vllm_standin.py; the real server runs on the GPU machine:
+tests/engines/test_vllm_serve_gpu.py)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import stat
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from spswap.config import Config  # noqa: E402
+from spswap.engines.vllm_engine import VllmSettings  # noqa: E402
+from spswap.errors import EngineError  # noqa: E402
+from spswap.pool.store import Pool  # noqa: E402
+from spswap.serve.vllm_api import (  # noqa: E402
+    VllmApiServer,
+    api_server_argv,
+    api_server_env,
+    check_user_args,
+    has_tokenizer,
+    uds_request,
+)
+from spswap.serve.vllm_run import ENDPOINT_FILE, VllmServe, VllmServeOptions  # noqa: E402
+from tests.serve.vllm_standin import save_model  # noqa: E402
+
+STANDIN = (sys.executable, str(Path(__file__).with_name("vllm_standin.py")))
+
+
+def test_api_server_argv_is_exact(tmp_path: Path) -> None:
+    s = VllmSettings(gpu_memory_utilization=0.45, max_model_len=2048)
+    argv = api_server_argv(Path("/m/qwen"), Path("/s/vllm.sock"), s, ["--max-num-seqs", "8"],
+                           dummy=True, tokenizer=False, launcher=("py", "-m", "x"))  # fmt: skip
+    assert argv == [
+        "py", "-m", "x", "--model", "/m/qwen", "--uds", "/s/vllm.sock",
+        "--enable-sleep-mode", "--worker-extension-cls",
+        "spswap.engines.vllm_worker.SpswapWorkerExtension", "--load-format", "dummy",
+        "--dtype", "bfloat16", "--tensor-parallel-size", "1",
+        "--gpu-memory-utilization", "0.45", "--max-model-len", "2048", "--seed", "0",
+        "--attention-backend", "FLASH_ATTN", "--skip-tokenizer-init", "--enforce-eager",
+        "--no-enable-prefix-caching", "--max-num-seqs", "8",
+    ]  # fmt: skip
+    argv = api_server_argv(Path("/m"), Path("/s"), VllmSettings(enforce_eager=False,
+                           enable_prefix_caching=True), dummy=False)  # fmt: skip
+    assert argv[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+    assert "auto" in argv and "--enforce-eager" not in argv and "--skip-tokenizer-init" \
+        not in argv and argv[-1] == "--enable-prefix-caching"  # fmt: skip
+
+
+@pytest.mark.parametrize("arg", ["--port", "--host=0.0.0.0", "--uds", "--load-format",
+                                 "--enable-sleep-mode", "--worker-extension-cls"])  # fmt: skip
+def test_options_spswap_owns_are_refused(arg: str) -> None:
+    with pytest.raises(EngineError, match="set by spswap serve"):
+        check_user_args(["--max-num-seqs", "4", arg])
+    check_user_args(["--max-num-seqs", "4", "--port-range-is-not-port"])
+
+
+def test_env_turns_the_dev_endpoints_on_and_the_hub_off(tmp_path: Path) -> None:
+    env = api_server_env(VllmSettings(), base={"PATH": "/bin"})
+    assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["HF_HUB_OFFLINE"] == "1"
+    assert env["PATH"] == "/bin" and env["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
+    assert not has_tokenizer(tmp_path)
+    (tmp_path / "tokenizer.json").write_text("{}")
+    assert has_tokenizer(tmp_path)
+
+
+def _complete(uds: Path, prompt: list[int]) -> list[int]:
+    status, data = uds_request(uds, "POST", "/v1/completions",
+                               {"prompt": prompt, "max_tokens": 6})  # fmt: skip
+    assert status == 200, data
+    return list(data["choices"][0]["token_ids"])
+
+
+def test_sleep_and_wake_through_the_server(tmp_path: Path) -> None:
+    model = tmp_path / "m"
+    save_model(model)
+    pool = Pool(tmp_path / "pool")
+    srv = VllmApiServer(model, tmp_path / "sock", log_path=tmp_path / "s.log", launcher=STANDIN)
+    try:
+        srv.start(dummy=False, timeout_s=60)
+        mode = stat.S_IMODE((tmp_path / "sock").stat().st_mode)
+        assert mode == 0o700  # only the job's user (and root) reach the socket
+        cold = _complete(srv.uds, [1, 2, 3])
+        out = srv.rpc("spswap_export", str(pool.pool_dir), "m", {"engine": "vllm"})
+        srv.rpc("spswap_attach", str(pool.pool_dir), out["digest"])
+        assert srv.sleep() >= 0 and srv.is_sleeping()
+        assert uds_request(srv.uds, "POST", "/v1/completions", {"prompt": [1]})[0] == 503
+        copy = srv.wake()
+        weights = sum(t.size_bytes for t in pool.find(out["digest"]).tensors)
+        assert copy["size_bytes"] == weights and not srv.is_sleeping()
+        assert _complete(srv.uds, [1, 2, 3]) == cold
+        with pytest.raises(EngineError, match="no_such_method|answered 500"):
+            srv.rpc("no_such_method")
+    finally:
+        srv.stop()
+    assert not srv.uds.exists()
+
+
+def test_a_server_that_dies_at_start_says_why(tmp_path: Path) -> None:
+    srv = VllmApiServer(tmp_path, tmp_path / "sock", log_path=tmp_path / "s.log",
+                        launcher=(sys.executable, "-c", "print('no GPU here'); raise "
+                                  "SystemExit(3)"))  # fmt: skip
+    with pytest.raises(EngineError, match="exited with 3") as exc:
+        srv.start(dummy=False, timeout_s=30)
+    assert "no GPU here" in str(exc.value)
+
+
+def _run_in_thread(run: VllmServe) -> tuple[threading.Thread, dict[str, Any]]:
+    out: dict[str, Any] = {}
+
+    def go() -> None:
+        try:
+            out["result"] = run.run()
+        except BaseException as e:  # reported by the test
+            out["error"] = e
+
+    th = threading.Thread(target=go)
+    th.start()
+    endpoint = run.opts.state_dir / ENDPOINT_FILE
+    deadline = time.monotonic() + 60
+    while not endpoint.exists():
+        assert "error" not in out, out.get("error")
+        assert time.monotonic() < deadline, "the server did not come up"
+        time.sleep(0.05)
+    return th, out
+
+
+def test_first_run_exports_and_the_next_starts_from_the_pool(tmp_path: Path) -> None:
+    model = tmp_path / "m"
+    save_model(model)
+    cfg = Config.from_env({}, root=tmp_path / "root")
+    requeued: list[str] = []
+
+    def one_run(state: Path, sig: signal.Signals) -> tuple[dict[str, Any], list[int], dict]:
+        opts = VllmServeOptions(model=model, state_dir=state, launcher=STANDIN,
+                                start_timeout_s=60)  # fmt: skip
+        run = VllmServe(cfg, opts, job_id="77", requeue=requeued.append,
+                        vllm_version="0.26.0-standin", log=lambda s: None)  # fmt: skip
+        th, out = _run_in_thread(run)
+        endpoint = json.loads((state / ENDPOINT_FILE).read_text())
+        answer = _complete(Path(endpoint["uds"]), [4, 5, 6])
+        run.handle_signal(sig)
+        th.join(30)
+        assert "error" not in out, out.get("error")
+        assert not (state / ENDPOINT_FILE).exists() and not Path(endpoint["uds"]).exists()
+        return out["result"], answer, endpoint
+
+    first, cold, _ = one_run(tmp_path / "s1", signal.SIGUSR1)
+    assert first["from"] == "checkpoint" and first["stopped_by"] == "SIGUSR1"
+    assert requeued == ["77"]  # USR1: the run asks for its requeue
+    pool = Pool.from_config(cfg)
+    [entry] = pool.entries()
+    assert entry.manifest.identity["vllm"] == "0.26.0-standin"
+    assert entry.manifest.identity["owner_uid"] == 0  # root exported it directly
+    assert entry.users == []  # the run's use ended with it
+
+    second, warm, _ = one_run(tmp_path / "s2", signal.SIGTERM)
+    assert second["from"] == "pool" and second["digest"] == first["digest"]
+    assert second["copy"]["size_bytes"] > 0
+    assert warm == cold  # random dummy weights, then every byte from the pool
+    assert requeued == ["77"]  # SIGTERM: no requeue request
+
+
+class _DirectPool:
+    """The pool as a user's run sees it through PoolAccess, served directly (a user's
+    Python cannot be started here: the interpreter lives under /root); the daemon's own
+    stamping of owner_uid is tested in tests/security/test_pool_access.py."""
+
+    def __init__(self, pool: Pool) -> None:
+        self.pool, self.pool_dir, self.imports = pool, pool.pool_dir, []
+
+    def entries(self) -> list[Any]:
+        return self.pool.entries()
+
+    def use(self, ref: str) -> Any:
+        from spswap.liveness import Holder
+
+        return self.pool.use(ref, Holder.current())
+
+    def import_checkpoint(self, path: Path, *, name: str, identity: dict[str, Any]) -> Any:
+        self.imports.append((path.name, identity))
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600  # the export file is private
+        return self.pool.import_checkpoint(path, name=name, identity={**identity,
+                                                                      "owner_uid": 1234})
+
+
+def test_a_users_export_goes_through_a_private_file(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not root: the worker writes its weights to a 0600 file in the state directory, the
+    pool imports it with the layout identity, the file is removed, and the next run of
+    the same user starts from that entry."""
+    model = tmp_path / "m"
+    save_model(model)
+    cfg = Config.from_env({}, root=tmp_path / "root")
+    pool = _DirectPool(Pool(tmp_path / "pool"))
+    monkeypatch.setattr("spswap.access.privileged", lambda: False)
+    monkeypatch.setattr("os.getuid", lambda: 1234)
+    results, answers = [], []
+    for n in (1, 2):
+        opts = VllmServeOptions(model=model, state_dir=tmp_path / f"s{n}", launcher=STANDIN,
+                                start_timeout_s=60)  # fmt: skip
+        run = VllmServe(cfg, opts, pool=pool, vllm_version="x", log=lambda s: None)
+        th, out = _run_in_thread(run)
+        answers.append(_complete(run.server.uds, [7, 8]))
+        run.handle_signal(signal.SIGTERM)
+        th.join(30)
+        assert "error" not in out, out.get("error")
+        results.append(out["result"])
+    assert [r["from"] for r in results] == ["checkpoint", "pool"] and answers[0] == answers[1]
+    [(fname, identity)] = pool.imports
+    assert fname == "vllm-m.safetensors" and identity["vllm"] == "x" and identity["rank"] == 0
+    assert not list((tmp_path / "s1" / "export").iterdir())

@@ -1,0 +1,151 @@
+"""A stand-in for vLLM's OpenAI server, for CPU tests of ``spswap serve --engine vllm``
+(vLLM itself needs a GPU; the real server is tested on the GPU machine:
+tests/engines/test_vllm_serve_gpu.py).
+
+It takes the options spswap passes (``--model``, ``--uds``, ``--load-format``; the rest are
+ignored), listens on the Unix socket, and runs spswap's REAL worker extension on a small
+torch model: weights from ``MODEL/model.safetensors`` with ``--load-format auto``, random
+ones with ``dummy``. Endpoints: ``/health``, ``/sleep`` (the weights are discarded: zeroed),
+``/wake_up``, ``/is_sleeping``, ``/collective_rpc``, and ``/v1/completions`` (greedy token
+ids from a token-id prompt; 503 while asleep).
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.server
+import json
+import os
+import socketserver
+import sys
+import traceback
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from spswap.engines.vllm_worker import SpswapWorkerExtension  # noqa: E402
+
+VOCAB, DIM = 32, 8
+
+
+class Tiny(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(VOCAB, DIM)
+        self.proj = torch.nn.Linear(DIM, DIM)
+
+    @torch.inference_mode()
+    def next_token(self, token: int) -> int:
+        h = torch.tanh(self.proj(self.embed.weight[token]))
+        return int(torch.argmax(self.embed.weight @ h))
+
+
+def save_model(model_dir: Path, seed: int = 0) -> dict[str, torch.Tensor]:
+    """A model directory the stand-in loads (config.json + model.safetensors)."""
+    from safetensors.torch import save_file
+
+    torch.manual_seed(seed)
+    state = {k: v.contiguous() for k, v in Tiny().state_dict().items()}
+    model_dir.mkdir(parents=True, exist_ok=True)
+    (model_dir / "config.json").write_text(json.dumps({"model_type": "standin", "dim": DIM}))
+    save_file(state, str(model_dir / "model.safetensors"))
+    return state
+
+
+class Worker(SpswapWorkerExtension):
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model_runner = SimpleNamespace(model=model)
+        self.vllm_config = SimpleNamespace(parallel_config=SimpleNamespace(tensor_parallel_size=1))
+        self.rank = 0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--uds", required=True)
+    ap.add_argument("--load-format", default="auto")
+    args, _rest = ap.parse_known_args()
+    model = Tiny()
+    if args.load_format == "auto":
+        from safetensors.torch import load_file
+
+        model.load_state_dict(load_file(str(Path(args.model) / "model.safetensors")))
+    else:
+        torch.manual_seed(int.from_bytes(os.urandom(4), "little"))  # garbage, as dummy is
+        model = Tiny()
+    worker = Worker(model)
+    state = {"asleep": False}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a: Any) -> None:
+            pass
+
+        def _send(self, status: int, body: Any = None) -> None:
+            data = b"" if body is None else json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _body(self) -> Any:
+            n = int(self.headers.get("Content-Length") or 0)
+            return json.loads(self.rfile.read(n)) if n else None
+
+        def do_GET(self) -> None:
+            if self.path == "/health":
+                self._send(200)
+            elif self.path == "/is_sleeping":
+                self._send(200, {"is_sleeping": state["asleep"]})
+            else:
+                self._send(404, {"error": self.path})
+
+        def do_POST(self) -> None:
+            path, _, query = self.path.partition("?")
+            body = self._body()
+            if path == "/sleep":
+                assert "level=2" in query, query
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p.zero_()  # level 2: the weights are gone
+                state["asleep"] = True
+                self._send(200)
+            elif path == "/wake_up":
+                if "kv_cache" in query:
+                    state["asleep"] = False
+                self._send(200)
+            elif path == "/collective_rpc":
+                try:
+                    result = getattr(worker, body["method"])(*body.get("args", []))
+                except Exception:
+                    self._send(500, {"error": traceback.format_exc()})
+                    return
+                self._send(200, {"results": [result]})
+            elif path == "/v1/completions":
+                if state["asleep"]:
+                    self._send(503, {"error": "asleep"})
+                    return
+                tokens = list(body["prompt"])
+                for _ in range(int(body.get("max_tokens", 8))):
+                    tokens.append(model.next_token(tokens[-1]))
+                out = tokens[len(body["prompt"]) :]
+                self._send(200, {"choices": [{"token_ids": out}]})
+            else:
+                self._send(404, {"error": path})
+
+    class Server(socketserver.UnixStreamServer):
+        def get_request(self) -> Any:
+            conn, _ = super().get_request()
+            return conn, ("standin", 0)
+
+    with Server(args.uds, Handler) as srv:
+        srv.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
