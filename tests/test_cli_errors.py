@@ -22,3 +22,16 @@ def test_unknown_setting_names_the_valid_ones(tmp_path):
     )
     assert proc.returncode == 2
     assert "unknown setting SPSWAP_ROTO" in proc.stderr and "SPSWAP_ROOT" in proc.stderr
+
+
+def test_serve_options_after_the_dashes_are_for_vllm(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    base = [sys.executable, "-m", "spswap.cli", "serve", str(tmp_path), "--state-dir",
+            str(tmp_path / "s"), "--root", str(tmp_path / "root")]
+    proc = subprocess.run([*base, "--", "--max-num-seqs", "4"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and "for --engine vllm only" in proc.stderr, proc.stderr
+    proc = subprocess.run([*base, "--engine", "vllm", "--", "--port", "9"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode != 0 and "set by spswap serve" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr

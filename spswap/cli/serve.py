@@ -38,6 +38,12 @@ def serve(
         True, help="(vllm) No CUDA graphs or compilation: the fastest start (--no-eager for "
         "peak throughput)."
     ),
+    port: int = typer.Option(
+        None, help="(vllm) Also serve the OpenAI API on this TCP port (0: any free one), "
+        "every request authenticated with the key in STATE_DIR/api_key; off by default "
+        "(the API is on the private Unix socket only).",
+    ),
+    host: str = typer.Option("127.0.0.1", help="(vllm) Address for --port."),
     device: str = typer.Option(None, help="cpu, cuda or cuda:N (default: cuda when present)."),
     units: int = typer.Option(4, help="Quarter-GPU units to reserve on the job's GPU: 1, 2 or 4."),
     slot_timeout_s: float = typer.Option(600.0, help="How long to wait for the GPU slot."),
@@ -92,7 +98,7 @@ def serve(
         _serve_vllm(cfg, job, model, state_dir, list(ctx.args), units=units,
                     slot_timeout_s=slot_timeout_s, requeue=requeue, json_out=json,
                     gpu_memory_utilization=gpu_memory_utilization,
-                    max_model_len=max_model_len, eager=eager)  # fmt: skip
+                    max_model_len=max_model_len, eager=eager, port=port, host=host)  # fmt: skip
         return
     if ctx.args:
         raise typer.BadParameter(f"unexpected arguments {' '.join(ctx.args)}: options after "
@@ -140,6 +146,7 @@ def _serve_vllm(
     cfg: Config, job: Any, model: Path, state_dir: Path, vllm_args: list[str], *,
     units: int, slot_timeout_s: float, requeue: bool, json_out: bool,
     gpu_memory_utilization: float | None, max_model_len: int, eager: bool,
+    port: int | None, host: str,
 ) -> None:  # fmt: skip
     from spswap.engines.vllm_engine import VllmSettings
     from spswap.serve.vllm_run import VllmServe, VllmServeOptions
@@ -151,6 +158,7 @@ def _serve_vllm(
     opts = VllmServeOptions(
         model=model, state_dir=state_dir, settings=settings, vllm_args=tuple(vllm_args),
         units=units, slot_gpus=tuple(job.gpus) if job else (), slot_timeout_s=slot_timeout_s,
+        http_port=port, http_host=host,
     )  # fmt: skip
     run = VllmServe(
         cfg, opts, job_id=job.job_id if job else None,

@@ -8,7 +8,8 @@ Life of a run:
      server with dummy weights and fill them from the pool (no disk read); else start it
      from the checkpoint files and export its weights to the pool once (a user's export
      goes through spswapd), for every later start;
-  3. serve on a private Unix socket (see :mod:`spswap.serve.vllm_api`) until told to stop;
+  3. serve on a private Unix socket (see :mod:`spswap.serve.vllm_api`), and with a port
+     on an authenticated TCP front (:mod:`spswap.serve.http_front`), until told to stop;
      ``endpoint.json`` in the state directory says where;
   4. on the preemption signal (USR1) or SIGTERM: stop the server, release the slot, ask
      Slurm to requeue when the signal was USR1, and exit. The requeued run starts from
@@ -37,6 +38,7 @@ from spswap.fsutil import atomic_write_json
 from spswap.serve.vllm_api import VllmApiServer
 
 ENDPOINT_FILE = "endpoint.json"
+API_KEY_FILE = "api_key"
 
 
 def installed_vllm_version() -> str:
@@ -69,6 +71,8 @@ class VllmServeOptions:
     # the command that runs vLLM's OpenAI server module (default: this Python, -m the
     # module); e.g. a container wrapper: ("apptainer", "exec", "--nv", IMG, "python3", "-m", ...)
     launcher: tuple[str, ...] = ()
+    http_port: int | None = None  # opt-in TCP front with an API key (0: any free port)
+    http_host: str = "127.0.0.1"
 
 
 class VllmServe:
@@ -97,6 +101,8 @@ class VllmServe:
         )  # fmt: skip
         self._slot: Any = None
         self._uses = contextlib.ExitStack()
+        self.front: Any = None
+        self.http_url: str | None = None
 
     # -- signals ----------------------------------------------------------------------
     def handle_signal(self, signum: int, _frame: FrameType | None = None) -> None:
@@ -128,6 +134,7 @@ class VllmServe:
         self._uses = contextlib.ExitStack()
         try:
             result.update(self._start(identity))
+            self._open_front()
             self._write_endpoint()
             self.log(f"spswap serve: {opts.model.name} up ({result['from']}) in "
                      f"{result['start_s']:.1f} s; OpenAI API on unix:{self.server.uds}")
@@ -138,6 +145,8 @@ class VllmServe:
                                       f"{self.server.log_path}")  # fmt: skip
             result["stopped_by"] = self.stop_signal
         finally:
+            if self.front is not None:
+                self.front.stop()
             t0 = time.perf_counter()
             self.server.stop()
             result["stop_s"] = time.perf_counter() - t0
@@ -193,9 +202,24 @@ class VllmServe:
             path.unlink(missing_ok=True)
         return str(manifest.digest)
 
+    def _open_front(self) -> None:
+        """The opt-in TCP front, with a fresh API key in STATE_DIR/api_key."""
+        if self.opts.http_port is None:
+            return
+        from spswap.serve.http_front import HttpFront, new_key
+
+        key = new_key(self.opts.state_dir / API_KEY_FILE)
+        self.front = HttpFront(self.server.uds, key, self.opts.http_host, self.opts.http_port)
+        port = self.front.start()
+        self.http_url = f"http://{self.opts.http_host}:{port}/v1"
+        self.log(f"spswap serve: OpenAI API also on {self.http_url} (key in "
+                 f"{self.opts.state_dir / API_KEY_FILE})")  # fmt: skip
+
     def _write_endpoint(self) -> None:
         atomic_write_json(self.opts.state_dir / ENDPOINT_FILE, {
-            "uds": str(self.server.uds), "pid": os.getpid(),
+            "uds": str(self.server.uds), "http": self.http_url,
+            "api_key_file": str(self.opts.state_dir / API_KEY_FILE) if self.http_url else None,
+            "pid": os.getpid(),
             "server_pid": self.server.proc.pid if self.server.proc else None,
             "model": str(self.opts.model), "job_id": self.job_id,
         }, mode=0o600)  # fmt: skip

@@ -219,3 +219,34 @@ def test_a_users_export_goes_through_a_private_file(tmp_path: Path,
     [(fname, identity)] = pool.imports
     assert fname == "vllm-m.safetensors" and identity["vllm"] == "x" and identity["rank"] == 0
     assert not list((tmp_path / "s1" / "export").iterdir())
+
+
+def test_port_opens_an_authenticated_front_named_in_the_endpoint(tmp_path: Path) -> None:
+    import http.client
+
+    model = tmp_path / "m"
+    save_model(model)
+    cfg = Config.from_env({}, root=tmp_path / "root")
+    state = tmp_path / "s"
+    opts = VllmServeOptions(model=model, state_dir=state, launcher=STANDIN, start_timeout_s=60,
+                            http_port=0)  # fmt: skip
+    run = VllmServe(cfg, opts, vllm_version="x", log=lambda s: None)
+    th, out = _run_in_thread(run)
+    try:
+        endpoint = json.loads((state / ENDPOINT_FILE).read_text())
+        assert endpoint["http"].startswith("http://127.0.0.1:") and endpoint["http"].endswith("/v1")
+        key = Path(endpoint["api_key_file"]).read_text().strip()
+        assert stat.S_IMODE((state / ENDPOINT_FILE).stat().st_mode) == 0o600
+        port = int(endpoint["http"].rsplit(":", 1)[1].split("/")[0])
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
+        conn.request("POST", "/v1/completions", body=json.dumps({"prompt": [4, 5, 6],
+                     "max_tokens": 6}), headers={"Authorization": f"Bearer {key}"})  # fmt: skip
+        resp = conn.getresponse()
+        assert resp.status == 200
+        via_tcp = json.loads(resp.read())["choices"][0]["token_ids"]
+        assert via_tcp == _complete(run.server.uds, [4, 5, 6])
+    finally:
+        run.handle_signal(signal.SIGTERM)
+        th.join(30)
+    assert "error" not in out, out.get("error")
+    assert run.front is not None and run.front.port == port

@@ -1,0 +1,224 @@
+"""An opt-in, authenticated TCP front for the vLLM server's private Unix socket.
+
+``spswap serve --engine vllm --port N`` listens on ``--host`` (default 127.0.0.1) and
+forwards OpenAI API requests to the server's socket. Every request must carry
+``Authorization: Bearer <key>``, the job's key (a random token in ``STATE_DIR/api_key``,
+mode 0600): other users of the node reach the port but not the key. Only the OpenAI
+paths are forwarded (:data:`ALLOWED_PREFIXES`); vLLM's development endpoints (``/sleep``,
+``/wake_up``, ``/collective_rpc``, ...) answer 403 here and stay on the private socket.
+
+One request per connection: the request's head is checked, its body (``Content-Length``
+only) forwarded, the answer piped back as it comes (streamed completions included), then
+both connections close. Pure parts (:func:`parse_head`, :func:`refusal`,
+:func:`upstream_head`) are tested on their exact output.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import secrets
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+ALLOWED_PREFIXES = ("/v1/", "/health", "/ping", "/version", "/tokenize", "/detokenize",
+                    "/metrics")  # fmt: skip
+# not forwarded: hop-by-hop headers, and the key (vLLM has no use for it)
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
+                        "te", "trailer", "transfer-encoding", "upgrade",
+                        "authorization"})  # fmt: skip
+MAX_HEAD_BYTES = 64 << 10
+MAX_BODY_BYTES = 64 << 20
+PIPE_CHUNK_BYTES = 64 << 10
+
+
+@dataclass(frozen=True)
+class Head:
+    """A request line and its headers (names lower-cased; the last of repeats wins)."""
+
+    method: str
+    target: str
+    version: str
+    headers: dict[str, str]
+
+
+class BadRequest(ValueError):
+    pass
+
+
+def parse_head(raw: bytes) -> Head:
+    """Parse an HTTP/1.x request head (without the final blank line)."""
+    try:
+        text = raw.decode("latin-1")
+    except UnicodeDecodeError:  # pragma: no cover - latin-1 decodes every byte
+        raise BadRequest("undecodable request head") from None
+    lines = text.split("\r\n")
+    parts = lines[0].split(" ")
+    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+        raise BadRequest(f"not an HTTP/1.x request line: {lines[0][:80]!r}")
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        if not line:
+            continue
+        name, sep, value = line.partition(":")
+        if not sep or not name or name != name.strip():
+            raise BadRequest(f"malformed header line {line[:80]!r}")
+        headers[name.lower()] = value.strip()
+    return Head(parts[0], parts[1], parts[2], headers)
+
+
+def refusal(head: Head, key: str) -> tuple[int, str] | None:
+    """Why ``head`` is not forwarded, as (status, message); None to forward it."""
+    auth = head.headers.get("authorization", "")
+    given = auth[7:] if auth.startswith("Bearer ") else ""
+    if not hmac.compare_digest(given.encode(), key.encode()):
+        return 401, ("missing or wrong API key: send 'Authorization: Bearer <key>' with the "
+                     "key in the job's STATE_DIR/api_key")  # fmt: skip
+    path = head.target.split("?", 1)[0]
+    if not path.startswith("/") or ".." in path.split("/"):
+        return 400, "the request target must be an absolute path"
+    # "/v1/" is a prefix; the others are exact paths ("/healthz" is not "/health")
+    if not any(path.startswith(p) if p.endswith("/") else path == p for p in ALLOWED_PREFIXES):
+        return 403, (f"{path} is not served on this port (only the OpenAI API: "
+                     f"{', '.join(ALLOWED_PREFIXES)})")  # fmt: skip
+    if "chunked" in head.headers.get("transfer-encoding", "").lower():
+        return 411, "send the request body with a Content-Length (chunked is not accepted)"
+    length = head.headers.get("content-length", "0")
+    if not length.isdigit():
+        return 400, f"bad Content-Length {length!r}"
+    if int(length) > MAX_BODY_BYTES:
+        return 413, f"request body over {MAX_BODY_BYTES} bytes"
+    return None
+
+
+def upstream_head(head: Head) -> bytes:
+    """The head sent to the vLLM socket: hop-by-hop headers and the API key dropped,
+    ``Connection: close`` added (one request per connection)."""
+    lines = [f"{head.method} {head.target} HTTP/1.1"]
+    lines += [f"{k}: {v}" for k, v in head.headers.items() if k not in HOP_BY_HOP]
+    lines.append("connection: close")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+def error_response(status: int, message: str) -> bytes:
+    """A small JSON error answer that closes the connection."""
+    reasons = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 411: "Length Required",
+               413: "Payload Too Large", 502: "Bad Gateway"}  # fmt: skip
+    body = json.dumps({"error": {"message": message, "code": status}}).encode()
+    head = (f"HTTP/1.1 {status} {reasons.get(status, 'Error')}\r\ncontent-type: application/json"
+            f"\r\ncontent-length: {len(body)}\r\nconnection: close\r\n\r\n")  # fmt: skip
+    return head.encode() + body
+
+
+def new_key(path: Path) -> str:
+    """A fresh API key written to ``path`` (mode 0600, created exclusively)."""
+    import os
+
+    key = secrets.token_urlsafe(32)
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(key + "\n")
+    return key
+
+
+class HttpFront:
+    """Serves ``host:port`` in a thread of its own; forwards to the Unix socket ``uds``."""
+
+    def __init__(self, uds: Path, key: str, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.uds, self.key, self.host, self.port = uds, key, host, port
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._server: asyncio.AbstractServer | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+
+    def start(self) -> int:
+        """Listen and serve; returns the port (useful with port 0)."""
+        self._thread = threading.Thread(target=self._run, name="spswap-http-front", daemon=True)
+        self._thread.start()
+        self._ready.wait(10)
+        if self._error is not None:
+            raise self._error
+        return self.port
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        try:
+            self._server = loop.run_until_complete(
+                asyncio.start_server(self._handle, self.host, self.port))
+            self.port = self._server.sockets[0].getsockname()[1]
+        except BaseException as e:  # reported by start()
+            self._error = e
+            self._ready.set()
+            loop.close()
+            return
+        self._ready.set()
+        try:
+            loop.run_forever()
+        finally:
+            loop.close()
+
+    def stop(self) -> None:
+        """Stop listening and end every forwarded connection."""
+        loop, server = self._loop, self._server
+        if loop is None or server is None:
+            return
+
+        async def shutdown() -> None:
+            server.close()
+            for task in asyncio.all_tasks(loop):
+                if task is not asyncio.current_task():
+                    task.cancel()
+
+        asyncio.run_coroutine_threadsafe(shutdown(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        if self._thread is not None:
+            self._thread.join(10)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await self._forward(reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            pass
+        finally:
+            writer.close()
+
+    async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            raw = await reader.readuntil(b"\r\n\r\n")
+        except asyncio.LimitOverrunError:
+            writer.write(error_response(400, "request head too large"))
+            return
+        if len(raw) > MAX_HEAD_BYTES:
+            writer.write(error_response(400, "request head too large"))
+            return
+        try:
+            head = parse_head(raw[:-4])
+        except BadRequest as e:
+            writer.write(error_response(400, str(e)))
+            return
+        refused = refusal(head, self.key)
+        if refused is not None:
+            writer.write(error_response(*refused))
+            await writer.drain()
+            return
+        body = await reader.readexactly(int(head.headers.get("content-length", "0")))
+        try:
+            up_reader, up_writer = await asyncio.open_unix_connection(str(self.uds))
+        except OSError as e:
+            writer.write(error_response(502, f"the model server is not reachable ({e}); it "
+                                             "may be restarting after a preemption: retry"))
+            return
+        try:
+            up_writer.write(upstream_head(head) + body)
+            await up_writer.drain()
+            while chunk := await up_reader.read(PIPE_CHUNK_BYTES):
+                writer.write(chunk)
+                await writer.drain()
+        finally:
+            up_writer.close()
+

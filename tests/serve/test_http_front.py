@@ -1,0 +1,125 @@
+"""The authenticated TCP front of ``spswap serve --engine vllm --port``: exact parsing,
+checks and rewriting, then real connections through it to a real HTTP server on a Unix
+socket (the stand-in of vLLM's server)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from spswap.serve.http_front import (
+    BadRequest,
+    Head,
+    HttpFront,
+    error_response,
+    new_key,
+    parse_head,
+    refusal,
+    upstream_head,
+)
+
+KEY = "k3y"
+
+
+def _head(target: str = "/v1/completions", **headers: str) -> Head:
+    return Head("POST", target, "HTTP/1.1", {"authorization": f"Bearer {KEY}", **headers})
+
+
+def test_parse_head() -> None:
+    raw = b"POST /v1/completions?x=1 HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nX-A:  b \r\n"
+    assert parse_head(raw) == Head("POST", "/v1/completions?x=1", "HTTP/1.1",
+                                   {"host": "a", "content-length": "5", "x-a": "b"})  # fmt: skip
+    for bad in (b"GET /\r\n", b"GET / HTTP/2\r\n", b"GET / HTTP/1.1\r\nno colon\r\n",
+                b"GET / HTTP/1.1\r\n folded: x\r\n"):  # fmt: skip
+        with pytest.raises(BadRequest):
+            parse_head(bad)
+
+
+@pytest.mark.parametrize(("head", "status"), [
+    (_head(), None),
+    (_head("/health"), None),
+    (_head("/v1/chat/completions", **{"content-length": "12"}), None),
+    (Head("POST", "/v1/completions", "HTTP/1.1", {}), 401),
+    (_head(authorization="Bearer wrong"), 401),
+    (_head(authorization=f"Basic {KEY}"), 401),
+    (_head("/sleep?level=2"), 403),
+    (_head("/wake_up"), 403),
+    (_head("/collective_rpc"), 403),
+    (_head("/v1/../collective_rpc"), 400),
+    (_head("http://x/v1/completions"), 400),
+    (_head("/healthz"), 403),
+    (_head(**{"transfer-encoding": "chunked"}), 411),
+    (_head(**{"content-length": "-1"}), 400),
+    (_head(**{"content-length": str(1 << 40)}), 413),
+])  # fmt: skip
+def test_refusal(head: Head, status: int | None) -> None:
+    got = refusal(head, KEY)
+    assert (got[0] if got else None) == status, got
+
+
+def test_upstream_head_drops_the_key_and_hop_by_hop_headers() -> None:
+    head = _head(**{"content-length": "2", "connection": "keep-alive", "x-req": "7"})
+    assert upstream_head(head) == (b"POST /v1/completions HTTP/1.1\r\ncontent-length: 2\r\n"
+                                   b"x-req: 7\r\nconnection: close\r\n\r\n")  # fmt: skip
+
+
+def test_error_response_is_exact() -> None:
+    assert error_response(403, "no") == (
+        b'HTTP/1.1 403 Forbidden\r\ncontent-type: application/json\r\ncontent-length: 41\r\n'
+        b'connection: close\r\n\r\n{"error": {"message": "no", "code": 403}}')
+
+
+def test_new_key_is_private(tmp_path: Path) -> None:
+    key = new_key(tmp_path / "api_key")
+    assert len(key) >= 40 and (tmp_path / "api_key").read_text().strip() == key
+    assert stat.S_IMODE((tmp_path / "api_key").stat().st_mode) == 0o600
+    assert new_key(tmp_path / "api_key") != key  # a new key each run
+
+
+def _call(port: int, method: str, path: str, body: object = None,
+          key: str | None = KEY) -> tuple[int, object]:  # fmt: skip
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    data = json.dumps(body).encode() if body is not None else None
+    if data:
+        headers["Content-Type"] = "application/json"
+    conn.request(method, path, body=data, headers=headers)
+    resp = conn.getresponse()
+    raw = resp.read()
+    conn.close()
+    return resp.status, json.loads(raw) if raw else None
+
+
+def test_through_the_front_to_the_server(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from spswap.serve.vllm_api import VllmApiServer
+    from tests.serve.vllm_standin import save_model
+
+    save_model(tmp_path / "m")
+    standin = (sys.executable, str(Path(__file__).with_name("vllm_standin.py")))
+    srv = VllmApiServer(tmp_path / "m", tmp_path / "sock", launcher=standin)
+    srv.start(dummy=False, timeout_s=60)
+    front = HttpFront(srv.uds, KEY)
+    try:
+        port = front.start()
+        status, data = _call(port, "POST", "/v1/completions", {"prompt": [1, 2], "max_tokens": 3})
+        assert status == 200 and len(data["choices"][0]["token_ids"]) == 3  # type: ignore[index]
+        assert _call(port, "GET", "/health")[0] == 200
+        assert _call(port, "POST", "/v1/completions", {"prompt": [1]}, key=None)[0] == 401
+        status, data = _call(port, "POST", "/sleep?level=2")
+        assert status == 403 and "not served on this port" in str(data)
+        assert _call(port, "POST", "/collective_rpc", {"method": "spswap_detach"})[0] == 403
+        assert not srv.is_sleeping()  # nothing reached the dev endpoints
+        srv.stop()  # the model server gone (a preemption): a clear 502, not a hang
+        status, data = _call(port, "GET", "/health")
+        assert status == 502 and "retry" in str(data)
+    finally:
+        front.stop()
+        srv.stop()
+    with pytest.raises(OSError):
+        _call(port, "GET", "/health")
