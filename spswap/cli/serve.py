@@ -44,6 +44,11 @@ def serve(
         "(the API is on the private Unix socket only).",
     ),
     host: str = typer.Option("127.0.0.1", help="(vllm) Address for --port."),
+    launcher: str = typer.Option(
+        None, help="(vllm) The command that runs vLLM's OpenAI server module, e.g. a "
+        "container: 'apptainer exec --nv vllm.sif python3 -m "
+        "vllm.entrypoints.openai.api_server' (default: this Python, -m that module).",
+    ),
     device: str = typer.Option(None, help="cpu, cuda or cuda:N (default: cuda when present)."),
     units: int = typer.Option(4, help="Quarter-GPU units to reserve on the job's GPU: 1, 2 or 4."),
     slot_timeout_s: float = typer.Option(600.0, help="How long to wait for the GPU slot."),
@@ -82,8 +87,10 @@ def serve(
     vLLM (--engine vllm -- VLLM_OPTIONS): runs vLLM's OpenAI-compatible server on
     a Unix socket in the state directory (mode 0700: only you and root reach it; its path
     is in STATE_DIR/endpoint.json), its weights filled from the node's pool (the first
-    run reads MODEL and exports them). On USR1 or SIGTERM it stops the server, releases
-    the slot and asks for a requeue; the next run starts from the pool, without disk.
+    run reads MODEL and exports them). On USR1 or SIGTERM the server sleeps and spswapd
+    checkpoints it with this process (CUDA checkpoint + CRIU); the requeued run restores
+    it and it serves on. Without spswapd it stops the server, releases the slot and asks
+    for a requeue; the next run starts from the pool, without disk.
     """
     from spswap.serve.runtime import ServeOptions, Server
     from spswap.slurm.env import JobEnv
@@ -98,7 +105,8 @@ def serve(
         _serve_vllm(cfg, job, model, state_dir, list(ctx.args), units=units,
                     slot_timeout_s=slot_timeout_s, requeue=requeue, json_out=json,
                     gpu_memory_utilization=gpu_memory_utilization,
-                    max_model_len=max_model_len, eager=eager, port=port, host=host)  # fmt: skip
+                    max_model_len=max_model_len, eager=eager, port=port, host=host,
+                    launcher=launcher, checkpoint=checkpoint)  # fmt: skip
         return
     if ctx.args:
         raise typer.BadParameter(f"unexpected arguments {' '.join(ctx.args)}: options after "
@@ -146,8 +154,10 @@ def _serve_vllm(
     cfg: Config, job: Any, model: Path, state_dir: Path, vllm_args: list[str], *,
     units: int, slot_timeout_s: float, requeue: bool, json_out: bool,
     gpu_memory_utilization: float | None, max_model_len: int, eager: bool,
-    port: int | None, host: str,
+    port: int | None, host: str, launcher: str | None, checkpoint: bool,
 ) -> None:  # fmt: skip
+    import shlex
+
     from spswap.engines.vllm_engine import VllmSettings
     from spswap.serve.vllm_run import VllmServe, VllmServeOptions
 
@@ -158,13 +168,14 @@ def _serve_vllm(
     opts = VllmServeOptions(
         model=model, state_dir=state_dir, settings=settings, vllm_args=tuple(vllm_args),
         units=units, slot_gpus=tuple(job.gpus) if job else (), slot_timeout_s=slot_timeout_s,
-        http_port=port, http_host=host,
+        http_port=port, http_host=host, launcher=tuple(shlex.split(launcher or "")),
     )  # fmt: skip
     run = VllmServe(
         cfg, opts, job_id=job.job_id if job else None,
         restart_count=job.restart_count if job else 0,
         requeue=_requeue if requeue else None,
         log=lambda msg: err_console.print(msg, markup=False, highlight=False, soft_wrap=True),
+        checkpointer=_checkpointer(cfg) if checkpoint and job is not None else None,
     )  # fmt: skip
     run.install_signal_handlers()
     result = run.run()

@@ -193,6 +193,8 @@ class SpswapWorkerExtension:
         import gc
 
         gc.collect()
+        if not torch.cuda.is_available():
+            return {}
         torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info()
         return {"free_bytes": int(free), "total_bytes": int(total),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
@@ -96,3 +97,23 @@ class DaemonCheckpointer:
         result: dict[str, Any] = Client(self.cfg, timeout_s=RESTORE_TIMEOUT_S).call(
             "restore", job_id=job_id, restart_count=restart_count, **identity)
         return result
+
+
+def stand_in_for(pid: int, stop_requested: Callable[[], str | None],
+                 poll_s: float = 0.05) -> str | None:  # fmt: skip
+    """In a requeued run: wait while the restored instance ``pid`` lives, forwarding the
+    first stop signal this run gets (``stop_requested`` names it, or None). Returns the
+    signal that stopped it: forwarded, or one that came just as it exited."""
+    import os
+    import time
+
+    from spswap.liveness import pid_alive
+
+    forwarded: str | None = None
+    while pid_alive(pid):
+        stop = stop_requested()
+        if stop is not None and forwarded is None:
+            forwarded = stop
+            os.kill(pid, signal.Signals[forwarded])
+        time.sleep(poll_s)
+    return forwarded or stop_requested()

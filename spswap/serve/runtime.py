@@ -30,7 +30,6 @@ from typing import Any, Protocol
 from spswap.config import Config
 from spswap.errors import SpswapError
 from spswap.instance.registry import InstanceRecord, InstanceRegistry
-from spswap.liveness import pid_alive
 from spswap.serve.spool import Request, Spool
 
 
@@ -245,14 +244,9 @@ class Server:
         self.log(f"spswap serve: job {self.job_id} restored from its image as pid {pid} "
                  f"({info.get('timings_s')}); standing in for it")  # fmt: skip
         result.events.append({"restored_pid": pid, "timings_s": info.get("timings_s")})
-        forwarded: str | None = None
-        while pid_alive(pid):
-            if self.stop_signal is not None and forwarded is None:
-                forwarded = self.stop_signal
-                os.kill(pid, signal.Signals[forwarded])
-            time.sleep(0.05)
-        # a stop that came just as it exited (it may have been signalled directly)
-        forwarded = forwarded or self.stop_signal
+        from spswap.serve.checkpointer import stand_in_for
+
+        forwarded = stand_in_for(pid, lambda: self.stop_signal)
         result.stopped_by = forwarded
         if forwarded is None and (self._pending() or not self.opts.exit_when_idle):
             # It ended on its own before its work was done (a crash, a kill): serve on

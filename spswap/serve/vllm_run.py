@@ -11,9 +11,13 @@ Life of a run:
   3. serve on a private Unix socket (see :mod:`spswap.serve.vllm_api`), and with a port
      on an authenticated TCP front (:mod:`spswap.serve.http_front`), until told to stop;
      ``endpoint.json`` in the state directory says where;
-  4. on the preemption signal (USR1) or SIGTERM: stop the server, release the slot, ask
-     Slurm to requeue when the signal was USR1, and exit. The requeued run starts from
-     the pool.
+  4. on the preemption signal (USR1) or SIGTERM, with spswapd running: close the TCP
+     front, sleep the server (level 2), release the slot and park: spswapd CUDA-checkpoints
+     and CRIU-dumps this process with the server's whole tree and requeues the job; the
+     requeued run asks spswapd to restore it and stands in for it, and the restored
+     process wakes the server (weights from the pool) and serves on. Without spswapd, or
+     when the dump fails: stop the server, release the slot, ask for the requeue (USR1),
+     exit; the requeued run starts from the pool.
 
 Signal handlers only set a flag; the loop does the work.
 """
@@ -82,6 +86,7 @@ class VllmServe:
         self, cfg: Config, opts: VllmServeOptions, *, job_id: str | None = None,
         restart_count: int = 0, requeue: Callable[[str], None] | None = None,
         pool: Any = None, log: Callable[[str], None] = print, vllm_version: str | None = None,
+        checkpointer: Any = None,
     ) -> None:  # fmt: skip
         from spswap.access import PoolAccess
 
@@ -92,6 +97,7 @@ class VllmServe:
         self.requeue = requeue
         self.log = log
         self.vllm_version = vllm_version  # None: the installed vLLM's
+        self.checkpointer = checkpointer  # DaemonCheckpointer: stops dump, requeues restore
         self.pool = pool if pool is not None else PoolAccess(cfg, job_id=job_id)
         self.stop_event = threading.Event()
         self.stop_signal: str | None = None
@@ -103,6 +109,7 @@ class VllmServe:
         self._uses = contextlib.ExitStack()
         self.front: Any = None
         self.http_url: str | None = None
+        self._digest = ""
 
     # -- signals ----------------------------------------------------------------------
     def handle_signal(self, signum: int, _frame: FrameType | None = None) -> None:
@@ -132,30 +139,133 @@ class VllmServe:
         # this process holds the pool entry's use (through spswapd for a user): the
         # server's worker only maps it
         self._uses = contextlib.ExitStack()
+        proxied = False
         try:
+            if self.restart_count and self.checkpointer is not None and self.job_id:
+                proxied = self._restore_and_proxy(identity, result)
+                if proxied:
+                    return result
             result.update(self._start(identity))
+            self._digest = str(result["digest"])
             self._open_front()
             self._write_endpoint()
             self.log(f"spswap serve: {opts.model.name} up ({result['from']}) in "
                      f"{result['start_s']:.1f} s; OpenAI API on unix:{self.server.uds}")
-            while not self.stop_event.wait(opts.poll_interval_s):
-                proc = self.server.proc
-                if proc is not None and proc.poll() is not None:
-                    raise EngineError(f"the vLLM server exited with {proc.returncode}; see "
-                                      f"{self.server.log_path}")  # fmt: skip
-            result["stopped_by"] = self.stop_signal
+            while True:
+                self._wait_for_stop()
+                result["stopped_by"] = self.stop_signal
+                if self.checkpointer is None or not self.job_id or not self._park(result):
+                    break
         finally:
-            if self.front is not None:
-                self.front.stop()
-            t0 = time.perf_counter()
-            self.server.stop()
-            result["stop_s"] = time.perf_counter() - t0
+            if not proxied:  # the restored process owns the server (and its socket)
+                if self.front is not None:
+                    self.front.stop()
+                t0 = time.perf_counter()
+                self.server.stop()
+                result["stop_s"] = time.perf_counter() - t0
             self._release_slot()
             self._uses.close()
             (opts.state_dir / ENDPOINT_FILE).unlink(missing_ok=True)
         if self.stop_signal == "SIGUSR1" and self.job_id and self.requeue:
             self.requeue(self.job_id)
         return result
+
+    def _wait_for_stop(self) -> None:
+        while not self.stop_event.wait(self.opts.poll_interval_s):
+            proc = self.server.proc
+            if proc is not None and proc.poll() is not None:
+                raise EngineError(f"the vLLM server exited with {proc.returncode}; see "
+                                  f"{self.server.log_path}")  # fmt: skip
+
+    # -- checkpoint (CUDA checkpoint + CRIU, by spswapd) --------------------------------
+    def checkpoint_identity(self, digest: str) -> dict[str, str]:
+        """What this run names of itself at a dump and expects at a restore."""
+        from spswap.checkpoint.images import config_hash, process_identity
+
+        cfg_hash = config_hash({
+            "engine": "vllm", "model": str(self.opts.model),
+            "settings": self.opts.settings.to_json(), "vllm_args": list(self.opts.vllm_args),
+            "launcher": list(self.opts.launcher),
+        })  # fmt: skip
+        version = self.vllm_version or installed_vllm_version()
+        return process_identity(engine="vllm", engine_version=version, model_digest=digest,
+                                config_hash=cfg_hash)  # fmt: skip
+
+    def _park(self, result: dict[str, Any]) -> bool:
+        """Sleep the server and have spswapd dump this process tree (server included).
+        True when a later run restored it (serving goes on here); False when the dump
+        failed (the caller stops the server, as without a checkpointer)."""
+        from spswap.errors import SpswapError
+        from spswap.serve.checkpointer import ParkOutcome
+
+        assert self.checkpointer is not None and self.job_id is not None
+        if self.front is not None:  # a dump cannot keep client connections
+            self.front.stop()
+            self.front = None
+        # endpoint.json exists while the run serves: not while parked or dumped
+        (self.opts.state_dir / ENDPOINT_FILE).unlink(missing_ok=True)
+        self.server.sleep()
+        try:
+            result["trim"] = self.server.rpc("spswap_trim")
+        except EngineError as e:  # only a smaller image is lost
+            self.log(f"spswap serve: could not trim the GPU memory before the dump ({e})")
+        self._release_slot()
+        requeue = self.stop_signal == "SIGUSR1"
+        try:
+            outcome = self.checkpointer.park(self.job_id, self.checkpoint_identity(self._digest),
+                                             requeue=requeue)  # fmt: skip
+        except SpswapError as e:
+            outcome = ParkOutcome("failed", reason=str(e))
+        if outcome.state != "restored":
+            result["checkpoint"] = {"state": "failed", "reason": outcome.reason}
+            self.log(f"spswap serve: no checkpoint image ({outcome.reason}); the next run "
+                     "starts from the pool")  # fmt: skip
+            return False
+        # Restored into a later run of the job (its proxy holds the slot now).
+        self.restart_count = outcome.restart_count
+        self.stop_signal = None
+        self.stop_event.clear()
+        t0 = time.perf_counter()
+        copy = self.server.wake()
+        wake_s = time.perf_counter() - t0
+        self._open_front()
+        self._write_endpoint()
+        result.update(restart_count=self.restart_count, stopped_by=None)
+        result.setdefault("restores", []).append(
+            {"timings_s": outcome.timings_s, "wake_s": wake_s, "copy": copy})
+        self.log(f"spswap serve: restored from the checkpoint image into run "
+                 f"{self.restart_count}; weights back in {wake_s:.3f} s")  # fmt: skip
+        return True
+
+    def _restore_and_proxy(self, identity: dict[str, Any], result: dict[str, Any]) -> bool:
+        """In a requeued run: have spswapd restore the job's dumped server and stand in for
+        it until it exits (forwarding signals); False when there is nothing to restore."""
+        from spswap.errors import SpswapError
+        from spswap.serve.checkpointer import stand_in_for
+
+        assert self.checkpointer is not None and self.job_id is not None
+        entry = find_entry(self.pool, identity)
+        if entry is None:
+            result["cold_reason"] = "cold start: the model's weights are not in the pool"
+            return False
+        try:
+            info = self.checkpointer.restore(self.job_id, self.checkpoint_identity(entry.digest),
+                                             self.restart_count)  # fmt: skip
+        except SpswapError as e:
+            result["cold_reason"] = f"cold start: {e}"
+            self.log(f"spswap serve: {result['cold_reason']}")
+            return False
+        pid = int(info["pid"])
+        result.update(restored_pid=pid, restore_timings_s=info.get("timings_s"))
+        self.log(f"spswap serve: job {self.job_id} restored from its image as pid {pid} "
+                 f"({info.get('timings_s')}); standing in for it")  # fmt: skip
+        result["stopped_by"] = stand_in_for(pid, lambda: self.stop_signal)
+        if result["stopped_by"] is None:
+            result["cold_reason"] = (f"cold start: the restored server (pid {pid}) ended on "
+                                     "its own")  # fmt: skip
+            self.log(f"spswap serve: {result['cold_reason']}")
+            return False
+        return True
 
     def _start(self, identity: dict[str, Any]) -> dict[str, Any]:
         """Start from the pool when an entry fits, else from disk and export once."""

@@ -1,0 +1,148 @@
+"""The checkpoint path of ``spswap serve --engine vllm``, end to end on CPU: the real CRIU,
+a real spswapd, and a stand-in for vLLM's OpenAI server (tests/serve/vllm_standin.py,
+running spswap's real worker extension) as the child the dump must carry along.
+
+Run 0 starts the server from the checkpoint (exporting the weights), answers through the
+TCP front, and on USR1 sleeps the server and is dumped by spswapd together with the
+server process; run 1 (restart count 1) has spswapd restore the whole tree and stands in
+for it; the restored process wakes the server (weights from the pool), reopens the front
+and answers as before. The real vLLM server's tree (engine core, CUDA) was dumped the same
+way by scripts/gpu/vllm_skeleton.py on the H200 (docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from spswap.checkpoint import criu
+from spswap.config import Config
+from spswap.daemon import lifecycle
+from spswap.daemon.client import Client
+
+pytest.importorskip("torch")
+from tests.serve.vllm_standin import save_model  # noqa: E402
+
+pytestmark = [pytest.mark.criu, pytest.mark.slow]
+JOB = "4343"
+STANDIN = Path(__file__).resolve().parents[1] / "serve" / "vllm_standin.py"
+
+
+@pytest.fixture
+def node() -> Iterator[Config]:
+    if os.geteuid() != 0:
+        pytest.skip("CRIU dumps need root")
+    path = criu.find_criu()
+    if path is None or criu.criu_version(path) < criu.MIN_VERSION:
+        pytest.skip("needs CRIU >= 4.1 (bash scripts/build_criu.sh)")
+    root = Path(tempfile.mkdtemp(prefix="spsv-", dir="/tmp"))
+    os.chmod(root, 0o755)
+    cfg = Config.from_env({}, root=root)
+    lifecycle.start(cfg, wait_s=15.0)
+    try:
+        yield cfg
+    finally:
+        lifecycle.stop(cfg, timeout_s=5.0)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _fake_vllm_dist(tmp: Path) -> Path:
+    """Package metadata that names a vLLM version (the stand-in plays its server)."""
+    site = tmp / "site"
+    (site / "vllm-0.26.0+standin.dist-info").mkdir(parents=True, exist_ok=True)
+    (site / "vllm-0.26.0+standin.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: vllm\nVersion: 0.26.0+standin\n")
+    return site
+
+
+def _serve(cfg: Config, tmp: Path, model: Path, restart: int, log: str) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update(SPSWAP_ROOT=str(cfg.root), SLURM_JOB_ID=JOB, SLURM_RESTART_COUNT=str(restart),
+               PYTHONPATH=os.pathsep.join([str(_fake_vllm_dist(tmp)), str(STANDIN.parents[2])]))
+    out = open(tmp / log, "w")  # a regular file, as a Slurm job's output is
+    return subprocess.Popen(
+        [sys.executable, "-m", "spswap.cli", "serve", str(model), "--engine", "vllm",
+         "--state-dir", str(tmp / "state"), "--port", "0", "--json",
+         "--launcher", f"{sys.executable} {STANDIN}"],
+        env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def _wait(what: str, check, timeout_s: float = 120.0):
+    deadline = time.monotonic() + timeout_s
+    while not (value := check()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+    return value
+
+
+def _endpoint(tmp: Path) -> dict | None:
+    path = tmp / "state" / "endpoint.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _complete(endpoint: dict, prompt: list[int]) -> list[int]:
+    port = int(endpoint["http"].rsplit(":", 1)[1].split("/")[0])
+    key = Path(endpoint["api_key_file"]).read_text().strip()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request("POST", "/v1/completions", body=json.dumps({"prompt": prompt, "max_tokens": 6}),
+                 headers={"Authorization": f"Bearer {key}"})  # fmt: skip
+    resp = conn.getresponse()
+    data = json.loads(resp.read())
+    conn.close()
+    assert resp.status == 200, data
+    return list(data["choices"][0]["token_ids"])
+
+
+def test_the_server_tree_is_dumped_and_restored_into_the_next_run(
+    node: Config, tmp_path: Path
+) -> None:
+    (tmp_path / "fake").mkdir()
+    model = tmp_path / "model"
+    save_model(model)
+    Client(node).call("job.register", job_id=JOB, uid=0, user="root")
+    prompts = [[1, 2, 3], [9, 4], [17]]
+
+    run0 = _serve(node, tmp_path, model, 0, "run0.log")
+    ep0 = _wait("run 0's endpoint", lambda: _endpoint(tmp_path) or run0.poll() is not None)
+    assert run0.poll() is None, (tmp_path / "run0.log").read_text()
+    before = [_complete(ep0, p) for p in prompts]
+    server_pid = ep0["server_pid"]
+    run0.send_signal(signal.SIGUSR1)
+    run0.wait(timeout=120)
+    status = _wait("the dump to finish", lambda: (
+        st if (st := Client(node).call("checkpoint.status", job_id=JOB))["state"] != "dumping"
+        else None))  # fmt: skip
+    assert status["state"] == "saved", (status, (tmp_path / "run0.log").read_text())
+    assert run0.returncode == -signal.SIGKILL  # CRIU ends a dumped process
+    # the server went with it (init may take a moment to reap it)
+    _wait("the server to be gone", lambda: not Path(f"/proc/{server_pid}").exists(), 15)
+
+    run1 = _serve(node, tmp_path, model, 1, "run1.log")
+    try:
+        ep1 = _wait("the restored endpoint", lambda: (
+            e if (e := _endpoint(tmp_path)) and e["pid"] == ep0["pid"] else None))
+        assert ep1["server_pid"] == server_pid  # the same server process, restored
+        assert ep1["api_key_file"] == ep0["api_key_file"]
+        after = [_complete(ep1, p) for p in prompts]
+        assert after == before
+    finally:
+        run1.send_signal(signal.SIGTERM)  # forwarded by the stand-in run to the restored one
+        assert run1.wait(timeout=120) == 0, (tmp_path / "run1.log").read_text()
+    log1 = (tmp_path / "run1.log").read_text()
+    summary = json.loads(log1[log1.index("\n{\n"):])
+    assert summary["restored_pid"] == status["pid"] and summary["stopped_by"] == "SIGTERM"
+    _wait("the restored tree to end", lambda: not Path(f"/proc/{server_pid}").exists(), 30)
+    kinds = [e["kind"] for e in Client(node).call("events.tail", n=50)]
+    assert "checkpoint.saved" in kinds and "restore.done" in kinds
