@@ -26,6 +26,8 @@ class SbatchOptions:
     signal_lead_s: int = 120  # USR1 this long before the time limit
     time_limit: str = "04:00:00"
     requests: str | None = None  # batch jobs: a JSON-lines file of requests
+    engine: str = "reference"  # "vllm": vLLM's OpenAI server (serve_vllm.sbatch)
+    vllm_args: str = "--max-num-seqs 64"  # vLLM's own options (after --)
 
 
 _STATE_COMMENT = """\
@@ -51,19 +53,39 @@ exit $?
 """
 
 
+_VLLM_COMMENT = """\
+# vLLM's OpenAI server listens on a Unix socket only you (and root) can reach; once up,
+# its path is in $STATE/endpoint.json ("uds"). From the job or another job of yours:
+#   curl --unix-socket "$STATE/sock/vllm.sock" http://localhost/v1/completions \\
+#        -H 'Content-Type: application/json' -d '{"model": "'$MODEL'", "prompt": "Hi"}'
+# Add --port 8000 for TCP on 127.0.0.1, every request with the key in $STATE/api_key.
+# The state directory keeps the server's log (vllm.log) and must outlive the job.
+"""
+
+
 def render_serve(opts: SbatchOptions = SbatchOptions()) -> str:
-    """A requeueable model server (or, with ``opts.requests``, a resumable batch job)."""
+    """A requeueable model server (or, with ``opts.requests``, a resumable batch job;
+    with ``opts.engine == "vllm"``, vLLM's OpenAI server)."""
     batch = opts.requests is not None
+    vllm = opts.engine == "vllm"
     what = "a preemptible batch generation job that resumes where it stopped" if batch \
+        else "vLLM's OpenAI server, checkpointed and restored across preemption" if vllm \
         else "a requeueable model server"  # fmt: skip
     extra = requests_line = ""
     if batch:
         requests_line = (f"REQUESTS={shlex.quote(opts.requests or '')}   "
                          "# CHANGE: one JSON request per line\n")  # fmt: skip
         extra = ' \\\n    --requests "$REQUESTS" --exit-when-idle'
+    if vllm:
+        args = " ".join(shlex.quote(a) for a in shlex.split(opts.vllm_args))
+        requests_line = (f"VLLM_ARGS=({args})   # CHANGE: vLLM's own options "
+                         "(not --port/--host/--uds)\n")  # fmt: skip
+        extra = ' --engine vllm -- "${VLLM_ARGS[@]}"'
+    state_comment = _VLLM_COMMENT if vllm else _STATE_COMMENT
+    name = "batch" if batch else "serve_vllm" if vllm else "serve"
     return f"""#!/bin/bash
 # spswap: {what}.
-# Submit with: sbatch {"batch" if batch else "serve"}.sbatch
+# Submit with: sbatch {name}.sbatch
 # Change the lines marked CHANGE.
 #SBATCH --job-name={opts.job_name}
 #SBATCH --partition={opts.partition}
@@ -75,7 +97,7 @@ def render_serve(opts: SbatchOptions = SbatchOptions()) -> str:
 #SBATCH --output=%x-%j.log
 
 MODEL={shlex.quote(opts.model)}   # CHANGE: the model's checkpoint directory
-{requests_line}{_STATE_COMMENT}
+{requests_line}{state_comment}
 STATE="$PWD/.spswap/${{SLURM_JOB_ID}}"
 
 echo "spswap: job ${{SLURM_JOB_ID}} run ${{SLURM_RESTART_COUNT:-0}} on $(hostname)"
@@ -90,9 +112,15 @@ def render_batch(opts: SbatchOptions | None = None) -> str:
     return render_serve(opts)
 
 
+def render_serve_vllm(opts: SbatchOptions | None = None) -> str:
+    """The vLLM variant of :func:`render_serve`."""
+    return render_serve(opts or SbatchOptions(job_name="spswap-vllm", engine="vllm"))
+
+
 def templates() -> dict[str, str]:
     """File name -> content of every template in sbatch_templates/."""
-    return {"serve.sbatch": render_serve(), "batch.sbatch": render_batch()}
+    return {"serve.sbatch": render_serve(), "batch.sbatch": render_batch(),
+            "serve_vllm.sbatch": render_serve_vllm()}
 
 
 def main(argv: list[str]) -> int:

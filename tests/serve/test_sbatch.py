@@ -7,7 +7,13 @@ import subprocess
 
 import pytest
 
-from spswap.serve.sbatch import TEMPLATES_DIR, SbatchOptions, render_serve, templates
+from spswap.serve.sbatch import (
+    TEMPLATES_DIR,
+    SbatchOptions,
+    render_serve,
+    render_serve_vllm,
+    templates,
+)
 
 
 @pytest.mark.parametrize(("name", "text"), sorted(templates().items()))
@@ -37,3 +43,14 @@ def test_options_are_quoted():
     text = render_serve(SbatchOptions(model="/models/a b'c", units=2, partition="gpu"))
     assert "MODEL='/models/a b'\"'\"'c'" in text
     assert "--units 2" in text and "#SBATCH --partition=gpu" in text
+
+
+def test_vllm_template_passes_vllm_options_after_the_dashes():
+    text = render_serve_vllm(SbatchOptions(engine="vllm", model="/m",
+                                           vllm_args="--max-num-seqs 8 --served-model-name 'a b'"))
+    assert "VLLM_ARGS=(--max-num-seqs 8 --served-model-name 'a b')" in text
+    assert 'spswap serve "$MODEL" --state-dir "$STATE" --units 4 --engine vllm -- ' \
+        '"${VLLM_ARGS[@]}" &' in text  # fmt: skip
+    out = subprocess.run(["bash", "-c", text.split("STATE=")[0] + 'printf "%s|" "${VLLM_ARGS[@]}"'],
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert out == "--max-num-seqs|8|--served-model-name|a b|"
