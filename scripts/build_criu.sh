@@ -162,8 +162,10 @@ build() {
     if patch -d "$src" -p1 --forward --dry-run -s <"$p" >/dev/null 2>&1; then
       patch -d "$src" -p1 --forward -s <"$p" || die "could not apply $p"
       log "applied $(basename "$p")"
+    elif patch -d "$src" -p1 --reverse --dry-run -s <"$p" >/dev/null 2>&1; then
+      log "$(basename "$p") is applied already"
     else
-      log "$(basename "$p") does not apply (already applied, or this CRIU has the fix)"
+      die "$(basename "$p") does not apply to criu $CRIU_VERSION; remove $src to start clean, or install a CRIU that has the fix and run again"
     fi
   done
   log "building criu $CRIU_VERSION in $src with $(nproc) jobs"

@@ -70,3 +70,30 @@ def dir_size_bytes(path: Path) -> int:
             except FileNotFoundError:
                 pass
     return total
+
+
+def others_can_replace(path: Path, uid: int) -> str | None:
+    """Why another user could swap ``path`` (or a directory above it) for one of their own,
+    or None when only ``uid`` and root can: every existing directory on the way must be
+    owned by ``uid`` or root and, unless sticky (as /tmp), not writable by group or
+    others. Used before a private socket or file is made there."""
+    import stat
+
+    p = Path(os.path.abspath(path))
+    for d in [p, *p.parents]:
+        try:
+            st = os.lstat(d)
+        except FileNotFoundError:
+            continue  # made later, by us
+        if stat.S_ISLNK(st.st_mode):  # a link cannot be changed, only replaced (checked
+            # above it); where it leads must be as safe
+            why = others_can_replace(d.resolve(), uid)
+            if why:
+                return why
+            continue
+        if st.st_uid not in (0, uid):
+            return f"{d} belongs to uid {st.st_uid}"
+        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            return f"{d} is writable by {'group' if st.st_mode & 0o020 else 'others'} (mode " \
+                   f"{stat.S_IMODE(st.st_mode):o})"  # fmt: skip
+    return None

@@ -112,8 +112,9 @@ def _wait_preflight(pid: int, wait_s: float) -> None:
 
 def credentials_problem(pids: list[int], uid: int, proc: Path = Path("/proc")) -> str | None:
     """Why the tree may not be dumped for ``uid``: CRIU restores the credentials the
-    processes had, so every one of them must be that user's, with no capabilities (a
-    setuid program in the tree would come back as root). None when all is well."""
+    processes had, so every one of them must be that user's, with no capabilities and
+    one group (a setuid or setgid program in the tree would come back with its owner's
+    rights). None when all is well."""
     for pid in pids:
         try:
             lines = (proc / str(pid) / "status").read_text().splitlines()
@@ -123,6 +124,9 @@ def credentials_problem(pids: list[int], uid: int, proc: Path = Path("/proc")) -
         uids = {int(x) for x in fields.get("Uid", [])}
         if uids != {uid}:
             return f"process {pid} runs with uids {sorted(uids)}, not only {uid}"
+        gids = {int(x) for x in fields.get("Gid", [])}
+        if uid != 0 and len(gids) > 1:  # a setgid program: it would come back with that group
+            return f"process {pid} runs with several gids {sorted(gids)} (a setgid program)"
         if uid != 0 and int(fields.get("CapEff", ["0"])[0], 16) != 0:
             return f"process {pid} holds capabilities (CapEff {fields['CapEff'][0]})"
     return None

@@ -37,7 +37,7 @@ from spswap.instance.state import Instance, Primitive, State
 ENGINE_KIND = "vllm"
 WORKER_EXTENSION = "spswap.engines.vllm_worker.SpswapWorkerExtension"
 # Identity keys that must match for a pool entry to fit an engine's weight layout.
-IDENTITY_KEYS = ("engine", "vllm", "tp_size", "rank", "dtype", "model_config_hash")
+IDENTITY_KEYS = ("engine", "vllm", "tp_size", "rank", "dtype", "model_config_hash", "weights")
 
 
 def available() -> bool:
@@ -121,6 +121,20 @@ def model_config_hash(model_dir: Path) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
 
 
+def weights_fingerprint(model_dir: Path) -> str:
+    """Which weight files the model directory holds: sha256 over each ``*.safetensors``
+    (and index) file's name, size and modification time, without reading them. Two
+    checkpoints of one training run share config.json; this tells them apart (a copied
+    file counts as new: one more export, never the wrong weights)."""
+    d = Path(model_dir)
+    files = sorted([*d.glob("*.safetensors"), *d.glob("*.safetensors.index.json")])
+    h = hashlib.sha256()
+    for f in files:
+        st = f.stat()
+        h.update(f"{f.name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
+
+
 def engine_identity(
     model_dir: Path, settings: VllmSettings, version: str, *, rank: int = 0
 ) -> dict[str, Any]:
@@ -128,6 +142,7 @@ def engine_identity(
     return {
         "engine": ENGINE_KIND, "vllm": version, "tp_size": settings.tensor_parallel_size,
         "rank": rank, "dtype": settings.dtype, "model_config_hash": model_config_hash(model_dir),
+        "weights": weights_fingerprint(model_dir),
     }  # fmt: skip
 
 

@@ -114,6 +114,9 @@ def stand_in_for(pid: int, stop_requested: Callable[[], str | None],
         stop = stop_requested()
         if stop is not None and forwarded is None:
             forwarded = stop
-            os.kill(pid, signal.Signals[forwarded])
+            try:
+                os.kill(pid, signal.Signals[forwarded])
+            except ProcessLookupError:  # it ended just now
+                break
         time.sleep(poll_s)
     return forwarded or stop_requested()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import re
 import secrets
 import threading
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy
                         "te", "trailer", "transfer-encoding", "upgrade",
                         "authorization"})  # fmt: skip
 MAX_HEAD_BYTES = 64 << 10
+HEAD_TIMEOUT_S = 30.0  # a client that sends no request head in this time is dropped
+MAX_CONNECTIONS = 256
 MAX_BODY_BYTES = 64 << 20
 PIPE_CHUNK_BYTES = 64 << 10
 
@@ -48,13 +51,20 @@ class BadRequest(ValueError):
     pass
 
 
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110 token: a header name
+
+
 def parse_head(raw: bytes) -> Head:
     """Parse an HTTP/1.x request head (without the final blank line)."""
     try:
         text = raw.decode("latin-1")
     except UnicodeDecodeError:  # pragma: no cover - latin-1 decodes every byte
         raise BadRequest("undecodable request head") from None
+    # A bare LF, CR or NUL inside a line could make the server behind see a second,
+    # unchecked request: refuse every control character (tab in values aside).
     lines = text.split("\r\n")
+    if any(ord(c) < 32 and c != "\t" or c == "\x7f" for line in lines for c in line):
+        raise BadRequest("control characters in the request head")
     parts = lines[0].split(" ")
     if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
         raise BadRequest(f"not an HTTP/1.x request line: {lines[0][:80]!r}")
@@ -63,7 +73,7 @@ def parse_head(raw: bytes) -> Head:
         if not line:
             continue
         name, sep, value = line.partition(":")
-        if not sep or not name or name != name.strip():
+        if not sep or not _TOKEN.fullmatch(name):
             raise BadRequest(f"malformed header line {line[:80]!r}")
         headers[name.lower()] = value.strip()
     return Head(parts[0], parts[1], parts[2], headers)
@@ -86,7 +96,7 @@ def refusal(head: Head, key: str) -> tuple[int, str] | None:
     if "chunked" in head.headers.get("transfer-encoding", "").lower():
         return 411, "send the request body with a Content-Length (chunked is not accepted)"
     length = head.headers.get("content-length", "0")
-    if not length.isdigit():
+    if not (length.isascii() and length.isdigit()):
         return 400, f"bad Content-Length {length!r}"
     if int(length) > MAX_BODY_BYTES:
         return 413, f"request body over {MAX_BODY_BYTES} bytes"
@@ -134,6 +144,7 @@ class HttpFront:
         self._server: asyncio.AbstractServer | None = None
         self._ready = threading.Event()
         self._error: BaseException | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
 
     def start(self) -> int:
         """Listen and serve; returns the port (useful with port 0)."""
@@ -170,9 +181,14 @@ class HttpFront:
 
         async def shutdown() -> None:
             server.close()
+            # abort, not close: a client that stopped reading must not keep its socket
+            # open (a dump cannot take a connection to an outside peer)
+            for w in list(self._writers):
+                w.transport.abort()
             for task in asyncio.all_tasks(loop):
                 if task is not asyncio.current_task():
                     task.cancel()
+            await asyncio.sleep(0)
 
         asyncio.run_coroutine_threadsafe(shutdown(), loop).result(10)
         loop.call_soon_threadsafe(loop.stop)
@@ -180,16 +196,22 @@ class HttpFront:
             self._thread.join(10)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if len(self._writers) >= MAX_CONNECTIONS:
+            writer.transport.abort()
+            return
+        self._writers.add(writer)
         try:
             await self._forward(reader, writer)
-        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
+                TimeoutError):  # fmt: skip
             pass
         finally:
+            self._writers.discard(writer)
             writer.close()
 
     async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            raw = await reader.readuntil(b"\r\n\r\n")
+            raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT_S)
         except asyncio.LimitOverrunError:
             writer.write(error_response(400, "request head too large"))
             return

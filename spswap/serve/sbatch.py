@@ -59,7 +59,9 @@ _VLLM_COMMENT = """\
 #   curl --unix-socket "$STATE/sock/vllm.sock" http://localhost/v1/completions \\
 #        -H 'Content-Type: application/json' -d '{"model": "'$MODEL'", "prompt": "Hi"}'
 # Add --port 8000 for TCP on 127.0.0.1, every request with the key in $STATE/api_key.
-# The state directory keeps the server's log (vllm.log) and must outlive the job.
+# The state directory keeps the server's log (vllm.log) and must outlive the job; no
+# directory above it may be writable by others (a group project directory is refused:
+# use STATE="$HOME/.spswap/${SLURM_JOB_ID}" there).
 """
 
 

@@ -23,6 +23,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -168,8 +169,10 @@ class VllmApiServer:
         self.times = ServerTimes()
 
     # -- process ------------------------------------------------------------------------
-    def start(self, *, dummy: bool, timeout_s: float = 900.0) -> float:
-        """Start the server and wait until ``/health`` answers; returns seconds."""
+    def start(self, *, dummy: bool, timeout_s: float = 900.0,
+              cancel: threading.Event | None = None) -> float:  # fmt: skip
+        """Start the server and wait until ``/health`` answers; returns seconds. A set
+        ``cancel`` (the run was told to stop) ends the wait with an EngineError."""
         self.socket_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.socket_dir, 0o700)  # the socket's only guard: the directory's mode
         if self.uds.exists():
@@ -186,10 +189,10 @@ class VllmApiServer:
         finally:
             if out is not subprocess.DEVNULL:
                 out.close()  # type: ignore[union-attr]
-        self.wait_ready(timeout_s)
+        self.wait_ready(timeout_s, cancel)
         return time.perf_counter() - start
 
-    def wait_ready(self, timeout_s: float) -> None:
+    def wait_ready(self, timeout_s: float, cancel: threading.Event | None = None) -> None:
         """Until ``/health`` answers 200; EngineError (with the log's tail) if the server
         exits or the time runs out."""
         deadline = time.monotonic() + timeout_s
@@ -207,6 +210,8 @@ class VllmApiServer:
             if time.monotonic() > deadline:
                 raise EngineError(f"the vLLM server did not answer /health within {timeout_s:.0f}"
                                   f" s{self._log_tail()}")  # fmt: skip
+            if cancel is not None and cancel.is_set():
+                raise EngineError("stopped while the vLLM server was starting")
             time.sleep(READY_POLL_S)
 
     def _log_tail(self, lines: int = 20) -> str:

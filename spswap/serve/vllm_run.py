@@ -131,6 +131,16 @@ class VllmServe:
     def run(self) -> dict[str, Any]:
         """Serve until stopped or the server ends; returns a summary (see module doc)."""
         opts = self.opts
+        from spswap.fsutil import others_can_replace
+
+        # the server's socket (with its development endpoints) lives here: no one else
+        # may be able to swap the directory for their own
+        why = others_can_replace(opts.state_dir, os.getuid())
+        if why:
+            raise EngineError(
+                f"state directory {opts.state_dir} is not private: {why}; give --state-dir "
+                "under a directory only you (and root) can write, e.g. $HOME/.spswap/<job id>"
+            )
         opts.state_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(opts.state_dir, 0o700)
         result: dict[str, Any] = {"restart_count": self.restart_count, "stopped_by": None}
@@ -166,8 +176,13 @@ class VllmServe:
             self._release_slot()
             self._uses.close()
             (opts.state_dir / ENDPOINT_FILE).unlink(missing_ok=True)
-        if self.stop_signal == "SIGUSR1" and self.job_id and self.requeue:
-            self.requeue(self.job_id)
+            # also after an error: a preempted job that is not requeued is lost work
+            # (the proxy's restored process asked for its own requeue when it parked)
+            if self.stop_signal == "SIGUSR1" and self.job_id and self.requeue and not proxied:
+                try:
+                    self.requeue(self.job_id)
+                except Exception as e:  # noqa: BLE001 - never hide the run's own error
+                    self.log(f"spswap serve: requeue failed ({e})")
         return result
 
     def _wait_for_stop(self) -> None:
@@ -204,17 +219,22 @@ class VllmServe:
             self.front = None
         # endpoint.json exists while the run serves: not while parked or dumped
         (self.opts.state_dir / ENDPOINT_FILE).unlink(missing_ok=True)
-        self.server.sleep()
+        try:
+            self.server.sleep()
+        except (SpswapError, OSError) as e:  # the server is stopped by the caller
+            result["checkpoint"] = {"state": "failed", "reason": f"sleep failed: {e}"}
+            self.log(f"spswap serve: the server did not sleep ({e}); not checkpointed")
+            return False
         try:
             result["trim"] = self.server.rpc("spswap_trim")
-        except EngineError as e:  # only a smaller image is lost
+        except (SpswapError, OSError) as e:  # only a smaller image is lost
             self.log(f"spswap serve: could not trim the GPU memory before the dump ({e})")
         self._release_slot()
         requeue = self.stop_signal == "SIGUSR1"
         try:
             outcome = self.checkpointer.park(self.job_id, self.checkpoint_identity(self._digest),
                                              requeue=requeue)  # fmt: skip
-        except SpswapError as e:
+        except (SpswapError, OSError) as e:
             outcome = ParkOutcome("failed", reason=str(e))
         if outcome.state != "restored":
             result["checkpoint"] = {"state": "failed", "reason": outcome.reason}
@@ -274,11 +294,12 @@ class VllmServe:
         t0 = time.perf_counter()
         if entry is not None:
             self._uses.enter_context(pool.use(entry.digest))
-            server.start(dummy=True, timeout_s=self.opts.start_timeout_s)
+            server.start(dummy=True, timeout_s=self.opts.start_timeout_s,
+                         cancel=self.stop_event)
             with_pool = server.rpc("spswap_load", str(pool.pool_dir), entry.digest, False)
             return {"from": "pool", "digest": entry.digest, "start_s": time.perf_counter() - t0,
                     "copy": with_pool.get("copy")}  # fmt: skip
-        server.start(dummy=False, timeout_s=self.opts.start_timeout_s)
+        server.start(dummy=False, timeout_s=self.opts.start_timeout_s, cancel=self.stop_event)
         digest = self._export(identity)
         self._uses.enter_context(pool.use(digest))
         server.rpc("spswap_attach", str(pool.pool_dir), digest, False)
@@ -301,15 +322,18 @@ class VllmServe:
                 "exporting a tensor-parallel engine's weights through spswapd is not supported "
                 "yet: run with --tensor-parallel-size 1, or export once as root"
             )
-        export_dir = self.opts.state_dir / "export"
-        export_dir.mkdir(mode=0o700, exist_ok=True)
+        import shutil
+        import tempfile
+
+        # mkdtemp: a fresh 0700 directory no one else can rename or fill (in $TMPDIR,
+        # job-private under many Slurm setups), so the file imported is the one written
+        export_dir = Path(tempfile.mkdtemp(prefix="spswap-export-"))
         path = export_dir / f"{name}.safetensors"
-        path.unlink(missing_ok=True)
         try:
             self.server.rpc("spswap_export_file", str(path))
             manifest = self.pool.import_checkpoint(path, name=name, identity=identity)
         finally:
-            path.unlink(missing_ok=True)
+            shutil.rmtree(export_dir, ignore_errors=True)
         return str(manifest.digest)
 
     def _open_front(self) -> None:
@@ -319,8 +343,19 @@ class VllmServe:
         from spswap.serve.http_front import HttpFront, new_key
 
         key = new_key(self.opts.state_dir / API_KEY_FILE)
-        self.front = HttpFront(self.server.uds, key, self.opts.http_host, self.opts.http_port)
-        port = self.front.start()
+        front = HttpFront(self.server.uds, key, self.opts.http_host, self.opts.http_port)
+        try:
+            port = front.start()
+        except OSError as e:
+            if self.restart_count == 0 or self._digest == "":
+                raise
+            # after a restore the port may have been taken meanwhile: a good restore is
+            # not thrown away for it; the Unix socket still serves
+            self.http_url = None
+            self.log(f"spswap serve: could not listen on {self.opts.http_host}:"
+                     f"{self.opts.http_port} again ({e}); serving on the Unix socket only")
+            return
+        self.front = front
         self.http_url = f"http://{self.opts.http_host}:{port}/v1"
         self.log(f"spswap serve: OpenAI API also on {self.http_url} (key in "
                  f"{self.opts.state_dir / API_KEY_FILE})")  # fmt: skip

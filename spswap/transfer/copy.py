@@ -233,14 +233,30 @@ def _copy_staged(
     filled = [torch.cuda.Event() for _ in bufs] if cuda else []
     drained = [torch.cuda.Event() for _ in bufs] if cuda else []
     used = [False] * len(bufs)
+    try:
+        _issue_pieces(plan, base, bufs, flats, h2d, scatter, filled, drained, used, cuda)
+    finally:
+        if cuda:
+            # the caller synchronizes its stream; the scatter stream joins it first (also
+            # after an error: nothing may still read the mapping or the buffers)
+            h2d.wait_stream(scatter)  # type: ignore[union-attr,arg-type]
+            for b in bufs:  # the allocator must not hand these out before the scatter ends
+                b.record_stream(scatter)  # type: ignore[arg-type]
+
+
+def _issue_pieces(
+    plan: list[Piece], base: torch.Tensor, bufs: list[torch.Tensor],
+    flats: Mapping[str, torch.Tensor | None], h2d: Any, scatter: Any, filled: list[Any],
+    drained: list[Any], used: list[bool], cuda: bool,
+) -> None:  # fmt: skip
     for piece in plan:
         buf = bufs[piece.buffer]
         if cuda and used[piece.buffer]:
-            h2d.wait_event(drained[piece.buffer])  # type: ignore[union-attr]
+            h2d.wait_event(drained[piece.buffer])
         buf[: piece.end - piece.start].copy_(base[piece.start : piece.end], non_blocking=True)
         if cuda:
             filled[piece.buffer].record(h2d)
-            scatter.wait_event(filled[piece.buffer])  # type: ignore[union-attr]
+            scatter.wait_event(filled[piece.buffer])
         with torch.cuda.stream(scatter) if cuda else contextlib.nullcontext():
             for name, t_off, b_off, n in piece.slices:
                 flat = flats[name]
@@ -249,8 +265,3 @@ def _copy_staged(
         if cuda:
             drained[piece.buffer].record(scatter)
             used[piece.buffer] = True
-    if cuda:
-        # the caller synchronizes its stream; the scatter stream joins it first
-        h2d.wait_stream(scatter)  # type: ignore[union-attr,arg-type]
-        for b in bufs:  # the allocator must not hand these out before the scatter ends
-            b.record_stream(scatter)  # type: ignore[arg-type]

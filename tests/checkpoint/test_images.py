@@ -137,6 +137,10 @@ def test_credentials_problem_refuses_other_uids_and_capabilities(tmp_path):
     assert "capabilities" in credentials_problem([13], 1000, proc=tmp_path)
     proc(14, 0, cap="000001ffffffffff")
     assert credentials_problem([14], 0, proc=tmp_path) is None  # root's own job
+    (tmp_path / "15").mkdir()
+    (tmp_path / "15" / "status").write_text(  # setgid: effective group 5 (tty, say)
+        "Uid:\t1000\t1000\t1000\t1000\nGid:\t100\t5\t5\t5\nCapEff:\t0\n")
+    assert "several gids [5, 100]" in credentials_problem([10, 15], 1000, proc=tmp_path)
 
 
 def test_image_job_ids_give_het_jobs_their_real_id(tmp_path):

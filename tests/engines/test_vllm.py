@@ -44,6 +44,7 @@ from spswap.engines.vllm_engine import (  # noqa: E402
     model_config_hash,
     rank_result,
     transfer_report,
+    weights_fingerprint,
 )
 from spswap.engines.vllm_worker import SpswapWorkerExtension, weight_tensors  # noqa: E402
 from spswap.errors import EngineError, TransferError  # noqa: E402
@@ -83,7 +84,8 @@ def test_identity_depends_on_config_content_not_key_order_or_place(tmp_path: Pat
     assert model_config_hash(a) == model_config_hash(b)
     ident = engine_identity(a, VllmSettings(), "0.26.0")
     assert ident == {"engine": "vllm", "vllm": "0.26.0", "tp_size": 1, "rank": 0,
-                     "dtype": "bfloat16", "model_config_hash": model_config_hash(a)}  # fmt: skip
+                     "dtype": "bfloat16", "model_config_hash": model_config_hash(a),
+                     "weights": weights_fingerprint(a)}  # fmt: skip
     (b / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 2}))
     assert model_config_hash(a) != model_config_hash(b)
     with pytest.raises(EngineError, match="config.json"):
@@ -91,11 +93,31 @@ def test_identity_depends_on_config_content_not_key_order_or_place(tmp_path: Pat
 
 
 @pytest.mark.parametrize("key", ["engine", "vllm", "tp_size", "rank", "dtype",
-                                 "model_config_hash"])  # fmt: skip
+                                 "model_config_hash", "weights"])  # fmt: skip
 def test_identity_matches_needs_every_key(key: str, tmp_path: Path) -> None:
     ident = engine_identity(_model_dir(tmp_path), VllmSettings(), "0.26.0")
     assert identity_matches({**ident, "extra": 1}, ident)
     assert not identity_matches({**ident, key: "other"}, ident)
+
+
+def test_weights_fingerprint_tells_checkpoints_of_one_config_apart(tmp_path: Path) -> None:
+    """ckpt-2000 after ckpt-1000 of one training run: same config.json, other weights;
+    the pool must not hand back ckpt-1000's."""
+    a, b = _model_dir(tmp_path), tmp_path / "b"
+    b.mkdir()
+    (b / "config.json").write_text((a / "config.json").read_text())
+    (a / "model.safetensors").write_bytes(b"1" * 64)
+    (b / "model.safetensors").write_bytes(b"2" * 80)
+    assert model_config_hash(a) == model_config_hash(b)
+    assert weights_fingerprint(a) != weights_fingerprint(b)
+    ia, ib = (engine_identity(d, VllmSettings(), "0.26.0") for d in (a, b))
+    assert not identity_matches(ia, ib)
+    before = weights_fingerprint(a)
+    os.utime(a / "model.safetensors", ns=(1, 1))  # rewritten in place
+    assert weights_fingerprint(a) != before
+    now = weights_fingerprint(a)
+    (a / "notes.txt").write_text("x")  # other files do not count
+    assert weights_fingerprint(a) == now
 
 
 def test_find_entry_picks_the_newest_matching_entry(tmp_path: Path, pool: Pool) -> None:

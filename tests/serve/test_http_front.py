@@ -35,7 +35,11 @@ def test_parse_head() -> None:
     assert parse_head(raw) == Head("POST", "/v1/completions?x=1", "HTTP/1.1",
                                    {"host": "a", "content-length": "5", "x-a": "b"})  # fmt: skip
     for bad in (b"GET /\r\n", b"GET / HTTP/2\r\n", b"GET / HTTP/1.1\r\nno colon\r\n",
-                b"GET / HTTP/1.1\r\n folded: x\r\n"):  # fmt: skip
+                b"GET / HTTP/1.1\r\n folded: x\r\n", b"GET / HTTP/1.1\r\nbad name: x",
+                # a bare LF (or CR, NUL) would let a second request ride past the checks
+                b"GET /v1/models HTTP/1.1\r\nX-A: 1\n\nPOST /collective_rpc HTTP/1.1",
+                b"GET /v1/models HTTP/1.1\r\nX-A: 1\rX-B: 2", b"GET /v1/\x00 HTTP/1.1",
+                b"GET /v1/models\x7f HTTP/1.1"):  # fmt: skip
         with pytest.raises(BadRequest):
             parse_head(bad)
 
@@ -55,6 +59,7 @@ def test_parse_head() -> None:
     (_head("/healthz"), 403),
     (_head(**{"transfer-encoding": "chunked"}), 411),
     (_head(**{"content-length": "-1"}), 400),
+    (_head(**{"content-length": "\u00b2"}), 400),  # a digit to str.isdigit, not to int()
     (_head(**{"content-length": str(1 << 40)}), 413),
 ])  # fmt: skip
 def test_refusal(head: Head, status: int | None) -> None:
@@ -123,3 +128,35 @@ def test_through_the_front_to_the_server(tmp_path: Path) -> None:
         srv.stop()
     with pytest.raises(OSError):
         _call(port, "GET", "/health")
+
+
+def test_stop_aborts_held_connections_and_slow_heads_are_dropped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that sent half a head (or stopped reading) does not keep its socket past
+    stop(): a dump cannot take a connection to an outside peer."""
+    import socket
+    import time
+
+    import spswap.serve.http_front as hf
+
+    monkeypatch.setattr(hf, "HEAD_TIMEOUT_S", 0.5)
+    front = HttpFront(tmp_path / "none.sock", KEY)
+    port = front.start()
+    slow = socket.create_connection(("127.0.0.1", port))
+    slow.sendall(b"GET /v1/models HTTP/1.1\r\n")  # never finished
+    slow.settimeout(5)
+    t0 = time.monotonic()
+    assert slow.recv(100) == b""  # dropped after the head timeout
+    assert time.monotonic() - t0 < 4
+    held = socket.create_connection(("127.0.0.1", port))
+    held.sendall(b"GET /v1/models HTTP/1.1\r\n")
+    time.sleep(0.1)
+    front.stop()
+    held.settimeout(5)
+    try:
+        assert held.recv(100) == b""
+    except ConnectionResetError:
+        pass  # aborted: as good
+    slow.close()
+    held.close()

@@ -189,6 +189,7 @@ class _DirectPool:
     def import_checkpoint(self, path: Path, *, name: str, identity: dict[str, Any]) -> Any:
         self.imports.append((path.name, identity))
         assert stat.S_IMODE(path.stat().st_mode) == 0o600  # the export file is private
+        assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700  # in a private directory
         return self.pool.import_checkpoint(path, name=name, identity={**identity,
                                                                       "owner_uid": 1234})
 
@@ -204,6 +205,9 @@ def test_a_users_export_goes_through_a_private_file(tmp_path: Path,
     pool = _DirectPool(Pool(tmp_path / "pool"))
     monkeypatch.setattr("spswap.access.privileged", lambda: False)
     monkeypatch.setattr("os.getuid", lambda: 1234)
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    monkeypatch.setattr("tempfile.tempdir", None)  # re-read TMPDIR
     results, answers = [], []
     for n in (1, 2):
         opts = VllmServeOptions(model=model, state_dir=tmp_path / f"s{n}", launcher=STANDIN,
@@ -218,7 +222,8 @@ def test_a_users_export_goes_through_a_private_file(tmp_path: Path,
     assert [r["from"] for r in results] == ["checkpoint", "pool"] and answers[0] == answers[1]
     [(fname, identity)] = pool.imports
     assert fname == "vllm-m.safetensors" and identity["vllm"] == "x" and identity["rank"] == 0
-    assert not list((tmp_path / "s1" / "export").iterdir())
+    # the private export directory (mkdtemp under $TMPDIR) is gone with its file
+    assert not list((tmp_path / "tmp").iterdir())
 
 
 def test_port_opens_an_authenticated_front_named_in_the_endpoint(tmp_path: Path) -> None:
@@ -250,3 +255,19 @@ def test_port_opens_an_authenticated_front_named_in_the_endpoint(tmp_path: Path)
         th.join(30)
     assert "error" not in out, out.get("error")
     assert run.front is not None and run.front.port == port
+
+
+def test_a_state_directory_others_could_swap_is_refused(tmp_path: Path) -> None:
+    """The server's socket (dev endpoints included) goes under the state directory: a
+    group-writable directory above it would let another user put their own in place."""
+    import os
+
+    shared = tmp_path / "project"
+    shared.mkdir()
+    os.chmod(shared, 0o2775)  # a group project directory
+    opts = VllmServeOptions(model=tmp_path, state_dir=shared / ".spswap" / "77",
+                            launcher=STANDIN)  # fmt: skip
+    run = VllmServe(Config.from_env({}, root=tmp_path / "root"), opts, vllm_version="x")
+    with pytest.raises(EngineError, match="not private: .*writable by group.*--state-dir"):
+        run.run()
+    assert not (shared / ".spswap").exists()  # refused before anything was made
