@@ -51,6 +51,7 @@ def test_vllm_template_passes_vllm_options_after_the_dashes():
     assert "VLLM_ARGS=(--max-num-seqs 8 --served-model-name 'a b')" in text
     assert 'spswap serve "$MODEL" --state-dir "$STATE" --units 4 --engine vllm -- ' \
         '"${VLLM_ARGS[@]}" &' in text  # fmt: skip
-    out = subprocess.run(["bash", "-c", text.split("STATE=")[0] + 'printf "%s|" "${VLLM_ARGS[@]}"'],
+    head = text.split("\nSTATE=")[0]
+    out = subprocess.run(["bash", "-c", head + '\nprintf "%s|" "${VLLM_ARGS[@]}"'],
                          capture_output=True, text=True, check=True).stdout  # fmt: skip
     assert out == "--max-num-seqs|8|--served-model-name|a b|"
