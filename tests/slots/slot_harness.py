@@ -49,14 +49,20 @@ def wait_for(predicate, timeout_s: float, what: str) -> None:  # type: ignore[no
 
 
 def kill_and_log(proc: subprocess.Popen, log: Path, name: str) -> None:
-    """SIGKILL a worker, reap it, then log the kill time (after it is surely dead)."""
+    """SIGKILL a worker and log the moment just before the kill as its grant's end.
+
+    Every logged interval must lie inside the true one (a grant logged after the table
+    granted it, a release logged before the table is told): the holder surely lived
+    until the kill was sent, so that time is a lower bound on its end. (The time after
+    the reap is not: another worker may be granted the unit between the death and that
+    moment, which would look like a double grant that never happened.)
+    """
+    t = time.monotonic_ns()
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(
-            fd, (json.dumps({"ev": "killed", "w": name, "t": time.monotonic_ns()}) + "\n").encode()
-        )
+        os.write(fd, (json.dumps({"ev": "killed", "w": name, "t": t}) + "\n").encode())
     finally:
         os.close(fd)
 
