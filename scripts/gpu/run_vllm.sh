@@ -61,7 +61,8 @@ fi
 
 if want probe; then
   step probe
-  timeout -k 5 120 python3 scripts/gpu/vllm_copy_probe.py "$MODELS/qwen2-1.5b" 2>&1 | grep PROBE
+  timeout -k 5 150 python3 scripts/gpu/vllm_copy_probe.py "$MODELS/qwen2-1.5b" --first 2>&1 \
+    | grep "PROBE\|FIRST"
 fi
 
 if want bench && [ "$(left)" -gt 120 ]; then

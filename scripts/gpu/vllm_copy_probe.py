@@ -3,7 +3,11 @@
 vLLM engine on one model, exports and attaches its weights, and asks the worker's
 spswap_copy_probe. GPU machine, with the vLLM kit on PYTHONPATH:
 
-    python3 scripts/gpu/vllm_copy_probe.py /tmp/spswap-models/qwen2-0.5b
+    python3 scripts/gpu/vllm_copy_probe.py /tmp/spswap-models/qwen2-0.5b [--first]
+
+--first: also time each way of writing the weights as the first write after a fresh
+level-2 sleep + weights wake (with and without a pause first), then a staged copy right
+after it: is the first touch of re-created memory slow, and does waiting help?
 """
 
 from __future__ import annotations
@@ -17,6 +21,22 @@ from spswap.engines.vllm_engine import VllmEngine, rank_result
 from spswap.pool.store import Pool
 
 
+def first_touch(eng: VllmEngine) -> None:
+    """Each variant as the first write after a fresh level-2 sleep and weights wake."""
+    llm = eng.llm
+    for variant, wait_s in [("staged", 0.0), ("staged", 0.5), ("direct", 0.0),
+                            ("memset", 0.0), ("memset", 0.5), ("staged", 2.0)]:  # fmt: skip
+        llm.sleep(level=2)
+        llm.wake_up(tags=["weights"])
+        res = rank_result(llm.collective_rpc("spswap_first_copy", args=(variant, wait_s)),
+                          "spswap_first_copy", 1)  # fmt: skip
+        second = rank_result(llm.collective_rpc("spswap_first_copy", args=("staged", 0.0)),
+                             "spswap_first_copy", 1)  # fmt: skip
+        print("FIRST", json.dumps({**res, "then_staged_gb_per_s": second["gb_per_s"]}),
+              flush=True)  # fmt: skip
+        llm.wake_up(tags=["kv_cache"])
+
+
 def main() -> None:
     model = Path(sys.argv[1])
     pool = Pool(Path(tempfile.mkdtemp(dir="/dev/shm")) / "pool")
@@ -28,6 +48,8 @@ def main() -> None:
     eng.wake()
     res = rank_result(eng.llm.collective_rpc("spswap_copy_probe"), "spswap_copy_probe", 1)
     print("PROBE-after-cycle", json.dumps(res), flush=True)
+    if "--first" in sys.argv:
+        first_touch(eng)
     eng.close()
 
 

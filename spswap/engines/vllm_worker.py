@@ -271,6 +271,36 @@ class SpswapWorkerExtension:
         torch.cuda.empty_cache()
         return out
 
+    def spswap_first_copy(self, variant: str, wait_s: float = 0.0) -> dict[str, Any]:
+        """One timed copy of the attached entry into the weights, meant as the FIRST write
+        after ``wake_up(tags=["weights"])`` (scripts/gpu/vllm_copy_probe.py --first):
+        ``direct`` (host -> weights), ``staged`` (what spswap_copy does), ``memset`` (a
+        device-side zero of every weight: is the first write slow for the GPU too?), each
+        after ``wait_s`` of idling (does the driver prepare the new memory meanwhile?)."""
+        mapping: MappedEntry | None = getattr(self, "_spswap_mapping", None)
+        if mapping is None:
+            raise EngineError("attach a pool entry first (spswap_attach)")
+        weights = weight_tensors(self._spswap_model())
+        cuda = any(t.is_cuda for t in weights.values())
+        sync = torch.cuda.synchronize if cuda else (lambda: None)
+        time.sleep(wait_s)
+        sync()
+        t0 = time.perf_counter()
+        if variant == "direct":
+            copy_into(mapping, weights)
+        elif variant == "staged":
+            copy_into(mapping, weights, staging_bytes=STAGING_BYTES)
+        elif variant == "memset":
+            for t in weights.values():
+                t.zero_()
+        else:
+            raise EngineError(f"unknown variant {variant!r}: direct, staged or memset")
+        sync()
+        seconds = time.perf_counter() - t0
+        size = sum(t.size_bytes for t in mapping.manifest.tensors)
+        return {"variant": variant, "wait_s": wait_s, "seconds": seconds,
+                "gb_per_s": size / seconds / 1e9}  # fmt: skip
+
     def spswap_pinned_copy_limit(self, size_bytes: int, repeats: int = 5) -> dict[str, Any]:
         """Host->GPU copy rate from a ``cudaHostAlloc`` (pinned) buffer of ``size_bytes``
         in this process: the ceiling a pool copy is measured against. Best of ``repeats``."""

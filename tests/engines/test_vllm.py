@@ -268,6 +268,24 @@ def test_worker_export_attach_copy_round_trip(tmp_path: Path, pool: Pool) -> Non
         dst.spswap_copy()
 
 
+def test_worker_first_copy_variants_write_what_they_say(tmp_path: Path, pool: Pool) -> None:
+    torch.manual_seed(0)
+    src = _Worker(_Tiny())
+    out = src.spswap_export(str(pool.pool_dir), "tiny", {"engine": "vllm"})
+    dst = _Worker(_Tiny())
+    dst.spswap_attach(str(pool.pool_dir), out["digest"])
+    assert dst.spswap_first_copy("memset")["gb_per_s"] > 0
+    assert float(dst.model_runner.model.proj.weight.abs().sum()) == 0.0
+    for variant in ("direct", "staged"):
+        dst.spswap_first_copy("memset")
+        r = dst.spswap_first_copy(variant, 0.01)
+        assert r["variant"] == variant and r["wait_s"] == 0.01 and r["seconds"] > 0
+        assert dst.spswap_verify(str(pool.pool_dir), "tiny")["differ"] == []
+    with pytest.raises(EngineError, match="unknown variant"):
+        dst.spswap_first_copy("teleport")
+    dst.spswap_detach()
+
+
 def test_worker_attach_refuses_an_entry_of_another_layout(tmp_path: Path, pool: Pool) -> None:
     with pool.writer("other") as w:
         w.add("x", "U8", (4,), b"abcd")
