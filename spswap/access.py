@@ -115,10 +115,16 @@ def import_model(
     from spswap.pool.store import Pool
 
     if privileged():
-        if identity is not None:
-            identity = {**identity, "owner_uid": os.getuid()}
-        return Pool.from_config(cfg).import_checkpoint(Path(path), name=name, progress=progress,
-                                                       identity=identity)  # fmt: skip
+        pool = Pool.from_config(cfg)
+        if identity is None:
+            return pool.import_checkpoint(Path(path), name=name, progress=progress)
+        identity = {**identity, "owner_uid": os.getuid()}
+        manifest = pool.import_checkpoint(Path(path), name=name, progress=progress,
+                                          identity=identity)  # fmt: skip
+        from spswap.pool.store import alias_key
+
+        pool.remember_alias(alias_key(identity, os.getuid()), manifest.digest)
+        return manifest
     from spswap.pool.safetensors_format import INDEX_FILE, resolve_checkpoint
 
     ckpt = resolve_checkpoint(Path(path))  # headers checked as the user, before any fd moves
@@ -202,6 +208,13 @@ class PoolAccess:
 
     def find(self, ref: str) -> Manifest:
         return self.pool.find(ref)
+
+    def find_alias(self, key: str) -> Manifest | None:
+        return self.pool.find_alias(key)
+
+    def remember_alias(self, key: str, digest: str) -> None:
+        """Root only (a user's aliases are recorded by spswapd with its imports)."""
+        self.pool.remember_alias(key, digest)
 
     def entries(self) -> list[Any]:
         return self.pool.entries()

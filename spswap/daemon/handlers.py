@@ -235,8 +235,15 @@ def op_pool_import(ctx: Context, args: dict[str, Any]) -> Any:
         # who exported it, from SO_PEERCRED: engines trust only their own user's (and
         # root's) exports, so no user can plant weights under another's identity
         identity = {**identity, "owner_uid": ctx.peer_uid}
-    manifest = import_from_fds(_pool(ctx), files, name=args.get("name"), owner_uid=ctx.peer_uid,
+    pool = _pool(ctx)
+    manifest = import_from_fds(pool, files, name=args.get("name"), owner_uid=ctx.peer_uid,
                                identity=identity)  # fmt: skip
+    if identity is not None:
+        # the caller's bytes are this entry's (same digest), whoever exported them first:
+        # the caller finds it under its own uid from now on
+        from spswap.pool.store import alias_key
+
+        pool.remember_alias(alias_key(identity, ctx.peer_uid), manifest.digest)
     ctx.state.event("pool.import", uid=ctx.peer_uid, pid=ctx.peer_pid, name=manifest.name,
                     digest=manifest.digest)  # fmt: skip
     return manifest.to_json()

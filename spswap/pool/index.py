@@ -54,6 +54,9 @@ class IndexState:
     sources: dict[str, tuple[str, tuple[SourceFile, ...]]] = field(default_factory=dict)
     # temp build dir name -> room reserved for it
     reservations: dict[str, Reservation] = field(default_factory=dict)
+    # alias key (an engine layout identity + the uid that exported it) -> digest: one entry
+    # serves every user who exported the same bytes (see Pool.remember_alias)
+    aliases: dict[str, str] = field(default_factory=dict)
 
     def record(self, digest: str) -> EntryRecord:
         return self.entries.setdefault(digest, EntryRecord())
@@ -68,6 +71,8 @@ class IndexState:
         self.entries.pop(digest, None)
         for key in [k for k, (d, _) in self.sources.items() if d == digest]:
             del self.sources[key]
+        for key in [k for k, d in self.aliases.items() if d == digest]:
+            del self.aliases[key]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -78,6 +83,7 @@ class IndexState:
                         for k, (d, srcs) in sorted(self.sources.items())},
             "reservations": {k: {"size_bytes": r.size_bytes, "holder": r.holder.to_json()}
                              for k, r in sorted(self.reservations.items())},
+            "aliases": dict(sorted(self.aliases.items())),
         }  # fmt: skip
 
     @classmethod
@@ -92,6 +98,7 @@ class IndexState:
                      for k, v in d.get("sources", {}).items()},
             reservations={k: Reservation(int(v["size_bytes"]), Holder.from_json(v["holder"]))
                           for k, v in d.get("reservations", {}).items()},
+            aliases={str(k): str(v) for k, v in d.get("aliases", {}).items()},
         )  # fmt: skip
 
 
@@ -181,3 +188,5 @@ class PoolIndex:
                 state.forget(digest)
             for key in [k for k, (d, _) in state.sources.items() if d not in live_digests]:
                 del state.sources[key]
+            for key in [k for k, d in state.aliases.items() if d not in live_digests]:
+                del state.aliases[key]

@@ -391,6 +391,21 @@ class Pool:
             if digest in self._live_digests():
                 state.sources[source_key(sources)] = (digest, sources)
 
+    def remember_alias(self, key: str, digest: str) -> None:
+        """Record that ``key`` (see :func:`alias_key`) names entry ``digest``."""
+        self.index.check_writable(f"record an alias of {digest[:12]}")
+        with self.index.locked(self._live_digests) as state:
+            if digest in self._live_digests():
+                state.aliases[key] = digest
+
+    def find_alias(self, key: str) -> Manifest | None:
+        """The entry ``key`` names, or None (never recorded, or the entry is gone)."""
+        digest = self.index.read_unlocked().aliases.get(key)
+        if digest is None:
+            return None
+        raw = read_json(self.entry_dir(digest) / MANIFEST_FILE)
+        return Manifest.from_json(raw) if raw is not None else None
+
     # -- checking ------------------------------------------------------------------------
 
     def verify(self, ref: str) -> Manifest:
@@ -400,6 +415,17 @@ class Pool:
         m = self.find(ref)
         verify_entry(m, self.data_path(m))
         return m
+
+
+def alias_key(identity: dict[str, Any], uid: int) -> str:
+    """Key of an engine layout ``identity`` as exported by ``uid`` (``owner_uid`` in the
+    identity is ignored: the uid given here is the one that counts)."""
+    import hashlib
+    import json
+
+    ident = {k: v for k, v in identity.items() if k != "owner_uid"}
+    text = json.dumps({"identity": ident, "uid": uid}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def source_key(sources: Sequence[SourceFile]) -> str:

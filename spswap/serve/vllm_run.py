@@ -316,6 +316,10 @@ class VllmServe:
         if privileged():
             layout["owner_uid"] = os.getuid()
             out = self.server.rpc("spswap_export", str(self.pool.pool_dir), name, layout)
+            from spswap.pool.store import alias_key
+
+            # found by this identity next time, even if the bytes were there already
+            self.pool.remember_alias(alias_key(identity, os.getuid()), str(out["digest"]))
             return str(out["digest"])
         if self.opts.settings.tensor_parallel_size != 1:
             raise EngineError(

@@ -227,3 +227,14 @@ def test_exports_are_stamped_with_the_importing_users_uid(
     assert find_entry(pool, LAYOUT, uid=user_uid).digest == out["digest"]
     assert find_entry(pool, LAYOUT, uid=user_uid + 1) is None
     assert find_entry(pool, LAYOUT, uid=0) is None
+    # root exports the very same bytes: the entry stays the user's (same digest), and root
+    # now finds it under its own uid (an alias), and so does everyone (root's exports are
+    # trusted); the entry itself still says who exported it first
+    root_copy = write_st(cfg.root / "root-export.safetensors", tensors(5))
+    again = access.import_model(cfg, root_copy, name="exported-again", identity=LAYOUT)
+    assert again.digest == out["digest"] and again.identity["owner_uid"] == user_uid
+    assert find_entry(pool, LAYOUT, uid=0).digest == out["digest"]
+    assert find_entry(pool, LAYOUT, uid=user_uid + 1).digest == out["digest"]
+    pool.remove(out["digest"])
+    assert find_entry(pool, LAYOUT, uid=0) is None  # aliases go with their entry
+    assert pool.index.read_unlocked().aliases == {}
