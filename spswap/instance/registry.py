@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,14 @@ class InstanceRegistry:
     def put(self, record: InstanceRecord) -> None:
         record.updated = time.time()
         atomic_write_json(self.directory / f"{record.id}.json", record.to_json())
+
+    def put_best_effort(self, record: InstanceRecord, log: Callable[[str], None]) -> None:
+        """:meth:`put`, logging instead of failing: a status record is not worth failing a
+        job for (e.g. a root-owned run directory the daemon has not made writable)."""
+        try:
+            self.put(record)
+        except OSError as e:
+            log(f"spswap serve: could not update the instance record ({e})")
 
     def remove(self, instance_id: str) -> None:
         try:

@@ -314,16 +314,8 @@ class Server:
             release_slot(self.cfg, reservation.id)
 
     def _record(self, state: str) -> None:
-        """Best effort: a status record is not worth failing a job for (e.g. a root-owned
-        run directory on a node where the daemon has not made it writable)."""
-        try:
-            self._put_record(state)
-        except OSError as e:
-            self.log(f"spswap serve: could not update the instance record ({e})")
-
-    def _put_record(self, state: str) -> None:
-        self.registry.put(InstanceRecord(
+        self.registry.put_best_effort(InstanceRecord(
             id=self.instance_id, model=self.opts.model.name, state=state, pid=os.getpid(),
             uid=os.getuid(), job_id=self.job_id, device=self.opts.device,
             engine=self.opts.engine, reason=self.reason,
-        ))  # fmt: skip
+        ), self.log)  # fmt: skip

@@ -110,6 +110,11 @@ class VllmServe:
         self.front: Any = None
         self.http_url: str | None = None
         self._digest = ""
+        from spswap.instance.registry import InstanceRegistry
+
+        self.registry = InstanceRegistry(cfg.paths.run / "instances")
+        self.instance_id = f"{job_id or 'local'}-{os.getpid()}"
+        self.reason: str | None = None  # why this run started cold, when it did
 
     # -- signals ----------------------------------------------------------------------
     def handle_signal(self, signum: int, _frame: FrameType | None = None) -> None:
@@ -159,6 +164,7 @@ class VllmServe:
             self._digest = str(result["digest"])
             self._open_front()
             self._write_endpoint()
+            self._record("up")
             self.log(f"spswap serve: {opts.model.name} up ({result['from']}) in "
                      f"{result['start_s']:.1f} s; OpenAI API on unix:{self.server.uds}")
             while True:
@@ -176,6 +182,8 @@ class VllmServe:
             self._release_slot()
             self._uses.close()
             (opts.state_dir / ENDPOINT_FILE).unlink(missing_ok=True)
+            if not proxied:
+                self.registry.remove(self.instance_id)
             # also after an error: a preempted job that is not requeued is lost work
             # (the proxy's restored process asked for its own requeue when it parked)
             if self.stop_signal == "SIGUSR1" and self.job_id and self.requeue and not proxied:
@@ -230,6 +238,7 @@ class VllmServe:
         except (SpswapError, OSError) as e:  # only a smaller image is lost
             self.log(f"spswap serve: could not trim the GPU memory before the dump ({e})")
         self._release_slot()
+        self._record("checkpoint")
         requeue = self.stop_signal == "SIGUSR1"
         try:
             outcome = self.checkpointer.park(self.job_id, self.checkpoint_identity(self._digest),
@@ -250,6 +259,7 @@ class VllmServe:
         wake_s = time.perf_counter() - t0
         self._open_front()
         self._write_endpoint()
+        self._record("up")
         result.update(restart_count=self.restart_count, stopped_by=None)
         result.setdefault("restores", []).append(
             {"timings_s": outcome.timings_s, "wake_s": wake_s, "copy": copy})
@@ -266,13 +276,14 @@ class VllmServe:
         assert self.checkpointer is not None and self.job_id is not None
         entry = find_entry(self.pool, identity)
         if entry is None:
-            result["cold_reason"] = "cold start: the model's weights are not in the pool"
+            result["cold_reason"] = self.reason = ("cold start: the model's weights are not in "
+                                                   "the pool")  # fmt: skip
             return False
         try:
             info = self.checkpointer.restore(self.job_id, self.checkpoint_identity(entry.digest),
                                              self.restart_count)  # fmt: skip
         except SpswapError as e:
-            result["cold_reason"] = f"cold start: {e}"
+            result["cold_reason"] = self.reason = f"cold start: {e}"
             self.log(f"spswap serve: {result['cold_reason']}")
             return False
         pid = int(info["pid"])
@@ -281,8 +292,8 @@ class VllmServe:
                  f"({info.get('timings_s')}); standing in for it")  # fmt: skip
         result["stopped_by"] = stand_in_for(pid, lambda: self.stop_signal)
         if result["stopped_by"] is None:
-            result["cold_reason"] = (f"cold start: the restored server (pid {pid}) ended on "
-                                     "its own")  # fmt: skip
+            result["cold_reason"] = self.reason = (f"cold start: the restored server (pid "
+                                                   f"{pid}) ended on its own")  # fmt: skip
             self.log(f"spswap serve: {result['cold_reason']}")
             return False
         return True
@@ -363,6 +374,15 @@ class VllmServe:
         self.http_url = f"http://{self.opts.http_host}:{port}/v1"
         self.log(f"spswap serve: OpenAI API also on {self.http_url} (key in "
                  f"{self.opts.state_dir / API_KEY_FILE})")  # fmt: skip
+
+    def _record(self, state: str) -> None:
+        from spswap.instance.registry import InstanceRecord
+
+        self.registry.put_best_effort(InstanceRecord(
+            id=self.instance_id, model=self.opts.model.name, state=state, pid=os.getpid(),
+            uid=os.getuid(), job_id=self.job_id, device="cuda", engine="vllm",
+            reason=self.reason,
+        ), self.log)  # fmt: skip
 
     def _write_endpoint(self) -> None:
         atomic_write_json(self.opts.state_dir / ENDPOINT_FILE, {

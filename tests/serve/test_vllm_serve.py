@@ -148,9 +148,15 @@ def test_first_run_exports_and_the_next_starts_from_the_pool(tmp_path: Path) -> 
         th, out = _run_in_thread(run)
         endpoint = json.loads((state / ENDPOINT_FILE).read_text())
         answer = _complete(Path(endpoint["uds"]), [4, 5, 6])
+        from spswap.instance.registry import InstanceRegistry
+
+        registry = InstanceRegistry(cfg.paths.run / "instances")
+        [(rec, alive)] = registry.list()  # what `spswap status` shows
+        assert (rec.engine, rec.state, rec.job_id, alive) == ("vllm", "up", "77", True)
         run.handle_signal(sig)
         th.join(30)
         assert "error" not in out, out.get("error")
+        assert registry.list() == []
         assert not (state / ENDPOINT_FILE).exists() and not Path(endpoint["uds"]).exists()
         return out["result"], answer, endpoint
 
