@@ -70,6 +70,11 @@ class SlotTimeout(SlotError):
         self.holders = list(holders)
 
 
+class StopRequested(SpswapError):
+    """A stop signal (preemption, SIGTERM) came while the run was still waiting to start:
+    nothing was started; the run ends cleanly and, after USR1, asks for its requeue."""
+
+
 class IllegalTransition(SpswapError):
     """An instance was asked to move between two states that are not adjacent."""
 

@@ -32,7 +32,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from spswap.engines.vllm_engine import WORKER_EXTENSION, VllmSettings, engine_env
-from spswap.errors import EngineError
+from spswap.errors import EngineError, StopRequested
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 # Options spswap sets itself; a user passing one of them after `--` would break the swap.
@@ -211,7 +211,7 @@ class VllmApiServer:
                 raise EngineError(f"the vLLM server did not answer /health within {timeout_s:.0f}"
                                   f" s{self._log_tail()}")  # fmt: skip
             if cancel is not None and cancel.is_set():
-                raise EngineError("stopped while the vLLM server was starting")
+                raise StopRequested("stopped while the vLLM server was starting")
             time.sleep(READY_POLL_S)
 
     def _log_tail(self, lines: int = 20) -> str:

@@ -37,7 +37,7 @@ from typing import Any
 
 from spswap.config import Config
 from spswap.engines.vllm_engine import VllmSettings, engine_identity, find_entry
-from spswap.errors import EngineError
+from spswap.errors import EngineError, StopRequested
 from spswap.fsutil import atomic_write_json
 from spswap.serve.vllm_api import VllmApiServer
 
@@ -106,6 +106,7 @@ class VllmServe:
             log_path=opts.state_dir / "vllm.log", log=log, launcher=opts.launcher or None,
         )  # fmt: skip
         self._slot: Any = None
+        self._waiting_for_slot = False
         self._uses = contextlib.ExitStack()
         self.front: Any = None
         self.http_url: str | None = None
@@ -118,10 +119,13 @@ class VllmServe:
 
     # -- signals ----------------------------------------------------------------------
     def handle_signal(self, signum: int, _frame: FrameType | None = None) -> None:
-        """Only records the request to stop; the loop does the work."""
+        """Records the request to stop; the loop does the work. While waiting for the GPU
+        slot (nothing started yet) the wait itself ends here."""
         if self.stop_signal is None:
             self.stop_signal = signal.Signals(signum).name
         self.stop_event.set()
+        if self._waiting_for_slot:
+            raise StopRequested(f"{self.stop_signal} while waiting for the GPU slot")
 
     def install_signal_handlers(self) -> None:
         for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
@@ -150,12 +154,12 @@ class VllmServe:
         os.chmod(opts.state_dir, 0o700)
         result: dict[str, Any] = {"restart_count": self.restart_count, "stopped_by": None}
         identity = self.identity()  # a clear error before any slot is taken
-        self._slot = self._reserve()
         # this process holds the pool entry's use (through spswapd for a user): the
         # server's worker only maps it
         self._uses = contextlib.ExitStack()
         proxied = False
         try:
+            self._slot = self._reserve()
             if self.restart_count and self.checkpointer is not None and self.job_id:
                 proxied = self._restore_and_proxy(identity, result)
                 if proxied:
@@ -172,6 +176,9 @@ class VllmServe:
                 result["stopped_by"] = self.stop_signal
                 if self.checkpointer is None or not self.job_id or not self._park(result):
                     break
+        except StopRequested as e:  # stopped before anything served: a clean end
+            result["stopped_by"] = self.stop_signal
+            self.log(f"spswap serve: {e}; nothing to save")
         finally:
             if not proxied:  # the restored process owns the server (and its socket)
                 if self.front is not None:
@@ -398,9 +405,15 @@ class VllmServe:
             return None
         from spswap.access import reserve_slot
 
-        return reserve_slot(self.cfg, model=self.opts.model.name, units=self.opts.units,
-                            allowed_gpus=self.opts.slot_gpus, job_id=self.job_id,
-                            timeout_s=self.opts.slot_timeout_s)  # fmt: skip
+        if self.stop_event.is_set():
+            raise StopRequested(f"{self.stop_signal} before the GPU slot was asked for")
+        self._waiting_for_slot = True  # a stop signal now ends the wait (handle_signal)
+        try:
+            return reserve_slot(self.cfg, model=self.opts.model.name, units=self.opts.units,
+                                allowed_gpus=self.opts.slot_gpus, job_id=self.job_id,
+                                timeout_s=self.opts.slot_timeout_s)  # fmt: skip
+        finally:
+            self._waiting_for_slot = False
 
     def _release_slot(self) -> None:
         if self._slot is not None:

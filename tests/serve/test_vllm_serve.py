@@ -277,3 +277,52 @@ def test_a_state_directory_others_could_swap_is_refused(tmp_path: Path) -> None:
     with pytest.raises(EngineError, match="not private: .*writable by group.*--state-dir"):
         run.run()
     assert not (shared / ".spswap").exists()  # refused before anything was made
+
+
+def test_a_stop_while_waiting_for_the_slot_ends_the_run_at_once(tmp_path: Path) -> None:
+    """Preempted while queued behind another job on its GPU: the run ends now (nothing
+    was started), not when the slot wait times out."""
+    import os
+    import subprocess
+
+    from spswap.liveness import Holder
+    from spswap.slots.table import SlotTable
+
+    root = tmp_path / "root"
+    cfg = Config.from_env({}, root=root)
+    table = SlotTable.from_config(cfg, gpus=[0])
+    held = table.reserve(model="other", units=4, holder=Holder.current(), timeout_s=5)
+    model = tmp_path / "m"
+    save_model(model)
+    site = tmp_path / "site" / "vllm-0.26.0+standin.dist-info"
+    site.mkdir(parents=True)
+    (site / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.26.0\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update(SPSWAP_ROOT=str(root), SLURM_JOB_ID="88", SLURM_JOB_GPUS="0", SPSWAP_GPUS="0",
+               PYTHONPATH=str(site.parent))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "spswap.cli", "serve", str(model), "--engine", "vllm",
+         "--state-dir", str(tmp_path / "state"), "--no-checkpoint", "--json",
+         "--launcher", " ".join(STANDIN)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not any(w["waiter"]["pid"] == proc.pid for w in table.waiters()):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the run never queued for the slot"
+            time.sleep(0.05)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGUSR1)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        table.release(held.id)
+    assert proc.returncode == 0, err
+    assert time.monotonic() - t0 < 10  # not the 600 s slot timeout
+    assert json.loads(out)["stopped_by"] == "SIGUSR1"
+    assert "SIGUSR1 while waiting for the GPU slot" in err
+    # it asked for the requeue (refused or impossible here: no such job, or no Slurm)
+    assert "not requeueing" in err or "requeue request refused" in err
+    assert [w for w in table.waiters() if w["waiter"]["pid"] == proc.pid] == []
