@@ -28,7 +28,7 @@ from types import FrameType
 from typing import Any, Protocol
 
 from spswap.config import Config
-from spswap.errors import SpswapError
+from spswap.errors import SpswapError, StopRequested
 from spswap.instance.registry import InstanceRecord, InstanceRegistry
 from spswap.serve.spool import Request, Spool
 
@@ -116,15 +116,20 @@ class Server:
         self.registry = InstanceRegistry(cfg.paths.run / "instances")
         self.checkpointer = checkpointer
         self.reason: str | None = None  # why this run started cold, when it did
-        self._slot: Any = None  # our Reservation, while we hold one
+        from spswap.serve.slot_hold import RunSlot
+
+        self.slot = RunSlot(cfg, model=opts.model.name, units=opts.units, gpus=opts.slot_gpus,
+                            job_id=job_id, timeout_s=opts.slot_timeout_s)  # fmt: skip
         self.front: Any = None
 
     # -- signals -------------------------------------------------------------
     def handle_signal(self, signum: int, _frame: FrameType | None = None) -> None:
-        """Only records the request to stop; the loop does the work."""
+        """Records the request to stop; the loop does the work. While waiting for the GPU
+        slot (nothing started yet) the wait itself ends here."""
         if self.stop_signal is None:
             self.stop_signal = signal.Signals(signum).name
         self.stop_event.set()
+        self.slot.interrupt(self.stop_signal)
 
     def install_signal_handlers(self) -> None:
         for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
@@ -145,7 +150,14 @@ class Server:
 
         pool = PoolAccess(self.cfg, job_id=self.job_id)  # through spswapd unless root
         manifest = pool.import_checkpoint(self.opts.model)
-        self._slot = self._reserve()
+        try:
+            self.slot.reserve(self.stop_signal)
+        except StopRequested as e:  # nothing started; the spool keeps every request
+            result.stopped_by = self.stop_signal
+            self.log(f"spswap serve: {e}; the requests wait for the next run")
+            if self.stop_signal == "SIGUSR1" and self.requeue and self.job_id:
+                self.requeue(self.job_id)
+            return self._finish(result)
         engine = None
         try:
             if self.restart_count and self.checkpointer is not None and self.job_id:
@@ -162,7 +174,7 @@ class Server:
                      f"{result.resumed} saved request(s) to resume")  # fmt: skip
             self._serve_until_done(engine, manifest.digest, result)
         finally:
-            self._release_slot()
+            self.slot.release()
             if self.front is not None:
                 self.front.close("the server has ended")
             if engine is not None and not self.stop_event.is_set():
@@ -189,7 +201,7 @@ class Server:
                                  "is saved and answered after the restart")  # fmt: skip
             result.events.append(self.suspender.suspend(engine))
             self._record("sleep")
-            self._release_slot()
+            self.slot.release()
             requeue = result.stopped_by == "SIGUSR1" and self.job_id is not None
             outcome = self._park(digest, requeue) if self.checkpointer else None
             if outcome is None or outcome.state != "restored":
@@ -294,24 +306,6 @@ class Server:
                 raise SpswapError(f"{path}:{n}: not JSON ({e}); one request per line") from None
             added += self.spool.submit(Request.from_json(data))
         return added
-
-    def _reserve(self) -> Any:
-        """A slot on the job's GPU (through spswapd unless root); none when the node has no
-        GPU list (CPU runs)."""
-        if not self.opts.slot_gpus:
-            return None
-        from spswap.access import reserve_slot
-
-        return reserve_slot(self.cfg, model=self.opts.model.name, units=self.opts.units,
-                            allowed_gpus=self.opts.slot_gpus, job_id=self.job_id,
-                            timeout_s=self.opts.slot_timeout_s)  # fmt: skip
-
-    def _release_slot(self) -> None:
-        if self._slot is not None:
-            from spswap.access import release_slot
-
-            reservation, self._slot = self._slot, None
-            release_slot(self.cfg, reservation.id)
 
     def _record(self, state: str) -> None:
         self.registry.put_best_effort(InstanceRecord(

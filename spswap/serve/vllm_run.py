@@ -105,8 +105,10 @@ class VllmServe:
             opts.model, opts.state_dir / "sock", opts.settings, opts.vllm_args,
             log_path=opts.state_dir / "vllm.log", log=log, launcher=opts.launcher or None,
         )  # fmt: skip
-        self._slot: Any = None
-        self._waiting_for_slot = False
+        from spswap.serve.slot_hold import RunSlot
+
+        self.slot = RunSlot(cfg, model=opts.model.name, units=opts.units, gpus=opts.slot_gpus,
+                            job_id=job_id, timeout_s=opts.slot_timeout_s)  # fmt: skip
         self._uses = contextlib.ExitStack()
         self.front: Any = None
         self.http_url: str | None = None
@@ -124,8 +126,7 @@ class VllmServe:
         if self.stop_signal is None:
             self.stop_signal = signal.Signals(signum).name
         self.stop_event.set()
-        if self._waiting_for_slot:
-            raise StopRequested(f"{self.stop_signal} while waiting for the GPU slot")
+        self.slot.interrupt(self.stop_signal)
 
     def install_signal_handlers(self) -> None:
         for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
@@ -159,7 +160,7 @@ class VllmServe:
         self._uses = contextlib.ExitStack()
         proxied = False
         try:
-            self._slot = self._reserve()
+            self.slot.reserve(self.stop_signal)
             if self.restart_count and self.checkpointer is not None and self.job_id:
                 proxied = self._restore_and_proxy(identity, result)
                 if proxied:
@@ -186,7 +187,7 @@ class VllmServe:
                 t0 = time.perf_counter()
                 self.server.stop()
                 result["stop_s"] = time.perf_counter() - t0
-            self._release_slot()
+            self.slot.release()
             self._uses.close()
             (opts.state_dir / ENDPOINT_FILE).unlink(missing_ok=True)
             if not proxied:
@@ -244,7 +245,7 @@ class VllmServe:
             result["trim"] = self.server.rpc("spswap_trim")
         except (SpswapError, OSError) as e:  # only a smaller image is lost
             self.log(f"spswap serve: could not trim the GPU memory before the dump ({e})")
-        self._release_slot()
+        self.slot.release()
         self._record("checkpoint")
         requeue = self.stop_signal == "SIGUSR1"
         try:
@@ -399,25 +400,3 @@ class VllmServe:
             "server_pid": self.server.proc.pid if self.server.proc else None,
             "model": str(self.opts.model), "job_id": self.job_id,
         }, mode=0o600)  # fmt: skip
-
-    def _reserve(self) -> Any:
-        if not self.opts.slot_gpus:
-            return None
-        from spswap.access import reserve_slot
-
-        if self.stop_event.is_set():
-            raise StopRequested(f"{self.stop_signal} before the GPU slot was asked for")
-        self._waiting_for_slot = True  # a stop signal now ends the wait (handle_signal)
-        try:
-            return reserve_slot(self.cfg, model=self.opts.model.name, units=self.opts.units,
-                                allowed_gpus=self.opts.slot_gpus, job_id=self.job_id,
-                                timeout_s=self.opts.slot_timeout_s)  # fmt: skip
-        finally:
-            self._waiting_for_slot = False
-
-    def _release_slot(self) -> None:
-        if self._slot is not None:
-            from spswap.access import release_slot
-
-            reservation, self._slot = self._slot, None
-            release_slot(self.cfg, reservation.id)

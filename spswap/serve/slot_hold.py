@@ -1,0 +1,56 @@
+"""The GPU slot of one serving run: reserved once (a stop signal ends the wait), released
+once. Shared by ``spswap serve``'s reference and vLLM runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from spswap.config import Config
+from spswap.errors import StopRequested
+
+
+class RunSlot:
+    """A run's reservation on its job's GPUs (none when the job has no GPU list)."""
+
+    def __init__(
+        self, cfg: Config, *, model: str, units: int, gpus: tuple[int, ...],
+        job_id: str | None, timeout_s: float,
+    ) -> None:  # fmt: skip
+        self.cfg = cfg
+        self.model, self.units, self.gpus = model, units, gpus
+        self.job_id, self.timeout_s = job_id, timeout_s
+        self.reservation: Any = None
+        self._waiting = False
+
+    def interrupt(self, signal_name: str) -> None:
+        """From a signal handler: end a wait for the slot (nothing has started yet). A
+        reservation granted at that very moment is held by this process until it exits
+        (then reclaimed), which comes next."""
+        if self._waiting:
+            raise StopRequested(f"{signal_name} while waiting for the GPU slot")
+
+    def reserve(self, stopped: str | None = None) -> None:
+        """Reserve (through spswapd unless root); ``stopped``: a stop signal that came
+        before, which ends the run before it asks."""
+        if not self.gpus:
+            return
+        if stopped is not None:
+            raise StopRequested(f"{stopped} before the GPU slot was asked for")
+        from spswap.access import reserve_slot
+
+        self._waiting = True
+        try:
+            self.reservation = reserve_slot(
+                self.cfg, model=self.model, units=self.units, allowed_gpus=self.gpus,
+                job_id=self.job_id, timeout_s=self.timeout_s,
+            )  # fmt: skip
+        finally:
+            self._waiting = False
+
+    def release(self) -> None:
+        """Give the reservation back (once; a no-op without one)."""
+        if self.reservation is not None:
+            from spswap.access import release_slot
+
+            reservation, self.reservation = self.reservation, None
+            release_slot(self.cfg, reservation.id)
