@@ -7,7 +7,9 @@
 #   bench     python -m spswap.bench.swap on 0.5B and 1.5B
 #   tests     tests/engines/test_vllm.py and test_vllm_serve_gpu.py on 0.5B
 #   bench7b   python -m spswap.bench.swap on 7B (--cycles 2)
-#   probe     scripts/gpu/vllm_copy_probe.py on 1.5B (why a copy runs below the limit)
+#   probe     scripts/gpu/vllm_copy_probe.py --first on 1.5B (why a copy runs below the limit)
+#   servecriu spswap serve --engine vllm preempted, dumped and restored with a real spswapd
+#             (root, CRIU bundle, .device/serveaddon; test_vllm_serve_gpu.py)
 # Everything goes to $OUT (default /tmp/spswap-gpu-out). Each step has its own time limit
 # and runs only while BUDGET_S seconds (default 560) leave room for it.
 set -uo pipefail
@@ -45,18 +47,34 @@ sizes="0.5b 1.5b"
 want bench7b && sizes="$sizes 7b"
 timeout -k 5 180 python3 scripts/gpu/make_models.py --out "$MODELS" --sizes $sizes || exit 3
 
-if want skeleton; then
-  step skeleton
+# CRIU steps: the carried bundle, and no io_uring for the engines they start (restored after)
+criu_on() {
   if [ -z "${SPSWAP_CRIU:-}" ] && [ -x .criu-build/bundle/criu ]; then
     export SPSWAP_CRIU="$PWD/.criu-build/bundle/criu"
   fi
   old_uring=$(sysctl -n kernel.io_uring_disabled 2>/dev/null || echo 0)
   sysctl -w kernel.io_uring_disabled=2 || echo "could not set kernel.io_uring_disabled"
   "$SPSWAP_CRIU" --version | head -1
+}
+criu_off() { sysctl -w kernel.io_uring_disabled="$old_uring" >/dev/null 2>&1; }
+
+if want skeleton; then
+  step skeleton
+  criu_on
   timeout -k 5 $(( $(left) < 280 ? $(left) : 280 )) python3 scripts/gpu/vllm_skeleton.py \
     --model-a "$MODELS/qwen2-0.5b" --model-b "$MODELS/qwen2-1.5b" --out "$OUT/skeleton.json"
   echo "skeleton rc=$?"
-  sysctl -w kernel.io_uring_disabled="$old_uring" >/dev/null 2>&1
+  criu_off
+fi
+
+if want servecriu; then
+  step servecriu
+  criu_on
+  SPSWAP_TEST_VLLM_MODEL="$MODELS/qwen2-0.5b" timeout -k 5 $(( $(left) - 5 )) \
+    python3 -m pytest tests/engines/test_vllm_serve_gpu.py -k real_server_is_dumped -q -rs -s \
+    -p no:cacheprovider
+  echo "servecriu rc=$?"
+  criu_off
 fi
 
 if want probe; then

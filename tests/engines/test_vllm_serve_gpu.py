@@ -105,3 +105,102 @@ def test_two_runs_of_a_job_and_a_swap_through_the_server(tmp_path: Path) -> None
     assert second["answers"] == first["answers"]
     assert second["during"]["answers"] == first["answers"]
     assert second["during"]["copy"]["size_bytes"] > 0
+
+
+def _criu_ready() -> str | None:
+    """Why the checkpoint path of the real server cannot run here, or None."""
+    import shutil
+
+    from spswap.checkpoint import criu, cuda_ckpt
+
+    if os.geteuid() != 0:
+        return "CRIU dumps need root"
+    path = criu.find_criu()
+    if path is None or criu.criu_version(path) < criu.MIN_VERSION:
+        return "needs CRIU >= 4.1 (scripts/build_criu.sh, or SPSWAP_CRIU=.criu-build/bundle/criu)"
+    if not cuda_ckpt.available():
+        return f"no CUDA checkpoint: {cuda_ckpt.unavailable_reason()}"
+    if Path("/proc/sys/kernel/io_uring_disabled").read_text().strip() != "2":
+        return "needs sysctl kernel.io_uring_disabled=2 (vLLM's process holds an io_uring)"
+    if shutil.which("ss") is None:
+        return "needs ss (iproute2) to check the tree's sockets before a dump"
+    return None
+
+
+def test_the_real_server_is_dumped_and_restored_into_the_next_run(tmp_path: Path) -> None:
+    """`spswap serve --engine vllm` as a job would run it, twice, with a real spswapd: run 0
+    is preempted (USR1) and dumped with the whole server tree (API server, engine core,
+    CUDA checkpoint); run 1 has it restored and answers like run 0."""
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    from spswap.daemon import lifecycle
+    from spswap.daemon.client import Client
+
+    reason = _criu_ready()
+    if reason:
+        pytest.skip(reason)
+    model = _model(tmp_path)
+    root = Path(tempfile.mkdtemp(prefix="spsg-", dir="/tmp"))
+    os.chmod(root, 0o755)
+    cfg = Config.from_env({}, root=root)
+    lifecycle.start(cfg, wait_s=15.0)
+    job = "5151"
+    state = tmp_path / "state"
+    try:
+        Client(cfg).call("job.register", job_id=job, uid=0, user="root")
+
+        def serve(restart: int) -> subprocess.Popen:
+            env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+            env.update(SPSWAP_ROOT=str(root), SLURM_JOB_ID=job,
+                       SLURM_RESTART_COUNT=str(restart))  # fmt: skip
+            log = open(tmp_path / f"run{restart}.log", "w")
+            return subprocess.Popen(
+                [sys.executable, "-m", "spswap.cli", "serve", str(model), "--engine", "vllm",
+                 "--state-dir", str(state), "--gpu-memory-utilization", "0.3",
+                 "--max-model-len", "512", "--json"],
+                env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            )  # fmt: skip
+
+        def endpoint(pid: int | None = None) -> dict[str, Any] | None:
+            path = state / ENDPOINT_FILE
+            if not path.exists():
+                return None
+            ep: dict[str, Any] = json.loads(path.read_text())
+            return ep if pid is None or ep["pid"] == pid else None
+
+        def wait(what: str, check: Any, timeout_s: float) -> Any:
+            deadline = time.monotonic() + timeout_s
+            while not (value := check()):
+                assert time.monotonic() < deadline, f"timed out waiting for {what}: " + "".join(
+                    p.read_text()[-2000:] for p in tmp_path.glob("run*.log"))
+                time.sleep(0.2)
+            return value
+
+        run0 = serve(0)
+        ep0 = wait("run 0's server", endpoint, 420)
+        before = _answers(Path(ep0["uds"]), model)
+        t0 = time.monotonic()
+        run0.send_signal(signal.SIGUSR1)
+        run0.wait(timeout=300)
+        status = wait("the dump", lambda: (
+            st if (st := Client(cfg).call("checkpoint.status", job_id=job))["state"] != "dumping"
+            else None), 300)  # fmt: skip
+        dump_s = time.monotonic() - t0
+        assert status["state"] == "saved", (status, (tmp_path / "run0.log").read_text()[-3000:])
+        run1 = serve(1)
+        t1 = time.monotonic()
+        ep1 = wait("the restored server", lambda: endpoint(ep0["pid"]), 300)
+        restore_s = time.monotonic() - t1
+        after = _answers(Path(ep1["uds"]), model)
+        run1.send_signal(signal.SIGTERM)
+        run1.wait(timeout=120)
+        print(json.dumps({"stop_to_saved_s": dump_s, "run1_start_to_serving_s": restore_s,
+                          "image_bytes": status.get("size_bytes"),
+                          "timings_s": status.get("timings_s")}))  # fmt: skip
+        assert ep1["server_pid"] == ep0["server_pid"] and after == before
+    finally:
+        lifecycle.stop(cfg, timeout_s=10.0)
+        shutil.rmtree(root, ignore_errors=True)
