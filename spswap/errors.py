@@ -70,6 +70,10 @@ class SlotTimeout(SlotError):
         self.holders = list(holders)
 
 
+class BadHttpRequest(SpswapError):
+    """A request to spswap's TCP front is not well-formed HTTP/1.x (answered with 400)."""
+
+
 class StopRequested(SpswapError):
     """A stop signal (preemption, SIGTERM) came while the run was still waiting to start:
     nothing was started; the run ends cleanly and, after USR1, asks for its requeue."""

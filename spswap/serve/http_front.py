@@ -24,6 +24,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from spswap.errors import BadHttpRequest
+
 ALLOWED_PREFIXES = ("/v1/", "/health", "/ping", "/version", "/tokenize", "/detokenize",
                     "/metrics")  # fmt: skip
 # not forwarded: hop-by-hop headers, and the key (vLLM has no use for it)
@@ -47,10 +49,6 @@ class Head:
     headers: dict[str, str]
 
 
-class BadRequest(ValueError):
-    pass
-
-
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110 token: a header name
 
 
@@ -59,22 +57,22 @@ def parse_head(raw: bytes) -> Head:
     try:
         text = raw.decode("latin-1")
     except UnicodeDecodeError:  # pragma: no cover - latin-1 decodes every byte
-        raise BadRequest("undecodable request head") from None
+        raise BadHttpRequest("undecodable request head") from None
     # A bare LF, CR or NUL inside a line could make the server behind see a second,
     # unchecked request: refuse every control character (tab in values aside).
     lines = text.split("\r\n")
     if any(ord(c) < 32 and c != "\t" or c == "\x7f" for line in lines for c in line):
-        raise BadRequest("control characters in the request head")
+        raise BadHttpRequest("control characters in the request head")
     parts = lines[0].split(" ")
     if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-        raise BadRequest(f"not an HTTP/1.x request line: {lines[0][:80]!r}")
+        raise BadHttpRequest(f"not an HTTP/1.x request line: {lines[0][:80]!r}")
     headers: dict[str, str] = {}
     for line in lines[1:]:
         if not line:
             continue
         name, sep, value = line.partition(":")
         if not sep or not _TOKEN.fullmatch(name):
-            raise BadRequest(f"malformed header line {line[:80]!r}")
+            raise BadHttpRequest(f"malformed header line {line[:80]!r}")
         headers[name.lower()] = value.strip()
     return Head(parts[0], parts[1], parts[2], headers)
 
@@ -220,7 +218,7 @@ class HttpFront:
             return
         try:
             head = parse_head(raw[:-4])
-        except BadRequest as e:
+        except BadHttpRequest as e:
             writer.write(error_response(400, str(e)))
             return
         refused = refusal(head, self.key)

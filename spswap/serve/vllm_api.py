@@ -25,7 +25,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -154,7 +154,7 @@ class VllmApiServer:
     def __init__(
         self, model_dir: Path, socket_dir: Path, settings: VllmSettings | None = None,
         user_args: Sequence[str] = (), *, log_path: Path | None = None,
-        log: Callable[[str], None] = lambda s: None, launcher: Sequence[str] | None = None,
+        launcher: Sequence[str] | None = None,
     ) -> None:  # fmt: skip
         check_user_args(user_args)
         self.launcher = tuple(launcher) if launcher else default_launcher()
@@ -164,7 +164,6 @@ class VllmApiServer:
         self.settings = settings or VllmSettings()
         self.user_args = list(user_args)
         self.log_path = log_path
-        self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
         self.times = ServerTimes()
 

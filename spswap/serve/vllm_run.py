@@ -103,7 +103,7 @@ class VllmServe:
         self.stop_signal: str | None = None
         self.server = VllmApiServer(
             opts.model, opts.state_dir / "sock", opts.settings, opts.vllm_args,
-            log_path=opts.state_dir / "vllm.log", log=log, launcher=opts.launcher or None,
+            log_path=opts.state_dir / "vllm.log", launcher=opts.launcher or None,
         )  # fmt: skip
         from spswap.serve.slot_hold import RunSlot
 

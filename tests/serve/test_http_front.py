@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from spswap.errors import BadHttpRequest
 from spswap.serve.http_front import (
-    BadRequest,
     Head,
     HttpFront,
     error_response,
@@ -40,7 +40,7 @@ def test_parse_head() -> None:
                 b"GET /v1/models HTTP/1.1\r\nX-A: 1\n\nPOST /collective_rpc HTTP/1.1",
                 b"GET /v1/models HTTP/1.1\r\nX-A: 1\rX-B: 2", b"GET /v1/\x00 HTTP/1.1",
                 b"GET /v1/models\x7f HTTP/1.1"):  # fmt: skip
-        with pytest.raises(BadRequest):
+        with pytest.raises(BadHttpRequest):
             parse_head(bad)
 
 
