@@ -202,6 +202,9 @@ here="$(dirname "$(readlink -f "$0")")"
 LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "$here/bin/criu" "$@"
 EOF
   chmod 0755 "$dir/criu"
+  if [[ -f "$(stamp_file)" && "$bin" == "$PREFIX/sbin/criu" ]]; then  # the patches it has
+    install -D -m 0644 "$(stamp_file)" "$dir/share/spswap/criu-patches"
+  fi
   log "bundle in $dir ($(du -sh "$dir" | cut -f1)): run $dir/criu"
 }
 

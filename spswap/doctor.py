@@ -23,6 +23,7 @@ from spswap.config import Config
 from spswap.units import fmt_bytes
 
 KERNEL_NEEDS_CRIU_41 = (6, 13)
+KERNEL_TCP_SOCKOPTS = (6, 16)  # SO_PASSCRED on TCP answers EOPNOTSUPP: CRIU 4.1 fails
 DRIVER_CHECKPOINT = 570
 DRIVER_REMAP = 580
 SCHEMA_VERSION = 1
@@ -113,6 +114,7 @@ def _criu_checks(release: str) -> list[dict[str, Any]]:
         ]
     else:
         out = [check("criu", True, text, required=True)]
+        out.append(criu_tcp_check(release, version, patched_criu(path)))
     if os.geteuid() != 0:
         out.append(check("criu check", None, "not run", "needs root: run `sudo spswap doctor`"))
         return out
@@ -120,6 +122,49 @@ def _criu_checks(release: str) -> list[dict[str, Any]]:
     last = output.strip().splitlines()[-1] if output.strip() else ""
     out.append(check("criu check", ok, last, "" if ok else output[-500:], required=True))
     return out
+
+
+def patched_criu(path: Path) -> bool:
+    """Whether ``path`` is a CRIU that scripts/build_criu.sh built with its patches (the
+    stamp beside an install, ``<prefix>/share/spswap/criu-patches``, or in a bundle)."""
+    real = Path(os.path.realpath(path))
+    return any((d / "share" / "spswap" / "criu-patches").is_file()
+               for d in (real.parent.parent, real.parent))  # fmt: skip
+
+
+def criu_tcp_check(release: str, version: tuple[int, int, int], patched: bool) -> dict[str, Any]:
+    """CRIU 4.1 fails every dump of a TCP socket on Linux >= 6.16 (vLLM holds one) unless
+    built with spswap's patch. Pure: the kernel release, CRIU version and stamp decide."""
+    name = "criu on TCP sockets"
+    if kernel_version(release) < KERNEL_TCP_SOCKOPTS or version[:2] != (4, 1):
+        return check(name, True, "ok")
+    if patched:
+        return check(name, True, "ok (patched by scripts/build_criu.sh)")
+    return check(name, False, "CRIU 4.1 on Linux >= 6.16",
+                 "cannot dump a process with a TCP socket (vLLM's engine has one): rebuild "
+                 "with scripts/build_criu.sh --force, which applies its patch")  # fmt: skip
+
+
+def _vllm() -> dict[str, Any]:
+    """Whether ``spswap serve --engine vllm`` can run here (information, not required)."""
+    import importlib.util
+    from importlib import metadata
+
+    try:
+        version = metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        return check("vllm", None, "not installed", "--engine vllm needs vLLM (pip install vllm)")
+    missing = [m for m in ("uvicorn", "fastapi") if importlib.util.find_spec(m) is None]
+    return vllm_check(version, missing)
+
+
+def vllm_check(version: str, missing: list[str]) -> dict[str, Any]:
+    """Pure: the vLLM row from its version and the server modules that are missing."""
+    if missing:
+        return check("vllm", False, version,
+                     f"its OpenAI server cannot start: {', '.join(missing)} missing "
+                     "(install vLLM with its dependencies)")  # fmt: skip
+    return check("vllm", True, version)
 
 
 def _kernel_config(release: str) -> dict[str, Any]:
@@ -281,6 +326,7 @@ def collect(cfg: Config) -> dict[str, Any]:
     checks.append(check("cgroup mode", True, cgroup_mode(Path("/sys/fs/cgroup"))))
     checks.append(_root_ownership(cfg))
     checks.append(_daemon(cfg))
+    checks.append(_vllm())
     return {"version": SCHEMA_VERSION, "node": socket.gethostname(), "checks": checks}
 
 

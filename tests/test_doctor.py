@@ -166,3 +166,34 @@ def test_state_tree_writable_by_others_is_a_required_failure(tmp_path):
     assert tree["ok"] is False
     assert "writable by group or others" in tree["value"] or "owned by uid" in tree["value"]
     assert tree in failed_required(report)
+
+
+@pytest.mark.parametrize(("release", "version", "patched", "ok"), [
+    ("6.18.44-fc", (4, 1, 1), False, False),  # the trap: every TCP socket fails to dump
+    ("6.18.44-fc", (4, 1, 1), True, True),
+    ("6.12.0", (4, 1, 1), False, True),  # older kernels answer SO_PASSCRED on TCP
+    ("6.18.44-fc", (4, 2, 0), False, True),
+])  # fmt: skip
+def test_criu_tcp_check(release: str, version: tuple[int, int, int], patched: bool,
+                        ok: bool) -> None:  # fmt: skip
+    row = doctor.criu_tcp_check(release, version, patched)
+    assert row["ok"] is ok and row["name"] == "criu on TCP sockets"
+    if not ok:
+        assert "scripts/build_criu.sh --force" in row["detail"]
+
+
+def test_patched_criu_reads_the_stamp_of_an_install_or_a_bundle(tmp_path: Path) -> None:
+    for criu_bin, stamp_dir in [(tmp_path / "i/sbin/criu", tmp_path / "i"),
+                                (tmp_path / "b/criu", tmp_path / "b")]:  # fmt: skip
+        criu_bin.parent.mkdir(parents=True)
+        criu_bin.write_text("#!/bin/sh\n")
+        assert not doctor.patched_criu(criu_bin)
+        (stamp_dir / "share/spswap").mkdir(parents=True)
+        (stamp_dir / "share/spswap/criu-patches").write_text("sockopts-linux-6.16.patch \n")
+        assert doctor.patched_criu(criu_bin)
+
+
+def test_vllm_check() -> None:
+    assert doctor.vllm_check("0.26.0", [])["ok"] is True
+    row = doctor.vllm_check("0.26.0", ["uvicorn"])
+    assert row["ok"] is False and "uvicorn missing" in row["detail"]
