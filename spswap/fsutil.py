@@ -85,8 +85,10 @@ def others_can_replace(path: Path, uid: int) -> str | None:
             st = os.lstat(d)
         except FileNotFoundError:
             continue  # made later, by us
-        if stat.S_ISLNK(st.st_mode):  # a link cannot be changed, only replaced (checked
-            # above it); where it leads must be as safe
+        if stat.S_ISLNK(st.st_mode):  # its owner may point it elsewhere later; where it
+            # leads must be as safe
+            if st.st_uid not in (0, uid):
+                return f"{d} is a symbolic link owned by uid {st.st_uid}"
             why = others_can_replace(d.resolve(), uid)
             if why:
                 return why
@@ -97,3 +99,24 @@ def others_can_replace(path: Path, uid: int) -> str | None:
             return f"{d} is writable by {'group' if st.st_mode & 0o020 else 'others'} (mode " \
                    f"{stat.S_IMODE(st.st_mode):o})"  # fmt: skip
     return None
+
+
+def make_private_dirs(path: Path, uid: int) -> None:
+    """Create what is missing of ``path`` with mode 0700 (whatever the umask), then check
+    the whole existing path with :func:`others_can_replace`; PermissionDenied naming the
+    fix when someone else could swap a part of it."""
+    from spswap.errors import PermissionDenied
+
+    p = Path(os.path.abspath(path))
+    for d in reversed([p, *p.parents]):
+        try:
+            os.mkdir(d, 0o700)
+        except FileExistsError:
+            continue
+    why = others_can_replace(p, uid)
+    if why:
+        raise PermissionDenied(
+            f"{path} is not private: {why}; give --state-dir under a directory only you (and "
+            "root) can write, e.g. $HOME/.spswap/<job id>"
+        )
+    os.chmod(p, 0o700)

@@ -6,6 +6,11 @@ def test_others_can_replace(tmp_path):
     and not writable by others unless sticky."""
     import os
 
+    import pytest
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give directories to another uid")
+
     from spswap.fsutil import others_can_replace
 
     base = tmp_path / "base"
@@ -27,3 +32,35 @@ def test_others_can_replace(tmp_path):
     link.symlink_to(mine)
     assert others_can_replace(link / "s", 1234) == f"{mine} belongs to uid 4321"
     assert others_can_replace(link / "s", 4321) is None
+    theirs = base / "theirs"  # and by who may re-point it
+    theirs.symlink_to(base)
+    os.lchown(theirs, 4321, -1)
+    why = others_can_replace(theirs / "s", 1234)
+    assert why == f"{theirs} is a symbolic link owned by uid 4321"
+
+
+def test_make_private_dirs_whatever_the_umask(tmp_path):
+    """Parts it creates are 0700 even under umask 002, so a later run's check passes (a
+    group-writable .spswap made by the first run would refuse every requeued run)."""
+    import os
+    import stat
+
+    import pytest
+
+    from spswap.errors import PermissionDenied
+    from spswap.fsutil import make_private_dirs
+
+    old = os.umask(0o002)
+    try:
+        target = tmp_path / "work" / ".spswap" / "77"
+        make_private_dirs(target, os.getuid())
+        for d in (tmp_path / "work", tmp_path / "work" / ".spswap", target):
+            assert stat.S_IMODE(d.stat().st_mode) == 0o700, d
+        make_private_dirs(target, os.getuid())  # the requeued run: still fine
+    finally:
+        os.umask(old)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o2775)
+    with pytest.raises(PermissionDenied, match="not private: .*writable by group.*--state-dir"):
+        make_private_dirs(shared / "s", os.getuid())

@@ -110,6 +110,18 @@ def _wait_preflight(pid: int, wait_s: float) -> None:
             time.sleep(0.02)
 
 
+def user_groups(uid: int) -> set[int] | None:
+    """The groups ``uid`` belongs to (primary and supplementary), or None when the user
+    database does not know it (then only the one-gid rule holds)."""
+    import pwd
+
+    try:
+        pw = pwd.getpwuid(uid)
+    except KeyError:
+        return None
+    return set(os.getgrouplist(pw.pw_name, pw.pw_gid))
+
+
 def credentials_problem(pids: list[int], uid: int, proc: Path = Path("/proc")) -> str | None:
     """Why the tree may not be dumped for ``uid``: CRIU restores the credentials the
     processes had, so every one of them must be that user's, with no capabilities and
@@ -127,6 +139,10 @@ def credentials_problem(pids: list[int], uid: int, proc: Path = Path("/proc")) -
         gids = {int(x) for x in fields.get("Gid", [])}
         if uid != 0 and len(gids) > 1:  # a setgid program: it would come back with that group
             return f"process {pid} runs with several gids {sorted(gids)} (a setgid program)"
+        allowed = user_groups(uid)
+        if uid != 0 and allowed is not None and not gids <= allowed:
+            return (f"process {pid} runs with gid {sorted(gids - allowed)}, not a group of uid "
+                    f"{uid} (a setgid program)")  # fmt: skip
         if uid != 0 and int(fields.get("CapEff", ["0"])[0], 16) != 0:
             return f"process {pid} holds capabilities (CapEff {fields['CapEff'][0]})"
     return None

@@ -123,15 +123,18 @@ def model_config_hash(model_dir: Path) -> str:
 
 def weights_fingerprint(model_dir: Path) -> str:
     """Which weight files the model directory holds: sha256 over each ``*.safetensors``
-    (and index) file's name, size and modification time, without reading them. Two
-    checkpoints of one training run share config.json; this tells them apart (a copied
+    (and index) file's name, size, times and inode, without reading them. Two checkpoints
+    of one training run share config.json; this tells them apart (a copied or touched
     file counts as new: one more export, never the wrong weights)."""
     d = Path(model_dir)
     files = sorted([*d.glob("*.safetensors"), *d.glob("*.safetensors.index.json")])
     h = hashlib.sha256()
     for f in files:
         st = f.stat()
-        h.update(f"{f.name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        # size and mtime alone repeat across checkpoints of one model whose times were
+        # preserved (tar, rsync -a): the inode and its change time tell them apart
+        h.update(f"{f.name}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_dev}\0{st.st_ino}\0"
+                 f"{st.st_ctime_ns}\n".encode())
     return h.hexdigest()
 
 

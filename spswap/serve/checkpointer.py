@@ -23,6 +23,7 @@ from spswap.config import Config
 RESUME_SIGNAL = signal.SIGUSR2
 PARK_SLICE_S = 300.0  # between status checks while parked (never during a dump's freeze)
 RESTORE_TIMEOUT_S = 1800.0  # hashing + CRIU + CUDA restore of a large image
+RESEND_S = 1.0  # a forwarded stop is sent again this often until the instance exits
 
 
 @dataclass
@@ -110,10 +111,15 @@ def stand_in_for(pid: int, stop_requested: Callable[[], str | None],
     from spswap.liveness import pid_alive
 
     forwarded: str | None = None
+    last_sent = 0.0
     while pid_alive(pid):
         stop = stop_requested()
         if stop is not None and forwarded is None:
             forwarded = stop
+        # Again every RESEND_S while it lives: a stop that reached it inside its park
+        # (before it learned it was restored) is cleared there with the old run's.
+        if forwarded is not None and time.monotonic() - last_sent >= RESEND_S:
+            last_sent = time.monotonic()
             try:
                 os.kill(pid, signal.Signals[forwarded])
             except ProcessLookupError:  # it ended just now

@@ -45,6 +45,12 @@ ENDPOINT_FILE = "endpoint.json"
 API_KEY_FILE = "api_key"
 
 
+def _timed(fn: Any) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
 def installed_vllm_version() -> str:
     """vLLM's version from its package metadata (no import: importing vLLM takes seconds
     and this process never runs it)."""
@@ -141,18 +147,11 @@ class VllmServe:
     def run(self) -> dict[str, Any]:
         """Serve until stopped or the server ends; returns a summary (see module doc)."""
         opts = self.opts
-        from spswap.fsutil import others_can_replace
+        from spswap.fsutil import make_private_dirs
 
         # the server's socket (with its development endpoints) lives here: no one else
-        # may be able to swap the directory for their own
-        why = others_can_replace(opts.state_dir, os.getuid())
-        if why:
-            raise EngineError(
-                f"state directory {opts.state_dir} is not private: {why}; give --state-dir "
-                "under a directory only you (and root) can write, e.g. $HOME/.spswap/<job id>"
-            )
-        opts.state_dir.mkdir(parents=True, exist_ok=True)
-        os.chmod(opts.state_dir, 0o700)
+        # may be able to swap the directory, or a part above it, for their own
+        make_private_dirs(opts.state_dir, os.getuid())
         result: dict[str, Any] = {"restart_count": self.restart_count, "stopped_by": None}
         identity = self.identity()  # a clear error before any slot is taken
         # this process holds the pool entry's use (through spswapd for a user): the
@@ -181,25 +180,36 @@ class VllmServe:
             result["stopped_by"] = self.stop_signal
             self.log(f"spswap serve: {e}; nothing to save")
         finally:
-            if not proxied:  # the restored process owns the server (and its socket)
-                if self.front is not None:
-                    self.front.stop()
-                t0 = time.perf_counter()
-                self.server.stop()
-                result["stop_s"] = time.perf_counter() - t0
-            self.slot.release()
-            self._uses.close()
-            (opts.state_dir / ENDPOINT_FILE).unlink(missing_ok=True)
-            if not proxied:
-                self.registry.remove(self.instance_id)
-            # also after an error: a preempted job that is not requeued is lost work
-            # (the proxy's restored process asked for its own requeue when it parked)
-            if self.stop_signal == "SIGUSR1" and self.job_id and self.requeue and not proxied:
-                try:
-                    self.requeue(self.job_id)
-                except Exception as e:  # noqa: BLE001 - never hide the run's own error
-                    self.log(f"spswap serve: requeue failed ({e})")
+            self._end(result, proxied)
         return result
+
+    def _end(self, result: dict[str, Any], proxied: bool) -> None:
+        """Everything a run gives back, each step on its own (one failing, e.g. spswapd
+        gone, must not skip the others), the requeue last: also after an error, a
+        preempted job that is not requeued is lost work (a proxy's restored process asked
+        for its own requeue when it parked)."""
+        steps: list[tuple[str, Any]] = []
+        if not proxied:  # the restored process owns the server (and its socket)
+            if self.front is not None:
+                steps.append(("stop the TCP front", self.front.stop))
+            steps.append(("stop the vLLM server", lambda: result.update(
+                stop_s=_timed(self.server.stop))))  # fmt: skip
+            steps.append(("drop the instance record",
+                          lambda: self.registry.remove(self.instance_id)))  # fmt: skip
+        steps += [
+            ("release the GPU slot", self.slot.release),
+            ("release the pool entry", self._uses.close),
+            ("remove endpoint.json",
+             lambda: (self.opts.state_dir / ENDPOINT_FILE).unlink(missing_ok=True)),
+        ]  # fmt: skip
+        if self.stop_signal == "SIGUSR1" and self.job_id and self.requeue and not proxied:
+            job_id, requeue = self.job_id, self.requeue
+            steps.append(("ask for the requeue", lambda: requeue(job_id)))
+        for what, step in steps:
+            try:
+                step()
+            except Exception as e:  # noqa: BLE001 - logged; never hides the run's own error
+                self.log(f"spswap serve: could not {what} ({e})")
 
     def _wait_for_stop(self) -> None:
         while not self.stop_event.wait(self.opts.poll_interval_s):

@@ -118,8 +118,11 @@ def test_integrity_hash_is_the_same_on_any_number_of_threads(tmp_path):
     assert integrity_hash(tmp_path, threads=3) not in hashes
 
 
-def test_credentials_problem_refuses_other_uids_and_capabilities(tmp_path):
+def test_credentials_problem_refuses_other_uids_and_capabilities(tmp_path, monkeypatch):
+    import spswap.checkpoint.service as service
     from spswap.checkpoint.service import credentials_problem
+
+    monkeypatch.setattr(service, "user_groups", lambda uid: None)  # groups: next test
 
     def proc(pid, uid, cap="0000000000000000"):
         d = tmp_path / str(pid)
@@ -141,6 +144,23 @@ def test_credentials_problem_refuses_other_uids_and_capabilities(tmp_path):
     (tmp_path / "15" / "status").write_text(  # setgid: effective group 5 (tty, say)
         "Uid:\t1000\t1000\t1000\t1000\nGid:\t100\t5\t5\t5\nCapEff:\t0\n")
     assert "several gids [5, 100]" in credentials_problem([10, 15], 1000, proc=tmp_path)
+
+
+def test_credentials_problem_wants_the_users_own_groups(tmp_path, monkeypatch):
+    """A setgid helper that set all four gids to its group is still refused."""
+    import spswap.checkpoint.service as service
+
+    real = service.user_groups
+    assert real(0) is not None and 0 in real(0)  # root is in its own group
+    monkeypatch.setattr(service, "user_groups", lambda uid: {100, 27} if uid == 1000 else None)
+    for pid, gid in ((20, 100), (21, 27), (22, 5)):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "status").write_text(
+            f"Uid:\t1000\t1000\t1000\t1000\nGid:\t{gid}\t{gid}\t{gid}\t{gid}\nCapEff:\t0\n")
+    assert service.credentials_problem([20, 21], 1000, proc=tmp_path) is None
+    assert "gid [5], not a group of uid 1000" in service.credentials_problem([22], 1000,
+                                                                             proc=tmp_path)
+
 
 
 def test_image_job_ids_give_het_jobs_their_real_id(tmp_path):

@@ -120,7 +120,8 @@ def _criu_ready() -> str | None:
         return "needs CRIU >= 4.1 (scripts/build_criu.sh, or SPSWAP_CRIU=.criu-build/bundle/criu)"
     if not cuda_ckpt.available():
         return f"no CUDA checkpoint: {cuda_ckpt.unavailable_reason()}"
-    if Path("/proc/sys/kernel/io_uring_disabled").read_text().strip() != "2":
+    sysctl = Path("/proc/sys/kernel/io_uring_disabled")
+    if not sysctl.exists() or sysctl.read_text().strip() != "2":
         return "needs sysctl kernel.io_uring_disabled=2 (vLLM's process holds an io_uring)"
     if shutil.which("ss") is None:
         return "needs ss (iproute2) to check the tree's sockets before a dump"
@@ -149,36 +150,37 @@ def test_the_real_server_is_dumped_and_restored_into_the_next_run(tmp_path: Path
     lifecycle.start(cfg, wait_s=15.0)
     job = "5151"
     state = tmp_path / "state"
+
+    def serve(restart: int) -> subprocess.Popen:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+        env.update(SPSWAP_ROOT=str(root), SLURM_JOB_ID=job,
+                   SLURM_RESTART_COUNT=str(restart))  # fmt: skip
+        log = open(tmp_path / f"run{restart}.log", "w")
+        return subprocess.Popen(
+            [sys.executable, "-m", "spswap.cli", "serve", str(model), "--engine", "vllm",
+             "--state-dir", str(state), "--gpu-memory-utilization", "0.3",
+             "--max-model-len", "512", "--json"],
+            env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+
+    def endpoint(pid: int | None = None) -> dict[str, Any] | None:
+        path = state / ENDPOINT_FILE
+        if not path.exists():
+            return None
+        ep: dict[str, Any] = json.loads(path.read_text())
+        return ep if pid is None or ep["pid"] == pid else None
+
+    def wait(what: str, check: Any, timeout_s: float) -> Any:
+        deadline = time.monotonic() + timeout_s
+        while not (value := check()):
+            assert time.monotonic() < deadline, f"timed out waiting for {what}: " + "".join(
+                p.read_text()[-2000:] for p in tmp_path.glob("run*.log"))
+            time.sleep(0.2)
+        return value
+
+    run0 = run1 = None
     try:
         Client(cfg).call("job.register", job_id=job, uid=0, user="root")
-
-        def serve(restart: int) -> subprocess.Popen:
-            env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-            env.update(SPSWAP_ROOT=str(root), SLURM_JOB_ID=job,
-                       SLURM_RESTART_COUNT=str(restart))  # fmt: skip
-            log = open(tmp_path / f"run{restart}.log", "w")
-            return subprocess.Popen(
-                [sys.executable, "-m", "spswap.cli", "serve", str(model), "--engine", "vllm",
-                 "--state-dir", str(state), "--gpu-memory-utilization", "0.3",
-                 "--max-model-len", "512", "--json"],
-                env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            )  # fmt: skip
-
-        def endpoint(pid: int | None = None) -> dict[str, Any] | None:
-            path = state / ENDPOINT_FILE
-            if not path.exists():
-                return None
-            ep: dict[str, Any] = json.loads(path.read_text())
-            return ep if pid is None or ep["pid"] == pid else None
-
-        def wait(what: str, check: Any, timeout_s: float) -> Any:
-            deadline = time.monotonic() + timeout_s
-            while not (value := check()):
-                assert time.monotonic() < deadline, f"timed out waiting for {what}: " + "".join(
-                    p.read_text()[-2000:] for p in tmp_path.glob("run*.log"))
-                time.sleep(0.2)
-            return value
-
         run0 = serve(0)
         ep0 = wait("run 0's server", endpoint, 420)
         before = _answers(Path(ep0["uds"]), model)
@@ -190,17 +192,27 @@ def test_the_real_server_is_dumped_and_restored_into_the_next_run(tmp_path: Path
             else None), 300)  # fmt: skip
         dump_s = time.monotonic() - t0
         assert status["state"] == "saved", (status, (tmp_path / "run0.log").read_text()[-3000:])
+        # the restore needs the dumped pids free (the server's too: init reaps it)
+        wait("the dumped server's pid to be free",
+             lambda: not Path(f"/proc/{ep0['server_pid']}").exists(), 60)  # fmt: skip
         run1 = serve(1)
         t1 = time.monotonic()
         ep1 = wait("the restored server", lambda: endpoint(ep0["pid"]), 300)
         restore_s = time.monotonic() - t1
         after = _answers(Path(ep1["uds"]), model)
-        run1.send_signal(signal.SIGTERM)
-        run1.wait(timeout=120)
+        run1.send_signal(signal.SIGTERM)  # forwarded: the restored run parks and is dumped
+        assert run1.wait(timeout=300) == 0, (tmp_path / "run1.log").read_text()[-3000:]
         print(json.dumps({"stop_to_saved_s": dump_s, "run1_start_to_serving_s": restore_s,
                           "image_bytes": status.get("size_bytes"),
                           "timings_s": status.get("timings_s")}))  # fmt: skip
         assert ep1["server_pid"] == ep0["server_pid"] and after == before
     finally:
+        # after a failure nothing may keep the GPU for the later steps of the GPU run
+        for proc in (run0, run1):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+        ep = endpoint()
+        if ep and ep.get("server_pid") and Path(f"/proc/{ep['server_pid']}").exists():
+            os.kill(int(ep["server_pid"]), signal.SIGKILL)
         lifecycle.stop(cfg, timeout_s=10.0)
         shutil.rmtree(root, ignore_errors=True)
