@@ -33,7 +33,8 @@ from spswap.fsutil import read_json
 from spswap.pool.store import Pool
 from spswap.slots.table import SlotTable
 
-from .test_serve_criu import JOB, N_REQ, _answers, _cold, _criu_ok, _setup, _wait
+from .criu_helpers import criu_skip_reason
+from .test_serve_criu import JOB, N_REQ, _answers, _cold, _setup, _wait
 
 pytestmark = [pytest.mark.criu, pytest.mark.slow]
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/sbin"  # no scontrol/squeue (/usr/bin)
@@ -58,7 +59,7 @@ def _start_daemon(cfg: Config) -> int:
 
 
 def _make_node(tmpfs: bool) -> Iterator[Config]:
-    reason = _criu_ok()
+    reason = criu_skip_reason()
     if reason:
         pytest.skip(reason)
     root = Path(tempfile.mkdtemp(prefix="spsf-", dir="/tmp"))

@@ -12,20 +12,16 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from spswap.checkpoint import criu
 from spswap.config import Config
-from spswap.daemon import lifecycle
 from spswap.daemon.client import Client
 
 torch = pytest.importorskip("torch")
@@ -36,31 +32,6 @@ pytestmark = [pytest.mark.criu, pytest.mark.slow]
 MAX_NEW = 12
 N_REQ = 16
 JOB = "4242"
-
-
-def _criu_ok() -> str | None:
-    if os.geteuid() != 0:
-        return "CRIU dumps need root"
-    path = criu.find_criu()
-    if path is None or criu.criu_version(path) < criu.MIN_VERSION:
-        return "needs CRIU >= 4.1 (bash scripts/build_criu.sh)"
-    return None
-
-
-@pytest.fixture
-def node() -> Iterator[Config]:
-    reason = _criu_ok()
-    if reason:
-        pytest.skip(reason)
-    root = Path(tempfile.mkdtemp(prefix="spsc-", dir="/tmp"))
-    os.chmod(root, 0o755)
-    cfg = Config.from_env({}, root=root)
-    lifecycle.start(cfg, wait_s=15.0)
-    try:
-        yield cfg
-    finally:
-        lifecycle.stop(cfg, timeout_s=5.0)
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def _setup(cfg: Config, tmp: Path) -> tuple[Path, list[list[int]]]:

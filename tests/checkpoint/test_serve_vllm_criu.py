@@ -15,61 +15,30 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from spswap.checkpoint import criu
 from spswap.config import Config
-from spswap.daemon import lifecycle
 from spswap.daemon.client import Client
 
 pytest.importorskip("torch")
-from tests.serve.vllm_standin import save_model  # noqa: E402
+from tests.serve.vllm_standin import fake_vllm_metadata, save_model  # noqa: E402
 
 pytestmark = [pytest.mark.criu, pytest.mark.slow]
 JOB = "4343"
 STANDIN = Path(__file__).resolve().parents[1] / "serve" / "vllm_standin.py"
 
 
-@pytest.fixture
-def node() -> Iterator[Config]:
-    if os.geteuid() != 0:
-        pytest.skip("CRIU dumps need root")
-    path = criu.find_criu()
-    if path is None or criu.criu_version(path) < criu.MIN_VERSION:
-        pytest.skip("needs CRIU >= 4.1 (bash scripts/build_criu.sh)")
-    root = Path(tempfile.mkdtemp(prefix="spsv-", dir="/tmp"))
-    os.chmod(root, 0o755)
-    cfg = Config.from_env({}, root=root)
-    lifecycle.start(cfg, wait_s=15.0)
-    try:
-        yield cfg
-    finally:
-        lifecycle.stop(cfg, timeout_s=5.0)
-        shutil.rmtree(root, ignore_errors=True)
-
-
-def _fake_vllm_dist(tmp: Path) -> Path:
-    """Package metadata that names a vLLM version (the stand-in plays its server)."""
-    site = tmp / "site"
-    (site / "vllm-0.26.0+standin.dist-info").mkdir(parents=True, exist_ok=True)
-    (site / "vllm-0.26.0+standin.dist-info" / "METADATA").write_text(
-        "Metadata-Version: 2.1\nName: vllm\nVersion: 0.26.0+standin\n")
-    return site
-
-
 def _serve(cfg: Config, tmp: Path, model: Path, restart: int, log: str) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    site = fake_vllm_metadata(tmp / "site")
     env.update(SPSWAP_ROOT=str(cfg.root), SLURM_JOB_ID=JOB, SLURM_RESTART_COUNT=str(restart),
-               PYTHONPATH=os.pathsep.join([str(_fake_vllm_dist(tmp)), str(STANDIN.parents[2])]))
+               PYTHONPATH=os.pathsep.join([str(site), str(STANDIN.parents[2])]))
     out = open(tmp / log, "w")  # a regular file, as a Slurm job's output is
     return subprocess.Popen(
         [sys.executable, "-m", "spswap.cli", "serve", str(model), "--engine", "vllm",
@@ -108,7 +77,6 @@ def _complete(endpoint: dict, prompt: list[int]) -> list[int]:
 def test_the_server_tree_is_dumped_and_restored_into_the_next_run(
     node: Config, tmp_path: Path
 ) -> None:
-    (tmp_path / "fake").mkdir()
     model = tmp_path / "model"
     save_model(model)
     Client(node).call("job.register", job_id=JOB, uid=0, user="root")

@@ -18,7 +18,7 @@ pytest.importorskip("torch")
 from spswap.config import Config  # noqa: E402
 from spswap.liveness import Holder  # noqa: E402
 from spswap.slots.table import SlotTable  # noqa: E402
-from tests.serve.vllm_standin import save_model  # noqa: E402
+from tests.serve.vllm_standin import fake_vllm_metadata, save_model  # noqa: E402
 
 STANDIN = (sys.executable, str(Path(__file__).with_name("vllm_standin.py")))
 
@@ -27,11 +27,9 @@ def _args(engine: str, tmp_path: Path) -> tuple[list[str], dict[str, str]]:
     if engine == "vllm":
         model = tmp_path / "m"
         save_model(model)
-        site = tmp_path / "site" / "vllm-0.26.0+standin.dist-info"
-        site.mkdir(parents=True)
-        (site / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.26.0\n")
+        site = fake_vllm_metadata(tmp_path / "site")
         return ([str(model), "--engine", "vllm", "--launcher", " ".join(STANDIN)],
-                {"PYTHONPATH": str(site.parent)})  # fmt: skip
+                {"PYTHONPATH": str(site)})  # fmt: skip
     from spswap.engines.reference import save_checkpoint
     from spswap.engines.reference_model import preset
 

@@ -57,6 +57,15 @@ def save_model(model_dir: Path, seed: int = 0) -> dict[str, torch.Tensor]:
     return state
 
 
+def fake_vllm_metadata(directory: Path) -> Path:
+    """A site directory whose package metadata names a vLLM version (the stand-in plays
+    its server); put it on PYTHONPATH of a ``spswap serve --engine vllm`` under test."""
+    info = directory / "vllm-0.26.0+standin.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.26.0+standin\n")
+    return directory
+
+
 class Worker(SpswapWorkerExtension):
     def __init__(self, model: torch.nn.Module) -> None:
         self.model_runner = SimpleNamespace(model=model)
