@@ -18,18 +18,16 @@ between requests.
 from __future__ import annotations
 
 import os
-import signal
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import Any, Protocol
 
 from spswap.config import Config
 from spswap.errors import SpswapError, StopRequested
 from spswap.instance.registry import InstanceRecord, InstanceRegistry
+from spswap.serve.slot_hold import RunSlot, StopSignals
 from spswap.serve.spool import Request, Spool
 
 
@@ -84,7 +82,7 @@ class ServeResult:
 EngineFactory = Callable[[ServeOptions], Any]
 
 
-class Server:
+class Server(StopSignals):
     """One serving run. Construct, then :meth:`run`; the pieces are injected so tests
     can drive each step (signal handlers are methods, not closures)."""
 
@@ -110,30 +108,14 @@ class Server:
         self.requeue = requeue
         self.log = log
         self.spool = Spool(opts.state_dir)
-        self.stop_event = threading.Event()
-        self.stop_signal: str | None = None
         self.instance_id = f"{job_id or 'local'}-{os.getpid()}"
         self.registry = InstanceRegistry(cfg.paths.run / "instances")
         self.checkpointer = checkpointer
         self.reason: str | None = None  # why this run started cold, when it did
-        from spswap.serve.slot_hold import RunSlot
-
-        self.slot = RunSlot(cfg, model=opts.model.name, units=opts.units, gpus=opts.slot_gpus,
-                            job_id=job_id, timeout_s=opts.slot_timeout_s)  # fmt: skip
+        super().__init__(RunSlot(cfg, model=opts.model.name, units=opts.units,
+                                 gpus=opts.slot_gpus, job_id=job_id,
+                                 timeout_s=opts.slot_timeout_s))  # fmt: skip
         self.front: Any = None
-
-    # -- signals -------------------------------------------------------------
-    def handle_signal(self, signum: int, _frame: FrameType | None = None) -> None:
-        """Records the request to stop; the loop does the work. While waiting for the GPU
-        slot (nothing started yet) the wait itself ends here."""
-        if self.stop_signal is None:
-            self.stop_signal = signal.Signals(signum).name
-        self.stop_event.set()
-        self.slot.interrupt(self.stop_signal)
-
-    def install_signal_handlers(self) -> None:
-        for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self.handle_signal)
 
     # -- the run ---------------------------------------------------------------
     def run(self) -> ServeResult:
@@ -216,8 +198,7 @@ class Server:
                 return
             # Restored by a later run of the job: its proxy holds the slot.
             self.restart_count = outcome.restart_count
-            self.stop_event.clear()
-            self.stop_signal = None
+            self.clear_stop()
             result.stopped_by = None
             t0 = time.perf_counter()
             engine.wake()

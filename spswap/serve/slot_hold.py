@@ -1,8 +1,11 @@
-"""The GPU slot of one serving run: reserved once (a stop signal ends the wait), released
-once. Shared by ``spswap serve``'s reference and vLLM runs."""
+"""The GPU slot of one serving run and how the run is told to stop: reserved once (a stop
+signal ends the wait), released once. Shared by ``spswap serve``'s reference and vLLM runs."""
 
 from __future__ import annotations
 
+import signal
+import threading
+from types import FrameType
 from typing import Any
 
 from spswap.config import Config
@@ -54,3 +57,31 @@ class RunSlot:
 
             reservation, self.reservation = self.reservation, None
             release_slot(self.cfg, reservation.id)
+
+
+class StopSignals:
+    """A run's stop request: the first signal that asked (``stop_signal``) and an event the
+    serving loop waits on (``stop_event``). Handlers only record it (no work in a
+    handler), except that a wait for the GPU slot ends at once (nothing started yet)."""
+
+    def __init__(self, slot: RunSlot) -> None:
+        self.slot = slot
+        self.stop_event = threading.Event()
+        self.stop_signal: str | None = None
+
+    def handle_signal(self, signum: int, _frame: FrameType | None = None) -> None:
+        """Record the request (the first signal's name wins) and wake the loop."""
+        if self.stop_signal is None:
+            self.stop_signal = signal.Signals(signum).name
+        self.stop_event.set()
+        self.slot.interrupt(self.stop_signal)
+
+    def install_signal_handlers(self) -> None:
+        """Preemption (USR1), SIGTERM and SIGINT ask the run to stop."""
+        for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self.handle_signal)
+
+    def clear_stop(self) -> None:
+        """Restored into a later run: the stop that parked it is behind it."""
+        self.stop_signal = None
+        self.stop_event.clear()

@@ -26,19 +26,17 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from spswap.config import Config
 from spswap.engines.vllm_engine import VllmSettings, engine_identity, find_entry
 from spswap.errors import EngineError, StopRequested
 from spswap.fsutil import atomic_write_json
+from spswap.serve.slot_hold import RunSlot, StopSignals
 from spswap.serve.vllm_api import VllmApiServer
 
 ENDPOINT_FILE = "endpoint.json"
@@ -85,7 +83,7 @@ class VllmServeOptions:
     http_host: str = "127.0.0.1"
 
 
-class VllmServe:
+class VllmServe(StopSignals):
     """One run of the vLLM server; construct, then :meth:`run`."""
 
     def __init__(
@@ -105,16 +103,13 @@ class VllmServe:
         self.vllm_version = vllm_version  # None: the installed vLLM's
         self.checkpointer = checkpointer  # DaemonCheckpointer: stops dump, requeues restore
         self.pool = pool if pool is not None else PoolAccess(cfg, job_id=job_id)
-        self.stop_event = threading.Event()
-        self.stop_signal: str | None = None
         self.server = VllmApiServer(
             opts.model, opts.state_dir / "sock", opts.settings, opts.vllm_args,
             log_path=opts.state_dir / "vllm.log", launcher=opts.launcher or None,
         )  # fmt: skip
-        from spswap.serve.slot_hold import RunSlot
-
-        self.slot = RunSlot(cfg, model=opts.model.name, units=opts.units, gpus=opts.slot_gpus,
-                            job_id=job_id, timeout_s=opts.slot_timeout_s)  # fmt: skip
+        super().__init__(RunSlot(cfg, model=opts.model.name, units=opts.units,
+                                 gpus=opts.slot_gpus, job_id=job_id,
+                                 timeout_s=opts.slot_timeout_s))  # fmt: skip
         self._uses = contextlib.ExitStack()
         self.front: Any = None
         self.http_url: str | None = None
@@ -124,19 +119,6 @@ class VllmServe:
         self.registry = InstanceRegistry(cfg.paths.run / "instances")
         self.instance_id = f"{job_id or 'local'}-{os.getpid()}"
         self.reason: str | None = None  # why this run started cold, when it did
-
-    # -- signals ----------------------------------------------------------------------
-    def handle_signal(self, signum: int, _frame: FrameType | None = None) -> None:
-        """Records the request to stop; the loop does the work. While waiting for the GPU
-        slot (nothing started yet) the wait itself ends here."""
-        if self.stop_signal is None:
-            self.stop_signal = signal.Signals(signum).name
-        self.stop_event.set()
-        self.slot.interrupt(self.stop_signal)
-
-    def install_signal_handlers(self) -> None:
-        for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self.handle_signal)
 
     # -- the run ----------------------------------------------------------------------
     def identity(self) -> dict[str, Any]:
@@ -270,8 +252,7 @@ class VllmServe:
             return False
         # Restored into a later run of the job (its proxy holds the slot now).
         self.restart_count = outcome.restart_count
-        self.stop_signal = None
-        self.stop_event.clear()
+        self.clear_stop()
         t0 = time.perf_counter()
         copy = self.server.wake()
         wake_s = time.perf_counter() - t0
