@@ -232,9 +232,22 @@ def _copy_staged(
     scatter = torch.cuda.Stream(device=device) if cuda else None
     filled = [torch.cuda.Event() for _ in bufs] if cuda else []
     drained = [torch.cuda.Event() for _ in bufs] if cuda else []
-    used = [False] * len(bufs)
     try:
-        _issue_pieces(plan, base, bufs, flats, h2d, scatter, filled, drained, used, cuda)
+        for i, piece in enumerate(plan):
+            buf = bufs[piece.buffer]
+            if cuda and i >= len(bufs):  # the buffer's last scatter must have read it
+                h2d.wait_event(drained[piece.buffer])  # type: ignore[union-attr]
+            buf[: piece.end - piece.start].copy_(base[piece.start : piece.end], non_blocking=True)
+            if cuda:
+                filled[piece.buffer].record(h2d)
+                scatter.wait_event(filled[piece.buffer])  # type: ignore[union-attr]
+            with torch.cuda.stream(scatter) if cuda else contextlib.nullcontext():
+                for name, t_off, b_off, n in piece.slices:
+                    flat = flats[name]
+                    if flat is not None:
+                        flat[t_off : t_off + n].copy_(buf[b_off : b_off + n], non_blocking=True)
+            if cuda:
+                drained[piece.buffer].record(scatter)
     finally:
         if cuda:
             # the caller synchronizes its stream; the scatter stream joins it first (also
@@ -242,26 +255,3 @@ def _copy_staged(
             h2d.wait_stream(scatter)  # type: ignore[union-attr,arg-type]
             for b in bufs:  # the allocator must not hand these out before the scatter ends
                 b.record_stream(scatter)  # type: ignore[arg-type]
-
-
-def _issue_pieces(
-    plan: list[Piece], base: torch.Tensor, bufs: list[torch.Tensor],
-    flats: Mapping[str, torch.Tensor | None], h2d: Any, scatter: Any, filled: list[Any],
-    drained: list[Any], used: list[bool], cuda: bool,
-) -> None:  # fmt: skip
-    for piece in plan:
-        buf = bufs[piece.buffer]
-        if cuda and used[piece.buffer]:
-            h2d.wait_event(drained[piece.buffer])
-        buf[: piece.end - piece.start].copy_(base[piece.start : piece.end], non_blocking=True)
-        if cuda:
-            filled[piece.buffer].record(h2d)
-            scatter.wait_event(filled[piece.buffer])
-        with torch.cuda.stream(scatter) if cuda else contextlib.nullcontext():
-            for name, t_off, b_off, n in piece.slices:
-                flat = flats[name]
-                if flat is not None:
-                    flat[t_off : t_off + n].copy_(buf[b_off : b_off + n], non_blocking=True)
-        if cuda:
-            drained[piece.buffer].record(scatter)
-            used[piece.buffer] = True
