@@ -167,13 +167,12 @@ def find_entry(pool: Any, identity: dict[str, Any], uid: int | None = None) -> A
     ``uid`` (default: this process's user) or root, else the newest whose identity
     matches and whose exporter ``uid`` trusts (:func:`trusted_owner`), or None."""
     uid = os.getuid() if uid is None else uid
-    if hasattr(pool, "find_alias"):  # exported (or re-exported: same bytes) by uid or root
-        from spswap.pool.store import alias_key
+    from spswap.pool.store import alias_key
 
-        for who in dict.fromkeys((uid, 0)):
-            hit = pool.find_alias(alias_key(identity, who))
-            if hit is not None:
-                return hit
+    for who in dict.fromkeys((uid, 0)):  # exported (or re-exported: same bytes) by uid, root
+        hit = pool.find_alias(alias_key(identity, who))
+        if hit is not None:
+            return hit
     hits = [e.manifest for e in pool.entries()
             if identity_matches(e.manifest.identity, identity)
             and trusted_owner(e.manifest.identity, uid)]  # fmt: skip

@@ -25,6 +25,7 @@ Signal handlers only set a flag; the loop does the work.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import time
 from collections.abc import Callable
@@ -41,12 +42,6 @@ from spswap.serve.vllm_api import VllmApiServer
 
 ENDPOINT_FILE = "endpoint.json"
 API_KEY_FILE = "api_key"
-
-
-def _timed(fn: Any) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
 
 
 def installed_vllm_version() -> str:
@@ -121,10 +116,14 @@ class VllmServe(StopSignals):
         self.reason: str | None = None  # why this run started cold, when it did
 
     # -- the run ----------------------------------------------------------------------
+    @functools.cached_property
+    def version(self) -> str:
+        """The served vLLM's version: as given, else the installed package's."""
+        return self.vllm_version or installed_vllm_version()
+
     def identity(self) -> dict[str, Any]:
         """What a pool entry must match to fill this server's weights."""
-        version = self.vllm_version or installed_vllm_version()
-        return engine_identity(self.opts.model, self.opts.settings, version)
+        return engine_identity(self.opts.model, self.opts.settings, self.version)
 
     def run(self) -> dict[str, Any]:
         """Serve until stopped or the server ends; returns a summary (see module doc)."""
@@ -170,12 +169,16 @@ class VllmServe(StopSignals):
         gone, must not skip the others), the requeue last: also after an error, a
         preempted job that is not requeued is lost work (a proxy's restored process asked
         for its own requeue when it parked)."""
+        def stop_server() -> None:
+            t0 = time.perf_counter()
+            self.server.stop()
+            result["stop_s"] = time.perf_counter() - t0
+
         steps: list[tuple[str, Any]] = []
         if not proxied:  # the restored process owns the server (and its socket)
             if self.front is not None:
                 steps.append(("stop the TCP front", self.front.stop))
-            steps.append(("stop the vLLM server", lambda: result.update(
-                stop_s=_timed(self.server.stop))))  # fmt: skip
+            steps.append(("stop the vLLM server", stop_server))
             steps.append(("drop the instance record",
                           lambda: self.registry.remove(self.instance_id)))  # fmt: skip
         steps += [
@@ -210,8 +213,7 @@ class VllmServe(StopSignals):
             "settings": self.opts.settings.to_json(), "vllm_args": list(self.opts.vllm_args),
             "launcher": list(self.opts.launcher),
         })  # fmt: skip
-        version = self.vllm_version or installed_vllm_version()
-        return process_identity(engine="vllm", engine_version=version, model_digest=digest,
+        return process_identity(engine="vllm", engine_version=self.version, model_digest=digest,
                                 config_hash=cfg_hash)  # fmt: skip
 
     def _park(self, result: dict[str, Any]) -> bool:

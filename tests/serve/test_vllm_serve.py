@@ -187,6 +187,9 @@ class _DirectPool:
     def entries(self) -> list[Any]:
         return self.pool.entries()
 
+    def find_alias(self, key: str) -> Any:
+        return self.pool.find_alias(key)
+
     def use(self, ref: str) -> Any:
         from spswap.liveness import Holder
 
