@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from spswap.cli.common import JsonOpt, RootOpt, console, emit_json, load_config
+from spswap.cli.common import JsonOpt, RootOpt, console, emit, load_config
 from spswap.config import parse_size
 from spswap.errors import ConfigError
 
@@ -54,10 +54,7 @@ def transfer(
         prefix="spswap-bench-", dir=root or _shm_or_tmp()
     ) as scratch:
         result = bench_transfer(_sizes(sizes), device=dev, repeats=repeats, root=Path(scratch))
-    if json:
-        emit_json(result)
-    else:
-        console.print(render_bench_transfer(result))
+    emit(result, json, render_bench_transfer)
 
 
 @app.command("slots")
@@ -71,10 +68,7 @@ def slots(
 
     with tempfile.TemporaryDirectory(prefix="spswap-bench-", dir=_shm_or_tmp()) as scratch:
         result = bench_slots(Path(scratch) / "slots", iterations=iterations)
-    if json:
-        emit_json(result)
-    else:
-        console.print(render_bench_slots(result))
+    emit(result, json, render_bench_slots)
 
 
 @app.command("prolog")
@@ -88,10 +82,7 @@ def prolog(
     from spswap.bench.prolog import bench_prolog, render_bench_prolog
 
     result = bench_prolog(load_config(root), iterations=iterations)
-    if json:
-        emit_json(result)
-    else:
-        console.print(render_bench_prolog(result))
+    emit(result, json, render_bench_prolog)
 
 
 def _shm_or_tmp() -> str:
@@ -124,7 +115,4 @@ def swap(
         raise ConfigError("bench swap needs vLLM and a CUDA GPU; pip install 'spswap[vllm]'")
     result = bench_swap(list(models), pool_dir=pool_dir, cycles=cycles,
                         log=lambda s: console.print(s, markup=False, soft_wrap=True))  # fmt: skip
-    if json:
-        emit_json(result)
-    else:
-        console.print(render_bench_swap(result))
+    emit(result, json, render_bench_swap)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,3 +32,11 @@ def load_config(root: Path | None = None) -> Config:
 def emit_json(obj: Any) -> None:
     """Print ``obj`` as JSON on stdout (sorted keys, so scripts and goldens are stable)."""
     sys.stdout.write(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def emit(result: Any, as_json: bool, render: Callable[[Any], Any]) -> None:
+    """``result`` as JSON (for scripts) or as the table ``render`` makes of it."""
+    if as_json:
+        emit_json(result)
+    else:
+        console.print(render(result))

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from spswap.cli.common import JsonOpt, RootOpt, console, emit_json, err_console, load_config
+from spswap.cli.common import JsonOpt, RootOpt, emit, err_console, load_config
 
 StrictOpt = typer.Option(
     False, "--strict", help="Exit with status 1 when a required check fails (for CI and prologs)."
@@ -23,10 +23,7 @@ def doctor(json: bool = JsonOpt, root: Path | None = RootOpt, strict: bool = Str
     from spswap.doctor import collect, failed_required, render
 
     report = collect(load_config(root))
-    if json:
-        emit_json(report)
-    else:
-        console.print(render(report))
+    emit(report, json, render)
     failed = failed_required(report)
     if strict and failed:
         names = ", ".join(c["name"] for c in failed)

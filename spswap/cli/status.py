@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from spswap.cli.common import JsonOpt, RootOpt, console, emit_json, load_config
+from spswap.cli.common import JsonOpt, RootOpt, emit, load_config
 
 
 def status(json: bool = JsonOpt, root: Path | None = RootOpt) -> None:
@@ -14,7 +14,4 @@ def status(json: bool = JsonOpt, root: Path | None = RootOpt) -> None:
     from spswap.status import collect_status, render_status
 
     data = collect_status(load_config(root))
-    if json:
-        emit_json(data)
-    else:
-        console.print(render_status(data))
+    emit(data, json, render_status)
