@@ -34,7 +34,6 @@ BUILD_PACKAGES=(
   libbsd-dev libcap-dev libdrm-dev libnet1-dev libnl-3-dev libnl-route-3-dev
   libprotobuf-c-dev libprotobuf-dev protobuf-c-compiler protobuf-compiler
   libaio-dev libnftables-dev libgnutls28-dev uuid-dev
-  iproute2  # ss: spswap checks a tree for connected sockets before a dump
 )
 
 PREFIX="${PREFIX:-/usr/local}"

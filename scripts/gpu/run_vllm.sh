@@ -2,11 +2,14 @@
 # On a GPU machine, from the project root, with a vLLM kit in .device/vllmkit (see
 # scripts/gpu/README.md): unpack the kit, write Qwen2-style models with real safetensors,
 # then run the steps named in STEPS (default: "skeleton bench tests"), in that order:
-#   skeleton  scripts/gpu/vllm_skeleton.py (needs root, a CRIU >= 4.1 in SPSWAP_CRIU or
-#             .criu-build/bundle, and sets kernel.io_uring_disabled=2 for its run)
+#   skeleton  scripts/gpu/vllm_skeleton.py (needs root, a CRIU >= 4.1 in SPSWAP_CRIU,
+#             .criu-build/bundle or packed in .device/criu-bundle.tar.xz, and sets
+#             kernel.io_uring_disabled=2 for its run)
+#   skeletonc the same with vLLM's default torch.compile + CUDA graphs (--compiled)
 #   bench     python -m spswap.bench.swap on 0.5B and 1.5B
 #   tests     tests/engines/test_vllm.py and test_vllm_serve_gpu.py on 0.5B
 #   bench7b   python -m spswap.bench.swap on 7B (--cycles 2)
+#   pcie      scripts/gpu/pcie_idle_probe.py (is a copy after an idle pause slow?)
 #   probe     scripts/gpu/vllm_copy_probe.py --first on 1.5B (why a copy runs below the limit)
 #   servecriu spswap serve --engine vllm preempted, dumped and restored with a real spswapd
 #             (root, CRIU bundle, .device/serveaddon; test_vllm_serve_gpu.py)
@@ -49,6 +52,10 @@ timeout -k 5 180 python3 scripts/gpu/make_models.py --out "$MODELS" --sizes $siz
 
 # CRIU steps: the carried bundle, and no io_uring for the engines they start (restored after)
 criu_on() {
+  # The bundle travels packed when the kit and the server wheels leave no room for it.
+  if [ ! -x .criu-build/bundle/criu ] && [ -f .device/criu-bundle.tar.xz ]; then
+    mkdir -p .criu-build && tar -C .criu-build -xJf .device/criu-bundle.tar.xz
+  fi
   if [ -z "${SPSWAP_CRIU:-}" ] && [ -x .criu-build/bundle/criu ]; then
     export SPSWAP_CRIU="$PWD/.criu-build/bundle/criu"
   fi
@@ -58,12 +65,28 @@ criu_on() {
 }
 criu_off() { sysctl -w kernel.io_uring_disabled="$old_uring" >/dev/null 2>&1; }
 
+if want pcie; then
+  step pcie
+  timeout -k 5 120 python3 scripts/gpu/pcie_idle_probe.py 2>&1 | grep IDLE
+fi
+
 if want skeleton; then
   step skeleton
   criu_on
   timeout -k 5 $(( $(left) < 280 ? $(left) : 280 )) python3 scripts/gpu/vllm_skeleton.py \
     --model-a "$MODELS/qwen2-0.5b" --model-b "$MODELS/qwen2-1.5b" --out "$OUT/skeleton.json"
   echo "skeleton rc=$?"
+  criu_off
+fi
+
+if want skeletonc; then
+  step skeletonc
+  criu_on
+  # One compile thread: inductor's compile-worker pool would be part of the dumped tree.
+  TORCHINDUCTOR_COMPILE_THREADS=1 timeout -k 5 $(( $(left) - 5 )) python3 \
+    scripts/gpu/vllm_skeleton.py --compiled --step-timeout-s 240 \
+    --model-a "$MODELS/qwen2-0.5b" --model-b "$MODELS/qwen2-1.5b" --out "$OUT/skeleton-compiled.json"
+  echo "skeletonc rc=$?"
   criu_off
 fi
 

@@ -6,8 +6,8 @@ spswap_copy_probe. GPU machine, with the vLLM kit on PYTHONPATH:
     python3 scripts/gpu/vllm_copy_probe.py /tmp/spswap-models/qwen2-0.5b [--first]
 
 --first: also time each way of writing the weights as the first write after a fresh
-level-2 sleep + weights wake (with and without a pause first), then a staged copy right
-after it: is the first touch of re-created memory slow, and does waiting help?
+level-2 sleep + weights wake (with and without a pause first, through new or kept staging
+buffers), then a staged copy right after it: which new memory makes the copy slow?
 """
 
 from __future__ import annotations
@@ -24,8 +24,10 @@ from spswap.pool.store import Pool
 def first_touch(eng: VllmEngine) -> None:
     """Each variant as the first write after a fresh level-2 sleep and weights wake."""
     llm = eng.llm
-    for variant, wait_s in [("staged", 0.0), ("staged", 0.5), ("direct", 0.0),
-                            ("memset", 0.0), ("memset", 0.5), ("staged", 2.0)]:  # fmt: skip
+    llm.collective_rpc("spswap_keep_staging")
+    for variant, wait_s in [("staged", 0.0), ("staged-kept", 0.0), ("direct", 0.0),
+                            ("direct-touched", 0.0), ("staged-kept", 0.5), ("staged", 0.0),
+                            ("memset", 0.0), ("staged-kept", 0.0)]:  # fmt: skip
         llm.sleep(level=2)
         llm.wake_up(tags=["weights"])
         res = rank_result(llm.collective_rpc("spswap_first_copy", args=(variant, wait_s)),

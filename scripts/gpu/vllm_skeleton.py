@@ -48,11 +48,13 @@ def _prompts(vocab: int) -> list[list[int]]:
     return default_prompts(vocab)
 
 
-def _settings() -> Any:
+def _settings(compiled: bool) -> Any:
     from spswap.engines.vllm_engine import VllmSettings
 
     # In-process engine core: one CUDA process per instance, no ZMQ peers to cut.
-    return VllmSettings(multiprocessing=False, gpu_memory_utilization=0.3)
+    # compiled: vLLM's default (torch.compile + CUDA graphs) instead of eager.
+    return VllmSettings(multiprocessing=False, gpu_memory_utilization=0.3,
+                        enforce_eager=not compiled)
 
 
 def _write(path: Path, data: dict[str, Any]) -> None:
@@ -68,7 +70,7 @@ def child_cold(args: argparse.Namespace) -> None:
 
     model = Path(args.model)
     vocab = json.loads((model / "config.json").read_text())["vocab_size"]
-    eng = VllmEngine(model, _settings())
+    eng = VllmEngine(model, _settings(args.compiled))
     eng.load_from_checkpoint(model)
     prompts = _prompts(vocab)
     first = eng.generate(prompts[:1], 1)
@@ -95,7 +97,7 @@ def child_instance(args: argparse.Namespace) -> None:
     signal.signal(signal.SIGUSR1, lambda *_: preempted.set())
     signal.signal(signal.SIGUSR2, lambda *_: resumed.set())
     report: dict[str, Any] = {}
-    eng = VllmEngine(model, _settings())
+    eng = VllmEngine(model, _settings(args.compiled))
     eng.load_from_pool(Pool(Path(args.pool)), args.digest)
     report["start_from_pool_s"] = eng.last_start_s
     report["answers_up"] = eng.generate(prompts, MAX_NEW)
@@ -142,7 +144,8 @@ class Parent:
     def spawn(self, role: str, model: Path, report: Path, digest: str = "") -> subprocess.Popen:
         log = open(self.work / f"{report.stem}.log", "w")
         argv = [sys.executable, __file__, "--role", role, "--model", str(model),
-                "--pool", str(self.pool), "--report", str(report), "--digest", digest]
+                "--pool", str(self.pool), "--report", str(report), "--digest", digest,
+                *(["--compiled"] if self.args.compiled else [])]
         return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
 
@@ -155,6 +158,14 @@ class Parent:
             time.sleep(0.002)
 
     def cold(self, key: str, model: Path) -> dict[str, Any]:
+        if self.args.compiled:
+            # The first compiled start fills vLLM's compile cache; the measured one below
+            # finds it warm, as a site's second job of a model would (the smaller figure).
+            first = self.cold_once(f"{key}-first", model)
+            self.out.setdefault("cold_first_compile_s", {})[key] = first["spawn_to_first_token_s"]
+        return self.cold_once(key, model)
+
+    def cold_once(self, key: str, model: Path) -> dict[str, Any]:
         from spswap.bench.swap import evict_page_cache
 
         evict_page_cache(model)
@@ -203,6 +214,7 @@ class Parent:
         a_dir, b_dir = Path(self.args.model_a), Path(self.args.model_b)
         out = self.out
         out["node"] = node_identity()
+        out["compiled"] = self.args.compiled
         ref = {"a": self.cold("a", a_dir), "b": self.cold("b", b_dir)}
         out["cold"] = {k: {x: v[x] for x in ("spawn_to_first_token_s", "engine_build_s",
                                              "repeat_equal", "digest")} for k, v in ref.items()}
@@ -302,6 +314,10 @@ def main() -> int:
     ap.add_argument("--work-dir", default="/dev/shm", help="tmpfs for the pool and images")
     ap.add_argument("--step-timeout-s", type=float, default=180)
     ap.add_argument("--out", default="vllm_skeleton.json")
+    ap.add_argument("--compiled", action="store_true",
+                    help="vLLM's default torch.compile + CUDA graphs instead of eager, for "
+                         "every start; cold starts run twice (the second, with a warm "
+                         "compile cache, is the reference)")
     args = ap.parse_args()
     if args.role == "cold":
         child_cold(args)

@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from spswap.checkpoint import criu_argv, proctree
+from spswap.checkpoint import criu_argv, link_remap, proctree
 from spswap.errors import CheckpointFailed
 from spswap.fsutil import atomic_write_json, dir_size_bytes, read_json
 
@@ -221,6 +221,7 @@ def dump(
     if final.exists():
         raise CheckpointFailed(f"image {final} exists already: remove it first or use a new key")
     pids, self_tcp = preflight(pid)
+    linked = link_remap.deleted_but_linked(pids)
     # A connection of the tree to itself cannot be kept across a restore without network
     # locking; it is restored closed (torch.distributed's store in a one-GPU vLLM: unused
     # once the engine is up).
@@ -239,6 +240,7 @@ def dump(
         argv = criu_argv.dump_argv(
             str(path), pid=pid, images_dir=tmp, log_file="-", leave_running=leave_running,
             shell_job=shell_job, tcp_close=tcp_close, ghost_limit_bytes=ghost_limit_bytes,
+            link_remap=bool(linked),
         )  # fmt: skip
         start = time.monotonic()
         rc, log = _run(argv, timeout_s)
@@ -254,6 +256,10 @@ def dump(
             "the partial image was deleted",
             log_path=str(log_path) if log_path else None, log_tail=log_tail(log),
         )  # fmt: skip
+    if linked:  # CRIU's links, renamed to this image's own names (see link_remap)
+        meta = read_json(tmp / DUMP_META) or {}
+        meta["link_remaps"] = link_remap.park(linked, image_key)
+        atomic_write_json(tmp / DUMP_META, meta)
     # The image is complete; a log that does not fit any more must not cost the image.
     if _write_log(log, tmp / "dump.log") is None:
         _write_log(log, log_dir / f"{image_key}.dump.log")
@@ -320,9 +326,16 @@ def restore(
             shell_job=bool(meta.get("shell_job")),
             tcp_close=tcp_close or bool(meta.get("tcp_close")), auto_dedup=auto_dedup,
         )  # fmt: skip
-        rc, log = _run(argv, timeout_s)
+        remaps = list(meta.get("link_remaps", []))
+        try:
+            link_remap.unpark(remaps)
+            rc, log = _run(argv, timeout_s)
+        except BaseException:
+            link_remap.drop_unparked(remaps)
+            raise
         log_path = _write_log(log, log_dir / f"{image_key}.restore.log")
         if rc != 0:
+            link_remap.drop_unparked(remaps)
             raise CheckpointFailed(
                 f"criu restore of {image_dir} failed (exit {rc}): {hint_for(log)}",
                 log_path=str(log_path) if log_path else None, log_tail=log_tail(log),
@@ -331,3 +344,12 @@ def restore(
             return int(pidfile.read_text().strip())
         except (OSError, ValueError):
             return int(meta["pid"])
+
+
+def remove_image(image_dir: Path) -> str:
+    """Delete an image (or an unfinished dump) with what it keeps outside its directory
+    (its parked links, see link_remap); returns its name."""
+    meta = read_json(image_dir / DUMP_META) or {}
+    link_remap.discard(list(meta.get("link_remaps", [])))
+    shutil.rmtree(image_dir, ignore_errors=True)
+    return image_dir.name

@@ -44,6 +44,7 @@ def dump_argv(
     tcp_close: bool = False,
     ghost_limit_bytes: int | None = None,
     ext_unix_sk: bool = False,
+    link_remap: bool = False,
 ) -> list[str]:
     """``criu dump`` of the tree rooted at ``pid`` into ``images_dir``.
 
@@ -61,6 +62,8 @@ def dump_argv(
         argv.append("--tcp-close")
     if ext_unix_sk:
         argv.append("--ext-unix-sk")
+    if link_remap:
+        argv.append("--link-remap")
     if ghost_limit_bytes is not None:
         if ghost_limit_bytes < 0:
             raise ValueError(f"ghost_limit_bytes must be >= 0, got {ghost_limit_bytes}")

@@ -8,9 +8,12 @@ mid-swap "Dumping FAILED" into a clear error that names the fix.
 from __future__ import annotations
 
 import os
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+
+from spswap.checkpoint import unix_diag
+from spswap.checkpoint.unix_diag import UnixSocket
+from spswap.errors import CheckpointFailed
 
 IO_URING_LINK = "anon_inode:[io_uring]"
 PROC = Path("/proc")
@@ -78,46 +81,13 @@ def socket_inode(link: str) -> int | None:
     return None
 
 
-@dataclass(frozen=True)
-class UnixSocket:
-    """One Unix socket as ``ss -xaHn`` shows it."""
-
-    netid: str  # u_str, u_seq, u_dgr
-    state: str  # ESTAB, LISTEN, UNCONN, ...
-    inode: int
-    peer_inode: int
-    path: str
-
-
-def parse_ss_unix(text: str) -> dict[int, UnixSocket]:
-    """Parse ``ss -xaHn`` output into ``{inode: UnixSocket}``.
-
-    The columns are netid, state, recv-q, send-q, local address, local inode, peer address,
-    peer inode; a path may contain spaces, so the inodes are taken from the end.
-    """
-    out: dict[int, UnixSocket] = {}
-    for line in text.splitlines():
-        tok = line.split()
-        if len(tok) < 8 or not tok[0].startswith("u_"):
-            continue
-        try:
-            inode, peer = int(tok[-3]), int(tok[-1])
-        except ValueError:
-            continue
-        path = " ".join(tok[4:-3])
-        out[inode] = UnixSocket(tok[0], tok[1], inode, peer, "" if path == "*" else path)
-    return out
-
-
 def unix_sockets() -> dict[int, UnixSocket] | None:
-    """Every Unix socket of this network namespace, or None when ``ss`` is not there."""
+    """Every Unix socket of this network namespace (from the kernel's sock_diag), or None
+    when the kernel does not answer (the check is then skipped)."""
     try:
-        res = subprocess.run(
-            ["ss", "-xaHn"], capture_output=True, text=True, timeout=10, check=False
-        )
-    except (FileNotFoundError, subprocess.TimeoutExpired):
+        return unix_diag.query()
+    except CheckpointFailed:
         return None
-    return parse_ss_unix(res.stdout) if res.returncode == 0 else None
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import time
 from dataclasses import dataclass, field
@@ -92,8 +91,7 @@ def delete_job_images(images_root: Path, job_id: str) -> list[str]:
     """Delete every image and unfinished dump of ``job_id``; the names deleted."""
     gone = []
     for p in images_of_job(images_root, job_id) + temp_dirs(images_root, job_id):
-        shutil.rmtree(p, ignore_errors=True)
-        gone.append(p.name)
+        gone.append(criu.remove_image(p))
     return gone
 
 
@@ -216,7 +214,7 @@ def restore_instance(
     reason = verify_before_restore(image, expected, check_integrity=check_integrity)
     timings["verify"] = time.monotonic() - t0
     if reason is not None:
-        shutil.rmtree(image, ignore_errors=True)
+        criu.remove_image(image)
         raise ImageRejected(f"image {image.name} not restored: {reason}")
     # A process image is single use: once a restore began, the process may have run on
     # from it, so it is deleted whether the restore succeeded or not (a failed restore
@@ -245,7 +243,7 @@ def restore_instance(
             _kill_quietly(pid)
         raise CheckpointFailed(f"{e}\nthe image {image.name} was deleted: cold start") from None
     finally:
-        shutil.rmtree(image, ignore_errors=True)
+        criu.remove_image(image)
     return pid, timings
 
 

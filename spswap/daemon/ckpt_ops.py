@@ -331,11 +331,11 @@ def _same_holder(a: Any, b: Any) -> bool:
 
 
 def _drop_images_needing(st: DaemonState, by_digest: dict[str, str], digest: str) -> None:
-    import shutil
+    from spswap.checkpoint.criu import remove_image
 
     for key, d in by_digest.items():
         if d == digest:
-            shutil.rmtree(st.cfg.paths.images / key, ignore_errors=True)
+            remove_image(st.cfg.paths.images / key)
             st.event("image.dropped", image=key,
                      reason=f"its pool entry {digest[:12]} is gone: it cannot be restored")
 
@@ -370,6 +370,7 @@ def recover(st: DaemonState) -> dict[str, Any]:
     any failed dump, its requests saved. If a CRIU of the dead daemon still holds the
     process, that wait happens in a thread so the daemon answers meanwhile.
     """
+    from spswap.checkpoint.criu import remove_image
     from spswap.checkpoint.service import incomplete_images, temp_dirs
 
     stale = []
@@ -384,7 +385,7 @@ def recover(st: DaemonState) -> dict[str, Any]:
     images = st.cfg.paths.images
     for p in temp_dirs(images) + incomplete_images(images):
         if not any(_of_job(p, j) for j in dumping):  # those wait for their CRIU to end
-            removed.append(_rmtree(p))
+            removed.append(remove_image(p))
     for job_id, pid, pid_start in stale:
         threading.Thread(target=_recover_dump, args=(st, job_id, pid, pid_start),
                          daemon=True).start()  # fmt: skip
@@ -400,13 +401,6 @@ def _of_job(p: Path, job_id: str) -> bool:
     return p.name.removeprefix(".tmp-").startswith(job_prefix(job_id))
 
 
-def _rmtree(p: Path) -> str:
-    import shutil
-
-    shutil.rmtree(p, ignore_errors=True)
-    return p.name
-
-
 def _traced(pid: int) -> bool:
     """True while a tracer (a CRIU still dumping) holds ``pid``."""
     try:
@@ -419,6 +413,7 @@ def _traced(pid: int) -> bool:
 
 
 def _recover_dump(st: DaemonState, job_id: str, pid: int, pid_start: int | None) -> None:
+    from spswap.checkpoint.criu import remove_image
     from spswap.checkpoint.service import incomplete_images, temp_dirs
     from spswap.liveness import pid_alive
 
@@ -429,7 +424,7 @@ def _recover_dump(st: DaemonState, job_id: str, pid: int, pid_start: int | None)
     alive = pid > 0 and pid_start is not None and pid_alive(pid, pid_start)
     for p in temp_dirs(st.cfg.paths.images, job_id) + incomplete_images(st.cfg.paths.images):
         if _of_job(p, job_id):
-            _rmtree(p)
+            remove_image(p)
     fate = "it runs on and was told" if alive else "CRIU had ended it: its requests are saved"
     reason = (f"spswapd died during the dump of job {job_id} (pid {pid}); the unfinished "
               f"image was deleted; {fate}: the next run starts cold")  # fmt: skip

@@ -276,7 +276,11 @@ class SpswapWorkerExtension:
         after ``wake_up(tags=["weights"])`` (scripts/gpu/vllm_copy_probe.py --first):
         ``direct`` (host -> weights), ``staged`` (what spswap_copy does), ``memset`` (a
         device-side zero of every weight: is the first write slow for the GPU too?), each
-        after ``wait_s`` of idling (does the driver prepare the new memory meanwhile?)."""
+        after ``wait_s`` of idling (does the driver prepare the new memory meanwhile?);
+        ``staged-kept``: staged through buffers allocated before the sleep and kept over
+        it (spswap_keep_staging): is it the staging buffers' new memory that is slow?;
+        ``direct-touched``: the weights zeroed on the GPU first (untimed), then direct:
+        are copy-engine writes slow into memory the GPU has already written?"""
         mapping: MappedEntry | None = getattr(self, "_spswap_mapping", None)
         if mapping is None:
             raise EngineError("attach a pool entry first (spswap_attach)")
@@ -288,18 +292,35 @@ class SpswapWorkerExtension:
         t0 = time.perf_counter()
         if variant == "direct":
             copy_into(mapping, weights)
+        elif variant == "direct-touched":
+            for t in weights.values():
+                t.zero_()
+            sync()
+            t0 = time.perf_counter()
+            copy_into(mapping, weights)
+        elif variant == "staged-kept":
+            copy_into(mapping, weights, staging_bytes=STAGING_BYTES,
+                      staging_buffers=self._spswap_kept_staging)  # fmt: skip
         elif variant == "staged":
             copy_into(mapping, weights, staging_bytes=STAGING_BYTES)
         elif variant == "memset":
             for t in weights.values():
                 t.zero_()
         else:
-            raise EngineError(f"unknown variant {variant!r}: direct, staged or memset")
+            raise EngineError(f"unknown variant {variant!r}: direct, direct-touched, staged, "
+                              "staged-kept or memset")
         sync()
         seconds = time.perf_counter() - t0
         size = sum(t.size_bytes for t in mapping.manifest.tensors)
         return {"variant": variant, "wait_s": wait_s, "seconds": seconds,
                 "gb_per_s": size / seconds / 1e9}  # fmt: skip
+
+    def spswap_keep_staging(self) -> dict[str, Any]:
+        """Allocate two staging buffers and keep them (over sleeps) for ``staged-kept``."""
+        self._spswap_kept_staging = [torch.empty(STAGING_BYTES, dtype=torch.uint8,
+                                                 device="cuda") for _ in range(2)]  # fmt: skip
+        torch.cuda.synchronize()
+        return {"bytes": 2 * STAGING_BYTES}
 
     def spswap_pinned_copy_limit(self, size_bytes: int, repeats: int = 5) -> dict[str, Any]:
         """Host->GPU copy rate from a ``cudaHostAlloc`` (pinned) buffer of ``size_bytes``

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -102,6 +102,7 @@ def copy_into(
     *,
     stream: torch.cuda.Stream | None = None,
     staging_bytes: int | None = None,
+    staging_buffers: Sequence[torch.Tensor] | None = None,
 ) -> TransferReport:
     """Copy every tensor of ``mapping`` into the same-named tensor of ``params``.
 
@@ -114,7 +115,8 @@ def copy_into(
     :func:`staging_plan`). For destinations the copy engines write slowly: after vLLM's
     level-2 sleep and wake, its re-mapped weight memory took host copies at ~20 GB/s
     where a plain allocation took ~50 (H200); the device-side copies cost little next to
-    PCIe and run while the next piece crosses it.
+    PCIe and run while the next piece crosses it. ``staging_buffers``: two uint8 device
+    tensors of at least ``staging_bytes`` to use instead of allocating them.
     """
     check_compatible(mapping.manifest, params)
     device = _device_of(params)
@@ -134,7 +136,7 @@ def copy_into(
         try:
             with torch.no_grad(), torch.cuda.stream(stream):
                 if staging_bytes:
-                    _copy_staged(mapping, params, device, staging_bytes)
+                    _copy_staged(mapping, params, device, staging_bytes, staging_buffers)
                 else:
                     for name, src in sources.items():
                         params[name].copy_(src, non_blocking=True)
@@ -146,7 +148,7 @@ def copy_into(
         start = time.perf_counter()
         with torch.no_grad():
             if staging_bytes:
-                _copy_staged(mapping, params, device, staging_bytes)
+                _copy_staged(mapping, params, device, staging_bytes, staging_buffers)
             else:
                 for name, src in sources.items():
                     params[name].copy_(src)
@@ -210,7 +212,7 @@ def _flat_bytes(t: torch.Tensor) -> torch.Tensor | None:
 
 def _copy_staged(
     mapping: MappedEntry, params: Mapping[str, torch.Tensor], device: torch.device,
-    staging_bytes: int,
+    staging_bytes: int, buffers: Sequence[torch.Tensor] | None = None,
 ) -> None:  # fmt: skip
     """Host -> staging buffer (one large copy per piece) -> parameters (device copies),
     with two buffers: on CUDA the host copy of piece k+1 (current stream) runs while
@@ -226,7 +228,14 @@ def _copy_staged(
         if flat is None:
             params[name].copy_(sources[name], non_blocking=True)
     size = max(p.end - p.start for p in plan)
-    bufs = [torch.empty(size, dtype=torch.uint8, device=device) for _ in range(2)]
+    if buffers is not None:
+        if len(buffers) != 2 or any(b.numel() < size or b.dtype != torch.uint8
+                                    or b.device.type != device.type for b in buffers):  # fmt: skip
+            raise TransferError(f"staging buffers must be two uint8 tensors of at least "
+                                f"{size} bytes on {device}")  # fmt: skip
+        bufs = list(buffers)
+    else:
+        bufs = [torch.empty(size, dtype=torch.uint8, device=device) for _ in range(2)]
     cuda = device.type == "cuda"
     h2d = torch.cuda.current_stream(device) if cuda else None
     scatter = torch.cuda.Stream(device=device) if cuda else None

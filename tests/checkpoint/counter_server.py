@@ -36,6 +36,22 @@ def tcp_to_itself() -> list[socket.socket]:
     return [lst, client, server]
 
 
+def linked_map(directory: str, token: str):  # noqa: ANN201 - an mmap
+    """A shared mapping of a file reached by a deleted name while another name links it,
+    made as glibc's sem_open makes a named semaphore (temporary name, link, unlink): CRIU
+    needs --link-remap for it. The count is written into it on every request."""
+    import mmap
+
+    tmp, final = os.path.join(directory, f"sem.{token}.tmp"), os.path.join(directory, f"sem.{token}")
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    os.ftruncate(fd, 4096)
+    mapped = mmap.mmap(fd, 4096, mmap.MAP_SHARED)
+    os.close(fd)
+    os.link(tmp, final)
+    os.unlink(tmp)
+    return mapped
+
+
 def main() -> None:
     path = sys.argv[1]
     token = secrets.token_hex(8)
@@ -44,6 +60,8 @@ def main() -> None:
     data = list(range(200_000))  # some heap, so an image is a few MB
     ring_fd = open_io_uring() if "--io-uring" in sys.argv else None  # noqa: F841 (kept open)
     tcp = tcp_to_itself() if "--tcp-self" in sys.argv else []  # noqa: F841 (kept open)
+    sem_dir = sys.argv[sys.argv.index("--linked-map") + 1] if "--linked-map" in sys.argv else None
+    shared = linked_map(sem_dir, token) if sem_dir else None
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(path)
     srv.listen(4)
@@ -59,6 +77,8 @@ def main() -> None:
                 continue
             count += 1
             total += data[count]
+            if shared is not None:
+                shared[:16] = f"{count:16d}".encode()
             conn.sendall(f"{token} {count} {total}\n".encode())
 
 

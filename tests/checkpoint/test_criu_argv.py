@@ -26,12 +26,12 @@ def test_dump_every_flag() -> None:
     argv = a.dump_argv(
         "/opt/criu/criu", pid=7, images_dir=Path("/img dir/x"), log_file="-",
         leave_running=True, shell_job=True, tcp_close=True, ghost_limit_bytes=1 << 20,
-        ext_unix_sk=True,
+        ext_unix_sk=True, link_remap=True,
     )  # fmt: skip
     assert argv == [
         "/opt/criu/criu", "dump", "--tree", "7", "--images-dir", "/img dir/x",
         "-v4", "--log-file", "-", "--leave-running", "--shell-job", "--tcp-close",
-        "--ext-unix-sk", "--ghost-limit", "1048576",
+        "--ext-unix-sk", "--link-remap", "--ghost-limit", "1048576",
     ]  # fmt: skip
 
 

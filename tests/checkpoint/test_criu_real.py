@@ -146,3 +146,54 @@ def test_tcp_connection_to_itself_is_dumped_closed(tmp_path: Path) -> None:
         srv.kill(pid)
     finally:
         srv.kill()
+
+
+def test_files_linked_under_another_name_are_parked_per_image(tmp_path: Path) -> None:
+    """Two trees that map a file by a deleted name while another name links it (a named
+    POSIX semaphore: vLLM's server holds several) are dumped one after the other: CRIU's
+    link_remap.<id> names can repeat between images, so each image parks its links under
+    its own names; both restore onto the same inode (the count lands in the linked file), and
+    nothing is left behind."""
+    import json
+
+    sems = tmp_path / "shm"
+    sems.mkdir()
+    images = tmp_path / "images"
+    servers = [Server(tmp_path / d, "--linked-map", str(sems)) for d in ("a", "b")
+               if (tmp_path / d).mkdir() is None]  # fmt: skip
+    try:
+        tokens = [s.ask().split()[0] for s in servers]
+        for key, srv in zip(("a", "b"), servers, strict=True):
+            info = criu.dump(srv.pid, key, images)
+            remaps = json.loads((info.path / criu.DUMP_META).read_text())["link_remaps"]
+            assert [r["parked"] for r in remaps] == [f".spswap-remap-{key}-{r['name'][11:]}"
+                                                     for r in remaps] and remaps  # fmt: skip
+            assert not list(sems.glob("link_remap.*"))
+            srv.proc.wait(timeout=10)
+        for key, srv, token in zip(("a", "b"), servers, tokens, strict=True):
+            pid = criu.restore(key, images)
+            assert srv.ask().split()[:2] == [token, "2"]
+            assert (sems / f"sem.{token}").read_bytes()[:16].strip() == b"2"  # the same inode
+            assert not list(sems.glob("link_remap.*"))  # CRIU removed its name again
+            criu.remove_image(images / key)
+            srv.kill(pid)
+        assert sorted(p.name for p in sems.iterdir()) == sorted(f"sem.{t}" for t in tokens)
+    finally:
+        for srv in servers:
+            srv.kill()
+
+
+def test_an_image_removed_unrestored_takes_its_parked_links(tmp_path: Path) -> None:
+    sems = tmp_path / "shm"
+    sems.mkdir()
+    srv = Server(tmp_path, "--linked-map", str(sems))
+    try:
+        srv.ask()
+        info = criu.dump(srv.pid, "gone", tmp_path / "images")
+        assert [p.name for p in sems.iterdir() if p.name.startswith(".spswap-remap-gone-")]
+        assert criu.remove_image(info.path) == "gone" and not info.path.exists()
+        assert [p.name for p in sems.iterdir()] == [n for n in os.listdir(sems) if
+                                                    n.startswith("sem.")]  # fmt: skip
+        assert len(os.listdir(sems)) == 1
+    finally:
+        srv.kill()

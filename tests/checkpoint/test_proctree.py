@@ -1,5 +1,5 @@
 # ruff: noqa: E501  (verbatim /proc/net/tcp lines)
-"""Pure parts of the process-tree scan: ss parsing, blockers over a fake /proc of real files."""
+"""Pure parts of the process-tree scan: blockers over a fake /proc of real files."""
 
 from __future__ import annotations
 
@@ -12,27 +12,7 @@ from pathlib import Path
 import pytest
 
 from spswap.checkpoint import proctree
-from spswap.checkpoint.proctree import UnixSocket
-
-# Captured from `ss -xaHn` on a Debian 12 node (paths with a space included on purpose).
-SS_OUTPUT = """\
-u_str LISTEN 0      256                  /run/munge/munge.socket.2 14977 * 0
-u_str ESTAB  0      0                                            * 1230  * 1229
-u_str LISTEN 0      32     /tmp/spswap-slurm/spool/vm_3.4294967291 16533 * 0
-u_str ESTAB  0      0                                            * 1229  * 1230
-u_dgr UNCONN 0      0                                   /dev/log 17990 * 0
-u_str ESTAB  0      0                          /tmp/a b/srv.sock 5001 * 5002
-garbage line
-"""
-
-
-def test_parse_ss_unix() -> None:
-    socks = proctree.parse_ss_unix(SS_OUTPUT)
-    assert socks[14977] == UnixSocket("u_str", "LISTEN", 14977, 0, "/run/munge/munge.socket.2")
-    assert socks[1230] == UnixSocket("u_str", "ESTAB", 1230, 1229, "")
-    assert socks[17990].netid == "u_dgr"
-    assert socks[5001].path == "/tmp/a b/srv.sock" and socks[5001].peer_inode == 5002
-    assert len(socks) == 6
+from spswap.checkpoint.unix_diag import UnixSocket
 
 
 def _fake_proc(root: Path, fds: dict[int, dict[int, str]]) -> Path:

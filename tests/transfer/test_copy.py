@@ -168,6 +168,22 @@ def test_staged_copy_is_bit_exact_on_cpu(pool, staging_bytes: int) -> None:
         assert torch.equal(dst[name], t), name
 
 
+def test_staged_copy_through_given_buffers(pool) -> None:
+    """Caller-kept staging buffers are used (their last piece is left in them) and checked."""
+    src = {**_source(), "g.big": torch.randn(64, 64)}
+    m = write_entry(pool, "m", src)
+    dst = _dest_like(src)
+    bufs = [torch.full((8192,), 7, dtype=torch.uint8) for _ in range(2)]
+    with MappedEntry(m, pool.data_path(m)) as mapping:
+        copy_into(mapping, dst, staging_bytes=8192, staging_buffers=bufs)
+        assert not all(bool((b == 7).all()) for b in bufs)
+        with pytest.raises(TransferError, match="two uint8 tensors of at least 8192 bytes"):
+            copy_into(mapping, dst, staging_bytes=8192,
+                      staging_buffers=[torch.empty(4096, dtype=torch.uint8)] * 2)  # fmt: skip
+    for name, t in src.items():
+        assert torch.equal(dst[name], t), name
+
+
 def test_staging_plan_splits_tensors_and_skips_gaps(pool) -> None:
     from spswap.transfer.copy import staging_plan
 

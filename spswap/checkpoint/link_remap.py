@@ -1,0 +1,136 @@
+"""Files a tree holds under a deleted name while another name still links them, and the
+hard links CRIU makes for them.
+
+glibc's ``sem_open`` maps a temporary ``/dev/shm/sem.XXXXXX``, links it to
+``/dev/shm/sem.NAME`` and unlinks the temporary name: every multiprocessing lock of a
+spawn-started Python (vLLM's server) is such a file. CRIU dumps one only with
+``--link-remap``: it hard-links the inode as ``<dir>/link_remap.<id>``, and the restore
+opens that name and removes it. The ids are per dump and can repeat between images (a
+second parked image would then need the first one's name: CRIU fails the dump on EEXIST),
+and an image never restored would leave its link behind.
+
+So right after a dump spswap renames each link to a name of its own image
+(``.spswap-remap-<image key>-<id>``, same directory, so a rename always works), puts it
+back just before the restore, and removes it with the image.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from spswap.errors import CheckpointFailed
+
+DELETED = " (deleted)"
+CRIU_PREFIX = "link_remap."
+PARKED_PREFIX = ".spswap-remap-"
+PROC = Path("/proc")
+
+
+@dataclass(frozen=True)
+class LinkedFile:
+    """A regular file the tree reaches by a deleted name while it still has a link."""
+
+    directory: str
+    dev: int
+    ino: int
+
+
+def deleted_but_linked(pids: list[int], proc: Path = PROC) -> list[LinkedFile]:
+    """Every such file among the mappings and open files of ``pids`` (``map_files`` needs
+    root; unreadable entries are skipped: CRIU itself needs root)."""
+    found: dict[tuple[int, int], LinkedFile] = {}
+    for pid in pids:
+        for sub in ("map_files", "fd"):
+            base = proc / str(pid) / sub
+            try:
+                names = os.listdir(base)
+            except OSError:
+                continue
+            for name in names:
+                try:
+                    target = os.readlink(base / name)
+                    if not (target.startswith("/") and target.endswith(DELETED)):
+                        continue
+                    st = os.stat(base / name)  # the open file itself, through the magic link
+                except OSError:
+                    continue
+                if stat.S_ISREG(st.st_mode) and st.st_nlink > 0:
+                    directory = os.path.dirname(target[: -len(DELETED)])
+                    found.setdefault((st.st_dev, st.st_ino),
+                                     LinkedFile(directory, st.st_dev, st.st_ino))  # fmt: skip
+    return list(found.values())
+
+
+def parked_name(image_key: str, criu_name: str) -> str:
+    """``link_remap.7`` of image ``k`` -> ``.spswap-remap-k-7``."""
+    return f"{PARKED_PREFIX}{image_key}-{criu_name.removeprefix(CRIU_PREFIX)}"
+
+
+def park(files: list[LinkedFile], image_key: str) -> list[dict[str, str]]:
+    """After a successful dump: rename CRIU's links of ``files`` to this image's names.
+    Returns the records the image keeps (directory, CRIU's name, the parked name). Never
+    raises: the tree is gone by now, and a link left under CRIU's name still restores."""
+    wanted = {(f.dev, f.ino) for f in files}
+    records: list[dict[str, str]] = []
+    for directory in sorted({f.directory for f in files}):
+        try:
+            names = [n for n in os.listdir(directory) if n.startswith(CRIU_PREFIX)]
+        except OSError:
+            continue
+        for name in sorted(names):
+            path = os.path.join(directory, name)
+            try:
+                st = os.lstat(path)
+                if (st.st_dev, st.st_ino) not in wanted:
+                    continue  # another image's, or not ours
+                parked = parked_name(image_key, name)
+                os.rename(path, os.path.join(directory, parked))
+            except OSError:
+                continue  # left under CRIU's name: the image still restores while it is free
+            records.append({"dir": directory, "name": name, "parked": parked})
+    return records
+
+
+def unpark(records: list[dict[str, Any]]) -> None:
+    """Before a restore: CRIU's names back (as new links; the parked ones stay until the
+    image goes). Refuses, naming the file, when a name is taken."""
+    for r in records:
+        target = os.path.join(r["dir"], r["name"])
+        try:
+            os.link(os.path.join(r["dir"], r["parked"]), target)
+        except FileExistsError:
+            raise CheckpointFailed(
+                f"cannot restore: {target} exists (another restore running, or left over by "
+                "a CRIU that died); wait and retry, or remove it if no restore is running"
+            ) from None
+        except OSError as e:
+            raise CheckpointFailed(f"cannot restore: linking {target} failed: {e}") from None
+
+
+def drop_unparked(records: list[dict[str, Any]]) -> None:
+    """After a failed restore: remove CRIU's names that are still this image's links."""
+    for r in records:
+        target = os.path.join(r["dir"], r["name"])
+        try:
+            same = os.path.samestat(os.lstat(target),
+                                    os.lstat(os.path.join(r["dir"], r["parked"])))  # fmt: skip
+            if same:
+                os.unlink(target)
+        except OSError:
+            continue
+
+
+def discard(records: list[dict[str, Any]]) -> None:
+    """With the image: remove its parked links (only names of spswap's own form)."""
+    for r in records:
+        name = str(r.get("parked", ""))
+        if not name.startswith(PARKED_PREFIX) or "/" in name:
+            continue
+        try:
+            os.unlink(os.path.join(str(r["dir"]), name))
+        except OSError:
+            continue
