@@ -49,6 +49,7 @@ def _job_for(ctx: Context, job_id: str) -> Any:
 
 IDENTITY_ARGS = ("engine", "engine_version", "torch", "python", "model_digest", "config_hash")
 RESUME_SIGNAL = signal.SIGUSR2
+RESTORE_WAITS_DUMP_S = 300.0  # a restore that finds its own job still dumping waits this long
 
 
 def _identity(args: dict[str, Any], uid: int) -> Identity:
@@ -116,20 +117,70 @@ def _require_running(rec: Any) -> None:
 
 def _dump_locked(st: DaemonState, job_id: str, pid: int, pid_start: int | None,
                  identity: Identity, requeue: bool) -> None:  # fmt: skip
+    parking = None
+    early = False
     try:
-        gone = _dump(st, job_id, pid, pid_start, identity)
+        # Out of the job's cgroup first: neither a requeue nor preemption's kill after
+        # GraceTime can then cut the dump short, and the job can be requeued at once so
+        # that the next job starts while the dump runs.
+        parking = _park_out_of_job(st, job_id, pid)
+        early = requeue and parking is not None
+        if early:
+            _requeue(st, job_id, early=True)
+        gone = _dump(st, job_id, pid, pid_start, identity, parking=parking, requeued=early)
     finally:
+        if parking is not None:
+            _leave_parking(st, job_id, parking)
         _job_lock(job_id).release()  # a restore may come at once: Slurm calls are slow
-    if requeue and gone:
+    if requeue and gone and not early:
         # only once the process is gone (saved, or lost after CRIU ended it): the image is
         # worth nothing if the job does not come back, and a cold start needs it back too
         _requeue(st, job_id)
 
 
-def _dump(st: DaemonState, job_id: str, pid: int, pid_start: int | None,
-          identity: Identity) -> bool:  # fmt: skip
+def _park_out_of_job(st: DaemonState, job_id: str, pid: int) -> Any:
+    """The instance's tree moved into a parked cgroup of spswapd's, or None where there is
+    no job cgroup to leave (proctrack/linuxproc), CRIU would refuse the tree anyway, or
+    the move failed (the dump then runs in the job, as before)."""
+    from spswap.checkpoint import cgroups, criu, proctree
+
+    parking = None
+    try:
+        criu.preflight(pid)  # a tree CRIU refuses stays home; the dump reports why
+        parking = cgroups.Parking.create(f"{job_id}-{pid}", pid)
+        if parking is None:
+            return None
+        for _ in range(3):  # again for anything forked meanwhile
+            new = [p for p in proctree.process_tree_pids(pid) if p not in parking.homes]
+            if not new:
+                break
+            parking.adopt(new)
+        st.event("checkpoint.parked", job_id=job_id, pids=sorted(parking.homes),
+                 cgroups=[str(d) for d in parking.dirs.values()])  # fmt: skip
+        return parking
+    except Exception as e:  # noqa: BLE001 - the dump still runs, inside the job
+        if parking is not None:
+            parking.return_home()
+            parking.remove()
+        st.event("checkpoint.stays_in_job", job_id=job_id, reason=str(e)[:500])
+        return None
+
+
+def _leave_parking(st: DaemonState, job_id: str, parking: Any) -> None:
+    """After the dump: whatever is still parked (a fork that left the tree; the instance
+    when its dump failed and it could not go home) is ended; the cgroups go."""
+    killed = parking.kill_all()
+    parking.remove()
+    if killed:
+        st.event("checkpoint.parked_killed", job_id=job_id, pids=killed)
+
+
+def _dump(st: DaemonState, job_id: str, pid: int, pid_start: int | None, identity: Identity,
+          *, parking: Any = None, requeued: bool = False) -> bool:  # fmt: skip
     """Dump and record the outcome; True when the instance is gone (dumped, or killed by
-    CRIU before a later step failed), False when it runs on."""
+    CRIU before a later step failed), False when it runs on. A parked instance whose dump
+    failed goes back into its job's cgroup and runs on, unless its job was requeued
+    already (or its cgroup is gone): then it is ended, and its next run starts cold."""
     from spswap.checkpoint.service import dump_instance
 
     try:
@@ -137,11 +188,18 @@ def _dump(st: DaemonState, job_id: str, pid: int, pid_start: int | None,
                                gpu_uuids=_job_gpu_uuids(st, job_id),
                                pid_start=pid_start)  # fmt: skip
     except Exception as e:  # the instance runs on (unless CRIU ended it): tell it, record why
+        reason = str(e)
+        if parking is not None and (requeued or parking.return_home()):
+            parking.kill_all()
+            reason += ("; the job had been requeued while the dump ran, so the instance was "
+                       "ended: its next run starts without the image (its saved requests "
+                       "are kept)" if requeued else "; its job's cgroup was gone, so the "
+                       "instance was ended")  # fmt: skip
         try:
-            _set_status(st, job_id, state="failed", pid=pid, reason=str(e))
+            _set_status(st, job_id, state="failed", pid=pid, reason=reason)
         finally:  # the status first (it reads it when told), but told in any case
             _resume(pid, pid_start)
-        st.event("checkpoint.failed", job_id=job_id, uid=identity.uid, reason=str(e)[:2000])
+        st.event("checkpoint.failed", job_id=job_id, uid=identity.uid, reason=reason[:2000])
         _sync_quietly(st)  # an older image of the job was deleted before the dump
         return not pid_alive(pid, pid_start)
     _sync_quietly(st)  # before "saved": a restore must find the entry held
@@ -178,16 +236,17 @@ def _resume(pid: int, pid_start: int | None) -> None:
         pass
 
 
-def _requeue(st: DaemonState, job_id: str) -> None:
-    """Requeue after the image is complete (as the instance asked): the image is worth
-    nothing if the job does not come back."""
+def _requeue(st: DaemonState, job_id: str, *, early: bool = False) -> None:
+    """Requeue as the instance asked: while the dump runs when the instance is parked
+    outside the job (``early``), else once the image is complete (a requeue ends the
+    job's processes; and the image is worth nothing if the job does not come back)."""
     from spswap.slurm.backend import get_backend
 
     try:
         backend = get_backend()
         if backend is not None:
             backend.requeue(job_id)
-            st.event("job.requeue", job_id=job_id)
+            st.event("job.requeue", job_id=job_id, early=early)
     except Exception as e:  # preemption may have requeued it already
         st.event("job.requeue_refused", job_id=job_id, reason=str(e)[:500])
 
@@ -199,7 +258,9 @@ def op_restore(ctx: Context, args: dict[str, Any]) -> Any:
     rec = _job_for(ctx, job_id)
     _require_running(rec)
     expected = _identity(args, rec.uid)
-    if not _job_lock(job_id).acquire(timeout=1.0):
+    # A job requeued while its dump ran may be back before the dump ends: wait for it.
+    dumping = (read_json(_status_path(st, job_id)) or {}).get("state") == "dumping"
+    if not _job_lock(job_id).acquire(timeout=RESTORE_WAITS_DUMP_S if dumping else 1.0):
         raise CheckpointFailed(f"job {job_id} is being checkpointed or restored already")
     try:
         return _restore(ctx, st, rec, job_id, expected, args)
@@ -227,6 +288,7 @@ def _restore(ctx: Context, st: DaemonState, rec: Any, job_id: str, expected: Ide
         raise
     finally:
         _sync_quietly(st)  # the image is gone whatever happened
+    _into_job(st, job_id, pid, ctx.peer_pid)
     # The status first: the woken instance reads it to learn its new run.
     _set_status(st, job_id, state="restored", pid=pid, proxy_pid=ctx.peer_pid,
                 restart_count=int(args.get("restart_count", 0)), timings_s=timings)  # fmt: skip
@@ -243,6 +305,19 @@ def _restore(ctx: Context, st: DaemonState, rec: Any, job_id: str, expected: Ide
     _hold_pool_entry(st, expected.model_digest, pid, rec)
     st.event("restore.done", job_id=job_id, uid=rec.uid, pid=pid, timings_s=timings)
     return {"pid": pid, "timings_s": timings}
+
+
+def _into_job(st: DaemonState, job_id: str, pid: int, proxy_pid: int) -> None:
+    """The restored tree (spswapd's child) into the new run's cgroups, so Slurm tracks,
+    limits and ends it with its job; where that fails it runs on, outside (logged)."""
+    from spswap.checkpoint import cgroups, proctree
+
+    try:
+        moved = cgroups.join(proctree.process_tree_pids(pid), proxy_pid)
+        if moved:
+            st.event("restore.joined_job", job_id=job_id, pid=pid, hierarchies=moved)
+    except Exception as e:  # noqa: BLE001 - the restore stands; the proxy still forwards
+        st.event("restore.outside_job", job_id=job_id, pid=pid, reason=str(e)[:500])
 
 
 def _hold_pool_entry(st: DaemonState, digest: str, pid: int, rec: Any) -> None:

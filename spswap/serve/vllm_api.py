@@ -96,12 +96,23 @@ def api_server_argv(
     return argv + list(user_args)
 
 
-def api_server_env(settings: VllmSettings, base: dict[str, str] | None = None) -> dict[str, str]:
+# vLLM names its IPC sockets <VLLM_RPC_BASE_PATH>/<uuid4>; a socket path has 107 bytes
+RPC_BASE_MAX_BYTES = 107 - 1 - 36
+
+
+def api_server_env(settings: VllmSettings, base: dict[str, str] | None = None,
+                   rpc_dir: Path | None = None) -> dict[str, str]:  # fmt: skip
     """The server's environment: the engine's (:func:`engine_env`), plus the development
-    endpoints, which are safe only because the socket is private."""
+    endpoints, which are safe only because the socket is private. ``rpc_dir``: where
+    vLLM's own IPC sockets go (VLLM_RPC_BASE_PATH; not the temp directory, which may be a
+    job-private TMPDIR gone by the time a checkpoint is restored: CRIU binds them again),
+    unless the user set it or the path is too long for a socket name."""
     env = dict(os.environ if base is None else base)
     env.update(engine_env(settings))
     env["VLLM_SERVER_DEV_MODE"] = "1"
+    if rpc_dir is not None and "VLLM_RPC_BASE_PATH" not in env \
+            and len(os.fsencode(rpc_dir)) <= RPC_BASE_MAX_BYTES:  # fmt: skip
+        env["VLLM_RPC_BASE_PATH"] = str(rpc_dir)
     return env
 
 
@@ -182,7 +193,8 @@ class VllmApiServer:
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         start = time.perf_counter()
         try:
-            self.proc = subprocess.Popen(argv, env=api_server_env(self.settings),
+            self.proc = subprocess.Popen(argv, env=api_server_env(self.settings,
+                                                                  rpc_dir=self.socket_dir),
                                          stdin=subprocess.DEVNULL, stdout=out,
                                          stderr=subprocess.STDOUT)  # fmt: skip
         finally:

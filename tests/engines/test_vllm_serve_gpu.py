@@ -145,7 +145,7 @@ def test_the_real_server_is_dumped_and_restored_into_the_next_run(tmp_path: Path
     cfg = Config.from_env({}, root=root)
     lifecycle.start(cfg, wait_s=15.0)
     job = "5151"
-    state = tmp_path / "state"
+    state = root / "state"  # short: vLLM's IPC sockets fit under it (VLLM_RPC_BASE_PATH)
 
     def serve(restart: int) -> subprocess.Popen:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
@@ -179,6 +179,8 @@ def test_the_real_server_is_dumped_and_restored_into_the_next_run(tmp_path: Path
         Client(cfg).call("job.register", job_id=job, uid=0, user="root")
         run0 = serve(0)
         ep0 = wait("run 0's server", endpoint, 420)
+        ipc = [p.name for p in (state / "sock").iterdir() if p.name != "vllm.sock"]
+        assert ipc, "vLLM's IPC sockets belong in the private socket directory"
         before = _answers(Path(ep0["uds"]), model)
         t0 = time.monotonic()
         run0.send_signal(signal.SIGUSR1)

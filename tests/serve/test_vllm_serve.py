@@ -73,6 +73,19 @@ def test_env_turns_the_dev_endpoints_on_and_the_hub_off(tmp_path: Path) -> None:
     assert has_tokenizer(tmp_path)
 
 
+def test_vllms_ipc_sockets_go_to_the_private_socket_dir() -> None:
+    env = api_server_env(VllmSettings(), base={}, rpc_dir=Path("/home/u/.spswap/7/sock"))
+    assert env["VLLM_RPC_BASE_PATH"] == "/home/u/.spswap/7/sock"
+    user = api_server_env(VllmSettings(), base={"VLLM_RPC_BASE_PATH": "/mine"},
+                          rpc_dir=Path("/x"))  # fmt: skip
+    assert user["VLLM_RPC_BASE_PATH"] == "/mine"  # the user's choice stands
+    long_dir = Path("/p/" + "d" * 68)  # 71 bytes: a uuid4 name would pass 107
+    assert "VLLM_RPC_BASE_PATH" not in api_server_env(VllmSettings(), base={},
+                                                      rpc_dir=long_dir)  # fmt: skip
+    assert "VLLM_RPC_BASE_PATH" in api_server_env(VllmSettings(), base={},
+                                                  rpc_dir=Path("/p/" + "d" * 67))  # fmt: skip
+
+
 def _complete(uds: Path, prompt: list[int]) -> list[int]:
     status, data = uds_request(uds, "POST", "/v1/completions",
                                {"prompt": prompt, "max_tokens": 6})  # fmt: skip

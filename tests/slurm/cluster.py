@@ -23,6 +23,7 @@ class SlurmCluster:
     spswap_root: Path
     spswap_bin: str
     grace_time_s: int
+    proctrack: str = "linuxproc"  # "cgroup": spswapd parks a dumped tree outside its job
 
     def sbatch(self, script: str, *args: str) -> str:
         """Submit ``script`` (bash body) with ``args``; returns the job id."""

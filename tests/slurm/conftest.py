@@ -19,6 +19,13 @@ from .cluster import DEFAULTS_FILE, SLURM_UP, SlurmCluster, wait_for
 __all__ = ["SlurmCluster", "wait_for"]  # tests import these from here too
 
 
+def default_proctrack() -> str:
+    """proctrack/cgroup (what sites run, and what lets spswapd park a tree outside its
+    job) where Slurm 22.05 can use it without systemd: a cgroup v1 freezer; else
+    linuxproc. SPSWAP_TEST_PROCTRACK overrides."""
+    return "cgroup" if Path("/sys/fs/cgroup/freezer/cgroup.procs").exists() else "linuxproc"
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     if os.environ.get("SPSWAP_TEST_SLURM") != "1":
@@ -34,14 +41,15 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
     spswap_bin = str(Path(sys.executable).parent / "spswap")
     grace_time_s = 10
     env = dict(os.environ, SPSWAP_BIN=spswap_bin, SPSWAP_ROOT=str(root),
-               GRACE_TIME=str(grace_time_s), FAKE_GPUS="2")  # fmt: skip
+               GRACE_TIME=str(grace_time_s), FAKE_GPUS="2",
+               PROCTRACK=os.environ.get("SPSWAP_TEST_PROCTRACK", default_proctrack()))  # fmt: skip
     up = subprocess.run([str(SLURM_UP), "up"], env=env, capture_output=True, text=True,
                         timeout=600)  # fmt: skip
     if up.returncode != 0:
         pytest.fail(f"scripts/slurm_up.sh failed:\n{up.stdout}\n{up.stderr}")
     try:
         yield SlurmCluster(work=work, spswap_root=root, spswap_bin=spswap_bin,
-                           grace_time_s=grace_time_s)  # fmt: skip
+                           grace_time_s=grace_time_s, proctrack=env["PROCTRACK"])  # fmt: skip
     finally:
         subprocess.run([str(SLURM_UP), "down"], env=env, capture_output=True, timeout=120)
         # the prolog started a daemon for this root: it must not outlive the tests

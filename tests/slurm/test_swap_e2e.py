@@ -79,6 +79,24 @@ def _assert_swapped(log: str, signal_name: str) -> None:
         assert f"stopped by {signal_name}" in log, log
 
 
+def _assert_parked(cluster: SlurmCluster, job: str, *, early_requeue: bool) -> None:
+    """spswapd moved the dumped tree out of the job's cgroup before the dump; on USR1 it
+    requeued the job while the dump ran (the next job could start meanwhile), and the
+    restored tree was moved into the new run's cgroup."""
+    from spswap.config import Config
+    from spswap.daemon import events
+
+    log = [e for e in events.tail(Config.from_env({}, root=cluster.spswap_root).paths.events,
+                                  500) if e.get("job_id") == job]  # fmt: skip
+    kinds = [e["kind"] for e in log]
+    assert "checkpoint.parked" in kinds and "restore.joined_job" in kinds, kinds
+    saved = kinds.index("checkpoint.saved")
+    assert kinds.index("checkpoint.parked") < saved, kinds
+    if early_requeue:
+        requeue = kinds.index("job.requeue")
+        assert requeue < saved and log[requeue]["detail"]["early"] is True, kinds
+
+
 def _job_log(cluster: SlurmCluster, name: str, job: str) -> str:
     path = cluster.work / f"{name}-{job}.log"
     return path.read_text() if path.exists() else "(no log)"
@@ -162,6 +180,8 @@ def test_requeue_and_usr1_take_the_same_path(slurm_cluster: SlurmCluster, how: s
     answers = _answers(state)
     assert sorted({a["restart_count"] for a in answers.values()}) == [0, 1], log
     _assert_swapped(log, "SIGTERM" if how == "scontrol-requeue" else "SIGUSR1")
+    if _criu_usable() and slurm_cluster.proctrack == "cgroup":
+        _assert_parked(slurm_cluster, job, early_requeue=how != "scontrol-requeue")
     assert [answers[f"rq-{how}{i:02d}"]["output_ids"] for i in range(len(prompts))] == \
         _cold(model, "small", prompts)
     table = SlotTable(slurm_cluster.spswap_root / "slots", [0, 1])

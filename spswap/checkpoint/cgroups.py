@@ -1,0 +1,234 @@
+"""Parking a process tree outside its Slurm job's cgroups while it is dumped.
+
+Slurm's proctrack/cgroup ends a job by signalling every process in the job's cgroup:
+a requeue (or preemption's kill after GraceTime) would cut a dump short. So before the
+dump spswapd moves the parked tree into a cgroup of its own (``spswap-parked-<name>``,
+created under spswapd's own cgroup, in every hierarchy where the tree's cgroup differs
+from spswapd's). The job can then be requeued at once and the next job start while the
+dump runs. Anything the tree forks lands in the parked cgroup too, so nothing escapes:
+after the dump whatever is left there is killed, or, when the dump failed and the job
+is still there, moved back home.
+
+cgroup v2 and v1 (freezer, as Slurm 22.05 uses on hybrid hosts) both work. The parsing
+of /proc/<pid>/cgroup and /proc/self/mountinfo is pure and tested on exact text.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from spswap.errors import CheckpointFailed
+
+PROC = Path("/proc")
+PREFIX = "spswap-parked-"
+
+
+@dataclass(frozen=True)
+class Membership:
+    """One line of /proc/<pid>/cgroup: ``controllers`` is "" for cgroup v2."""
+
+    controllers: str
+    path: str
+
+
+def parse_proc_cgroup(text: str) -> list[Membership]:
+    """``4:memory:/a/b`` lines -> memberships (v2's ``0::/x`` has no controllers)."""
+    out = []
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3 and parts[2].startswith("/"):
+            out.append(Membership(parts[1], parts[2]))
+    return out
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A mounted cgroup hierarchy: where it is and which part of it (``root``)."""
+
+    controllers: str
+    root: str
+    mountpoint: str
+
+
+def parse_mountinfo(text: str) -> list[Mount]:
+    """The cgroup and cgroup2 mounts of a /proc/<pid>/mountinfo. A v1 mount's controllers
+    are the super options that name one (``rw,cpu,cpuacct`` -> ``cpu,cpuacct``)."""
+    mounts = []
+    for line in text.splitlines():
+        pre, sep, post = line.partition(" - ")
+        if not sep:
+            continue
+        fields, tail = pre.split(), post.split()
+        if len(fields) < 5 or len(tail) < 3:
+            continue
+        root, mountpoint = fields[3], fields[4].replace("\\040", " ")
+        if tail[0] == "cgroup2":
+            mounts.append(Mount("", root, mountpoint))
+        elif tail[0] == "cgroup":
+            opts = [o for o in tail[2].split(",") if o not in ("rw", "ro")]
+            names = [o for o in opts if o.startswith("name=") or "=" not in o]
+            mounts.append(Mount(",".join(n for n in names if n not in _MOUNT_FLAGS), root,
+                                mountpoint))  # fmt: skip
+    return mounts
+
+
+# v1 super options that are flags, not controllers
+_MOUNT_FLAGS = {"noprefix", "clone_children", "xattr", "cpuset_v2_mode", "nsdelegate",
+                "favordynmods", "memory_recursiveprot", "memory_localevents"}  # fmt: skip
+
+
+def fs_path(m: Membership, mounts: list[Mount]) -> Path | None:
+    """Where membership ``m``'s cgroup is in the file system, None when not mounted."""
+    want = set(m.controllers.split(",")) if m.controllers else set()
+    for mount in mounts:
+        have = set(mount.controllers.split(",")) if mount.controllers else set()
+        if have != want:
+            continue
+        root = mount.root.rstrip("/")
+        if m.path == root or m.path.startswith(root + "/"):
+            return Path(mount.mountpoint) / m.path[len(root):].lstrip("/")
+    return None
+
+
+def memberships(pid: int | str, proc: Path = PROC) -> list[Membership]:
+    try:
+        return parse_proc_cgroup((proc / str(pid) / "cgroup").read_text())
+    except OSError:
+        return []
+
+
+@dataclass
+class Parking:
+    """A parked cgroup per hierarchy, and where each adopted pid came from."""
+
+    name: str
+    dirs: dict[str, Path] = field(default_factory=dict)  # controllers -> parked dir
+    homes: dict[int, dict[str, Path]] = field(default_factory=dict)  # pid -> controllers -> dir
+
+    @classmethod
+    def create(cls, name: str, tree_pid: int, proc: Path = PROC) -> Parking | None:
+        """Parked cgroups beside spswapd's own in each hierarchy where ``tree_pid`` is
+        elsewhere; None when it is nowhere else (no job cgroups: nothing to leave).
+
+        Raises CheckpointFailed when a cgroup cannot be made (read-only cgroupfs)."""
+        mounts = parse_mountinfo((proc / "self" / "mountinfo").read_text())
+        mine = {m.controllers: m for m in memberships("self", proc)}
+        parking = cls(name)
+        for theirs in memberships(tree_pid, proc):
+            own = mine.get(theirs.controllers)
+            if own is None or own.path == theirs.path:
+                continue
+            base = fs_path(own, mounts)
+            if base is None or fs_path(theirs, mounts) is None:
+                continue
+            target = base / f"{PREFIX}{name}"
+            try:
+                target.mkdir(exist_ok=True)
+                if "cpuset" in theirs.controllers.split(","):  # v1: empty cpusets take no task
+                    for knob in ("cpuset.cpus", "cpuset.mems"):
+                        (target / knob).write_text((base / knob).read_text())
+            except OSError as e:
+                parking.remove()
+                raise CheckpointFailed(f"cannot make the parked cgroup {target}: {e}") from None
+            parking.dirs[theirs.controllers] = target
+        return parking if parking.dirs else None
+
+    def adopt(self, pids: list[int], proc: Path = PROC) -> None:
+        """Move ``pids`` (whole processes) into the parked cgroups, remembering their
+        homes. Raises CheckpointFailed after moving back what it moved."""
+        mounts = parse_mountinfo((proc / "self" / "mountinfo").read_text())
+        for pid in pids:
+            if pid in self.homes:
+                continue
+            home = {m.controllers: p for m in memberships(pid, proc)
+                    if m.controllers in self.dirs and (p := fs_path(m, mounts))}  # fmt: skip
+            self.homes[pid] = home
+            for controllers in home:
+                try:
+                    (self.dirs[controllers] / "cgroup.procs").write_text(str(pid))
+                except ProcessLookupError:
+                    break
+                except OSError as e:
+                    self.return_home()
+                    raise CheckpointFailed(f"cannot move pid {pid} out of its job's cgroup "
+                                           f"({controllers or 'v2'}): {e}") from None  # fmt: skip
+
+    def pids(self) -> set[int]:
+        """Every process in the parked cgroups (what the tree forked included)."""
+        found: set[int] = set()
+        for d in self.dirs.values():
+            try:
+                found.update(int(x) for x in (d / "cgroup.procs").read_text().split())
+            except OSError:
+                continue
+        return found
+
+    def return_home(self) -> list[int]:
+        """Move every parked process back where it came from (one forked since: where the
+        first adopted one came from); returns the pids that could not go back (their
+        job's cgroup is gone)."""
+        stranded = []
+        first = next(iter(self.homes.values()), {})
+        for pid in sorted(self.pids() | set(self.homes)):
+            for _controllers, d in self.homes.get(pid, first).items():
+                try:
+                    (d / "cgroup.procs").write_text(str(pid))
+                except ProcessLookupError:
+                    break
+                except OSError:
+                    stranded.append(pid)
+                    break
+        return stranded
+
+    def kill_all(self, timeout_s: float = 10.0) -> list[int]:
+        """SIGKILL everything in the parked cgroups and wait until they are empty;
+        returns the pids that were killed."""
+        killed: set[int] = set()
+        deadline = time.monotonic() + timeout_s
+        while (left := self.pids()) and time.monotonic() < deadline:
+            for pid in left:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.add(pid)
+                except ProcessLookupError:
+                    pass
+                try:  # spswapd's own children (a restore's) need reaping
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
+            time.sleep(0.02)
+        return sorted(killed)
+
+    def remove(self) -> None:
+        """Remove the (empty) parked cgroups."""
+        for d in self.dirs.values():
+            try:
+                d.rmdir()
+            except OSError:
+                continue
+
+
+def join(pids: list[int], like_pid: int, proc: Path = PROC) -> list[str]:
+    """Move ``pids`` into ``like_pid``'s cgroups wherever theirs differ (a restored tree
+    into the cgroups of the job run it was restored for, so that Slurm's limits, device
+    rules and end-of-job kill cover it); returns the hierarchies moved in."""
+    mounts = parse_mountinfo((proc / "self" / "mountinfo").read_text())
+    target = {m.controllers: m for m in memberships(like_pid, proc)}
+    moved: set[str] = set()
+    for pid in pids:
+        for m in memberships(pid, proc):
+            want = target.get(m.controllers)
+            if want is None or want.path == m.path or (d := fs_path(want, mounts)) is None:
+                continue
+            try:
+                (d / "cgroup.procs").write_text(str(pid))
+            except ProcessLookupError:
+                break
+            except OSError as e:
+                raise CheckpointFailed(f"cannot move pid {pid} into {d}: {e}") from None
+            moved.add(m.controllers or "v2")
+    return sorted(moved)

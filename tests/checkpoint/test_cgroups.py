@@ -1,0 +1,229 @@
+"""Parking a tree outside its job's cgroups: the parsers on exact text, and the real
+moves on this machine's cgroupfs (root; a job cgroup made by the test plays Slurm's)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from spswap.checkpoint import cgroups
+from spswap.checkpoint.cgroups import Membership, Mount
+
+HYBRID_CGROUP = """\
+9:name=systemd:/
+6:freezer:/slurm_vm/uid_0/job_317/step_batch
+4:memory:/process_api/c5ef
+2:cpu,cpuacct:/
+0::/
+"""
+
+HYBRID_MOUNTINFO = """\
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw,relatime - cgroup cgroup rw,cpu,cpuacct
+35 31 0:32 /process_api /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+37 31 0:34 / /sys/fs/cgroup/freezer rw,relatime - cgroup cgroup rw,freezer
+40 31 0:37 / /sys/fs/cgroup/systemd rw,relatime - cgroup cgroup rw,xattr,name=systemd
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw,nsdelegate
+22 1 0:21 / /proc rw,nosuid - proc proc rw
+"""
+
+
+def test_parse_proc_cgroup() -> None:
+    assert cgroups.parse_proc_cgroup(HYBRID_CGROUP) == [
+        Membership("name=systemd", "/"),
+        Membership("freezer", "/slurm_vm/uid_0/job_317/step_batch"),
+        Membership("memory", "/process_api/c5ef"),
+        Membership("cpu,cpuacct", "/"),
+        Membership("", "/"),
+    ]
+
+
+def test_parse_mountinfo_and_paths() -> None:
+    mounts = cgroups.parse_mountinfo(HYBRID_MOUNTINFO)
+    assert mounts == [
+        Mount("cpu,cpuacct", "/", "/sys/fs/cgroup/cpu,cpuacct"),
+        Mount("memory", "/process_api", "/sys/fs/cgroup/memory"),
+        Mount("freezer", "/", "/sys/fs/cgroup/freezer"),
+        Mount("name=systemd", "/", "/sys/fs/cgroup/systemd"),
+        Mount("", "/", "/sys/fs/cgroup/unified"),
+    ]
+    path = cgroups.fs_path
+    assert path(Membership("freezer", "/slurm/job_1"), mounts) == \
+        Path("/sys/fs/cgroup/freezer/slurm/job_1")
+    assert path(Membership("memory", "/process_api/c5ef"), mounts) == \
+        Path("/sys/fs/cgroup/memory/c5ef")  # a mount of part of the hierarchy
+    assert path(Membership("memory", "/elsewhere"), mounts) is None  # not visible here
+    assert path(Membership("", "/system.slice/x.service"), mounts) == \
+        Path("/sys/fs/cgroup/unified/system.slice/x.service")
+    assert path(Membership("pids", "/"), mounts) is None  # not mounted
+
+
+def _writable_hierarchy() -> tuple[str, Path] | None:
+    """A hierarchy where this process may make child cgroups: (controllers, own dir)."""
+    if os.geteuid() != 0:
+        return None
+    mounts = cgroups.parse_mountinfo(Path("/proc/self/mountinfo").read_text())
+    for m in cgroups.memberships("self"):
+        if m.controllers not in ("freezer", ""):
+            continue
+        own = cgroups.fs_path(m, mounts)
+        if own is None:
+            continue
+        probe = own / f"spswap-probe-{os.getpid()}"
+        try:
+            probe.mkdir()
+            probe.rmdir()
+        except OSError:
+            continue
+        return m.controllers, own
+    return None
+
+
+HIERARCHY = _writable_hierarchy()
+needs_cgroups = pytest.mark.skipif(HIERARCHY is None,
+                                   reason="needs root and a writable freezer or v2 cgroupfs")
+
+TREE = """
+import os, signal, sys, time
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])  # before the fork: no race
+if os.fork() == 0:  # a child in the tree
+    if len(sys.argv) > 1:  # on request, on SIGUSR1, one that leaves the tree (double fork)
+        signal.sigwait([signal.SIGUSR1])
+        if os.fork() == 0:
+            os.setsid()
+            time.sleep(300)
+        os._exit(0)
+    time.sleep(300)
+    os._exit(0)
+time.sleep(300)
+"""
+
+
+@pytest.fixture
+def job_cgroup(tmp_path: Path):
+    """A cgroup beside this test's own, as Slurm's job cgroup would be."""
+    assert HIERARCHY is not None
+    job = HIERARCHY[1] / f"spswap-test-job-{os.getpid()}"
+    job.mkdir()
+    yield job
+    for pid in (job / "cgroup.procs").read_text().split():
+        os.kill(int(pid), signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            job.rmdir()
+            break
+        except OSError:
+            time.sleep(0.05)
+
+
+def _start_in(job: Path, *args: str) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", TREE, *args],
+                            preexec_fn=lambda: (job / "cgroup.procs").write_text(str(os.getpid())))
+    deadline = time.monotonic() + 10
+    from spswap.checkpoint.proctree import process_tree_pids
+
+    while len(process_tree_pids(proc.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return proc
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's zombie waits for whatever reaps here)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2] != "Z"
+
+
+def _where(pid: int) -> str:
+    assert HIERARCHY is not None
+    return next(m.path for m in cgroups.memberships(pid) if m.controllers == HIERARCHY[0])
+
+
+@needs_cgroups
+def test_a_parked_tree_survives_its_job_and_leftovers_are_ended(job_cgroup: Path) -> None:
+    from spswap.checkpoint.proctree import process_tree_pids
+
+    proc = _start_in(job_cgroup)
+    parking = None
+    try:
+        pids = process_tree_pids(proc.pid)
+        assert all(_where(p).endswith(job_cgroup.name) for p in pids)
+        parking = cgroups.Parking.create("t1", proc.pid)
+        assert parking is not None and list(parking.dirs) == [HIERARCHY[0]]
+        parking.adopt(pids)
+        assert all(_where(p).endswith("spswap-parked-t1") for p in pids)
+        assert parking.pids() == set(pids)
+        # Slurm ends the job: everything in its cgroup (nothing of the tree any more)
+        assert (job_cgroup / "cgroup.procs").read_text().split() == []
+        assert proc.poll() is None
+        assert sorted(parking.kill_all()) == sorted(pids)
+        proc.wait(timeout=5)
+        parking.remove()
+        assert not parking.dirs[HIERARCHY[0]].exists()
+    finally:
+        if parking is not None:
+            parking.kill_all()
+            parking.remove()
+        proc.kill()
+
+
+@needs_cgroups
+def test_what_the_tree_forks_after_parking_cannot_escape(job_cgroup: Path) -> None:
+    from spswap.checkpoint.proctree import process_tree_pids
+
+    parking = cgroups.Parking.create("t2", os.getpid())  # this test is in no job cgroup
+    assert parking is None
+    proc = _start_in(job_cgroup, "escape")
+    parking = cgroups.Parking.create("t2", proc.pid)
+    assert parking is not None
+    try:
+        before = process_tree_pids(proc.pid)
+        parking.adopt(before)
+        os.kill(before[1], signal.SIGUSR1)  # the child double-forks now, parked
+        deadline = time.monotonic() + 5
+        while not parking.pids() - set(before) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        escaped = parking.pids() - set(process_tree_pids(proc.pid))
+        assert escaped
+        parking.kill_all()
+        assert not any(_running(p) for p in escaped)
+    finally:
+        parking.kill_all()
+        parking.remove()
+        proc.kill()
+
+
+@needs_cgroups
+def test_a_failed_dump_sends_the_tree_home_and_join_moves_a_restored_one(
+    job_cgroup: Path,
+) -> None:
+    from spswap.checkpoint.proctree import process_tree_pids
+
+    proc = _start_in(job_cgroup)
+    parking = cgroups.Parking.create("t3", proc.pid)
+    assert parking is not None
+    outside = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    try:
+        pids = process_tree_pids(proc.pid)
+        parking.adopt(pids)
+        assert parking.return_home() == []
+        assert all(_where(p).endswith(job_cgroup.name) for p in pids)
+        assert parking.pids() == set()
+        # a restored process (spswapd's child, here this test's) joins the job's run
+        assert cgroups.join([outside.pid], proc.pid) == [HIERARCHY[0] or "v2"]
+        assert _where(outside.pid).endswith(job_cgroup.name)
+        assert cgroups.join([outside.pid], proc.pid) == []  # already there
+    finally:
+        parking.remove()
+        outside.kill()
+        outside.wait()
+        proc.kill()
