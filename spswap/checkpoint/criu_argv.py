@@ -87,9 +87,14 @@ def restore_argv(
 
     ``auto_dedup`` frees image pages as they are restored (faster on tmpfs, but the image
     can be used only once: the caller must delete it afterwards).
+
+    Always ``--manage-cgroups=ignore``: the tree comes back in the restorer's cgroups (and
+    spswapd moves it into the new job run's); CRIU's default would re-create the cgroups it
+    was dumped from (the parked one, or a job long gone) and put it there.
     """
     argv = [criu, "restore", "--images-dir", str(images_dir)]
     argv += [LOG_VERBOSITY, "--log-file", log_file, "--pidfile", str(pidfile)]
+    argv.append("--manage-cgroups=ignore")
     if restore_detached:
         argv.append("--restore-detached")
     if shell_job:

@@ -124,9 +124,7 @@ def _dump_locked(st: DaemonState, job_id: str, pid: int, pid_start: int | None,
         # GraceTime can then cut the dump short, and the job can be requeued at once so
         # that the next job starts while the dump runs.
         parking = _park_out_of_job(st, job_id, pid)
-        early = requeue and parking is not None
-        if early:
-            _requeue(st, job_id, early=True)
+        early = requeue and parking is not None and _requeue(st, job_id, early=True)
         gone = _dump(st, job_id, pid, pid_start, identity, parking=parking, requeued=early)
     finally:
         if parking is not None:
@@ -236,19 +234,23 @@ def _resume(pid: int, pid_start: int | None) -> None:
         pass
 
 
-def _requeue(st: DaemonState, job_id: str, *, early: bool = False) -> None:
+def _requeue(st: DaemonState, job_id: str, *, early: bool = False) -> bool:
     """Requeue as the instance asked: while the dump runs when the instance is parked
     outside the job (``early``), else once the image is complete (a requeue ends the
-    job's processes; and the image is worth nothing if the job does not come back)."""
+    job's processes; and the image is worth nothing if the job does not come back).
+    False when there is no Slurm to ask; a refusal (preemption requeued it already)
+    counts as leaving."""
     from spswap.slurm.backend import get_backend
 
     try:
         backend = get_backend()
-        if backend is not None:
-            backend.requeue(job_id)
-            st.event("job.requeue", job_id=job_id, early=early)
+        if backend is None:
+            return False
+        backend.requeue(job_id)
+        st.event("job.requeue", job_id=job_id, early=early)
     except Exception as e:  # preemption may have requeued it already
         st.event("job.requeue_refused", job_id=job_id, reason=str(e)[:500])
+    return True
 
 
 def op_restore(ctx: Context, args: dict[str, Any]) -> Any:

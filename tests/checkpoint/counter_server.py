@@ -42,7 +42,8 @@ def linked_map(directory: str, token: str):  # noqa: ANN201 - an mmap
     needs --link-remap for it. The count is written into it on every request."""
     import mmap
 
-    tmp, final = os.path.join(directory, f"sem.{token}.tmp"), os.path.join(directory, f"sem.{token}")
+    final = os.path.join(directory, f"sem.{token}")
+    tmp = final + ".tmp"
     fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     os.ftruncate(fd, 4096)
     mapped = mmap.mmap(fd, 4096, mmap.MAP_SHARED)

@@ -100,6 +100,7 @@ class Runs:
         self.cfg, self.tmp = cfg, tmp
         self.model, self.prompts = _setup(cfg, tmp)
         self.procs: list[subprocess.Popen] = []
+        self.cgroup: Path | None = None  # runs start in it (a stand-in job cgroup)
 
     def start(self, restart: int) -> subprocess.Popen:
         out = open(self.tmp / f"run{restart}.log", "w")
@@ -108,10 +109,14 @@ class Runs:
              str(self.tmp / "state"), "--device", "cpu", "--requests",
              str(self.tmp / "req.jsonl"), "--exit-when-idle", "--json"],
             env=_env(self.cfg, restart), stdout=out, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL, preexec_fn=self._join_cgroup if self.cgroup else None,
         )  # fmt: skip
         self.procs.append(proc)
         return proc
+
+    def _join_cgroup(self) -> None:
+        assert self.cgroup is not None
+        (self.cgroup / "cgroup.procs").write_text(str(os.getpid()))
 
     def log(self, restart: int) -> str:
         return (self.tmp / f"run{restart}.log").read_text()
@@ -299,3 +304,76 @@ def test_job_fate(state: str | None, requeued: bool | None, fate: str) -> None:
     from spswap.daemon.ckpt_ops import job_fate
 
     assert job_fate(state, requeued) == fate
+
+
+@pytest.fixture
+def job_cgroup() -> Iterator[Path]:
+    """A stand-in for Slurm's job cgroup, beside this test's own (and spswapd's)."""
+    from .test_cgroups import HIERARCHY
+
+    if HIERARCHY is None:
+        pytest.skip("needs root and a writable freezer or v2 cgroupfs")
+    path = HIERARCHY[1] / f"spswap-fault-job-{os.getpid()}"
+    path.mkdir()
+    yield path
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        for pid in (path / "cgroup.procs").read_text().split():
+            os.kill(int(pid), signal.SIGKILL)
+        try:
+            path.rmdir()
+            break
+        except OSError:
+            time.sleep(0.05)
+    leftovers = list(HIERARCHY[1].glob("spswap-parked-*"))
+    assert leftovers == [], "spswapd leaves no parked cgroup behind"
+
+
+def _job_events(cfg: Config) -> list[dict]:
+    from spswap.daemon import events
+
+    return [e for e in events.tail(cfg.paths.events, 500) if e.get("job_id") == JOB]
+
+
+def test_a_run_in_a_job_cgroup_is_dumped_parked_and_restored_into_the_next(
+    runs: Runs, job_cgroup: Path,
+) -> None:
+    """The dump runs with the tree outside its job's cgroup; the restored process joins
+    the next run's cgroup (where it answers from), and no parked cgroup is left."""
+    cfg = runs.cfg
+    runs.cgroup = job_cgroup
+    first = runs.stop_run0()
+    status = _settled(cfg)
+    assert status["state"] == "saved", status
+    first.wait(timeout=60)  # CRIU ended it: reaped, its pid is free for the restore
+    parked = [e for e in _job_events(cfg) if e["kind"] == "checkpoint.parked"]
+    assert parked and parked[0]["detail"]["pids"] == [status["pid"]], _job_events(cfg)
+    second = runs.start(1)
+    assert second.wait(timeout=300) == 0, runs.log(1)
+    joined = [e for e in _job_events(cfg) if e["kind"] == "restore.joined_job"]
+    from .test_cgroups import HIERARCHY
+
+    assert HIERARCHY is not None and joined, _job_events(cfg)
+    assert joined[0]["detail"] == {"pid": status["pid"],
+                                   "hierarchies": [HIERARCHY[0] or "v2"]}  # fmt: skip
+    answers = _answers(runs.tmp)
+    assert [answers[f"q{i:02d}"] for i in range(N_REQ)] == _cold(runs.model, runs.prompts)
+
+
+def test_tiny_tmpfs_full_during_a_parked_dump_sends_the_run_home(
+    runs: Runs, job_cgroup: Path,
+) -> None:
+    """A parked dump that fails (no Slurm here, so no early requeue): the instance goes
+    back into its job's cgroup and runs on, its requests saved."""
+    cfg = runs.cfg
+    runs.cgroup = job_cgroup
+    first = runs.stop_run0()
+    assert first.wait(timeout=120) == 0, runs.log(0)  # resumed; exits with requests saved
+    status = _settled(cfg)
+    assert status["state"] == "failed" and "file system is full" in status["reason"], status
+    assert "was ended" not in status["reason"]
+    kinds = [e["kind"] for e in _job_events(cfg)]
+    assert "checkpoint.parked" in kinds and "job.requeue" not in kinds, kinds
+    assert "no checkpoint image" in runs.log(0)
+    runs.finish_cold(1, "file system is full")
+    _assert_clean(cfg)

@@ -92,6 +92,8 @@ def _assert_parked(cluster: SlurmCluster, job: str, *, early_requeue: bool) -> N
     assert "checkpoint.parked" in kinds and "restore.joined_job" in kinds, kinds
     saved = kinds.index("checkpoint.saved")
     assert kinds.index("checkpoint.parked") < saved, kinds
+    parked = log[kinds.index("checkpoint.parked")]["detail"]["cgroups"]
+    assert parked and not any(Path(p).exists() for p in parked), parked  # removed after
     if early_requeue:
         requeue = kinds.index("job.requeue")
         assert requeue < saved and log[requeue]["detail"]["early"] is True, kinds
