@@ -308,6 +308,19 @@ def _root_ownership(cfg: Config) -> dict[str, Any]:
     return check("state tree", True, f"{cfg.root}: root's, not writable by others")
 
 
+def _parking() -> dict[str, Any]:
+    """Whether spswapd can move a tree out of its job's cgroup while dumping it."""
+    from spswap.checkpoint.cgroups import park_probe
+
+    ok, found = park_probe()
+    if ok:
+        return check("dump outside the job", True, f"parked cgroups can be made ({found})")
+    return check("dump outside the job", None, found,
+                 "dumps then run inside the job (requeue after the dump; GraceTime must "
+                 "cover it): run spswapd as root with the cgroup file system writable, and "
+                 "Slurm with ProctrackType=proctrack/cgroup")  # fmt: skip
+
+
 def collect(cfg: Config) -> dict[str, Any]:
     """Every check for this node: ``{"version", "node", "checks": [...]}``."""
     release = platform.release()
@@ -324,6 +337,7 @@ def collect(cfg: Config) -> dict[str, Any]:
     checks.append(_cuda_checkpoint())
     checks.append(_storage(cfg))
     checks.append(check("cgroup mode", True, cgroup_mode(Path("/sys/fs/cgroup"))))
+    checks.append(_parking())
     checks.append(_root_ownership(cfg))
     checks.append(_daemon(cfg))
     checks.append(_vllm())

@@ -193,6 +193,21 @@ def test_patched_criu_reads_the_stamp_of_an_install_or_a_bundle(tmp_path: Path) 
         assert doctor.patched_criu(criu_bin)
 
 
+def test_parking_check_says_what_it_found(tmp_path: Path) -> None:
+    """The probe's answer against what this machine allows: make a cgroup beside ours."""
+    from spswap.checkpoint import cgroups
+
+    by_name = {c["name"]: c for c in doctor.collect(Config(root=tmp_path / "r"))["checks"]}
+    got = by_name["dump outside the job"]
+    mounts = cgroups.parse_mountinfo(Path("/proc/self/mountinfo").read_text())
+    bases = [b for m in cgroups.memberships("self") if m.controllers in ("", "freezer")
+             and (b := cgroups.fs_path(m, mounts))]  # fmt: skip
+    allowed = os.geteuid() == 0 and any(os.access(b, os.W_OK) for b in bases)
+    assert got["ok"] is (True if allowed else None), got
+    if not allowed:
+        assert "proctrack/cgroup" in got["detail"]
+
+
 def test_vllm_check() -> None:
     assert doctor.vllm_check("0.26.0", [])["ok"] is True
     row = doctor.vllm_check("0.26.0", ["uvicorn"])

@@ -1,15 +1,15 @@
 """Parking a process tree outside its Slurm job's cgroups while it is dumped.
 
 Slurm's proctrack/cgroup ends a job by signalling every process in the job's cgroup:
-a requeue (or preemption's kill after GraceTime) would cut a dump short. So before the
-dump spswapd moves the parked tree into a cgroup of its own (``spswap-parked-<name>``,
-created under spswapd's own cgroup, in every hierarchy where the tree's cgroup differs
-from spswapd's). The job can then be requeued at once and the next job start while the
-dump runs. Anything the tree forks lands in the parked cgroup too, so nothing escapes:
-after the dump whatever is left there is killed, or, when the dump failed and the job
-is still there, moved back home.
-
-cgroup v2 and v1 (freezer, as Slurm 22.05 uses on hybrid hosts) both work. The parsing
+a requeue (or preemption's kill after GraceTime) would cut a dump short. So right before
+CRIU runs (the CUDA checkpoint has freed the tree's GPU memory by then) spswapd moves the
+tree into a cgroup of its own (``spswap-parked-<name>``, made beside spswapd's own) in
+the hierarchy Slurm tracks jobs by: cgroup v2, or v1's freezer (Slurm 22.05 on hybrid
+hosts; the tree keeps its job's v1 memory, CPU and device cgroups). The job can then be
+requeued at once and the next job start while the dump runs. Anything the tree forks
+lands in the parked cgroup too, so nothing escapes: after the dump whatever is left
+there is killed, or, when the dump failed and the job is still there, moved back home.
+A spswapd that starts ends what a dead one left parked (:func:`sweep`). The parsing
 of /proc/<pid>/cgroup and /proc/self/mountinfo is pure and tested on exact text.
 """
 
@@ -25,6 +25,7 @@ from spswap.errors import CheckpointFailed
 
 PROC = Path("/proc")
 PREFIX = "spswap-parked-"
+TRACKING = ("", "freezer")  # the hierarchies proctrack/cgroup signals a job through
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,9 @@ class Parking:
         parking = cls(name)
         for theirs in memberships(tree_pid, proc):
             own = mine.get(theirs.controllers)
-            if own is None or own.path == theirs.path:
+            # only where Slurm tracks and kills (v2, v1 freezer): memory, CPU and device
+            # limits of v1 hierarchies stay the job's
+            if theirs.controllers not in TRACKING or own is None or own.path == theirs.path:
                 continue
             base = fs_path(own, mounts)
             if base is None or fs_path(theirs, mounts) is None:
@@ -128,9 +131,6 @@ class Parking:
             target = base / f"{PREFIX}{name}"
             try:
                 target.mkdir(exist_ok=True)
-                if "cpuset" in theirs.controllers.split(","):  # v1: empty cpusets take no task
-                    for knob in ("cpuset.cpus", "cpuset.mems"):
-                        (target / knob).write_text((base / knob).read_text())
             except OSError as e:
                 parking.remove()
                 raise CheckpointFailed(f"cannot make the parked cgroup {target}: {e}") from None
@@ -168,12 +168,13 @@ class Parking:
         return found
 
     def return_home(self) -> list[int]:
-        """Move every parked process back where it came from (one forked since: where the
-        first adopted one came from); returns the pids that could not go back (their
-        job's cgroup is gone)."""
+        """Move every process still parked back where it came from (one forked since:
+        where the first adopted one came from; an adopted pid that exited is not
+        touched: its number may be another process's by now); returns the pids that could
+        not go back (their job's cgroup is gone)."""
         stranded = []
         first = next(iter(self.homes.values()), {})
-        for pid in sorted(self.pids() | set(self.homes)):
+        for pid in sorted(self.pids()):
             for _controllers, d in self.homes.get(pid, first).items():
                 try:
                     (d / "cgroup.procs").write_text(str(pid))
@@ -184,24 +185,10 @@ class Parking:
                     break
         return stranded
 
-    def kill_all(self, timeout_s: float = 10.0) -> list[int]:
-        """SIGKILL everything in the parked cgroups and wait until they are empty;
-        returns the pids that were killed."""
-        killed: set[int] = set()
-        deadline = time.monotonic() + timeout_s
-        while (left := self.pids()) and time.monotonic() < deadline:
-            for pid in left:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                    killed.add(pid)
-                except ProcessLookupError:
-                    pass
-                try:  # spswapd's own children (a restore's) need reaping
-                    os.waitpid(pid, os.WNOHANG)
-                except ChildProcessError:
-                    pass
-            time.sleep(0.02)
-        return sorted(killed)
+    def kill_all(self, timeout_s: float = 30.0) -> list[int]:
+        """End everything in the parked cgroups and wait until they are empty; returns
+        the pids that were there."""
+        return kill_cgroups(list(self.dirs.values()), timeout_s)
 
     def remove(self) -> None:
         """Remove the (empty) parked cgroups."""
@@ -210,6 +197,85 @@ class Parking:
                 d.rmdir()
             except OSError:
                 continue
+
+
+def _procs(d: Path) -> set[int]:
+    try:
+        return {int(x) for x in (d / "cgroup.procs").read_text().split()}
+    except OSError:
+        return set()
+
+
+def kill_cgroups(dirs: list[Path], timeout_s: float = 30.0) -> list[int]:
+    """SIGKILL every process in ``dirs`` without racing pid reuse: v2's ``cgroup.kill``,
+    or v1's freezer frozen while its pids are read and signalled; waits (up to
+    ``timeout_s``, a GPU process's teardown can be slow) until they are empty."""
+    seen: set[int] = set()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        left = set().union(*(_procs(d) for d in dirs)) if dirs else set()
+        if not left:
+            break
+        seen |= left
+        for d in dirs:
+            if (d / "cgroup.kill").exists():
+                _write_quietly(d / "cgroup.kill", "1")
+            elif (d / "freezer.state").exists():
+                _write_quietly(d / "freezer.state", "FROZEN")
+                for pid in _procs(d):
+                    _kill_quietly(pid)
+                _write_quietly(d / "freezer.state", "THAWED")  # a frozen task cannot die
+            else:
+                for pid in _procs(d):
+                    _kill_quietly(pid)
+        for pid in left:  # spswapd's own children (a restore's) need reaping
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+        time.sleep(0.02)
+    return sorted(seen)
+
+
+def _write_quietly(path: Path, text: str) -> None:
+    try:
+        path.write_text(text)
+    except OSError:
+        pass
+
+
+def _kill_quietly(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def sweep(proc: Path = PROC) -> list[str]:
+    """At spswapd's start: parked cgroups a dead spswapd left beside its own. Their
+    processes are ended (their jobs may have been requeued already, and where they came
+    from is not known any more) and the cgroups removed; returns their paths."""
+    try:
+        mounts = parse_mountinfo((proc / "self" / "mountinfo").read_text())
+    except OSError:
+        return []
+    found = []
+    for m in memberships("self", proc):
+        base = fs_path(m, mounts) if m.controllers in TRACKING else None
+        if base is None:
+            continue
+        try:
+            dirs = [d for d in base.iterdir() if d.name.startswith(PREFIX) and d.is_dir()]
+        except OSError:
+            continue
+        kill_cgroups(dirs)
+        for d in dirs:
+            try:
+                d.rmdir()
+                found.append(str(d))
+            except OSError:
+                continue
+    return found
 
 
 def join(pids: list[int], like_pid: int, proc: Path = PROC) -> list[str]:
@@ -232,3 +298,28 @@ def join(pids: list[int], like_pid: int, proc: Path = PROC) -> list[str]:
                 raise CheckpointFailed(f"cannot move pid {pid} into {d}: {e}") from None
             moved.add(m.controllers or "v2")
     return sorted(moved)
+
+
+def park_probe(proc: Path = PROC) -> tuple[bool, str]:
+    """Can this process make a cgroup beside its own (what parking needs), in the
+    hierarchies Slurm's proctrack/cgroup uses (v2, or v1's freezer)? (ok, what was found)"""
+    try:
+        mounts = parse_mountinfo((proc / "self" / "mountinfo").read_text())
+    except OSError as e:
+        return False, f"cannot read mountinfo: {e}"
+    tried = []
+    for m in memberships("self", proc):
+        if m.controllers not in ("", "freezer"):
+            continue
+        base = fs_path(m, mounts)
+        if base is None:
+            continue
+        name = m.controllers or "v2"
+        probe = base / f"{PREFIX}probe-{os.getpid()}"
+        try:
+            probe.mkdir()
+            probe.rmdir()
+            return True, f"{name}: {base}"
+        except OSError as e:
+            tried.append(f"{name}: {e.strerror or e}")
+    return False, "; ".join(tried) or "no cgroup v2 or v1 freezer mounted"

@@ -20,11 +20,13 @@ Dumps and restores need root (the daemon runs them).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +37,9 @@ from spswap.fsutil import atomic_write_json, dir_size_bytes, read_json
 
 MIN_VERSION = (4, 1, 0)
 DUMP_META = "spswap-dump.json"
+# CRIU's link_remap.<id> names are per directory, its ids per dump: dumps and restores
+# of trees with such files run one at a time on the node (see link_remap)
+_LINKS = threading.Lock()
 LOG_TAIL_LINES = 15
 BUILD_HINT = "build one with scripts/build_criu.sh (CRIU >= 4.1 is needed on kernels >= 6.13)"
 # The harmless line CRIU logs on every run when it cannot raise its own fd limit.
@@ -243,7 +248,9 @@ def dump(
             link_remap=bool(linked),
         )  # fmt: skip
         start = time.monotonic()
-        rc, log = _run(argv, timeout_s)
+        with _LINKS if linked else contextlib.nullcontext():
+            rc, log = _run(argv, timeout_s)
+            records = link_remap.park(linked, image_key) if linked and rc == 0 else []
         dump_s = time.monotonic() - start
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -256,9 +263,9 @@ def dump(
             "the partial image was deleted",
             log_path=str(log_path) if log_path else None, log_tail=log_tail(log),
         )  # fmt: skip
-    if linked:  # CRIU's links, renamed to this image's own names (see link_remap)
+    if records:  # CRIU's links, renamed to this image's own names (see link_remap)
         meta = read_json(tmp / DUMP_META) or {}
-        meta["link_remaps"] = link_remap.park(linked, image_key)
+        meta["link_remaps"] = records
         atomic_write_json(tmp / DUMP_META, meta)
     # The image is complete; a log that does not fit any more must not cost the image.
     if _write_log(log, tmp / "dump.log") is None:
@@ -327,15 +334,17 @@ def restore(
             tcp_close=tcp_close or bool(meta.get("tcp_close")), auto_dedup=auto_dedup,
         )  # fmt: skip
         remaps = list(meta.get("link_remaps", []))
-        try:
-            link_remap.unpark(remaps)
-            rc, log = _run(argv, timeout_s)
-        except BaseException:
-            link_remap.drop_unparked(remaps)
-            raise
+        with _LINKS if remaps else contextlib.nullcontext():
+            try:
+                link_remap.unpark(remaps)
+                rc, log = _run(argv, timeout_s)
+            except BaseException:
+                link_remap.drop_unparked(remaps)
+                raise
+            if rc != 0:
+                link_remap.drop_unparked(remaps)
         log_path = _write_log(log, log_dir / f"{image_key}.restore.log")
         if rc != 0:
-            link_remap.drop_unparked(remaps)
             raise CheckpointFailed(
                 f"criu restore of {image_dir} failed (exit {rc}): {hint_for(log)}",
                 log_path=str(log_path) if log_path else None, log_tail=log_tail(log),

@@ -65,6 +65,19 @@ def deleted_but_linked(pids: list[int], proc: Path = PROC) -> list[LinkedFile]:
     return list(found.values())
 
 
+def names_taken(files: list[LinkedFile]) -> list[str]:
+    """CRIU's names (``link_remap.*``) already present where ``files`` would get theirs:
+    another dump or restore's, or planted; CRIU fails on the one it needs (EEXIST)."""
+    taken = []
+    for directory in sorted({f.directory for f in files}):
+        try:
+            taken += [os.path.join(directory, n) for n in sorted(os.listdir(directory))
+                      if n.startswith(CRIU_PREFIX)]  # fmt: skip
+        except OSError:
+            continue
+    return taken
+
+
 def parked_name(image_key: str, criu_name: str) -> str:
     """``link_remap.7`` of image ``k`` -> ``.spswap-remap-k-7``."""
     return f"{PARKED_PREFIX}{image_key}-{criu_name.removeprefix(CRIU_PREFIX)}"
@@ -91,24 +104,44 @@ def park(files: list[LinkedFile], image_key: str) -> list[dict[str, str]]:
                 os.rename(path, os.path.join(directory, parked))
             except OSError:
                 continue  # left under CRIU's name: the image still restores while it is free
-            records.append({"dir": directory, "name": name, "parked": parked})
+            records.append({"dir": directory, "name": name, "parked": parked,
+                            "dev": st.st_dev, "ino": st.st_ino})  # fmt: skip
     return records
 
 
 def unpark(records: list[dict[str, Any]]) -> None:
     """Before a restore: CRIU's names back (as new links; the parked ones stay until the
-    image goes). Refuses, naming the file, when a name is taken."""
+    image goes). The directory may be the user's: a link is made only of the very file
+    parked (device and inode, never through a symlink) and checked after it is made.
+    Refuses, naming the file, when a name is taken or the file is not the one parked."""
     for r in records:
-        target = os.path.join(r["dir"], r["name"])
+        parked, target = os.path.join(r["dir"], r["parked"]), os.path.join(r["dir"], r["name"])
+        want = (r.get("dev"), r.get("ino"))
         try:
-            os.link(os.path.join(r["dir"], r["parked"]), target)
+            st = os.lstat(parked)
+            if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != want:
+                raise CheckpointFailed(f"cannot restore: {parked} is not the file the dump "
+                                       "set aside (replaced since): the image is unusable")
+            os.link(parked, target, follow_symlinks=False)
+            st = os.lstat(target)
         except FileExistsError:
             raise CheckpointFailed(
-                f"cannot restore: {target} exists (another restore running, or left over by "
-                "a CRIU that died); wait and retry, or remove it if no restore is running"
+                f"cannot restore: {target} exists (owner uid {_owner(target)}): CRIU needs "
+                "that name; left by a CRIU that died, or put there by someone; root may "
+                "remove it"
             ) from None
         except OSError as e:
             raise CheckpointFailed(f"cannot restore: linking {target} failed: {e}") from None
+        if (st.st_dev, st.st_ino) != want:  # swapped between the check and the link
+            os.unlink(target)
+            raise CheckpointFailed(f"cannot restore: {parked} changed while it was linked back")
+
+
+def _owner(path: str) -> str:
+    try:
+        return str(os.lstat(path).st_uid)
+    except OSError:
+        return "?"
 
 
 def drop_unparked(records: list[dict[str, Any]]) -> None:
@@ -116,9 +149,8 @@ def drop_unparked(records: list[dict[str, Any]]) -> None:
     for r in records:
         target = os.path.join(r["dir"], r["name"])
         try:
-            same = os.path.samestat(os.lstat(target),
-                                    os.lstat(os.path.join(r["dir"], r["parked"])))  # fmt: skip
-            if same:
+            st = os.lstat(target)
+            if (st.st_dev, st.st_ino) == (r.get("dev"), r.get("ino")):
                 os.unlink(target)
         except OSError:
             continue

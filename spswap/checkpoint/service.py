@@ -18,6 +18,7 @@ import os
 import re
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -149,7 +150,7 @@ def credentials_problem(pids: list[int], uid: int, proc: Path = Path("/proc")) -
 def dump_instance(
     images_root: Path, *, job_id: str, pid: int, identity: Identity,
     criu_path: Path | None = None, gpu_uuids: list[str] | None = None,
-    pid_start: int | None = None,
+    pid_start: int | None = None, before_criu: Callable[[list[int]], None] | None = None,
 ) -> DumpReport:  # fmt: skip
     """CUDA-checkpoint (when the tree uses CUDA) and CRIU-dump the tree of ``pid``.
 
@@ -157,7 +158,9 @@ def dump_instance(
     the process runs on (CUDA state restored and unlocked again) and no image is left.
     ``gpu_uuids``: the job's GPUs, recorded so a restore on other GPUs can remap.
     ``pid_start``: the start time the caller had when it asked: a pid reused meanwhile is
-    not dumped. Every process of the tree must run as ``identity.uid``.
+    not dumped. Every process of the tree must run as ``identity.uid``. ``before_criu``
+    gets the tree's pids once it passed every check and its GPU memory is saved, right
+    before CRIU runs (spswapd parks it outside its job there); it must not raise.
     """
     if pid_start is not None and not pid_alive(pid, pid_start):
         raise CheckpointFailed(f"process {pid} is gone or is another process now: not dumped")
@@ -176,6 +179,8 @@ def dump_instance(
         cuda = cuda_ckpt.checkpoint_tree(pid)
         timings["cuda_checkpoint"] = time.monotonic() - t0
     try:
+        if before_criu is not None:
+            before_criu(tree)
         info = criu.dump(pid, key, images_root, criu=criu_path)
     except CheckpointFailed:
         if cuda:  # CRIU resumed the tree: give it its GPU state back

@@ -108,7 +108,11 @@ def parse_reply(data: bytes) -> tuple[list[UnixSocket], bool]:
                 "(modprobe unix_diag) or check that netlink is allowed here"
             )  # fmt: skip
         if kind == SOCK_DIAG_BY_FAMILY:
-            out.append(parse_socket(payload))
+            try:
+                out.append(parse_socket(payload))
+            except struct.error:
+                raise CheckpointFailed("the kernel's Unix socket list was cut short "
+                                       "(sock_diag); try again") from None
         off += _align4(length)
     return out, False
 

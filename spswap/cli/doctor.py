@@ -16,7 +16,8 @@ StrictOpt = typer.Option(
 def doctor(json: bool = JsonOpt, root: Path | None = RootOpt, strict: bool = StrictOpt) -> None:
     """Check this node: CRIU version and `criu check`, kernel, io_uring sysctl, NVIDIA driver
     (>= 570 for checkpoint, >= 580 to restore onto another GPU), persistence mode, the tmpfs
-    under SPSWAP_ROOT, cgroup mode, and whether the daemon runs.
+    under SPSWAP_ROOT, cgroup mode and whether a dumped tree can be moved out of its job's
+    cgroup, vLLM, and whether the daemon runs.
 
     Run it as root for `criu check`. Exits 0 unless --strict and a required check fails.
     """

@@ -88,7 +88,8 @@ def op_checkpoint(ctx: Context, args: dict[str, Any]) -> Any:
     # held until the dump thread ends (it releases it)
     if not _job_lock(job_id).acquire(blocking=False):
         raise CheckpointFailed(f"job {job_id} is being checkpointed or restored already")
-    _set_status(st, job_id, state="dumping", pid=pid, pid_start=pid_start)
+    _set_status(st, job_id, state="dumping", pid=pid, pid_start=pid_start,
+                digest=identity.model_digest)  # held in the pool while dumping (sync)
     st.event("checkpoint.start", job_id=job_id, uid=rec.uid, pid=pid)
     requeue = bool(args.get("requeue"))
     threading.Thread(target=_dump_locked, args=(st, job_id, pid, pid_start, identity, requeue),
@@ -117,82 +118,124 @@ def _require_running(rec: Any) -> None:
 
 def _dump_locked(st: DaemonState, job_id: str, pid: int, pid_start: int | None,
                  identity: Identity, requeue: bool) -> None:  # fmt: skip
-    parking = None
-    early = False
+    leave = _LeaveJob(st, job_id, requeue)
     try:
-        # Out of the job's cgroup first: neither a requeue nor preemption's kill after
-        # GraceTime can then cut the dump short, and the job can be requeued at once so
-        # that the next job starts while the dump runs.
-        parking = _park_out_of_job(st, job_id, pid)
-        early = requeue and parking is not None and _requeue(st, job_id, early=True)
-        gone = _dump(st, job_id, pid, pid_start, identity, parking=parking, requeued=early)
+        try:
+            gone = _dump(st, job_id, pid, pid_start, identity, leave)
+        finally:
+            leave.close()
     finally:
-        if parking is not None:
-            _leave_parking(st, job_id, parking)
         _job_lock(job_id).release()  # a restore may come at once: Slurm calls are slow
-    if requeue and gone and not early:
+    if requeue and gone and not leave.early:
         # only once the process is gone (saved, or lost after CRIU ended it): the image is
         # worth nothing if the job does not come back, and a cold start needs it back too
         _requeue(st, job_id)
 
 
-def _park_out_of_job(st: DaemonState, job_id: str, pid: int) -> Any:
-    """The instance's tree moved into a parked cgroup of spswapd's, or None where there is
-    no job cgroup to leave (proctrack/linuxproc), CRIU would refuse the tree anyway, or
-    the move failed (the dump then runs in the job, as before)."""
-    from spswap.checkpoint import cgroups, criu, proctree
+class _LeaveJob:
+    """Takes the instance's tree out of its job's cgroup right before CRIU runs (after
+    every check, and after the CUDA checkpoint freed its GPU memory): neither a requeue
+    nor preemption's kill after GraceTime can then cut the dump short, and a requeue the
+    instance asked for is made at once, so the next job starts while the dump runs. No
+    job cgroup to leave (proctrack/linuxproc), or a move that fails: the dump runs
+    inside the job, and the requeue follows it, as it always did."""
 
-    parking = None
+    def __init__(self, st: DaemonState, job_id: str, requeue: bool) -> None:
+        self.st, self.job_id, self.requeue = st, job_id, requeue
+        self.parking: Any = None
+        self.early = False
+
+    def __call__(self, tree: list[int]) -> None:  # dump_instance's before_criu
+        try:
+            self.parking = _park_out_of_job(self.st, self.job_id, tree)
+            if self.parking is not None and self.requeue:
+                _sync_quietly(self.st)  # the entry held for the dump before the epilog runs
+                self.early = _requeue(self.st, self.job_id, early=True)
+        except Exception as e:  # noqa: BLE001 - must not raise: the dump goes on regardless
+            self._event("checkpoint.stays_in_job", reason=str(e)[:500])
+
+    def after_failure(self) -> str:
+        """A failed dump: the instance back into its job, where it runs on; ended when
+        the job was requeued already or its cgroup is gone. Returns what to add to the
+        reason."""
+        if self.parking is None:
+            return ""
+        if self.early:
+            self.parking.kill_all()
+            return ("; the job had been requeued while the dump ran, so the instance was "
+                    "ended: its next run starts without the image (its saved requests are "
+                    "kept)")  # fmt: skip
+        if self.parking.return_home():
+            self.parking.kill_all()
+            return "; its job's cgroup was gone, so the instance was ended"
+        return ""
+
+    def close(self) -> None:
+        """After the dump: whatever is still parked (a fork that left the tree) is ended
+        and the parked cgroups go. Never raises (the job lock is released after it)."""
+        if self.parking is None:
+            return
+        try:
+            killed = self.parking.kill_all()
+            self.parking.remove()
+            if killed:
+                self._event("checkpoint.parked_killed", pids=killed)
+        except Exception:  # noqa: BLE001,S110 - start-up's sweep takes what is left
+            pass
+
+    def _event(self, kind: str, **fields: Any) -> None:
+        try:
+            self.st.event(kind, job_id=self.job_id, **fields)
+        except OSError:  # a full log must not cost the dump
+            pass
+
+
+def _park_out_of_job(st: DaemonState, job_id: str, tree: list[int]) -> Any:
+    """The tree moved into a parked cgroup of spswapd's (see _LeaveJob), or None."""
+    from spswap.checkpoint import cgroups, link_remap, proctree
+
+    # CRIU's link_remap.<id> names are shared by the whole directory: one somebody left
+    # there may fail this dump, which an instance whose job was requeued would not survive
+    taken = link_remap.names_taken(link_remap.deleted_but_linked(tree))
+    if taken:
+        st.event("checkpoint.stays_in_job", job_id=job_id,
+                 reason=f"{taken[0]} exists (CRIU needs such names free)")  # fmt: skip
+        return None
+    parking = cgroups.Parking.create(f"{job_id}-{tree[0]}", tree[0])
+    if parking is None:
+        return None
     try:
-        criu.preflight(pid)  # a tree CRIU refuses stays home; the dump reports why
-        parking = cgroups.Parking.create(f"{job_id}-{pid}", pid)
-        if parking is None:
-            return None
+        new = tree
         for _ in range(3):  # again for anything forked meanwhile
-            new = [p for p in proctree.process_tree_pids(pid) if p not in parking.homes]
+            parking.adopt(new)
+            new = [p for p in proctree.process_tree_pids(tree[0]) if p not in parking.homes]
             if not new:
                 break
-            parking.adopt(new)
-        st.event("checkpoint.parked", job_id=job_id, pids=sorted(parking.homes),
-                 cgroups=[str(d) for d in parking.dirs.values()])  # fmt: skip
-        return parking
+        if new:
+            raise CheckpointFailed(f"the tree keeps forking ({len(new)} new processes)")
     except Exception as e:  # noqa: BLE001 - the dump still runs, inside the job
-        if parking is not None:
-            parking.return_home()
-            parking.remove()
+        if parking.return_home():
+            parking.kill_all()  # their job is gone: they would not survive it anyway
+        parking.remove()
         st.event("checkpoint.stays_in_job", job_id=job_id, reason=str(e)[:500])
         return None
-
-
-def _leave_parking(st: DaemonState, job_id: str, parking: Any) -> None:
-    """After the dump: whatever is still parked (a fork that left the tree; the instance
-    when its dump failed and it could not go home) is ended; the cgroups go."""
-    killed = parking.kill_all()
-    parking.remove()
-    if killed:
-        st.event("checkpoint.parked_killed", job_id=job_id, pids=killed)
+    st.event("checkpoint.parked", job_id=job_id, pids=sorted(parking.homes),
+             cgroups=[str(d) for d in parking.dirs.values()])  # fmt: skip
+    return parking
 
 
 def _dump(st: DaemonState, job_id: str, pid: int, pid_start: int | None, identity: Identity,
-          *, parking: Any = None, requeued: bool = False) -> bool:  # fmt: skip
+          leave: _LeaveJob) -> bool:  # fmt: skip
     """Dump and record the outcome; True when the instance is gone (dumped, or killed by
-    CRIU before a later step failed), False when it runs on. A parked instance whose dump
-    failed goes back into its job's cgroup and runs on, unless its job was requeued
-    already (or its cgroup is gone): then it is ended, and its next run starts cold."""
+    CRIU before a later step failed), False when it runs on."""
     from spswap.checkpoint.service import dump_instance
 
     try:
         report = dump_instance(st.cfg.paths.images, job_id=job_id, pid=pid, identity=identity,
-                               gpu_uuids=_job_gpu_uuids(st, job_id),
-                               pid_start=pid_start)  # fmt: skip
+                               gpu_uuids=_job_gpu_uuids(st, job_id), pid_start=pid_start,
+                               before_criu=leave)  # fmt: skip
     except Exception as e:  # the instance runs on (unless CRIU ended it): tell it, record why
-        reason = str(e)
-        if parking is not None and (requeued or parking.return_home()):
-            parking.kill_all()
-            reason += ("; the job had been requeued while the dump ran, so the instance was "
-                       "ended: its next run starts without the image (its saved requests "
-                       "are kept)" if requeued else "; its job's cgroup was gone, so the "
-                       "instance was ended")  # fmt: skip
+        reason = str(e) + leave.after_failure()
         try:
             _set_status(st, job_id, state="failed", pid=pid, reason=reason)
         finally:  # the status first (it reads it when told), but told in any case
@@ -238,8 +281,7 @@ def _requeue(st: DaemonState, job_id: str, *, early: bool = False) -> bool:
     """Requeue as the instance asked: while the dump runs when the instance is parked
     outside the job (``early``), else once the image is complete (a requeue ends the
     job's processes; and the image is worth nothing if the job does not come back).
-    False when there is no Slurm to ask; a refusal (preemption requeued it already)
-    counts as leaving."""
+    False when there is no Slurm to ask or it refused."""
     from spswap.slurm.backend import get_backend
 
     try:
@@ -248,8 +290,9 @@ def _requeue(st: DaemonState, job_id: str, *, early: bool = False) -> bool:
             return False
         backend.requeue(job_id)
         st.event("job.requeue", job_id=job_id, early=early)
-    except Exception as e:  # preemption may have requeued it already
+    except Exception as e:  # preemption may have requeued it already, or slurmctld is slow
         st.event("job.requeue_refused", job_id=job_id, reason=str(e)[:500])
+        return False  # not known to be leaving: a failed dump sends the instance home
     return True
 
 
@@ -263,6 +306,10 @@ def op_restore(ctx: Context, args: dict[str, Any]) -> Any:
     # A job requeued while its dump ran may be back before the dump ends: wait for it.
     dumping = (read_json(_status_path(st, job_id)) or {}).get("state") == "dumping"
     if not _job_lock(job_id).acquire(timeout=RESTORE_WAITS_DUMP_S if dumping else 1.0):
+        if dumping:
+            raise CheckpointFailed(f"the previous run's dump of job {job_id} did not end "
+                                   f"within {RESTORE_WAITS_DUMP_S:g} s: this run starts "
+                                   "without it (see `spswap events`)")  # fmt: skip
         raise CheckpointFailed(f"job {job_id} is being checkpointed or restored already")
     try:
         return _restore(ctx, st, rec, job_id, expected, args)
@@ -388,6 +435,7 @@ def sync_image_uses(st: DaemonState) -> dict[str, int]:
         pool = Pool.from_config(st.cfg, job_alive=st.job_probe())
         by_digest = image_digests(st.cfg.paths.images)
         want = Counter(d for d in by_digest.values() if d)
+        want.update(_dumping_digests(st))
         have = Counter(e.manifest.digest for e in pool.entries()
                        for h in e.users if _same_holder(h, me))  # fmt: skip
         for digest in set(want) | set(have):
@@ -401,6 +449,18 @@ def sync_image_uses(st: DaemonState) -> dict[str, int]:
             for _ in range(have[digest] - want[digest]):
                 pool.release_use(digest, me)
         return {d: n for d, n in want.items() if n}
+
+
+def _dumping_digests(st: DaemonState) -> list[str]:
+    """The pool entries of dumps in progress: an early-requeued job's epilog drops the
+    job's own use while CRIU still reads the process that maps the entry."""
+    status_dir = st.cfg.paths.run / "checkpoints"
+    out = []
+    for path in sorted(status_dir.glob("*.json")) if status_dir.is_dir() else []:
+        status = read_json(path) or {}
+        if status.get("state") == "dumping" and status.get("digest"):
+            out.append(str(status["digest"]))
+    return out
 
 
 def _same_holder(a: Any, b: Any) -> bool:
@@ -447,9 +507,14 @@ def recover(st: DaemonState) -> dict[str, Any]:
     any failed dump, its requests saved. If a CRIU of the dead daemon still holds the
     process, that wait happens in a thread so the daemon answers meanwhile.
     """
+    from spswap.checkpoint.cgroups import sweep
     from spswap.checkpoint.criu import remove_image
     from spswap.checkpoint.service import incomplete_images, temp_dirs
 
+    # first: what a dead daemon left parked outside its job (no home known any more)
+    swept = sweep()
+    if swept:
+        st.event("checkpoint.parked_swept", cgroups=swept)
     stale = []
     status_dir = st.cfg.paths.run / "checkpoints"
     for path in sorted(status_dir.glob("*.json")) if status_dir.is_dir() else []:

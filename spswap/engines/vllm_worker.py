@@ -299,8 +299,10 @@ class SpswapWorkerExtension:
             t0 = time.perf_counter()
             copy_into(mapping, weights)
         elif variant == "staged-kept":
-            copy_into(mapping, weights, staging_bytes=STAGING_BYTES,
-                      staging_buffers=self._spswap_kept_staging)  # fmt: skip
+            kept = getattr(self, "_spswap_kept_staging", None)
+            if kept is None:
+                raise EngineError("staged-kept needs spswap_keep_staging called first")
+            copy_into(mapping, weights, staging_bytes=STAGING_BYTES, staging_buffers=kept)
         elif variant == "staged":
             copy_into(mapping, weights, staging_bytes=STAGING_BYTES)
         elif variant == "memset":

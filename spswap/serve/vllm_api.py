@@ -110,10 +110,14 @@ def api_server_env(settings: VllmSettings, base: dict[str, str] | None = None,
     env = dict(os.environ if base is None else base)
     env.update(engine_env(settings))
     env["VLLM_SERVER_DEV_MODE"] = "1"
-    if rpc_dir is not None and "VLLM_RPC_BASE_PATH" not in env \
-            and len(os.fsencode(rpc_dir)) <= RPC_BASE_MAX_BYTES:  # fmt: skip
+    if rpc_dir is not None and "VLLM_RPC_BASE_PATH" not in env and rpc_dir_fits(rpc_dir):
         env["VLLM_RPC_BASE_PATH"] = str(rpc_dir)
     return env
+
+
+def rpc_dir_fits(rpc_dir: Path) -> bool:
+    """Whether vLLM's socket names under ``rpc_dir`` fit a Unix socket's 107 bytes."""
+    return len(os.fsencode(rpc_dir)) <= RPC_BASE_MAX_BYTES
 
 
 class _UnixHTTPConnection(http.client.HTTPConnection):

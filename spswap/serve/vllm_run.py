@@ -38,7 +38,7 @@ from spswap.engines.vllm_engine import VllmSettings, engine_identity, find_entry
 from spswap.errors import EngineError, StopRequested
 from spswap.fsutil import atomic_write_json
 from spswap.serve.slot_hold import RunSlot, StopSignals
-from spswap.serve.vllm_api import VllmApiServer
+from spswap.serve.vllm_api import VllmApiServer, rpc_dir_fits
 
 ENDPOINT_FILE = "endpoint.json"
 API_KEY_FILE = "api_key"
@@ -102,6 +102,10 @@ class VllmServe(StopSignals):
             opts.model, opts.state_dir / "sock", opts.settings, opts.vllm_args,
             log_path=opts.state_dir / "vllm.log", launcher=opts.launcher or None,
         )  # fmt: skip
+        if "VLLM_RPC_BASE_PATH" not in os.environ and not rpc_dir_fits(opts.state_dir / "sock"):
+            log(f"spswap serve: {opts.state_dir} is too long a path for vLLM's IPC sockets "
+                "(over 70 bytes with /sock): they stay in the temp directory, which a "
+                "checkpoint's restore needs again; use a shorter --state-dir")  # fmt: skip
         super().__init__(RunSlot(cfg, model=opts.model.name, units=opts.units,
                                  gpus=opts.slot_gpus, job_id=job_id,
                                  timeout_s=opts.slot_timeout_s))  # fmt: skip

@@ -210,6 +210,11 @@ def _flat_bytes(t: torch.Tensor) -> torch.Tensor | None:
     return t.reshape(-1).view(torch.uint8)
 
 
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    """``cuda`` and ``cuda:0`` alike when one names no index (the current device)."""
+    return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
+
+
 def _copy_staged(
     mapping: MappedEntry, params: Mapping[str, torch.Tensor], device: torch.device,
     staging_bytes: int, buffers: Sequence[torch.Tensor] | None = None,
@@ -230,7 +235,8 @@ def _copy_staged(
     size = max(p.end - p.start for p in plan)
     if buffers is not None:
         if len(buffers) != 2 or any(b.numel() < size or b.dtype != torch.uint8
-                                    or b.device.type != device.type for b in buffers):  # fmt: skip
+                                    or not _same_device(b.device, device)
+                                    for b in buffers):  # fmt: skip
             raise TransferError(f"staging buffers must be two uint8 tensors of at least "
                                 f"{size} bytes on {device}")  # fmt: skip
         bufs = list(buffers)

@@ -227,3 +227,20 @@ def test_a_failed_dump_sends_the_tree_home_and_join_moves_a_restored_one(
         outside.kill()
         outside.wait()
         proc.kill()
+
+
+@needs_cgroups
+def test_start_up_sweeps_what_a_dead_daemon_left_parked() -> None:
+    assert HIERARCHY is not None
+    left = HIERARCHY[1] / f"{cgroups.PREFIX}dead-{os.getpid()}"
+    left.mkdir()
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"],
+                            preexec_fn=lambda: (left / "cgroup.procs").write_text(str(os.getpid())))
+    try:
+        deadline = time.monotonic() + 5
+        while not (left / "cgroup.procs").read_text().split() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert str(left) in cgroups.sweep()
+        assert proc.wait(timeout=10) == -signal.SIGKILL and not left.exists()
+    finally:
+        proc.kill()

@@ -197,3 +197,39 @@ def test_an_image_removed_unrestored_takes_its_parked_links(tmp_path: Path) -> N
         assert len(os.listdir(sems)) == 1
     finally:
         srv.kill()
+
+
+def test_a_parked_link_swapped_for_a_symlink_is_not_restored(tmp_path: Path) -> None:
+    """The parked link sits in the user's directory: replaced by a symlink to a file of
+    someone else, the restore refuses instead of handing that file to CRIU."""
+    import json
+
+    sems = tmp_path / "shm"
+    sems.mkdir()
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"x" * 4096)
+    srv = Server(tmp_path, "--linked-map", str(sems))
+    try:
+        srv.ask()
+        info = criu.dump(srv.pid, "swap", tmp_path / "images")
+        srv.proc.wait(timeout=10)
+        record = json.loads((info.path / criu.DUMP_META).read_text())["link_remaps"][0]
+        parked = sems / record["parked"]
+        parked.unlink()
+        parked.symlink_to(secret)
+        with pytest.raises(CheckpointFailed, match="not the file the dump set aside"):
+            criu.restore("swap", tmp_path / "images")
+        assert not (sems / record["name"]).exists()
+        assert not criu.proctree.pid_exists(srv.pid)
+    finally:
+        srv.kill()
+
+
+def test_names_criu_needs_that_are_taken_are_found(tmp_path: Path) -> None:
+    from spswap.checkpoint import link_remap
+
+    (tmp_path / "link_remap.3").write_text("")
+    (tmp_path / ".spswap-remap-k-3").write_text("")
+    files = [link_remap.LinkedFile(str(tmp_path), 1, 2),
+             link_remap.LinkedFile(str(tmp_path / "missing"), 1, 3)]  # fmt: skip
+    assert link_remap.names_taken(files) == [str(tmp_path / "link_remap.3")]

@@ -63,6 +63,11 @@ def test_a_netlink_error_names_the_fix() -> None:
     assert "No such file or directory" in str(e.value)
 
 
+def test_a_cut_reply_is_a_clear_error() -> None:
+    with pytest.raises(CheckpointFailed, match="cut short"):
+        unix_diag.parse_reply(_msg(20, b"\x01\x01"))
+
+
 def _inode(s: socket.socket) -> int:
     return int(Path(f"/proc/self/fd/{s.fileno()}").readlink().name[len("socket:[") : -1])
 

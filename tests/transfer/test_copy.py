@@ -184,6 +184,14 @@ def test_staged_copy_through_given_buffers(pool) -> None:
         assert torch.equal(dst[name], t), name
 
 
+def test_same_device_treats_a_missing_index_as_the_current_one() -> None:
+    from spswap.transfer.copy import _same_device
+
+    d = torch.device
+    assert _same_device(d("cuda"), d("cuda:1")) and _same_device(d("cuda:0"), d("cuda:0"))
+    assert not _same_device(d("cuda:0"), d("cuda:1")) and not _same_device(d("cpu"), d("cuda"))
+
+
 def test_staging_plan_splits_tensors_and_skips_gaps(pool) -> None:
     from spswap.transfer.copy import staging_plan
 
