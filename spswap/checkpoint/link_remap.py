@@ -83,12 +83,12 @@ def parked_name(image_key: str, criu_name: str) -> str:
     return f"{PARKED_PREFIX}{image_key}-{criu_name.removeprefix(CRIU_PREFIX)}"
 
 
-def park(files: list[LinkedFile], image_key: str) -> list[dict[str, str]]:
+def park(files: list[LinkedFile], image_key: str) -> list[dict[str, Any]]:
     """After a successful dump: rename CRIU's links of ``files`` to this image's names.
     Returns the records the image keeps (directory, CRIU's name, the parked name). Never
     raises: the tree is gone by now, and a link left under CRIU's name still restores."""
     wanted = {(f.dev, f.ino) for f in files}
-    records: list[dict[str, str]] = []
+    records: list[dict[str, Any]] = []
     for directory in sorted({f.directory for f in files}):
         try:
             names = [n for n in os.listdir(directory) if n.startswith(CRIU_PREFIX)]
