@@ -3,7 +3,8 @@
 Slurm's proctrack/cgroup ends a job by signalling every process in the job's cgroup:
 a requeue (or preemption's kill after GraceTime) would cut a dump short. So right before
 CRIU runs (the CUDA checkpoint has freed the tree's GPU memory by then) spswapd moves the
-tree into a cgroup of its own (``spswap-parked-<name>``, made beside spswapd's own) in
+tree into a cgroup of its own (``spswap-parked-<root tag>-<job>-<pid>``, made beside
+spswapd's own) in
 the hierarchy Slurm tracks jobs by: cgroup v2, or v1's freezer (Slurm 22.05 on hybrid
 hosts; the tree keeps its job's v1 memory, CPU and device cgroups). The job can then be
 requeued at once and the next job start while the dump runs. Anything the tree forks
@@ -251,10 +252,19 @@ def _kill_quietly(pid: int) -> None:
         pass
 
 
-def sweep(proc: Path = PROC) -> list[str]:
-    """At spswapd's start: parked cgroups a dead spswapd left beside its own. Their
-    processes are ended (their jobs may have been requeued already, and where they came
-    from is not known any more) and the cgroups removed; returns their paths."""
+def root_tag(root: Path) -> str:
+    """A short tag of a spswap root, in its parked cgroups' names: a daemon sweeps only
+    its own (tests run several daemons on one host)."""
+    import hashlib
+
+    return hashlib.sha256(str(root).encode()).hexdigest()[:8]
+
+
+def sweep(tag: str, proc: Path = PROC) -> list[str]:
+    """At spswapd's start: parked cgroups a dead spswapd of the same root (``tag``) left
+    beside its own. Their processes are ended (their jobs may have been requeued already,
+    and where they came from is not known any more) and the cgroups removed; returns
+    their paths."""
     try:
         mounts = parse_mountinfo((proc / "self" / "mountinfo").read_text())
     except OSError:
@@ -265,7 +275,8 @@ def sweep(proc: Path = PROC) -> list[str]:
         if base is None:
             continue
         try:
-            dirs = [d for d in base.iterdir() if d.name.startswith(PREFIX) and d.is_dir()]
+            dirs = [d for d in base.iterdir()
+                    if d.name.startswith(f"{PREFIX}{tag}-") and d.is_dir()]  # fmt: skip
         except OSError:
             continue
         kill_cgroups(dirs)

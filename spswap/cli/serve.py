@@ -44,6 +44,11 @@ def serve(
         "(the API is on the private Unix socket only).",
     ),
     host: str = typer.Option("127.0.0.1", help="(vllm) Address for --port."),
+    drain_s: float = typer.Option(
+        5.0, help="(vllm) At a stop: seconds the requests already running get to finish "
+        "(no new ones are taken) before the rest are aborted. Keep it, plus the dump, "
+        "within the partition's GraceTime.",
+    ),
     launcher: str = typer.Option(
         None, help="(vllm) The command that runs vLLM's OpenAI server module, e.g. a "
         "container: 'apptainer exec --nv vllm.sif python3 -m "
@@ -106,7 +111,7 @@ def serve(
                     slot_timeout_s=slot_timeout_s, requeue=requeue, json_out=json,
                     gpu_memory_utilization=gpu_memory_utilization,
                     max_model_len=max_model_len, eager=eager, port=port, host=host,
-                    launcher=launcher, checkpoint=checkpoint)  # fmt: skip
+                    launcher=launcher, checkpoint=checkpoint, drain_s=drain_s)  # fmt: skip
         return
     if ctx.args:
         raise typer.BadParameter(f"unexpected arguments {' '.join(ctx.args)}: options after "
@@ -154,7 +159,7 @@ def _serve_vllm(
     cfg: Config, job: Any, model: Path, state_dir: Path, vllm_args: list[str], *,
     units: int, slot_timeout_s: float, requeue: bool, json_out: bool,
     gpu_memory_utilization: float | None, max_model_len: int, eager: bool,
-    port: int | None, host: str, launcher: str | None, checkpoint: bool,
+    port: int | None, host: str, launcher: str | None, checkpoint: bool, drain_s: float,
 ) -> None:  # fmt: skip
     import shlex
 
@@ -169,6 +174,7 @@ def _serve_vllm(
         model=model, state_dir=state_dir, settings=settings, vllm_args=tuple(vllm_args),
         units=units, slot_gpus=tuple(job.gpus) if job else (), slot_timeout_s=slot_timeout_s,
         http_port=port, http_host=host, launcher=tuple(shlex.split(launcher or "")),
+        drain_s=drain_s,
     )  # fmt: skip
     run = VllmServe(
         cfg, opts, job_id=job.job_id if job else None,

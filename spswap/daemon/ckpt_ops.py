@@ -88,8 +88,9 @@ def op_checkpoint(ctx: Context, args: dict[str, Any]) -> Any:
     # held until the dump thread ends (it releases it)
     if not _job_lock(job_id).acquire(blocking=False):
         raise CheckpointFailed(f"job {job_id} is being checkpointed or restored already")
-    _set_status(st, job_id, state="dumping", pid=pid, pid_start=pid_start,
-                digest=identity.model_digest)  # held in the pool while dumping (sync)
+    _set_status(st, job_id, state="dumping", pid=pid, pid_start=pid_start)
+    with _USES_LOCK:  # the entry is held while the dump runs (see sync_image_uses)
+        _DUMPING[job_id] = identity.model_digest
     st.event("checkpoint.start", job_id=job_id, uid=rec.uid, pid=pid)
     requeue = bool(args.get("requeue"))
     threading.Thread(target=_dump_locked, args=(st, job_id, pid, pid_start, identity, requeue),
@@ -201,7 +202,8 @@ def _park_out_of_job(st: DaemonState, job_id: str, tree: list[int]) -> Any:
         st.event("checkpoint.stays_in_job", job_id=job_id,
                  reason=f"{taken[0]} exists (CRIU needs such names free)")  # fmt: skip
         return None
-    parking = cgroups.Parking.create(f"{job_id}-{tree[0]}", tree[0])
+    parking = cgroups.Parking.create(f"{cgroups.root_tag(st.cfg.root)}-{job_id}-{tree[0]}",
+                                     tree[0])  # fmt: skip
     if parking is None:
         return None
     try:
@@ -231,9 +233,13 @@ def _dump(st: DaemonState, job_id: str, pid: int, pid_start: int | None, identit
     from spswap.checkpoint.service import dump_instance
 
     try:
-        report = dump_instance(st.cfg.paths.images, job_id=job_id, pid=pid, identity=identity,
-                               gpu_uuids=_job_gpu_uuids(st, job_id), pid_start=pid_start,
-                               before_criu=leave)  # fmt: skip
+        try:
+            report = dump_instance(st.cfg.paths.images, job_id=job_id, pid=pid,
+                                   identity=identity, gpu_uuids=_job_gpu_uuids(st, job_id),
+                                   pid_start=pid_start, before_criu=leave)  # fmt: skip
+        finally:
+            with _USES_LOCK:  # counted as an image from now on, or not at all
+                _DUMPING.pop(job_id, None)
     except Exception as e:  # the instance runs on (unless CRIU ended it): tell it, record why
         reason = str(e) + leave.after_failure()
         try:
@@ -406,7 +412,8 @@ def op_checkpoint_status(ctx: Context, args: dict[str, Any]) -> Any:
 
 # -- image lifecycle -------------------------------------------------------------------
 
-_USES_LOCK = threading.Lock()
+_USES_LOCK = threading.RLock()  # held by sync_image_uses; _DUMPING changes under it
+_DUMPING: dict[str, str] = {}  # job id -> model digest, while this daemon dumps it
 RECOVER_WAIT_S = 60.0  # how long start-up waits for a dead daemon's CRIU to let go
 
 
@@ -435,7 +442,9 @@ def sync_image_uses(st: DaemonState) -> dict[str, int]:
         pool = Pool.from_config(st.cfg, job_alive=st.job_probe())
         by_digest = image_digests(st.cfg.paths.images)
         want = Counter(d for d in by_digest.values() if d)
-        want.update(_dumping_digests(st))
+        # dumps in progress in this daemon: an early-requeued job's epilog drops the job's
+        # own use while CRIU still reads the process that maps the entry
+        want.update(d for d in _DUMPING.values() if d)
         have = Counter(e.manifest.digest for e in pool.entries()
                        for h in e.users if _same_holder(h, me))  # fmt: skip
         for digest in set(want) | set(have):
@@ -449,18 +458,6 @@ def sync_image_uses(st: DaemonState) -> dict[str, int]:
             for _ in range(have[digest] - want[digest]):
                 pool.release_use(digest, me)
         return {d: n for d, n in want.items() if n}
-
-
-def _dumping_digests(st: DaemonState) -> list[str]:
-    """The pool entries of dumps in progress: an early-requeued job's epilog drops the
-    job's own use while CRIU still reads the process that maps the entry."""
-    status_dir = st.cfg.paths.run / "checkpoints"
-    out = []
-    for path in sorted(status_dir.glob("*.json")) if status_dir.is_dir() else []:
-        status = read_json(path) or {}
-        if status.get("state") == "dumping" and status.get("digest"):
-            out.append(str(status["digest"]))
-    return out
 
 
 def _same_holder(a: Any, b: Any) -> bool:
@@ -507,12 +504,12 @@ def recover(st: DaemonState) -> dict[str, Any]:
     any failed dump, its requests saved. If a CRIU of the dead daemon still holds the
     process, that wait happens in a thread so the daemon answers meanwhile.
     """
-    from spswap.checkpoint.cgroups import sweep
+    from spswap.checkpoint.cgroups import root_tag, sweep
     from spswap.checkpoint.criu import remove_image
     from spswap.checkpoint.service import incomplete_images, temp_dirs
 
     # first: what a dead daemon left parked outside its job (no home known any more)
-    swept = sweep()
+    swept = sweep(root_tag(st.cfg.root))
     if swept:
         st.event("checkpoint.parked_swept", cgroups=swept)
     stale = []

@@ -171,6 +171,16 @@ class HttpFront:
         finally:
             loop.close()
 
+    def stop_accepting(self) -> None:
+        """Stop listening; forwarded requests run on (see :meth:`active`)."""
+        loop, server = self._loop, self._server
+        if loop is not None and server is not None:
+            loop.call_soon_threadsafe(server.close)
+
+    def active(self) -> int:
+        """Connections being served now."""
+        return len(self._writers)
+
     def stop(self) -> None:
         """Stop listening and end every forwarded connection."""
         loop, server = self._loop, self._server

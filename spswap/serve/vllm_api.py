@@ -152,6 +152,23 @@ def uds_request(
         return resp.status, raw.decode(errors="replace")
 
 
+IN_FLIGHT_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+
+
+def requests_in_flight(metrics_text: str) -> int:
+    """Running + waiting requests from vLLM's Prometheus ``/metrics`` text (summed over
+    engines)."""
+    total = 0.0
+    for line in metrics_text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in IN_FLIGHT_GAUGES:
+            try:
+                total += float(line.rsplit(" ", 1)[1])
+            except (IndexError, ValueError):
+                continue
+    return int(total)
+
+
 @dataclass
 class ServerTimes:
     """Where a swap's time went, seconds, as seen from spswap serve."""
@@ -288,6 +305,17 @@ class VllmApiServer:
         self.call("POST", "/wake_up?" + urlencode({"tags": "kv_cache"}))
         t.wake_kv_s = time.perf_counter() - t0
         return t.copy
+
+    def in_flight(self) -> int | None:
+        """Requests the engine is running or has queued (from ``/metrics``); None when the
+        server does not say."""
+        try:
+            status, data = uds_request(self.uds, "GET", "/metrics", timeout_s=5.0)
+        except OSError:
+            return None
+        if status != 200 or not isinstance(data, str):
+            return None
+        return requests_in_flight(data)
 
     def is_sleeping(self) -> bool:
         data = self.call("GET", "/is_sleeping")

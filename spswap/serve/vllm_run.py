@@ -76,6 +76,8 @@ class VllmServeOptions:
     launcher: tuple[str, ...] = ()
     http_port: int | None = None  # opt-in TCP front with an API key (0: any free port)
     http_host: str = "127.0.0.1"
+    # at a stop: no new requests; those running get this long to finish, then are aborted
+    drain_s: float = 5.0
 
 
 class VllmServe(StopSignals):
@@ -159,6 +161,7 @@ class VllmServe(StopSignals):
             while True:
                 self._wait_for_stop()
                 result["stopped_by"] = self.stop_signal
+                result["drain"] = self._drain()
                 if self.checkpointer is None or not self.job_id or not self._park(result):
                     break
         except StopRequested as e:  # stopped before anything served: a clean end
@@ -199,6 +202,26 @@ class VllmServe(StopSignals):
                 step()
             except Exception as e:  # noqa: BLE001 - logged; never hides the run's own error
                 self.log(f"spswap serve: could not {what} ({e})")
+
+    def _drain(self) -> dict[str, Any]:
+        """At a stop: the TCP front takes no new connection, and requests already running
+        (through the front or the socket) get ``drain_s`` to finish before the sleep or
+        the stop aborts them (preemption's GraceTime must cover this and the dump)."""
+        t0 = time.monotonic()
+        if self.front is not None:
+            self.front.stop_accepting()
+        left = 0
+        while True:
+            engine = self.server.in_flight()
+            left = (self.front.active() if self.front is not None else 0) + (engine or 0)
+            if left == 0 or time.monotonic() - t0 >= self.opts.drain_s:
+                break
+            time.sleep(0.1)
+        waited_s = time.monotonic() - t0
+        if left:
+            self.log(f"spswap serve: {left} request(s) still running after {waited_s:.1f} s "
+                     "of draining: aborted (their clients see an error and retry)")  # fmt: skip
+        return {"waited_s": waited_s, "aborted": left}
 
     def _wait_for_stop(self) -> None:
         while not self.stop_event.wait(self.opts.poll_interval_s):

@@ -232,7 +232,10 @@ def test_a_failed_dump_sends_the_tree_home_and_join_moves_a_restored_one(
 @needs_cgroups
 def test_start_up_sweeps_what_a_dead_daemon_left_parked() -> None:
     assert HIERARCHY is not None
-    left = HIERARCHY[1] / f"{cgroups.PREFIX}dead-{os.getpid()}"
+    tag = cgroups.root_tag(Path(f"/tmp/root-{os.getpid()}"))
+    left = HIERARCHY[1] / f"{cgroups.PREFIX}{tag}-7-{os.getpid()}"
+    other = HIERARCHY[1] / f"{cgroups.PREFIX}{cgroups.root_tag(Path('/other'))}-7-1"
+    other.mkdir()  # another daemon's (tests run several on one host): not touched
     left.mkdir()
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"],
                             preexec_fn=lambda: (left / "cgroup.procs").write_text(str(os.getpid())))
@@ -240,7 +243,9 @@ def test_start_up_sweeps_what_a_dead_daemon_left_parked() -> None:
         deadline = time.monotonic() + 5
         while not (left / "cgroup.procs").read_text().split() and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert str(left) in cgroups.sweep()
+        assert cgroups.sweep(tag) == [str(left)]
         assert proc.wait(timeout=10) == -signal.SIGKILL and not left.exists()
+        assert other.exists()
     finally:
         proc.kill()
+        other.rmdir()

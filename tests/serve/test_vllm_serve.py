@@ -279,6 +279,71 @@ def test_port_opens_an_authenticated_front_named_in_the_endpoint(tmp_path: Path)
     assert run.front is not None and run.front.port == port
 
 
+def test_in_flight_requests_from_metrics_text() -> None:
+    from spswap.serve.vllm_api import requests_in_flight
+
+    text = """# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 2.0
+vllm:num_requests_running{engine="1",model_name="m"} 1.0
+vllm:num_requests_waiting{engine="0",model_name="m"} 3.0
+vllm:num_requests_running_total 9.0
+vllm:num_requests_waiting_by_reason{reason="x"} 4.0
+"""
+    assert requests_in_flight(text) == 6
+    assert requests_in_flight("") == 0
+
+
+@pytest.mark.parametrize("drain_s", [5.0, 0.3])
+def test_a_stop_drains_running_requests_first(tmp_path: Path, drain_s: float) -> None:
+    """A request running at the stop (through the TCP front) finishes within drain_s;
+    one that needs longer is aborted, and the run says so."""
+    import http.client
+    import threading
+
+    model = tmp_path / "m"
+    save_model(model)
+    cfg = Config.from_env({}, root=tmp_path / "root")
+    state = tmp_path / "s"
+    opts = VllmServeOptions(model=model, state_dir=state, launcher=STANDIN, start_timeout_s=60,
+                            http_port=0, drain_s=drain_s)  # fmt: skip
+    logs: list[str] = []
+    run = VllmServe(cfg, opts, vllm_version="x", log=logs.append)
+    th, out = _run_in_thread(run)
+    endpoint = json.loads((state / ENDPOINT_FILE).read_text())
+    key = Path(endpoint["api_key_file"]).read_text().strip()
+    port = int(endpoint["http"].rsplit(":", 1)[1].split("/")[0])
+    answer: dict[str, Any] = {}
+
+    def slow_request() -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
+        try:
+            conn.request("POST", "/v1/completions", body=json.dumps(
+                {"prompt": [4, 5, 6], "max_tokens": 6, "standin_delay_s": 1.5}),
+                headers={"Authorization": f"Bearer {key}"})  # fmt: skip
+            answer["status"] = conn.getresponse().status
+        except (OSError, http.client.HTTPException) as e:
+            answer["error"] = repr(e)
+
+    client = threading.Thread(target=slow_request)
+    client.start()
+    deadline = time.monotonic() + 10
+    while run.server.in_flight() != 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    run.handle_signal(signal.SIGTERM)
+    th.join(30)
+    client.join(30)
+    assert "error" not in out, out.get("error")
+    drain = out["result"]["drain"]
+    if drain_s > 1.5:
+        assert answer == {"status": 200} and drain["aborted"] == 0 and drain["waited_s"] > 1
+        with pytest.raises(OSError):  # no new connection was taken meanwhile
+            http.client.HTTPConnection("127.0.0.1", port, timeout=2).connect()
+    else:
+        assert "error" in answer and drain["aborted"] >= 1, (answer, drain)
+        assert any("still running after" in line for line in logs), logs
+
+
 def test_a_state_directory_others_could_swap_is_refused(tmp_path: Path) -> None:
     """The server's socket (dev endpoints included) goes under the state directory: a
     group-writable directory above it would let another user put their own in place."""

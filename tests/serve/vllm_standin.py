@@ -18,6 +18,8 @@ import json
 import os
 import socketserver
 import sys
+import threading
+import time
 import traceback
 from pathlib import Path
 from types import SimpleNamespace
@@ -88,7 +90,8 @@ def main() -> None:
         torch.manual_seed(int.from_bytes(os.urandom(4), "little"))  # garbage, as dummy is
         model = Tiny()
     worker = Worker(model)
-    state = {"asleep": False}
+    state = {"asleep": False, "running": 0}
+    lock = threading.Lock()
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def log_message(self, *a: Any) -> None:
@@ -109,6 +112,14 @@ def main() -> None:
         def do_GET(self) -> None:
             if self.path == "/health":
                 self._send(200)
+            elif self.path == "/metrics":  # vLLM's Prometheus text, the gauges spswap reads
+                text = (f'vllm:num_requests_running{{engine="0"}} {state["running"]}.0\n'
+                        'vllm:num_requests_waiting{engine="0"} 0.0\n').encode()  # fmt: skip
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(text)))
+                self.end_headers()
+                self.wfile.write(text)
             elif self.path == "/is_sleeping":
                 self._send(200, {"is_sleeping": state["asleep"]})
             else:
@@ -139,15 +150,26 @@ def main() -> None:
                 if state["asleep"]:
                     self._send(503, {"error": "asleep"})
                     return
-                tokens = list(body["prompt"])
-                for _ in range(int(body.get("max_tokens", 8))):
-                    tokens.append(model.next_token(tokens[-1]))
+                with lock:
+                    state["running"] += 1
+                try:
+                    # a long generation, for the drain tests (not a vLLM option)
+                    time.sleep(float(body.get("standin_delay_s", 0)))
+                    with lock:
+                        tokens = list(body["prompt"])
+                        for _ in range(int(body.get("max_tokens", 8))):
+                            tokens.append(model.next_token(tokens[-1]))
+                finally:
+                    with lock:
+                        state["running"] -= 1
                 out = tokens[len(body["prompt"]) :]
                 self._send(200, {"choices": [{"token_ids": out}]})
             else:
                 self._send(404, {"error": path})
 
-    class Server(socketserver.UnixStreamServer):
+    class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+        daemon_threads = True
+
         def get_request(self) -> Any:
             conn, _ = super().get_request()
             return conn, ("standin", 0)
