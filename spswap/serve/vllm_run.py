@@ -212,8 +212,10 @@ class VllmServe(StopSignals):
             self.front.stop_accepting()
         left = 0
         while True:
-            engine = self.server.in_flight()
-            left = (self.front.active() if self.front is not None else 0) + (engine or 0)
+            # a request through the front is counted by both: the larger count is the best
+            # guess (the engine's alone misses a front connection still sending its body)
+            engine = self.server.in_flight() or 0
+            left = max(self.front.active() if self.front is not None else 0, engine)
             if left == 0 or time.monotonic() - t0 >= self.opts.drain_s:
                 break
             time.sleep(0.1)
