@@ -210,3 +210,44 @@ def test_sigkilled_server_leaves_no_reservation_behind(slurm_cluster: SlurmClust
     gpu = held[0].gpus[0]
     res = table.reserve(model="next", units=4, allowed_gpus=[gpu], timeout_s=5)
     table.release(res.id)
+
+
+def test_a_dump_that_fails_after_the_early_requeue_ends_the_instance(
+    slurm_cluster: SlurmCluster, tmp_path: Path,
+) -> None:
+    """USR1, the tree parked outside its job and the job requeued at once, then CRIU
+    fails (the images' tmpfs is full): the instance cannot go back into a job that is
+    gone, so it is ended, and the requeued run starts from the pool and answers every
+    saved request as the cold model would."""
+    from spswap.config import Config
+    from spswap.daemon import events
+    from spswap.slurm.backend import CliBackend
+
+    if not _criu_usable() or slurm_cluster.proctrack != "cgroup":
+        pytest.skip("needs CRIU and proctrack/cgroup (a tree parked outside its job)")
+    images = Config.from_env({}, root=slurm_cluster.spswap_root).paths.images
+    images.mkdir(mode=0o700, exist_ok=True)
+    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1M,mode=0700", "tmpfs",
+                            str(images)], capture_output=True, text=True)  # fmt: skip
+    if mount.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mount.stderr.strip()}")
+    try:
+        job, state, model, prompts = _serving_job(slurm_cluster, "early-fail", 16)
+        wait_for("the first answers", lambda: len(_answers(state)) >= 2, timeout_s=120)
+        CliBackend().signal_batch(job, "USR1")
+        wait_for("every request answered", lambda: len(_answers(state)) == len(prompts),
+                 timeout_s=240)
+    finally:
+        subprocess.run(["umount", "-l", str(images)], check=False)
+    log = [e for e in events.tail(Config.from_env({}, root=slurm_cluster.spswap_root)
+                                  .paths.events, 500) if e.get("job_id") == job]  # fmt: skip
+    kinds = [e["kind"] for e in log]
+    requeue = log[kinds.index("job.requeue")]
+    failed = log[kinds.index("checkpoint.failed")]
+    assert requeue["detail"]["early"] is True and kinds.index("job.requeue") < \
+        kinds.index("checkpoint.failed"), kinds
+    assert "the instance was ended" in failed["detail"]["reason"], failed
+    answers = _answers(state)
+    assert sorted({a["restart_count"] for a in answers.values()}) == [0, 1]
+    assert [answers[f"early-fail{i:02d}"]["output_ids"] for i in range(len(prompts))] == \
+        _cold(model, "small", prompts)
