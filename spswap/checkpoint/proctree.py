@@ -123,6 +123,7 @@ class TcpSocket:
     remote: str
     state: str  # two hex digits; 01 = ESTABLISHED, 0A = LISTEN
     inode: int
+    uid: int = -1  # the socket owner's
 
 
 def parse_proc_net_tcp(text: str) -> dict[int, TcpSocket]:
@@ -133,12 +134,40 @@ def parse_proc_net_tcp(text: str) -> dict[int, TcpSocket]:
         if len(tok) < 10:
             continue
         try:
-            inode = int(tok[9])
+            inode, uid = int(tok[9]), int(tok[7])
         except ValueError:
             continue
         if inode:
-            out[inode] = TcpSocket(tok[1], tok[2], tok[3], inode)
+            out[inode] = TcpSocket(tok[1], tok[2], tok[3], inode, uid)
     return out
+
+
+def proc_net_address(host: str, port: int) -> str:
+    """An address as /proc/net/tcp{,6} prints it: each 32-bit word of the address in host
+    (little-endian) order, in hex, then the port (``127.0.0.1``, 8080 ->
+    ``0100007F:1F90``)."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    raw = socket.inet_pton(family, host)
+    words = "".join(raw[i : i + 4][::-1].hex().upper() for i in range(0, len(raw), 4))
+    return f"{words}:{port:04X}"
+
+
+def tcp_peer_uid(peer: tuple[str, int], local: tuple[str, int],
+                 proc: Path = PROC) -> int | None:  # fmt: skip
+    """Who owns the other end of a TCP connection made on this node to ``local`` from
+    ``peer`` (that end is the row whose local address is ``peer``); None if not found."""
+    want = (proc_net_address(*peer), proc_net_address(*local))
+    for name in ("tcp", "tcp6") if ":" in peer[0] else ("tcp",):
+        try:
+            rows = parse_proc_net_tcp((proc / "self" / "net" / name).read_text())
+        except OSError:
+            continue
+        for row in rows.values():
+            if (row.local, row.remote) == want:
+                return row.uid
+    return None
 
 
 def tcp_sockets(pid: int, proc: Path = PROC) -> dict[int, TcpSocket]:

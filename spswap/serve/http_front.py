@@ -9,7 +9,10 @@ paths are forwarded (:data:`ALLOWED_PREFIXES`); vLLM's development endpoints (``
 
 One request per connection: the request's head is checked, its body (``Content-Length``
 only) forwarded, the answer piped back as it comes (streamed completions included), then
-both connections close. Pure parts (:func:`parse_head`, :func:`refusal`,
+both connections close. Connections are capped per kind of peer (:func:`peer_kind`, the
+owner of a loopback peer read from /proc/net/tcp): other users of the node get
+:data:`FOREIGN_MAX_CONNECTIONS`, so idle connections of theirs cannot lock out the job's
+own clients. Pure parts (:func:`parse_head`, :func:`refusal`,
 :func:`upstream_head`) are tested on their exact output.
 """
 
@@ -17,7 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import ipaddress
 import json
+import os
 import re
 import secrets
 import threading
@@ -34,7 +39,10 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy
                         "authorization"})  # fmt: skip
 MAX_HEAD_BYTES = 64 << 10
 HEAD_TIMEOUT_S = 30.0  # a client that sends no request head in this time is dropped
-MAX_CONNECTIONS = 256
+MAX_CONNECTIONS = 256  # per kind of peer (see peer_kind)
+# other users on this node cannot hold the key: their connections get a small share, so
+# they cannot take the job owner's by opening idle ones
+FOREIGN_MAX_CONNECTIONS = 16
 MAX_BODY_BYTES = 64 << 20
 PIPE_CHUNK_BYTES = 64 << 10
 
@@ -132,6 +140,17 @@ def new_key(path: Path) -> str:
     return key
 
 
+def peer_kind(host: str, peer_uid: int | None, own_uid: int) -> str:
+    """``own`` (this node, the job's user), ``foreign`` (this node, another user, or an
+    owner not found) or ``remote`` (another host: its user cannot be known)."""
+    addr = ipaddress.ip_address(host.split("%", 1)[0])
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    if not addr.is_loopback:
+        return "remote"
+    return "own" if peer_uid == own_uid else "foreign"
+
+
 class HttpFront:
     """Serves ``host:port`` in a thread of its own; forwards to the Unix socket ``uds``."""
 
@@ -143,6 +162,7 @@ class HttpFront:
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        self._counts = {"own": 0, "foreign": 0, "remote": 0}
 
     def start(self) -> int:
         """Listen and serve; returns the port (useful with port 0)."""
@@ -204,9 +224,12 @@ class HttpFront:
             self._thread.join(10)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if len(self._writers) >= MAX_CONNECTIONS:
+        kind = await self._peer_kind(writer)
+        cap = FOREIGN_MAX_CONNECTIONS if kind == "foreign" else MAX_CONNECTIONS
+        if self._counts[kind] >= cap:
             writer.transport.abort()
             return
+        self._counts[kind] += 1
         self._writers.add(writer)
         try:
             await self._forward(reader, writer)
@@ -214,8 +237,21 @@ class HttpFront:
                 TimeoutError):  # fmt: skip
             pass
         finally:
+            self._counts[kind] -= 1
             self._writers.discard(writer)
             writer.close()
+
+    async def _peer_kind(self, writer: asyncio.StreamWriter) -> str:
+        from spswap.checkpoint.proctree import tcp_peer_uid
+
+        peer, local = writer.get_extra_info("peername"), writer.get_extra_info("sockname")
+        if not peer or not local:
+            return "foreign"
+        if peer_kind(peer[0], None, -1) == "remote":
+            return "remote"
+        uid = await asyncio.get_running_loop().run_in_executor(
+            None, tcp_peer_uid, tuple(peer[:2]), tuple(local[:2]))  # /proc read: off the loop
+        return peer_kind(peer[0], uid, os.getuid())
 
     async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:

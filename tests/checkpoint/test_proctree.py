@@ -81,8 +81,27 @@ PROC_NET_TCP = """\
 def test_parse_proc_net_tcp() -> None:
     socks = proctree.parse_proc_net_tcp(PROC_NET_TCP)
     assert sorted(socks) == [700, 701, 702, 703]  # inode 0 (time-wait) skipped
-    assert socks[701] == proctree.TcpSocket("0100007F:9C42", "0100007F:9C41", "01", 701)
+    assert socks[701] == proctree.TcpSocket("0100007F:9C42", "0100007F:9C41", "01", 701, 0)
     assert socks[700].state == "0A"
+
+
+def test_proc_net_address() -> None:
+    assert proctree.proc_net_address("127.0.0.1", 0x9C41) == "0100007F:9C41"
+    assert proctree.proc_net_address("10.0.0.5", 22) == "0500000A:0016"
+    assert proctree.proc_net_address("::1", 80) == "00000000000000000000000001000000:0050"
+    assert proctree.proc_net_address("::ffff:127.0.0.1", 1) == \
+        "0000000000000000FFFF00000100007F:0001"
+
+
+def test_the_owner_of_a_loopback_peer_is_found() -> None:
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as srv:
+        client = socket.create_connection(srv.getsockname())
+        conn, peer = srv.accept()
+        with client, conn:
+            assert proctree.tcp_peer_uid(peer, conn.getsockname()) == os.getuid()
+            assert proctree.tcp_peer_uid(("127.0.0.1", 1), conn.getsockname()) is None
 
 
 def test_tcp_connections_inside_and_outside(tmp_path: Path) -> None:

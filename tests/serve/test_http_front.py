@@ -160,3 +160,64 @@ def test_stop_aborts_held_connections_and_slow_heads_are_dropped(
         pass  # aborted: as good
     slow.close()
     held.close()
+
+
+def test_peer_kind() -> None:
+    from spswap.serve.http_front import peer_kind
+
+    assert peer_kind("127.0.0.1", 1000, 1000) == "own"
+    assert peer_kind("127.0.0.2", 1001, 1000) == "foreign"
+    assert peer_kind("::1", None, 1000) == "foreign"  # owner not found: not trusted
+    assert peer_kind("::ffff:127.0.0.1", 1000, 1000) == "own"
+    assert peer_kind("10.1.2.3", 1000, 1000) == "remote"
+    assert peer_kind("fe80::1%eth0", None, 1000) == "remote"
+
+
+def _hold_connections(port: int, n: int, hold_s: float) -> int:
+    """(Run as another user) open ``n`` idle connections; how many the front kept."""
+    import socket
+    import time
+
+    conns = [socket.create_connection(("127.0.0.1", port)) for _ in range(n)]
+    time.sleep(0.5)
+    kept = 0
+    for c in conns:
+        c.settimeout(0.2)
+        try:
+            kept += bool(c.recv(1))
+        except TimeoutError:
+            kept += 1  # idle and open
+        except ConnectionResetError:
+            pass
+    time.sleep(hold_s)
+    for c in conns:
+        c.close()
+    return kept
+
+
+def test_other_users_cannot_take_the_owners_connections(tmp_path: Path, user_uid: int) -> None:
+    """Another user of the node (who cannot hold the key) gets a small share of the
+    front's connections: idle ones of theirs cannot lock the job's own clients out."""
+    import socket
+    import time
+
+    from spswap.serve.http_front import FOREIGN_MAX_CONNECTIONS
+    from tests.uids import spawn_as
+
+    front = HttpFront(tmp_path / "none.sock", KEY)
+    port = front.start()
+    try:
+        child = spawn_as(user_uid, _hold_connections, port, FOREIGN_MAX_CONNECTIONS + 4, 2.0)
+        deadline = time.monotonic() + 10
+        while front._counts["foreign"] < FOREIGN_MAX_CONNECTIONS and time.monotonic() < deadline:
+            time.sleep(0.02)
+        own = socket.create_connection(("127.0.0.1", port))
+        while front._counts["own"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        own.settimeout(0.3)
+        with pytest.raises(TimeoutError):  # taken, and waiting for its request head
+            own.recv(1)
+        assert child.result() == FOREIGN_MAX_CONNECTIONS
+        own.close()
+    finally:
+        front.stop()
