@@ -125,7 +125,8 @@ def weights_fingerprint(model_dir: Path) -> str:
     """Which weight files the model directory holds: sha256 over each ``*.safetensors``
     (and index) file's name, size, times and inode, without reading them. Two checkpoints
     of one training run share config.json; this tells them apart (a copied or touched
-    file counts as new: one more export, never the wrong weights)."""
+    file counts as new: one more export, never the wrong weights). A file rewritten in
+    place changes its ctime, which no user can set back: stat is enough, no hashing."""
     d = Path(model_dir)
     files = sorted([*d.glob("*.safetensors"), *d.glob("*.safetensors.index.json")])
     h = hashlib.sha256()
