@@ -70,24 +70,22 @@ if want pcie; then
   timeout -k 5 120 python3 scripts/gpu/pcie_idle_probe.py 2>&1 | grep IDLE
 fi
 
+# run_skeleton STEP OUTPUT LIMIT_S [vllm_skeleton.py options]: 0.5B preempted for 1.5B
+run_skeleton() {
+  step "$1"
+  criu_on
+  timeout -k 5 "$3" python3 scripts/gpu/vllm_skeleton.py "${@:4}" \
+    --model-a "$MODELS/qwen2-0.5b" --model-b "$MODELS/qwen2-1.5b" --out "$OUT/$2"
+  echo "$1 rc=$?"
+  criu_off
+}
 if want skeleton; then
-  step skeleton
-  criu_on
-  timeout -k 5 $(( $(left) < 280 ? $(left) : 280 )) python3 scripts/gpu/vllm_skeleton.py \
-    --model-a "$MODELS/qwen2-0.5b" --model-b "$MODELS/qwen2-1.5b" --out "$OUT/skeleton.json"
-  echo "skeleton rc=$?"
-  criu_off
+  run_skeleton skeleton skeleton.json $(( $(left) < 280 ? $(left) : 280 ))
 fi
-
 if want skeletonc; then
-  step skeletonc
-  criu_on
   # One compile thread: inductor's compile-worker pool would be part of the dumped tree.
-  TORCHINDUCTOR_COMPILE_THREADS=1 timeout -k 5 $(( $(left) - 5 )) python3 \
-    scripts/gpu/vllm_skeleton.py --compiled --step-timeout-s 240 \
-    --model-a "$MODELS/qwen2-0.5b" --model-b "$MODELS/qwen2-1.5b" --out "$OUT/skeleton-compiled.json"
-  echo "skeletonc rc=$?"
-  criu_off
+  TORCHINDUCTOR_COMPILE_THREADS=1 run_skeleton skeletonc skeleton-compiled.json \
+    $(( $(left) - 5 )) --compiled --step-timeout-s 240
 fi
 
 if want servecriu; then

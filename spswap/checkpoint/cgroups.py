@@ -103,6 +103,18 @@ def memberships(pid: int | str, proc: Path = PROC) -> list[Membership]:
         return []
 
 
+def mounts(proc: Path = PROC) -> list[Mount]:
+    """This process's cgroup mounts (raises OSError when mountinfo cannot be read)."""
+    return parse_mountinfo((proc / "self" / "mountinfo").read_text())
+
+
+def own_dirs(found: list[Mount], proc: Path = PROC) -> dict[str, Path]:
+    """This process's own cgroup directory in each hierarchy Slurm tracks jobs by
+    (:data:`TRACKING`): where parked cgroups are made, probed and swept."""
+    return {m.controllers: d for m in memberships("self", proc)
+            if m.controllers in TRACKING and (d := fs_path(m, found)) is not None}  # fmt: skip
+
+
 @dataclass
 class Parking:
     """A parked cgroup per hierarchy, and where each adopted pid came from."""
@@ -117,17 +129,15 @@ class Parking:
         elsewhere; None when it is nowhere else (no job cgroups: nothing to leave).
 
         Raises CheckpointFailed when a cgroup cannot be made (read-only cgroupfs)."""
-        mounts = parse_mountinfo((proc / "self" / "mountinfo").read_text())
-        mine = {m.controllers: m for m in memberships("self", proc)}
+        found = mounts(proc)
+        # only where Slurm tracks and kills (v2, v1 freezer): memory, CPU and device
+        # limits of v1 hierarchies stay the job's
+        mine = own_dirs(found, proc)
         parking = cls(name)
         for theirs in memberships(tree_pid, proc):
-            own = mine.get(theirs.controllers)
-            # only where Slurm tracks and kills (v2, v1 freezer): memory, CPU and device
-            # limits of v1 hierarchies stay the job's
-            if theirs.controllers not in TRACKING or own is None or own.path == theirs.path:
-                continue
-            base = fs_path(own, mounts)
-            if base is None or fs_path(theirs, mounts) is None:
+            base = mine.get(theirs.controllers)
+            where = fs_path(theirs, found)
+            if base is None or where is None or where == base:
                 continue
             target = base / f"{PREFIX}{name}"
             try:
@@ -141,12 +151,12 @@ class Parking:
     def adopt(self, pids: list[int], proc: Path = PROC) -> None:
         """Move ``pids`` (whole processes) into the parked cgroups, remembering their
         homes. Raises CheckpointFailed after moving back what it moved."""
-        mounts = parse_mountinfo((proc / "self" / "mountinfo").read_text())
+        found = mounts(proc)
         for pid in pids:
             if pid in self.homes:
                 continue
             home = {m.controllers: p for m in memberships(pid, proc)
-                    if m.controllers in self.dirs and (p := fs_path(m, mounts))}  # fmt: skip
+                    if m.controllers in self.dirs and (p := fs_path(m, found))}  # fmt: skip
             self.homes[pid] = home
             for controllers in home:
                 try:
@@ -266,14 +276,11 @@ def sweep(tag: str, proc: Path = PROC) -> list[str]:
     and where they came from is not known any more) and the cgroups removed; returns
     their paths."""
     try:
-        mounts = parse_mountinfo((proc / "self" / "mountinfo").read_text())
+        bases = own_dirs(mounts(proc), proc).values()
     except OSError:
         return []
     found = []
-    for m in memberships("self", proc):
-        base = fs_path(m, mounts) if m.controllers in TRACKING else None
-        if base is None:
-            continue
+    for base in bases:
         try:
             dirs = [d for d in base.iterdir()
                     if d.name.startswith(f"{PREFIX}{tag}-") and d.is_dir()]  # fmt: skip
@@ -293,13 +300,13 @@ def join(pids: list[int], like_pid: int, proc: Path = PROC) -> list[str]:
     """Move ``pids`` into ``like_pid``'s cgroups wherever theirs differ (a restored tree
     into the cgroups of the job run it was restored for, so that Slurm's limits, device
     rules and end-of-job kill cover it); returns the hierarchies moved in."""
-    mounts = parse_mountinfo((proc / "self" / "mountinfo").read_text())
+    found = mounts(proc)
     target = {m.controllers: m for m in memberships(like_pid, proc)}
     moved: set[str] = set()
     for pid in pids:
         for m in memberships(pid, proc):
             want = target.get(m.controllers)
-            if want is None or want.path == m.path or (d := fs_path(want, mounts)) is None:
+            if want is None or want.path == m.path or (d := fs_path(want, found)) is None:
                 continue
             try:
                 (d / "cgroup.procs").write_text(str(pid))
@@ -315,17 +322,12 @@ def park_probe(proc: Path = PROC) -> tuple[bool, str]:
     """Can this process make a cgroup beside its own (what parking needs), in the
     hierarchies Slurm's proctrack/cgroup uses (v2, or v1's freezer)? (ok, what was found)"""
     try:
-        mounts = parse_mountinfo((proc / "self" / "mountinfo").read_text())
+        bases = own_dirs(mounts(proc), proc)
     except OSError as e:
         return False, f"cannot read mountinfo: {e}"
     tried = []
-    for m in memberships("self", proc):
-        if m.controllers not in ("", "freezer"):
-            continue
-        base = fs_path(m, mounts)
-        if base is None:
-            continue
-        name = m.controllers or "v2"
+    for controllers, base in bases.items():
+        name = controllers or "v2"
         probe = base / f"{PREFIX}probe-{os.getpid()}"
         try:
             probe.mkdir()

@@ -159,18 +159,11 @@ def tcp_peer_uid(peer: tuple[str, int], local: tuple[str, int],
     """Who owns the other end of a TCP connection made on this node to ``local`` from
     ``peer`` (that end is the row whose local address is ``peer``); None if not found."""
     want = (proc_net_address(*peer), proc_net_address(*local))
-    for name in ("tcp", "tcp6") if ":" in peer[0] else ("tcp",):
-        try:
-            rows = parse_proc_net_tcp((proc / "self" / "net" / name).read_text())
-        except OSError:
-            continue
-        for row in rows.values():
-            if (row.local, row.remote) == want:
-                return row.uid
-    return None
+    return next((row.uid for row in tcp_sockets("self", proc).values()
+                 if (row.local, row.remote) == want), None)  # fmt: skip
 
 
-def tcp_sockets(pid: int, proc: Path = PROC) -> dict[int, TcpSocket]:
+def tcp_sockets(pid: int | str, proc: Path = PROC) -> dict[int, TcpSocket]:
     """Every TCP socket of ``pid``'s network namespace (IPv4 and IPv6)."""
     out: dict[int, TcpSocket] = {}
     for name in ("tcp", "tcp6"):

@@ -143,12 +143,17 @@ def new_key(path: Path) -> str:
 def peer_kind(host: str, peer_uid: int | None, own_uid: int) -> str:
     """``own`` (this node, the job's user), ``foreign`` (this node, another user, or an
     owner not found) or ``remote`` (another host: its user cannot be known)."""
+    if not is_loopback(host):
+        return "remote"
+    return "own" if peer_uid == own_uid else "foreign"
+
+
+def is_loopback(host: str) -> bool:
+    """A loopback address (IPv4-mapped and scoped IPv6 forms included)."""
     addr = ipaddress.ip_address(host.split("%", 1)[0])
     if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
         addr = addr.ipv4_mapped
-    if not addr.is_loopback:
-        return "remote"
-    return "own" if peer_uid == own_uid else "foreign"
+    return addr.is_loopback
 
 
 class HttpFront:
@@ -247,8 +252,8 @@ class HttpFront:
         peer, local = writer.get_extra_info("peername"), writer.get_extra_info("sockname")
         if not peer or not local:
             return "foreign"
-        if peer_kind(peer[0], None, -1) == "remote":
-            return "remote"
+        if not is_loopback(peer[0]):
+            return "remote"  # no /proc read: its user cannot be known
         uid = await asyncio.get_running_loop().run_in_executor(
             None, tcp_peer_uid, tuple(peer[:2]), tuple(local[:2]))  # /proc read: off the loop
         return peer_kind(peer[0], uid, os.getuid())

@@ -68,20 +68,14 @@ def _writable_hierarchy() -> tuple[str, Path] | None:
     """A hierarchy where this process may make child cgroups: (controllers, own dir)."""
     if os.geteuid() != 0:
         return None
-    mounts = cgroups.parse_mountinfo(Path("/proc/self/mountinfo").read_text())
-    for m in cgroups.memberships("self"):
-        if m.controllers not in ("freezer", ""):
-            continue
-        own = cgroups.fs_path(m, mounts)
-        if own is None:
-            continue
+    for controllers, own in cgroups.own_dirs(cgroups.mounts()).items():
         probe = own / f"spswap-probe-{os.getpid()}"
         try:
             probe.mkdir()
             probe.rmdir()
         except OSError:
             continue
-        return m.controllers, own
+        return controllers, own
     return None
 
 

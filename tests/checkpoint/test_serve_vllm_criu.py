@@ -18,7 +18,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -28,6 +27,8 @@ from spswap.daemon.client import Client
 
 pytest.importorskip("torch")
 from tests.serve.vllm_standin import fake_vllm_metadata, save_model  # noqa: E402
+
+from .test_serve_criu import _wait  # noqa: E402
 
 pytestmark = [pytest.mark.criu, pytest.mark.slow]
 JOB = "4343"
@@ -46,14 +47,6 @@ def _serve(cfg: Config, tmp: Path, model: Path, restart: int, log: str) -> subpr
          "--launcher", f"{sys.executable} {STANDIN}"],
         env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
     )  # fmt: skip
-
-
-def _wait(what: str, check, timeout_s: float = 120.0):
-    deadline = time.monotonic() + timeout_s
-    while not (value := check()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-    return value
 
 
 def _endpoint(tmp: Path) -> dict | None:
