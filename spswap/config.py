@@ -61,6 +61,11 @@ class Config:
     """How often a waiting reservation looks again."""
     slot_timeout_s: float = 600.0
     """Default time a reservation waits before it fails with the current holders."""
+    keep_bytes: int | None = None
+    """Host memory that dumped instances may go on using, alive and frozen beside their
+    images, so that their job's next run skips CRIU's restore (seconds saved per swap);
+    the oldest are ended first when over it (their images stay). Default: 1/8 of the
+    node's memory; 0 turns keeping off."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Config:
@@ -96,6 +101,20 @@ class Config:
             raise ConfigError("SPSWAP_SLOT_POLL_INTERVAL_S must be positive")
         if self.slot_timeout_s < 0:
             raise ConfigError("SPSWAP_SLOT_TIMEOUT_S must be >= 0")
+        if self.keep_bytes is not None and self.keep_bytes < 0:
+            raise ConfigError("SPSWAP_KEEP_BYTES must be >= 0 (0: no instance is kept alive)")
+
+    def keep_budget_bytes(self, meminfo: Path = Path("/proc/meminfo")) -> int:
+        """:attr:`keep_bytes`, or its default: 1/8 of MemTotal (0 when unreadable)."""
+        if self.keep_bytes is not None:
+            return self.keep_bytes
+        try:
+            for line in meminfo.read_text().splitlines():
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024 // 8
+        except (OSError, ValueError, IndexError):
+            pass
+        return 0
 
     @property
     def paths(self) -> Paths:
@@ -114,7 +133,7 @@ _NON_CONFIG_VARS = frozenset({
 def _convert(name: str, raw: str) -> object:
     if name == "root":
         return Path(raw)
-    if name == "pool_capacity_bytes":
+    if name in ("pool_capacity_bytes", "keep_bytes"):
         return _parse_size(raw)
     if name == "gpus":
         return _parse_gpus(raw)

@@ -45,3 +45,14 @@ def test_overrides_win_and_are_validated():
         Config.from_env({}, root=Path("rel"))
     with pytest.raises(ConfigError, match="not a number"):
         Config.from_env({"SPSWAP_SLOT_TIMEOUT_S": "soon"})
+
+
+def test_keep_bytes_reads_a_size_and_defaults_to_an_eighth_of_memory(tmp_path):
+    assert Config.from_env({"SPSWAP_KEEP_BYTES": "8G"}).keep_budget_bytes() == 8 << 30
+    assert Config.from_env({"SPSWAP_KEEP_BYTES": "0"}).keep_budget_bytes() == 0
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       131072000 kB\nMemFree:         1000 kB\n")
+    assert Config.from_env({}).keep_budget_bytes(meminfo) == 131072000 * 1024 // 8
+    assert Config.from_env({}).keep_budget_bytes(tmp_path / "absent") == 0
+    with pytest.raises(ConfigError, match="K/M/G/T suffix"):
+        Config.from_env({"SPSWAP_KEEP_BYTES": "lots"})

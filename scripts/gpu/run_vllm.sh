@@ -6,6 +6,7 @@
 #             .criu-build/bundle or packed in .device/criu-bundle.tar.xz, and sets
 #             kernel.io_uring_disabled=2 for its run)
 #   skeletonc the same with vLLM's default torch.compile + CUDA graphs (--compiled)
+#   skeletonk, skeletonck  the same two with B kept alive after its dump (--keep)
 #   bench     python -m spswap.bench.swap on 0.5B and 1.5B
 #   tests     tests/engines/test_vllm.py and test_vllm_serve_gpu.py on 0.5B
 #   bench7b   python -m spswap.bench.swap on 7B (--cycles 2)
@@ -82,10 +83,17 @@ run_skeleton() {
 if want skeleton; then
   run_skeleton skeleton skeleton.json $(( $(left) < 280 ? $(left) : 280 ))
 fi
+if want skeletonk; then
+  run_skeleton skeletonk skeleton-keep.json $(( $(left) < 280 ? $(left) : 280 )) --keep
+fi
 if want skeletonc; then
   # One compile thread: inductor's compile-worker pool would be part of the dumped tree.
   TORCHINDUCTOR_COMPILE_THREADS=1 run_skeleton skeletonc skeleton-compiled.json \
     $(( $(left) - 5 )) --compiled --step-timeout-s 240
+fi
+if want skeletonck; then
+  TORCHINDUCTOR_COMPILE_THREADS=1 run_skeleton skeletonck skeleton-compiled-keep.json \
+    $(( $(left) - 5 )) --compiled --keep --step-timeout-s 240
 fi
 
 if want servecriu; then
@@ -101,7 +109,7 @@ fi
 if want probe; then
   step probe
   timeout -k 5 150 python3 scripts/gpu/vllm_copy_probe.py "$MODELS/qwen2-1.5b" --first 2>&1 \
-    | grep "PROBE\|FIRST"
+    | grep "PROBE\|FIRST\|VERIFY\|Error"
 fi
 
 if want bench && [ "$(left)" -gt 120 ]; then

@@ -7,7 +7,8 @@ spswap_copy_probe. GPU machine, with the vLLM kit on PYTHONPATH:
 
 --first: also time each way of writing the weights as the first write after a fresh
 level-2 sleep + weights wake (with and without a pause first, through new or kept staging
-buffers), then a staged copy right after it: which new memory makes the copy slow?
+buffers, or pulled by the GPU's cores), then a staged copy right after it: which new
+memory makes the copy slow? Ends with a byte-for-byte check of the weights.
 """
 
 from __future__ import annotations
@@ -21,13 +22,12 @@ from spswap.engines.vllm_engine import VllmEngine, rank_result
 from spswap.pool.store import Pool
 
 
-def first_touch(eng: VllmEngine) -> None:
+def first_touch(eng: VllmEngine, pool: Pool) -> None:
     """Each variant as the first write after a fresh level-2 sleep and weights wake."""
     llm = eng.llm
     llm.collective_rpc("spswap_keep_staging")
-    for variant, wait_s in [("staged", 0.0), ("staged-kept", 0.0), ("direct", 0.0),
-                            ("direct-touched", 0.0), ("staged-kept", 0.5), ("staged", 0.0),
-                            ("memset", 0.0), ("staged-kept", 0.0)]:  # fmt: skip
+    for variant, wait_s in [("pull", 0.0), ("staged", 0.0), ("pull0.7", 0.0), ("pull0.5", 0.0),
+                            ("pull0.3", 0.0), ("direct", 0.0), ("pull0.7", 0.5)]:  # fmt: skip
         llm.sleep(level=2)
         llm.wake_up(tags=["weights"])
         res = rank_result(llm.collective_rpc("spswap_first_copy", args=(variant, wait_s)),
@@ -37,6 +37,9 @@ def first_touch(eng: VllmEngine) -> None:
         print("FIRST", json.dumps({**res, "then_staged_gb_per_s": second["gb_per_s"]}),
               flush=True)  # fmt: skip
         llm.wake_up(tags=["kv_cache"])
+    args = (str(pool.pool_dir), eng._attached["digest"])  # every byte as in the pool?
+    print("VERIFY", json.dumps(rank_result(llm.collective_rpc("spswap_verify", args=args),
+                                           "spswap_verify", 1)), flush=True)  # fmt: skip
 
 
 def main() -> None:
@@ -51,7 +54,7 @@ def main() -> None:
     res = rank_result(eng.llm.collective_rpc("spswap_copy_probe"), "spswap_copy_probe", 1)
     print("PROBE-after-cycle", json.dumps(res), flush=True)
     if "--first" in sys.argv:
-        first_touch(eng)
+        first_touch(eng, pool)
     eng.close()
 
 

@@ -20,6 +20,12 @@ Two instances play two Slurm jobs on one GPU; this parent plays spswapd:
    SIGUSR1 to A -> B's first token, against B's cold start;
 4. A restored the same way and its answers checked too.
 
+--keep: B's dump leaves it running (CRIU's ``--leave-running``), and it waits frozen (a
+cgroup of this script's, or SIGSTOP where none can be made), as spswapd keeps a dumped
+instance; B then comes back by thaw + CUDA restore, without CRIU's restore. A is dumped
+and restored from its image as before. Also records what B's image is made of (anonymous
+memory by mapping, read right before CRIU ran).
+
 Every restored instance's greedy answers must equal its model's cold ones. Writes every
 timing to --out and prints one line per step.
 """
@@ -194,12 +200,64 @@ class Parent:
         return probe_identity(engine="vllm", engine_version="", model_digest=digest,
                               engine_config={"skeleton": "gpu"}, uid=os.getuid())
 
-    def dump(self, key: str, pid: int, digest: str) -> dict[str, Any]:
+    def dump(self, key: str, pid: int, digest: str, keep: bool = False) -> dict[str, Any]:
         from spswap.checkpoint.service import dump_instance
 
+        seen: dict[str, Any] = {}
+
+        def before_criu(tree: list[int]) -> bool:
+            seen["composition"] = image_composition(tree)
+            return keep
+
         t0 = time.perf_counter()
-        rep = dump_instance(self.images, job_id=key, pid=pid, identity=self.identity(digest))
-        return {"total_s": time.perf_counter() - t0, **rep.to_json()}
+        rep = dump_instance(self.images, job_id=key, pid=pid, identity=self.identity(digest),
+                            before_criu=before_criu)
+        return {"total_s": time.perf_counter() - t0, **rep.to_json(), **seen}
+
+    def freeze(self, pid: int) -> Any:
+        """Freeze a kept tree as spswapd does (a cgroup of our own), or SIGSTOP it."""
+        from spswap.checkpoint import cgroups
+        from spswap.checkpoint.proctree import process_tree_pids
+
+        tree = process_tree_pids(pid)
+        try:
+            dirs = {}
+            for controllers, base in cgroups.own_dirs(cgroups.mounts()).items():
+                d = base / f"{cgroups.PREFIX}skeleton-{pid}"
+                d.mkdir(exist_ok=True)
+                dirs[controllers] = d
+            parking = cgroups.Parking(f"skeleton-{pid}", dirs)
+            parking.adopt(tree)
+            if parking.freeze():
+                return parking
+            parking.return_home()
+            parking.remove()
+        except Exception as e:  # noqa: BLE001 - a container may not let us make cgroups
+            self.log(f"no cgroup freezer here ({e}): SIGSTOP instead")
+        for p in tree:
+            os.kill(p, signal.SIGSTOP)
+        return tree
+
+    def wake_kept(self, key: str, pid: int, digest: str, frozen: Any) -> dict[str, Any]:
+        """spswapd's way back for a kept instance: identity check, thaw, CUDA restore."""
+        from spswap.checkpoint.service import kept_image, wake_kept
+
+        t0 = time.perf_counter()
+        image = kept_image(self.images, job_id=key, expected=self.identity(digest))
+        timings = {"verify": time.perf_counter() - t0}
+        t1 = time.perf_counter()
+        if isinstance(frozen, list):
+            for p in frozen:
+                os.kill(p, signal.SIGCONT)
+            timings["thaw_sigcont"] = time.perf_counter() - t1
+        else:
+            frozen.thaw()
+            timings["thaw"] = time.perf_counter() - t1
+        timings.update(wake_kept(image, pid))
+        if not isinstance(frozen, list):  # back to our own cgroups
+            frozen.return_home()
+            frozen.remove()
+        return {"total_s": time.perf_counter() - t0, **timings}
 
     def restore(self, key: str, digest: str) -> tuple[int, dict[str, Any]]:
         from spswap.checkpoint.service import restore_instance
@@ -224,8 +282,15 @@ class Parent:
         proc_b, rep_b = self.up("b", b_dir, digests["b"])
         os.kill(proc_b.pid, signal.SIGUSR1)
         self.wait_file(Path(str(rep_b) + ".parked"), proc_b, 60)
-        out["dump_b"] = self.dump("b", proc_b.pid, digests["b"])
-        proc_b.wait()
+        keep = self.args.keep
+        out["keep"] = keep
+        out["dump_b"] = self.dump("b", proc_b.pid, digests["b"], keep=keep)
+        frozen_b = None
+        if keep:
+            frozen_b = self.freeze(proc_b.pid)
+            out["b_kept_freezer"] = "sigstop" if isinstance(frozen_b, list) else "cgroup"
+        else:
+            proc_b.wait()
         self.log(f"b dumped: {json.dumps(out['dump_b'])}")
 
         # A up and serving; then A is preempted for B
@@ -246,7 +311,11 @@ class Parent:
         th = threading.Thread(target=dump_a_bg)
         t_dump_start = time.time()
         th.start()
-        pid_b, restore_b = self.restore("b", digests["b"])
+        if keep:
+            pid_b, restore_b = proc_b.pid, self.wake_kept("b", proc_b.pid, digests["b"],
+                                                          frozen_b)
+        else:
+            pid_b, restore_b = self.restore("b", digests["b"])
         t_restored = time.time()
         os.kill(pid_b, signal.SIGUSR2)
         self.wait_file(Path(str(rep_b) + ".done"), None, 120)
@@ -301,6 +370,27 @@ class Parent:
         shutil.rmtree(self.work, ignore_errors=True)
 
 
+def image_composition(tree: list[int], top: int = 12) -> dict[str, Any]:
+    """Anonymous resident memory of ``tree`` by mapping (what CRIU will write), largest
+    first, in MB: which part of the process makes the image big."""
+    by_name: dict[str, int] = {}
+    for pid in tree:
+        name = "?"
+        try:
+            lines = Path(f"/proc/{pid}/smaps").read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            head = line.split()
+            if head and "-" in head[0] and len(head) >= 5 and ":" not in head[0]:
+                name = f"{pid}:" + (head[5] if len(head) > 5 else "[anon]")
+            elif line.startswith("Anonymous:"):
+                by_name[name] = by_name.get(name, 0) + int(head[1]) * 1024
+    ranked = sorted(by_name.items(), key=lambda kv: -kv[1])
+    return {"total_mb": sum(by_name.values()) / 1e6,
+            "top_mb": {k: round(v / 1e6, 1) for k, v in ranked[:top]}}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -318,6 +408,9 @@ def main() -> int:
                     help="vLLM's default torch.compile + CUDA graphs instead of eager, for "
                          "every start; cold starts run twice (the second, with a warm "
                          "compile cache, is the reference)")
+    ap.add_argument("--keep", action="store_true",
+                    help="B's dump leaves it running, frozen; it comes back without CRIU's "
+                         "restore, as spswapd brings back a kept instance")
     args = ap.parse_args()
     if args.role == "cold":
         child_cold(args)

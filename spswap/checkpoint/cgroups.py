@@ -201,6 +201,17 @@ class Parking:
         the pids that were there."""
         return kill_cgroups(list(self.dirs.values()), timeout_s)
 
+    def freeze(self, timeout_s: float = 10.0) -> bool:
+        """Stop every parked process where it stands (v1's freezer, else v2's
+        ``cgroup.freeze``) and wait until the kernel says frozen: a tree kept alive after
+        its dump waits outside any job, and must not run there. False when no freezer is
+        there or it did not settle in ``timeout_s`` (the caller ends the tree then)."""
+        return _set_frozen(self.dirs, True, timeout_s)
+
+    def thaw(self, timeout_s: float = 10.0) -> bool:
+        """Undo :meth:`freeze`; True once the processes may run again."""
+        return _set_frozen(self.dirs, False, timeout_s)
+
     def remove(self) -> None:
         """Remove the (empty) parked cgroups."""
         for d in self.dirs.values():
@@ -208,6 +219,29 @@ class Parking:
                 d.rmdir()
             except OSError:
                 continue
+
+
+def _set_frozen(dirs: dict[str, Path], frozen: bool, timeout_s: float) -> bool:
+    """Freeze or thaw through v1's freezer when parked there, else v2's cgroup.freeze."""
+    if "freezer" in dirs:
+        path, want = dirs["freezer"] / "freezer.state", "FROZEN" if frozen else "THAWED"
+        done = lambda: path.read_text().strip() == want  # noqa: E731 - FREEZING meanwhile
+    elif "" in dirs:
+        path, want = dirs[""] / "cgroup.freeze", "1" if frozen else "0"
+        events = dirs[""] / "cgroup.events"
+        done = lambda: f"frozen {want}" in events.read_text().splitlines()  # noqa: E731
+    else:
+        return False
+    deadline = time.monotonic() + timeout_s
+    try:
+        path.write_text(want)
+        while not done():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+    except OSError:
+        return False
+    return True
 
 
 def _procs(d: Path) -> set[int]:

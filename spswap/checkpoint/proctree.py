@@ -236,3 +236,20 @@ def describe_pid(pid: int, proc: Path = PROC) -> str:
 def pid_exists(pid: int, proc: Path = PROC) -> bool:
     """True while ``/proc/<pid>`` exists (a zombie counts: its pid is still taken)."""
     return pid > 0 and (proc / str(pid)).exists()
+
+
+def anon_rss_bytes(pids: list[int] | set[int], proc: Path = PROC) -> int:
+    """Resident anonymous memory of ``pids`` together (``RssAnon`` of /proc/<pid>/status):
+    what a tree kept alive after its dump holds, its GPU state included (the CUDA
+    checkpoint moved that into host memory). Gone processes count 0."""
+    total = 0
+    for pid in pids:
+        try:
+            text = (proc / str(pid) / "status").read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.startswith("RssAnon:"):
+                total += int(line.split()[1]) * 1024  # kB
+                break
+    return total

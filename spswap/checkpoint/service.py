@@ -6,6 +6,9 @@ Dump (the instance has already slept: weights out of GPU memory, the pool has th
 Restore:
   identity + integrity check -> CRIU restore -> CUDA restore (+GPU remap) -> unlock;
   the instance then wakes and copies its weights from the pool itself.
+Kept (the dump left the tree running, and the daemon froze it outside its job):
+  identity check -> (thaw) -> CUDA restore -> unlock; CRIU's restore is skipped and the
+  image, stale once the tree ran on, is deleted.
 
 Runs as root inside ``spswapd``. Images live in ``<images_root>/<key>/`` (root-only), keyed by
 job and identity; only images this code dumped (they carry spswap's dump record and meta)
@@ -45,10 +48,12 @@ class DumpReport:
     size_bytes: int
     cuda_pids: list[int]
     timings_s: dict[str, float] = field(default_factory=dict)
+    kept: bool = False  # the tree runs on after the dump (CUDA-checkpointed)
 
     def to_json(self) -> dict[str, Any]:
         return {"key": self.key, "path": str(self.path), "size_bytes": self.size_bytes,
-                "cuda_pids": self.cuda_pids, "timings_s": self.timings_s}  # fmt: skip
+                "cuda_pids": self.cuda_pids, "timings_s": self.timings_s,
+                "kept": self.kept}  # fmt: skip
 
 
 def job_image_key(job_id: str, identity: Identity) -> str:
@@ -150,7 +155,7 @@ def credentials_problem(pids: list[int], uid: int, proc: Path = Path("/proc")) -
 def dump_instance(
     images_root: Path, *, job_id: str, pid: int, identity: Identity,
     criu_path: Path | None = None, gpu_uuids: list[str] | None = None,
-    pid_start: int | None = None, before_criu: Callable[[list[int]], None] | None = None,
+    pid_start: int | None = None, before_criu: Callable[[list[int]], bool] | None = None,
 ) -> DumpReport:  # fmt: skip
     """CUDA-checkpoint (when the tree uses CUDA) and CRIU-dump the tree of ``pid``.
 
@@ -160,7 +165,9 @@ def dump_instance(
     ``pid_start``: the start time the caller had when it asked: a pid reused meanwhile is
     not dumped. Every process of the tree must run as ``identity.uid``. ``before_criu``
     gets the tree's pids once it passed every check and its GPU memory is saved, right
-    before CRIU runs (spswapd parks it outside its job there); it must not raise.
+    before CRIU runs (spswapd parks it outside its job there); it must not raise. When it
+    returns True the dump leaves the tree running (``--leave-running``): it stays
+    CUDA-checkpointed, for :func:`wake_kept`, and the report says ``kept``.
     """
     if pid_start is not None and not pid_alive(pid, pid_start):
         raise CheckpointFailed(f"process {pid} is gone or is another process now: not dumped")
@@ -179,9 +186,8 @@ def dump_instance(
         cuda = cuda_ckpt.checkpoint_tree(pid)
         timings["cuda_checkpoint"] = time.monotonic() - t0
     try:
-        if before_criu is not None:
-            before_criu(tree)
-        info = criu.dump(pid, key, images_root, criu=criu_path)
+        keep = bool(before_criu(tree)) if before_criu is not None else False
+        info = criu.dump(pid, key, images_root, criu=criu_path, leave_running=keep)
     except CheckpointFailed:
         if cuda:  # CRIU resumed the tree: give it its GPU state back
             cuda_ckpt.restore_tree(pid, pids=cuda)
@@ -195,7 +201,7 @@ def dump_instance(
 
     write_meta(info.path, identity)
     timings["meta"] = time.monotonic() - t0
-    return DumpReport(key, info.path, info.size_bytes, cuda, timings)
+    return DumpReport(key, info.path, info.size_bytes, cuda, timings, kept=keep)
 
 
 def restore_instance(
@@ -250,6 +256,50 @@ def restore_instance(
     finally:
         criu.remove_image(image)
     return pid, timings
+
+
+def kept_image(images_root: Path, *, job_id: str, expected: Identity) -> Path:
+    """The image of the job's kept tree, once its identity matches ``expected`` (the
+    bytes are not read: the live tree, not the image, comes back). A mismatch raises
+    :class:`ImageRejected` and deletes the image; the caller ends the tree."""
+    images = images_of_job(images_root, job_id)
+    if not images:
+        raise ImageRejected(f"no image of job {job_id}: cold start")
+    image = images[-1]
+    reason = verify_before_restore(image, expected, check_integrity=False)
+    if reason is not None:
+        criu.remove_image(image)
+        raise ImageRejected(f"image {image.name} not restored: {reason}")
+    return image
+
+
+def wake_kept(image: Path, pid: int, *, gpu_uuids: list[str] | None = None) -> dict[str, float]:
+    """Give a kept tree (rooted at ``pid``, thawed) its GPU state back: CUDA restore
+    (remapped when ``gpu_uuids`` differ from the dump's) and unlock, by the CUDA record of
+    ``image``. The image is deleted in any case: the tree ran on from it. On failure the
+    caller ends the tree (its GPU state may be half back)."""
+    timings: dict[str, float] = {}
+    try:
+        record = read_json(image / CUDA_RECORD) or {}
+        cuda = list(record.get("cuda_pids", []))
+        if cuda:
+            gpu_map = None
+            if gpu_uuids and record.get("gpu_uuids"):
+                gpu_map = remap(record["gpu_uuids"], gpu_uuids)
+            t0 = time.monotonic()
+            cuda_ckpt.restore_tree(pid, gpu_map=gpu_map, pids=cuda)
+            timings["cuda_restore"] = time.monotonic() - t0
+            t0 = time.monotonic()
+            cuda_ckpt.unlock_tree(pid, pids=cuda)
+            timings["cuda_unlock"] = time.monotonic() - t0
+    except CheckpointFailed:
+        raise
+    except Exception as e:
+        raise CheckpointFailed(f"the kept instance (pid {pid}) could not get its GPU state "
+                               f"back: {e}") from None  # fmt: skip
+    finally:
+        criu.remove_image(image)
+    return timings
 
 
 def _kill_quietly(pid: int) -> None:

@@ -30,6 +30,7 @@ import signal
 import threading
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -88,6 +89,8 @@ def op_checkpoint(ctx: Context, args: dict[str, Any]) -> Any:
     # held until the dump thread ends (it releases it)
     if not _job_lock(job_id).acquire(blocking=False):
         raise CheckpointFailed(f"job {job_id} is being checkpointed or restored already")
+    # the job's earlier kept instance would otherwise outlive the image the dump replaces
+    _end_kept(st, job_id, "the job dumps again")
     _set_status(st, job_id, state="dumping", pid=pid, pid_start=pid_start)
     with _USES_LOCK:  # the entry is held while the dump runs (see sync_image_uses)
         _DUMPING[job_id] = identity.model_digest
@@ -124,7 +127,7 @@ def _dump_locked(st: DaemonState, job_id: str, pid: int, pid_start: int | None,
         try:
             gone = _dump(st, job_id, pid, pid_start, identity, leave)
         finally:
-            leave.close()
+            leave.close(pid, pid_start)
     finally:
         _job_lock(job_id).release()  # a restore may come at once: Slurm calls are slow
     if requeue and gone and not leave.early:
@@ -145,15 +148,20 @@ class _LeaveJob:
         self.st, self.job_id, self.requeue = st, job_id, requeue
         self.parking: Any = None
         self.early = False
+        self.report: Any = None  # the DumpReport, once the dump succeeded
 
-    def __call__(self, tree: list[int]) -> None:  # dump_instance's before_criu
+    def __call__(self, tree: list[int]) -> bool:  # dump_instance's before_criu
+        """Park; True when the dumped tree is to be kept alive (see :class:`_Kept`):
+        only a parked one (frozen there afterwards), and only with a keep budget."""
         try:
             self.parking = _park_out_of_job(self.st, self.job_id, tree)
             if self.parking is not None and self.requeue:
                 _sync_quietly(self.st)  # the entry held for the dump before the epilog runs
                 self.early = _requeue(self.st, self.job_id, early=True)
+            return self.parking is not None and self.st.cfg.keep_budget_bytes() > 0
         except Exception as e:  # noqa: BLE001 - must not raise: the dump goes on regardless
             self._event("checkpoint.stays_in_job", reason=str(e)[:500])
+            return False
 
     def after_failure(self) -> str:
         """A failed dump: the instance back into its job, where it runs on; ended when
@@ -171,12 +179,16 @@ class _LeaveJob:
             return "; its job's cgroup was gone, so the instance was ended"
         return ""
 
-    def close(self) -> None:
-        """After the dump: whatever is still parked (a fork that left the tree) is ended
-        and the parked cgroups go. Never raises (the job lock is released after it)."""
+    def close(self, pid: int, pid_start: int | None) -> None:
+        """After the dump: a tree the dump left running is frozen and kept; otherwise
+        whatever is still parked (a fork that left the tree) is ended and the parked
+        cgroups go. Never raises (the job lock is released after it)."""
         if self.parking is None:
             return
         try:
+            if self.report is not None and self.report.kept:
+                if self._keep(pid, pid_start):
+                    return
             killed = self.parking.kill_all()
             self.parking.remove()
             if killed:
@@ -184,11 +196,99 @@ class _LeaveJob:
         except Exception:  # noqa: BLE001,S110 - start-up's sweep takes what is left
             pass
 
+    def _keep(self, pid: int, pid_start: int | None) -> bool:
+        """Freeze the dumped tree where it is parked and record it; False (the caller
+        ends it, the image stays) when it cannot be frozen: it must not run outside a job."""
+        if not pid_alive(pid, pid_start) or not self.parking.freeze():
+            self._event("checkpoint.not_kept", pid=pid,
+                        reason="the dumped instance could not be frozen where it waits")
+            return False
+        kept = _Kept(self.job_id, pid, pid_start, self.parking, self.report.key, time.time())
+        with _KEPT_LOCK:
+            _KEPT[self.job_id] = kept
+        self._event("checkpoint.kept", pid=pid, size_bytes=kept.size_bytes())
+        _keep_within_budget(self.st)
+        return True
+
     def _event(self, kind: str, **fields: Any) -> None:
         try:
             self.st.event(kind, job_id=self.job_id, **fields)
         except OSError:  # a full log must not cost the dump
             pass
+
+
+@dataclass
+class _Kept:
+    """A dumped instance left alive (CRIU's ``--leave-running``), CUDA-checkpointed and
+    frozen in its parked cgroups, beside its image: the job's next run gets it back with a
+    CUDA restore alone, without CRIU's restore (most of a swap's time). It holds host
+    memory only (its GPU state is in host memory), the same bytes as its image: the
+    daemon keeps such trees within ``keep_bytes`` (oldest ended first) and ends one
+    whenever its image goes; the image stays the way back when a tree is ended. A daemon
+    that dies leaves them to the next one's start-up sweep (the images stay)."""
+
+    job_id: str
+    pid: int
+    pid_start: int | None
+    parking: Any
+    key: str  # its image
+    since: float
+
+    def alive(self) -> bool:
+        return pid_alive(self.pid, self.pid_start) and self.pid in self.parking.pids()
+
+    def size_bytes(self) -> int:
+        from spswap.checkpoint.proctree import anon_rss_bytes
+
+        return anon_rss_bytes(self.parking.pids())
+
+    def end(self) -> list[int]:
+        """Kill the tree (frozen or not) and remove its cgroups; the pids it had."""
+        killed = self.parking.kill_all()
+        self.parking.remove()
+        return killed
+
+
+_KEPT: dict[str, _Kept] = {}  # job id -> its kept instance
+_KEPT_LOCK = threading.Lock()
+
+
+def _end_kept(st: DaemonState, job_id: str, reason: str, *, key: str | None = None) -> bool:
+    """End the job's kept instance (only the one kept for image ``key`` when given);
+    True when there was one."""
+    with _KEPT_LOCK:
+        kept = _KEPT.get(job_id)
+        if kept is None or (key is not None and kept.key != key):
+            return False
+        del _KEPT[job_id]
+    try:
+        kept.end()
+    finally:
+        st.event("kept.ended", job_id=job_id, pid=kept.pid, reason=reason)
+    return True
+
+
+def kept_instances() -> list[dict[str, Any]]:
+    """The kept instances, for ``spswap status`` (job, pid, image, since, bytes)."""
+    with _KEPT_LOCK:
+        kept = list(_KEPT.values())
+    return [{"job_id": k.job_id, "pid": k.pid, "image": k.key, "since": k.since,
+             "size_bytes": k.size_bytes()} for k in kept]  # fmt: skip
+
+
+def _keep_within_budget(st: DaemonState) -> None:
+    """End the oldest kept instances until the rest fit ``keep_bytes``."""
+    budget = st.cfg.keep_budget_bytes()
+    with _KEPT_LOCK:
+        kept = sorted(_KEPT.values(), key=lambda k: k.since)
+    sizes = {k.job_id: k.size_bytes() for k in kept}
+    total = sum(sizes.values())
+    for k in kept:
+        if total <= budget:
+            break
+        if _end_kept(st, k.job_id, f"over the keep budget ({total} > {budget} bytes): its "
+                     "next run restores from the image", key=k.key):  # fmt: skip
+            total -= sizes[k.job_id]
 
 
 def _park_out_of_job(st: DaemonState, job_id: str, tree: list[int]) -> Any:
@@ -250,9 +350,11 @@ def _dump(st: DaemonState, job_id: str, pid: int, pid_start: int | None, identit
         st.event("checkpoint.failed", job_id=job_id, uid=identity.uid, reason=reason[:2000])
         _sync_quietly(st)  # an older image of the job was deleted before the dump
         return not pid_alive(pid, pid_start)
+    leave.report = report
     _sync_quietly(st)  # before "saved": a restore must find the entry held
     _set_status(st, job_id, state="saved", pid=pid, key=report.key,
-                size_bytes=report.size_bytes, timings_s=report.timings_s)  # fmt: skip
+                size_bytes=report.size_bytes, timings_s=report.timings_s,
+                kept=report.kept)  # fmt: skip
     st.event("checkpoint.saved", job_id=job_id, uid=identity.uid, image=report.to_json())
     return True
 
@@ -331,6 +433,16 @@ def _restore(ctx: Context, st: DaemonState, rec: Any, job_id: str, expected: Ide
         raise CheckpointFailed(no_image_reason(job_id, status))
     from spswap.checkpoint.service import ImageRejected, restore_instance
 
+    with _KEPT_LOCK:
+        kept = _KEPT.get(job_id)
+    if kept is not None and kept.alive():
+        pid, timings = _wake_kept(st, rec, job_id, expected, kept)
+        try:
+            return _restored(ctx, st, rec, job_id, expected, args, pid, timings, kept=True)
+        finally:
+            kept.parking.remove()  # empty once the tree joined the run (else left to the sweep)
+    if kept is not None:  # ended meanwhile (killed by its user): the image brings it back
+        _end_kept(st, job_id, "it was gone when its job came back")
     try:
         pid, timings = restore_instance(st.cfg.paths.images, job_id=job_id, expected=expected,
                                         gpu_uuids=_job_gpu_uuids(st, job_id))  # fmt: skip
@@ -344,10 +456,52 @@ def _restore(ctx: Context, st: DaemonState, rec: Any, job_id: str, expected: Ide
         raise
     finally:
         _sync_quietly(st)  # the image is gone whatever happened
+    return _restored(ctx, st, rec, job_id, expected, args, pid, timings)
+
+
+def _wake_kept(st: DaemonState, rec: Any, job_id: str, expected: Identity,
+               kept: _Kept) -> tuple[int, dict[str, float]]:  # fmt: skip
+    """The job's kept instance back: identity check, thaw, CUDA restore and unlock;
+    (pid, timings). Any failure ends the instance and deletes the image (cold start)."""
+    from spswap.checkpoint.criu import remove_image
+    from spswap.checkpoint.service import ImageRejected, kept_image, wake_kept
+
+    with _KEPT_LOCK:
+        _KEPT.pop(job_id, None)
+    t0 = time.monotonic()
+    image = None
+    try:
+        image = kept_image(st.cfg.paths.images, job_id=job_id, expected=expected)
+        timings = {"verify": time.monotonic() - t0}
+        t0 = time.monotonic()
+        if not kept.parking.thaw():
+            raise CheckpointFailed(f"the kept instance of job {job_id} could not be thawed")
+        timings["thaw"] = time.monotonic() - t0
+        timings.update(wake_kept(image, kept.pid, gpu_uuids=_job_gpu_uuids(st, job_id)))
+    except BaseException as e:
+        kept.end()
+        if image is not None:
+            remove_image(image)
+        rejected = isinstance(e, ImageRejected)
+        reason = str(e) if rejected else f"{e}; the kept instance was ended: cold start"
+        _set_status(st, job_id, state="rejected" if rejected else "failed", reason=reason)
+        st.event("restore.rejected" if rejected else "restore.failed", job_id=job_id,
+                 uid=rec.uid, reason=reason[:2000], kept=True)  # fmt: skip
+        raise (e if rejected else CheckpointFailed(reason)) from None
+    finally:
+        _sync_quietly(st)  # the image is gone whatever happened
+    return kept.pid, timings
+
+
+def _restored(ctx: Context, st: DaemonState, rec: Any, job_id: str, expected: Identity,
+              args: dict[str, Any], pid: int, timings: dict[str, float], *,
+              kept: bool = False) -> Any:  # fmt: skip
+    """A restored (or kept) instance into the new run: its cgroups, its status, woken."""
     _into_job(st, job_id, pid, ctx.peer_pid)
     # The status first: the woken instance reads it to learn its new run.
     _set_status(st, job_id, state="restored", pid=pid, proxy_pid=ctx.peer_pid,
-                restart_count=int(args.get("restart_count", 0)), timings_s=timings)  # fmt: skip
+                restart_count=int(args.get("restart_count", 0)), timings_s=timings,
+                kept=kept)  # fmt: skip
     try:
         os.kill(pid, RESUME_SIGNAL)
     except ProcessLookupError:
@@ -359,8 +513,8 @@ def _restore(ctx: Context, st: DaemonState, rec: Any, job_id: str, expected: Ide
         st.event("restore.failed", job_id=job_id, uid=rec.uid, reason=reason)
         raise CheckpointFailed(reason) from None
     _hold_pool_entry(st, expected.model_digest, pid, rec)
-    st.event("restore.done", job_id=job_id, uid=rec.uid, pid=pid, timings_s=timings)
-    return {"pid": pid, "timings_s": timings}
+    st.event("restore.done", job_id=job_id, uid=rec.uid, pid=pid, timings_s=timings, kept=kept)
+    return {"pid": pid, "timings_s": timings, "kept": kept}
 
 
 def _into_job(st: DaemonState, job_id: str, pid: int, proxy_pid: int) -> None:
@@ -470,6 +624,8 @@ def _drop_images_needing(st: DaemonState, by_digest: dict[str, str], digest: str
 
     for key, d in by_digest.items():
         if d == digest:
+            for job_id in [k.job_id for k in list(_KEPT.values()) if k.key == key]:
+                _end_kept(st, job_id, "its image was dropped", key=key)
             remove_image(st.cfg.paths.images / key)
             st.event("image.dropped", image=key,
                      reason=f"its pool entry {digest[:12]} is gone: it cannot be restored")
@@ -487,6 +643,7 @@ def drop_job_images(st: DaemonState, job_id: str) -> list[str]:
     """Delete the job's images and unfinished dumps and give back their pool uses."""
     from spswap.checkpoint.service import delete_job_images
 
+    _end_kept(st, job_id, "the job ended and will not return")
     gone = delete_job_images(st.cfg.paths.images, job_id)
     if gone:
         status = read_json(_status_path(st, job_id)) or {}

@@ -39,6 +39,18 @@ WORKER_EXTENSION = "spswap.engines.vllm_worker.SpswapWorkerExtension"
 # Identity keys that must match for a pool entry to fit an engine's weight layout.
 IDENTITY_KEYS = ("engine", "vllm", "tp_size", "rank", "dtype", "model_config_hash", "weights")
 
+PULL_WINDOW_S = 2.0  # after a level-2 sleep in the same process, the copy engines lag
+
+
+def pull_share(since_sleep_s: float | None) -> float:
+    """How much of a wake's copy the GPU's cores should pull themselves (see
+    :func:`spswap.transfer.copy.copy_into`): all of it within :data:`PULL_WINDOW_S` of this
+    process's own level-2 sleep, when host copies through the copy engines run at about half
+    rate (H200: 25-27 GB/s against 48-49 GB/s pulled; docs/benchmarks.md); none otherwise
+    (a restored or long-asleep process: the copy engines' 52-54 GB/s beat the pull; the
+    clock runs on through a dump, a restore or a freeze). None: it never slept."""
+    return 1.0 if since_sleep_s is not None and since_sleep_s < PULL_WINDOW_S else 0.0
+
 
 def available() -> bool:
     """Whether vLLM can be imported here (it is not on CPU-only machines)."""
@@ -228,6 +240,7 @@ class VllmEngine:
         self.last_wake: WakeTimes | None = None
         self._llm: Any = None
         self._attached: dict[str, Any] | None = None
+        self._slept_at: float | None = None  # monotonic time of the last level-2 sleep
         self._source = ""
 
     # -- building -----------------------------------------------------------------------
@@ -306,6 +319,7 @@ class VllmEngine:
             )
         with self.instance.step(Primitive.SLEEP):
             llm.sleep(level=2)
+        self._slept_at = time.monotonic()
         return self.instance.last_duration_s
 
     def wake(self) -> Any:
@@ -319,7 +333,8 @@ class VllmEngine:
             llm.wake_up(tags=["weights"])
             t.wake_weights_s = time.perf_counter() - s
             s = time.perf_counter()
-            t.copy = self._rpc("spswap_copy")
+            since = None if self._slept_at is None else time.monotonic() - self._slept_at
+            t.copy = self._rpc("spswap_copy", pull_share(since))
             t.copy_s = time.perf_counter() - s
             s = time.perf_counter()
             llm.wake_up(tags=["kv_cache"])

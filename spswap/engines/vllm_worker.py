@@ -168,9 +168,11 @@ class SpswapWorkerExtension:
             "register_s": register_s, "registered": mapping.registered,
         }  # fmt: skip
 
-    def spswap_copy(self) -> dict[str, Any]:
+    def spswap_copy(self, pull: float = 0.0) -> dict[str, Any]:
         """Copy the attached entry into the weights (async copies on a dedicated stream);
-        returns the TransferReport as a dict. Call after ``wake_up(tags=["weights"])``."""
+        returns the TransferReport as a dict. Call after ``wake_up(tags=["weights"])``.
+        ``pull``: the share the GPU's cores pull themselves (see ``pull_share``); the
+        default stages everything through the copy engines."""
         mapping: MappedEntry | None = getattr(self, "_spswap_mapping", None)
         if mapping is None:
             raise EngineError(
@@ -178,7 +180,7 @@ class SpswapWorkerExtension:
                 "VllmEngine.load_from_pool) first"
             )
         report = copy_into(mapping, weight_tensors(self._spswap_model()),
-                           staging_bytes=STAGING_BYTES)  # fmt: skip
+                           staging_bytes=STAGING_BYTES, pull=pull)  # fmt: skip
         return report.to_json()
 
     def spswap_load(self, pool_dir: str, ref: str, hold: bool = True) -> dict[str, Any]:
@@ -255,6 +257,8 @@ class SpswapWorkerExtension:
             "live_gb_s": best(lambda: copy_into(mapping, weights)),
             "live_staged_gb_s": best(
                 lambda: copy_into(mapping, weights, staging_bytes=STAGING_BYTES)),
+            **{f"live_pull{f:g}_gb_s": best(lambda f=f: copy_into(mapping, weights, pull=f))
+               for f in (1.0, 0.7, 0.5, 0.3)},
             "fresh_gb_s": best(lambda: copy_into(mapping, fresh)),
             "flat_gb_s": best(lambda: flat.copy_(mapping.tensors_base(), non_blocking=True)),
             "src_pinned": [bool(t.is_pinned()) for t in list(srcs.values())[:3]],
@@ -280,7 +284,9 @@ class SpswapWorkerExtension:
         ``staged-kept``: staged through buffers allocated before the sleep and kept over
         it (spswap_keep_staging): is it the staging buffers' new memory that is slow?;
         ``direct-touched``: the weights zeroed on the GPU first (untimed), then direct:
-        are copy-engine writes slow into memory the GPU has already written?"""
+        are copy-engine writes slow into memory the GPU has already written?; ``pull``: the
+        GPU's cores read the registered mapping themselves (no copy engine); ``pull0.6``: 60% of
+        the bytes so, the rest by the copy engines at the same time."""
         mapping: MappedEntry | None = getattr(self, "_spswap_mapping", None)
         if mapping is None:
             raise EngineError("attach a pool entry first (spswap_attach)")
@@ -305,12 +311,14 @@ class SpswapWorkerExtension:
             copy_into(mapping, weights, staging_bytes=STAGING_BYTES, staging_buffers=kept)
         elif variant == "staged":
             copy_into(mapping, weights, staging_bytes=STAGING_BYTES)
+        elif variant.startswith("pull"):  # "pull": all pulled; "pull0.6": 60%, rest CE
+            copy_into(mapping, weights, pull=float(variant[4:] or 1))
         elif variant == "memset":
             for t in weights.values():
                 t.zero_()
         else:
             raise EngineError(f"unknown variant {variant!r}: direct, direct-touched, staged, "
-                              "staged-kept or memset")
+                              "staged-kept, pull or memset")
         sync()
         seconds = time.perf_counter() - t0
         size = sum(t.size_bytes for t in mapping.manifest.tensors)

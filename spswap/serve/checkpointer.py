@@ -35,6 +35,12 @@ class ParkOutcome:
     restart_count: int = 0
     proxy_pid: int | None = None
     timings_s: dict[str, float] | None = None
+    kept: bool = False  # woken where it was kept alive, not restored by CRIU
+
+
+def restored_how(kept: bool) -> str:
+    """How an instance came back, for the logs of both runs."""
+    return "from its kept instance (no CRIU restore)" if kept else "from its image"
 
 
 class DaemonCheckpointer:
@@ -73,13 +79,15 @@ class DaemonCheckpointer:
         self._client().call("checkpoint", job_id=job_id, requeue=requeue, **identity)
         # Frozen and dumped somewhere in this wait (or told the dump failed). Wait in
         # slices and ask the daemon between them: a deadline measured before a dump has
-        # long passed after a restore, and only the daemon knows which it was.
+        # long passed after a restore, and only the daemon knows which it was. "saved"
+        # seen from in here means a restore is under way (this process runs again only
+        # restored, or thawed when it was kept): SIGUSR2 follows once it is "restored".
         status: dict = {}
         for _ in range(max(1, int(self.wait_s // PARK_SLICE_S))):
             if self.resumed.wait(PARK_SLICE_S):
                 break
             status = self._client().call("checkpoint.status", job_id=job_id)
-            if status.get("state") != "dumping":
+            if status.get("state") not in ("dumping", "saved"):
                 break
         else:
             return ParkOutcome("failed", reason=f"no dump within {self.wait_s:g} s; see "
@@ -88,7 +96,8 @@ class DaemonCheckpointer:
         if status.get("state") == "restored":
             return ParkOutcome("restored", restart_count=int(status.get("restart_count", 0)),
                                proxy_pid=status.get("proxy_pid"),
-                               timings_s=status.get("timings_s"))  # fmt: skip
+                               timings_s=status.get("timings_s"),
+                               kept=bool(status.get("kept")))  # fmt: skip
         return ParkOutcome("failed", reason=str(status.get("reason") or status.get("state")))
 
     def restore(self, job_id: str, identity: dict[str, str], restart_count: int) -> dict[str, Any]:

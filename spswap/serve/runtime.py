@@ -27,6 +27,7 @@ from typing import Any, Protocol
 from spswap.config import Config
 from spswap.errors import SpswapError, StopRequested
 from spswap.instance.registry import InstanceRecord, InstanceRegistry
+from spswap.serve.checkpointer import restored_how
 from spswap.serve.slot_hold import RunSlot, StopSignals
 from spswap.serve.spool import Request, Spool
 
@@ -208,7 +209,7 @@ class Server(StopSignals):
             result.events.append({"restored": True, "restart_count": self.restart_count,
                                   "timings_s": outcome.timings_s,
                                   "wake_s": time.perf_counter() - t0})  # fmt: skip
-            self.log(f"spswap serve: restored from the checkpoint image into run "
+            self.log(f"spswap serve: restored {restored_how(outcome.kept)} into run "
                      f"{self.restart_count}; weights back in {time.perf_counter() - t0:.3f} s")
 
     def _park(self, digest: str, requeue: bool) -> Any:
@@ -234,7 +235,8 @@ class Server(StopSignals):
             self.log(f"spswap serve: {self.reason}")
             return False
         pid = int(info["pid"])
-        self.log(f"spswap serve: job {self.job_id} restored from its image as pid {pid} "
+        how = restored_how(bool(info.get("kept")))
+        self.log(f"spswap serve: job {self.job_id} restored {how} as pid {pid} "
                  f"({info.get('timings_s')}); standing in for it")  # fmt: skip
         result.events.append({"restored_pid": pid, "timings_s": info.get("timings_s")})
         from spswap.serve.checkpointer import stand_in_for

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
-from spswap.engines.vllm_engine import WORKER_EXTENSION, VllmSettings, engine_env
+from spswap.engines.vllm_engine import WORKER_EXTENSION, VllmSettings, engine_env, pull_share
 from spswap.errors import EngineError, StopRequested
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -198,6 +198,7 @@ class VllmApiServer:
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
         self.times = ServerTimes()
+        self._slept_at: float | None = None  # monotonic time of the last level-2 sleep
 
     # -- process ------------------------------------------------------------------------
     def start(self, *, dummy: bool, timeout_s: float = 900.0,
@@ -289,6 +290,7 @@ class VllmApiServer:
         t0 = time.perf_counter()
         self.call("POST", "/sleep?" + urlencode({"level": 2, "mode": "abort"}))
         self.times.sleep_s = time.perf_counter() - t0
+        self._slept_at = time.monotonic()
         return self.times.sleep_s
 
     def wake(self) -> dict[str, Any]:
@@ -299,7 +301,8 @@ class VllmApiServer:
         self.call("POST", "/wake_up?" + urlencode({"tags": "weights"}))
         t.wake_weights_s = time.perf_counter() - t0
         t0 = time.perf_counter()
-        t.copy = self.rpc("spswap_copy")
+        since = None if self._slept_at is None else time.monotonic() - self._slept_at
+        t.copy = self.rpc("spswap_copy", pull_share(since))
         t.copy_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         self.call("POST", "/wake_up?" + urlencode({"tags": "kv_cache"}))

@@ -37,6 +37,7 @@ from spswap.config import Config
 from spswap.engines.vllm_engine import VllmSettings, engine_identity, find_entry
 from spswap.errors import EngineError, StopRequested
 from spswap.fsutil import atomic_write_json
+from spswap.serve.checkpointer import restored_how
 from spswap.serve.slot_hold import RunSlot, StopSignals
 from spswap.serve.vllm_api import VllmApiServer, rpc_dir_fits
 
@@ -293,7 +294,7 @@ class VllmServe(StopSignals):
         result.update(restart_count=self.restart_count, stopped_by=None)
         result.setdefault("restores", []).append(
             {"timings_s": outcome.timings_s, "wake_s": wake_s, "copy": copy})
-        self.log(f"spswap serve: restored from the checkpoint image into run "
+        self.log(f"spswap serve: restored {restored_how(outcome.kept)} into run "
                  f"{self.restart_count}; weights back in {wake_s:.3f} s")  # fmt: skip
         return True
 
@@ -318,7 +319,8 @@ class VllmServe(StopSignals):
             return False
         pid = int(info["pid"])
         result.update(restored_pid=pid, restore_timings_s=info.get("timings_s"))
-        self.log(f"spswap serve: job {self.job_id} restored from its image as pid {pid} "
+        how = restored_how(bool(info.get("kept")))
+        self.log(f"spswap serve: job {self.job_id} restored {how} as pid {pid} "
                  f"({info.get('timings_s')}); standing in for it")  # fmt: skip
         result["stopped_by"] = stand_in_for(pid, lambda: self.stop_signal)
         if result["stopped_by"] is None:

@@ -103,6 +103,7 @@ def copy_into(
     stream: torch.cuda.Stream | None = None,
     staging_bytes: int | None = None,
     staging_buffers: Sequence[torch.Tensor] | None = None,
+    pull: float = 0.0,
 ) -> TransferReport:
     """Copy every tensor of ``mapping`` into the same-named tensor of ``params``.
 
@@ -117,6 +118,11 @@ def copy_into(
     where a plain allocation took ~50 (H200); the device-side copies cost little next to
     PCIe and run while the next piece crosses it. ``staging_buffers``: two uint8 device
     tensors of at least ``staging_bytes`` to use instead of allocating them.
+
+    ``pull``: the share of the bytes (0 to 1, whole tensors, see :func:`split_for_pull`)
+    that the GPU's own cores read from the registered mapping through its device address
+    (kernels doing loads over PCIe) while the copy engines move the rest, both at once;
+    see :func:`_copy_pulled`. Needs a registered mapping; on CPU it is the plain copy.
     """
     check_compatible(mapping.manifest, params)
     device = _device_of(params)
@@ -135,7 +141,9 @@ def copy_into(
         start = time.perf_counter()
         try:
             with torch.no_grad(), torch.cuda.stream(stream):
-                if staging_bytes:
+                if pull > 0 and mapping.registered:
+                    _copy_split(mapping, params, device, pull)
+                elif staging_bytes:
                     _copy_staged(mapping, params, device, staging_bytes, staging_buffers)
                 else:
                     for name, src in sources.items():
@@ -270,3 +278,79 @@ def _copy_staged(
             h2d.wait_stream(scatter)  # type: ignore[union-attr,arg-type]
             for b in bufs:  # the allocator must not hand these out before the scatter ends
                 b.record_stream(scatter)  # type: ignore[arg-type]
+
+
+_WORDS = (torch.int64, torch.int32, torch.int16, torch.uint8)
+
+
+def word_dtype(*offsets_and_sizes: int) -> torch.dtype:
+    """The widest integer type whose size divides every given byte offset and size: the
+    word a pulling kernel moves per element (wider words, fewer PCIe read requests)."""
+    for dtype in _WORDS:
+        size = torch.empty(0, dtype=dtype).element_size()
+        if all(n % size == 0 for n in offsets_and_sizes):
+            return dtype
+    return torch.uint8
+
+
+def _device_view(mapping: MappedEntry, device: torch.device) -> torch.Tensor:
+    """The registered mapping as a uint8 tensor on ``device`` (no copy): with unified
+    addressing a registered host range has the same address on the GPU."""
+
+    class _Interface:
+        __cuda_array_interface__ = {"shape": (mapping.size_bytes,), "typestr": "|u1",
+                                    "data": (mapping.address, False), "version": 3}  # fmt: skip
+
+    return torch.as_tensor(_Interface(), device=device)
+
+
+def split_for_pull(sizes: Mapping[str, int], fraction: float) -> set[str]:
+    """The tensors whose bytes the cores pull: largest first, each taken when that
+    brings the pulled bytes closer to ``fraction`` of all; the copy engines take the rest.
+    Pure: ``fraction`` 1 takes every tensor, 0 none."""
+    target = fraction * sum(sizes.values())
+    pulled: set[str] = set()
+    got = 0
+    for name, n in sorted(sizes.items(), key=lambda kv: (-kv[1], kv[0])):
+        if got + n / 2 <= target or fraction >= 1:
+            pulled.add(name)
+            got += n
+    return pulled
+
+
+def _copy_split(mapping: MappedEntry, params: Mapping[str, torch.Tensor],
+                device: torch.device, fraction: float) -> None:  # fmt: skip
+    """The copy engines copy their share on the current stream while kernels on a second
+    stream pull the rest: two paths over the same link at once."""
+    pulled = split_for_pull({t.name: t.size_bytes for t in mapping.manifest.tensors}, fraction)
+    sources = mapping.tensors()
+    for name, src in sources.items():
+        if name not in pulled:
+            params[name].copy_(src, non_blocking=True)
+    main = torch.cuda.current_stream(device)
+    side = torch.cuda.Stream(device=device)
+    side.wait_stream(main)  # (the copies above run on; only earlier work is waited for)
+    with torch.cuda.stream(side):
+        _copy_pulled(mapping, params, device, pulled)
+    main.wait_stream(side)
+
+
+def _copy_pulled(mapping: MappedEntry, params: Mapping[str, torch.Tensor],
+                 device: torch.device, names: set[str]) -> None:  # fmt: skip
+    """Each parameter of ``names`` read by an elementwise kernel straight from the registered
+    mapping. Not a memcpy (the driver would hand that to the copy engines): an integer
+    ``x | 0`` over the widest word that fits, which moves the bits unchanged. The copy
+    engines are what runs at half rate right after a same-process level-2 sleep
+    (docs/benchmarks.md); the cores are not."""
+    src_all = _device_view(mapping, device)
+    for t in mapping.manifest.tensors:
+        if t.name not in names:
+            continue
+        dst = params[t.name]
+        flat = _flat_bytes(dst)
+        src = src_all[t.offset : t.offset + t.size_bytes]
+        if flat is None:  # rare: a strided parameter takes a plain copy of its bytes
+            dst.copy_(mapping.tensors()[t.name], non_blocking=True)
+            continue
+        word = word_dtype(src.data_ptr(), flat.data_ptr(), t.size_bytes)
+        torch.bitwise_or(src.view(word), 0, out=flat.view(word))

@@ -243,3 +243,52 @@ def test_start_up_sweeps_what_a_dead_daemon_left_parked() -> None:
     finally:
         proc.kill()
         other.rmdir()
+
+
+TICKER = """
+import sys, time
+while True:
+    with open(sys.argv[1], "a") as f:
+        f.write("x")
+    time.sleep(0.005)
+"""
+
+
+@needs_cgroups
+def test_a_frozen_parked_tree_does_not_run_until_thawed_and_can_be_ended(
+    job_cgroup: Path, tmp_path: Path,
+) -> None:
+    """What a tree kept alive after its dump waits in: frozen outside its job."""
+    ticks = tmp_path / "ticks"
+    proc = subprocess.Popen([sys.executable, "-c", TICKER, str(ticks)],
+                            preexec_fn=lambda: (job_cgroup / "cgroup.procs").write_text(
+                                str(os.getpid())))  # fmt: skip
+    parking = None
+    try:
+        deadline = time.monotonic() + 10
+        while not ticks.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        parking = cgroups.Parking.create("t5", proc.pid)
+        assert parking is not None
+        parking.adopt([proc.pid])
+        assert parking.freeze()
+        frozen_at = ticks.stat().st_size
+        time.sleep(0.3)
+        assert ticks.stat().st_size == frozen_at, "a frozen tree ran"
+        assert parking.thaw()
+        deadline = time.monotonic() + 5
+        while ticks.stat().st_size == frozen_at and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert ticks.stat().st_size > frozen_at, "the thawed tree did not run again"
+        assert parking.freeze()
+        assert parking.kill_all() == [proc.pid]  # ended while frozen
+        assert not _running(proc.pid)  # (kill_all reaps its caller's children itself)
+    finally:
+        if parking is not None:
+            parking.kill_all()
+            parking.remove()
+        proc.kill()
+
+
+def test_freeze_without_a_freezer_says_so(tmp_path: Path) -> None:
+    assert cgroups.Parking("none", {"memory": tmp_path}).freeze() is False

@@ -43,6 +43,8 @@ PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/sbin"  # no scontrol/squeue (/
 def _env(cfg: Config, restart: int | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SPSWAP_"))}
     env.update(SPSWAP_ROOT=str(cfg.root), SPSWAP_GPUS="0", PATH=PATH)
+    if cfg.keep_bytes is not None:
+        env.update(SPSWAP_KEEP_BYTES=str(cfg.keep_bytes))
     if restart is not None:
         env.update(SLURM_JOB_ID=JOB, SLURM_RESTART_COUNT=str(restart), SLURM_JOB_GPUS="0")
     return env
@@ -58,13 +60,13 @@ def _start_daemon(cfg: Config) -> int:
     return pid
 
 
-def _make_node(tmpfs: bool) -> Iterator[Config]:
+def _make_node(tmpfs: bool, keep_bytes: int | None = None) -> Iterator[Config]:
     reason = criu_skip_reason()
     if reason:
         pytest.skip(reason)
     root = Path(tempfile.mkdtemp(prefix="spsf-", dir="/tmp"))
     os.chmod(root, 0o755)
-    cfg = Config.from_env({"SPSWAP_GPUS": "0"}, root=root)
+    cfg = Config.from_env({"SPSWAP_GPUS": "0"}, root=root, keep_bytes=keep_bytes)
     mounted = False
     if tmpfs:
         cfg.paths.images.mkdir(mode=0o700)
@@ -91,6 +93,18 @@ def node() -> Iterator[Config]:
 @pytest.fixture
 def tiny_node() -> Iterator[Config]:
     yield from _make_node(tmpfs=True)
+
+
+@pytest.fixture
+def nokeep_node() -> Iterator[Config]:
+    """A node whose spswapd keeps no dumped instance alive (SPSWAP_KEEP_BYTES=0)."""
+    yield from _make_node(tmpfs=False, keep_bytes=0)
+
+
+@pytest.fixture
+def byte_keep_node() -> Iterator[Config]:
+    """A node whose spswapd may keep 1 byte: every kept instance is over the budget."""
+    yield from _make_node(tmpfs=False, keep_bytes=1)
 
 
 class Runs:
@@ -152,7 +166,10 @@ class Runs:
 
 @pytest.fixture
 def runs(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Runs]:
-    cfg = request.getfixturevalue("tiny_node" if "tiny" in request.node.name else "node")
+    name = request.node.name
+    cfg = request.getfixturevalue(
+        "tiny_node" if "tiny" in name else "nokeep_node" if "no_keep" in name
+        else "byte_keep_node" if "keep_budget" in name else "node")
     r = Runs(cfg, tmp_path)
     yield r
     r.kill_all()
@@ -335,29 +352,112 @@ def _job_events(cfg: Config) -> list[dict]:
     return [e for e in events.tail(cfg.paths.events, 500) if e.get("job_id") == JOB]
 
 
-def test_a_run_in_a_job_cgroup_is_dumped_parked_and_restored_into_the_next(
+def _assert_answers_like_cold(runs: Runs) -> None:
+    answers = _answers(runs.tmp)
+    assert [answers[f"q{i:02d}"] for i in range(N_REQ)] == _cold(runs.model, runs.prompts)
+
+
+def _assert_joined(cfg: Config, pid: int) -> None:
+    from .test_cgroups import HIERARCHY
+
+    joined = [e for e in _job_events(cfg) if e["kind"] == "restore.joined_job"]
+    assert HIERARCHY is not None and joined, _job_events(cfg)
+    assert joined[0]["detail"] == {"pid": pid, "hierarchies": [HIERARCHY[0] or "v2"]}
+
+
+def _kept_and_frozen(cfg: Config, first: subprocess.Popen) -> dict:
+    """Run 0 dumped and kept: alive, frozen in its parked cgroup, its image on disk."""
+    status = _settled(cfg)
+    assert status["state"] == "saved" and status["kept"] is True, status
+    assert status["pid"] == first.pid and first.poll() is None
+    kinds = [e["kind"] for e in _job_events(cfg)]
+    assert "checkpoint.parked" in kinds and "checkpoint.kept" in kinds, kinds
+    assert len(_job_dirs(cfg)) == 1
+    from .test_cgroups import _where
+
+    assert "spswap-parked-" in _where(first.pid)
+    return status
+
+
+def test_a_run_in_a_job_cgroup_is_kept_frozen_and_woken_into_the_next(
     runs: Runs, job_cgroup: Path,
 ) -> None:
-    """The dump runs with the tree outside its job's cgroup; the restored process joins
-    the next run's cgroup (where it answers from), and no parked cgroup is left."""
+    """The dump runs with the tree outside its job's cgroup and leaves it alive there,
+    frozen; the next run gets it back without CRIU's restore, in its own cgroup (where it
+    answers from); the image is gone then and no parked cgroup is left."""
+    cfg = runs.cfg
+    runs.cgroup = job_cgroup
+    first = runs.stop_run0()
+    status = _kept_and_frozen(cfg, first)
+    second = runs.start(1)
+    assert second.wait(timeout=300) == 0, runs.log(1)
+    assert first.wait(timeout=60) == 0, runs.log(0)  # it served run 1, then exited idle
+    done = [e for e in _job_events(cfg) if e["kind"] == "restore.done"]
+    assert done and done[0]["detail"]["kept"] is True, _job_events(cfg)
+    assert "criu_restore" not in done[0]["detail"]["timings_s"]
+    assert "restored from its kept instance (no CRIU restore) into run 1" in runs.log(0)
+    _assert_joined(cfg, status["pid"])
+    _assert_answers_like_cold(runs)
+    _assert_clean(cfg)
+
+
+def test_a_run_over_the_keep_budget_is_ended_and_comes_back_from_its_image(
+    runs: Runs, job_cgroup: Path,
+) -> None:
+    """SPSWAP_KEEP_BYTES=1: the kept instance is ended at once (the oldest over the
+    budget); the image stays the way back, and CRIU restores it into the next run."""
     cfg = runs.cfg
     runs.cgroup = job_cgroup
     first = runs.stop_run0()
     status = _settled(cfg)
-    assert status["state"] == "saved", status
+    assert status["state"] == "saved" and status["kept"] is True, status
+    assert first.wait(timeout=30) == -signal.SIGKILL  # reaped: its pid is free for CRIU
+    ended = _wait("the kept instance ended", lambda: [
+        e for e in _job_events(cfg) if e["kind"] == "kept.ended"], 30)
+    assert "over the keep budget" in ended[0]["detail"]["reason"], ended
+    assert len(_job_dirs(cfg)) == 1
+    second = runs.start(1)
+    assert second.wait(timeout=300) == 0, runs.log(1)
+    done = [e for e in _job_events(cfg) if e["kind"] == "restore.done"]
+    assert done and done[0]["detail"]["kept"] is False and \
+        "criu_restore" in done[0]["detail"]["timings_s"], _job_events(cfg)
+    assert "restored from its image as pid" in runs.log(1)
+    _assert_answers_like_cold(runs)
+    _assert_clean(cfg)
+
+
+def test_a_kept_run_ends_with_its_job(runs: Runs, job_cgroup: Path) -> None:
+    cfg = runs.cfg
+    runs.cgroup = job_cgroup
+    first = runs.stop_run0()
+    _kept_and_frozen(cfg, first)
+    client = Client(cfg)
+    back = client.call("job.end", job_id=JOB, requeued=True)
+    assert back["fate"] == "back" and first.poll() is None  # still kept for the next run
+    gone = client.call("job.end", job_id=JOB, requeued=False)
+    assert gone["fate"] == "gone" and len(gone["images_deleted"]) == 1
+    assert first.wait(timeout=30) == -signal.SIGKILL
+    assert "kept.ended" in [e["kind"] for e in _job_events(cfg)]  # logged before the answer
+    _assert_clean(cfg)
+
+
+def test_with_no_keep_a_parked_run_is_dumped_and_restored_into_the_next(
+    runs: Runs, job_cgroup: Path,
+) -> None:
+    """SPSWAP_KEEP_BYTES=0: the dump ends the parked tree; CRIU restores it into the next
+    run's cgroup (where it answers from), and no parked cgroup is left."""
+    cfg = runs.cfg
+    runs.cgroup = job_cgroup
+    first = runs.stop_run0()
+    status = _settled(cfg)
+    assert status["state"] == "saved" and status["kept"] is False, status
     first.wait(timeout=60)  # CRIU ended it: reaped, its pid is free for the restore
     parked = [e for e in _job_events(cfg) if e["kind"] == "checkpoint.parked"]
     assert parked and parked[0]["detail"]["pids"] == [status["pid"]], _job_events(cfg)
     second = runs.start(1)
     assert second.wait(timeout=300) == 0, runs.log(1)
-    joined = [e for e in _job_events(cfg) if e["kind"] == "restore.joined_job"]
-    from .test_cgroups import HIERARCHY
-
-    assert HIERARCHY is not None and joined, _job_events(cfg)
-    assert joined[0]["detail"] == {"pid": status["pid"],
-                                   "hierarchies": [HIERARCHY[0] or "v2"]}  # fmt: skip
-    answers = _answers(runs.tmp)
-    assert [answers[f"q{i:02d}"] for i in range(N_REQ)] == _cold(runs.model, runs.prompts)
+    _assert_joined(cfg, status["pid"])
+    _assert_answers_like_cold(runs)
 
 
 def test_tiny_tmpfs_full_during_a_parked_dump_sends_the_run_home(

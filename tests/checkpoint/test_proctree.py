@@ -135,3 +135,14 @@ def test_hint_for_reads_the_error_lines(log: str, fix: str) -> None:
     from spswap.checkpoint.criu import hint_for
 
     assert hint_for(log) == fix
+
+
+def test_anon_rss_bytes_reads_rssanon(tmp_path: Path) -> None:
+    from spswap.checkpoint.proctree import anon_rss_bytes
+
+    for pid, kb in ((11, 1024), (12, 3)):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "status").write_text(
+            f"Name:\tpython3\nVmRSS:\t 99999 kB\nRssAnon:\t    {kb} kB\nRssFile:\t 5 kB\n")
+    assert anon_rss_bytes([11, 12, 13], proc=tmp_path) == (1024 + 3) * 1024  # 13: gone
+    assert anon_rss_bytes({os.getpid()}) > 1 << 20  # a live Python process

@@ -197,7 +197,7 @@ def test_the_socket_front_answers_again_after_a_restore(node: Config, tmp_path: 
         cold = _cold(model, [[9, 8, 7], [1, 2, 3]])
         assert [a1["output_ids"], a2["output_ids"]] == cold
         restored_log = (tmp_path / "run0.log").read_text()  # the restored process's output
-        assert "restored from the checkpoint image into run 1" in restored_log
+        assert "restored from its image into run 1" in restored_log
     finally:
         second.send_signal(signal.SIGTERM)  # forwarded to the restored process
         second.wait(timeout=120)

@@ -374,3 +374,11 @@ def test_start_without_disk_gives_the_cold_outputs(cold: Any, vllm_model: Path) 
         eng.sleep()
         eng.wake()
         assert eng.generate(PROMPTS, NEW_TOKENS) == cold.reference
+
+
+def test_pull_share_pulls_only_right_after_a_same_process_sleep() -> None:
+    from spswap.engines.vllm_engine import PULL_WINDOW_S, pull_share
+
+    assert pull_share(0.05) == 1.0  # the in-process cycle: copy engines at half rate
+    assert pull_share(PULL_WINDOW_S + 0.1) == 0.0  # restored, kept or long asleep
+    assert pull_share(None) == 0.0  # never slept

@@ -73,16 +73,18 @@ def _assert_swapped(log: str, signal_name: str) -> None:
     """With CRIU the requeued run restores the dumped process; without, it starts from the
     pool and the first run's summary names the signal that stopped it."""
     if _criu_usable():
-        assert "restored from its image" in log, log
-        assert "restored from the checkpoint image into run 1" in log, log
+        # kept alive after its dump (under proctrack/cgroup), else from its image
+        kept = "restored from its kept instance" in log
+        how = "from its kept instance (no CRIU restore)" if kept else "from its image"
+        assert f"restored {how} as pid" in log and f"restored {how} into run 1" in log, log
     else:
         assert f"stopped by {signal_name}" in log, log
 
 
 def _assert_parked(cluster: SlurmCluster, job: str, *, early_requeue: bool) -> None:
     """spswapd moved the dumped tree out of the job's cgroup before the dump; on USR1 it
-    requeued the job while the dump ran (the next job could start meanwhile), and the
-    restored tree was moved into the new run's cgroup."""
+    requeued the job while the dump ran (the next job could start meanwhile); the dumped
+    tree was kept alive, frozen, and came back into the new run's cgroup."""
     from spswap.config import Config
     from spswap.daemon import events
 
@@ -90,6 +92,9 @@ def _assert_parked(cluster: SlurmCluster, job: str, *, early_requeue: bool) -> N
                                   500) if e.get("job_id") == job]  # fmt: skip
     kinds = [e["kind"] for e in log]
     assert "checkpoint.parked" in kinds and "restore.joined_job" in kinds, kinds
+    # kept alive (frozen, parked) between the dump and the next run: no CRIU restore
+    assert "checkpoint.kept" in kinds, kinds
+    assert log[kinds.index("restore.done")]["detail"]["kept"] is True, kinds
     saved = kinds.index("checkpoint.saved")
     assert kinds.index("checkpoint.parked") < saved, kinds
     parked = log[kinds.index("checkpoint.parked")]["detail"]["cgroups"]

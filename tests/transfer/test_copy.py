@@ -143,6 +143,58 @@ def test_copy_into_cuda_registers_once_and_is_exact(pool) -> None:
 
 @cuda
 @pytest.mark.gpu
+def test_pulled_copy_is_bit_exact_on_cuda(pool) -> None:
+    """The GPU's cores read the registered mapping (odd sizes, bool, empty, NaN bits)."""
+    src = _source()
+    src["g.nan"] = torch.tensor([float("nan"), -0.0, 1.5], dtype=torch.bfloat16)
+    src["g.nan"].view(torch.int16)[0] = 0x7FC1  # a NaN payload a float op could change
+    m = write_entry(pool, "m", src)
+    dst = {n: torch.zeros_like(t, device="cuda") for n, t in src.items()}
+    with MappedEntry(m, pool.data_path(m)) as mapping:
+        copy_into(mapping, dst)  # registers
+        for fraction in (1.0, 0.5):  # all pulled; half pulled, half by the copy engines
+            for t in dst.values():
+                t.zero_()
+            copy_into(mapping, dst, pull=fraction)
+            for name, t in src.items():
+                assert torch.equal(dst[name].cpu().view(torch.uint8), t.view(torch.uint8)), name
+
+
+def test_pull_on_cpu_is_the_plain_copy(pool) -> None:
+    src = _source()
+    m = write_entry(pool, "m", src)
+    dst = _dest_like(src)
+    with MappedEntry(m, pool.data_path(m)) as mapping:
+        copy_into(mapping, dst, pull=1.0)
+    for name, t in src.items():
+        assert torch.equal(dst[name], t), name
+
+
+def test_split_for_pull_takes_about_the_share_largest_first() -> None:
+    from spswap.transfer.copy import split_for_pull
+
+    sizes = {"a": 600, "b": 300, "c": 60, "d": 40}
+    assert split_for_pull(sizes, 1.0) == set(sizes)
+    assert split_for_pull(sizes, 0.0) == set()
+    assert split_for_pull(sizes, 0.6) == {"a"}
+    assert split_for_pull(sizes, 0.9) == {"a", "b"}
+    assert split_for_pull(sizes, 0.35) == {"a"}  # 600 is nearer 350 than 0 is
+    assert split_for_pull(sizes, 0.25) == {"b"}
+    assert split_for_pull({}, 0.5) == set()
+
+
+def test_word_dtype_is_the_widest_that_divides_everything() -> None:
+    from spswap.transfer.copy import word_dtype
+
+    assert word_dtype(4096, 1 << 20, 64) == torch.int64
+    assert word_dtype(4096, 12, 64) == torch.int32
+    assert word_dtype(4096, 6, 64) == torch.int16
+    assert word_dtype(4096, 6, 65) == torch.uint8
+    assert word_dtype(0, 0) == torch.int64
+
+
+@cuda
+@pytest.mark.gpu
 def test_cuda_host_register_read_only_mapping(pool) -> None:
     from spswap.transfer import cuda_host
 
