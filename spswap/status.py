@@ -68,7 +68,7 @@ def _checkpoints(directory: Any) -> list[dict[str, Any]]:
     for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
         data = read_json(path)
         if isinstance(data, dict):
-            keep = ("job_id", "state", "size_bytes", "reason", "timings_s")
+            keep = ("job_id", "state", "size_bytes", "reason", "timings_s", "kept")
             out.append({k: data.get(k) for k in keep})
     return out
 
@@ -122,7 +122,10 @@ def render_checkpoints(checkpoints: list[dict[str, Any]]) -> Table:
         t.add_column(col)
     for c in checkpoints:
         size = fmt_bytes(c["size_bytes"]) if c.get("size_bytes") else "-"
-        t.add_row(str(c.get("job_id")), str(c.get("state")), size, c.get("reason") or "")
+        state = str(c.get("state"))
+        if c.get("kept") and state == "saved":  # alive and frozen beside its image
+            state = "saved, kept alive"
+        t.add_row(str(c.get("job_id")), state, size, c.get("reason") or "")
     return t
 
 

@@ -95,7 +95,7 @@ def node(tmp_path: Path) -> Config:
 
     atomic_write_json(cfg.paths.run / "checkpoints" / "78.json",
                       {"job_id": "78", "state": "saved", "pid": 99, "size_bytes": 1631701505,
-                       "timings_s": {"criu_dump": 1.01}})
+                       "timings_s": {"criu_dump": 1.01}, "kept": True})
     atomic_write_json(cfg.paths.run / "checkpoints" / "79.json",
                       {"job_id": "79", "state": "rejected", "reason": "image job79-ab not "
                        "restored: the image was made under another identity (torch: image "
