@@ -257,6 +257,7 @@ class Parent:
         if not isinstance(frozen, list):  # back to our own cgroups
             frozen.return_home()
             frozen.remove()
+        self.stale_image = image  # deleted after the wake (spswapd does it so too)
         return {"total_s": time.perf_counter() - t0, **timings}
 
     def restore(self, key: str, digest: str) -> tuple[int, dict[str, Any]]:
@@ -318,6 +319,12 @@ class Parent:
             pid_b, restore_b = self.restore("b", digests["b"])
         t_restored = time.time()
         os.kill(pid_b, signal.SIGUSR2)
+        if keep:
+            from spswap.checkpoint.criu import remove_image
+
+            t1 = time.perf_counter()
+            remove_image(self.stale_image)
+            restore_b["image_removed_after_wake_s"] = time.perf_counter() - t1
         self.wait_file(Path(str(rep_b) + ".done"), None, 120)
         rb = json.loads(rep_b.read_text())
         th.join()

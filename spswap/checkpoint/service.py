@@ -276,8 +276,9 @@ def kept_image(images_root: Path, *, job_id: str, expected: Identity) -> Path:
 def wake_kept(image: Path, pid: int, *, gpu_uuids: list[str] | None = None) -> dict[str, float]:
     """Give a kept tree (rooted at ``pid``, thawed) its GPU state back: CUDA restore
     (remapped when ``gpu_uuids`` differ from the dump's) and unlock, by the CUDA record of
-    ``image``. The image is deleted in any case: the tree ran on from it. On failure the
-    caller ends the tree (its GPU state may be half back)."""
+    ``image``. The caller deletes the image in any case (the tree ran on from it), best
+    after waking the instance: freeing its pages takes a few tenths of a second. On
+    failure the caller ends the tree (its GPU state may be half back)."""
     timings: dict[str, float] = {}
     try:
         record = read_json(image / CUDA_RECORD) or {}
@@ -297,8 +298,6 @@ def wake_kept(image: Path, pid: int, *, gpu_uuids: list[str] | None = None) -> d
     except Exception as e:
         raise CheckpointFailed(f"the kept instance (pid {pid}) could not get its GPU state "
                                f"back: {e}") from None  # fmt: skip
-    finally:
-        criu.remove_image(image)
     return timings
 
 
