@@ -264,16 +264,17 @@ def _end_kept(st: DaemonState, job_id: str, reason: str, *, key: str | None = No
     try:
         kept.end()
     finally:
+        _not_kept_any_more(st, job_id)
         st.event("kept.ended", job_id=job_id, pid=kept.pid, reason=reason)
     return True
 
 
-def kept_instances() -> list[dict[str, Any]]:
-    """The kept instances, for ``spswap status`` (job, pid, image, since, bytes)."""
-    with _KEPT_LOCK:
-        kept = list(_KEPT.values())
-    return [{"job_id": k.job_id, "pid": k.pid, "image": k.key, "since": k.since,
-             "size_bytes": k.size_bytes()} for k in kept]  # fmt: skip
+def _not_kept_any_more(st: DaemonState, job_id: str) -> None:
+    """A saved job's status no longer says kept (``spswap status``): its image remains."""
+    status = read_json(_status_path(st, job_id)) or {}
+    if status.get("state") == "saved" and status.get("kept"):
+        rest = {k: v for k, v in status.items() if k not in ("job_id", "kept")}
+        _set_status(st, job_id, **rest, kept=False)
 
 
 def _keep_within_budget(st: DaemonState) -> None:
@@ -495,8 +496,7 @@ def _wake_kept(st: DaemonState, rec: Any, job_id: str, expected: Identity,
         st.event("restore.rejected" if rejected else "restore.failed", job_id=job_id,
                  uid=rec.uid, reason=reason[:2000], kept=True)  # fmt: skip
         raise (e if rejected else CheckpointFailed(reason)) from None
-        # (the image's pool use goes with the sync in the finally)
-    finally:
+    finally:  # a failure deleted the image: its pool use goes now
         if image is None or not image.exists():
             _sync_quietly(st)
     return kept.pid, timings, image
@@ -683,6 +683,8 @@ def recover(st: DaemonState) -> dict[str, Any]:
     status_dir = st.cfg.paths.run / "checkpoints"
     for path in sorted(status_dir.glob("*.json")) if status_dir.is_dir() else []:
         status = read_json(path) or {}
+        if status.get("kept"):  # the sweep above ended what the dead daemon kept
+            _not_kept_any_more(st, str(status.get("job_id") or path.stem))
         if status.get("state") == "dumping":
             stale.append((str(status.get("job_id") or path.stem), int(status.get("pid") or 0),
                           status.get("pid_start")))  # fmt: skip

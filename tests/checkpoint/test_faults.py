@@ -415,6 +415,7 @@ def test_a_run_over_the_keep_budget_is_ended_and_comes_back_from_its_image(
     ended = _wait("the kept instance ended", lambda: [
         e for e in _job_events(cfg) if e["kind"] == "kept.ended"], 30)
     assert "over the keep budget" in ended[0]["detail"]["reason"], ended
+    assert _status(cfg)["kept"] is False  # spswap status: saved, no longer kept alive
     assert len(_job_dirs(cfg)) == 1
     second = runs.start(1)
     assert second.wait(timeout=300) == 0, runs.log(1)
