@@ -202,6 +202,9 @@ def preflight(pid: int) -> tuple[list[int], bool]:
     return pids, bool(inside)
 
 
+KEEP_LINKS_SCRIPT = "spswap-keep-links.sh"
+
+
 def dump(
     pid: int,
     image_key: str,
@@ -242,10 +245,17 @@ def dump(
             "pids": pids, "tids": sorted({t for p in pids for t in proctree.thread_ids(p)}),
             "criu_version": list(version), "dumped_at": time.time(), "tcp_close": tcp_close,
         })  # fmt: skip
+        script = None
+        if linked and leave_running:  # CRIU would delete its links (see keep_links_script)
+            script = tmp / KEEP_LINKS_SCRIPT
+            script.write_text(criu_argv.keep_links_script(
+                sorted({f.directory for f in linked}),
+                link_remap.parked_name(image_key, link_remap.CRIU_PREFIX)))
+            script.chmod(0o700)
         argv = criu_argv.dump_argv(
             str(path), pid=pid, images_dir=tmp, log_file="-", leave_running=leave_running,
             shell_job=shell_job, tcp_close=tcp_close, ghost_limit_bytes=ghost_limit_bytes,
-            link_remap=bool(linked),
+            link_remap=bool(linked), action_script=script,
         )  # fmt: skip
         start = time.monotonic()
         with _LINKS if linked else contextlib.nullcontext():

@@ -45,10 +45,12 @@ def dump_argv(
     ghost_limit_bytes: int | None = None,
     ext_unix_sk: bool = False,
     link_remap: bool = False,
+    action_script: Path | None = None,
 ) -> list[str]:
     """``criu dump`` of the tree rooted at ``pid`` into ``images_dir``.
 
     ``log_file`` is relative to ``images_dir`` (CRIU writes it there with ``-D``).
+    ``action_script``: run by CRIU at each stage (see :func:`keep_links_script`).
     """
     if pid <= 0:
         raise ValueError(f"pid must be positive, got {pid}")
@@ -64,6 +66,8 @@ def dump_argv(
         argv.append("--ext-unix-sk")
     if link_remap:
         argv.append("--link-remap")
+    if action_script is not None:
+        argv += ["--action-script", str(action_script)]
     if ghost_limit_bytes is not None:
         if ghost_limit_bytes < 0:
             raise ValueError(f"ghost_limit_bytes must be >= 0, got {ghost_limit_bytes}")
@@ -120,3 +124,31 @@ def parse_version(text: str) -> tuple[int, int, int] | None:
     if m is None:
         return None
     return (int(m.group(1)), int(m.group(2)), int(m.group(3) or 0))
+
+
+def keep_links_script(directories: list[str], parked_prefix: str) -> str:
+    """The action script of a dump that leaves the tree running and needs ``--link-remap``.
+
+    CRIU deletes its ``link_remap.<id>`` links at the end of such a dump (the tree still
+    holds the files), which would leave the image unrestorable once the tree is gone. Its
+    post-dump stage runs before that deletion: there each link is hard-linked (never a
+    symlink) as ``<parked_prefix><id>`` in the same directory, which spswap then checks
+    by device and inode like the links it renames after other dumps. Every other stage,
+    and any failure, exits 0: the script must never fail the dump.
+    """
+    import shlex
+
+    lines = [
+        "#!/bin/sh",
+        "# spswap: keep CRIU's link_remap.* links of a dump that leaves the tree running",
+        '[ "$CRTOOLS_SCRIPT_ACTION" = post-dump ] || exit 0',
+    ]
+    for d in directories:
+        q, to = shlex.quote(d), shlex.quote(f"{d}/{parked_prefix}")
+        lines += [
+            f"for f in {q}/link_remap.*; do",
+            f'  [ -f "$f" ] && [ ! -L "$f" ] && ln -P -- "$f" {to}"${{f##*.}}"',
+            "done",
+        ]
+    lines.append("exit 0")
+    return "\n".join(lines) + "\n"

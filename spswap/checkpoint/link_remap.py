@@ -86,25 +86,38 @@ def parked_name(image_key: str, criu_name: str) -> str:
 def park(files: list[LinkedFile], image_key: str) -> list[dict[str, Any]]:
     """After a successful dump: rename CRIU's links of ``files`` to this image's names.
     Returns the records the image keeps (directory, CRIU's name, the parked name). Never
-    raises: the tree is gone by now, and a link left under CRIU's name still restores."""
+    raises: the tree is gone by now, and a link left under CRIU's name still restores.
+
+    After a dump that left the tree running CRIU has deleted its links already, and the
+    dump's action script has linked them under this image's names
+    (:func:`spswap.checkpoint.criu_argv.keep_links_script`): those are taken as parked
+    when they are the tree's files, and removed otherwise (a planted ``link_remap.*``)."""
     wanted = {(f.dev, f.ino) for f in files}
+    mine = parked_name(image_key, CRIU_PREFIX)
     records: list[dict[str, Any]] = []
     for directory in sorted({f.directory for f in files}):
         try:
-            names = [n for n in os.listdir(directory) if n.startswith(CRIU_PREFIX)]
+            names = os.listdir(directory)
         except OSError:
             continue
         for name in sorted(names):
             path = os.path.join(directory, name)
             try:
                 st = os.lstat(path)
-                if (st.st_dev, st.st_ino) not in wanted:
+                ours = (st.st_dev, st.st_ino) in wanted and stat.S_ISREG(st.st_mode)
+                if name.startswith(mine):  # linked by the action script
+                    if not ours:
+                        os.unlink(path)
+                        continue
+                    criu_name, parked = CRIU_PREFIX + name[len(mine):], name
+                elif name.startswith(CRIU_PREFIX) and ours:
+                    criu_name, parked = name, parked_name(image_key, name)
+                    os.rename(path, os.path.join(directory, parked))
+                else:
                     continue  # another image's, or not ours
-                parked = parked_name(image_key, name)
-                os.rename(path, os.path.join(directory, parked))
             except OSError:
                 continue  # left under CRIU's name: the image still restores while it is free
-            records.append({"dir": directory, "name": name, "parked": parked,
+            records.append({"dir": directory, "name": criu_name, "parked": parked,
                             "dev": st.st_dev, "ino": st.st_ino})  # fmt: skip
     return records
 

@@ -72,6 +72,14 @@ def main() -> None:
         conn, _ = srv.accept()
         with conn:
             cmd = conn.recv(64).strip()
+            if cmd == b"tcp":  # a round trip over the TCP connection to itself
+                try:
+                    tcp[1].sendall(b"ping")
+                    tcp[2].settimeout(2)
+                    conn.sendall(b"tcp " + tcp[2].recv(16) + b"\n")
+                except OSError as e:
+                    conn.sendall(f"tcp error {e}\n".encode())
+                continue
             if cmd == b"hold":  # keep this connection open (an outside peer) until told
                 conn.sendall(b"holding\n")
                 conn.recv(64)

@@ -26,13 +26,32 @@ def test_dump_every_flag() -> None:
     argv = a.dump_argv(
         "/opt/criu/criu", pid=7, images_dir=Path("/img dir/x"), log_file="-",
         leave_running=True, shell_job=True, tcp_close=True, ghost_limit_bytes=1 << 20,
-        ext_unix_sk=True, link_remap=True,
+        ext_unix_sk=True, link_remap=True, action_script=Path("/img dir/x/keep.sh"),
     )  # fmt: skip
     assert argv == [
         "/opt/criu/criu", "dump", "--tree", "7", "--images-dir", "/img dir/x",
         "-v4", "--log-file", "-", "--leave-running", "--shell-job", "--tcp-close",
-        "--ext-unix-sk", "--link-remap", "--ghost-limit", "1048576",
+        "--ext-unix-sk", "--link-remap", "--action-script", "/img dir/x/keep.sh",
+        "--ghost-limit", "1048576",
     ]  # fmt: skip
+
+
+def test_keep_links_script_is_exact() -> None:
+    text = a.keep_links_script(["/dev/shm", "/tmp/a b"], ".spswap-remap-jobk-link_remap.")
+    assert text == (
+        "#!/bin/sh\n"
+        "# spswap: keep CRIU's link_remap.* links of a dump that leaves the tree running\n"
+        '[ "$CRTOOLS_SCRIPT_ACTION" = post-dump ] || exit 0\n'
+        "for f in /dev/shm/link_remap.*; do\n"
+        '  [ -f "$f" ] && [ ! -L "$f" ] && ln -P -- "$f" '
+        '/dev/shm/.spswap-remap-jobk-link_remap."${f##*.}"\n'
+        "done\n"
+        "for f in '/tmp/a b'/link_remap.*; do\n"
+        '  [ -f "$f" ] && [ ! -L "$f" ] && ln -P -- "$f" '
+        "'/tmp/a b/.spswap-remap-jobk-link_remap.'\"${f##*.}\"\n"
+        "done\n"
+        "exit 0\n"
+    )
 
 
 def test_dump_rejects_bad_values() -> None:

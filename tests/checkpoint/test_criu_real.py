@@ -148,6 +148,39 @@ def test_tcp_connection_to_itself_is_dumped_closed(tmp_path: Path) -> None:
         srv.kill()
 
 
+def test_a_dump_that_leaves_the_tree_running_keeps_it_whole(tmp_path: Path) -> None:
+    """--leave-running (spswapd's kept instances): the tree runs on after the dump with
+    its memory, its TCP connection to itself still open (--tcp-close closes it only in the
+    image) and its linked mapping; the image is the way back once the tree is gone."""
+    sem_dir = tmp_path / "shm"
+    sem_dir.mkdir()
+    srv = Server(tmp_path, "--tcp-self", "--linked-map", str(sem_dir))
+    try:
+        token, count, _ = srv.ask().split()
+        assert srv.ask(b"tcp") == "tcp ping"
+        info = criu.dump(srv.pid, "kept", tmp_path / "images", leave_running=True)
+        assert srv.proc.poll() is None  # still running, the same process
+        after = srv.ask().split()
+        assert after[:2] == [token, str(int(count) + 1)]
+        assert srv.ask(b"tcp") == "tcp ping"  # the live connection was not touched
+        import json
+
+        # CRIU deleted its links at the end of the dump; its action script kept them
+        remaps = json.loads((info.path / criu.DUMP_META).read_text())["link_remaps"]
+        assert remaps and all((sem_dir / r["parked"]).is_file() for r in remaps)
+        assert not list(sem_dir.glob("link_remap.*"))
+        srv.kill()
+        srv.proc.wait(timeout=10)
+        pid = criu.restore("kept", tmp_path / "images")  # the tree as it was dumped
+        back = ask(srv.sock).split()
+        assert back[:2] == [token, str(int(count) + 1)]
+        srv.kill(pid)
+        criu.remove_image(info.path)  # the restore took CRIU's names, this the parked ones
+        assert [p.name for p in sem_dir.iterdir() if not p.name.startswith("sem.")] == []
+    finally:
+        srv.kill()
+
+
 def test_files_linked_under_another_name_are_parked_per_image(tmp_path: Path) -> None:
     """Two trees that map a file by a deleted name while another name links it (a named
     POSIX semaphore: vLLM's server holds several) are dumped one after the other: CRIU's

@@ -18,6 +18,8 @@ import os
 import signal
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -35,17 +37,21 @@ JOB = "4343"
 STANDIN = Path(__file__).resolve().parents[1] / "serve" / "vllm_standin.py"
 
 
-def _serve(cfg: Config, tmp: Path, model: Path, restart: int, log: str) -> subprocess.Popen:
+def _serve(cfg: Config, tmp: Path, model: Path, restart: int, log: str,
+           cgroup: Path | None = None) -> subprocess.Popen:  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     site = fake_vllm_metadata(tmp / "site")
     env.update(SPSWAP_ROOT=str(cfg.root), SLURM_JOB_ID=JOB, SLURM_RESTART_COUNT=str(restart),
-               PYTHONPATH=os.pathsep.join([str(site), str(STANDIN.parents[2])]))
+               PYTHONPATH=os.pathsep.join([str(site), str(STANDIN.parents[2])]),
+               STANDIN_SEMAPHORE="1")  # fmt: skip
     out = open(tmp / log, "w")  # a regular file, as a Slurm job's output is
     return subprocess.Popen(
         [sys.executable, "-m", "spswap.cli", "serve", str(model), "--engine", "vllm",
          "--state-dir", str(tmp / "state"), "--port", "0", "--json",
          "--launcher", f"{sys.executable} {STANDIN}"],
         env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        preexec_fn=(lambda: (cgroup / "cgroup.procs").write_text(str(os.getpid())))
+        if cgroup else None,
     )  # fmt: skip
 
 
@@ -67,28 +73,60 @@ def _complete(endpoint: dict, prompt: list[int]) -> list[int]:
     return list(data["choices"][0]["token_ids"])
 
 
+@pytest.fixture
+def job_cgroup() -> Iterator[Path | None]:
+    """A stand-in for Slurm's job cgroup (as in test_faults), for the kept variant."""
+    from .test_cgroups import HIERARCHY
+
+    if HIERARCHY is None:
+        pytest.skip("needs root and a writable freezer or v2 cgroupfs")
+    path = HIERARCHY[1] / f"spswap-vllm-job-{os.getpid()}"
+    path.mkdir()
+    yield path
+    for _ in range(200):
+        for pid in (path / "cgroup.procs").read_text().split():
+            os.kill(int(pid), signal.SIGKILL)
+        try:
+            path.rmdir()
+            break
+        except OSError:
+            time.sleep(0.05)
+
+
+@pytest.mark.parametrize("kept", [False, True], ids=["image", "kept"])
 def test_the_server_tree_is_dumped_and_restored_into_the_next_run(
-    node: Config, tmp_path: Path
+    node: Config, tmp_path: Path, kept: bool, request: pytest.FixtureRequest,
 ) -> None:
+    """image: the dump ends the tree and CRIU restores it. kept: run 0 is in a job
+    cgroup, so spswapd parks it, leaves it running after the dump (its semaphore's links
+    kept by the dump's action script) and freezes it; run 1 gets it back without CRIU."""
+    cgroup = request.getfixturevalue("job_cgroup") if kept else None
     model = tmp_path / "model"
     save_model(model)
     Client(node).call("job.register", job_id=JOB, uid=0, user="root")
     prompts = [[1, 2, 3], [9, 4], [17]]
 
-    run0 = _serve(node, tmp_path, model, 0, "run0.log")
+    run0 = _serve(node, tmp_path, model, 0, "run0.log", cgroup)
     ep0 = _wait("run 0's endpoint", lambda: _endpoint(tmp_path) or run0.poll() is not None)
     assert run0.poll() is None, (tmp_path / "run0.log").read_text()
     before = [_complete(ep0, p) for p in prompts]
     server_pid = ep0["server_pid"]
     run0.send_signal(signal.SIGUSR1)
-    run0.wait(timeout=120)
+    if not kept:
+        run0.wait(timeout=120)
     status = _wait("the dump to finish", lambda: (
-        st if (st := Client(node).call("checkpoint.status", job_id=JOB))["state"] != "dumping"
-        else None))  # fmt: skip
+        st if (st := Client(node).call("checkpoint.status", job_id=JOB))["state"]
+        not in ("none", "dumping") else None))  # fmt: skip
     assert status["state"] == "saved", (status, (tmp_path / "run0.log").read_text())
-    assert run0.returncode == -signal.SIGKILL  # CRIU ends a dumped process
-    # the server went with it (init may take a moment to reap it)
-    _wait("the server to be gone", lambda: not Path(f"/proc/{server_pid}").exists(), 15)
+    assert status["kept"] is kept
+    image = next(node.paths.images.glob(f"job{JOB}-*"))
+    assert json.loads((image / "spswap-dump.json").read_text())["link_remaps"]  # the semaphore
+    if kept:
+        assert run0.poll() is None and Path(f"/proc/{server_pid}").exists()  # frozen
+    else:
+        assert run0.returncode == -signal.SIGKILL  # CRIU ends a dumped process
+        # the server went with it (init may take a moment to reap it)
+        _wait("the server to be gone", lambda: not Path(f"/proc/{server_pid}").exists(), 15)
 
     run1 = _serve(node, tmp_path, model, 1, "run1.log")
     try:
@@ -105,5 +143,13 @@ def test_the_server_tree_is_dumped_and_restored_into_the_next_run(
     summary = json.loads(log1[log1.index("\n{\n"):])
     assert summary["restored_pid"] == status["pid"] and summary["stopped_by"] == "SIGTERM"
     _wait("the restored tree to end", lambda: not Path(f"/proc/{server_pid}").exists(), 30)
-    kinds = [e["kind"] for e in Client(node).call("events.tail", n=50)]
-    assert "checkpoint.saved" in kinds and "restore.done" in kinds
+    events = Client(node).call("events.tail", n=50)
+    done = [e for e in events if e["kind"] == "restore.done"]
+    assert done and done[0]["detail"]["kept"] is kept, events
+    if kept:
+        kinds = [e["kind"] for e in events]
+        assert "checkpoint.kept" in kinds and "restore.joined_job" in kinds, kinds
+        # the kept run 0 served run 1; the forwarded SIGTERM parked it again, and run 1's
+        # process is in no job cgroup here: that dump is not kept, and CRIU ended it
+        assert run0.wait(timeout=30) == -signal.SIGKILL
+        assert kinds.count("checkpoint.saved") == 2, kinds

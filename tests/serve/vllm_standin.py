@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import http.server
 import json
+import multiprocessing
 import os
 import socketserver
 import sys
@@ -90,6 +91,10 @@ def main() -> None:
         torch.manual_seed(int.from_bytes(os.urandom(4), "little"))  # garbage, as dummy is
         model = Tiny()
     worker = Worker(model)
+    # as vLLM's server holds: a named POSIX semaphore (a spawn-context lock), which a
+    # dump needs --link-remap for; the lock lives as long as the server
+    sem = multiprocessing.get_context("spawn").Lock() \
+        if os.environ.get("STANDIN_SEMAPHORE") == "1" else None  # noqa: F841
     state = {"asleep": False, "running": 0}
     lock = threading.Lock()
 
