@@ -321,6 +321,22 @@ def _parking() -> dict[str, Any]:
                  "Slurm with ProctrackType=proctrack/cgroup")  # fmt: skip
 
 
+def keep_check(budget_bytes: int, can_park: bool) -> dict[str, Any]:
+    """Whether dumped instances can be kept alive (frozen, parked) for their job's next
+    run: a keep budget and parked cgroups are both needed. Pure."""
+    from spswap.units import fmt_bytes
+
+    name = "keep dumped instances"
+    slower = "each swap back to a dumped job then runs CRIU's restore (about 2 s more)"
+    if budget_bytes <= 0:
+        return check(name, None, "off (SPSWAP_KEEP_BYTES=0)", slower)
+    if not can_park:
+        return check(name, None, "no: needs parked cgroups (see 'dump outside the job')",
+                     slower)  # fmt: skip
+    return check(name, True, f"up to {fmt_bytes(budget_bytes)} (SPSWAP_KEEP_BYTES), frozen "
+                 "in parked cgroups")  # fmt: skip
+
+
 def collect(cfg: Config) -> dict[str, Any]:
     """Every check for this node: ``{"version", "node", "checks": [...]}``."""
     release = platform.release()
@@ -337,7 +353,9 @@ def collect(cfg: Config) -> dict[str, Any]:
     checks.append(_cuda_checkpoint())
     checks.append(_storage(cfg))
     checks.append(check("cgroup mode", True, cgroup_mode(Path("/sys/fs/cgroup"))))
-    checks.append(_parking())
+    parking = _parking()
+    checks.append(parking)
+    checks.append(keep_check(cfg.keep_budget_bytes(), parking["ok"] is True))
     checks.append(_root_ownership(cfg))
     checks.append(_daemon(cfg))
     checks.append(_vllm())

@@ -206,6 +206,16 @@ def test_parking_check_says_what_it_found(tmp_path: Path) -> None:
         assert "proctrack/cgroup" in got["detail"]
 
 
+def test_keep_check() -> None:
+    assert doctor.keep_check(8 << 30, True) == {
+        "name": "keep dumped instances", "ok": True, "required": False,
+        "value": "up to 8.0 GiB (SPSWAP_KEEP_BYTES), frozen in parked cgroups", "detail": ""}
+    off = doctor.keep_check(0, True)
+    assert off["ok"] is None and off["value"] == "off (SPSWAP_KEEP_BYTES=0)"
+    assert "CRIU's restore" in off["detail"]
+    assert "dump outside the job" in doctor.keep_check(8 << 30, False)["value"]
+
+
 def test_vllm_check() -> None:
     assert doctor.vllm_check("0.26.0", [])["ok"] is True
     row = doctor.vllm_check("0.26.0", ["uvicorn"])
