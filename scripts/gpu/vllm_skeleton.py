@@ -205,9 +205,9 @@ class Parent:
 
         seen: dict[str, Any] = {}
 
-        def before_criu(tree: list[int]) -> bool:
+        def before_criu(tree: list[int]) -> list[tuple[Path, str]] | None:
             seen["composition"] = image_composition(tree)
-            return keep
+            return [] if keep else None  # kept: left running (frozen by self.freeze)
 
         t0 = time.perf_counter()
         rep = dump_instance(self.images, job_id=key, pid=pid, identity=self.identity(digest),

@@ -9,7 +9,9 @@ the hierarchy Slurm tracks jobs by: cgroup v2, or v1's freezer (Slurm 22.05 on h
 hosts; the tree keeps its job's v1 memory, CPU and device cgroups). The job can then be
 requeued at once and the next job start while the dump runs. Anything the tree forks
 lands in the parked cgroup too, so nothing escapes: after the dump whatever is left
-there is killed, or, when the dump failed and the job is still there, moved back home.
+there is killed, or, when the dump failed and the job is still there, moved back home;
+a tree the dump left running (a kept instance) waits there frozen until its job's next
+run takes it.
 A spswapd that starts ends what a dead one left parked (:func:`sweep`). The parsing
 of /proc/<pid>/cgroup and /proc/self/mountinfo is pure and tested on exact text.
 """
@@ -201,6 +203,13 @@ class Parking:
         the pids that were there."""
         return kill_cgroups(list(self.dirs.values()), timeout_s)
 
+    def freeze_writes(self) -> list[tuple[Path, str]]:
+        """The file writes that freeze the parked tree (v1's freezer, else v2's
+        ``cgroup.freeze``); none without a freezer. For CRIU's post-dump step, which makes
+        them before it lets a tree it leaves running go."""
+        found = _freezer(self.dirs, True)
+        return [(found[0], found[1])] if found else []
+
     def freeze(self, timeout_s: float = 10.0) -> bool:
         """Stop every parked process where it stands (v1's freezer, else v2's
         ``cgroup.freeze``) and wait until the kernel says frozen: a tree kept alive after
@@ -221,17 +230,27 @@ class Parking:
                 continue
 
 
-def _set_frozen(dirs: dict[str, Path], frozen: bool, timeout_s: float) -> bool:
-    """Freeze or thaw through v1's freezer when parked there, else v2's cgroup.freeze."""
+def _freezer(dirs: dict[str, Path], frozen: bool) -> tuple[Path, str, Path] | None:
+    """(file to write, value, file that says when done): v1's freezer when parked
+    there, else v2's cgroup.freeze; None without either."""
     if "freezer" in dirs:
-        path, want = dirs["freezer"] / "freezer.state", "FROZEN" if frozen else "THAWED"
-        done = lambda: path.read_text().strip() == want  # noqa: E731 - FREEZING meanwhile
-    elif "" in dirs:
-        path, want = dirs[""] / "cgroup.freeze", "1" if frozen else "0"
-        events = dirs[""] / "cgroup.events"
-        done = lambda: f"frozen {want}" in events.read_text().splitlines()  # noqa: E731
-    else:
+        state = dirs["freezer"] / "freezer.state"
+        return state, "FROZEN" if frozen else "THAWED", state
+    if "" in dirs:
+        return dirs[""] / "cgroup.freeze", "1" if frozen else "0", dirs[""] / "cgroup.events"
+    return None
+
+
+def _set_frozen(dirs: dict[str, Path], frozen: bool, timeout_s: float) -> bool:
+    """Freeze or thaw (see :func:`_freezer`) and wait until the kernel says it is done."""
+    found = _freezer(dirs, frozen)
+    if found is None:
         return False
+    path, want, status = found
+    if path == status:  # v1: FREEZING until every task is frozen
+        done = lambda: status.read_text().strip() == want  # noqa: E731
+    else:  # v2: cgroup.events says "frozen 0|1"
+        done = lambda: f"frozen {want}" in status.read_text().splitlines()  # noqa: E731
     deadline = time.monotonic() + timeout_s
     try:
         path.write_text(want)

@@ -202,7 +202,7 @@ def preflight(pid: int) -> tuple[list[int], bool]:
     return pids, bool(inside)
 
 
-KEEP_LINKS_SCRIPT = "spswap-keep-links.sh"
+POST_DUMP_SCRIPT = "spswap-post-dump.sh"
 
 
 def dump(
@@ -216,12 +216,15 @@ def dump(
     ghost_limit_bytes: int | None = None,
     log_dir: Path | None = None,
     timeout_s: float = 600.0,
+    post_dump_writes: list[tuple[Path, str]] | None = None,
 ) -> ImageInfo:
     """Dump the tree rooted at ``pid`` into ``images_root/<image_key>/``.
 
     Unless ``leave_running``, the tree is gone after a successful dump. On failure the
     partial image is deleted, the tree keeps running (CRIU resumes it) and
-    CheckpointFailed carries the log's path and last lines.
+    CheckpointFailed carries the log's path and last lines. ``post_dump_writes`` (with
+    ``leave_running``): files written once the image is complete, before CRIU lets the
+    tree go (a cgroup freeze; see :func:`criu_argv.post_dump_script`).
     """
     path, version = _require_criu(criu)
     _check_key(image_key)
@@ -246,9 +249,10 @@ def dump(
             "criu_version": list(version), "dumped_at": time.time(), "tcp_close": tcp_close,
         })  # fmt: skip
         script = None
-        if linked and leave_running:  # CRIU would delete its links (see keep_links_script)
-            script = tmp / KEEP_LINKS_SCRIPT
-            script.write_text(criu_argv.keep_links_script(
+        if leave_running and (linked or post_dump_writes):  # see post_dump_script
+            script = tmp / POST_DUMP_SCRIPT
+            script.write_text(criu_argv.post_dump_script(
+                [(str(f), v) for f, v in post_dump_writes or []],
                 sorted({f.directory for f in linked}),
                 link_remap.parked_name(image_key, link_remap.CRIU_PREFIX)))
             script.chmod(0o700)
@@ -267,6 +271,8 @@ def dump(
         raise
     if rc != 0:
         shutil.rmtree(tmp, ignore_errors=True)
+        if script is not None and linked:  # links the script made before CRIU failed
+            link_remap.discard(link_remap.park(linked, image_key))
         log_path = _write_log(log, log_dir / f"{image_key}.dump.log")
         raise CheckpointFailed(
             f"criu dump of pid {pid} into {final} failed (exit {rc}): {hint_for(log)}; "

@@ -126,24 +126,31 @@ def parse_version(text: str) -> tuple[int, int, int] | None:
     return (int(m.group(1)), int(m.group(2)), int(m.group(3) or 0))
 
 
-def keep_links_script(directories: list[str], parked_prefix: str) -> str:
-    """The action script of a dump that leaves the tree running and needs ``--link-remap``.
+def post_dump_script(writes: list[tuple[str, str]], link_dirs: list[str],
+                     parked_prefix: str) -> str:
+    """The action script of a dump that leaves the tree running (spswapd's kept instances).
 
-    CRIU deletes its ``link_remap.<id>`` links at the end of such a dump (the tree still
-    holds the files), which would leave the image unrestorable once the tree is gone. Its
-    post-dump stage runs before that deletion: there each link is hard-linked (never a
-    symlink) as ``<parked_prefix><id>`` in the same directory, which spswap then checks
-    by device and inode like the links it renames after other dumps. Every other stage,
-    and any failure, exits 0: the script must never fail the dump.
+    CRIU runs it at every stage; at post-dump (the image is complete and the tree still
+    stopped by CRIU) it
+    - writes each ``(file, value)`` of ``writes``: the freeze of the tree's parked cgroup,
+      so that when CRIU lets go the tree does not run a single instruction outside a job;
+    - hard-links CRIU's ``link_remap.<id>`` links in ``link_dirs`` (never a symlink) as
+      ``<parked_prefix><id>``: CRIU deletes its links at the end of such a dump (the tree
+      still holds the files), which would leave the image unrestorable once the tree is
+      gone; spswap checks these by device and inode like the links it renames after other
+      dumps.
+    Every other stage, and any failure, exits 0: the script must never fail the dump (the
+    daemon checks the freeze itself afterwards).
     """
     import shlex
 
     lines = [
         "#!/bin/sh",
-        "# spswap: keep CRIU's link_remap.* links of a dump that leaves the tree running",
+        "# spswap: post-dump of a dump that leaves the tree running",
         '[ "$CRTOOLS_SCRIPT_ACTION" = post-dump ] || exit 0',
     ]
-    for d in directories:
+    lines += [f"echo {shlex.quote(value)} > {shlex.quote(path)}" for path, value in writes]
+    for d in link_dirs:
         q, to = shlex.quote(d), shlex.quote(f"{d}/{parked_prefix}")
         lines += [
             f"for f in {q}/link_remap.*; do",

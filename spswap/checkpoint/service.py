@@ -155,19 +155,25 @@ def credentials_problem(pids: list[int], uid: int, proc: Path = Path("/proc")) -
 def dump_instance(
     images_root: Path, *, job_id: str, pid: int, identity: Identity,
     criu_path: Path | None = None, gpu_uuids: list[str] | None = None,
-    pid_start: int | None = None, before_criu: Callable[[list[int]], bool] | None = None,
+    pid_start: int | None = None,
+    before_criu: Callable[[list[int]], list[tuple[Path, str]] | None] | None = None,
 ) -> DumpReport:  # fmt: skip
     """CUDA-checkpoint (when the tree uses CUDA) and CRIU-dump the tree of ``pid``.
 
-    On success the process is gone and the image is complete with its meta. On failure
-    the process runs on (CUDA state restored and unlocked again) and no image is left.
-    ``gpu_uuids``: the job's GPUs, recorded so a restore on other GPUs can remap.
-    ``pid_start``: the start time the caller had when it asked: a pid reused meanwhile is
-    not dumped. Every process of the tree must run as ``identity.uid``. ``before_criu``
-    gets the tree's pids once it passed every check and its GPU memory is saved, right
-    before CRIU runs (spswapd parks it outside its job there); it must not raise. When it
-    returns True the dump leaves the tree running (``--leave-running``): it stays
-    CUDA-checkpointed, for :func:`wake_kept`, and the report says ``kept``.
+    On success the process is gone (unless kept, below) and the image is complete with
+    its meta. On failure the process runs on (CUDA state restored and unlocked again) and
+    no image is left. ``gpu_uuids``: the job's GPUs, recorded so a restore on other GPUs
+    can remap. ``pid_start``: the start time the caller had when it asked: a pid reused
+    meanwhile is not dumped. Every process of the tree must run as ``identity.uid``.
+
+    ``before_criu`` gets the tree's pids once it passed every check and its GPU memory is
+    saved, right before CRIU runs (spswapd parks it outside its job there); it must not
+    raise. When it returns a list (of file writes: a cgroup freeze) the dump leaves the
+    tree running (``--leave-running``), CRIU makes those writes before it lets the tree
+    go, the tree stays CUDA-checkpointed for :func:`wake_kept`, and the report says
+    ``kept``. A failure after such a CRIU run deletes the image and raises with
+    ``tree_kept`` set: the tree is alive, frozen and without its GPU state, and the
+    caller ends it.
     """
     if pid_start is not None and not pid_alive(pid, pid_start):
         raise CheckpointFailed(f"process {pid} is gone or is another process now: not dumped")
@@ -186,21 +192,30 @@ def dump_instance(
         cuda = cuda_ckpt.checkpoint_tree(pid)
         timings["cuda_checkpoint"] = time.monotonic() - t0
     try:
-        keep = bool(before_criu(tree)) if before_criu is not None else False
-        info = criu.dump(pid, key, images_root, criu=criu_path, leave_running=keep)
+        writes = before_criu(tree) if before_criu is not None else None
+        keep = writes is not None
+        info = criu.dump(pid, key, images_root, criu=criu_path, leave_running=keep,
+                         post_dump_writes=writes)  # fmt: skip
     except CheckpointFailed:
         if cuda:  # CRIU resumed the tree: give it its GPU state back
             cuda_ckpt.restore_tree(pid, pids=cuda)
             cuda_ckpt.unlock_tree(pid, pids=cuda)
         raise
     timings["criu_dump"] = info.dump_s
-    atomic_write_json(info.path / CUDA_RECORD, {"cuda_pids": cuda, "gpu_uuids": gpu_uuids or []},
-                      mode=0o600)  # fmt: skip
-    t0 = time.monotonic()
-    from spswap.checkpoint.images import write_meta
+    try:
+        atomic_write_json(info.path / CUDA_RECORD,
+                          {"cuda_pids": cuda, "gpu_uuids": gpu_uuids or []}, mode=0o600)
+        t0 = time.monotonic()
+        from spswap.checkpoint.images import write_meta
 
-    write_meta(info.path, identity)
-    timings["meta"] = time.monotonic() - t0
+        write_meta(info.path, identity)
+        timings["meta"] = time.monotonic() - t0
+    except Exception as e:
+        criu.remove_image(info.path)
+        failed = CheckpointFailed(f"the image's records could not be written ({e}); the "
+                                  "image was deleted")  # fmt: skip
+        failed.tree_kept = keep  # type: ignore[attr-defined]
+        raise failed from None
     return DumpReport(key, info.path, info.size_bytes, cuda, timings, kept=keep)
 
 
@@ -273,16 +288,23 @@ def kept_image(images_root: Path, *, job_id: str, expected: Identity) -> Path:
     return image
 
 
-def wake_kept(image: Path, pid: int, *, gpu_uuids: list[str] | None = None) -> dict[str, float]:
+def wake_kept(image: Path, pid: int, *, gpu_uuids: list[str] | None = None,
+              tree: set[int] | None = None) -> dict[str, float]:  # fmt: skip
     """Give a kept tree (rooted at ``pid``, thawed) its GPU state back: CUDA restore
     (remapped when ``gpu_uuids`` differ from the dump's) and unlock, by the CUDA record of
     ``image``. The caller deletes the image in any case (the tree ran on from it), best
     after waking the instance: freeing its pages takes a few tenths of a second. On
-    failure the caller ends the tree (its GPU state may be half back)."""
+    failure the caller ends the tree (its GPU state may be half back). ``tree``: the kept
+    tree's processes as the caller found them (its parked cgroup): every CUDA process the
+    dump recorded must be among them, so that no process that took over a pid since is
+    ever restored onto this job's GPUs."""
     timings: dict[str, float] = {}
     try:
         record = read_json(image / CUDA_RECORD) or {}
         cuda = list(record.get("cuda_pids", []))
+        missing = [p for p in cuda if tree is not None and p not in tree]
+        if missing:
+            raise CheckpointFailed(f"the kept instance lost its CUDA process(es) {missing}")
         if cuda:
             gpu_map = None
             if gpu_uuids and record.get("gpu_uuids"):

@@ -4,10 +4,14 @@ Flow, for one job's instance P and, after the requeue, the new run's proxy Q:
 
 - P (asleep, slot released) asks ``checkpoint``. The daemon answers at once and dumps P in
   a thread once P has closed the connection (a connected socket cannot be dumped). On
-  success P is gone and its image is on tmpfs; on failure P runs on and gets SIGUSR2.
-- Q (new run, restart count > 0, slot reserved) asks ``restore``. The daemon checks the
-  image's identity and integrity, restores P (CUDA restore and unlock included), records
-  the new run for P and sends P SIGUSR2; P asks ``checkpoint.status`` and carries on.
+  success P is gone and its image is on tmpfs, or, when P was parked outside its job and
+  fits the keep budget, P is kept: alive beside its image, frozen in its parked cgroup
+  (:class:`_Kept`). On failure P runs on and gets SIGUSR2.
+- Q (new run, restart count > 0, slot reserved) asks ``restore``. The daemon wakes the
+  kept P (identity check, thaw, CUDA restore and unlock), or checks the image's identity
+  and integrity and restores P (CUDA restore and unlock included); it moves P into Q's
+  cgroups, records the new run for P and sends P SIGUSR2; P asks ``checkpoint.status``
+  and carries on.
 - A rejected image (other identity, changed bytes) is deleted and Q cold-starts; the
   reason goes to the event log, the answer and ``spswap status``.
 
@@ -127,9 +131,11 @@ def _dump_locked(st: DaemonState, job_id: str, pid: int, pid_start: int | None,
         try:
             gone = _dump(st, job_id, pid, pid_start, identity, leave)
         finally:
-            leave.close(pid, pid_start)
+            leave.close()
     finally:
         _job_lock(job_id).release()  # a restore may come at once: Slurm calls are slow
+    if leave.kept:  # outside the job lock: ending other jobs' trees takes time
+        _keep_within_budget(st)
     if requeue and gone and not leave.early:
         # only once the process is gone (saved, or lost after CRIU ended it): the image is
         # worth nothing if the job does not come back, and a cold start needs it back too
@@ -148,27 +154,39 @@ class _LeaveJob:
         self.st, self.job_id, self.requeue = st, job_id, requeue
         self.parking: Any = None
         self.early = False
-        self.report: Any = None  # the DumpReport, once the dump succeeded
+        self.kept = False  # the dumped tree is kept alive (see :class:`_Kept`)
 
-    def __call__(self, tree: list[int]) -> bool:  # dump_instance's before_criu
-        """Park; True when the dumped tree is to be kept alive (see :class:`_Kept`):
-        only a parked one (frozen there afterwards), and only with a keep budget."""
+    def __call__(self, tree: list[int]) -> list[tuple[Path, str]] | None:  # before_criu
+        """Park. When the dumped tree is to be kept alive (:class:`_Kept`: a parked tree
+        that fits the keep budget), the writes that freeze its parked cgroup, which CRIU
+        makes before it lets the tree go; None otherwise."""
+        from spswap.checkpoint.proctree import anon_rss_bytes
+
         try:
             self.parking = _park_out_of_job(self.st, self.job_id, tree)
             if self.parking is not None and self.requeue:
                 _sync_quietly(self.st)  # the entry held for the dump before the epilog runs
                 self.early = _requeue(self.st, self.job_id, early=True)
-            return self.parking is not None and self.st.cfg.keep_budget_bytes() > 0
+            budget = self.st.cfg.keep_budget_bytes()
+            if self.parking is None or budget <= 0 or anon_rss_bytes(tree) > budget:
+                return None  # (a tree larger than the whole budget would be ended at once)
+            writes = self.parking.freeze_writes()
+            return writes or None
         except Exception as e:  # noqa: BLE001 - must not raise: the dump goes on regardless
             self._event("checkpoint.stays_in_job", reason=str(e)[:500])
-            return False
+            return None
 
-    def after_failure(self) -> str:
+    def after_failure(self, tree_kept: bool = False) -> str:
         """A failed dump: the instance back into its job, where it runs on; ended when
-        the job was requeued already or its cgroup is gone. Returns what to add to the
-        reason."""
+        the job was requeued already or its cgroup is gone, or when the failure came after
+        a CRIU run that left it running without its GPU state (``tree_kept``). Returns
+        what to add to the reason."""
         if self.parking is None:
             return ""
+        if tree_kept:
+            self.parking.kill_all()
+            return "; the instance, left without its GPU state, was ended (its saved " \
+                "requests are kept)"
         if self.early:
             self.parking.kill_all()
             return ("; the job had been requeued while the dump ran, so the instance was "
@@ -179,16 +197,13 @@ class _LeaveJob:
             return "; its job's cgroup was gone, so the instance was ended"
         return ""
 
-    def close(self, pid: int, pid_start: int | None) -> None:
-        """After the dump: a tree the dump left running is frozen and kept; otherwise
-        whatever is still parked (a fork that left the tree) is ended and the parked
-        cgroups go. Never raises (the job lock is released after it)."""
-        if self.parking is None:
+    def close(self) -> None:
+        """After the dump: unless the tree is kept, whatever is still parked (a fork that
+        left the tree, or a tree that could not be kept) is ended and the parked cgroups
+        go. Never raises (the job lock is released after it)."""
+        if self.parking is None or self.kept:
             return
         try:
-            if self.report is not None and self.report.kept:
-                if self._keep(pid, pid_start):
-                    return
             killed = self.parking.kill_all()
             self.parking.remove()
             if killed:
@@ -196,18 +211,19 @@ class _LeaveJob:
         except Exception:  # noqa: BLE001,S110 - start-up's sweep takes what is left
             pass
 
-    def _keep(self, pid: int, pid_start: int | None) -> bool:
-        """Freeze the dumped tree where it is parked and record it; False (the caller
-        ends it, the image stays) when it cannot be frozen: it must not run outside a job."""
+    def keep(self, pid: int, pid_start: int | None, key: str) -> bool:
+        """After a dump that left the tree running: check it is frozen where it is parked
+        (CRIU's post-dump step froze it) and record it; False (:meth:`close` then ends it,
+        the image stays) when it is gone or not frozen: it must not run outside a job."""
         if not pid_alive(pid, pid_start) or not self.parking.freeze():
             self._event("checkpoint.not_kept", pid=pid,
                         reason="the dumped instance could not be frozen where it waits")
             return False
-        kept = _Kept(self.job_id, pid, pid_start, self.parking, self.report.key, time.time())
+        kept = _Kept(self.job_id, pid, pid_start, self.parking, key, time.time())
         with _KEPT_LOCK:
             _KEPT[self.job_id] = kept
+        self.kept = True
         self._event("checkpoint.kept", pid=pid, size_bytes=kept.size_bytes())
-        _keep_within_budget(self.st)
         return True
 
     def _event(self, kind: str, **fields: Any) -> None:
@@ -220,7 +236,8 @@ class _LeaveJob:
 @dataclass
 class _Kept:
     """A dumped instance left alive (CRIU's ``--leave-running``), CUDA-checkpointed and
-    frozen in its parked cgroups, beside its image: the job's next run gets it back with a
+    frozen in its parked cgroups (by CRIU's post-dump step, before CRIU let it go: it runs
+    no code outside a job), beside its image: the job's next run gets it back with a
     CUDA restore alone, without CRIU's restore (most of a swap's time). It holds host
     memory only (its GPU state is in host memory), the same bytes as its image: the
     daemon keeps such trees within ``keep_bytes`` (oldest ended first) and ends one
@@ -277,19 +294,30 @@ def _not_kept_any_more(st: DaemonState, job_id: str) -> None:
         _set_status(st, job_id, **rest, kept=False)
 
 
+def over_budget(sizes_oldest_first: list[tuple[str, int]], budget_bytes: int) -> list[str]:
+    """The jobs whose kept instances to end, oldest first, until the rest fit
+    ``budget_bytes``. Pure."""
+    total = sum(n for _, n in sizes_oldest_first)
+    out = []
+    for job_id, n in sizes_oldest_first:
+        if total <= budget_bytes:
+            break
+        out.append(job_id)
+        total -= n
+    return out
+
+
 def _keep_within_budget(st: DaemonState) -> None:
     """End the oldest kept instances until the rest fit ``keep_bytes``."""
     budget = st.cfg.keep_budget_bytes()
     with _KEPT_LOCK:
         kept = sorted(_KEPT.values(), key=lambda k: k.since)
-    sizes = {k.job_id: k.size_bytes() for k in kept}
-    total = sum(sizes.values())
-    for k in kept:
-        if total <= budget:
-            break
-        if _end_kept(st, k.job_id, f"over the keep budget ({total} > {budget} bytes): its "
-                     "next run restores from the image", key=k.key):  # fmt: skip
-            total -= sizes[k.job_id]
+    sizes = [(k.job_id, k.size_bytes()) for k in kept]
+    total = sum(n for _, n in sizes)
+    keys = {k.job_id: k.key for k in kept}
+    for job_id in over_budget(sizes, budget):
+        _end_kept(st, job_id, f"over the keep budget ({total} > {budget} bytes): its next "
+                  "run restores from the image", key=keys[job_id])  # fmt: skip
 
 
 def _park_out_of_job(st: DaemonState, job_id: str, tree: list[int]) -> Any:
@@ -343,7 +371,7 @@ def _dump(st: DaemonState, job_id: str, pid: int, pid_start: int | None, identit
             with _USES_LOCK:  # counted as an image from now on, or not at all
                 _DUMPING.pop(job_id, None)
     except Exception as e:  # the instance runs on (unless CRIU ended it): tell it, record why
-        reason = str(e) + leave.after_failure()
+        reason = str(e) + leave.after_failure(tree_kept=bool(getattr(e, "tree_kept", False)))
         try:
             _set_status(st, job_id, state="failed", pid=pid, reason=reason)
         finally:  # the status first (it reads it when told), but told in any case
@@ -351,11 +379,11 @@ def _dump(st: DaemonState, job_id: str, pid: int, pid_start: int | None, identit
         st.event("checkpoint.failed", job_id=job_id, uid=identity.uid, reason=reason[:2000])
         _sync_quietly(st)  # an older image of the job was deleted before the dump
         return not pid_alive(pid, pid_start)
-    leave.report = report
+    kept = report.kept = report.kept and leave.keep(pid, pid_start, report.key)
     _sync_quietly(st)  # before "saved": a restore must find the entry held
     _set_status(st, job_id, state="saved", pid=pid, key=report.key,
                 size_bytes=report.size_bytes, timings_s=report.timings_s,
-                kept=report.kept)  # fmt: skip
+                kept=kept)  # fmt: skip
     st.event("checkpoint.saved", job_id=job_id, uid=identity.uid, image=report.to_json())
     return True
 
@@ -413,8 +441,10 @@ def op_restore(ctx: Context, args: dict[str, Any]) -> Any:
     rec = _job_for(ctx, job_id)
     _require_running(rec)
     expected = _identity(args, rec.uid)
-    # A job requeued while its dump ran may be back before the dump ends: wait for it.
-    dumping = (read_json(_status_path(st, job_id)) or {}).get("state") == "dumping"
+    # A job requeued while its dump ran may be back before the dump ends: wait for it
+    # (also just after "saved": the dump thread still freezes and records a kept tree).
+    state = (read_json(_status_path(st, job_id)) or {}).get("state")
+    dumping = state in ("dumping", "saved")
     if not _job_lock(job_id).acquire(timeout=RESTORE_WAITS_DUMP_S if dumping else 1.0):
         if dumping:
             raise CheckpointFailed(f"the previous run's dump of job {job_id} did not end "
@@ -434,22 +464,21 @@ def _restore(ctx: Context, st: DaemonState, rec: Any, job_id: str, expected: Ide
         raise CheckpointFailed(no_image_reason(job_id, status))
     from spswap.checkpoint.service import ImageRejected, restore_instance
 
-    with _KEPT_LOCK:
-        kept = _KEPT.get(job_id)
-    if kept is not None and kept.alive():
-        pid, timings, image = _wake_kept(st, rec, job_id, expected, kept)
+    with _KEPT_LOCK:  # this restore owns it now: nothing else may end it meanwhile
+        kept = _KEPT.pop(job_id, None)
+    woken = _wake_kept(st, rec, job_id, expected, kept) if kept is not None else None
+    if kept is not None and woken is not None:
+        pid, timings, image = woken
         try:
             return _restored(ctx, st, rec, job_id, expected, args, pid, timings, kept=True)
         finally:
-            kept.parking.remove()  # empty once the tree joined the run (else left to the sweep)
+            _clear_parking(st, job_id, kept, pid)
             # stale since the tree ran on; deleted once the instance is woken: freeing a
             # few GB of tmpfs pages takes 0.3-0.4 s, off the swap's path here
             from spswap.checkpoint.criu import remove_image
 
             remove_image(image)
             _sync_quietly(st)
-    if kept is not None:  # ended meanwhile (killed by its user): the image brings it back
-        _end_kept(st, job_id, "it was gone when its job came back")
     try:
         pid, timings = restore_instance(st.cfg.paths.images, job_id=job_id, expected=expected,
                                         gpu_uuids=_job_gpu_uuids(st, job_id))  # fmt: skip
@@ -467,25 +496,36 @@ def _restore(ctx: Context, st: DaemonState, rec: Any, job_id: str, expected: Ide
 
 
 def _wake_kept(st: DaemonState, rec: Any, job_id: str, expected: Identity,
-               kept: _Kept) -> tuple[int, dict[str, float], Path]:  # fmt: skip
+               kept: _Kept) -> tuple[int, dict[str, float], Path] | None:  # fmt: skip
     """The job's kept instance back: identity check, thaw, CUDA restore and unlock;
-    (pid, timings, its image for the caller to delete). Any failure ends the instance and
-    deletes the image (cold start)."""
+    (pid, timings, its image for the caller to delete). None when the tree was gone, or
+    died as it was thawed (a kill that waited for the thaw): the image then brings it
+    back. Any other failure ends the instance and deletes the image (cold start)."""
     from spswap.checkpoint.criu import remove_image
     from spswap.checkpoint.service import ImageRejected, kept_image, wake_kept
 
-    with _KEPT_LOCK:
-        _KEPT.pop(job_id, None)
     t0 = time.monotonic()
     image = None
     try:
+        if not kept.alive():
+            raise _KeptGone
         image = kept_image(st.cfg.paths.images, job_id=job_id, expected=expected)
         timings = {"verify": time.monotonic() - t0}
         t0 = time.monotonic()
+        tree = kept.parking.pids()
         if not kept.parking.thaw():
             raise CheckpointFailed(f"the kept instance of job {job_id} could not be thawed")
         timings["thaw"] = time.monotonic() - t0
-        timings.update(wake_kept(image, kept.pid, gpu_uuids=_job_gpu_uuids(st, job_id)))
+        if not kept.alive():
+            raise _KeptGone
+        timings.update(wake_kept(image, kept.pid, gpu_uuids=_job_gpu_uuids(st, job_id),
+                                 tree=tree))  # fmt: skip
+    except _KeptGone:
+        kept.end()
+        _not_kept_any_more(st, job_id)
+        st.event("kept.ended", job_id=job_id, pid=kept.pid,
+                 reason="it was gone when its job came back: restored from its image")
+        return None
     except BaseException as e:
         kept.end()
         if image is not None:
@@ -500,6 +540,33 @@ def _wake_kept(st: DaemonState, rec: Any, job_id: str, expected: Identity,
         if image is None or not image.exists():
             _sync_quietly(st)
     return kept.pid, timings, image
+
+
+class _KeptGone(Exception):
+    """The kept tree is not there to wake: its image brings it back instead."""
+
+
+def _clear_parking(st: DaemonState, job_id: str, kept: _Kept, pid: int) -> None:
+    """After a kept tree's wake: anything still parked that is not the instance's tree (a
+    process that left the tree before the dump) is ended, and the parked cgroups go; a
+    tree that could not join its run stays (the start-up sweep ends it)."""
+    from spswap.checkpoint.proctree import process_tree_pids
+
+    try:
+        leftover = kept.parking.pids() - set(process_tree_pids(pid))
+        for p in leftover:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if leftover:
+            st.event("checkpoint.parked_killed", job_id=job_id, pids=sorted(leftover))
+        deadline = time.monotonic() + 5
+        while kept.parking.pids() & leftover and time.monotonic() < deadline:
+            time.sleep(0.02)
+        kept.parking.remove()
+    except OSError:  # the sweep at the next start takes what is left
+        pass
 
 
 def _restored(ctx: Context, st: DaemonState, rec: Any, job_id: str, expected: Identity,
@@ -517,7 +584,8 @@ def _restored(ctx: Context, st: DaemonState, rec: Any, job_id: str, expected: Id
         # Killed (or OOM) between CRIU's end and our signal: the proxy must cold-start
         # now rather than stand in for nobody.
         reason = (f"the restored instance of job {job_id} (pid {pid}) died before it woke; "
-                  "its image is single use and was deleted: cold start")  # fmt: skip
+                  "its image is gone (single use, or stale once a kept tree ran on): cold "
+                  "start")  # fmt: skip
         _set_status(st, job_id, state="failed", reason=reason)
         st.event("restore.failed", job_id=job_id, uid=rec.uid, reason=reason)
         raise CheckpointFailed(reason) from None
@@ -527,8 +595,9 @@ def _restored(ctx: Context, st: DaemonState, rec: Any, job_id: str, expected: Id
 
 
 def _into_job(st: DaemonState, job_id: str, pid: int, proxy_pid: int) -> None:
-    """The restored tree (spswapd's child) into the new run's cgroups, so Slurm tracks,
-    limits and ends it with its job; where that fails it runs on, outside (logged)."""
+    """The restored tree (spswapd's child) or woken kept tree (parked) into the new
+    run's cgroups, so Slurm tracks, limits and ends it with its job; where that fails it
+    runs on, outside (logged)."""
     from spswap.checkpoint import cgroups, proctree
 
     try:

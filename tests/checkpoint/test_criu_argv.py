@@ -36,12 +36,15 @@ def test_dump_every_flag() -> None:
     ]  # fmt: skip
 
 
-def test_keep_links_script_is_exact() -> None:
-    text = a.keep_links_script(["/dev/shm", "/tmp/a b"], ".spswap-remap-jobk-link_remap.")
+def test_post_dump_script_is_exact() -> None:
+    text = a.post_dump_script(
+        [("/sys/fs/cgroup/freezer/spswap-parked-x/freezer.state", "FROZEN")],
+        ["/dev/shm", "/tmp/a b"], ".spswap-remap-jobk-link_remap.")
     assert text == (
         "#!/bin/sh\n"
-        "# spswap: keep CRIU's link_remap.* links of a dump that leaves the tree running\n"
+        "# spswap: post-dump of a dump that leaves the tree running\n"
         '[ "$CRTOOLS_SCRIPT_ACTION" = post-dump ] || exit 0\n'
+        "echo FROZEN > /sys/fs/cgroup/freezer/spswap-parked-x/freezer.state\n"
         "for f in /dev/shm/link_remap.*; do\n"
         '  [ -f "$f" ] && [ ! -L "$f" ] && ln -P -- "$f" '
         '/dev/shm/.spswap-remap-jobk-link_remap."${f##*.}"\n'
