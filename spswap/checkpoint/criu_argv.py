@@ -50,7 +50,7 @@ def dump_argv(
     """``criu dump`` of the tree rooted at ``pid`` into ``images_dir``.
 
     ``log_file`` is relative to ``images_dir`` (CRIU writes it there with ``-D``).
-    ``action_script``: run by CRIU at each stage (see :func:`keep_links_script`).
+    ``action_script``: run by CRIU at each stage (see :func:`post_dump_script`).
     """
     if pid <= 0:
         raise ValueError(f"pid must be positive, got {pid}")

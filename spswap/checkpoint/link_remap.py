@@ -90,7 +90,7 @@ def park(files: list[LinkedFile], image_key: str) -> list[dict[str, Any]]:
 
     After a dump that left the tree running CRIU has deleted its links already, and the
     dump's action script has linked them under this image's names
-    (:func:`spswap.checkpoint.criu_argv.keep_links_script`): those are taken as parked
+    (:func:`spswap.checkpoint.criu_argv.post_dump_script`): those are taken as parked
     when they are the tree's files, and removed otherwise (a planted ``link_remap.*``)."""
     wanted = {(f.dev, f.ino) for f in files}
     mine = parked_name(image_key, CRIU_PREFIX)
