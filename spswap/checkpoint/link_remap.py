@@ -65,6 +65,22 @@ def deleted_but_linked(pids: list[int], proc: Path = PROC) -> list[LinkedFile]:
     return list(found.values())
 
 
+def in_root_dirs(files: list[LinkedFile]) -> bool:
+    """Whether every directory of ``files``, and each directory above it, is root's and
+    no symlink: where a root-run step (the post-dump script of a kept dump) may link by
+    path without a user swapping a path component under it (``/dev/shm`` is)."""
+    for f in files:
+        path = Path(f.directory)
+        for d in [path, *path.parents]:
+            try:
+                st = os.lstat(d)
+            except OSError:
+                return False
+            if st.st_uid != 0 or not stat.S_ISDIR(st.st_mode):
+                return False
+    return True
+
+
 def names_taken(files: list[LinkedFile]) -> list[str]:
     """CRIU's names (``link_remap.*``) already present where ``files`` would get theirs:
     another dump or restore's, or planted; CRIU fails on the one it needs (EEXIST)."""

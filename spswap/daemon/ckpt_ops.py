@@ -160,6 +160,7 @@ class _LeaveJob:
         """Park. When the dumped tree is to be kept alive (:class:`_Kept`: a parked tree
         that fits the keep budget), the writes that freeze its parked cgroup, which CRIU
         makes before it lets the tree go; None otherwise."""
+        from spswap.checkpoint import link_remap
         from spswap.checkpoint.proctree import anon_rss_bytes
 
         try:
@@ -170,6 +171,8 @@ class _LeaveJob:
             budget = self.st.cfg.keep_budget_bytes()
             if self.parking is None or budget <= 0 or anon_rss_bytes(tree) > budget:
                 return None  # (a tree larger than the whole budget would be ended at once)
+            if not link_remap.in_root_dirs(link_remap.deleted_but_linked(tree)):
+                return None  # CRIU's post-dump step links files only in root's directories
             writes = self.parking.freeze_writes()
             return writes or None
         except Exception as e:  # noqa: BLE001 - must not raise: the dump goes on regardless

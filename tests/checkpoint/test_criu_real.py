@@ -266,3 +266,20 @@ def test_names_criu_needs_that_are_taken_are_found(tmp_path: Path) -> None:
     files = [link_remap.LinkedFile(str(tmp_path), 1, 2),
              link_remap.LinkedFile(str(tmp_path / "missing"), 1, 3)]  # fmt: skip
     assert link_remap.names_taken(files) == [str(tmp_path / "link_remap.3")]
+
+
+def test_links_are_kept_by_root_only_in_root_directories(tmp_path: Path) -> None:
+    """Where the post-dump step of a kept dump may link as root: /dev/shm, not a user's
+    directory, and never through a symlink."""
+    from spswap.checkpoint.link_remap import LinkedFile, in_root_dirs
+
+    assert os.geteuid() == 0  # CRIU tests run as root
+    assert in_root_dirs([LinkedFile("/dev/shm", 1, 2)])
+    user_dir = tmp_path / "u"
+    user_dir.mkdir()
+    os.chown(user_dir, 4242, 4242)
+    assert not in_root_dirs([LinkedFile("/dev/shm", 1, 2), LinkedFile(str(user_dir), 1, 3)])
+    swapped = tmp_path / "swap"
+    swapped.symlink_to("/dev/shm")
+    assert not in_root_dirs([LinkedFile(str(swapped), 1, 4)])
+    assert in_root_dirs([])
