@@ -249,21 +249,13 @@ def restore_instance(
     try:
         record = read_json(image / CUDA_RECORD) or {}
         cuda = list(record.get("cuda_pids", []))
-        gpu_map = None
-        if cuda and gpu_uuids and record.get("gpu_uuids"):
-            gpu_map = remap(record["gpu_uuids"], gpu_uuids)  # refuses a different count
+        gpu_map = _gpu_map(record, gpu_uuids)  # before CRIU: refuses a different count
         t0 = time.monotonic()
         # --auto-dedup frees the image's pages as they are restored (faster, less tmpfs at
         # the peak); fine here: an image is single use and deleted below in any case
         pid = criu.restore(image.name, images_root, criu=criu_path, auto_dedup=True)
         timings["criu_restore"] = time.monotonic() - t0
-        if cuda:
-            t0 = time.monotonic()
-            cuda_ckpt.restore_tree(pid, gpu_map=gpu_map, pids=cuda)
-            timings["cuda_restore"] = time.monotonic() - t0
-            t0 = time.monotonic()
-            cuda_ckpt.unlock_tree(pid, pids=cuda)
-            timings["cuda_unlock"] = time.monotonic() - t0
+        timings.update(_cuda_back(pid, cuda, gpu_map))
     except BaseException as e:
         if pid is not None:  # half restored (GPU state missing): it must not run on
             _kill_quietly(pid)
@@ -305,21 +297,33 @@ def wake_kept(image: Path, pid: int, *, gpu_uuids: list[str] | None = None,
         missing = [p for p in cuda if tree is not None and p not in tree]
         if missing:
             raise CheckpointFailed(f"the kept instance lost its CUDA process(es) {missing}")
-        if cuda:
-            gpu_map = None
-            if gpu_uuids and record.get("gpu_uuids"):
-                gpu_map = remap(record["gpu_uuids"], gpu_uuids)
-            t0 = time.monotonic()
-            cuda_ckpt.restore_tree(pid, gpu_map=gpu_map, pids=cuda)
-            timings["cuda_restore"] = time.monotonic() - t0
-            t0 = time.monotonic()
-            cuda_ckpt.unlock_tree(pid, pids=cuda)
-            timings["cuda_unlock"] = time.monotonic() - t0
+        timings.update(_cuda_back(pid, cuda, _gpu_map(record, gpu_uuids)))
     except CheckpointFailed:
         raise
     except Exception as e:
         raise CheckpointFailed(f"the kept instance (pid {pid}) could not get its GPU state "
                                f"back: {e}") from None  # fmt: skip
+    return timings
+
+
+def _gpu_map(record: dict[str, Any], gpu_uuids: list[str] | None) -> dict[str, str] | None:
+    """Old GPU UUID -> new, when the tree had CUDA processes and the run that takes it
+    back is on other GPUs than the dump recorded (:func:`remap` refuses another count)."""
+    if record.get("cuda_pids") and gpu_uuids and record.get("gpu_uuids"):
+        return remap(record["gpu_uuids"], gpu_uuids)
+    return None
+
+
+def _cuda_back(pid: int, cuda: list[int], gpu_map: dict[str, str] | None) -> dict[str, float]:
+    """CUDA restore then unlock of the tree's ``cuda`` processes; their timings."""
+    timings: dict[str, float] = {}
+    if cuda:
+        t0 = time.monotonic()
+        cuda_ckpt.restore_tree(pid, gpu_map=gpu_map, pids=cuda)
+        timings["cuda_restore"] = time.monotonic() - t0
+        t0 = time.monotonic()
+        cuda_ckpt.unlock_tree(pid, pids=cuda)
+        timings["cuda_unlock"] = time.monotonic() - t0
     return timings
 
 

@@ -281,12 +281,17 @@ def _end_kept(st: DaemonState, job_id: str, reason: str, *, key: str | None = No
         if kept is None or (key is not None and kept.key != key):
             return False
         del _KEPT[job_id]
+    _finish_kept(st, kept, reason)
+    return True
+
+
+def _finish_kept(st: DaemonState, kept: _Kept, reason: str) -> None:
+    """End a kept tree no longer in :data:`_KEPT`; its job's status and the log say so."""
     try:
         kept.end()
     finally:
-        _not_kept_any_more(st, job_id)
-        st.event("kept.ended", job_id=job_id, pid=kept.pid, reason=reason)
-    return True
+        _not_kept_any_more(st, kept.job_id)
+        st.event("kept.ended", job_id=kept.job_id, pid=kept.pid, reason=reason)
 
 
 def _not_kept_any_more(st: DaemonState, job_id: str) -> None:
@@ -524,10 +529,7 @@ def _wake_kept(st: DaemonState, rec: Any, job_id: str, expected: Identity,
         timings.update(wake_kept(image, kept.pid, gpu_uuids=_job_gpu_uuids(st, job_id),
                                  tree=tree))  # fmt: skip
     except _KeptGone:
-        kept.end()
-        _not_kept_any_more(st, job_id)
-        st.event("kept.ended", job_id=job_id, pid=kept.pid,
-                 reason="it was gone when its job came back: restored from its image")
+        _finish_kept(st, kept, "it was gone when its job came back: restored from its image")
         return None
     except BaseException as e:
         kept.end()

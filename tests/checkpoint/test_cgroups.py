@@ -3,11 +3,13 @@ moves on this machine's cgroupfs (root; a job cgroup made by the test plays Slur
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -99,22 +101,33 @@ time.sleep(300)
 """
 
 
-@pytest.fixture
-def job_cgroup(tmp_path: Path):
-    """A cgroup beside this test's own, as Slurm's job cgroup would be."""
-    assert HIERARCHY is not None
-    job = HIERARCHY[1] / f"spswap-test-job-{os.getpid()}"
+@contextlib.contextmanager
+def stand_in_job_cgroup(name: str) -> Iterator[Path]:
+    """A cgroup beside this test's own (and spswapd's), as Slurm's job cgroup would be;
+    whatever is left in it is killed and it is removed afterwards. Skips the test where
+    no such cgroup can be made."""
+    if HIERARCHY is None:
+        pytest.skip("needs root and a writable freezer or v2 cgroupfs")
+    job = HIERARCHY[1] / f"{name}-{os.getpid()}"
     job.mkdir()
-    yield job
-    for pid in (job / "cgroup.procs").read_text().split():
-        os.kill(int(pid), signal.SIGKILL)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        try:
-            job.rmdir()
-            break
-        except OSError:
-            time.sleep(0.05)
+    try:
+        yield job
+    finally:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            for pid in (job / "cgroup.procs").read_text().split():
+                os.kill(int(pid), signal.SIGKILL)
+            try:
+                job.rmdir()
+                break
+            except OSError:
+                time.sleep(0.05)
+
+
+@pytest.fixture
+def job_cgroup() -> Iterator[Path]:
+    with stand_in_job_cgroup("spswap-test-job") as job:
+        yield job
 
 
 def _start_in(job: Path, *args: str) -> subprocess.Popen:

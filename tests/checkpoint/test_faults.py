@@ -326,22 +326,11 @@ def test_job_fate(state: str | None, requeued: bool | None, fate: str) -> None:
 @pytest.fixture
 def job_cgroup() -> Iterator[Path]:
     """A stand-in for Slurm's job cgroup, beside this test's own (and spswapd's)."""
-    from .test_cgroups import HIERARCHY
+    from .test_cgroups import HIERARCHY, stand_in_job_cgroup
 
-    if HIERARCHY is None:
-        pytest.skip("needs root and a writable freezer or v2 cgroupfs")
-    path = HIERARCHY[1] / f"spswap-fault-job-{os.getpid()}"
-    path.mkdir()
-    yield path
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        for pid in (path / "cgroup.procs").read_text().split():
-            os.kill(int(pid), signal.SIGKILL)
-        try:
-            path.rmdir()
-            break
-        except OSError:
-            time.sleep(0.05)
+    with stand_in_job_cgroup("spswap-fault-job") as path:
+        yield path
+    assert HIERARCHY is not None
     leftovers = list(HIERARCHY[1].glob("spswap-parked-*"))
     assert leftovers == [], "spswapd leaves no parked cgroup behind"
 

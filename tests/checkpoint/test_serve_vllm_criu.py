@@ -18,7 +18,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -76,21 +75,10 @@ def _complete(endpoint: dict, prompt: list[int]) -> list[int]:
 @pytest.fixture
 def job_cgroup() -> Iterator[Path | None]:
     """A stand-in for Slurm's job cgroup (as in test_faults), for the kept variant."""
-    from .test_cgroups import HIERARCHY
+    from .test_cgroups import stand_in_job_cgroup
 
-    if HIERARCHY is None:
-        pytest.skip("needs root and a writable freezer or v2 cgroupfs")
-    path = HIERARCHY[1] / f"spswap-vllm-job-{os.getpid()}"
-    path.mkdir()
-    yield path
-    for _ in range(200):
-        for pid in (path / "cgroup.procs").read_text().split():
-            os.kill(int(pid), signal.SIGKILL)
-        try:
-            path.rmdir()
-            break
-        except OSError:
-            time.sleep(0.05)
+    with stand_in_job_cgroup("spswap-vllm-job") as path:
+        yield path
 
 
 @pytest.mark.parametrize("kept", [False, True], ids=["image", "kept"])
