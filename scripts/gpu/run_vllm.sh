@@ -7,13 +7,17 @@
 #             kernel.io_uring_disabled=2 for its run)
 #   skeletonc the same with vLLM's default torch.compile + CUDA graphs (--compiled)
 #   skeletonk, skeletonck  the same two with B kept alive after its dump (--keep)
-#   bench     python -m spswap.bench.swap on 0.5B and 1.5B
+#   bench     python -m spswap.bench.swap on 0.5B and 1.5B (BENCH_ARGS: more options, e.g.
+#             "--kv-cache-gib 4"; BENCH_TAG: a suffix for bench.json)
 #   tests     tests/engines/test_vllm.py and test_vllm_serve_gpu.py on 0.5B
 #   bench7b   python -m spswap.bench.swap on 7B (--cycles 2)
 #   pcie      scripts/gpu/pcie_idle_probe.py (is a copy after an idle pause slow?)
 #   probe     scripts/gpu/vllm_copy_probe.py --first on 1.5B (why a copy runs below the limit)
+#   release   scripts/gpu/release_probe.py (are copies slow after memory goes back to the driver?)
+#   sleepprobe scripts/gpu/sleep_probe.py on 1.5B (where a cycle's time goes inside vLLM)
 #   servecriu spswap serve --engine vllm preempted, dumped and restored with a real spswapd
-#             (root, CRIU bundle, .device/serveaddon; test_vllm_serve_gpu.py)
+#             (root, CRIU bundle, .device/serveaddon; test_vllm_serve_gpu.py), from its image
+#             and kept alive (SERVECRIU_K: a pytest -k to run one of them)
 # Everything goes to $OUT (default /tmp/spswap-gpu-out). Each step has its own time limit
 # and runs only while BUDGET_S seconds (default 560) leave room for it.
 set -uo pipefail
@@ -100,10 +104,22 @@ if want servecriu; then
   step servecriu
   criu_on
   SPSWAP_TEST_VLLM_MODEL="$MODELS/qwen2-0.5b" timeout -k 5 $(( $(left) - 5 )) \
-    python3 -m pytest tests/engines/test_vllm_serve_gpu.py -k real_server_is_dumped -q -rs -s \
+    python3 -m pytest tests/engines/test_vllm_serve_gpu.py -k "${SERVECRIU_K:-real_server_is_dumped}" -q -rs -s \
     -p no:cacheprovider
   echo "servecriu rc=$?"
   criu_off
+fi
+
+if want release; then
+  step release
+  timeout -k 5 120 python3 scripts/gpu/release_probe.py 2>&1 | grep "RELEASE\|Error"
+  timeout -k 5 120 python3 scripts/gpu/release_probe.py --expandable 2>&1 | grep "RELEASE\|Error"
+fi
+
+if want sleepprobe; then
+  step sleepprobe
+  timeout -k 5 300 python3 scripts/gpu/sleep_probe.py "$MODELS/qwen2-1.5b" ${SLEEP_PROBE_ARGS:-} 2>&1 \
+    | grep "START\|INSTALL\|CYCLE\|TIMELINE\|VERIFY\|Error\|error"
 fi
 
 if want probe; then
@@ -115,7 +131,8 @@ fi
 if want bench && [ "$(left)" -gt 120 ]; then
   step bench
   timeout -k 5 $(( $(left) - 10 )) python3 -m spswap.bench.swap \
-    --models "$MODELS/qwen2-0.5b" "$MODELS/qwen2-1.5b" --pool-dir "$POOL" --out "$OUT/bench.json"
+    --models "$MODELS/qwen2-0.5b" "$MODELS/qwen2-1.5b" --pool-dir "$POOL" ${BENCH_ARGS:-} \
+    --out "$OUT/bench${BENCH_TAG:-}.json"
   echo "bench rc=$?"
 fi
 

@@ -96,6 +96,17 @@ def goals(size_bytes: int, spswap_cycle_s: float, level2_reload_s: float | None,
     }  # fmt: skip
 
 
+def bench_settings(gpu_memory_utilization: float = 0.4,
+                   kv_cache_gib: float | None = None) -> VllmSettings:  # fmt: skip
+    """The engine settings of a bench run: vLLM's defaults of :class:`VllmSettings`, with
+    the KV cache sized by ``kv_cache_gib`` when given (else what
+    ``gpu_memory_utilization`` leaves). The KV cache's size matters to every swap path:
+    a level-2 sleep hands it back to the driver, which clears it with the copy engines
+    (docs/benchmarks.md)."""
+    kv = None if kv_cache_gib is None else int(kv_cache_gib * (1 << 30))
+    return VllmSettings(gpu_memory_utilization=gpu_memory_utilization, kv_cache_memory_bytes=kv)
+
+
 def _timed(fn: Callable[[], Any]) -> float:
     start = time.perf_counter()
     fn()
@@ -285,10 +296,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cycles", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.4)
+    ap.add_argument("--kv-cache-gib", type=float, default=None,
+                    help="the KV cache's size (default: what --gpu-memory-utilization leaves)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     ap.add_argument("--out", type=Path, help="also write the JSON result here")
     args = ap.parse_args(argv)  # fmt: skip
-    settings = VllmSettings(gpu_memory_utilization=args.gpu_memory_utilization)
+    settings = bench_settings(args.gpu_memory_utilization, args.kv_cache_gib)
     result = bench_swap(
         args.models, pool_dir=args.pool_dir, settings=settings, cycles=args.cycles,
         max_new_tokens=args.max_new_tokens, log=lambda s: print(s, file=sys.stderr, flush=True),

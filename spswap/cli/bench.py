@@ -100,6 +100,14 @@ def swap(
         Path("/dev/shm/spswap-bench/pool"), help="Scratch pool for the exported weights."
     ),
     cycles: int = typer.Option(3, min=1, help="spswap sleep+wake cycles per model."),
+    gpu_memory_utilization: float = typer.Option(
+        0.4, min=0.01, max=1.0, help="Fraction of the GPU each engine may use."
+    ),
+    kv_cache_gib: float = typer.Option(
+        None, min=0.0, help="The KV cache's size in GiB (default: what "
+        "--gpu-memory-utilization leaves). Every swap path hands it back to the driver "
+        "and gets it again, so it is part of every figure.",
+    ),
     json: bool = JsonOpt,
 ) -> None:
     """vLLM swap paths side by side on the same model and settings (needs a GPU and vLLM):
@@ -107,12 +115,13 @@ def swap(
     sleep+wake from the pool, start without disk, and the pinned-copy limit, with the
     greedy outputs after each swap compared to the cold ones."""
     try:
-        from spswap.bench.swap import bench_swap, render_bench_swap
+        from spswap.bench.swap import bench_settings, bench_swap, render_bench_swap
         from spswap.engines.vllm_engine import available
     except ImportError as e:
         raise ConfigError(f"bench swap needs torch ({e}); pip install 'spswap[torch,vllm]'") from e
     if not available():
         raise ConfigError("bench swap needs vLLM and a CUDA GPU; pip install 'spswap[vllm]'")
     result = bench_swap(list(models), pool_dir=pool_dir, cycles=cycles,
+                        settings=bench_settings(gpu_memory_utilization, kv_cache_gib),
                         log=lambda s: console.print(s, markup=False, soft_wrap=True))  # fmt: skip
     emit(result, json, render_bench_swap)

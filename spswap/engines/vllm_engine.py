@@ -39,17 +39,34 @@ WORKER_EXTENSION = "spswap.engines.vllm_worker.SpswapWorkerExtension"
 # Identity keys that must match for a pool entry to fit an engine's weight layout.
 IDENTITY_KEYS = ("engine", "vllm", "tp_size", "rank", "dtype", "model_config_hash", "weights")
 
-PULL_WINDOW_S = 2.0  # after a level-2 sleep in the same process, the copy engines lag
+# The driver clears the memory a level-2 sleep hands back (weights and KV cache) in the
+# background, with the copy engines: host copies through them ran at ~20 GB/s for ~0.45 s
+# after a sleep that freed 57.6 GB, and at full rate at once after one that freed 7.6 GB
+# (H200, scripts/gpu/sleep_probe.py; docs/benchmarks.md). Meanwhile the GPU's cores pull
+# the pool mapping at ~49 GB/s, against ~54 for idle copy engines.
+SCRUB_FREE_BYTES = 8 << 30  # freed bytes that left the copy engines at full rate
+SCRUB_BYTES_PER_S = 100e9  # how fast the rest is cleared (conservative: ~130e9 measured)
+PULL_WINDOW_S = 2.0  # the window when the bytes freed are not known
 
 
-def pull_share(since_sleep_s: float | None) -> float:
+def scrub_busy_s(released_bytes: int) -> float:
+    """How long after a sleep that handed ``released_bytes`` back to the driver its copy
+    engines are still busy clearing them (see :data:`SCRUB_BYTES_PER_S`)."""
+    return max(0, released_bytes - SCRUB_FREE_BYTES) / SCRUB_BYTES_PER_S
+
+
+def pull_share(since_sleep_s: float | None, released_bytes: int | None = None) -> float:
     """How much of a wake's copy the GPU's cores should pull themselves (see
-    :func:`spswap.transfer.copy.copy_into`): all of it within :data:`PULL_WINDOW_S` of this
-    process's own level-2 sleep, when host copies through the copy engines run at about half
-    rate (H200: 25-27 GB/s against 48-49 GB/s pulled; docs/benchmarks.md); none otherwise
-    (a restored or long-asleep process: the copy engines' 52-54 GB/s beat the pull; the
-    clock runs on through a dump, a restore or a freeze). None: it never slept."""
-    return 1.0 if since_sleep_s is not None and since_sleep_s < PULL_WINDOW_S else 0.0
+    :func:`spswap.transfer.copy.copy_into`): all of it while the driver is still clearing
+    what this process's own level-2 sleep released (:func:`scrub_busy_s`), when copies
+    through the copy engines run at under half rate; none otherwise (a small KV cache, a
+    restored, kept or long-asleep process: the idle copy engines' 52-54 GB/s beat the
+    pull's ~49). ``released_bytes`` None (not known): within :data:`PULL_WINDOW_S`.
+    ``since_sleep_s`` None: it never slept."""
+    if since_sleep_s is None:
+        return 0.0
+    busy_s = PULL_WINDOW_S if released_bytes is None else scrub_busy_s(released_bytes)
+    return 1.0 if since_sleep_s < busy_s else 0.0
 
 
 def available() -> bool:
@@ -79,6 +96,9 @@ class VllmSettings:
     dtype: str = "bfloat16"
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.4
+    # The KV cache's size in bytes, instead of what gpu_memory_utilization leaves for it
+    # (vLLM's kv_cache_memory_bytes); None: vLLM sizes it.
+    kv_cache_memory_bytes: int | None = None
     max_model_len: int = 1024
     enforce_eager: bool = True
     enable_prefix_caching: bool = False
@@ -109,7 +129,9 @@ def engine_env(settings: VllmSettings) -> dict[str, str]:
 def llm_kwargs(model_dir: Path, settings: VllmSettings, *, dummy: bool) -> dict[str, Any]:
     """Keyword arguments of ``vllm.LLM`` for ``model_dir``: real weights from its
     safetensors, or dummy ones to be filled from the pool."""
+    kv = settings.kv_cache_memory_bytes
     return {
+        **({"kv_cache_memory_bytes": int(kv)} if kv is not None else {}),
         "model": str(model_dir), "load_format": "dummy" if dummy else "auto",
         "skip_tokenizer_init": True, "enable_sleep_mode": True,
         "worker_extension_cls": WORKER_EXTENSION, "dtype": settings.dtype,
@@ -334,7 +356,7 @@ class VllmEngine:
             t.wake_weights_s = time.perf_counter() - s
             s = time.perf_counter()
             since = None if self._slept_at is None else time.monotonic() - self._slept_at
-            t.copy = self._rpc("spswap_copy", pull_share(since))
+            t.copy = self._rpc("spswap_copy", None, since)  # the worker picks the pull
             t.copy_s = time.perf_counter() - s
             s = time.perf_counter()
             llm.wake_up(tags=["kv_cache"])

@@ -168,20 +168,43 @@ class SpswapWorkerExtension:
             "register_s": register_s, "registered": mapping.registered,
         }  # fmt: skip
 
-    def spswap_copy(self, pull: float = 0.0) -> dict[str, Any]:
+    def spswap_copy(
+        self, pull: float | None = None, since_sleep_s: float | None = None
+    ) -> dict[str, Any]:
         """Copy the attached entry into the weights (async copies on a dedicated stream);
-        returns the TransferReport as a dict. Call after ``wake_up(tags=["weights"])``.
-        ``pull``: the share the GPU's cores pull themselves (see ``pull_share``); the
-        default stages everything through the copy engines."""
+        returns the TransferReport as a dict, with the ``pull`` share used and the
+        ``released_bytes`` it was chosen for. Call after ``wake_up(tags=["weights"])``.
+        ``pull``: the share the GPU's cores pull themselves; None: chosen by
+        :func:`~spswap.engines.vllm_engine.pull_share` from ``since_sleep_s`` (seconds
+        since this process's level-2 sleep; None: it never slept) and the bytes that
+        sleep handed back to the driver."""
         mapping: MappedEntry | None = getattr(self, "_spswap_mapping", None)
         if mapping is None:
             raise EngineError(
                 "no pool entry is attached to this vLLM worker; call spswap_attach (or "
                 "VllmEngine.load_from_pool) first"
             )
+        released = None
+        if pull is None:
+            from spswap.engines.vllm_engine import pull_share
+
+            released = self._spswap_sleep_pool_bytes() if since_sleep_s is not None else None
+            pull = pull_share(since_sleep_s, released)
         report = copy_into(mapping, weight_tensors(self._spswap_model()),
                            staging_bytes=STAGING_BYTES, pull=pull)  # fmt: skip
-        return report.to_json()
+        return {**report.to_json(), "pull": pull, "released_bytes": released}
+
+    def _spswap_sleep_pool_bytes(self) -> int | None:
+        """Bytes in vLLM's sleep-mode pool (weights and KV cache): what a level-2 sleep
+        hands back to the driver. None where this vLLM does not say (its allocator's
+        bookkeeping is not public API: then :func:`pull_share` falls back to a window)."""
+        try:
+            from vllm.device_allocator.cumem import CuMemAllocator
+
+            data = CuMemAllocator.get_instance().pointer_to_data.values()
+            return sum(int(d.handle[1]) for d in data)  # handle: (device, size, ptr, ...)
+        except Exception:
+            return None
 
     def spswap_load(self, pool_dir: str, ref: str, hold: bool = True) -> dict[str, Any]:
         """:meth:`spswap_attach` then :meth:`spswap_copy`; returns both reports."""

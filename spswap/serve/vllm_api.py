@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
-from spswap.engines.vllm_engine import WORKER_EXTENSION, VllmSettings, engine_env, pull_share
+from spswap.engines.vllm_engine import WORKER_EXTENSION, VllmSettings, engine_env
 from spswap.errors import EngineError, StopRequested
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -87,6 +87,8 @@ def api_server_argv(
         "--max-model-len", str(settings.max_model_len), "--seed", str(settings.seed),
         "--attention-backend", settings.attention_backend,
     ]  # fmt: skip
+    if settings.kv_cache_memory_bytes is not None:
+        argv += ["--kv-cache-memory-bytes", str(int(settings.kv_cache_memory_bytes))]
     if not tokenizer:
         argv.append("--skip-tokenizer-init")
     if settings.enforce_eager:
@@ -302,7 +304,7 @@ class VllmApiServer:
         t.wake_weights_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         since = None if self._slept_at is None else time.monotonic() - self._slept_at
-        t.copy = self.rpc("spswap_copy", pull_share(since))
+        t.copy = self.rpc("spswap_copy", None, since)  # the worker picks the pull
         t.copy_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         self.call("POST", "/wake_up?" + urlencode({"tags": "kv_cache"}))

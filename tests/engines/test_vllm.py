@@ -139,6 +139,14 @@ def test_llm_kwargs_and_env(tmp_path: Path) -> None:
     assert kw["skip_tokenizer_init"] is True and kw["enable_prefix_caching"] is False
     assert kw["attention_config"] == {"backend": "FLASH_ATTN"}
     assert llm_kwargs(tmp_path, s, dummy=False)["load_format"] == "auto"
+    assert "kv_cache_memory_bytes" not in kw  # vLLM sizes the KV cache
+    sized = VllmSettings(kv_cache_memory_bytes=8 << 30)
+    assert llm_kwargs(tmp_path, sized, dummy=True)["kv_cache_memory_bytes"] == 8 << 30
+    from spswap.bench.swap import bench_settings
+
+    assert bench_settings(0.3, 4.0) == VllmSettings(gpu_memory_utilization=0.3,
+                                                    kv_cache_memory_bytes=4 << 30)  # fmt: skip
+    assert bench_settings().kv_cache_memory_bytes is None
     module, _, cls = kw["worker_extension_cls"].rpartition(".")
     assert getattr(importlib.import_module(module), cls) is SpswapWorkerExtension
     env = engine_env(s)
@@ -376,9 +384,22 @@ def test_start_without_disk_gives_the_cold_outputs(cold: Any, vllm_model: Path) 
         assert eng.generate(PROMPTS, NEW_TOKENS) == cold.reference
 
 
-def test_pull_share_pulls_only_right_after_a_same_process_sleep() -> None:
-    from spswap.engines.vllm_engine import PULL_WINDOW_S, pull_share
+def test_pull_share_pulls_only_while_the_driver_clears_what_the_sleep_freed() -> None:
+    from spswap.engines.vllm_engine import (
+        PULL_WINDOW_S,
+        SCRUB_BYTES_PER_S,
+        SCRUB_FREE_BYTES,
+        pull_share,
+        scrub_busy_s,
+    )  # fmt: skip
 
-    assert pull_share(0.05) == 1.0  # the in-process cycle: copy engines at half rate
-    assert pull_share(PULL_WINDOW_S + 0.1) == 0.0  # restored, kept or long asleep
-    assert pull_share(None) == 0.0  # never slept
+    big = 57_567_000_000  # 1.5B weights + a 54 GB KV cache: copy engines slow ~0.45 s
+    assert scrub_busy_s(big) == (big - SCRUB_FREE_BYTES) / SCRUB_BYTES_PER_S
+    assert 0.4 < scrub_busy_s(big) < 0.6
+    assert pull_share(0.02, big) == 1.0  # the in-process cycle: copy engines at half rate
+    assert pull_share(scrub_busy_s(big) + 0.01, big) == 0.0  # cleared by now
+    small = 7_596_000_000  # the same weights + a 4 GiB KV cache: full rate at once
+    assert scrub_busy_s(small) == 0.0 and pull_share(0.02, small) == 0.0
+    # the pool's size not known: the fixed window
+    assert pull_share(0.05) == 1.0 and pull_share(PULL_WINDOW_S + 0.1) == 0.0
+    assert pull_share(None, big) == 0.0  # never slept (a restored or new process)

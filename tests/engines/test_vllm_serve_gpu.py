@@ -124,10 +124,16 @@ def _criu_ready() -> str | None:
     return None
 
 
-def test_the_real_server_is_dumped_and_restored_into_the_next_run(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kept", [False, True], ids=["image", "kept"])
+def test_the_real_server_is_dumped_and_restored_into_the_next_run(
+    tmp_path: Path, kept: bool
+) -> None:
     """`spswap serve --engine vllm` as a job would run it, twice, with a real spswapd: run 0
     is preempted (USR1) and dumped with the whole server tree (API server, engine core,
-    CUDA checkpoint); run 1 has it restored and answers like run 0."""
+    CUDA checkpoint); run 1 has it restored and answers like run 0. image: CRIU ends the
+    tree and restores it. kept: run 0 runs in a stand-in job cgroup, so spswapd parks it,
+    dumps it with --leave-running and freezes it; run 1 gets it back without CRIU."""
+    import contextlib
     import shutil
     import subprocess
     import sys
@@ -135,10 +141,13 @@ def test_the_real_server_is_dumped_and_restored_into_the_next_run(tmp_path: Path
 
     from spswap.daemon import lifecycle
     from spswap.daemon.client import Client
+    from tests.checkpoint.test_cgroups import stand_in_job_cgroup
 
     reason = _criu_ready()
     if reason:
         pytest.skip(reason)
+    cgroups = contextlib.ExitStack()
+    cgroup = cgroups.enter_context(stand_in_job_cgroup("spswap-gpu-job")) if kept else None
     model = _model(tmp_path)
     root = Path(tempfile.mkdtemp(prefix="spsg-", dir="/tmp"))
     os.chmod(root, 0o755)
@@ -157,6 +166,8 @@ def test_the_real_server_is_dumped_and_restored_into_the_next_run(tmp_path: Path
              "--state-dir", str(state), "--gpu-memory-utilization", "0.3",
              "--max-model-len", "512", "--json"],
             env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            preexec_fn=(lambda: (cgroup / "cgroup.procs").write_text(str(os.getpid())))
+            if cgroup is not None and restart == 0 else None,
         )  # fmt: skip
 
     def endpoint(pid: int | None = None) -> dict[str, Any] | None:
@@ -184,7 +195,8 @@ def test_the_real_server_is_dumped_and_restored_into_the_next_run(tmp_path: Path
         before = _answers(Path(ep0["uds"]), model)
         t0 = time.monotonic()
         run0.send_signal(signal.SIGUSR1)
-        run0.wait(timeout=300)
+        if not kept:  # a kept run 0 stays, frozen, with its tree
+            run0.wait(timeout=300)
         status = wait("the dump", lambda: (
             st if (st := Client(cfg).call("checkpoint.status", job_id=job))["state"] != "dumping"
             else None), 300)  # fmt: skip
@@ -194,9 +206,10 @@ def test_the_real_server_is_dumped_and_restored_into_the_next_run(tmp_path: Path
                            for p in root.rglob("*.log") if "dump" in p.name)  # fmt: skip
             pytest.fail(f"dump failed: {json.dumps(status, indent=1)}\n--- run0.log\n"
                         f"{(tmp_path / 'run0.log').read_text()[-3000:]}{logs}")
-        # the restore needs the dumped pids free (the server's too: init reaps it)
-        wait("the dumped server's pid to be free",
-             lambda: not Path(f"/proc/{ep0['server_pid']}").exists(), 60)  # fmt: skip
+        assert status["kept"] is kept, status
+        if not kept:  # the restore needs the dumped pids free (the server's too: init reaps it)
+            wait("the dumped server's pid to be free",
+                 lambda: not Path(f"/proc/{ep0['server_pid']}").exists(), 60)  # fmt: skip
         run1 = serve(1)
         t1 = time.monotonic()
         ep1 = wait("the restored server", lambda: endpoint(ep0["pid"]), 300)
@@ -204,10 +217,15 @@ def test_the_real_server_is_dumped_and_restored_into_the_next_run(tmp_path: Path
         after = _answers(Path(ep1["uds"]), model)
         run1.send_signal(signal.SIGTERM)  # forwarded: the restored run parks and is dumped
         assert run1.wait(timeout=300) == 0, (tmp_path / "run1.log").read_text()[-3000:]
-        print(json.dumps({"stop_to_saved_s": dump_s, "run1_start_to_serving_s": restore_s,
+        events = Client(cfg).call("events.tail", n=60)
+        done = [e for e in events if e["kind"] == "restore.done"]
+        print(json.dumps({"kept": kept, "stop_to_saved_s": dump_s,
+                          "run1_start_to_serving_s": restore_s,
                           "image_bytes": status.get("size_bytes"),
-                          "timings_s": status.get("timings_s")}))  # fmt: skip
+                          "timings_s": status.get("timings_s"),
+                          "restore": done[0]["detail"] if done else None}))  # fmt: skip
         assert ep1["server_pid"] == ep0["server_pid"] and after == before
+        assert done and done[0]["detail"]["kept"] is kept, events
     finally:
         # after a failure nothing may keep the GPU for the later steps of the GPU run
         for proc in (run0, run1):
@@ -217,4 +235,5 @@ def test_the_real_server_is_dumped_and_restored_into_the_next_run(tmp_path: Path
         if ep and ep.get("server_pid") and Path(f"/proc/{ep['server_pid']}").exists():
             os.kill(int(ep["server_pid"]), signal.SIGKILL)
         lifecycle.stop(cfg, timeout_s=10.0)
+        cgroups.close()  # ends whatever is left in the stand-in job cgroup
         shutil.rmtree(root, ignore_errors=True)

@@ -54,6 +54,10 @@ def test_api_server_argv_is_exact(tmp_path: Path) -> None:
     assert argv[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
     assert "auto" in argv and "--enforce-eager" not in argv and "--skip-tokenizer-init" \
         not in argv and argv[-1] == "--enable-prefix-caching"  # fmt: skip
+    sized = api_server_argv(Path("/m"), Path("/s"), VllmSettings(kv_cache_memory_bytes=4 << 30),
+                            dummy=True)
+    at = sized.index("--kv-cache-memory-bytes")
+    assert sized[at + 1] == str(4 << 30) and "--kv-cache-memory-bytes" not in argv
 
 
 @pytest.mark.parametrize("arg", ["--port", "--host=0.0.0.0", "--uds", "--load-format",
