@@ -223,8 +223,11 @@ def bench_swap(
     model_dirs: list[Path], *, pool_dir: Path, settings: VllmSettings | None = None,
     cycles: int = 3, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
     log: Callable[[str], None] = lambda s: None,
+    after_model: Callable[[dict[str, Any]], None] = lambda r: None,
 ) -> dict[str, Any]:  # fmt: skip
-    """:func:`bench_model` for each directory, with the run's machine and versions."""
+    """:func:`bench_model` for each directory, with the run's machine and versions;
+    ``after_model`` gets the result so far after each model (a run cut short by a time
+    limit keeps what it measured)."""
     settings = settings or VllmSettings()
     pool = Pool(Path(pool_dir))
     import torch
@@ -245,6 +248,7 @@ def bench_swap(
             partial.setdefault("errors", []).append(repr(e)[:2000])
             log(f"{Path(d).name}: FAILED {e!r}")
         result["models"].append(partial)
+        after_model(result)
     return result
 
 
@@ -302,12 +306,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="also write the JSON result here")
     args = ap.parse_args(argv)  # fmt: skip
     settings = bench_settings(args.gpu_memory_utilization, args.kv_cache_gib)
+
+    def save(result: dict[str, Any]) -> None:
+        if args.out:
+            args.out.write_text(json.dumps(result, indent=1) + "\n")
+
     result = bench_swap(
         args.models, pool_dir=args.pool_dir, settings=settings, cycles=args.cycles,
         max_new_tokens=args.max_new_tokens, log=lambda s: print(s, file=sys.stderr, flush=True),
+        after_model=save,
     )  # fmt: skip
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
     if args.json:
         print(json.dumps(result, indent=1))
     else:
