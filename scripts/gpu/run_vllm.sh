@@ -12,7 +12,8 @@
 #   tests     tests/engines/test_vllm.py and test_vllm_serve_gpu.py on 0.5B
 #   bench7b   python -m spswap.bench.swap on 7B (--cycles 2)
 #   pcie      scripts/gpu/pcie_idle_probe.py (is a copy after an idle pause slow?)
-#   probe     scripts/gpu/vllm_copy_probe.py --first on 1.5B (why a copy runs below the limit)
+#   probe     scripts/gpu/vllm_copy_probe.py --first on 1.5B (why a copy runs below the limit;
+#             PROBE_ARGS: other options, e.g. "--first-only --kv-gib 4")
 #   release   scripts/gpu/release_probe.py (are copies slow after memory goes back to the driver?)
 #   sleepprobe scripts/gpu/sleep_probe.py on 1.5B (where a cycle's time goes inside vLLM)
 #   servecriu spswap serve --engine vllm preempted, dumped and restored with a real spswapd
@@ -124,8 +125,8 @@ fi
 
 if want probe; then
   step probe
-  timeout -k 5 150 python3 scripts/gpu/vllm_copy_probe.py "$MODELS/qwen2-1.5b" --first 2>&1 \
-    | grep "PROBE\|FIRST\|VERIFY\|Error"
+  timeout -k 5 150 python3 scripts/gpu/vllm_copy_probe.py "$MODELS/qwen2-1.5b" ${PROBE_ARGS:---first} \
+    2>&1 | grep "PROBE\|PINNED\|FIRST\|VERIFY\|Error"
 fi
 
 if want bench && [ "$(left)" -gt 120 ]; then

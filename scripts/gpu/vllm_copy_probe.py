@@ -5,6 +5,8 @@ spswap_copy_probe. GPU machine, with the vLLM kit on PYTHONPATH:
 
     python3 scripts/gpu/vllm_copy_probe.py /tmp/spswap-models/qwen2-0.5b [--first]
 
+--kv-gib N: a KV cache of N GiB (default: what gpu_memory_utilization=0.4 leaves);
+--first-only: only the first-copy variants (with --kv-gib: those for a small KV cache).
 --first: also time each way of writing the weights as the first write after a fresh
 level-2 sleep + weights wake (with and without a pause first, through new or kept staging
 buffers, or pulled by the GPU's cores), then a staged copy right after it: which new
@@ -18,16 +20,22 @@ import sys
 import tempfile
 from pathlib import Path
 
-from spswap.engines.vllm_engine import VllmEngine, rank_result
+from spswap.engines.vllm_engine import VllmEngine, VllmSettings, rank_result
 from spswap.pool.store import Pool
 
+FIRST_VARIANTS = [("pull", 0.0), ("staged", 0.0), ("pull0.7", 0.0), ("pull0.5", 0.0),
+                  ("pull0.3", 0.0), ("direct", 0.0), ("pull0.7", 0.5)]  # fmt: skip
+# With a small KV cache the driver has little to clear after the sleep (sleep_probe.py):
+# which way of copying is fastest then?
+SMALL_KV_VARIANTS = [("staged", 0.0), ("direct", 0.0), ("staged-kept", 0.0), ("pull", 0.0),
+                     ("staged", 0.0), ("direct", 0.0)]  # fmt: skip
 
-def first_touch(eng: VllmEngine, pool: Pool) -> None:
+
+def first_touch(eng: VllmEngine, pool: Pool, variants: list[tuple[str, float]]) -> None:
     """Each variant as the first write after a fresh level-2 sleep and weights wake."""
     llm = eng.llm
     llm.collective_rpc("spswap_keep_staging")
-    for variant, wait_s in [("pull", 0.0), ("staged", 0.0), ("pull0.7", 0.0), ("pull0.5", 0.0),
-                            ("pull0.3", 0.0), ("direct", 0.0), ("pull0.7", 0.5)]:  # fmt: skip
+    for variant, wait_s in variants:
         llm.sleep(level=2)
         llm.wake_up(tags=["weights"])
         res = rank_result(llm.collective_rpc("spswap_first_copy", args=(variant, wait_s)),
@@ -45,16 +53,20 @@ def first_touch(eng: VllmEngine, pool: Pool) -> None:
 def main() -> None:
     model = Path(sys.argv[1])
     pool = Pool(Path(tempfile.mkdtemp(dir="/dev/shm")) / "pool")
-    eng = VllmEngine(model)
+    kv_gib = float(sys.argv[sys.argv.index("--kv-gib") + 1]) if "--kv-gib" in sys.argv else 0
+    eng = VllmEngine(model, VllmSettings(kv_cache_memory_bytes=int(kv_gib * (1 << 30)) or None))
     print(json.dumps(eng.start(pool, "probe"), default=str), flush=True)
-    res = rank_result(eng.llm.collective_rpc("spswap_copy_probe"), "spswap_copy_probe", 1)
-    print("PROBE", json.dumps(res), flush=True)
-    eng.sleep()
-    eng.wake()
-    res = rank_result(eng.llm.collective_rpc("spswap_copy_probe"), "spswap_copy_probe", 1)
-    print("PROBE-after-cycle", json.dumps(res), flush=True)
-    if "--first" in sys.argv:
-        first_touch(eng, pool)
+    size = int(eng.weights_info()["size_bytes"])
+    print("PINNED", json.dumps(eng.pinned_copy_limit(size)), flush=True)
+    if "--first-only" not in sys.argv:
+        res = rank_result(eng.llm.collective_rpc("spswap_copy_probe"), "spswap_copy_probe", 1)
+        print("PROBE", json.dumps(res), flush=True)
+        eng.sleep()
+        eng.wake()
+        res = rank_result(eng.llm.collective_rpc("spswap_copy_probe"), "spswap_copy_probe", 1)
+        print("PROBE-after-cycle", json.dumps(res), flush=True)
+    if "--first" in sys.argv or "--first-only" in sys.argv:
+        first_touch(eng, pool, SMALL_KV_VARIANTS if kv_gib else FIRST_VARIANTS)
     eng.close()
 
 
