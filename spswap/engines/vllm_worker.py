@@ -31,11 +31,12 @@ from spswap.transfer.copy import copy_into
 from spswap.transfer.dtypes import to_safetensors
 from spswap.transfer.mapping import MappedEntry
 
-# Host copies go through two device staging buffers of this size: vLLM's weight memory,
-# once re-mapped by its sleep-mode allocator after a level-2 sleep, took them at ~20 GB/s,
-# a plain buffer at ~55 (H200, measured by spswap_copy_probe). At wake time the KV cache
-# is still asleep, so 256 MiB of staging is free memory; 128 MiB pieces cross PCIe in
-# ~2.5 ms, long enough to hide each piece's scatter behind the next piece's copy.
+# Host copies go through two device staging buffers of this size: one large copy per
+# piece keeps the copy engines at full rate where hundreds of small per-tensor copies would
+# not, and the scatter into the weights runs while the next piece crosses PCIe. At wake
+# time the KV cache is still asleep, so 256 MiB of staging is free memory; 128 MiB pieces
+# cross PCIe in ~2.5 ms. (Slow first copies after a sleep, once blamed on the re-mapped
+# weight memory, were the driver clearing the freed KV cache: see pull_share.)
 STAGING_BYTES = 128 << 20
 
 
