@@ -33,6 +33,11 @@ def serve(
         None, help="(vllm) Fraction of the GPU the server may use (weights + KV cache); "
         "default: 0.9 of the reserved units' share (--units 2: 0.45).",
     ),
+    kv_cache_gib: float = typer.Option(
+        None, min=0.0, help="(vllm) The KV cache's size in GiB, instead of what "
+        "--gpu-memory-utilization leaves: a KV cache sized to the job's need makes every "
+        "swap faster (the driver clears the freed KV cache at each sleep).",
+    ),
     max_model_len: int = typer.Option(4096, help="(vllm) Longest prompt + answer, tokens."),
     eager: bool = typer.Option(
         True, help="(vllm) No CUDA graphs or compilation: the fastest start (--no-eager for "
@@ -109,7 +114,7 @@ def serve(
     if engine == "vllm":
         _serve_vllm(cfg, job, model, state_dir, list(ctx.args), units=units,
                     slot_timeout_s=slot_timeout_s, requeue=requeue, json_out=json,
-                    gpu_memory_utilization=gpu_memory_utilization,
+                    gpu_memory_utilization=gpu_memory_utilization, kv_cache_gib=kv_cache_gib,
                     max_model_len=max_model_len, eager=eager, port=port, host=host,
                     launcher=launcher, checkpoint=checkpoint, drain_s=drain_s)  # fmt: skip
         return
@@ -158,7 +163,8 @@ def serve(
 def _serve_vllm(
     cfg: Config, job: Any, model: Path, state_dir: Path, vllm_args: list[str], *,
     units: int, slot_timeout_s: float, requeue: bool, json_out: bool,
-    gpu_memory_utilization: float | None, max_model_len: int, eager: bool,
+    gpu_memory_utilization: float | None, kv_cache_gib: float | None, max_model_len: int,
+    eager: bool,
     port: int | None, host: str, launcher: str | None, checkpoint: bool, drain_s: float,
 ) -> None:  # fmt: skip
     import shlex
@@ -168,8 +174,10 @@ def _serve_vllm(
 
     if gpu_memory_utilization is None:
         gpu_memory_utilization = round(0.9 * units / 4, 3)
+    kv_bytes = None if kv_cache_gib is None else int(kv_cache_gib * (1 << 30))
     settings = VllmSettings(gpu_memory_utilization=gpu_memory_utilization,
-                            max_model_len=max_model_len, enforce_eager=eager)  # fmt: skip
+                            kv_cache_memory_bytes=kv_bytes, max_model_len=max_model_len,
+                            enforce_eager=eager)  # fmt: skip
     opts = VllmServeOptions(
         model=model, state_dir=state_dir, settings=settings, vllm_args=tuple(vllm_args),
         units=units, slot_gpus=tuple(job.gpus) if job else (), slot_timeout_s=slot_timeout_s,

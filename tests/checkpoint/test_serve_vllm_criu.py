@@ -46,7 +46,7 @@ def _serve(cfg: Config, tmp: Path, model: Path, restart: int, log: str,
     out = open(tmp / log, "w")  # a regular file, as a Slurm job's output is
     return subprocess.Popen(
         [sys.executable, "-m", "spswap.cli", "serve", str(model), "--engine", "vllm",
-         "--state-dir", str(tmp / "state"), "--port", "0", "--json",
+         "--state-dir", str(tmp / "state"), "--port", "0", "--json", "--kv-cache-gib", "0.5",
          "--launcher", f"{sys.executable} {STANDIN}"],
         env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         preexec_fn=(lambda: (cgroup / "cgroup.procs").write_text(str(os.getpid())))
@@ -97,6 +97,8 @@ def test_the_server_tree_is_dumped_and_restored_into_the_next_run(
     run0 = _serve(node, tmp_path, model, 0, "run0.log", cgroup)
     ep0 = _wait("run 0's endpoint", lambda: _endpoint(tmp_path) or run0.poll() is not None)
     assert run0.poll() is None, (tmp_path / "run0.log").read_text()
+    vllm_log = (tmp_path / "state" / "vllm.log").read_text()
+    assert f"--kv-cache-memory-bytes {1 << 29}" in vllm_log, vllm_log[-2000:]
     before = [_complete(ep0, p) for p in prompts]
     server_pid = ep0["server_pid"]
     run0.send_signal(signal.SIGUSR1)

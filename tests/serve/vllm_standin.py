@@ -82,6 +82,7 @@ def main() -> None:
     ap.add_argument("--uds", required=True)
     ap.add_argument("--load-format", default="auto")
     args, _rest = ap.parse_known_args()
+    print("standin argv:", " ".join(sys.argv[1:]), file=sys.stderr, flush=True)  # to vllm.log
     model = Tiny()
     if args.load_format == "auto":
         from safetensors.torch import load_file
