@@ -120,3 +120,23 @@ def make_private_dirs(path: Path, uid: int) -> None:
             "root) can write, e.g. $HOME/.spswap/<job id>"
         )
     os.chmod(p, 0o700)
+
+
+_RENAME_NOREPLACE = 1
+_AT_FDCWD = -100
+
+
+def rename_noreplace(src: str, dst: str) -> None:
+    """Rename ``src`` to ``dst`` unless ``dst`` exists (``renameat2`` with
+    ``RENAME_NOREPLACE``: no window in which someone else's new ``dst`` is replaced).
+    Raises FileExistsError when it exists, OSError otherwise (also where the kernel or
+    the file system lacks the flag: then nothing was renamed)."""
+    import ctypes
+    import ctypes.util
+
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    rc = libc.renameat2(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst),
+                        _RENAME_NOREPLACE)  # fmt: skip
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), src, None, dst)

@@ -30,6 +30,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from spswap.checkpoint import criu_argv, link_remap, proctree
 from spswap.errors import CheckpointFailed
@@ -263,8 +264,12 @@ def dump(
         )  # fmt: skip
         start = time.monotonic()
         with _LINKS if linked else contextlib.nullcontext():
-            rc, log = _run(argv, timeout_s)
-            records = link_remap.park(linked, image_key) if linked and rc == 0 else []
+            aside = link_remap.set_aside([f.directory for f in linked]) if linked else []
+            try:
+                rc, log = _run(argv, timeout_s)
+                records = link_remap.park(linked, image_key) if linked and rc == 0 else []
+            finally:
+                left_aside = link_remap.put_back(aside)
         dump_s = time.monotonic() - start
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -279,9 +284,16 @@ def dump(
             "the partial image was deleted",
             log_path=str(log_path) if log_path else None, log_tail=log_tail(log),
         )  # fmt: skip
+    extra: dict[str, Any] = {}
     if records:  # CRIU's links, renamed to this image's own names (see link_remap)
+        extra["link_remaps"] = records
+    if aside:  # somebody else's link_remap.* names, moved out of CRIU's way for the run
+        extra["names_set_aside"] = [original for _, original in aside]
+    if left_aside:
+        extra["names_left_aside"] = left_aside
+    if extra:
         meta = read_json(tmp / DUMP_META) or {}
-        meta["link_remaps"] = records
+        meta.update(extra)
         atomic_write_json(tmp / DUMP_META, meta)
     # The image is complete; a log that does not fit any more must not cost the image.
     if _write_log(log, tmp / "dump.log") is None:
@@ -351,14 +363,18 @@ def restore(
         )  # fmt: skip
         remaps = list(meta.get("link_remaps", []))
         with _LINKS if remaps else contextlib.nullcontext():
+            aside = link_remap.set_aside([str(r["dir"]) for r in remaps]) if remaps else []
             try:
-                link_remap.unpark(remaps)
-                rc, log = _run(argv, timeout_s)
-            except BaseException:
-                link_remap.drop_unparked(remaps)
-                raise
-            if rc != 0:
-                link_remap.drop_unparked(remaps)
+                try:
+                    link_remap.unpark(remaps)
+                    rc, log = _run(argv, timeout_s)
+                except BaseException:
+                    link_remap.drop_unparked(remaps)
+                    raise
+                if rc != 0:
+                    link_remap.drop_unparked(remaps)
+            finally:
+                link_remap.put_back(aside)
         log_path = _write_log(log, log_dir / f"{image_key}.restore.log")
         if rc != 0:
             raise CheckpointFailed(

@@ -12,6 +12,12 @@ and an image never restored would leave its link behind.
 So right after a dump spswap renames each link to a name of its own image
 (``.spswap-remap-<image key>-<id>``, same directory, so a rename always works), puts it
 back just before the restore, and removes it with the image.
+
+The ``link_remap.*`` names of a directory are everybody's: in ``/dev/shm`` any user can
+make one, and CRIU fails a dump or restore whose name is taken. spswap's own CRIU runs
+with such files take turns (``criu._LINKS``), so whatever holds one of those names during
+a run is somebody else's: it is set aside for the run (:func:`set_aside`) and put back
+after it (:func:`put_back`).
 """
 
 from __future__ import annotations
@@ -23,10 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from spswap.errors import CheckpointFailed
+from spswap.fsutil import rename_noreplace
 
 DELETED = " (deleted)"
 CRIU_PREFIX = "link_remap."
 PARKED_PREFIX = ".spswap-remap-"
+ASIDE_PREFIX = ".spswap-aside-"
 PROC = Path("/proc")
 
 
@@ -81,17 +89,52 @@ def in_root_dirs(files: list[LinkedFile]) -> bool:
     return True
 
 
-def names_taken(files: list[LinkedFile]) -> list[str]:
-    """CRIU's names (``link_remap.*``) already present where ``files`` would get theirs:
-    another dump or restore's, or planted; CRIU fails on the one it needs (EEXIST)."""
+def names_taken(directories: list[str]) -> list[str]:
+    """CRIU's names (``link_remap.*``) present in ``directories``: left by a CRIU that
+    died, or made by someone; CRIU fails on the one it needs (EEXIST)."""
     taken = []
-    for directory in sorted({f.directory for f in files}):
+    for directory in sorted(set(directories)):
         try:
             taken += [os.path.join(directory, n) for n in sorted(os.listdir(directory))
                       if n.startswith(CRIU_PREFIX)]  # fmt: skip
         except OSError:
             continue
     return taken
+
+
+def set_aside(directories: list[str]) -> list[tuple[str, str]]:
+    """Before a CRIU run with link remaps in ``directories`` (under ``criu._LINKS``, so no
+    run of spswap's is making such names meanwhile): move every ``link_remap.*`` there out
+    of CRIU's way, to ``.spswap-aside-<random>-<name>`` in the same directory (a rename:
+    the file itself, whoever's it is, stays as it was). Returns (aside path, original
+    path) pairs for :func:`put_back`; a name that cannot be moved is left (CRIU then
+    fails on it only if it needs that very name)."""
+    import secrets
+
+    token = secrets.token_hex(12)
+    moved = []
+    for path in names_taken(directories):
+        directory, name = os.path.split(path)
+        aside = os.path.join(directory, f"{ASIDE_PREFIX}{token}-{name}")
+        try:
+            rename_noreplace(path, aside)
+        except OSError:
+            continue
+        moved.append((aside, path))
+    return moved
+
+
+def put_back(moved: list[tuple[str, str]]) -> list[str]:
+    """After the CRIU run: each name :func:`set_aside` moved back where it was, never over
+    a file that took the name meanwhile (that one is kept; the moved one stays aside and
+    its path is returned)."""
+    left = []
+    for aside, original in moved:
+        try:
+            rename_noreplace(aside, original)
+        except OSError:
+            left.append(aside)
+    return left
 
 
 def parked_name(image_key: str, criu_name: str) -> str:

@@ -330,19 +330,11 @@ def _keep_within_budget(st: DaemonState) -> None:
 
 def _park_out_of_job(st: DaemonState, job_id: str, tree: list[int]) -> Any:
     """The tree moved into a parked cgroup of spswapd's (see _LeaveJob), or None."""
-    from spswap.checkpoint import cgroups, link_remap, proctree
+    from spswap.checkpoint import cgroups, proctree
 
     parking = cgroups.Parking.create(f"{cgroups.root_tag(st.cfg.root)}-{job_id}-{tree[0]}",
                                      tree[0])  # fmt: skip
     if parking is None:
-        return None
-    # CRIU's link_remap.<id> names are shared by the whole directory: one somebody left
-    # there may fail this dump, which an instance whose job was requeued would not survive
-    taken = link_remap.names_taken(link_remap.deleted_but_linked(tree))
-    if taken:
-        parking.remove()
-        st.event("checkpoint.stays_in_job", job_id=job_id,
-                 reason=f"{taken[0]} exists (CRIU needs such names free)")  # fmt: skip
         return None
     try:
         new = tree

@@ -258,14 +258,55 @@ def test_a_parked_link_swapped_for_a_symlink_is_not_restored(tmp_path: Path) -> 
         srv.kill()
 
 
-def test_names_criu_needs_that_are_taken_are_found(tmp_path: Path) -> None:
+@pytest.mark.parametrize("leave_running", [False, True], ids=["ended", "left-running"])
+def test_link_remap_names_planted_by_a_user_are_set_aside_for_the_run(
+    tmp_path: Path, leave_running: bool
+) -> None:
+    """Anyone can make /dev/shm/link_remap.N, the names CRIU needs for a tree holding a
+    named semaphore. Planted (here the first 40, a user's), they would fail every dump and
+    restore of such trees; spswap moves them aside for each CRIU run and puts them back
+    untouched after it."""
+    import json
+
     from spswap.checkpoint import link_remap
 
-    (tmp_path / "link_remap.3").write_text("")
-    (tmp_path / ".spswap-remap-k-3").write_text("")
-    files = [link_remap.LinkedFile(str(tmp_path), 1, 2),
-             link_remap.LinkedFile(str(tmp_path / "missing"), 1, 3)]  # fmt: skip
-    assert link_remap.names_taken(files) == [str(tmp_path / "link_remap.3")]
+    sems = tmp_path / "shm"
+    sems.mkdir()
+    os.chmod(sems, 0o1777)
+    planted = {}
+    for n in range(1, 41):
+        path = sems / f"link_remap.{n}"
+        path.write_text(f"mine {n}")
+        os.chown(path, 4242, 4242)
+        planted[path.name] = os.stat(path).st_ino
+    assert link_remap.names_taken([str(sems), str(tmp_path / "missing")]) == sorted(
+        str(sems / name) for name in planted)  # fmt: skip
+
+    def untouched() -> None:
+        names = {p.name for p in sems.iterdir()}
+        assert not any(n.startswith(link_remap.ASIDE_PREFIX) for n in names), names
+        for name, ino in planted.items():
+            st = os.stat(sems / name)
+            assert (st.st_ino, st.st_uid) == (ino, 4242)
+            assert (sems / name).read_text() == f"mine {name.split('.')[1]}"
+
+    srv = Server(tmp_path, "--linked-map", str(sems))
+    try:
+        token = srv.ask().split()[0]
+        info = criu.dump(srv.pid, "planted", tmp_path / "images", leave_running=leave_running)
+        meta = json.loads((info.path / criu.DUMP_META).read_text())
+        assert meta["link_remaps"] and len(meta["names_set_aside"]) == 40
+        assert "names_left_aside" not in meta
+        untouched()
+        if leave_running:
+            srv.kill()
+        srv.proc.wait(timeout=10)
+        pid = criu.restore("planted", tmp_path / "images")
+        assert srv.ask().split()[:2] == [token, "2"]
+        untouched()
+        srv.kill(pid)
+    finally:
+        srv.kill()
 
 
 def test_links_are_kept_by_root_only_in_root_directories(tmp_path: Path) -> None:
