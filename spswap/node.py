@@ -93,6 +93,7 @@ def prolog(env: Mapping[str, str] | None = None) -> int:
         Client(cfg, timeout_s=10.0).call(
             "job.register", job_id=job.job_id, uid=job.uid, user=job.user or "",
             gpus=list(job.gpus), restart_count=job.restart_count,
+            **({"node": job.node} if job.node else {}),
         )  # fmt: skip
 
     return _hook("prolog", env, body)

@@ -714,16 +714,18 @@ def _sync_quietly(st: DaemonState) -> None:
         st.event("image.uses_failed", reason=str(e)[:500])
 
 
-def drop_job_images(st: DaemonState, job_id: str) -> list[str]:
-    """Delete the job's images and unfinished dumps and give back their pool uses."""
+def drop_job_images(st: DaemonState, job_id: str,
+                    reason: str = "the job ended and will not return") -> list[str]:  # fmt: skip
+    """Delete the job's images and unfinished dumps (ending its kept tree) and give back
+    their pool uses; ``reason`` goes to the events and the checkpoint status."""
     from spswap.checkpoint.service import delete_job_images
 
-    _end_kept(st, job_id, "the job ended and will not return")
+    _end_kept(st, job_id, reason)
     gone = delete_job_images(st.cfg.paths.images, job_id)
     if gone:
         status = read_json(_status_path(st, job_id)) or {}
         if status.get("state") in ("saved", "dumping"):
-            _set_status(st, job_id, state="deleted", reason="the job ended and will not return")
+            _set_status(st, job_id, state="deleted", reason=reason)
     _sync_quietly(st)
     return gone
 

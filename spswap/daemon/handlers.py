@@ -53,6 +53,7 @@ class DaemonState:
     _slot_table: Any = None
     _job_probe: JobProbe | None = None
     _probe_loaded: bool = False
+    node_name: str | None = None  # Slurm's name of this node, as the last prolog gave it
 
     @property
     def jobs(self) -> JobStore:
@@ -121,6 +122,7 @@ def op_status(ctx: Context, args: dict[str, Any]) -> Any:
         "started_at": st.started_at,
         "uptime_s": round(time.time() - st.started_at, 3),
         "jobs": sum(1 for j in st.jobs.all() if j.state == "running"),
+        "node": st.node_name,  # Slurm's name of this node, from the last prolog
     }
 
 
@@ -253,6 +255,7 @@ def op_job_register(ctx: Context, args: dict[str, Any]) -> Any:
     require_root(ctx.peer_uid, "job.register")
     st = ctx.state
     with st.lock:
+        st.node_name = args.get("node") or st.node_name
         st.jobs.prune()
         rec = JobRecord(
             job_id=args["job_id"], uid=args["uid"], user=args.get("user", ""),
@@ -269,19 +272,53 @@ def op_job_register(ctx: Context, args: dict[str, Any]) -> Any:
 
 
 def collect_images(st: DaemonState, current_job: str) -> list[str]:
-    """Delete the images of jobs that Slurm now says are gone (never the current job's);
-    returns the job ids whose images went."""
+    """Delete the images (and kept trees) of jobs that will not be restored here, never
+    the current job's: Slurm says they are gone, or they run on another node now (this
+    node's image would roll back what the job does there, and a kept tree holds memory).
+    Returns the job ids whose images went."""
     from spswap.checkpoint.service import image_job_ids
     from spswap.daemon.ckpt_ops import drop_job_images
 
     gone = []
     for job_id in image_job_ids(st.cfg.paths.images, st.cfg.paths.run / "checkpoints"):
-        if job_id != current_job and _job_fate(st, job_id, None,
-                                               forgotten_is_gone=True) == "gone":
-            drop_job_images(st, job_id)
-            st.event("images.collected", job_id=job_id)
+        if job_id == current_job:
+            continue
+        reason = _not_coming_back(st, job_id)
+        if reason:
+            drop_job_images(st, job_id, reason)
+            st.event("images.collected", job_id=job_id, reason=reason)
             gone.append(job_id)
     return gone
+
+
+def _not_coming_back(st: DaemonState, job_id: str) -> str | None:
+    """Why the job's images here will not be restored, or None (back, or not known)."""
+    info, answered = _ask_slurm(st, job_id)
+    if info is None:
+        # the controller answered but no longer knows it: finished, past MinJobAge
+        return "Slurm no longer knows the job" if answered else None
+    from spswap.daemon.ckpt_ops import job_fate
+
+    if job_fate(info.state, None) == "gone":
+        return f"the job ended ({info.state})"
+    if info.runs_elsewhere(st.node_name):
+        return f"the job runs on {info.nodes} now, not on {st.node_name}"
+    return None
+
+
+def _ask_slurm(st: DaemonState, job_id: str) -> tuple[Any, bool]:
+    """Slurm's JobInfo of the job (None: not known or not asked) and whether Slurm
+    answered at all."""
+    from spswap.slurm.backend import get_backend
+
+    try:
+        backend = get_backend(timeout_s=JOB_END_SLURM_TIMEOUT_S)
+        if backend is None:
+            return None, False
+        return backend.job(job_id), True
+    except SpswapError as e:
+        st.event("job.end_slurm_unreachable", job_id=job_id, reason=str(e)[:500])
+        return None, False
 
 
 def _release_job_reservations(st: DaemonState, job_id: str) -> list[str]:
@@ -361,30 +398,16 @@ def op_job_end(ctx: Context, args: dict[str, Any]) -> Any:
 JOB_END_SLURM_TIMEOUT_S = 5.0  # the epilog must not hang on a controller that is down
 
 
-def _job_fate(st: DaemonState, job_id: str, requeued: bool | None, *,
-              forgotten_is_gone: bool = False) -> str:  # fmt: skip
-    """"back", "gone" or "unknown"; asks Slurm only when the job has images to decide on.
-
-    ``forgotten_is_gone``: a job the controller answers for but no longer knows has ended
-    (it keeps pending and requeued jobs; finished ones go after MinJobAge)."""
+def _job_fate(st: DaemonState, job_id: str, requeued: bool | None) -> str:
+    """"back", "gone" or "unknown"; asks Slurm only when the job has images to decide on."""
     from spswap.checkpoint.service import images_of_job, temp_dirs
     from spswap.daemon.ckpt_ops import job_fate
 
     if not images_of_job(st.cfg.paths.images, job_id) and not temp_dirs(st.cfg.paths.images,
                                                                           job_id):
         return job_fate(None, requeued)
-    from spswap.slurm.backend import get_backend
-
-    state = None
-    try:
-        backend = get_backend(timeout_s=JOB_END_SLURM_TIMEOUT_S)
-        info = backend.job(job_id) if backend is not None else None
-        state = info.state if info is not None else None
-        if info is None and backend is not None and forgotten_is_gone:
-            return "gone"
-    except SpswapError as e:
-        st.event("job.end_slurm_unreachable", job_id=job_id, reason=str(e)[:500])
-    return job_fate(state, requeued)
+    info, _ = _ask_slurm(st, job_id)
+    return job_fate(info.state if info is not None else None, requeued)
 
 
 def on_daemon_start(state: DaemonState) -> dict[str, Any]:

@@ -58,6 +58,7 @@ OPS: dict[str, ArgSpec] = {
         "user": ("str", False),
         "gpus": ("int_list", False),
         "restart_count": ("int", False),
+        "node": ("str", False),
     },
     "job.end": {"job_id": ("str", True), "requeued": ("bool", False)},
     "jobs.list": {},

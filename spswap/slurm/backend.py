@@ -259,6 +259,7 @@ class PyslurmBackend:
             partition=getattr(job, "partition", None) or None,
             reason=getattr(job, "state_reason", None) or None,
             comment=getattr(job, "comment", None) or None,
+            nodes=getattr(job, "nodes", None) or None,
         )
 
     def job_alive(self, job_id: str) -> bool | None:

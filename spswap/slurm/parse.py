@@ -63,11 +63,65 @@ class JobInfo:
     gpus_by_node: dict[str, tuple[int, ...]] = field(default_factory=dict, hash=False)
     """Node (or node range, e.g. ``n[1-2]``) -> GPU indexes there."""
     comment: str | None = None
+    nodes: str | None = None
+    """The nodes the job holds or last held, as Slurm writes them (``n[1-3],gpu7``)."""
 
     @property
     def allocated(self) -> bool:
         """True while the job holds its nodes (running, suspended, completing...)."""
         return self.state in ALLOCATED_STATES
+
+    def runs_elsewhere(self, node: str | None) -> bool:
+        """Whether the job holds nodes now and ``node`` is not one of them: its run is
+        somewhere else. False whenever that cannot be told (no node name, no node list)."""
+        if not node or not self.nodes or not self.allocated:
+            return False
+        try:
+            return node not in expand_hostlist(self.nodes)
+        except ValueError:
+            return False
+
+
+_RANGE_GROUP = re.compile(r"\[([^\]]*)\]")
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """Slurm's node list as names: ``"n[01-03,7],gpu1"`` -> ``["n01", "n02", "n03",
+    "n7", "gpu1"]`` (zero padding kept; several bracket groups in one name multiply).
+    Raises ValueError on text that is not a node list."""
+    names: list[str] = []
+    depth, start = 0, 0
+    parts = []
+    for i, ch in enumerate(text):  # commas inside brackets separate ranges, not names
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        if depth < 0 or depth > 1:
+            raise ValueError(f"not a node list: {text!r}")
+        if ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    if depth:
+        raise ValueError(f"not a node list: {text!r}")
+    parts.append(text[start:])
+    for part in (p.strip() for p in parts):
+        if part:
+            names += _expand_name(part)
+    return names
+
+
+def _expand_name(part: str) -> list[str]:
+    match = _RANGE_GROUP.search(part)
+    if match is None:
+        return [part]
+    head, tail = part[: match.start()], part[match.end():]
+    out = []
+    for item in match.group(1).split(","):
+        low, dash, high = item.strip().partition("-")
+        if not low.isdigit() or (dash and not high.isdigit()):
+            raise ValueError(f"not a node range: {item!r} in {part!r}")
+        width = len(low)
+        for n in range(int(low), int(high or low) + 1):
+            out += _expand_name(f"{head}{n:0{width}d}{tail}")
+    return out
 
 
 def parse_scontrol_show_jobs(text: str) -> list[dict[str, str]]:
@@ -180,6 +234,7 @@ def job_info_from_scontrol(text: str) -> JobInfo:
         gpus=_union(by_node),
         gpus_by_node=by_node,
         comment=_null(fields.get("Comment")),
+        nodes=_null(fields.get("NodeList")),
     )
 
 
@@ -210,6 +265,7 @@ def _job_info_from_json(job: dict[str, Any]) -> JobInfo:
         gpus=_union(by_node),
         gpus_by_node=by_node,
         comment=_null(job.get("comment")),
+        nodes=_null(nodes),
     )
 
 

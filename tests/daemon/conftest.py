@@ -64,7 +64,7 @@ def prolog_env(cfg: Config, job_id: str, uid: int = 0, user: str = "root") -> di
     return {
         "SPSWAP_ROOT": str(cfg.root), "SLURM_JOB_ID": job_id, "SLURM_JOB_UID": str(uid),
         "SLURM_JOB_USER": user, "SLURM_JOB_GPUS": "0", "CUDA_VISIBLE_DEVICES": "0",
-        "SLURM_JOB_RESTART_COUNT": "0",
+        "SLURM_JOB_RESTART_COUNT": "0", "SLURMD_NODENAME": "gpu07",
     }  # fmt: skip
 
 

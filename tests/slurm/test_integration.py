@@ -198,8 +198,17 @@ def test_images_of_finished_jobs_are_collected(
     for job in (done, running, "999999"):
         (cfg.paths.images / f"job{job}-0123456789abcdef-01234567-89abcdef").mkdir(parents=True)
     try:
-        assert collect_images(DaemonState(cfg), current_job="1") == [done, "999999"]
+        info = backend.job(running)
+        assert info is not None and info.nodes  # the node it runs on, as Slurm names it
+        here = DaemonState(cfg, node_name=info.nodes)
+        assert collect_images(here, current_job="1") == [done, "999999"]
         left = [p.name.split("-")[0] for p in cfg.paths.images.iterdir()]
-        assert left == [f"job{running}"]  # a running job's images stay
+        assert left == [f"job{running}"]  # a job running here keeps its images
+        # the same job seen from another node (its run moved there): nothing here will
+        # be restored, and an image would roll back what the job does there
+        other = DaemonState(cfg, node_name="another-node")
+        assert collect_images(other, current_job="1") == [running]
+        assert not list(cfg.paths.images.iterdir())
+        assert f"runs on {info.nodes} now, not on another-node" in cfg.paths.events.read_text()
     finally:
         backend.cancel(running)

@@ -150,7 +150,7 @@ def test_squeue_json_fields() -> None:
     (job,) = parse_squeue_json(_text("squeue_running_pending.json"), "1")
     assert job == JobInfo(
         job_id="1", state="RUNNING", restart_count=0, uid=0, partition="debug", reason=None,
-        gpus=(0,), gpus_by_node={"vm": (0,)}, comment="keep me, a=b",
+        gpus=(0,), gpus_by_node={"vm": (0,)}, comment="keep me, a=b", nodes="vm",
     )  # fmt: skip
     assert job.allocated
 
@@ -178,3 +178,36 @@ def test_squeue_json_later_state_list() -> None:
 )  # fmt: skip
 def test_allocated_states(state: str, allocated: bool) -> None:
     assert JobInfo(job_id="1", state=state).allocated is allocated
+
+
+@pytest.mark.parametrize(
+    ("text", "names"),
+    [("vm", ["vm"]), ("n[1-3]", ["n1", "n2", "n3"]), ("n[01-03,7],gpu1", ["n01", "n02", "n03", "n7", "gpu1"]),
+     ("n[8-10]", ["n8", "n9", "n10"]), ("a[1-2]b[3-4]", ["a1b3", "a1b4", "a2b3", "a2b4"]),
+     ("rack1-n[2]", ["rack1-n2"]), ("", [])],
+)  # fmt: skip
+def test_expand_hostlist(text: str, names: list[str]) -> None:
+    from spswap.slurm.parse import expand_hostlist
+
+    assert expand_hostlist(text) == names
+
+
+@pytest.mark.parametrize("text", ["n[1-3", "n1-3]", "n[a-b]", "n[[1]]", "n[1-]x"])
+def test_expand_hostlist_rejects(text: str) -> None:
+    from spswap.slurm.parse import expand_hostlist
+
+    with pytest.raises(ValueError):
+        expand_hostlist(text)
+
+
+def test_runs_elsewhere_only_when_slurm_says_so() -> None:
+    job = JobInfo(job_id="7", state="RUNNING", nodes="gpu[01-02]")
+    assert not job.runs_elsewhere("gpu02") and job.runs_elsewhere("gpu03")
+    assert not job.runs_elsewhere(None)  # this node's name not known
+    assert not JobInfo(job_id="7", state="RUNNING").runs_elsewhere("gpu03")  # nodes unknown
+    assert not JobInfo(job_id="7", state="PENDING", nodes="gpu01").runs_elsewhere("gpu03")
+    assert not JobInfo(job_id="7", state="RUNNING", nodes="gpu[0").runs_elsewhere("gpu03")
+    running = job_info_from_scontrol(_text("scontrol_show_job_running.txt"))
+    assert running.nodes and not running.runs_elsewhere(running.nodes)
+    (queued,) = parse_squeue_json(_text("squeue_running_pending.json"), "1")
+    assert queued.nodes == "vm"
