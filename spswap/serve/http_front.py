@@ -9,11 +9,15 @@ paths are forwarded (:data:`ALLOWED_PREFIXES`); vLLM's development endpoints (``
 
 One request per connection: the request's head is checked, its body (``Content-Length``
 only) forwarded, the answer piped back as it comes (streamed completions included), then
-both connections close. Connections are capped per kind of peer (:func:`peer_kind`, the
-owner of a loopback peer read from /proc/net/tcp): other users of the node get
-:data:`FOREIGN_MAX_CONNECTIONS`, so idle connections of theirs cannot lock out the job's
-own clients. Pure parts (:func:`parse_head`, :func:`refusal`,
-:func:`upstream_head`) are tested on their exact output.
+both connections close. Until a connection has shown the key it is "unproven", and
+unproven connections are capped per kind of peer (:func:`peer_kind`, the owner of a
+loopback peer read from /proc/net/tcp; :func:`admit`): other users of the node get
+:data:`FOREIGN_MAX_CONNECTIONS`, remote peers :data:`REMOTE_MAX_UNPROVEN`, and when theirs
+are all taken a new one ends the oldest: idle connections, which cannot hold the key,
+can neither lock out the job's own clients nor remote clients that send their request
+at once. Connections past the key check share :data:`MAX_CONNECTIONS`. Pure parts
+(:func:`parse_head`, :func:`refusal`, :func:`upstream_head`, :func:`admit`) are tested on
+their exact output.
 """
 
 from __future__ import annotations
@@ -39,10 +43,11 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy
                         "authorization"})  # fmt: skip
 MAX_HEAD_BYTES = 64 << 10
 HEAD_TIMEOUT_S = 30.0  # a client that sends no request head in this time is dropped
-MAX_CONNECTIONS = 256  # per kind of peer (see peer_kind)
+MAX_CONNECTIONS = 256  # the job owner's unproven ones, and all that showed the key
 # other users on this node cannot hold the key: their connections get a small share, so
 # they cannot take the job owner's by opening idle ones
 FOREIGN_MAX_CONNECTIONS = 16
+REMOTE_MAX_UNPROVEN = 64  # peers off this node (--host other than loopback)
 MAX_BODY_BYTES = 64 << 20
 PIPE_CHUNK_BYTES = 64 << 10
 
@@ -121,7 +126,8 @@ def upstream_head(head: Head) -> bytes:
 def error_response(status: int, message: str) -> bytes:
     """A small JSON error answer that closes the connection."""
     reasons = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 411: "Length Required",
-               413: "Payload Too Large", 502: "Bad Gateway"}  # fmt: skip
+               413: "Payload Too Large", 502: "Bad Gateway",
+               503: "Service Unavailable"}  # fmt: skip
     body = json.dumps({"error": {"message": message, "code": status}}).encode()
     head = (f"HTTP/1.1 {status} {reasons.get(status, 'Error')}\r\ncontent-type: application/json"
             f"\r\ncontent-length: {len(body)}\r\nconnection: close\r\n\r\n")  # fmt: skip
@@ -156,6 +162,18 @@ def is_loopback(host: str) -> bool:
     return addr.is_loopback
 
 
+def admit(kind: str, unproven: int) -> str:
+    """What a new connection of ``kind`` gets while ``unproven`` of its kind have not
+    shown the key: ``"take"``; ``"evict"`` (end the oldest unproven one of that kind
+    first: a client that sends its request at once always gets a turn); or ``"refuse"``
+    (the job owner's own connections are never ended for another)."""
+    cap = {"own": MAX_CONNECTIONS, "foreign": FOREIGN_MAX_CONNECTIONS}.get(kind,
+                                                                        REMOTE_MAX_UNPROVEN)
+    if unproven < cap:
+        return "take"
+    return "refuse" if kind == "own" else "evict"
+
+
 class HttpFront:
     """Serves ``host:port`` in a thread of its own; forwards to the Unix socket ``uds``."""
 
@@ -167,7 +185,10 @@ class HttpFront:
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._writers: set[asyncio.StreamWriter] = set()
-        self._counts = {"own": 0, "foreign": 0, "remote": 0}
+        # per kind of peer, the connections that have not shown the key, oldest first
+        self._unproven: dict[str, dict[asyncio.StreamWriter, None]] = {
+            "own": {}, "foreign": {}, "remote": {}}
+        self._proven: set[asyncio.StreamWriter] = set()
 
     def start(self) -> int:
         """Listen and serve; returns the port (useful with port 0)."""
@@ -230,19 +251,25 @@ class HttpFront:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         kind = await self._peer_kind(writer)
-        cap = FOREIGN_MAX_CONNECTIONS if kind == "foreign" else MAX_CONNECTIONS
-        if self._counts[kind] >= cap:
+        unproven = self._unproven[kind]
+        verdict = admit(kind, len(unproven))
+        if verdict == "refuse":
             writer.transport.abort()
             return
-        self._counts[kind] += 1
+        if verdict == "evict":
+            oldest = next(iter(unproven))
+            del unproven[oldest]
+            oldest.transport.abort()
+        unproven[writer] = None
         self._writers.add(writer)
         try:
-            await self._forward(reader, writer)
+            await self._forward(reader, writer, kind)
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
                 TimeoutError):  # fmt: skip
             pass
         finally:
-            self._counts[kind] -= 1
+            unproven.pop(writer, None)
+            self._proven.discard(writer)
             self._writers.discard(writer)
             writer.close()
 
@@ -258,7 +285,9 @@ class HttpFront:
             None, tcp_peer_uid, tuple(peer[:2]), tuple(local[:2]))  # /proc read: off the loop
         return peer_kind(peer[0], uid, os.getuid())
 
-    async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _forward(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, kind: str
+    ) -> None:
         try:
             raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT_S)
         except asyncio.LimitOverrunError:
@@ -277,6 +306,13 @@ class HttpFront:
             writer.write(error_response(*refused))
             await writer.drain()
             return
+        if writer not in self._unproven[kind]:
+            return  # ended for a newer connection while its head came in
+        del self._unproven[kind][writer]
+        if len(self._proven) >= MAX_CONNECTIONS:
+            writer.write(error_response(503, f"over {MAX_CONNECTIONS} requests at once: retry"))
+            return
+        self._proven.add(writer)
         body = await reader.readexactly(int(head.headers.get("content-length", "0")))
         try:
             up_reader, up_writer = await asyncio.open_unix_connection(str(self.uds))
