@@ -77,15 +77,18 @@ def in_root_dirs(files: list[LinkedFile]) -> bool:
     """Whether every directory of ``files``, and each directory above it, is root's and
     no symlink: where a root-run step (the post-dump script of a kept dump) may link by
     path without a user swapping a path component under it (``/dev/shm`` is)."""
-    for f in files:
-        path = Path(f.directory)
-        for d in [path, *path.parents]:
-            try:
-                st = os.lstat(d)
-            except OSError:
-                return False
-            if st.st_uid != 0 or not stat.S_ISDIR(st.st_mode):
-                return False
+    return all(_root_chain(f.directory) for f in files)
+
+
+def _root_chain(directory: str) -> bool:
+    path = Path(directory)
+    for d in [path, *path.parents]:
+        try:
+            st = os.lstat(d)
+        except OSError:
+            return False
+        if st.st_uid != 0 or not stat.S_ISDIR(st.st_mode):
+            return False
     return True
 
 
@@ -108,12 +111,14 @@ def set_aside(directories: list[str]) -> list[tuple[str, str]]:
     of CRIU's way, to ``.spswap-aside-<random>-<name>`` in the same directory (a rename:
     the file itself, whoever's it is, stays as it was). Returns (aside path, original
     path) pairs for :func:`put_back`; a name that cannot be moved is left (CRIU then
-    fails on it only if it needs that very name)."""
+    fails on it only if it needs that very name). Only in directories that are root's
+    all the way up (``/dev/shm``), where no user can swap a path component for a symlink
+    under the renames; in a user's own directory only that user can make such names."""
     import secrets
 
     token = secrets.token_hex(12)
     moved = []
-    for path in names_taken(directories):
+    for path in names_taken([d for d in directories if _root_chain(d)]):
         directory, name = os.path.split(path)
         aside = os.path.join(directory, f"{ASIDE_PREFIX}{token}-{name}")
         try:
