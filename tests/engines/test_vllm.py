@@ -268,8 +268,17 @@ def test_worker_export_attach_copy_round_trip(tmp_path: Path, pool: Pool) -> Non
     assert [h.pid for h in users] == [os.getpid()]
     with torch.no_grad():
         dst.model_runner.model.proj.weight.zero_()
-    dst.spswap_copy()  # a wake: from the same mapping again
+    copied = dst.spswap_copy()  # a wake: from the same mapping again
+    assert (copied["pull"], copied["released_bytes"]) == (0.0, None)  # as given: stage
     assert dst.spswap_verify(str(pool.pool_dir), "tiny")["differ"] == []
+    # The wake picks the pull itself from the time since its sleep; without vLLM's
+    # allocator the pool's size is not known: the fixed window.
+    for since_s, pull in ((0.01, 1.0), (5.0, 0.0), (None, 0.0)):
+        with torch.no_grad():
+            dst.model_runner.model.proj.weight.zero_()
+        copied = dst.spswap_copy(None, since_s)
+        assert (copied["pull"], copied["released_bytes"]) == (pull, None)
+        assert dst.spswap_verify(str(pool.pool_dir), "tiny")["differ"] == []
     assert dst.spswap_detach() == {"detached": True}
     assert [e.users for e in pool.entries()] == [[]]
     with pytest.raises(EngineError, match="spswap_attach"):
