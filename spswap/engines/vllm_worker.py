@@ -178,7 +178,9 @@ class SpswapWorkerExtension:
         ``pull``: the share the GPU's cores pull themselves; None: chosen by
         :func:`~spswap.engines.vllm_engine.pull_share` from ``since_sleep_s`` (seconds
         since this process's level-2 sleep; None: it never slept) and the bytes that
-        sleep handed back to the driver."""
+        sleep handed back to the driver. ``worker_s``: the call's whole time in the worker
+        (the copy's ``seconds`` plus looking up the weights and checking the entry)."""
+        entered = time.perf_counter()
         mapping: MappedEntry | None = getattr(self, "_spswap_mapping", None)
         if mapping is None:
             raise EngineError(
@@ -193,7 +195,8 @@ class SpswapWorkerExtension:
             pull = pull_share(since_sleep_s, released)
         report = copy_into(mapping, weight_tensors(self._spswap_model()),
                            staging_bytes=STAGING_BYTES, pull=pull)  # fmt: skip
-        return {**report.to_json(), "pull": pull, "released_bytes": released}
+        return {**report.to_json(), "pull": pull, "released_bytes": released,
+                "worker_s": time.perf_counter() - entered}  # fmt: skip
 
     def _spswap_sleep_pool_bytes(self) -> int | None:
         """Bytes in vLLM's sleep-mode pool (weights and KV cache): what a level-2 sleep

@@ -278,6 +278,7 @@ def test_worker_export_attach_copy_round_trip(tmp_path: Path, pool: Pool) -> Non
             dst.model_runner.model.proj.weight.zero_()
         copied = dst.spswap_copy(None, since_s)
         assert (copied["pull"], copied["released_bytes"]) == (pull, None)
+        assert copied["worker_s"] >= copied["seconds"] > 0
         assert dst.spswap_verify(str(pool.pool_dir), "tiny")["differ"] == []
     assert dst.spswap_detach() == {"detached": True}
     assert [e.users for e in pool.entries()] == [[]]
