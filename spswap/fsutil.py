@@ -7,6 +7,7 @@ never half of one.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import tempfile
@@ -126,17 +127,27 @@ _RENAME_NOREPLACE = 1
 _AT_FDCWD = -100
 
 
-def rename_noreplace(src: str, dst: str) -> None:
-    """Rename ``src`` to ``dst`` unless ``dst`` exists (``renameat2`` with
-    ``RENAME_NOREPLACE``: no window in which someone else's new ``dst`` is replaced).
-    Raises FileExistsError when it exists, OSError otherwise (also where the kernel or
-    the file system lacks the flag: then nothing was renamed)."""
+@functools.cache
+def _libc() -> Any:
     import ctypes
     import ctypes.util
 
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    rc = libc.renameat2(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst),
-                        _RENAME_NOREPLACE)  # fmt: skip
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+def rename_noreplace(src: str, dst: str) -> None:
+    """Rename ``src`` to ``dst`` unless ``dst`` exists (``renameat2`` with
+    ``RENAME_NOREPLACE``: no window in which someone else's new ``dst`` is replaced).
+    Raises FileExistsError when it exists, OSError otherwise (also where the C library,
+    the kernel or the file system lacks it: then nothing was renamed)."""
+    import ctypes
+    import errno
+
+    try:
+        renameat2 = _libc().renameat2
+    except AttributeError:  # glibc < 2.28
+        raise OSError(errno.ENOSYS, "renameat2 is not in this C library", src) from None
+    rc = renameat2(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_NOREPLACE)
     if rc != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err), src, None, dst)

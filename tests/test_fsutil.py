@@ -64,3 +64,19 @@ def test_make_private_dirs_whatever_the_umask(tmp_path):
     os.chmod(shared, 0o2775)
     with pytest.raises(PermissionDenied, match="not private: .*writable by group.*--state-dir"):
         make_private_dirs(shared / "s", os.getuid())
+
+
+def test_rename_noreplace_never_replaces(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import pytest
+
+    from spswap.fsutil import rename_noreplace
+
+    (tmp_path / "a").write_text("a")
+    (tmp_path / "b").write_text("b")
+    with pytest.raises(FileExistsError):
+        rename_noreplace(str(tmp_path / "a"), str(tmp_path / "b"))
+    assert (tmp_path / "a").read_text() == "a" and (tmp_path / "b").read_text() == "b"
+    rename_noreplace(str(tmp_path / "a"), str(tmp_path / "c"))
+    assert not (tmp_path / "a").exists() and (tmp_path / "c").read_text() == "a"
+    with pytest.raises(FileNotFoundError):
+        rename_noreplace(str(tmp_path / "a"), str(tmp_path / "d"))

@@ -28,6 +28,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,8 +40,29 @@ from spswap.fsutil import atomic_write_json, dir_size_bytes, read_json
 MIN_VERSION = (4, 1, 0)
 DUMP_META = "spswap-dump.json"
 # CRIU's link_remap.<id> names are per directory, its ids per dump: dumps and restores
-# of trees with such files run one at a time on the node (see link_remap)
+# of trees with such files run one at a time on the node (see link_remap and
+# _links_lock): a lock for this process's threads, and a file lock in root's /run for
+# every process (other spswapd roots on one host, as tests run them).
 _LINKS = threading.Lock()
+LINKS_LOCK_FILE = Path("/run/spswap-link-remap.lock")
+
+
+@contextlib.contextmanager
+def _links_lock() -> Iterator[None]:
+    import fcntl
+
+    with _LINKS:
+        try:  # root's /run only: a file lock others could take would let them stall dumps
+            fd = os.open(LINKS_LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        except OSError:
+            fd = None  # not root (tests of the module): the thread lock is all there is
+        try:
+            if fd is not None:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            if fd is not None:
+                os.close(fd)
 LOG_TAIL_LINES = 15
 BUILD_HINT = "build one with scripts/build_criu.sh (CRIU >= 4.1 is needed on kernels >= 6.13)"
 # The harmless line CRIU logs on every run when it cannot raise its own fd limit.
@@ -263,9 +285,10 @@ def dump(
             link_remap=bool(linked), action_script=script,
         )  # fmt: skip
         start = time.monotonic()
-        with _LINKS if linked else contextlib.nullcontext():
-            aside = link_remap.set_aside([f.directory for f in linked]) if linked else []
+        aside: list[tuple[str, str]] = []
+        with _links_lock() if linked else contextlib.nullcontext():
             try:
+                link_remap.set_aside([f.directory for f in linked], aside)
                 rc, log = _run(argv, timeout_s)
                 records = link_remap.park(linked, image_key) if linked and rc == 0 else []
             finally:
@@ -362,9 +385,12 @@ def restore(
             tcp_close=tcp_close or bool(meta.get("tcp_close")), auto_dedup=auto_dedup,
         )  # fmt: skip
         remaps = list(meta.get("link_remaps", []))
-        with _LINKS if remaps else contextlib.nullcontext():
-            aside = link_remap.set_aside([str(r["dir"]) for r in remaps]) if remaps else []
+        aside: list[tuple[str, str]] = []
+        own = frozenset((int(r["dev"]), int(r["ino"])) for r in remaps if "dev" in r)
+        left_aside: list[str] = []
+        with _links_lock() if remaps else contextlib.nullcontext():
             try:
+                link_remap.set_aside([str(r["dir"]) for r in remaps], aside, keep=own)
                 try:
                     link_remap.unpark(remaps)
                     rc, log = _run(argv, timeout_s)
@@ -374,7 +400,9 @@ def restore(
                 if rc != 0:
                     link_remap.drop_unparked(remaps)
             finally:
-                link_remap.put_back(aside)
+                left_aside = link_remap.put_back(aside)
+        if left_aside:  # their names were taken meanwhile: say where they are
+            log += f"\nspswap: names left aside (their names were taken meanwhile): {left_aside}\n"
         log_path = _write_log(log, log_dir / f"{image_key}.restore.log")
         if rc != 0:
             raise CheckpointFailed(

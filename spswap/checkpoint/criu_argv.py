@@ -134,11 +134,12 @@ def post_dump_script(writes: list[tuple[str, str]], link_dirs: list[str],
     stopped by CRIU) it
     - writes each ``(file, value)`` of ``writes``: the freeze of the tree's parked cgroup,
       so that when CRIU lets go the tree does not run a single instruction outside a job;
-    - hard-links CRIU's ``link_remap.<id>`` links in ``link_dirs`` (never a symlink) as
-      ``<parked_prefix><id>``: CRIU deletes its links at the end of such a dump (the tree
-      still holds the files), which would leave the image unrestorable once the tree is
-      gone; spswap checks these by device and inode like the links it renames after other
-      dumps.
+    - hard-links CRIU's ``link_remap.<id>`` links in ``link_dirs`` (never a symlink, and
+      only names whose id is all digits, as CRIU's are: ``link_remap.6.7`` is somebody
+      else's) as ``<parked_prefix><id>``: CRIU deletes its links at the end of such a
+      dump (the tree still holds the files), which would leave the image unrestorable
+      once the tree is gone; spswap checks these by device and inode like the links it
+      renames after other dumps.
     Every other stage, and any failure, exits 0: the script must never fail the dump (the
     daemon checks the freeze itself afterwards).
     """
@@ -154,7 +155,9 @@ def post_dump_script(writes: list[tuple[str, str]], link_dirs: list[str],
         q, to = shlex.quote(d), shlex.quote(f"{d}/{parked_prefix}")
         lines += [
             f"for f in {q}/link_remap.*; do",
-            f'  [ -f "$f" ] && [ ! -L "$f" ] && ln -P -- "$f" {to}"${{f##*.}}"',
+            '  id="${f##*/link_remap.}"',
+            '  case "$id" in ""|*[!0-9]*) continue;; esac',
+            f'  [ -f "$f" ] && [ ! -L "$f" ] && ln -P -- "$f" {to}"$id"',
             "done",
         ]
     lines.append("exit 0")

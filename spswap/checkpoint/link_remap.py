@@ -15,7 +15,7 @@ back just before the restore, and removes it with the image.
 
 The ``link_remap.*`` names of a directory are everybody's: in ``/dev/shm`` any user can
 make one, and CRIU fails a dump or restore whose name is taken. spswap's own CRIU runs
-with such files take turns (``criu._LINKS``), so whatever holds one of those names during
+with such files take turns (``criu._links_lock``), so whatever holds one of those names during
 a run is somebody else's: it is set aside for the run (:func:`set_aside`) and put back
 after it (:func:`put_back`).
 """
@@ -81,6 +81,8 @@ def in_root_dirs(files: list[LinkedFile]) -> bool:
 
 
 def _root_chain(directory: str) -> bool:
+    """Root's all the way up, no symlink, and none that others may rename entries of
+    (writable by group or others without the sticky bit)."""
     path = Path(directory)
     for d in [path, *path.parents]:
         try:
@@ -88,6 +90,8 @@ def _root_chain(directory: str) -> bool:
         except OSError:
             return False
         if st.st_uid != 0 or not stat.S_ISDIR(st.st_mode):
+            return False
+        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
             return False
     return True
 
@@ -105,28 +109,32 @@ def names_taken(directories: list[str]) -> list[str]:
     return taken
 
 
-def set_aside(directories: list[str]) -> list[tuple[str, str]]:
-    """Before a CRIU run with link remaps in ``directories`` (under ``criu._LINKS``, so no
-    run of spswap's is making such names meanwhile): move every ``link_remap.*`` there out
-    of CRIU's way, to ``.spswap-aside-<random>-<name>`` in the same directory (a rename:
-    the file itself, whoever's it is, stays as it was). Returns (aside path, original
-    path) pairs for :func:`put_back`; a name that cannot be moved is left (CRIU then
-    fails on it only if it needs that very name). Only in directories that are root's
-    all the way up (``/dev/shm``), where no user can swap a path component for a symlink
-    under the renames; in a user's own directory only that user can make such names."""
+def set_aside(directories: list[str], moved: list[tuple[str, str]],
+              keep: frozenset[tuple[int, int]] = frozenset()) -> None:  # fmt: skip
+    """Before a CRIU run with link remaps in ``directories`` (under ``criu._links_lock``, so
+    no run of spswap's is making such names meanwhile): move every ``link_remap.*`` there
+    out of CRIU's way, to ``.spswap-aside-<random>-<name>`` in the same directory (a
+    rename: the file itself, whoever's it is, stays as it was), appending (aside path,
+    original path) to ``moved`` as it goes, for :func:`put_back`. Files in ``keep``
+    (device, inode: the image's own links) stay. A name that cannot be moved is left (CRIU
+    then fails on it only if it needs that very name). Only in directories that are
+    root's all the way up (``/dev/shm``, see :func:`_root_chain`), where no user can swap
+    a path component under the renames; in a user's own directory only that user can make
+    such names."""
     import secrets
 
     token = secrets.token_hex(12)
-    moved = []
     for path in names_taken([d for d in directories if _root_chain(d)]):
         directory, name = os.path.split(path)
         aside = os.path.join(directory, f"{ASIDE_PREFIX}{token}-{name}")
         try:
+            st = os.lstat(path)
+            if (st.st_dev, st.st_ino) in keep:
+                continue
             rename_noreplace(path, aside)
         except OSError:
             continue
         moved.append((aside, path))
-    return moved
 
 
 def put_back(moved: list[tuple[str, str]]) -> list[str]:
@@ -176,11 +184,14 @@ def park(files: list[LinkedFile], image_key: str) -> list[dict[str, Any]]:
                     criu_name, parked = CRIU_PREFIX + name[len(mine):], name
                 elif name.startswith(CRIU_PREFIX) and ours:
                     criu_name, parked = name, parked_name(image_key, name)
-                    os.rename(path, os.path.join(directory, parked))
+                    try:
+                        os.rename(path, os.path.join(directory, parked))
+                    except OSError:
+                        parked = None  # left under CRIU's name: restored from there
                 else:
                     continue  # another image's, or not ours
             except OSError:
-                continue  # left under CRIU's name: the image still restores while it is free
+                continue
             records.append({"dir": directory, "name": criu_name, "parked": parked,
                             "dev": st.st_dev, "ino": st.st_ino})  # fmt: skip
     return records
@@ -192,8 +203,17 @@ def unpark(records: list[dict[str, Any]]) -> None:
     parked (device and inode, never through a symlink) and checked after it is made.
     Refuses, naming the file, when a name is taken or the file is not the one parked."""
     for r in records:
-        parked, target = os.path.join(r["dir"], r["parked"]), os.path.join(r["dir"], r["name"])
-        want = (r.get("dev"), r.get("ino"))
+        target, want = os.path.join(r["dir"], r["name"]), (r.get("dev"), r.get("ino"))
+        if r.get("parked") is None:  # left under CRIU's name by the dump: still the file?
+            try:
+                st = os.lstat(target)
+            except OSError:
+                st = None
+            if st is None or not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != want:
+                raise CheckpointFailed(f"cannot restore: {target} is not the file the dump "
+                                       "left there (gone or replaced): the image is unusable")
+            continue
+        parked = os.path.join(r["dir"], r["parked"])
         try:
             st = os.lstat(parked)
             if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != want:
@@ -222,8 +242,11 @@ def _owner(path: str) -> str:
 
 
 def drop_unparked(records: list[dict[str, Any]]) -> None:
-    """After a failed restore: remove CRIU's names that are still this image's links."""
+    """After a failed restore: remove CRIU's names that are still this image's links (one
+    the dump left under CRIU's name stays: it is the image's only link)."""
     for r in records:
+        if r.get("parked") is None:
+            continue
         target = os.path.join(r["dir"], r["name"])
         try:
             st = os.lstat(target)
@@ -234,8 +257,12 @@ def drop_unparked(records: list[dict[str, Any]]) -> None:
 
 
 def discard(records: list[dict[str, Any]]) -> None:
-    """With the image: remove its parked links (only names of spswap's own form)."""
+    """With the image: remove its parked links (only names of spswap's own form, or
+    CRIU's name when the dump left the link there and it is still the file)."""
     for r in records:
+        if r.get("parked") is None:
+            drop_unparked([{**r, "parked": r["name"]}])
+            continue
         name = str(r.get("parked", ""))
         if not name.startswith(PARKED_PREFIX) or "/" in name:
             continue

@@ -104,7 +104,7 @@ def swap(
         0.4, min=0.01, max=1.0, help="Fraction of the GPU each engine may use."
     ),
     kv_cache_gib: float = typer.Option(
-        None, min=0.0, help="The KV cache's size in GiB (default: what "
+        None, min=0.01, help="The KV cache's size in GiB (default: what "
         "--gpu-memory-utilization leaves). Every swap path hands it back to the driver "
         "and gets it again, so it is part of every figure.",
     ),

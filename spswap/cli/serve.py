@@ -34,7 +34,7 @@ def serve(
         "default: 0.9 of the reserved units' share (--units 2: 0.45).",
     ),
     kv_cache_gib: float = typer.Option(
-        None, min=0.0, help="(vllm) The KV cache's size in GiB, instead of what "
+        None, min=0.01, help="(vllm) The KV cache's size in GiB, instead of what "
         "--gpu-memory-utilization leaves: a KV cache sized to the job's need makes every "
         "swap faster (the driver clears the freed KV cache at each sleep).",
     ),

@@ -53,7 +53,9 @@ class DaemonState:
     _slot_table: Any = None
     _job_probe: JobProbe | None = None
     _probe_loaded: bool = False
-    node_name: str | None = None  # Slurm's name of this node, as the last prolog gave it
+    # Slurm's names of this host's node(s), as the prologs gave them (several where one
+    # host runs several slurmd)
+    node_names: set[str] = field(default_factory=set)
 
     @property
     def jobs(self) -> JobStore:
@@ -122,7 +124,7 @@ def op_status(ctx: Context, args: dict[str, Any]) -> Any:
         "started_at": st.started_at,
         "uptime_s": round(time.time() - st.started_at, 3),
         "jobs": sum(1 for j in st.jobs.all() if j.state == "running"),
-        "node": st.node_name,  # Slurm's name of this node, from the last prolog
+        "nodes": sorted(st.node_names),  # Slurm's names of this host's node(s), from prologs
     }
 
 
@@ -255,7 +257,8 @@ def op_job_register(ctx: Context, args: dict[str, Any]) -> Any:
     require_root(ctx.peer_uid, "job.register")
     st = ctx.state
     with st.lock:
-        st.node_name = args.get("node") or st.node_name
+        if args.get("node"):
+            st.node_names.add(str(args["node"]))
         st.jobs.prune()
         rec = JobRecord(
             job_id=args["job_id"], uid=args["uid"], user=args.get("user", ""),
@@ -301,8 +304,8 @@ def _not_coming_back(st: DaemonState, job_id: str) -> str | None:
 
     if job_fate(info.state, None) == "gone":
         return f"the job ended ({info.state})"
-    if info.runs_elsewhere(st.node_name):
-        return f"the job runs on {info.nodes} now, not on {st.node_name}"
+    if info.runs_elsewhere(st.node_names):
+        return f"the job runs on {info.nodes} now, not on {', '.join(sorted(st.node_names))}"
     return None
 
 

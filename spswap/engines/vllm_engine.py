@@ -62,8 +62,9 @@ def pull_share(since_sleep_s: float | None, released_bytes: int | None = None) -
     through the copy engines run at under half rate; none otherwise (a small KV cache, a
     restored, kept or long-asleep process: the idle copy engines' 52-54 GB/s beat the
     pull's ~49). ``released_bytes`` None (not known): within :data:`PULL_WINDOW_S`.
-    ``since_sleep_s`` None: it never slept."""
-    if since_sleep_s is None:
+    ``since_sleep_s`` None: it never slept; negative: the clock is not the sleep's (a
+    restore on another boot), so not right after it either."""
+    if since_sleep_s is None or since_sleep_s < 0:
         return 0.0
     busy_s = PULL_WINDOW_S if released_bytes is None else scrub_busy_s(released_bytes)
     return 1.0 if since_sleep_s < busy_s else 0.0

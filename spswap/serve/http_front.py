@@ -48,6 +48,7 @@ MAX_CONNECTIONS = 256  # the job owner's unproven ones, and all that showed the 
 # they cannot take the job owner's by opening idle ones
 FOREIGN_MAX_CONNECTIONS = 16
 REMOTE_MAX_UNPROVEN = 64  # peers off this node (--host other than loopback)
+MAX_CLASSIFYING = 64  # new connections whose peer's user is being read from /proc
 MAX_BODY_BYTES = 64 << 20
 PIPE_CHUNK_BYTES = 64 << 10
 
@@ -146,10 +147,11 @@ def new_key(path: Path) -> str:
     return key
 
 
-def peer_kind(host: str, peer_uid: int | None, own_uid: int) -> str:
+def peer_kind(host: str, peer_uid: int | None, own_uid: int, local_host: str = "") -> str:
     """``own`` (this node, the job's user), ``foreign`` (this node, another user, or an
-    owner not found) or ``remote`` (another host: its user cannot be known)."""
-    if not is_loopback(host):
+    owner not found) or ``remote`` (another host: its user cannot be known). A peer on
+    this node's own address (``local_host``, the listening side's) is this node too."""
+    if not is_loopback(host) and host != local_host:
         return "remote"
     return "own" if peer_uid == own_uid else "foreign"
 
@@ -189,6 +191,7 @@ class HttpFront:
         self._unproven: dict[str, dict[asyncio.StreamWriter, None]] = {
             "own": {}, "foreign": {}, "remote": {}}
         self._proven: set[asyncio.StreamWriter] = set()
+        self._classifying = 0  # connections whose peer is being looked up
 
     def start(self) -> int:
         """Listen and serve; returns the port (useful with port 0)."""
@@ -250,7 +253,17 @@ class HttpFront:
             self._thread.join(10)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        kind = await self._peer_kind(writer)
+        if self._classifying >= MAX_CLASSIFYING:  # a flood of new connections: shed them
+            writer.transport.abort()
+            return
+        self._classifying += 1
+        try:
+            kind = await self._peer_kind(writer)
+        except Exception:  # noqa: BLE001 - an unknown peer is ended, the front serves on
+            writer.transport.abort()
+            return
+        finally:
+            self._classifying -= 1
         unproven = self._unproven[kind]
         verdict = admit(kind, len(unproven))
         if verdict == "refuse":
@@ -279,11 +292,11 @@ class HttpFront:
         peer, local = writer.get_extra_info("peername"), writer.get_extra_info("sockname")
         if not peer or not local:
             return "foreign"
-        if not is_loopback(peer[0]):
+        if peer_kind(peer[0], None, -1, local[0]) == "remote":
             return "remote"  # no /proc read: its user cannot be known
         uid = await asyncio.get_running_loop().run_in_executor(
             None, tcp_peer_uid, tuple(peer[:2]), tuple(local[:2]))  # /proc read: off the loop
-        return peer_kind(peer[0], uid, os.getuid())
+        return peer_kind(peer[0], uid, os.getuid(), local[0])
 
     async def _forward(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, kind: str

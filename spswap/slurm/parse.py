@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,15 +72,17 @@ class JobInfo:
         """True while the job holds its nodes (running, suspended, completing...)."""
         return self.state in ALLOCATED_STATES
 
-    def runs_elsewhere(self, node: str | None) -> bool:
-        """Whether the job holds nodes now and ``node`` is not one of them: its run is
-        somewhere else. False whenever that cannot be told (no node name, no node list)."""
-        if not node or not self.nodes or not self.allocated:
+    def runs_elsewhere(self, here: Collection[str]) -> bool:
+        """Whether the job holds nodes now and none of them is one of ``here`` (this
+        host's Slurm node names: several where one host runs several slurmd): its run is
+        somewhere else. False whenever that cannot be told (no names, no node list)."""
+        if not here or not self.nodes or not self.allocated:
             return False
         try:
-            return node not in expand_hostlist(self.nodes)
+            held = expand_hostlist(self.nodes)
         except ValueError:
             return False
+        return bool(held) and not set(held) & set(here)
 
 
 _RANGE_GROUP = re.compile(r"\[([^\]]*)\]")
@@ -119,6 +122,8 @@ def _expand_name(part: str) -> list[str]:
         if not low.isdigit() or (dash and not high.isdigit()):
             raise ValueError(f"not a node range: {item!r} in {part!r}")
         width = len(low)
+        if int(high or low) < int(low):
+            raise ValueError(f"not a node range: {item!r} in {part!r}")
         for n in range(int(low), int(high or low) + 1):
             out += _expand_name(f"{head}{n:0{width}d}{tail}")
     return out

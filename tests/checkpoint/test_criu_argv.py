@@ -46,12 +46,16 @@ def test_post_dump_script_is_exact() -> None:
         '[ "$CRTOOLS_SCRIPT_ACTION" = post-dump ] || exit 0\n'
         "echo FROZEN > /sys/fs/cgroup/freezer/spswap-parked-x/freezer.state\n"
         "for f in /dev/shm/link_remap.*; do\n"
+        '  id="${f##*/link_remap.}"\n'
+        '  case "$id" in ""|*[!0-9]*) continue;; esac\n'
         '  [ -f "$f" ] && [ ! -L "$f" ] && ln -P -- "$f" '
-        '/dev/shm/.spswap-remap-jobk-link_remap."${f##*.}"\n'
+        '/dev/shm/.spswap-remap-jobk-link_remap."$id"\n'
         "done\n"
         "for f in '/tmp/a b'/link_remap.*; do\n"
+        '  id="${f##*/link_remap.}"\n'
+        '  case "$id" in ""|*[!0-9]*) continue;; esac\n'
         '  [ -f "$f" ] && [ ! -L "$f" ] && ln -P -- "$f" '
-        "'/tmp/a b/.spswap-remap-jobk-link_remap.'\"${f##*.}\"\n"
+        "'/tmp/a b/.spswap-remap-jobk-link_remap.'\"$id\"\n"
         "done\n"
         "exit 0\n"
     )

@@ -81,7 +81,7 @@ def test_prolog_starts_daemon_that_survives(cfg: Config, tmp_path: Path, entry: 
     assert [(j["job_id"], j["uid"], j["gpus"], j["state"]) for j in jobs] == [
         ("7001", 0, [0], "running")
     ]
-    assert Client(cfg).call("status")["node"] == "gpu07"  # from SLURMD_NODENAME
+    assert Client(cfg).call("status")["nodes"] == ["gpu07"]  # from SLURMD_NODENAME
 
     # a second prolog finds it running: same pid, both jobs recorded
     rc, out, eof_s = run_like_slurmd([str(script)], prolog_env(cfg, "7002"))

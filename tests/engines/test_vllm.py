@@ -413,3 +413,4 @@ def test_pull_share_pulls_only_while_the_driver_clears_what_the_sleep_freed() ->
     # the pool's size not known: the fixed window
     assert pull_share(0.05) == 1.0 and pull_share(PULL_WINDOW_S + 0.1) == 0.0
     assert pull_share(None, big) == 0.0  # never slept (a restored or new process)
+    assert pull_share(-3.0, big) == 0.0  # another boot's clock: not right after a sleep

@@ -171,6 +171,10 @@ def test_peer_kind() -> None:
     assert peer_kind("::ffff:127.0.0.1", 1000, 1000) == "own"
     assert peer_kind("10.1.2.3", 1000, 1000) == "remote"
     assert peer_kind("fe80::1%eth0", None, 1000) == "remote"
+    # this node through its own address (--host 0.0.0.0): the node's user, not remote
+    assert peer_kind("10.1.2.3", 1000, 1000, "10.1.2.3") == "own"
+    assert peer_kind("10.1.2.3", 1001, 1000, "10.1.2.3") == "foreign"
+    assert peer_kind("10.1.2.4", 1000, 1000, "10.1.2.3") == "remote"
 
 
 def _hold_connections(port: int, n: int, hold_s: float) -> int:

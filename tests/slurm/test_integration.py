@@ -200,13 +200,13 @@ def test_images_of_finished_jobs_are_collected(
     try:
         info = backend.job(running)
         assert info is not None and info.nodes  # the node it runs on, as Slurm names it
-        here = DaemonState(cfg, node_name=info.nodes)
+        here = DaemonState(cfg, node_names={"another-node", info.nodes})
         assert collect_images(here, current_job="1") == [done, "999999"]
         left = [p.name.split("-")[0] for p in cfg.paths.images.iterdir()]
         assert left == [f"job{running}"]  # a job running here keeps its images
         # the same job seen from another node (its run moved there): nothing here will
         # be restored, and an image would roll back what the job does there
-        other = DaemonState(cfg, node_name="another-node")
+        other = DaemonState(cfg, node_names={"another-node"})
         assert collect_images(other, current_job="1") == [running]
         assert not list(cfg.paths.images.iterdir())
         assert f"runs on {info.nodes} now, not on another-node" in cfg.paths.events.read_text()

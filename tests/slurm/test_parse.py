@@ -192,7 +192,7 @@ def test_expand_hostlist(text: str, names: list[str]) -> None:
     assert expand_hostlist(text) == names
 
 
-@pytest.mark.parametrize("text", ["n[1-3", "n1-3]", "n[a-b]", "n[[1]]", "n[1-]x"])
+@pytest.mark.parametrize("text", ["n[1-3", "n1-3]", "n[a-b]", "n[[1]]", "n[1-]x", "n[3-1]"])
 def test_expand_hostlist_rejects(text: str) -> None:
     from spswap.slurm.parse import expand_hostlist
 
@@ -202,12 +202,14 @@ def test_expand_hostlist_rejects(text: str) -> None:
 
 def test_runs_elsewhere_only_when_slurm_says_so() -> None:
     job = JobInfo(job_id="7", state="RUNNING", nodes="gpu[01-02]")
-    assert not job.runs_elsewhere("gpu02") and job.runs_elsewhere("gpu03")
-    assert not job.runs_elsewhere(None)  # this node's name not known
-    assert not JobInfo(job_id="7", state="RUNNING").runs_elsewhere("gpu03")  # nodes unknown
-    assert not JobInfo(job_id="7", state="PENDING", nodes="gpu01").runs_elsewhere("gpu03")
-    assert not JobInfo(job_id="7", state="RUNNING", nodes="gpu[0").runs_elsewhere("gpu03")
+    assert not job.runs_elsewhere({"gpu02"}) and job.runs_elsewhere({"gpu03"})
+    assert not job.runs_elsewhere({"gpu03", "gpu01"})  # one host, several slurmd
+    assert not job.runs_elsewhere(set())  # this node's name not known
+    assert not JobInfo(job_id="7", state="RUNNING").runs_elsewhere({"gpu03"})  # no list
+    assert not JobInfo(job_id="7", state="PENDING", nodes="gpu01").runs_elsewhere({"gpu03"})
+    assert not JobInfo(job_id="7", state="COMPLETING", nodes="gpu03").runs_elsewhere({"gpu03"})
+    assert not JobInfo(job_id="7", state="RUNNING", nodes="gpu[0").runs_elsewhere({"gpu03"})
     running = job_info_from_scontrol(_text("scontrol_show_job_running.txt"))
-    assert running.nodes and not running.runs_elsewhere(running.nodes)
+    assert running.nodes and not running.runs_elsewhere({running.nodes})
     (queued,) = parse_squeue_json(_text("squeue_running_pending.json"), "1")
     assert queued.nodes == "vm"
