@@ -13,10 +13,12 @@ both connections close. Until a connection has shown the key it is "unproven", a
 unproven connections are capped per kind of peer (:func:`peer_kind`, the owner of a
 loopback peer read from /proc/net/tcp; :func:`admit`): other users of the node get
 :data:`FOREIGN_MAX_CONNECTIONS`, remote peers :data:`REMOTE_MAX_UNPROVEN`, and when theirs
-are all taken a new one ends the oldest: idle connections, which cannot hold the key,
-can neither lock out the job's own clients nor remote clients that send their request
-at once. Connections past the key check share :data:`MAX_CONNECTIONS`. Pure parts
-(:func:`parse_head`, :func:`refusal`, :func:`upstream_head`, :func:`admit`) are tested on
+are all taken a new one ends the oldest of the peer (user on this node, else address)
+that holds the most (:func:`to_evict`): idle connections, which cannot hold the key, can
+neither lock out the job's own clients nor remote clients that send their request at
+once. Connections past the key check share :data:`MAX_CONNECTIONS`. Pure parts
+(:func:`parse_head`, :func:`refusal`, :func:`upstream_head`, :func:`admit`,
+:func:`to_evict`) are tested on
 their exact output.
 """
 
@@ -164,6 +166,16 @@ def is_loopback(host: str) -> bool:
     return addr.is_loopback
 
 
+def to_evict(groups: list[str]) -> int:
+    """Which unproven connection to end for a new one, given each one's peer group
+    (oldest first): the oldest of the group that holds the most, so a peer that opens
+    many idle connections ends its own, not those of other peers."""
+    from collections import Counter
+
+    biggest = Counter(groups).most_common(1)[0][0]
+    return groups.index(biggest)
+
+
 def admit(kind: str, unproven: int) -> str:
     """What a new connection of ``kind`` gets while ``unproven`` of its kind have not
     shown the key: ``"take"``; ``"evict"`` (end the oldest unproven one of that kind
@@ -187,8 +199,9 @@ class HttpFront:
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._writers: set[asyncio.StreamWriter] = set()
-        # per kind of peer, the connections that have not shown the key, oldest first
-        self._unproven: dict[str, dict[asyncio.StreamWriter, None]] = {
+        # per kind of peer, the connections that have not shown the key (with the peer's
+        # group, see _peer), oldest first
+        self._unproven: dict[str, dict[asyncio.StreamWriter, str]] = {
             "own": {}, "foreign": {}, "remote": {}}
         self._proven: set[asyncio.StreamWriter] = set()
         self._classifying = 0  # connections whose peer is being looked up
@@ -258,7 +271,7 @@ class HttpFront:
             return
         self._classifying += 1
         try:
-            kind = await self._peer_kind(writer)
+            kind, group = await self._peer(writer)
         except Exception:  # noqa: BLE001 - an unknown peer is ended, the front serves on
             writer.transport.abort()
             return
@@ -270,10 +283,11 @@ class HttpFront:
             writer.transport.abort()
             return
         if verdict == "evict":
-            oldest = next(iter(unproven))
-            del unproven[oldest]
-            oldest.transport.abort()
-        unproven[writer] = None
+            held = list(unproven.items())
+            victim = held[to_evict([g for _, g in held])][0]
+            del unproven[victim]
+            victim.transport.abort()
+        unproven[writer] = group
         self._writers.add(writer)
         try:
             await self._forward(reader, writer, kind)
@@ -286,17 +300,19 @@ class HttpFront:
             self._writers.discard(writer)
             writer.close()
 
-    async def _peer_kind(self, writer: asyncio.StreamWriter) -> str:
+    async def _peer(self, writer: asyncio.StreamWriter) -> tuple[str, str]:
+        """The peer's kind (:func:`peer_kind`) and group (its user on this node, else its
+        address): who an eviction is charged to (:func:`to_evict`)."""
         from spswap.checkpoint.proctree import tcp_peer_uid
 
         peer, local = writer.get_extra_info("peername"), writer.get_extra_info("sockname")
         if not peer or not local:
-            return "foreign"
+            return "foreign", "unknown"
         if peer_kind(peer[0], None, -1, local[0]) == "remote":
-            return "remote"  # no /proc read: its user cannot be known
+            return "remote", f"ip:{peer[0]}"  # no /proc read: its user cannot be known
         uid = await asyncio.get_running_loop().run_in_executor(
             None, tcp_peer_uid, tuple(peer[:2]), tuple(local[:2]))  # /proc read: off the loop
-        return peer_kind(peer[0], uid, os.getuid(), local[0])
+        return peer_kind(peer[0], uid, os.getuid(), local[0]), f"uid:{uid}"
 
     async def _forward(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, kind: str

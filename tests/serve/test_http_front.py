@@ -243,6 +243,14 @@ def test_admit() -> None:
         "take", "evict"]  # fmt: skip
 
 
+def test_to_evict_ends_the_oldest_of_the_biggest_holder() -> None:
+    from spswap.serve.http_front import to_evict
+
+    assert to_evict(["ip:a"]) == 0
+    assert to_evict(["ip:a", "ip:b", "ip:b", "ip:c"]) == 1  # b holds the most
+    assert to_evict(["uid:7", "uid:8", "uid:8", "uid:7", "uid:7"]) == 0
+
+
 def _idle_then_ask(port: int, idle: int, key: str) -> tuple[int, str]:
     """(Run as another user) hold ``idle`` idle connections, then send one request with
     ``key`` at once: (how many idle ones are still open, the answer's status line)."""
