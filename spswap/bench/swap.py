@@ -256,10 +256,19 @@ def _s(x: float | None) -> str:
     return fmt_seconds(x) if x is not None else "-"
 
 
+def kv_text(settings: dict[str, Any]) -> str:
+    """How the run sized the KV cache (it is part of every figure: docs/benchmarks.md)."""
+    kv = settings.get("kv_cache_memory_bytes")
+    if kv:
+        return f"KV cache {fmt_bytes(int(kv))}"
+    util = settings.get("gpu_memory_utilization", "?")
+    return f"KV cache: what gpu_memory_utilization={util} leaves"
+
+
 def render_bench_swap(result: dict[str, Any]) -> Table:
     """One row per model: every swap path's seconds, rates and the goals."""
     t = Table(title=f"swap paths (vLLM {result['vllm']}, torch {result['torch']}, "
-                    f"{result['host']})")  # fmt: skip
+                    f"{result['host']}; {kv_text(result.get('settings', {}))})")  # fmt: skip
     for col in ("model", "weights", "cold start", "L1 sleep+wake", "L2+reload",
                 "spswap cycle", "copy GB/s", "pinned GB/s", "pool start", "speedup",
                 "goals", "identical"):  # fmt: skip

@@ -195,12 +195,20 @@ def test_render_bench_swap_shows_every_path() -> None:
          "pinned": {"gb_per_s": 54.0}, "pool_start": {"start_s": 14.0},
          "all_identical": True, "goals": goals(988_000_000, 0.12, 3.0, 53.1, 54.0)}  # fmt: skip
     result = {"vllm": "0.26.0", "torch": "2.11", "host": "h", "models": [m,
-              {"model": "broken", "errors": ["boom"]}]}  # fmt: skip
+              {"model": "broken", "errors": ["boom"]}],
+              "settings": {"gpu_memory_utilization": 0.4,
+                           "kv_cache_memory_bytes": 4 << 30}}  # fmt: skip
     out = io.StringIO()
     Console(file=out, width=250).print(render_bench_swap(result))
     text = out.getvalue()
     for s in ("qwen2-0.5b", "53.1", "54.0", "25x", "bound,95%", "yes", "error: boom"):
         assert s in text, s
+    from spswap.bench.swap import kv_text
+    from spswap.units import fmt_bytes
+
+    assert kv_text(result["settings"]) == f"KV cache {fmt_bytes(4 << 30)}"
+    assert kv_text({"gpu_memory_utilization": 0.4}) == (
+        "KV cache: what gpu_memory_utilization=0.4 leaves")
 
 
 def test_qwen2_shapes_have_the_published_sizes() -> None:
