@@ -10,7 +10,7 @@
 #   bench     python -m spswap.bench.swap on 0.5B and 1.5B (BENCH_ARGS: more options, e.g.
 #             "--kv-cache-gib 4"; BENCH_TAG: a suffix for bench.json)
 #   tests     tests/engines/test_vllm.py and test_vllm_serve_gpu.py on 0.5B
-#   bench7b   python -m spswap.bench.swap on 7B (--cycles 2)
+#   bench7b   python -m spswap.bench.swap on 7B (--cycles 2; BENCH_ARGS and BENCH_TAG too)
 #   pcie      scripts/gpu/pcie_idle_probe.py (is a copy after an idle pause slow?)
 #   probe     scripts/gpu/vllm_copy_probe.py --first on 1.5B (why a copy runs below the limit;
 #             PROBE_ARGS: other options, e.g. "--first-only --kv-gib 4")
@@ -150,7 +150,8 @@ fi
 if want bench7b && [ "$(left)" -gt 150 ]; then
   step bench7b
   timeout -k 5 $(( $(left) - 5 )) python3 -m spswap.bench.swap \
-    --models "$MODELS/qwen2-7b" --pool-dir "$POOL" --cycles 2 --out "$OUT/bench-7b.json"
+    --models "$MODELS/qwen2-7b" --pool-dir "$POOL" --cycles 2 ${BENCH_ARGS:-} \
+    --out "$OUT/bench-7b${BENCH_TAG:-}.json"
   echo "7b rc=$?"
 fi
 step done
