@@ -9,6 +9,7 @@ import json
 import stat
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -184,19 +185,25 @@ def _hold_connections(port: int, n: int, hold_s: float) -> int:
 
     conns = [socket.create_connection(("127.0.0.1", port)) for _ in range(n)]
     time.sleep(0.5)
-    kept = 0
-    for c in conns:
-        c.settimeout(0.2)
-        try:
-            kept += bool(c.recv(1))
-        except TimeoutError:
-            kept += 1  # idle and open
-        except ConnectionResetError:
-            pass
+    kept = _still_open(conns)
     time.sleep(hold_s)
     for c in conns:
         c.close()
     return kept
+
+
+def _still_open(conns: list[Any]) -> int:
+    """How many of ``conns`` the front has not ended (idle and open, or answered)."""
+    still = 0
+    for c in conns:
+        c.settimeout(0.2)
+        try:
+            still += bool(c.recv(1))
+        except TimeoutError:
+            still += 1  # idle and open
+        except ConnectionResetError:
+            pass
+    return still
 
 
 def test_other_users_cannot_take_the_owners_connections(tmp_path: Path, user_uid: int) -> None:
@@ -264,15 +271,8 @@ def _idle_then_ask(port: int, idle: int, key: str) -> tuple[int, str]:
                   "\r\n\r\n".encode())  # fmt: skip
     asker.settimeout(5)
     answer = asker.recv(200).split(b"\r\n")[0].decode()
-    still = 0
+    still = _still_open(conns)
     for c in conns:
-        c.settimeout(0.2)
-        try:
-            still += bool(c.recv(1))
-        except TimeoutError:
-            still += 1
-        except ConnectionResetError:
-            pass
         c.close()
     return still, answer
 
