@@ -36,7 +36,7 @@ from typing import Any
 
 from rich.table import Table
 
-from spswap.engines.vllm_engine import VllmEngine, VllmSettings, vllm_version
+from spswap.engines.vllm_engine import VllmEngine, VllmSettings, kv_cache_bytes, vllm_version
 from spswap.pool.store import Pool
 from spswap.units import fmt_bytes, fmt_seconds
 
@@ -103,8 +103,8 @@ def bench_settings(gpu_memory_utilization: float = 0.4,
     ``gpu_memory_utilization`` leaves). The KV cache's size matters to every swap path:
     a level-2 sleep hands it back to the driver, which clears it with the copy engines
     (docs/benchmarks.md)."""
-    kv = None if kv_cache_gib is None else int(kv_cache_gib * (1 << 30))
-    return VllmSettings(gpu_memory_utilization=gpu_memory_utilization, kv_cache_memory_bytes=kv)
+    return VllmSettings(gpu_memory_utilization=gpu_memory_utilization,
+                        kv_cache_memory_bytes=kv_cache_bytes(kv_cache_gib))
 
 
 def _timed(fn: Callable[[], Any]) -> float:

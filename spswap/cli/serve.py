@@ -169,14 +169,14 @@ def _serve_vllm(
 ) -> None:  # fmt: skip
     import shlex
 
-    from spswap.engines.vllm_engine import VllmSettings
+    from spswap.engines.vllm_engine import VllmSettings, kv_cache_bytes
     from spswap.serve.vllm_run import VllmServe, VllmServeOptions
 
     if gpu_memory_utilization is None:
         gpu_memory_utilization = round(0.9 * units / 4, 3)
-    kv_bytes = None if kv_cache_gib is None else int(kv_cache_gib * (1 << 30))
     settings = VllmSettings(gpu_memory_utilization=gpu_memory_utilization,
-                            kv_cache_memory_bytes=kv_bytes, max_model_len=max_model_len,
+                            kv_cache_memory_bytes=kv_cache_bytes(kv_cache_gib),
+                            max_model_len=max_model_len,
                             enforce_eager=eager)  # fmt: skip
     opts = VllmServeOptions(
         model=model, state_dir=state_dir, settings=settings, vllm_args=tuple(vllm_args),

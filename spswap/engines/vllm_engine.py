@@ -112,6 +112,12 @@ class VllmSettings:
         return asdict(self)
 
 
+def kv_cache_bytes(kv_cache_gib: float | None) -> int | None:
+    """``--kv-cache-gib`` as :attr:`VllmSettings.kv_cache_memory_bytes` (None: vLLM
+    sizes the KV cache)."""
+    return None if kv_cache_gib is None else int(kv_cache_gib * (1 << 30))
+
+
 def engine_env(settings: VllmSettings) -> dict[str, str]:
     """Environment vLLM reads at start: no hub, no telemetry, no flashinfer sampler
     (not shipped everywhere), the V1 model runner, in/out-of-process engine core
