@@ -251,7 +251,10 @@ def test_start_up_sweeps_what_a_dead_daemon_left_parked() -> None:
         while not (left / "cgroup.procs").read_text().split() and time.monotonic() < deadline:
             time.sleep(0.02)
         assert cgroups.sweep(tag) == [str(left)]
-        assert proc.wait(timeout=10) == -signal.SIGKILL and not left.exists()
+        # Ended within seconds of a 300 s sleep: reaped here with SIGKILL's status, or
+        # already by kill_cgroups (it reaps its caller's children, as spswapd's restores
+        # are; Popen then finds no child and reports 0). Which one is a race.
+        assert proc.wait(timeout=10) in (-signal.SIGKILL, 0) and not left.exists()
         assert other.exists()
     finally:
         proc.kill()
