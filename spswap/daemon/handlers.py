@@ -280,7 +280,7 @@ def collect_images(st: DaemonState, current_job: str) -> list[str]:
     node's image would roll back what the job does there, and a kept tree holds memory).
     Returns the job ids whose images went."""
     from spswap.checkpoint.service import image_job_ids
-    from spswap.daemon.ckpt_ops import drop_job_images
+    from spswap.daemon.image_uses import drop_job_images
 
     gone = []
     for job_id in image_job_ids(st.cfg.paths.images, st.cfg.paths.run / "checkpoints"):
@@ -300,7 +300,7 @@ def _not_coming_back(st: DaemonState, job_id: str) -> str | None:
     if info is None:
         # the controller answered but no longer knows it: finished, past MinJobAge
         return "Slurm no longer knows the job" if answered else None
-    from spswap.daemon.ckpt_ops import job_fate
+    from spswap.daemon.image_uses import job_fate
 
     if job_fate(info.state, None) == "gone":
         return f"the job ended ({info.state})"
@@ -377,7 +377,7 @@ def op_job_end(ctx: Context, args: dict[str, Any]) -> Any:
     try:
         fate = _job_fate(st, job_id, requeued)
         if fate == "gone":
-            from spswap.daemon.ckpt_ops import drop_job_images
+            from spswap.daemon.image_uses import drop_job_images
 
             images_deleted = drop_job_images(st, job_id)
     except Exception as e:
@@ -404,7 +404,7 @@ JOB_END_SLURM_TIMEOUT_S = 5.0  # the epilog must not hang on a controller that i
 def _job_fate(st: DaemonState, job_id: str, requeued: bool | None) -> str:
     """"back", "gone" or "unknown"; asks Slurm only when the job has images to decide on."""
     from spswap.checkpoint.service import images_of_job, temp_dirs
-    from spswap.daemon.ckpt_ops import job_fate
+    from spswap.daemon.image_uses import job_fate
 
     if not images_of_job(st.cfg.paths.images, job_id) and not temp_dirs(st.cfg.paths.images,
                                                                           job_id):
@@ -416,7 +416,7 @@ def _job_fate(st: DaemonState, job_id: str, requeued: bool | None) -> str:
 def on_daemon_start(state: DaemonState) -> dict[str, Any]:
     """Start-up hook (``spswapd`` calls it before serving): clean up after a daemon that
     died mid-dump and take back the pool uses of the checkpoint images on disk."""
-    from spswap.daemon.ckpt_ops import recover
+    from spswap.daemon.ckpt_recover import recover
 
     try:
         return recover(state)
@@ -467,13 +467,13 @@ HANDLERS: dict[str, Handler] = {
 
 
 def _register_checkpoint_ops() -> None:
-    # ckpt_ops imports this module (Context, _job_for): register after both exist.
-    from spswap.daemon import ckpt_ops
+    # the ckpt modules use this one's _job_for (lazily): register once both exist
+    from spswap.daemon import ckpt_dump, ckpt_restore, ckpt_status
 
     HANDLERS.update({
-        "checkpoint": ckpt_ops.op_checkpoint,
-        "restore": ckpt_ops.op_restore,
-        "checkpoint.status": ckpt_ops.op_checkpoint_status,
+        "checkpoint": ckpt_dump.op_checkpoint,
+        "restore": ckpt_restore.op_restore,
+        "checkpoint.status": ckpt_status.op_checkpoint_status,
     })
 
 

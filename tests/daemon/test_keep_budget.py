@@ -1,6 +1,6 @@
 """Which kept instances the keep budget ends (spswapd's bookkeeping, pure)."""
 
-from spswap.daemon.ckpt_ops import over_budget
+from spswap.daemon.kept import over_budget
 
 
 def test_over_budget_ends_the_oldest_first() -> None:

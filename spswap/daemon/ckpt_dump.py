@@ -1,0 +1,248 @@
+"""The ``checkpoint`` op: dump a job's instance (CUDA checkpoint + CRIU) in a thread,
+parked outside its job's cgroups while CRIU runs (requeued at once when it asked), and
+kept alive beside its image when it fits the keep budget (see :mod:`spswap.daemon.ckpt_status`
+for the whole flow)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from spswap.checkpoint.images import Identity
+from spswap.daemon.ckpt_status import (
+    identity_of,
+    job_for,
+    job_lock,
+    require_running,
+    resume,
+    run_gpu_uuids,
+    set_status,
+)
+from spswap.daemon.image_uses import end_dump_hold, hold_for_dump, sync_quietly
+from spswap.daemon.kept import Kept, end_kept, keep_within_budget, record
+from spswap.errors import CheckpointFailed, DaemonError
+from spswap.liveness import pid_alive, pid_start_time
+
+if TYPE_CHECKING:
+    from spswap.daemon.handlers import Context, DaemonState
+
+
+def op_checkpoint(ctx: Context, args: dict[str, Any]) -> Any:
+    """Dump the caller (its own process; root may name another pid)."""
+    st = ctx.state
+    job_id = args["job_id"]
+    rec = job_for(ctx, job_id)
+    require_running(rec)
+    pid = int(args.get("pid") or ctx.peer_pid)
+    if ctx.peer_uid != 0 and pid != ctx.peer_pid:
+        raise DaemonError("a user may checkpoint only the calling process itself: leave out "
+                          "pid")  # fmt: skip
+    pid_start = pid_start_time(pid)
+    identity = identity_of(args, rec.uid)
+    from spswap.checkpoint.criu import find_criu
+
+    if find_criu() is None:
+        raise CheckpointFailed("no CRIU on this node: run scripts/build_criu.sh (see doctor)")
+    # held until the dump thread ends (it releases it)
+    if not job_lock(job_id).acquire(blocking=False):
+        raise CheckpointFailed(f"job {job_id} is being checkpointed or restored already")
+    # the job's earlier kept instance would otherwise outlive the image the dump replaces
+    end_kept(st, job_id, "the job dumps again")
+    set_status(st, job_id, state="dumping", pid=pid, pid_start=pid_start)
+    hold_for_dump(job_id, identity.model_digest)  # the entry, while the dump runs
+    st.event("checkpoint.start", job_id=job_id, uid=rec.uid, pid=pid)
+    requeue = bool(args.get("requeue"))
+    threading.Thread(target=_dump_locked, args=(st, job_id, pid, pid_start, identity, requeue),
+                     daemon=True).start()  # fmt: skip
+    return {"accepted": True, "pid": pid}
+
+
+def _dump_locked(st: DaemonState, job_id: str, pid: int, pid_start: int | None,
+                 identity: Identity, requeue: bool) -> None:  # fmt: skip
+    leave = _LeaveJob(st, job_id, requeue)
+    try:
+        try:
+            gone = _dump(st, job_id, pid, pid_start, identity, leave)
+        finally:
+            leave.close()
+    finally:
+        job_lock(job_id).release()  # a restore may come at once: Slurm calls are slow
+    if leave.kept:  # outside the job lock: ending other jobs' trees takes time
+        keep_within_budget(st)
+    if requeue and gone and not leave.early:
+        # only once the process is gone (saved, or lost after CRIU ended it): the image is
+        # worth nothing if the job does not come back, and a cold start needs it back too
+        _requeue(st, job_id)
+
+
+class _LeaveJob:
+    """Takes the instance's tree out of its job's cgroup right before CRIU runs (after
+    every check, and after the CUDA checkpoint freed its GPU memory): neither a requeue
+    nor preemption's kill after GraceTime can then cut the dump short, and a requeue the
+    instance asked for is made at once, so the next job starts while the dump runs. No
+    job cgroup to leave (proctrack/linuxproc), or a move that fails: the dump runs
+    inside the job, and the requeue follows it, as it always did."""
+
+    def __init__(self, st: DaemonState, job_id: str, requeue: bool) -> None:
+        self.st, self.job_id, self.requeue = st, job_id, requeue
+        self.parking: Any = None
+        self.early = False
+        self.kept = False  # the dumped tree is kept alive (see :class:`Kept`)
+
+    def __call__(self, tree: list[int]) -> list[tuple[Path, str]] | None:  # before_criu
+        """Park. When the dumped tree is to be kept alive (:class:`Kept`: a parked tree
+        that fits the keep budget), the writes that freeze its parked cgroup, which CRIU
+        makes before it lets the tree go; None otherwise."""
+        from spswap.checkpoint import link_remap
+        from spswap.checkpoint.proctree import anon_rss_bytes
+
+        try:
+            self.parking = _park_out_of_job(self.st, self.job_id, tree)
+            if self.parking is not None and self.requeue:
+                sync_quietly(self.st)  # the entry held for the dump before the epilog runs
+                self.early = _requeue(self.st, self.job_id, early=True)
+            budget = self.st.cfg.keep_budget_bytes()
+            if self.parking is None or budget <= 0 or anon_rss_bytes(tree) > budget:
+                return None  # (a tree larger than the whole budget would be ended at once)
+            if not link_remap.in_root_dirs(link_remap.deleted_but_linked(tree)):
+                return None  # CRIU's post-dump step links files only in root's directories
+            writes = self.parking.freeze_writes()
+            return writes or None
+        except Exception as e:  # noqa: BLE001 - must not raise: the dump goes on regardless
+            self._event("checkpoint.stays_in_job", reason=str(e)[:500])
+            return None
+
+    def after_failure(self, tree_kept: bool = False) -> str:
+        """A failed dump: the instance back into its job, where it runs on; ended when
+        the job was requeued already or its cgroup is gone, or when the failure came after
+        a CRIU run that left it running without its GPU state (``tree_kept``). Returns
+        what to add to the reason."""
+        if self.parking is None:
+            return ""
+        if tree_kept:
+            self.parking.kill_all()
+            return "; the instance, left without its GPU state, was ended (its saved " \
+                "requests are kept)"
+        if self.early:
+            self.parking.kill_all()
+            return ("; the job had been requeued while the dump ran, so the instance was "
+                    "ended: its next run starts without the image (its saved requests are "
+                    "kept)")  # fmt: skip
+        if self.parking.return_home():
+            self.parking.kill_all()
+            return "; its job's cgroup was gone, so the instance was ended"
+        return ""
+
+    def close(self) -> None:
+        """After the dump: unless the tree is kept, whatever is still parked (a fork that
+        left the tree, or a tree that could not be kept) is ended and the parked cgroups
+        go. Never raises (the job lock is released after it)."""
+        if self.parking is None or self.kept:
+            return
+        try:
+            killed = self.parking.kill_all()
+            self.parking.remove()
+            if killed:
+                self._event("checkpoint.parked_killed", pids=killed)
+        except Exception:  # noqa: BLE001,S110 - start-up's sweep takes what is left
+            pass
+
+    def keep(self, pid: int, pid_start: int | None, key: str) -> bool:
+        """After a dump that left the tree running: check it is frozen where it is parked
+        (CRIU's post-dump step froze it) and record it; False (:meth:`close` then ends it,
+        the image stays) when it is gone or not frozen: it must not run outside a job."""
+        if not pid_alive(pid, pid_start) or not self.parking.freeze():
+            self._event("checkpoint.not_kept", pid=pid,
+                        reason="the dumped instance could not be frozen where it waits")
+            return False
+        kept = Kept(self.job_id, pid, pid_start, self.parking, key, time.time())
+        record(kept)
+        self.kept = True
+        self._event("checkpoint.kept", pid=pid, size_bytes=kept.size_bytes())
+        return True
+
+    def _event(self, kind: str, **fields: Any) -> None:
+        try:
+            self.st.event(kind, job_id=self.job_id, **fields)
+        except OSError:  # a full log must not cost the dump
+            pass
+
+
+def _park_out_of_job(st: DaemonState, job_id: str, tree: list[int]) -> Any:
+    """The tree moved into a parked cgroup of spswapd's (see _LeaveJob), or None."""
+    from spswap.checkpoint import cgroups, proctree
+
+    parking = cgroups.Parking.create(f"{cgroups.root_tag(st.cfg.root)}-{job_id}-{tree[0]}",
+                                     tree[0])  # fmt: skip
+    if parking is None:
+        return None
+    try:
+        new = tree
+        for _ in range(3):  # again for anything forked meanwhile
+            parking.adopt(new)
+            new = [p for p in proctree.process_tree_pids(tree[0]) if p not in parking.homes]
+            if not new:
+                break
+        if new:
+            raise CheckpointFailed(f"the tree keeps forking ({len(new)} new processes)")
+    except Exception as e:  # noqa: BLE001 - the dump still runs, inside the job
+        if parking.return_home():
+            parking.kill_all()  # their job is gone: they would not survive it anyway
+        parking.remove()
+        st.event("checkpoint.stays_in_job", job_id=job_id, reason=str(e)[:500])
+        return None
+    st.event("checkpoint.parked", job_id=job_id, pids=sorted(parking.homes),
+             cgroups=[str(d) for d in parking.dirs.values()])  # fmt: skip
+    return parking
+
+
+def _dump(st: DaemonState, job_id: str, pid: int, pid_start: int | None, identity: Identity,
+          leave: _LeaveJob) -> bool:  # fmt: skip
+    """Dump and record the outcome; True when the instance is gone (dumped, or killed by
+    CRIU before a later step failed), False when it runs on."""
+    from spswap.checkpoint.service import dump_instance
+
+    try:
+        try:
+            report = dump_instance(st.cfg.paths.images, job_id=job_id, pid=pid,
+                                   identity=identity, gpu_uuids=run_gpu_uuids(st, job_id),
+                                   pid_start=pid_start, before_criu=leave)  # fmt: skip
+        finally:
+            end_dump_hold(job_id)  # counted as an image from now on, or not at all
+    except Exception as e:  # the instance runs on (unless CRIU ended it): tell it, record why
+        reason = str(e) + leave.after_failure(tree_kept=bool(getattr(e, "tree_kept", False)))
+        try:
+            set_status(st, job_id, state="failed", pid=pid, reason=reason)
+        finally:  # the status first (it reads it when told), but told in any case
+            resume(pid, pid_start)
+        st.event("checkpoint.failed", job_id=job_id, uid=identity.uid, reason=reason[:2000])
+        sync_quietly(st)  # an older image of the job was deleted before the dump
+        return not pid_alive(pid, pid_start)
+    kept = report.kept = report.kept and leave.keep(pid, pid_start, report.key)
+    sync_quietly(st)  # before "saved": a restore must find the entry held
+    set_status(st, job_id, state="saved", pid=pid, key=report.key,
+                size_bytes=report.size_bytes, timings_s=report.timings_s,
+                kept=kept)  # fmt: skip
+    st.event("checkpoint.saved", job_id=job_id, uid=identity.uid, image=report.to_json())
+    return True
+
+
+def _requeue(st: DaemonState, job_id: str, *, early: bool = False) -> bool:
+    """Requeue as the instance asked: while the dump runs when the instance is parked
+    outside the job (``early``), else once the image is complete (a requeue ends the
+    job's processes; and the image is worth nothing if the job does not come back).
+    False when there is no Slurm to ask or it refused."""
+    from spswap.slurm.backend import get_backend
+
+    try:
+        backend = get_backend()
+        if backend is None:
+            return False
+        backend.requeue(job_id)
+        st.event("job.requeue", job_id=job_id, early=early)
+    except Exception as e:  # preemption may have requeued it already, or slurmctld is slow
+        st.event("job.requeue_refused", job_id=job_id, reason=str(e)[:500])
+        return False  # not known to be leaving: a failed dump sends the instance home
+    return True

@@ -1,0 +1,101 @@
+"""Daemon start-up after a daemon that died (``kill -9``, OOM, a restart of the service):
+what it left parked is ended, its unfinished dumps are failed and deleted, and the pool
+uses of the images on disk are taken back."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from spswap.daemon.ckpt_status import resume, set_status
+from spswap.daemon.image_uses import sync_quietly
+from spswap.daemon.kept import not_kept_any_more
+from spswap.fsutil import read_json
+
+if TYPE_CHECKING:
+    from spswap.daemon.handlers import DaemonState
+
+
+RECOVER_WAIT_S = 60.0  # how long start-up waits for a dead daemon's CRIU to let go
+
+
+def recover(st: DaemonState) -> dict[str, Any]:
+    """Daemon start-up: clean up after a daemon that died (``kill -9``, OOM, reboot of
+    the service) and take back the pool uses of the images on disk.
+
+    A status left "dumping" is failed with the reason; when its instance still runs (CRIU
+    died with the daemon and let the process go) it is told (SIGUSR2) and exits as after
+    any failed dump, its requests saved. If a CRIU of the dead daemon still holds the
+    process, that wait happens in a thread so the daemon answers meanwhile.
+    """
+    from spswap.checkpoint.cgroups import root_tag, sweep
+    from spswap.checkpoint.criu import remove_image
+    from spswap.checkpoint.service import incomplete_images, temp_dirs
+
+    # first: what a dead daemon left parked outside its job (no home known any more)
+    swept = sweep(root_tag(st.cfg.root))
+    if swept:
+        st.event("checkpoint.parked_swept", cgroups=swept)
+    stale = []
+    status_dir = st.cfg.paths.run / "checkpoints"
+    for path in sorted(status_dir.glob("*.json")) if status_dir.is_dir() else []:
+        status = read_json(path) or {}
+        if status.get("kept"):  # the sweep above ended what the dead daemon kept
+            not_kept_any_more(st, str(status.get("job_id") or path.stem))
+        if status.get("state") == "dumping":
+            stale.append((str(status.get("job_id") or path.stem), int(status.get("pid") or 0),
+                          status.get("pid_start")))  # fmt: skip
+    dumping = {job for job, _, _ in stale}
+    removed = []
+    images = st.cfg.paths.images
+    for p in temp_dirs(images) + incomplete_images(images):
+        if not any(_of_job(p, j) for j in dumping):  # those wait for their CRIU to end
+            removed.append(remove_image(p))
+    for job_id, pid, pid_start in stale:
+        threading.Thread(target=_recover_dump, args=(st, job_id, pid, pid_start),
+                         daemon=True).start()  # fmt: skip
+    sync_quietly(st)
+    if stale or removed:
+        st.event("checkpoint.recovered", stale_dumps=[j for j, _, _ in stale], removed=removed)
+    return {"stale_dumps": [j for j, _, _ in stale], "removed": removed}
+
+
+def _of_job(p: Path, job_id: str) -> bool:
+    from spswap.checkpoint.service import job_prefix
+
+    return p.name.removeprefix(".tmp-").startswith(job_prefix(job_id))
+
+
+def _traced(pid: int) -> bool:
+    """True while a tracer (a CRIU still dumping) holds ``pid``."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("TracerPid:"):
+                return int(line.split()[1]) != 0
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+def _recover_dump(st: DaemonState, job_id: str, pid: int, pid_start: int | None) -> None:
+    from spswap.checkpoint.criu import remove_image
+    from spswap.checkpoint.service import incomplete_images, temp_dirs
+    from spswap.liveness import pid_alive
+
+    deadline = time.monotonic() + RECOVER_WAIT_S
+    while pid > 0 and _traced(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    # the start time rules out a process that took the pid over since (we signal it)
+    alive = pid > 0 and pid_start is not None and pid_alive(pid, pid_start)
+    for p in temp_dirs(st.cfg.paths.images, job_id) + incomplete_images(st.cfg.paths.images):
+        if _of_job(p, job_id):
+            remove_image(p)
+    fate = "it runs on and was told" if alive else "CRIU had ended it: its requests are saved"
+    reason = (f"spswapd died during the dump of job {job_id} (pid {pid}); the unfinished "
+              f"image was deleted; {fate}: the next run starts cold")  # fmt: skip
+    set_status(st, job_id, state="failed", pid=pid, reason=reason)
+    st.event("checkpoint.failed", job_id=job_id, reason=reason)
+    if alive:
+        resume(pid, pid_start)

@@ -1,0 +1,217 @@
+"""The ``restore`` op: the job's kept instance woken, or its image restored, into the new
+run (see :mod:`spswap.daemon.ckpt_status` for the whole flow)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from spswap.checkpoint.images import Identity
+from spswap.daemon.ckpt_status import (
+    RESUME_SIGNAL,
+    identity_of,
+    job_for,
+    job_lock,
+    no_image_reason,
+    require_running,
+    run_gpu_uuids,
+    set_status,
+    status_path,
+)
+from spswap.daemon.image_uses import sync_quietly
+from spswap.daemon.kept import Kept, finish_kept, take
+from spswap.errors import CheckpointFailed
+from spswap.fsutil import read_json
+from spswap.liveness import pid_start_time
+
+if TYPE_CHECKING:
+    from spswap.daemon.handlers import Context, DaemonState
+
+
+RESTORE_WAITS_DUMP_S = 300.0  # a restore that finds its own job still dumping waits this long
+
+
+def op_restore(ctx: Context, args: dict[str, Any]) -> Any:
+    """Restore the job's instance for the caller (the new run's proxy)."""
+    st = ctx.state
+    job_id = args["job_id"]
+    rec = job_for(ctx, job_id)
+    require_running(rec)
+    expected = identity_of(args, rec.uid)
+    # A job requeued while its dump ran may be back before the dump ends: wait for it
+    # (also just after "saved": the dump thread still freezes and records a kept tree).
+    state = (read_json(status_path(st, job_id)) or {}).get("state")
+    dumping = state in ("dumping", "saved")
+    if not job_lock(job_id).acquire(timeout=RESTORE_WAITS_DUMP_S if dumping else 1.0):
+        if dumping:
+            raise CheckpointFailed(f"the previous run's dump of job {job_id} did not end "
+                                   f"within {RESTORE_WAITS_DUMP_S:g} s: this run starts "
+                                   "without it (see `spswap events`)")  # fmt: skip
+        raise CheckpointFailed(f"job {job_id} is being checkpointed or restored already")
+    try:
+        return _restore(ctx, st, rec, job_id, expected, args)
+    finally:
+        job_lock(job_id).release()
+
+
+def _restore(ctx: Context, st: DaemonState, rec: Any, job_id: str, expected: Identity,
+             args: dict[str, Any]) -> Any:  # fmt: skip
+    status = read_json(status_path(st, job_id)) or {}
+    if status.get("state") != "saved":
+        raise CheckpointFailed(no_image_reason(job_id, status))
+    from spswap.checkpoint.service import ImageRejected, restore_instance
+
+    kept = take(job_id)  # this restore owns it now: nothing else may end it meanwhile
+    woken = _wake_kept(st, rec, job_id, expected, kept) if kept is not None else None
+    if kept is not None and woken is not None:
+        pid, timings, image = woken
+        try:
+            return _restored(ctx, st, rec, job_id, expected, args, pid, timings, kept=True)
+        finally:
+            _clear_parking(st, job_id, kept, pid)
+            # stale since the tree ran on; deleted once the instance is woken: freeing a
+            # few GB of tmpfs pages takes 0.3-0.4 s, off the swap's path here
+            from spswap.checkpoint.criu import remove_image
+
+            remove_image(image)
+            sync_quietly(st)
+    try:
+        pid, timings = restore_instance(st.cfg.paths.images, job_id=job_id, expected=expected,
+                                        gpu_uuids=run_gpu_uuids(st, job_id))  # fmt: skip
+    except ImageRejected as e:
+        set_status(st, job_id, state="rejected", reason=str(e))
+        st.event("restore.rejected", job_id=job_id, uid=rec.uid, reason=str(e))
+        raise
+    except Exception as e:
+        set_status(st, job_id, state="failed", reason=str(e))
+        st.event("restore.failed", job_id=job_id, uid=rec.uid, reason=str(e)[:2000])
+        raise
+    finally:
+        sync_quietly(st)  # the image is gone whatever happened
+    return _restored(ctx, st, rec, job_id, expected, args, pid, timings)
+
+
+def _wake_kept(st: DaemonState, rec: Any, job_id: str, expected: Identity,
+               kept: Kept) -> tuple[int, dict[str, float], Path] | None:  # fmt: skip
+    """The job's kept instance back: identity check, thaw, CUDA restore and unlock;
+    (pid, timings, its image for the caller to delete). None when the tree was gone, or
+    died as it was thawed (a kill that waited for the thaw): the image then brings it
+    back. Any other failure ends the instance and deletes the image (cold start)."""
+    from spswap.checkpoint.criu import remove_image
+    from spswap.checkpoint.service import ImageRejected, kept_image, wake_kept
+
+    t0 = time.monotonic()
+    image = None
+    try:
+        if not kept.alive():
+            raise _KeptGone
+        image = kept_image(st.cfg.paths.images, job_id=job_id, expected=expected)
+        timings = {"verify": time.monotonic() - t0}
+        t0 = time.monotonic()
+        tree = kept.parking.pids()
+        if not kept.parking.thaw():
+            raise CheckpointFailed(f"the kept instance of job {job_id} could not be thawed")
+        timings["thaw"] = time.monotonic() - t0
+        if not kept.alive():
+            raise _KeptGone
+        timings.update(wake_kept(image, kept.pid, gpu_uuids=run_gpu_uuids(st, job_id),
+                                 tree=tree))  # fmt: skip
+    except _KeptGone:
+        finish_kept(st, kept, "it was gone when its job came back: restored from its image")
+        return None
+    except BaseException as e:
+        kept.end()
+        if image is not None:
+            remove_image(image)
+        rejected = isinstance(e, ImageRejected)
+        reason = str(e) if rejected else f"{e}; the kept instance was ended: cold start"
+        set_status(st, job_id, state="rejected" if rejected else "failed", reason=reason)
+        st.event("restore.rejected" if rejected else "restore.failed", job_id=job_id,
+                 uid=rec.uid, reason=reason[:2000], kept=True)  # fmt: skip
+        raise (e if rejected else CheckpointFailed(reason)) from None
+    finally:  # a failure deleted the image: its pool use goes now
+        if image is None or not image.exists():
+            sync_quietly(st)
+    return kept.pid, timings, image
+
+
+class _KeptGone(Exception):
+    """The kept tree is not there to wake: its image brings it back instead."""
+
+
+def _clear_parking(st: DaemonState, job_id: str, kept: Kept, pid: int) -> None:
+    """After a kept tree's wake: anything still parked that is not the instance's tree (a
+    process that left the tree before the dump) is ended, and the parked cgroups go; a
+    tree that could not join its run stays (the start-up sweep ends it)."""
+    from spswap.checkpoint.proctree import process_tree_pids
+
+    try:
+        leftover = kept.parking.pids() - set(process_tree_pids(pid))
+        for p in leftover:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if leftover:
+            st.event("checkpoint.parked_killed", job_id=job_id, pids=sorted(leftover))
+        deadline = time.monotonic() + 5
+        while kept.parking.pids() & leftover and time.monotonic() < deadline:
+            time.sleep(0.02)
+        kept.parking.remove()
+    except OSError:  # the sweep at the next start takes what is left
+        pass
+
+
+def _restored(ctx: Context, st: DaemonState, rec: Any, job_id: str, expected: Identity,
+              args: dict[str, Any], pid: int, timings: dict[str, float], *,
+              kept: bool = False) -> Any:  # fmt: skip
+    """A restored (or kept) instance into the new run: its cgroups, its status, woken."""
+    _into_job(st, job_id, pid, ctx.peer_pid)
+    # The status first: the woken instance reads it to learn its new run.
+    set_status(st, job_id, state="restored", pid=pid, proxy_pid=ctx.peer_pid,
+                restart_count=int(args.get("restart_count", 0)), timings_s=timings,
+                kept=kept)  # fmt: skip
+    try:
+        os.kill(pid, RESUME_SIGNAL)
+    except ProcessLookupError:
+        # Killed (or OOM) between CRIU's end and our signal: the proxy must cold-start
+        # now rather than stand in for nobody.
+        reason = (f"the restored instance of job {job_id} (pid {pid}) died before it woke; "
+                  "its image is gone (single use, or stale once a kept tree ran on): cold "
+                  "start")  # fmt: skip
+        set_status(st, job_id, state="failed", reason=reason)
+        st.event("restore.failed", job_id=job_id, uid=rec.uid, reason=reason)
+        raise CheckpointFailed(reason) from None
+    _hold_pool_entry(st, expected.model_digest, pid, rec)
+    st.event("restore.done", job_id=job_id, uid=rec.uid, pid=pid, timings_s=timings, kept=kept)
+    return {"pid": pid, "timings_s": timings, "kept": kept}
+
+
+def _into_job(st: DaemonState, job_id: str, pid: int, proxy_pid: int) -> None:
+    """The restored tree (spswapd's child) or woken kept tree (parked) into the new
+    run's cgroups, so Slurm tracks, limits and ends it with its job; where that fails it
+    runs on, outside (logged)."""
+    from spswap.checkpoint import cgroups, proctree
+
+    try:
+        moved = cgroups.join(proctree.process_tree_pids(pid), proxy_pid)
+        if moved:
+            st.event("restore.joined_job", job_id=job_id, pid=pid, hierarchies=moved)
+    except Exception as e:  # noqa: BLE001 - the restore stands; the proxy still forwards
+        st.event("restore.outside_job", job_id=job_id, pid=pid, reason=str(e)[:500])
+
+
+def _hold_pool_entry(st: DaemonState, digest: str, pid: int, rec: Any) -> None:
+    """The restored process maps its pool entry: record its use (its old use died with the
+    dumped process), so the entry is not evicted under it."""
+    from spswap.liveness import Holder
+    from spswap.pool.store import Pool
+
+    holder = Holder(pid=pid, pid_start=pid_start_time(pid), uid=rec.uid, job_id=rec.job_id)
+    try:
+        Pool.from_config(st.cfg).acquire_use(digest, holder)
+    except Exception as e:  # the restore stands; only eviction protection is missing
+        st.event("restore.pool_use_failed", job_id=rec.job_id, reason=str(e)[:500])
