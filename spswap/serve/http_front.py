@@ -272,6 +272,9 @@ class HttpFront:
         self._classifying += 1
         try:
             kind, group = await self._peer(writer)
+        except asyncio.CancelledError:  # the front stops: the connection must not outlive it
+            writer.transport.abort()
+            raise
         except Exception:  # noqa: BLE001 - an unknown peer is ended, the front serves on
             writer.transport.abort()
             return
