@@ -5,7 +5,7 @@
 #
 # slurmd runs this as root with almost no environment (no PATH). Settings come from
 # $SPSWAP_DEFAULTS (default /etc/default/spswap), a file of VAR=value lines:
-#   SPSWAP_BIN=/opt/spswap/bin/spswap    the spswap executable
+#   SPSWAP_BIN=/opt/spswap/venv/bin/spswap    the spswap executable
 #   SPSWAP_ROOT=/dev/shm/spswap          log goes to $SPSWAP_ROOT/log/<prolog|epilog>.log
 #   SPSWAP_HOOK_TIMEOUT_S=60             longest time spswap may take here
 # slurmd reads this script's stdout/stderr until EOF, so everything goes to the log.
@@ -22,7 +22,7 @@ exec </dev/null >>"$LOG" 2>&1 || exec >/dev/null 2>&1
 say() { echo "$(date '+%F %T') job=${SLURM_JOB_ID:-?} $ACTION: $*"; }
 BIN=${SPSWAP_BIN:-}
 if [ -z "$BIN" ]; then
-    for candidate in /usr/local/bin/spswap /usr/bin/spswap /opt/spswap/bin/spswap; do
+    for candidate in /usr/local/bin/spswap /usr/bin/spswap /opt/spswap/venv/bin/spswap; do
         [ -x "$candidate" ] && { BIN=$candidate; break; }
     done
 fi

@@ -63,7 +63,8 @@ def slots(
     json: bool = JsonOpt,
 ) -> None:
     """Uncontended slot reserve + release latency (p50/p90/p99), in a scratch slot table on
-    the same file system as the real one (the goal: p50 <= 1 ms)."""
+    /dev/shm (else the temp directory), the tmpfs the real one lives on by default (the
+    goal: p50 <= 1 ms)."""
     from spswap.bench.slots import bench_slots, render_bench_slots
 
     with tempfile.TemporaryDirectory(prefix="spswap-bench-", dir=_shm_or_tmp()) as scratch:

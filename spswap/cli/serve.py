@@ -75,7 +75,8 @@ def serve(
     checkpoint: bool = typer.Option(
         True, help="On a stop, have the node daemon checkpoint this process (CUDA checkpoint "
         "+ CRIU) so the requeued run restores it instead of starting again; needs a Slurm "
-        "job and a running spswapd, silently off otherwise.",
+        "job and a running spswapd; off otherwise (with a warning when spswapd is not "
+        "running).",
     ),
     socket: Path = typer.Option(
         None, "--socket",

@@ -105,7 +105,8 @@ def reserve(
     pid: int | None = typer.Option(
         None,
         "--pid",
-        help="Process whose life keeps the reservation; default: the calling shell.",
+        help="Process whose life keeps the reservation (root only); default: the calling "
+        "shell.",
     ),  # fmt: skip
     job_id: str | None = typer.Option(
         None,
@@ -118,9 +119,10 @@ def reserve(
 ) -> None:
     """Reserve GPU units and print the reservation id (wait in line if they are taken).
 
-    This command exits at once, so the reservation is tied to the calling shell
-    (or --pid; root only) and, inside a Slurm job, to the job: it is reclaimed when they
-    end. A user's reservation is made by spswapd.
+    This command exits at once. Run by root, the reservation is tied to the calling
+    shell (or --pid) and, inside a Slurm job, to the job: it is reclaimed when they end. A
+    user's reservation is made by spswapd and tied to the job ($SLURM_JOB_ID or --job-id)
+    alone: outside a job it is reclaimed at once.
     Give it back earlier with `spswap slots release ID`.
     """
     cfg = load_config(root)
