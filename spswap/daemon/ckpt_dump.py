@@ -13,11 +13,10 @@ from typing import TYPE_CHECKING, Any
 from spswap.checkpoint.images import Identity
 from spswap.daemon.ckpt_status import (
     identity_of,
-    job_for,
     job_lock,
-    require_running,
     resume,
     run_gpu_uuids,
+    running_job,
     set_status,
 )
 from spswap.daemon.image_uses import end_dump_hold, hold_for_dump, sync_quietly
@@ -33,8 +32,7 @@ def op_checkpoint(ctx: Context, args: dict[str, Any]) -> Any:
     """Dump the caller (its own process; root may name another pid)."""
     st = ctx.state
     job_id = args["job_id"]
-    rec = job_for(ctx, job_id)
-    require_running(rec)
+    rec = running_job(ctx, job_id)
     pid = int(args.get("pid") or ctx.peer_pid)
     if ctx.peer_uid != 0 and pid != ctx.peer_pid:
         raise DaemonError("a user may checkpoint only the calling process itself: leave out "

@@ -13,11 +13,10 @@ from spswap.checkpoint.images import Identity
 from spswap.daemon.ckpt_status import (
     RESUME_SIGNAL,
     identity_of,
-    job_for,
     job_lock,
     no_image_reason,
-    require_running,
     run_gpu_uuids,
+    running_job,
     set_status,
     status_path,
 )
@@ -38,8 +37,7 @@ def op_restore(ctx: Context, args: dict[str, Any]) -> Any:
     """Restore the job's instance for the caller (the new run's proxy)."""
     st = ctx.state
     job_id = args["job_id"]
-    rec = job_for(ctx, job_id)
-    require_running(rec)
+    rec = running_job(ctx, job_id)
     expected = identity_of(args, rec.uid)
     # A job requeued while its dump ran may be back before the dump ends: wait for it
     # (also just after "saved": the dump thread still freezes and records a kept tree).

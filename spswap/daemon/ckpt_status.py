@@ -86,13 +86,20 @@ def job_lock(job_id: str) -> threading.Lock:
         return _JOB_LOCKS.setdefault(job_id, threading.Lock())
 
 
-def require_running(rec: Any) -> None:
-    """Refuse a checkpoint or restore for a job whose run on this node is not running."""
+def running_job(ctx: Context, job_id: str) -> Any:
+    """The job's record (see :func:`job_for`) when its current run runs here: registered
+    by its prolog or, where slurmd ran none, now (:mod:`spswap.daemon.missed_prolog`);
+    refused otherwise: checkpoints and restores are for the job's running instance."""
+    from spswap.daemon.missed_prolog import register_missed_run
+
+    rec = register_missed_run(ctx.state, job_for(ctx, job_id))
     if rec.state != "running":
         raise CheckpointFailed(
-            f"job {rec.job_id} is {rec.state} on this node: checkpoints and restores are for "
-            "the job's running instance (its prolog registers each run)"
+            f"job {rec.job_id} is {rec.state} on this node, and Slurm does not say a new run "
+            "of it runs here: checkpoints and restores are for the job's running instance "
+            "(its prolog registers each run)"
         )
+    return rec
 
 
 def resume(pid: int, pid_start: int | None) -> None:

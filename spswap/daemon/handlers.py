@@ -159,6 +159,9 @@ def _peer_holder(ctx: Context, job_id: str | None) -> Holder:
                 "or leave the job id out"
             )
         authorize(ctx.peer_uid, rec.uid, f"job {job_id}")
+        from spswap.daemon.missed_prolog import register_missed_run
+
+        rec = register_missed_run(ctx.state, rec)
         if rec.state != "running":
             raise PermissionDenied(f"job {job_id} has {rec.state}; a reservation or pool use "
                                    "can be bound only to a running job")  # fmt: skip

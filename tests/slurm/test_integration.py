@@ -212,3 +212,41 @@ def test_images_of_finished_jobs_are_collected(
         assert f"runs on {info.nodes} now, not on another-node" in cfg.paths.events.read_text()
     finally:
         backend.cancel(running)
+
+
+def test_a_run_whose_prolog_never_came_is_registered_at_its_first_request(
+    slurm_cluster: SlurmCluster, backend: CliBackend, tmp_path: Path
+) -> None:
+    """slurmd does not always run the prolog of a requeued job that comes straight back
+    (seen in this suite: the restore of the new run was refused, "job ... is ended"): the
+    new run is registered when it first asks, once Slurm says it runs here, as its user."""
+    import os
+
+    from spswap.config import Config
+    from spswap.daemon.ckpt_status import running_job
+    from spswap.daemon.handlers import Context, DaemonState
+    from spswap.daemon.jobs import JobRecord
+    from spswap.errors import CheckpointFailed
+
+    cfg = Config.from_env({}, root=tmp_path / "root")
+    job = slurm_cluster.sbatch("sleep 60", "--gres=gpu:1")
+    wait_for("RUNNING", lambda: _state(backend, job) == "RUNNING")
+    try:
+        info = backend.job(job)
+        assert info is not None and info.nodes
+        # what the last run's epilog left, and no prolog since
+        ended = JobRecord(job_id=job, uid=os.getuid(), user="root", gpus=[1], state="ended",
+                          registered_at=1.0, ended_at=2.0)  # fmt: skip
+        elsewhere = DaemonState(cfg, node_names={"another-node"})
+        elsewhere.jobs.put(ended)
+        with pytest.raises(CheckpointFailed, match="Slurm does not say a new run"):
+            running_job(Context(peer_uid=0, peer_pid=os.getpid(), state=elsewhere), job)
+        assert elsewhere.jobs.get(job) == ended  # on another node: nothing registered
+        here = DaemonState(cfg, node_names={info.nodes})
+        rec = running_job(Context(peer_uid=0, peer_pid=os.getpid(), state=here), job)
+        assert rec.state == "running" and rec.restart_count == info.restart_count
+        assert rec.gpus == list(info.gpus)  # Slurm's, not the last run's
+        assert here.jobs.get(job) == rec
+        assert "no prolog reached spswapd" in cfg.paths.events.read_text()
+    finally:
+        backend.cancel(job)
