@@ -15,8 +15,21 @@ DEFAULTS=${SPSWAP_DEFAULTS:-/etc/default/spswap}
 # shellcheck disable=SC1090
 [ -r "$DEFAULTS" ] && { set -a; . "$DEFAULTS" || true; set +a; }
 ROOT=${SPSWAP_ROOT:-/dev/shm/spswap}
-LOG=$ROOT/log/$ACTION.log
-{ mkdir -p "$ROOT/log" && : >> "$LOG"; } 2>/dev/null || LOG=/var/log/spswap-$ACTION.log
+# The log goes under the root only where nobody else could have prepared it: on /dev/shm
+# any user can make the root (and a symlink for the log) before spswapd does, and this
+# runs as root. Else /var/log.
+own_dir() {  # a directory of this user's, not a symlink, that no one else may write
+    [ -d "$1" ] && [ ! -L "$1" ] || return 1
+    local uid mode
+    read -r uid mode < <(stat -c '%u %a' -- "$1" 2>/dev/null) || return 1
+    [ "$uid" = "$(id -u)" ] && [ $(( 8#$mode & 8#022 )) -eq 0 ]
+}
+LOG=/var/log/spswap-$ACTION.log
+if { [ ! -e "$ROOT" ] && [ ! -L "$ROOT" ]; } || own_dir "$ROOT"; then
+    mkdir -p "$ROOT/log" 2>/dev/null
+    own_dir "$ROOT" && own_dir "$ROOT/log" && { : >> "$ROOT/log/$ACTION.log"; } 2>/dev/null \
+        && LOG=$ROOT/log/$ACTION.log
+fi
 exec </dev/null >>"$LOG" 2>&1 || exec >/dev/null 2>&1
 
 say() { echo "$(date '+%F %T') job=${SLURM_JOB_ID:-?} $ACTION: $*"; }

@@ -30,13 +30,40 @@ NOT_IN_SLURM = (
 )
 
 
+FALLBACK_LOG_DIR = Path("/var/log")
+
+
+def log_dir_for(root: Path) -> Path:
+    """Where the hooks log: ``root/log`` when it and the root are this user's own (not a
+    symlink, writable by no one else), made if absent; else :data:`FALLBACK_LOG_DIR`
+    (files ``spswap-<action>.log``). On /dev/shm any user can make the root, and a symlink
+    for the log in it, before spswapd does: root must not write through what they made."""
+    from spswap.daemon.trust import unsafe_dir
+
+    uid = os.geteuid()
+
+    def own(path: Path) -> bool:
+        return path.is_dir() and unsafe_dir(path, uid) is None
+
+    if unsafe_dir(root, uid) is None:  # this user's, or not there yet
+        try:
+            (root / "log").mkdir(parents=True, exist_ok=True)
+        except OSError:
+            pass
+        if own(root) and own(root / "log"):  # (again: someone may have made it meanwhile)
+            return root / "log"
+    return FALLBACK_LOG_DIR
+
+
 def _log(root: Path, action: str, message: str) -> None:
-    """Append one line to ``log/<action>.log``; a log that can't be written is ignored."""
+    """Append one line to ``log/<action>.log`` (see :func:`log_dir_for`); a log that can't
+    be written is ignored."""
     line = f"{time.strftime('%F %T')} [{os.getpid()}] {action}: {message}\n"
     try:
-        log_dir = root / "log"
-        log_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(log_dir / f"{action}.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        log_dir = log_dir_for(root)
+        name = f"{action}.log" if log_dir != FALLBACK_LOG_DIR else f"spswap-{action}.log"
+        fd = os.open(log_dir / name, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW,
+                     0o644)  # fmt: skip
         try:
             os.write(fd, line.encode(errors="replace"))
         finally:

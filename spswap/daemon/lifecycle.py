@@ -40,11 +40,15 @@ def log_path(cfg: Config) -> Path:
 
 
 def daemon_running(cfg: Config) -> int | None:
-    """The pid of the live daemon for this root, or None (no pid file, or a stale one)."""
+    """The pid of the live daemon for this root, or None (no pid file, or a stale one).
+    A user, who may not open root's pid file, gets -1 (running, pid not shown) when the
+    daemon answers a ping, else None."""
     try:
         fd = os.open(pid_path(cfg), os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
+    except PermissionError:
+        return -1 if ping(cfg) else None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)

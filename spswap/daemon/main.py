@@ -20,7 +20,9 @@ from spswap.errors import DaemonError
 
 def _take_pid_lock(cfg: Config) -> int | None:
     """The locked pid-file descriptor, or None when another daemon holds it."""
-    fd = os.open(lifecycle.pid_path(cfg), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    # root's alone: a user holding a shared flock on it would make every new daemon think
+    # one runs already (flock needs only a read-only descriptor)
+    fd = os.open(lifecycle.pid_path(cfg), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
@@ -30,7 +32,7 @@ def _take_pid_lock(cfg: Config) -> int | None:
         raise
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    os.fchmod(fd, 0o644)
+    os.fchmod(fd, 0o600)
     return fd
 
 

@@ -22,6 +22,7 @@ from filelock import FileLock
 
 from spswap.errors import InvalidCheckpoint
 from spswap.pool.copy import Range, ShortRead, hash_ranges
+from spswap.pool.index import LOCK_MODE
 from spswap.pool.manifest import Manifest, SourceFile, padded_size_bytes
 from spswap.pool.safetensors_format import (
     HEADER_LEN_BYTES,
@@ -64,7 +65,8 @@ def _import_once(
 
     sources = ckpt.sources
     pool.ensure_dirs()
-    with FileLock(str(pool.index.lock_path(f"import-{source_key(sources)}.lock"))):
+    with FileLock(str(pool.index.lock_path(f"import-{source_key(sources)}.lock")),
+                  mode=LOCK_MODE):
         hit = pool.find_by_sources(sources)
         if hit is not None:
             return hit

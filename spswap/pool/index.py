@@ -30,7 +30,20 @@ INDEX_VERSION = 1
 # Written only by root (the daemon, or root on the command line): users read the index
 # and the entries, and record their uses and imports through spswapd.
 INDEX_MODE = 0o644
-LOCK_MODE = 0o644
+# The lock files are the writers' alone: flock needs only a read-only descriptor, so a
+# user who could open them could hold the pool's lock forever (every dump, import and use
+# would wait). Users read the index without it.
+LOCK_MODE = 0o600
+LOCKS_DIR_MODE = 0o700
+
+
+def make_locks_dir(path: Path) -> None:
+    """The pool's lock directory, only its owner's (see :data:`LOCK_MODE`); one an earlier
+    release made open to all is closed on sight by its owner."""
+    path.mkdir(parents=True, exist_ok=True, mode=LOCKS_DIR_MODE)
+    st = os.stat(path)
+    if st.st_uid == os.geteuid() and st.st_mode & 0o077:
+        os.chmod(path, LOCKS_DIR_MODE)
 
 
 @dataclass
@@ -117,7 +130,7 @@ class PoolIndex:
 
     def _file_lock(self) -> FileLock:
         if self._lock is None:
-            self.locks_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
+            make_locks_dir(self.locks_dir)
             self._lock = FileLock(str(self.locks_dir / "index.lock"), mode=LOCK_MODE)
         return self._lock
 
@@ -125,8 +138,11 @@ class PoolIndex:
     def read_only(self) -> bool:
         """True when this process cannot take the index lock: it may read, not write."""
         for target in (self.locks_dir / "index.lock", self.locks_dir, self.pool_dir):
-            if target.exists():
-                return not os.access(target, os.W_OK)
+            try:
+                if target.exists():
+                    return not os.access(target, os.W_OK)
+            except PermissionError:  # the lock directory is its owner's alone
+                return True
         return False  # nothing yet: whoever creates the pool may write it
 
     def check_writable(self, what: str = "change the pool") -> None:

@@ -27,7 +27,7 @@ from spswap.config import Config
 from spswap.errors import PoolCorrupt, PoolEntryInUse, PoolEntryNotFound, PoolError, PoolFull
 from spswap.fsutil import dir_size_bytes, read_json
 from spswap.liveness import Holder, JobProbe
-from spswap.pool.index import LOCKS_DIR, IndexState, PoolIndex, Reservation
+from spswap.pool.index import LOCKS_DIR, IndexState, PoolIndex, Reservation, make_locks_dir
 from spswap.pool.manifest import DATA_FILE, MANIFEST_FILE, Manifest, SourceFile
 from spswap.pool.writer import DIR_MODE, TMP_PREFIX, EntryWriter, tmp_dir_name, tmp_dir_owner_alive
 from spswap.units import fmt_bytes
@@ -357,7 +357,7 @@ class Pool:
 
     def ensure_dirs(self) -> None:
         self.pool_dir.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
-        (self.pool_dir / LOCKS_DIR).mkdir(exist_ok=True, mode=DIR_MODE)
+        make_locks_dir(self.pool_dir / LOCKS_DIR)
 
     def import_checkpoint(
         self, path: Path, *, name: str | None = None,

@@ -35,11 +35,12 @@ from spswap.slots.alloc import UNITS_PER_GPU, VALID_UNITS, allocate
 STATE_FILE = "state.json"
 LOCK_FILE = "slots.lock"
 _READ_LOCK_TIMEOUT_S = 30.0
-# Only the daemon (root) writes here: a lock users could open would let any of them
-# hold it forever, and a writable state file would let them grant themselves GPUs.
+# Only the daemon (root) writes here: a lock users could open (flock needs only a
+# read-only descriptor) would let any of them hold it forever, and a writable state file
+# would let them grant themselves GPUs. Users read the state without the lock.
 DIR_MODE = 0o755
 STATE_MODE = 0o644
-LOCK_MODE = 0o644
+LOCK_MODE = 0o600
 
 
 @dataclass(frozen=True)
@@ -166,7 +167,7 @@ class SlotTable:
                            (self.lock_path, LOCK_MODE)):  # fmt: skip
             try:
                 st = os.stat(path)
-                if st.st_uid == os.geteuid() and st.st_mode & 0o022:
+                if st.st_uid == os.geteuid() and st.st_mode & 0o777 & ~mode:
                     os.chmod(path, mode)
             except OSError:
                 pass

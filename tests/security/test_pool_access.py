@@ -108,12 +108,16 @@ def test_user_imports_what_it_can_read(cfg: Config, daemon: int, user_uid: int) 
     assert out["direct_use"].startswith("PermissionDenied: cannot change the pool directly")
     for key in ("write_index", "write_data", "new_file"):
         assert out[key].startswith("PermissionError: "), (key, out[key])
-    # nothing of the root-only file got in; everything in the pool is root's, 0644/0755
+    # nothing of the root-only file got in; everything in the pool is root's, 0644/0755,
+    # but the locks (root's alone: a user's flock on one would stop the pool's writers)
     assert sorted(e.manifest.name for e in pool.entries()) == ["own", "shardy"]
+    locks = pool.pool_dir / ".locks"
     for p in [pool.pool_dir, *pool.pool_dir.rglob("*")]:
         st = os.lstat(p)
         assert st.st_uid == 0, p
-        assert stat.S_IMODE(st.st_mode) == (0o755 if p.is_dir() else 0o644), p
+        want = (0o700 if p == locks else 0o600) if locks in (p, *p.parents) \
+            else 0o755 if p.is_dir() else 0o644  # fmt: skip
+        assert stat.S_IMODE(st.st_mode) == want, p
 
 
 def _hold_use(cfg: Config, ref: str, wfd: int) -> None:
@@ -130,6 +134,8 @@ def _use_and_leave(cfg: Config, ref: str) -> dict[str, Any]:
         # pool.unuse drops the caller's own use, then finds none: root's use stays
         out["unuse_own"] = Client(cfg).call("pool.unuse", ref=ref)["released"]
         out["unuse_again"] = Client(cfg).call("pool.unuse", ref=ref)["released"]
+        # no lock file of the pool opens for a user (a flock would need no more)
+        out["open_index_lock"] = outcome(open, Pool.from_config(cfg).index.lock_path("index.lock"))
     rec = Pool.from_config(cfg).index.read_unlocked().entries[m.digest]
     out["after"] = [[h.pid, h.uid] for h in rec.uses]
     return out
@@ -144,6 +150,7 @@ def test_pool_use_is_held_by_the_users_process(cfg: Config, daemon: int, user_ui
         assert sorted(map(tuple, out["during"])) == sorted([(os.getpid(), 0),
                                                             (out["pid"], user_uid)])
         assert (out["unuse_own"], out["unuse_again"]) == (True, False)
+        assert out["open_index_lock"].startswith("PermissionError: "), out
         assert out["after"] == [[os.getpid(), 0]]
     assert pool.index.read_unlocked().entries[m.digest].uses == []
 

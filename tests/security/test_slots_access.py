@@ -42,6 +42,8 @@ def _user_session(cfg: Config, root_rid: str) -> dict[str, Any]:
     for name in ("state.json", "slots.lock"):
         out[f"write_{name}"] = outcome(open, cfg.paths.slots / name, "r+")
     out["create_file"] = outcome(open, cfg.paths.slots / "mine.json", "w")
+    # not even for reading: a flock needs no more, and held it would stop every reservation
+    out["read_slots.lock"] = outcome(open, cfg.paths.slots / "slots.lock")
     out["release_mine"] = outcome(access.release_slot, cfg, r.id)
     out["after"] = sorted(x.id for x in table.reservations())
     return out
@@ -53,7 +55,7 @@ def test_user_reserves_through_daemon_only(cfg: Config, daemon: int, user_uid: i
     rootres = access.reserve_slot(cfg, model="root-model", units=2, allowed_gpus=[0],
                                   timeout_s=5)  # fmt: skip
     for path, mode in ((cfg.paths.slots, 0o755), (table.state_path, 0o644),
-                       (table.lock_path, 0o644)):  # fmt: skip
+                       (table.lock_path, 0o600)):  # fmt: skip
         st = os.stat(path)
         assert (stat.S_IMODE(st.st_mode), st.st_uid) == (mode, 0), path
 
@@ -72,7 +74,7 @@ def test_user_reserves_through_daemon_only(cfg: Config, daemon: int, user_uid: i
     assert out["release_root"].startswith("PermissionDenied: "), out
     assert out["direct_reserve"].startswith("PermissionDenied: cannot reserve a slot directly")
     assert "spswap daemon start" in out["direct_reserve"]
-    for key in ("write_state.json", "write_slots.lock", "create_file"):
+    for key in ("write_state.json", "write_slots.lock", "create_file", "read_slots.lock"):
         assert out[key].startswith("PermissionError: "), (key, out[key])
     assert out["release_mine"] == "ok"
     assert out["after"] == [rootres.id]
@@ -156,4 +158,4 @@ def test_root_takes_back_world_writable_slot_files(cfg: Config) -> None:
     table = SlotTable.from_config(cfg)
     modes = {p.name: stat.S_IMODE(os.stat(p).st_mode)
              for p in (cfg.paths.slots, table.state_path, table.lock_path)}  # fmt: skip
-    assert modes == {"slots": 0o755, "state.json": 0o644, "slots.lock": 0o644}
+    assert modes == {"slots": 0o755, "state.json": 0o644, "slots.lock": 0o600}

@@ -99,3 +99,33 @@ def test_unwritable_root_falls_back_without_failing(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     assert (proc.returncode, proc.stdout) == (0, "")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make a root owned by another uid")
+def test_a_root_another_user_made_gets_no_log_from_root(tmp_path: Path) -> None:
+    """On /dev/shm any user can make the root (and a symlink for the log) before the
+    first prolog: the hooks, run as root, then log elsewhere and touch nothing there."""
+    from spswap.node import FALLBACK_LOG_DIR, log_dir_for
+
+    target = tmp_path / "target"
+    target.write_text("")
+    foreign = tmp_path / "foreign"
+    (foreign / "log").mkdir(parents=True)
+    (foreign / "log" / "prolog.log").symlink_to(target)
+    os.chown(foreign / "log", 65534, 65534)
+    os.chown(foreign, 65534, 65534)
+    linked = tmp_path / "linked"
+    linked.symlink_to(tmp_path / "mine", target_is_directory=True)
+    (tmp_path / "mine").mkdir()
+    assert log_dir_for(foreign) == log_dir_for(linked) == FALLBACK_LOG_DIR
+    assert log_dir_for(tmp_path / "fresh") == tmp_path / "fresh" / "log"  # made, root's
+    assert (tmp_path / "fresh" / "log").is_dir()
+    for root in (foreign, linked):
+        defaults = tmp_path / "defaults"
+        defaults.write_text(f"SPSWAP_ROOT={root}\nSPSWAP_BIN={tmp_path}/none\n")
+        proc = subprocess.run(
+            [str(REPO / "slurm" / "prolog.sh")], env={"SPSWAP_DEFAULTS": str(defaults)},
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert (proc.returncode, proc.stdout) == (0, "")
+    assert target.read_text() == "" and not (tmp_path / "mine" / "log").exists()
