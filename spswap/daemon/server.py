@@ -27,6 +27,10 @@ from spswap.errors import DaemonError, ProtocolError, SpswapError
 READ_TIMEOUT_S = 10.0
 """A client that sends no complete line within this time is answered and dropped."""
 ACCEPT_POLL_S = 0.5
+# One user's connections at once (each holds a thread; a reservation waiting in line holds
+# its connection): enough for the jobs of a full node, not for a flood that would leave
+# other users' prologs and jobs without the daemon.
+MAX_CONNECTIONS_PER_UID = 64
 
 
 @dataclass(frozen=True)
@@ -47,14 +51,28 @@ class LineTooLong(Exception):
     pass
 
 
-def read_line(conn: socket.socket, buf: bytearray, fds: list[int] | None = None) -> bytes | None:
+def read_line(conn: socket.socket, buf: bytearray, fds: list[int] | None = None,
+              deadline: float | None = None) -> bytes | None:  # fmt: skip
     """The next line (newline included) from ``conn``; None at a clean EOF.
 
     With ``fds``, file descriptors passed along (SCM_RIGHTS) are appended to it; the
     caller owns and must close them. Raises :class:`LineTooLong` past
-    :data:`protocol.MAX_MESSAGE_BYTES` and ``socket.timeout`` when the client goes
-    quiet mid-line.
+    :data:`protocol.MAX_MESSAGE_BYTES` or :data:`protocol.MAX_FDS` descriptors, and
+    ``TimeoutError`` when the line is not complete by ``deadline`` (monotonic; a
+    client that sends a byte now and then must not hold a thread forever) or the
+    socket's own timeout passes without a byte. The socket's timeout is as it was after.
     """
+    if deadline is None:
+        return _read_line(conn, buf, fds, None)
+    timeout_s = conn.gettimeout()
+    try:
+        return _read_line(conn, buf, fds, deadline)
+    finally:
+        conn.settimeout(timeout_s)  # what the answer is sent with
+
+
+def _read_line(conn: socket.socket, buf: bytearray, fds: list[int] | None,
+               deadline: float | None) -> bytes | None:  # fmt: skip
     while True:
         nl = buf.find(b"\n")
         if nl >= 0:
@@ -63,12 +81,17 @@ def read_line(conn: socket.socket, buf: bytearray, fds: list[int] | None = None)
             return line
         if len(buf) > protocol.MAX_MESSAGE_BYTES:
             raise LineTooLong()
+        if deadline is not None:
+            left_s = deadline - time.monotonic()
+            if left_s <= 0:
+                raise TimeoutError()
+            conn.settimeout(left_s)
         if fds is None:
             chunk = conn.recv(1 << 16)
         else:
             chunk, got, flags, _ = socket.recv_fds(conn, 1 << 16, protocol.MAX_FDS)
             fds.extend(got)
-            if flags & socket.MSG_CTRUNC:
+            if flags & socket.MSG_CTRUNC or len(fds) > protocol.MAX_FDS:
                 raise LineTooLong()  # more descriptors than one request may carry
         if not chunk:
             return None  # EOF; an unterminated tail is dropped (the client gave up)
@@ -86,6 +109,8 @@ class Server:
         self._sock: socket.socket | None = None
         self._sock_ino = 0
         self.orphaned = False
+        self._conns: dict[int, int] = {}  # uid -> connections being served
+        self._conns_lock = threading.Lock()
 
     def bind(self) -> None:
         """Bind the socket (a stale one from a crashed daemon is removed first)."""
@@ -142,7 +167,14 @@ class Server:
                 sys.stderr.flush()
                 time.sleep(ACCEPT_POLL_S)
                 continue
-            threading.Thread(target=self._serve_conn, args=(conn,), daemon=True).start()
+            try:
+                threading.Thread(target=self._serve_conn, args=(conn,), daemon=True).start()
+            except RuntimeError as e:  # no thread to be had (a flood): refuse, never die
+                conn.close()
+                sys.stderr.write(f"{time.strftime('%F %T')} spswapd: no thread for a "
+                                 f"connection: {e}\n")  # fmt: skip
+                sys.stderr.flush()
+                time.sleep(ACCEPT_POLL_S)
 
     def shutdown(self) -> None:
         self._stop.set()
@@ -158,17 +190,26 @@ class Server:
 
     def _serve_conn(self, conn: socket.socket) -> None:
         with conn:
+            peer = None
+            fds: list[int] = []
             try:
                 peer = peer_credentials(conn)
                 conn.settimeout(self.read_timeout_s)
+                if not self._admit(peer.uid):
+                    self._refuse(conn, f"uid {peer.uid} has {MAX_CONNECTIONS_PER_UID} "
+                                 "connections to spswapd open already; close some (or wait "
+                                 "for them to end) and try again")  # fmt: skip
+                    peer = None  # not counted
+                    return
                 buf = bytearray()
-                fds: list[int] = []
                 while True:
                     try:
-                        line = read_line(conn, buf, fds)
+                        line = read_line(conn, buf, fds,
+                                         deadline=time.monotonic() + self.read_timeout_s)
                     except LineTooLong:
                         limit = protocol.MAX_MESSAGE_BYTES
-                        self._refuse(conn, f"message is larger than the limit of {limit} bytes; "
+                        self._refuse(conn, f"message is larger than the limit of {limit} bytes "
+                                     f"or carries more than {protocol.MAX_FDS} descriptors; "
                                      "send smaller requests")  # fmt: skip
                         return
                     except TimeoutError:
@@ -190,6 +231,23 @@ class Server:
                 self._log_exception("connection")
             finally:
                 _close_all(fds)
+                if peer is not None:
+                    self._leave(peer.uid)
+
+    def _admit(self, uid: int) -> bool:
+        """Count a connection of ``uid``; False past :data:`MAX_CONNECTIONS_PER_UID` (root
+        has no cap: the prolog and epilog must always get through)."""
+        with self._conns_lock:
+            if uid != 0 and self._conns.get(uid, 0) >= MAX_CONNECTIONS_PER_UID:
+                return False
+            self._conns[uid] = self._conns.get(uid, 0) + 1
+            return True
+
+    def _leave(self, uid: int) -> None:
+        with self._conns_lock:
+            self._conns[uid] -= 1
+            if not self._conns[uid]:
+                del self._conns[uid]
 
     def handle_line(self, line: bytes, peer: Peer, fds: tuple[int, ...] = ()) -> dict[str, Any]:
         """The response to one request line from ``peer`` (never raises).

@@ -149,3 +149,105 @@ def test_daemon_exits_when_its_root_is_removed(cfg: Config, daemon: int) -> None
     else:
         pytest.fail("spswapd kept running after its root was removed")
     assert not cfg.root.exists()  # it recreated nothing on the way out
+
+
+def _in_process_server(cfg: Config, read_timeout_s: float) -> tuple[Server, threading.Thread]:
+    lifecycle.prepare_dirs(cfg)
+    server = Server(cfg, read_timeout_s=read_timeout_s)
+    server.bind()
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    return server, t
+
+
+def _stop(server: Server, t: threading.Thread) -> None:
+    server.shutdown()
+    t.join(5)
+    server.close()
+
+
+def test_a_trickling_client_is_cut_off_at_the_line_deadline(cfg: Config) -> None:
+    """A byte now and then must not hold a daemon thread forever: the whole line has
+    read_timeout_s, not each recv."""
+    server, t = _in_process_server(cfg, read_timeout_s=0.5)
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.connect(str(cfg.paths.socket))
+            s.settimeout(0.05)
+            t0 = time.monotonic()
+            answer = b""
+            for byte in b'{"v":1,"op":"ping"' * 4:  # 72 bytes over ~3.6 s, never a newline
+                try:
+                    s.sendall(bytes([byte]))
+                    answer += s.recv(4096)
+                except TimeoutError:
+                    continue
+                except (BrokenPipeError, ConnectionResetError):
+                    break
+                if answer.endswith(b"\n"):
+                    break
+                time.sleep(0.05)
+            elapsed_s = time.monotonic() - t0
+        assert "no complete message within 0.5 s" in _error(answer)["message"]
+        assert elapsed_s < 2.0, elapsed_s  # not at the end of the trickle
+    finally:
+        _stop(server, t)
+
+
+def _open_idle(socket_path: str, n: int) -> list[str]:
+    """(Run as another user) open ``n`` idle connections: what each got at once ('' for
+    nothing: taken and waiting for a request)."""
+    conns, got = [], []
+    for _ in range(n):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(socket_path)
+        conns.append(s)
+        time.sleep(0.05)
+    for s in conns:
+        s.settimeout(0.5)
+        try:
+            got.append(s.recv(4096).decode())
+        except TimeoutError:
+            got.append("")
+    for s in conns:
+        s.close()
+    return got
+
+
+def test_one_user_cannot_take_every_connection(
+    monkeypatch: pytest.MonkeyPatch, user_uid: int
+) -> None:
+    import spswap.daemon.server as server_mod
+    from tests.uids import node_root, spawn_as
+
+    monkeypatch.setattr(server_mod, "MAX_CONNECTIONS_PER_UID", 3)
+    with node_root("spsrv-") as cfg:
+        server, t = _in_process_server(cfg, read_timeout_s=5)
+        try:
+            got = spawn_as(user_uid, _open_idle, str(cfg.paths.socket), 5).result()
+            assert got[:3] == ["", "", ""], got  # taken, waiting for their requests
+            for answer in got[3:]:
+                assert "has 3 connections to spswapd open already" in answer, got
+            assert Client(cfg).call("ping")["pong"] is True  # root is never capped
+        finally:
+            _stop(server, t)
+
+
+def test_descriptors_are_capped_across_the_pieces_of_one_line(cfg: Config) -> None:
+    """Descriptors that come with several pieces of one line count together: a client
+    cannot make the daemon hold more than protocol.MAX_FDS of them."""
+    server, t = _in_process_server(cfg, read_timeout_s=5)
+    r, w = os.pipe()
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.connect(str(cfg.paths.socket))
+            for _ in range(3):  # 3 x 100 > 256, none of them past the limit alone
+                socket.send_fds(s, [b'{"v":1,'], [r] * 100)
+                time.sleep(0.1)
+            s.settimeout(5)
+            answer = s.recv(4096)
+        assert f"more than {protocol.MAX_FDS} descriptors" in _error(answer)["message"]
+    finally:
+        os.close(r)
+        os.close(w)
+        _stop(server, t)
