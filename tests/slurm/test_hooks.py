@@ -89,15 +89,20 @@ def test_a_child_left_running_does_not_hold_the_hook_output(tmp_path: Path) -> N
         os.kill(child, signal.SIGKILL)
 
 
-def test_unwritable_root_falls_back_without_failing(tmp_path: Path) -> None:
-    blocker = tmp_path / "file"
-    blocker.write_text("")
+def _prolog_with_root(tmp_path: Path, root: Path) -> subprocess.CompletedProcess[str]:
+    """prolog.sh with SPSWAP_ROOT=``root`` and no spswap to run."""
     defaults = tmp_path / "defaults"
-    defaults.write_text(f"SPSWAP_ROOT={blocker}/root\nSPSWAP_BIN={tmp_path}/none\n")
-    proc = subprocess.run(
+    defaults.write_text(f"SPSWAP_ROOT={root}\nSPSWAP_BIN={tmp_path}/none\n")
+    return subprocess.run(
         [str(REPO / "slurm" / "prolog.sh")], env={"SPSWAP_DEFAULTS": str(defaults)},
         capture_output=True, text=True, timeout=30,
     )  # fmt: skip
+
+
+def test_unwritable_root_falls_back_without_failing(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    proc = _prolog_with_root(tmp_path, blocker / "root")
     assert (proc.returncode, proc.stdout) == (0, "")
 
 
@@ -121,11 +126,6 @@ def test_a_root_another_user_made_gets_no_log_from_root(tmp_path: Path) -> None:
     assert log_dir_for(tmp_path / "fresh") == tmp_path / "fresh" / "log"  # made, root's
     assert (tmp_path / "fresh" / "log").is_dir()
     for root in (foreign, linked):
-        defaults = tmp_path / "defaults"
-        defaults.write_text(f"SPSWAP_ROOT={root}\nSPSWAP_BIN={tmp_path}/none\n")
-        proc = subprocess.run(
-            [str(REPO / "slurm" / "prolog.sh")], env={"SPSWAP_DEFAULTS": str(defaults)},
-            capture_output=True, text=True, timeout=30,
-        )  # fmt: skip
+        proc = _prolog_with_root(tmp_path, root)
         assert (proc.returncode, proc.stdout) == (0, "")
     assert target.read_text() == "" and not (tmp_path / "mine" / "log").exists()
