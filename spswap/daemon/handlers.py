@@ -174,15 +174,31 @@ def _peer_holder(ctx: Context, job_id: str | None) -> Holder:
                   since=time.time())  # fmt: skip
 
 
+def _job_gpus_only(ctx: Context, job_id: str | None, asked: list[int] | None) -> list[int] | None:
+    """The GPUs a reservation may take: a user's, bound to a job whose prolog recorded its
+    GPUs, only those (else a user could queue for every GPU of the node and starve the
+    jobs Slurm gave them to); root's, or one with no GPUs recorded, what it asked for."""
+    rec = ctx.state.jobs.get(job_id) if job_id is not None else None
+    if ctx.peer_uid == ROOT_UID or rec is None or not rec.gpus:
+        return asked
+    allowed = [g for g in (asked if asked is not None else rec.gpus) if g in rec.gpus]
+    if not allowed:
+        raise PermissionDenied(f"job {job_id} holds GPUs {rec.gpus}: its reservations may "
+                               f"take only those, not {asked}; leave --gpu out or name one "
+                               "of them")  # fmt: skip
+    return allowed
+
+
 def op_slots_reserve(ctx: Context, args: dict[str, Any]) -> Any:
     """Reserve for the caller; the wait happens here (this connection's thread only)."""
     holder = _peer_holder(ctx, args.get("job_id"))
+    allowed_gpus = _job_gpus_only(ctx, holder.job_id, args.get("allowed_gpus"))
     cached = ctx.state.slot_table()
     table = _RequesterTable(cached.slots_dir, cached.gpus, job_alive=cached.job_alive,
                             poll_interval_s=cached.poll_interval_s)  # fmt: skip
     res = table.reserve(
         model=args["model"], units=args.get("units", table.UNITS_PER_GPU),
-        whole_gpus=args.get("whole_gpus"), allowed_gpus=args.get("allowed_gpus"),
+        whole_gpus=args.get("whole_gpus"), allowed_gpus=allowed_gpus,
         holder=holder, timeout_s=float(args["timeout_s"]),
     )  # fmt: skip
     ctx.state.event("slots.reserve", job_id=holder.job_id, uid=holder.uid, pid=holder.pid,

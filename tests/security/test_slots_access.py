@@ -159,3 +159,23 @@ def test_root_takes_back_world_writable_slot_files(cfg: Config) -> None:
     modes = {p.name: stat.S_IMODE(os.stat(p).st_mode)
              for p in (cfg.paths.slots, table.state_path, table.lock_path)}  # fmt: skip
     assert modes == {"slots": 0o755, "state.json": 0o644, "slots.lock": 0o600}
+
+
+def _job_gpus_session(cfg: Config) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    out["other_gpu"] = outcome(access.reserve_slot, cfg, model="x", units=1, allowed_gpus=[0],
+                               job_id="202", timeout_s=1)  # fmt: skip
+    r = access.reserve_slot(cfg, model="x", units=4, job_id="202", timeout_s=5)
+    out["gpus"] = list(r.gpus)
+    access.release_slot(cfg, r.id)
+    return out
+
+
+def test_a_users_reservation_takes_only_the_gpus_of_its_job(
+    cfg: Config, daemon: int, user_uid: int
+) -> None:
+    """A user may not queue for GPUs Slurm gave other jobs (the prolog records the job's)."""
+    Client(cfg).call("job.register", job_id="202", uid=user_uid, user=TEST_USER, gpus=[1])
+    out = as_user(user_uid, _job_gpus_session, cfg)
+    assert out["other_gpu"].startswith("PermissionDenied: job 202 holds GPUs [1]"), out
+    assert out["gpus"] == [1]  # a whole GPU: of the two free ones, the job's
