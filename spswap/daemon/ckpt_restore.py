@@ -167,7 +167,12 @@ def _restored(ctx: Context, st: DaemonState, rec: Any, job_id: str, expected: Id
               args: dict[str, Any], pid: int, timings: dict[str, float], *,
               kept: bool = False) -> Any:  # fmt: skip
     """A restored (or kept) instance into the new run: its cgroups, its status, woken."""
-    _into_job(st, job_id, pid, ctx.peer_pid)
+    try:
+        _into_job(st, job_id, pid, ctx.peer_pid)
+    except CheckpointFailed as e:
+        set_status(st, job_id, state="failed", reason=str(e))
+        st.event("restore.failed", job_id=job_id, uid=rec.uid, reason=str(e))
+        raise
     # The status first: the woken instance reads it to learn its new run.
     set_status(st, job_id, state="restored", pid=pid, proxy_pid=ctx.peer_pid,
                 restart_count=int(args.get("restart_count", 0)), timings_s=timings,
@@ -190,16 +195,45 @@ def _restored(ctx: Context, st: DaemonState, rec: Any, job_id: str, expected: Id
 
 def _into_job(st: DaemonState, job_id: str, pid: int, proxy_pid: int) -> None:
     """The restored tree (spswapd's child) or woken kept tree (parked) into the new
-    run's cgroups, so Slurm tracks, limits and ends it with its job; where that fails it
-    runs on, outside (logged)."""
+    run's cgroups, so Slurm tracks, limits and ends it with its job; where a move fails
+    it runs on, outside (logged). When the run that asked (``proxy_pid``) is gone by
+    then, there is no run to join and no one to serve: the tree is ended
+    (:class:`CheckpointFailed`), never left running outside any job."""
     from spswap.checkpoint import cgroups, proctree
 
+    tree = proctree.process_tree_pids(pid)
     try:
-        moved = cgroups.join(proctree.process_tree_pids(pid), proxy_pid)
+        moved = cgroups.join(tree, proxy_pid)
         if moved:
             st.event("restore.joined_job", job_id=job_id, pid=pid, hierarchies=moved)
     except Exception as e:  # noqa: BLE001 - the restore stands; the proxy still forwards
         st.event("restore.outside_job", job_id=job_id, pid=pid, reason=str(e)[:500])
+    if pid_start_time(proxy_pid) is None:
+        _end_tree(tree)
+        raise CheckpointFailed(f"the run of job {job_id} that asked for the restore (pid "
+                               f"{proxy_pid}) ended before its instance could join it: the "
+                               "restored instance was ended")  # fmt: skip
+
+
+def _end_tree(pids: list[int], timeout_s: float = 10.0) -> None:
+    """SIGKILL ``pids`` and wait until they are gone (reaping those that are spswapd's
+    children: a CRIU restore's are)."""
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + timeout_s
+    left = set(pids)
+    while left and time.monotonic() < deadline:
+        for p in list(left):
+            try:
+                os.waitpid(p, os.WNOHANG)
+            except ChildProcessError:
+                pass
+            if not os.path.exists(f"/proc/{p}"):
+                left.discard(p)
+        time.sleep(0.02)
 
 
 def _hold_pool_entry(st: DaemonState, digest: str, pid: int, rec: Any) -> None:

@@ -1,0 +1,69 @@
+"""A restored instance joins the run that asked for it, or is ended (ckpt_restore._into_job)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from spswap.config import Config
+from spswap.daemon import lifecycle
+from spswap.daemon.ckpt_restore import _into_job
+from spswap.daemon.handlers import DaemonState
+from spswap.errors import CheckpointFailed
+
+TREE = """
+import os, time
+if os.fork() == 0:
+    time.sleep(300)
+    os._exit(0)
+time.sleep(300)
+"""
+
+
+def _tree() -> tuple[subprocess.Popen, list[int]]:
+    from spswap.checkpoint.proctree import process_tree_pids
+
+    proc = subprocess.Popen([sys.executable, "-c", TREE])
+    deadline = time.monotonic() + 10
+    while len(pids := process_tree_pids(proc.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(pids) == 2
+    return proc, pids
+
+
+def _running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2] != "Z"
+
+
+def test_an_instance_whose_run_is_gone_is_ended_not_left_outside_any_job(
+    tmp_path: Path,
+) -> None:
+    cfg = Config.from_env({}, root=tmp_path / "root")
+    lifecycle.prepare_dirs(cfg)
+    st = DaemonState(cfg)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    proc, pids = _tree()
+    try:
+        with pytest.raises(CheckpointFailed, match="ended before its instance could join it"):
+            _into_job(st, "7", proc.pid, gone.pid)
+        assert not any(_running(p) for p in pids)
+    finally:
+        proc.kill()
+    # a run that is there keeps its instance (joined, or in its cgroups already)
+    proc, pids = _tree()
+    try:
+        _into_job(st, "7", proc.pid, os.getpid())
+        assert all(_running(p) for p in pids)
+    finally:
+        proc.kill()
+        proc.wait()
