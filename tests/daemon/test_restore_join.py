@@ -15,6 +15,7 @@ from spswap.daemon import lifecycle
 from spswap.daemon.ckpt_restore import _into_job
 from spswap.daemon.handlers import DaemonState
 from spswap.errors import CheckpointFailed
+from tests.checkpoint.test_cgroups import _running
 
 TREE = """
 import os, time
@@ -34,14 +35,6 @@ def _tree() -> tuple[subprocess.Popen, list[int]]:
         time.sleep(0.02)
     assert len(pids) == 2
     return proc, pids
-
-
-def _running(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rfind(")") + 2] != "Z"
 
 
 def test_an_instance_whose_run_is_gone_is_ended_not_left_outside_any_job(
