@@ -19,6 +19,14 @@ from spswap.errors import SpswapError
 STATE_VERSION = 1
 
 
+def close_mode(path: Path, mode: int) -> None:
+    """Take away every permission bit of ``path`` beyond ``mode`` when this process owns
+    it (what an earlier release left open); raises OSError as os.stat does."""
+    st = os.stat(path)
+    if st.st_uid == os.geteuid() and st.st_mode & 0o777 & ~mode:
+        os.chmod(path, mode)
+
+
 def atomic_write_bytes(path: Path, data: bytes, *, mode: int = 0o644) -> None:
     """Replace ``path`` with ``data`` atomically (same directory temp file + rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -44,13 +44,14 @@ def missed_run(rec: JobRecord, info: JobInfo | None, node_names: Collection[str]
         return None
     if info.uid is None or info.uid != rec.uid or info.restart_count < rec.restart_count:
         return None
-    here = _nodes(info.nodes or "") & set(node_names)
+    held = _nodes(info.nodes or "")
+    here = held & set(node_names)
     if not here:
         return None
     gpus = next((list(g) for nodes, g in info.gpus_by_node.items() if _nodes(nodes) & here),
                 None)  # fmt: skip
     if gpus is None:
-        gpus = list(info.gpus) if len(_nodes(info.nodes or "")) == 1 else list(rec.gpus)
+        gpus = list(info.gpus) if len(held) == 1 else list(rec.gpus)
     return JobRecord(job_id=rec.job_id, uid=rec.uid, user=rec.user, gpus=gpus,
                      restart_count=info.restart_count, registered_at=now)  # fmt: skip
 

@@ -20,7 +20,7 @@ from typing import Any
 from filelock import FileLock
 
 from spswap.errors import PermissionDenied
-from spswap.fsutil import atomic_write_json, read_json
+from spswap.fsutil import atomic_write_json, close_mode, read_json
 from spswap.liveness import Holder, JobProbe, holder_alive
 from spswap.pool.manifest import SourceFile
 
@@ -41,9 +41,7 @@ def make_locks_dir(path: Path) -> None:
     """The pool's lock directory, only its owner's (see :data:`LOCK_MODE`); one an earlier
     release made open to all is closed on sight by its owner."""
     path.mkdir(parents=True, exist_ok=True, mode=LOCKS_DIR_MODE)
-    st = os.stat(path)
-    if st.st_uid == os.geteuid() and st.st_mode & 0o077:
-        os.chmod(path, LOCKS_DIR_MODE)
+    close_mode(path, LOCKS_DIR_MODE)
 
 
 @dataclass

@@ -79,10 +79,11 @@ def render_serve(opts: SbatchOptions = SbatchOptions()) -> str:
                          "# CHANGE: one JSON request per line\n")  # fmt: skip
         extra = ' \\\n    --requests "$REQUESTS" --exit-when-idle'
     if vllm:
+        from spswap.serve.vllm_api import RESERVED_ARGS
+
         args = " ".join(shlex.quote(a) for a in shlex.split(opts.vllm_args))
         requests_line = (f"VLLM_ARGS=({args})   # CHANGE: vLLM's own options (not those "
-                         "spswap sets: --model/--port/--host/--uds/--load-format/"
-                         "--enable-sleep-mode/--worker-extension-cls)\n")  # fmt: skip
+                         f"spswap sets: {'/'.join(RESERVED_ARGS)})\n")  # fmt: skip
         extra = ' --engine vllm -- "${VLLM_ARGS[@]}"'
     state_comment = _VLLM_COMMENT if vllm else _STATE_COMMENT
     name = "batch" if batch else "serve_vllm" if vllm else "serve"

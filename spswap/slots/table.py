@@ -28,7 +28,7 @@ import filelock
 
 from spswap.config import Config
 from spswap.errors import PermissionDenied, SlotError, SlotTimeout, SpswapError
-from spswap.fsutil import STATE_VERSION, atomic_write_json, read_json
+from spswap.fsutil import STATE_VERSION, atomic_write_json, close_mode, read_json
 from spswap.liveness import Holder, JobProbe, holder_alive, pid_alive, pid_start_time
 from spswap.slots.alloc import UNITS_PER_GPU, VALID_UNITS, allocate
 
@@ -166,9 +166,7 @@ class SlotTable:
         for path, mode in ((self.slots_dir, DIR_MODE), (self.state_path, STATE_MODE),
                            (self.lock_path, LOCK_MODE)):  # fmt: skip
             try:
-                st = os.stat(path)
-                if st.st_uid == os.geteuid() and st.st_mode & 0o777 & ~mode:
-                    os.chmod(path, mode)
+                close_mode(path, mode)
             except OSError:
                 pass
 
