@@ -16,6 +16,11 @@
 #   SPSWAP_BIN     the spswap executable the prolog/epilog run; written to /etc/default/spswap
 #   SPSWAP_ROOT    spswap's root for the prolog/epilog (also written to /etc/default/spswap)
 #   PROCTRACK      linuxproc | cgroup                            (default linuxproc)
+#   TASK_PLUGIN    task/none | task/cgroup                      (default task/none)
+#   CONSTRAIN_DEVICES yes | no: cgroup.conf's ConstrainDevices  (default no; needs
+#                  PROCTRACK=cgroup and TASK_PLUGIN=task/cgroup)
+#   REAL_GPUS      1: the node's /dev/nvidia[0-9]* as GRES gpu, with 4 shards each (a GPU
+#                  machine; FAKE_GPUS is then ignored)
 #   GRACE_TIME     GraceTime in seconds of the preemptable "low" partition (default 10)
 #   IDLE_TIMEOUT_S seconds to wait for the node to become idle   (default 60)
 set -euo pipefail
@@ -24,6 +29,9 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 SLURM_CI_DIR=${SLURM_CI_DIR:-/tmp/spswap-slurm}
 FAKE_GPUS=${FAKE_GPUS:-2}
 PROCTRACK=${PROCTRACK:-linuxproc}
+TASK_PLUGIN=${TASK_PLUGIN:-task/none}
+CONSTRAIN_DEVICES=${CONSTRAIN_DEVICES:-no}
+REAL_GPUS=${REAL_GPUS:-0}
 GRACE_TIME=${GRACE_TIME:-10}
 IDLE_TIMEOUT_S=${IDLE_TIMEOUT_S:-60}
 SLURM_PROLOG=${SLURM_PROLOG:-$REPO/slurm/prolog.sh}
@@ -136,7 +144,16 @@ fi
 GRES_NODE=""
 GRES_TYPES=""
 : > /etc/slurm/gres.conf
-if [ "$FAKE_GPUS" -gt 0 ]; then
+if [ "$REAL_GPUS" = 1 ]; then
+    mapfile -t real < <(ls /dev/nvidia[0-9]* 2>/dev/null | grep -E '/nvidia[0-9]+$' | sort -V)
+    [ ${#real[@]} -gt 0 ] || die "REAL_GPUS=1 but no /dev/nvidia[0-9]* on this machine"
+    for dev in "${real[@]}"; do
+        echo "NodeName=$HOST Name=gpu File=$dev"
+        echo "NodeName=$HOST Name=shard Count=4 File=$dev"
+    done > /etc/slurm/gres.conf
+    GRES_NODE="Gres=gpu:${#real[@]},shard:$((4 * ${#real[@]}))"
+    GRES_TYPES="GresTypes=gpu,shard"
+elif [ "$FAKE_GPUS" -gt 0 ]; then
     # Slurm 22.05 drops file-less GPUs and ignores regular files: fake GPUs must be
     # character devices with the NVIDIA major number (195).
     for ((i = 0; i < FAKE_GPUS; i++)); do
@@ -150,7 +167,17 @@ if [ "$FAKE_GPUS" -gt 0 ]; then
 fi
 if [ "$PROCTRACK" = cgroup ]; then
     printf '%s\n' CgroupPlugin=autodetect ConstrainCores=no ConstrainRAMSpace=no \
-        ConstrainDevices=no > /etc/slurm/cgroup.conf
+        "ConstrainDevices=$CONSTRAIN_DEVICES" > /etc/slurm/cgroup.conf
+    if [ ! -d /run/systemd/system ] && [ -f /sys/fs/cgroup/cgroup.controllers ]; then
+        # No systemd on cgroup v2: slurmd makes its own scope under system.slice, which
+        # must exist with the controllers enabled down to it.
+        echo IgnoreSystemd=yes >> /etc/slurm/cgroup.conf
+        mkdir -p /sys/fs/cgroup/system.slice
+        for c in $(cat /sys/fs/cgroup/cgroup.controllers); do
+            echo "+$c" > /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null || true
+            echo "+$c" > /sys/fs/cgroup/system.slice/cgroup.subtree_control 2>/dev/null || true
+        done
+    fi
 fi
 
 cat > /etc/slurm/slurm.conf <<EOF
@@ -172,7 +199,7 @@ SlurmdLogFile=$SLURM_CI_DIR/log/slurmd.log
 SlurmctldDebug=info
 SlurmdDebug=info
 ProctrackType=proctrack/$PROCTRACK
-TaskPlugin=task/none
+TaskPlugin=$TASK_PLUGIN
 SchedulerType=sched/backfill
 SchedulerParameters=sched_interval=2,bf_interval=1
 SelectType=select/cons_tres

@@ -15,7 +15,12 @@ Restores are detached (``--restore-detached``): the restored tree is re-parented
 pidfile. The alternative, restoring as our child through ``criu swrk`` with
 ``rst_sibling``, needs pycriu, which only ships in CRIU's source tree.
 
-Dumps and restores need root (the daemon runs them).
+Dumps and restores need root (the daemon runs them). Given a :class:`RunAs`, root starts
+CRIU as the job's user in ``--unprivileged`` mode (``criu_argv.as_user_argv``): the image
+directory is then the user's for the run, but sits in root's 0700 images root, so CRIU
+reaches it only through a descriptor root opened (``/proc/self/fd/N``) and no other
+process of the user can; after a dump root takes the files back before the image gets its
+name.
 """
 
 from __future__ import annotations
@@ -45,6 +50,68 @@ DUMP_META = "spswap-dump.json"
 # every process (other spswapd roots on one host, as tests run them).
 _LINKS = threading.Lock()
 LINKS_LOCK_FILE = Path("/run/spswap-link-remap.lock")
+
+
+@dataclass(frozen=True)
+class RunAs:
+    """The user CRIU runs as (``--unprivileged``): the job's uid, its primary gid and its
+    supplementary groups."""
+
+    uid: int
+    gid: int
+    groups: tuple[int, ...] = ()
+
+    @classmethod
+    def for_uid(cls, uid: int) -> RunAs:
+        """The user database's gid and groups of ``uid``; CheckpointFailed when it does
+        not know the uid (CRIU would run with groups the processes may not have)."""
+        import pwd
+
+        try:
+            pw = pwd.getpwuid(uid)
+        except KeyError:
+            raise CheckpointFailed(
+                f"uid {uid} is not in this node's user database, so CRIU cannot run as that "
+                "user; make the user known to the node (NSS), or set SPSWAP_CRIU_AS_ROOT=1"
+            ) from None
+        groups = sorted(set(os.getgrouplist(pw.pw_name, pw.pw_gid)))
+        return cls(uid, pw.pw_gid, tuple(groups))
+
+    def prefix(self) -> list[str]:
+        """The ``setpriv`` command line that starts CRIU as this user."""
+        setpriv = shutil.which("setpriv") or "/usr/bin/setpriv"
+        return criu_argv.as_user_argv(setpriv, uid=self.uid, gid=self.gid,
+                                      groups=list(self.groups))  # fmt: skip
+
+
+def _chown_tree(top: Path, uid: int, gid: int, file_mode: int | None = None) -> None:
+    """Give ``top`` and everything in it (no symlink followed) to ``uid``:``gid``."""
+    os.lchown(top, uid, gid)
+    for dirpath, dirnames, filenames in os.walk(top):
+        for name in dirnames + filenames:
+            child = os.path.join(dirpath, name)
+            os.lchown(child, uid, gid)
+            if file_mode is not None and name in filenames and not os.path.islink(child):
+                os.chmod(child, file_mode)
+
+
+@contextlib.contextmanager
+def _as_user_dir(directory: Path, run_as: RunAs | None) -> Iterator[tuple[str, list[int]]]:
+    """The images-dir argument for CRIU and the descriptors it must inherit: the path as it
+    is for root's CRIU; for a user's, the directory handed to the user for the run and
+    reached through a descriptor (its parent is root's 0700 images root), taken back by
+    root afterwards."""
+    if run_as is None:
+        yield str(directory), []
+        return
+    _chown_tree(directory, run_as.uid, run_as.gid)
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        yield f"/proc/self/fd/{fd}", [fd]
+    finally:
+        os.close(fd)
+        if directory.exists():
+            _chown_tree(directory, 0, 0, file_mode=0o600)
 
 
 @contextlib.contextmanager
@@ -158,10 +225,16 @@ def _check_key(key: str) -> None:
         )
 
 
-def log_tail(text: str, lines: int = LOG_TAIL_LINES) -> list[str]:
-    """The last ``lines`` lines of a CRIU log, without the harmless RLIMIT line."""
+def log_tail(text: str, lines: int = LOG_TAIL_LINES, first_errors: int = 3) -> list[str]:
+    """The last ``lines`` lines of a CRIU log, without the harmless RLIMIT line, led by
+    its first ``first_errors`` error lines where the tail leaves them out: CRIU says what
+    went wrong in its first error and then only unwinds ("Dumping FAILED"), and the whole
+    log is root's alone."""
     kept = [line for line in text.splitlines() if line.strip() and _NOISE not in line]
-    return kept[-lines:]
+    tail = kept[-lines:]
+    head = kept[: len(kept) - len(tail)]
+    errors = [line for line in head if "Error (" in line][:first_errors]
+    return [*errors, "..."] + tail if errors else tail
 
 
 def hint_for(log: str) -> str:
@@ -193,11 +266,11 @@ def _write_log(text: str, path: Path) -> Path | None:
         return None
 
 
-def _run(argv: list[str], timeout_s: float) -> tuple[int, str]:
+def _run(argv: list[str], timeout_s: float, pass_fds: list[int] | None = None) -> tuple[int, str]:
     try:
         res = subprocess.run(
             argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout_s,
-            stdin=subprocess.DEVNULL, check=False,
+            stdin=subprocess.DEVNULL, check=False, pass_fds=tuple(pass_fds or ()),
         )  # fmt: skip
     except subprocess.TimeoutExpired as e:
         out = e.output.decode(errors="replace") if e.output else ""
@@ -226,6 +299,7 @@ def preflight(pid: int) -> tuple[list[int], bool]:
 
 
 POST_DUMP_SCRIPT = "spswap-post-dump.sh"
+RESTORE_PIDFILE = "spswap-restore.pid"
 
 
 def dump(
@@ -240,6 +314,7 @@ def dump(
     log_dir: Path | None = None,
     timeout_s: float = 600.0,
     post_dump_writes: list[tuple[Path, str]] | None = None,
+    run_as: RunAs | None = None,
 ) -> ImageInfo:
     """Dump the tree rooted at ``pid`` into ``images_root/<image_key>/``.
 
@@ -247,8 +322,13 @@ def dump(
     partial image is deleted, the tree keeps running (CRIU resumes it) and
     CheckpointFailed carries the log's path and last lines. ``post_dump_writes`` (with
     ``leave_running``): files written once the image is complete, before CRIU lets the
-    tree go (a cgroup freeze; see :func:`criu_argv.post_dump_script`).
+    tree go (a cgroup freeze; see :func:`criu_argv.post_dump_script`). ``run_as``: CRIU
+    runs as that user (``--unprivileged``); such a dump cannot leave the tree running
+    (its post-dump freeze is root's to make).
     """
+    if run_as is not None and leave_running:
+        raise CheckpointFailed("a dump by CRIU as the job's user cannot leave the tree "
+                               "running (keeping needs root's CRIU: SPSWAP_CRIU_AS_ROOT=1)")
     path, version = _require_criu(criu)
     _check_key(image_key)
     final = images_root / image_key
@@ -270,6 +350,8 @@ def dump(
             "version": 1, "pid": pid, "shell_job": shell_job,
             "pids": pids, "tids": sorted({t for p in pids for t in proctree.thread_ids(p)}),
             "criu_version": list(version), "dumped_at": time.time(), "tcp_close": tcp_close,
+            **({"run_as": {"uid": run_as.uid, "gid": run_as.gid, "groups": list(run_as.groups)}}
+               if run_as is not None else {}),
         })  # fmt: skip
         script = None
         if leave_running and (linked or post_dump_writes):  # see post_dump_script
@@ -279,17 +361,19 @@ def dump(
                 sorted({f.directory for f in linked}),
                 link_remap.parked_name(image_key, link_remap.CRIU_PREFIX)))
             script.chmod(0o700)
-        argv = criu_argv.dump_argv(
-            str(path), pid=pid, images_dir=tmp, log_file="-", leave_running=leave_running,
-            shell_job=shell_job, tcp_close=tcp_close, ghost_limit_bytes=ghost_limit_bytes,
-            link_remap=bool(linked), action_script=script,
-        )  # fmt: skip
         start = time.monotonic()
         aside: list[tuple[str, str]] = []
-        with _links_lock() if linked else contextlib.nullcontext():
+        with _links_lock() if linked else contextlib.nullcontext(), \
+                _as_user_dir(tmp, run_as) as (images_arg, fds):
+            argv = (run_as.prefix() if run_as else []) + criu_argv.dump_argv(
+                str(path), pid=pid, images_dir=Path(images_arg), log_file="-",
+                leave_running=leave_running, shell_job=shell_job, tcp_close=tcp_close,
+                ghost_limit_bytes=ghost_limit_bytes, link_remap=bool(linked),
+                action_script=script, unprivileged=run_as is not None,
+            )  # fmt: skip
             try:
                 link_remap.set_aside([f.directory for f in linked], aside)
-                rc, log = _run(argv, timeout_s)
+                rc, log = _run(argv, timeout_s, fds)
                 records = link_remap.park(linked, image_key) if linked and rc == 0 else []
             finally:
                 left_aside = link_remap.put_back(aside)
@@ -361,10 +445,13 @@ def restore(
     auto_dedup: bool = False,
     log_dir: Path | None = None,
     timeout_s: float = 600.0,
+    run_as: RunAs | None = None,
 ) -> int:
     """Restore ``images_root/<image_key>/`` detached; returns the restored root pid.
 
     ``auto_dedup`` frees the image while restoring (faster, single use: delete it after).
+    ``run_as``: CRIU runs as that user (``--unprivileged``), so the kernel checks every
+    path it reopens with the user's rights; the image must have been dumped that way.
     """
     path, _ = _require_criu(criu)
     _check_key(image_key)
@@ -376,14 +463,22 @@ def restore(
         raise CheckpointFailed(f"{image_dir} has no {DUMP_META}: not an image spswap dumped")
     wait_pids_free(sorted({int(meta["pid"]), *meta.get("pids", []), *meta.get("tids", [])}),
                    pid_wait_s)  # fmt: skip
+    if run_as is not None and meta.get("run_as", {}).get("uid") != run_as.uid:
+        raise CheckpointFailed(f"{image_dir} was not dumped by CRIU as uid {run_as.uid}: "
+                               "not restored that way")  # fmt: skip
     log_dir = log_dir or images_root / ".logs"
-    with tempfile.TemporaryDirectory(prefix="spswap-restore-") as scratch:
-        pidfile = Path(scratch) / "pid"
-        argv = criu_argv.restore_argv(
-            str(path), images_dir=image_dir, log_file="-", pidfile=pidfile,
+    with tempfile.TemporaryDirectory(prefix="spswap-restore-") as scratch, \
+            _as_user_dir(image_dir, run_as) as (images_arg, fds):
+        # a user's CRIU writes its pidfile into the image directory (relative to it)
+        pidfile = Path(RESTORE_PIDFILE) if run_as else Path(scratch) / "pid"
+        argv = (run_as.prefix() if run_as else []) + criu_argv.restore_argv(
+            str(path), images_dir=Path(images_arg), log_file="-", pidfile=pidfile,
             shell_job=bool(meta.get("shell_job")),
             tcp_close=tcp_close or bool(meta.get("tcp_close")), auto_dedup=auto_dedup,
+            unprivileged=run_as is not None,
         )  # fmt: skip
+        if run_as:
+            pidfile = image_dir / RESTORE_PIDFILE
         remaps = list(meta.get("link_remaps", []))
         aside: list[tuple[str, str]] = []
         own = frozenset((int(r["dev"]), int(r["ino"])) for r in remaps if "dev" in r)
@@ -393,7 +488,7 @@ def restore(
                 link_remap.set_aside([str(r["dir"]) for r in remaps], aside, keep=own)
                 try:
                     link_remap.unpark(remaps)
-                    rc, log = _run(argv, timeout_s)
+                    rc, log = _run(argv, timeout_s, fds)
                 except BaseException:
                     link_remap.drop_unparked(remaps)
                     raise

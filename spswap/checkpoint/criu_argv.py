@@ -12,6 +12,10 @@ Flags, and why:
   ``--pidfile`` the caller still learns its pid.
 - ``-v4 -o LOG`` keeps a full log inside the image directory: CRIU's own exit status says
   little, the log says why.
+- ``--unprivileged``, started through ``setpriv`` as the job's user with only the
+  capabilities that mode needs (:func:`as_user_argv`): the kernel's own permission checks
+  then apply to every path CRIU opens, and a node whose root lacks CAP_SYS_RESOURCE (CRIU
+  as root cannot read another uid's rlimits there) can still dump a user's process.
 """
 
 from __future__ import annotations
@@ -21,6 +25,25 @@ from pathlib import Path
 
 LOG_VERBOSITY = "-v4"
 _VERSION_RE = re.compile(r"^\s*Version:\s*(\d+)\.(\d+)(?:\.(\d+))?", re.MULTILINE)
+
+
+# checkpoint_restore and sys_ptrace for the dump; setpcap for the restore (its restorer
+# drops capabilities from the bounding set the image lists).
+UNPRIVILEGED_CAPS = "+checkpoint_restore,+sys_ptrace,+setpcap"
+
+
+def as_user_argv(setpriv: str, *, uid: int, gid: int, groups: list[int]) -> list[str]:
+    """The ``setpriv`` prefix that starts CRIU as ``uid``/``gid`` with ``groups`` and
+    ambient :data:`UNPRIVILEGED_CAPS` (inheritable too: ambient needs them there).
+
+    >>> as_user_argv("setpriv", uid=1001, gid=1001, groups=[])[:4]
+    ['setpriv', '--reuid=1001', '--regid=1001', '--clear-groups']
+    """
+    if uid <= 0:
+        raise ValueError(f"CRIU as a user needs a non-root uid, got {uid}")
+    argv = [setpriv, f"--reuid={uid}", f"--regid={gid}"]
+    argv.append(f"--groups={','.join(str(g) for g in groups)}" if groups else "--clear-groups")
+    return argv + [f"--inh-caps={UNPRIVILEGED_CAPS}", f"--ambient-caps={UNPRIVILEGED_CAPS}"]
 
 
 def check_argv(criu: str) -> list[str]:
@@ -46,6 +69,7 @@ def dump_argv(
     ext_unix_sk: bool = False,
     link_remap: bool = False,
     action_script: Path | None = None,
+    unprivileged: bool = False,
 ) -> list[str]:
     """``criu dump`` of the tree rooted at ``pid`` into ``images_dir``.
 
@@ -56,6 +80,8 @@ def dump_argv(
         raise ValueError(f"pid must be positive, got {pid}")
     argv = [criu, "dump", "--tree", str(pid), "--images-dir", str(images_dir)]
     argv += [LOG_VERBOSITY, "--log-file", log_file]
+    if unprivileged:
+        argv.append("--unprivileged")
     if leave_running:
         argv.append("--leave-running")
     if shell_job:
@@ -86,6 +112,7 @@ def restore_argv(
     tcp_close: bool = False,
     ext_unix_sk: bool = False,
     auto_dedup: bool = False,
+    unprivileged: bool = False,
 ) -> list[str]:
     """``criu restore`` of the image in ``images_dir``; the root pid is written to ``pidfile``.
 
@@ -99,6 +126,8 @@ def restore_argv(
     argv = [criu, "restore", "--images-dir", str(images_dir)]
     argv += [LOG_VERBOSITY, "--log-file", log_file, "--pidfile", str(pidfile)]
     argv.append("--manage-cgroups=ignore")
+    if unprivileged:
+        argv.append("--unprivileged")
     if restore_detached:
         argv.append("--restore-detached")
     if shell_job:

@@ -157,6 +157,7 @@ def dump_instance(
     criu_path: Path | None = None, gpu_uuids: list[str] | None = None,
     pid_start: int | None = None,
     before_criu: Callable[[list[int]], list[tuple[Path, str]] | None] | None = None,
+    criu_as_user: bool = True,
 ) -> DumpReport:  # fmt: skip
     """CUDA-checkpoint (when the tree uses CUDA) and CRIU-dump the tree of ``pid``.
 
@@ -174,6 +175,12 @@ def dump_instance(
     ``kept``. A failure after such a CRIU run deletes the image and raises with
     ``tree_kept`` set: the tree is alive, frozen and without its GPU state, and the
     caller ends it.
+
+    ``criu_as_user``: a tree of a user other than root is dumped by CRIU started as that
+    user (``--unprivileged``, see :class:`criu.RunAs`); such a tree is never kept (the
+    keep's post-dump freeze is root's to make), so ``before_criu``'s writes are then not
+    made and the report says not ``kept``. False: root's CRIU (the site setting
+    SPSWAP_CRIU_AS_ROOT=1).
     """
     if pid_start is not None and not pid_alive(pid, pid_start):
         raise CheckpointFailed(f"process {pid} is gone or is another process now: not dumped")
@@ -193,9 +200,10 @@ def dump_instance(
         timings["cuda_checkpoint"] = time.monotonic() - t0
     try:
         writes = before_criu(tree) if before_criu is not None else None
-        keep = writes is not None
+        run_as = criu.RunAs.for_uid(identity.uid) if criu_as_user and identity.uid != 0 else None
+        keep = writes is not None and run_as is None
         info = criu.dump(pid, key, images_root, criu=criu_path, leave_running=keep,
-                         post_dump_writes=writes)  # fmt: skip
+                         post_dump_writes=writes if keep else None, run_as=run_as)  # fmt: skip
     except CheckpointFailed:
         if cuda:  # CRIU resumed the tree: give it its GPU state back
             cuda_ckpt.restore_tree(pid, pids=cuda)
@@ -222,6 +230,7 @@ def dump_instance(
 def restore_instance(
     images_root: Path, *, job_id: str, expected: Identity, criu_path: Path | None = None,
     gpu_uuids: list[str] | None = None, check_integrity: bool = True,
+    criu_as_user: bool = True,
 ) -> tuple[int, dict[str, float]]:  # fmt: skip
     """Restore the job's image if it matches ``expected``; returns (pid, timings).
 
@@ -230,6 +239,7 @@ def restore_instance(
 
     A mismatching or damaged image raises :class:`ImageRejected` with the reason and is
     deleted (it can never become restorable again); the caller cold-starts instead.
+    ``criu_as_user``: an image that a user's CRIU dumped is restored by CRIU as that user.
     """
     images = images_of_job(images_root, job_id)
     if not images:
@@ -253,7 +263,10 @@ def restore_instance(
         t0 = time.monotonic()
         # --auto-dedup frees the image's pages as they are restored (faster, less tmpfs at
         # the peak); fine here: an image is single use and deleted below in any case
-        pid = criu.restore(image.name, images_root, criu=criu_path, auto_dedup=True)
+        run_as = (criu.RunAs.for_uid(expected.uid)
+                  if criu_as_user and expected.uid != 0 else None)  # fmt: skip
+        pid = criu.restore(image.name, images_root, criu=criu_path, auto_dedup=True,
+                           run_as=run_as)
         timings["criu_restore"] = time.monotonic() - t0
         timings.update(_cuda_back(pid, cuda, gpu_map))
     except BaseException as e:

@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# The user's flow on the GPU machine's Slurm (scripts/gpu/slurm_up.sh up first), as a
+# normal user, the way docs/slurm.md tells one to work: render
+# sbatch_templates/serve_vllm.sbatch with only its CHANGE lines changed, sbatch it, ask it
+# through the OpenAI API on its socket, preempt it with a job on the "high" partition, and
+# ask the requeued run again. Prints one JSON line per step ("FLOW {...}") and writes the
+# job logs, spswap's events and Slurm's logs to $OUT. Exits non-zero when an answer
+# differs or a step times out.
+#
+#   MODEL=/opt/spswap-models/qwen2-0.5b OUT=/tmp/flow bash scripts/gpu/user_flow.sh
+#
+# Environment: MODEL (a model directory the user can read), SPSWAP_USER (spuser),
+# VLLM_ARGS (the template's vLLM options), HIGH_S (how long the high job holds the GPU,
+# default 15), TIMEOUT_S (per wait, default 300).
+set -uo pipefail
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+U=${SPSWAP_USER:-spuser}
+MODEL=${MODEL:?set MODEL to a model directory}
+OUT=${OUT:-/tmp/spswap-flow}
+HIGH_S=${HIGH_S:-15}
+TIMEOUT_S=${TIMEOUT_S:-300}
+VLLM_ARGS=${VLLM_ARGS:---max-model-len 512 --kv-cache-memory-bytes 4294967296}
+HOME_U=$(getent passwd "$U" | cut -d: -f6)
+WORK="$HOME_U/flow"
+mkdir -p "$OUT"
+now() { date +%s.%N; }
+flow() { echo "FLOW $1"; echo "$1" >> "$OUT/flow.jsonl"; }
+as_user() { su - "$U" -c "$1"; }
+die() { echo "user_flow: $*" >&2; collect; exit 1; }
+collect() {  # everything into one archive (a device call brings back few files)
+    local c="$OUT/collect"; mkdir -p "$c"
+    cp "$WORK"/*.log "$c/" 2>/dev/null
+    for d in "$WORK"/.spswap/*/; do [ -f "$d/vllm.log" ] && tail -n 300 "$d/vllm.log" > "$c/vllm-$(basename "$d").log"; done
+    SPSWAP_ROOT=${SPSWAP_ROOT:-/dev/shm/spswap} /opt/spswap/bin/spswap events -n 200 --json > "$c/events.json" 2>&1
+    tail -n 300 /tmp/spswap-slurm/log/slurmctld.log > "$c/slurmctld.log" 2>/dev/null
+    tail -n 300 /tmp/spswap-slurm/log/slurmd.log > "$c/slurmd.log" 2>/dev/null
+    cp /dev/shm/spswap/log/*.log /dev/shm/spswap/images/.logs/*.log "$c/" 2>/dev/null
+    squeue -o '%i %P %T %r %M' > "$c/squeue.txt" 2>&1
+    cp "$OUT/template.diff" "$c/" 2>/dev/null
+    tar -C "$OUT" -czf "$OUT/logs.tgz" collect && rm -rf "$c"
+}
+wait_for() {  # description, shell test; polls every 0.1 s up to TIMEOUT_S
+    local deadline=$(( $(date +%s) + TIMEOUT_S ))
+    until eval "$2"; do
+        [ "$(date +%s)" -lt "$deadline" ] || die "timed out waiting for $1"
+        sleep 0.1
+    done
+}
+
+# 1. The user renders the template: only the CHANGE lines differ.
+# A umask of 002 (Ubuntu's useradd) makes group-writable folders, which spswap refuses
+# for state: the user works in a private one, as the template's comment says.
+as_user "mkdir -p -m 700 '$WORK' && chmod 700 '$WORK'"
+sed -e "s|^MODEL=/path/to/model |MODEL=$MODEL |" \
+    -e "s|^VLLM_ARGS=(.*)   # CHANGE|VLLM_ARGS=($VLLM_ARGS)   # CHANGE|" \
+    "$REPO/sbatch_templates/serve_vllm.sbatch" > "$WORK/serve.sbatch"
+diff "$REPO/sbatch_templates/serve_vllm.sbatch" "$WORK/serve.sbatch" > "$OUT/template.diff"
+[ "$(grep -c '^[<>]' "$OUT/template.diff")" = 4 ] || die "the rendered template differs in more than the CHANGE lines"
+chown "$U:" "$WORK/serve.sbatch"
+cat > "$WORK/high.sbatch" <<EOF
+#!/bin/bash
+#SBATCH --partition=high --gres=gpu:1 --output=high-%j.log
+echo "high start \$(date +%s.%N)"
+python3 -c "import torch; torch.ones(1, device='cuda'); print('high on', torch.cuda.get_device_name(0))"
+sleep $HIGH_S
+echo "high end \$(date +%s.%N)"
+EOF
+chown "$U:" "$WORK/high.sbatch"
+
+# The answers: token-id prompts (the test models have no tokenizer), greedy.
+cat > "$WORK/ask.py" <<'EOF'
+import http.client, json, socket, sys, time
+class UDS(http.client.HTTPConnection):
+    def __init__(self, path): super().__init__("localhost", timeout=120); self.path_ = path
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX); self.sock.connect(self.path_)
+uds, model = sys.argv[1], sys.argv[2]
+out = []
+t0 = time.monotonic()
+for p in ([1, 2, 3, 4, 5], [10, 20, 30], [7] * 16):
+    c = UDS(uds)
+    c.request("POST", "/v1/completions", json.dumps({"model": model, "prompt": p,
+              "max_tokens": 16, "temperature": 0.0, "ignore_eos": True,
+              "return_token_ids": True}), {"Content-Type": "application/json"})
+    r = c.getresponse(); body = json.loads(r.read())
+    if r.status != 200: print(json.dumps({"error": body})); sys.exit(1)
+    out.append(body["choices"][0]["token_ids"])
+    if len(out) == 1: first_s = time.monotonic() - t0
+print(json.dumps({"answers": out, "first_answer_s": round(first_s, 3)}))
+EOF
+chown "$U:" "$WORK/ask.py"
+
+# 2. Submit; wait until it serves; ask.
+t_sub=$(now)
+JOB=$(as_user "cd '$WORK' && sbatch --parsable serve.sbatch") || die "sbatch failed"
+flow "{\"step\": \"submitted\", \"job\": $JOB}"
+EP="$WORK/.spswap/$JOB/endpoint.json"
+wait_for "run 0 to serve" "[ -s '$EP' ]"
+t_up=$(now)
+UDS=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['uds'])" "$EP")
+PID0=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['pid'])" "$EP")
+A0=$(as_user "python3 '$WORK/ask.py' '$UDS' '$MODEL'") || die "run 0 did not answer: $A0"
+flow "{\"step\": \"cold\", \"submit_to_serving_s\": $(python3 -c "print(round($t_up-$t_sub,2))"), \"ask\": $A0}"
+
+# 3. A higher job preempts it; spswap parks and checkpoints it; Slurm requeues it.
+t_pre=$(now)
+HJOB=$(as_user "cd '$WORK' && sbatch --parsable high.sbatch") || die "high sbatch failed"
+wait_for "the high job to start" "grep -q 'high start' '$WORK/high-$HJOB.log' 2>/dev/null"
+t_high=$(now)
+flow "{\"step\": \"preempted\", \"high_job\": $HJOB, \"sbatch_to_high_start_s\": $(python3 -c "print(round($t_high-$t_pre,2))")}"
+wait_for "run 0 to park" "[ ! -e '$EP' ]"
+wait_for "the high job to end" "! squeue -h -j $HJOB 2>/dev/null | grep -q ."
+t_hend=$(now)
+# 4. The requeued run restores the server (same pid) and answers.
+# endpoint.json exists only while a run serves: gone at the park, back once restored.
+wait_for "run 1 to serve" "[ -s '$EP' ]"
+t_up1=$(now)
+A1=$(as_user "python3 '$WORK/ask.py' '$UDS' '$MODEL'") || die "run 1 did not answer: $A1"
+t_ans1=$(now)
+same=$(python3 -c "import json,sys; print(str(json.loads(sys.argv[1])['answers'] == json.loads(sys.argv[2])['answers']).lower())" "$A0" "$A1")
+flow "{\"step\": \"restored\", \"high_end_to_serving_s\": $(python3 -c "print(round($t_up1-$t_hend,2))"), \"high_end_to_first_answer_s\": $(python3 -c "print(round($t_ans1-$t_hend,2))"), \"identical\": $same, \"ask\": $A1}"
+collect
+grep -h "restore\|checkpoint\|cold\|run 1" "$WORK"/spswap-vllm-"$JOB".log | tail -n 20
+as_user "scancel $JOB"
+[ "$same" = true ] || { echo "user_flow: answers differ after the restore" >&2; exit 1; }
+echo "user_flow: ok"

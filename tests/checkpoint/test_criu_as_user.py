@@ -1,0 +1,135 @@
+"""Real CRIU started as the job's user (``--unprivileged``) on a second uid's process: the
+dump and the restore run with that user's rights, the image is root's once complete, and
+the process comes back with its pid, its uid, no capabilities and its state."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from spswap.checkpoint import criu, criu_argv
+from spswap.errors import CheckpointFailed
+
+from .criu_helpers import needs_criu
+
+pytestmark = [pytest.mark.criu, needs_criu]
+
+# Counts in memory and writes the count to a file: a restored process goes on from its
+# own count (a restart would begin at 1 again).
+COUNTER = """
+import os, sys, time
+n = 0
+while True:
+    n += 1
+    with open(sys.argv[1] + ".tmp", "w") as f:
+        f.write(str(n))
+    os.replace(sys.argv[1] + ".tmp", sys.argv[1])
+    time.sleep(0.02)
+"""
+
+
+def _count(path: Path) -> int:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            return int(path.read_text())
+        except (OSError, ValueError):
+            time.sleep(0.02)
+    raise AssertionError(f"{path} never got a count")
+
+
+def _status(pid: int) -> dict[str, list[str]]:
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return {k: v.split() for k, _, v in (line.partition(":") for line in lines)}
+
+
+@pytest.fixture
+def user_counter(user_uid: int, tmp_path: Path) -> Iterator[tuple[int, Path]]:
+    """A session-leader counter running as the second uid (reparented to init, so its pid
+    is free for the restore once the dump ends it)."""
+    # pytest's own tmp folders are root's 0700: the user's files go where it can reach
+    top = Path(tempfile.mkdtemp(prefix="spswap-criu-user-", dir="/tmp"))
+    os.chmod(top, 0o755)
+    work = top / "work"
+    work.mkdir()
+    os.chown(work, user_uid, -1)
+    gid = pwd.getpwuid(user_uid).pw_gid
+    # sh forks setsid'ed python and exits: python is init's child, not ours
+    subprocess.run(
+        ["setpriv", f"--reuid={user_uid}", f"--regid={gid}", "--clear-groups", "sh", "-c",
+         'setsid /usr/bin/python3 -c "$0" "$1" </dev/null >/dev/null 2>&1 & echo $! > "$2"',
+         COUNTER, str(work / "count"), str(work / "pid")],
+        check=True, timeout=10,
+    )  # fmt: skip
+    pid = int((work / "pid").read_text())
+    _count(work / "count")
+    try:
+        yield pid, work / "count"
+    finally:
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def test_a_users_process_is_dumped_and_restored_by_criu_as_that_user(
+    user_counter: tuple[int, Path], user_uid: int, tmp_path: Path
+) -> None:
+    pid, count = user_counter
+    images = tmp_path / "images"
+    run_as = criu.RunAs.for_uid(user_uid)
+    before = _count(count)
+    info = criu.dump(pid, "user-counter", images, run_as=run_as)
+    # the finished image is root's alone, whoever dumped it
+    assert os.stat(images).st_mode & 0o777 == 0o700
+    files = list(info.path.iterdir())
+    assert {p.stat().st_uid for p in files} == {0}
+    assert not [p for p in files if p.stat().st_mode & 0o022], "no file writable by others"
+    assert os.stat(info.path).st_uid == 0
+    criu.wait_pids_free([pid], 10)
+    restored = criu.restore("user-counter", images, run_as=run_as)
+    assert restored == pid
+    st = _status(pid)
+    assert st["Uid"] == [str(user_uid)] * 4
+    assert {st[k][0] for k in ("CapInh", "CapPrm", "CapEff", "CapAmb")} == {"0000000000000000"}
+    after = _count(count)
+    time.sleep(0.2)
+    assert before <= after < _count(count), "the restored process goes on counting"
+    assert os.stat(info.path).st_uid == 0, "root takes the image back after the restore"
+
+
+def test_a_dump_as_the_user_cannot_leave_the_tree_running(
+    user_counter: tuple[int, Path], user_uid: int, tmp_path: Path
+) -> None:
+    pid, _ = user_counter
+    with pytest.raises(CheckpointFailed, match="SPSWAP_CRIU_AS_ROOT=1"):
+        criu.dump(pid, "k", tmp_path / "images", run_as=criu.RunAs.for_uid(user_uid),
+                  leave_running=True)  # fmt: skip
+    assert Path(f"/proc/{pid}").exists()
+
+
+def test_an_image_root_dumped_is_not_restored_as_a_user(tmp_path: Path, user_uid: int) -> None:
+    image = tmp_path / "images" / "img"
+    image.mkdir(parents=True)
+    (image / criu.DUMP_META).write_text('{"pid": 4242, "pids": [4242]}')
+    with pytest.raises(CheckpointFailed, match="not dumped by CRIU as uid"):
+        criu.restore("img", tmp_path / "images", run_as=criu.RunAs.for_uid(user_uid))
+
+
+def test_the_setpriv_prefix() -> None:
+    assert criu_argv.as_user_argv("/usr/bin/setpriv", uid=1001, gid=100, groups=[100, 27]) == [
+        "/usr/bin/setpriv", "--reuid=1001", "--regid=100", "--groups=100,27",
+        "--inh-caps=+checkpoint_restore,+sys_ptrace,+setpcap",
+        "--ambient-caps=+checkpoint_restore,+sys_ptrace,+setpcap",
+    ]  # fmt: skip
+    with pytest.raises(ValueError):
+        criu_argv.as_user_argv("setpriv", uid=0, gid=0, groups=[])
