@@ -155,7 +155,7 @@ def test_a_table_loads_an_existing_state_file_and_goes_on(tmp_path: Path) -> Non
     t = SlotTable(slots, [0, 1, 2], poll_interval_s=0.005)
     assert [r.id for r in t.reservations()] == ["r1", "r2"]
     assert t.waiters() == []  # its waiting process died: its place went with it
-    r = t.reserve(model="n", units=2, holder=A, timeout_s=5)
+    r = t.reserve(model="n", units=2, holder=Holder.current(), timeout_s=5)
     assert (r.id, r.gpus, r.units) == ("r4", (0,), (2, 3))  # the next ticket, the free half
     assert t.release("r1", uid=0).model == "llama-8b"
 
