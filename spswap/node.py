@@ -8,7 +8,7 @@ of whoever ran it, not a node problem.
 
 This module is on the prolog's hot path (budget: 100 ms including Python start-up):
 it imports only the config, the daemon client and lifecycle, and the Slurm env reader.
-:func:`fast_main` serves ``spswap node prolog|epilog`` without typer or rich.
+The console script (:mod:`spswap.cli.main`) calls it before loading typer or rich.
 """
 
 from __future__ import annotations
@@ -141,30 +141,3 @@ def epilog(env: Mapping[str, str] | None = None) -> int:
             _log(cfg.root, "epilog", f"job {job.job_id}: {problem}")
 
     return _hook("epilog", env, body)
-
-
-def fast_main(argv: list[str]) -> int | None:
-    """Handle ``node prolog`` / ``node epilog`` (no options) without loading the CLI.
-
-    Returns the exit code, or None when ``argv`` is anything else (``--help`` too):
-    the caller then runs the full typer app.
-    """
-    if argv == ["node", "prolog"]:
-        return prolog()
-    if argv == ["node", "epilog"]:
-        return epilog()
-    return None
-
-
-def main() -> None:
-    """Console-script entry that serves the Slurm hooks before loading typer and rich.
-
-    ``spswap node prolog`` must cost <= 100 ms with Python's start-up included; the full
-    CLI's imports alone take more than half of that. Everything else goes to the app.
-    """
-    code = fast_main(sys.argv[1:])
-    if code is not None:
-        sys.exit(code)
-    from spswap.cli.app import main as app_main
-
-    app_main()

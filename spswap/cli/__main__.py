@@ -1,5 +1,5 @@
-"""``python -m spswap.cli``: the same as the ``spswap`` command."""
+"""``python -m spswap.cli``: the same as the ``spswap`` command (fast hooks included)."""
 
-from spswap.cli.app import main
+from spswap.cli.main import main
 
 main()

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import typer
 
+from spswap.node import epilog as run_epilog
+from spswap.node import prolog as run_prolog
+
 app = typer.Typer(
     help=(
         "Slurm Prolog/Epilog entry points, run by slurmd as root (through slurm/prolog.sh "
@@ -21,8 +24,6 @@ def prolog() -> None:
     clean-up of the prolog) and record the job's id, user, GPUs and restart count.
     Always exits 0 for spswap's own trouble (logged to log/prolog.log); exits 2 only
     when run outside a Slurm job (no SLURM_JOB_ID)."""
-    from spswap.node import prolog as run_prolog
-
     raise typer.Exit(run_prolog())
 
 
@@ -31,6 +32,4 @@ def epilog() -> None:
     """Release what the job held on this node (slot reservations, pool uses) and mark it
     ended; the pool and checkpoint images stay for later (requeued) jobs. Always exits 0
     for spswap's own trouble (logged to log/epilog.log); 2 outside a Slurm job."""
-    from spswap.node import epilog as run_epilog
-
     raise typer.Exit(run_epilog())

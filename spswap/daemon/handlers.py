@@ -194,8 +194,9 @@ def op_slots_reserve(ctx: Context, args: dict[str, Any]) -> Any:
     holder = _peer_holder(ctx, args.get("job_id"))
     allowed_gpus = _job_gpus_only(ctx, holder.job_id, args.get("allowed_gpus"))
     cached = ctx.state.slot_table()
-    table = _RequesterTable(cached.slots_dir, cached.gpus, job_alive=cached.job_alive,
-                            poll_interval_s=cached.poll_interval_s)  # fmt: skip
+    table = SlotTable(cached.slots_dir, cached.gpus, job_alive=cached.job_alive,
+                      poll_interval_s=cached.poll_interval_s,
+                      grant_check=_requester_alive)  # fmt: skip
     res = table.reserve(
         model=args["model"], units=args.get("units", table.UNITS_PER_GPU),
         whole_gpus=args.get("whole_gpus"), allowed_gpus=allowed_gpus,
@@ -207,14 +208,12 @@ def op_slots_reserve(ctx: Context, args: dict[str, Any]) -> Any:
     return res.to_json()
 
 
-class _RequesterTable(SlotTable):
-    """Stops waiting once the requester has gone (its client was killed mid-wait):
-    otherwise its queue ticket would hold back everyone behind it until the timeout."""
-
-    def _try_grant(self, st: Any, ticket: int, req: Any, holder: Holder, model: str) -> Any:
-        if not pid_alive(holder.pid, holder.pid_start):
-            raise SlotError(f"pid {holder.pid} asked for a slot and exited while waiting")
-        return super()._try_grant(st, ticket, req, holder, model)
+def _requester_alive(holder: Holder) -> None:
+    """The table's grant check: stop waiting once the requester has gone (its client was
+    killed mid-wait): otherwise its queue ticket would hold back everyone behind it until
+    the timeout."""
+    if not pid_alive(holder.pid, holder.pid_start):
+        raise SlotError(f"pid {holder.pid} asked for a slot and exited while waiting")
 
 
 def _pool(ctx: Context) -> Any:

@@ -16,13 +16,14 @@ import stat
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from filelock import FileLock
 
 from spswap.errors import InvalidCheckpoint
 from spswap.pool.copy import Range, ShortRead, hash_ranges
-from spswap.pool.index import LOCK_MODE
+from spswap.pool.index import PoolIndex, source_key
+from spswap.pool.layout import LOCK_MODE, import_lock_name
 from spswap.pool.manifest import Manifest, SourceFile, padded_size_bytes
 from spswap.pool.safetensors_format import (
     HEADER_LEN_BYTES,
@@ -33,14 +34,37 @@ from spswap.pool.safetensors_format import (
     parse_header_length,
     resolve_checkpoint,
 )
+from spswap.pool.writer import EntryWriter
 
-if TYPE_CHECKING:
-    from spswap.pool.store import Pool
-    from spswap.pool.writer import EntryWriter
+
+class ImportTarget(Protocol):
+    """What an import needs from the pool (:class:`~spswap.pool.store.Pool` is one)."""
+
+    @property
+    def index(self) -> PoolIndex: ...
+
+    def ensure_dirs(self) -> None:
+        """Make the pool and lock directories."""
+        ...
+
+    def find_by_sources(self, sources: Sequence[SourceFile]) -> Manifest | None:
+        """The entry imported from exactly these files, or None."""
+        ...
+
+    def remember_sources(self, sources: Sequence[SourceFile], digest: str) -> None:
+        """Record that these files hold ``digest``."""
+        ...
+
+    def writer(
+        self, name: str, *, identity: dict[str, Any] | None = None,
+        sources: Sequence[SourceFile] = (), expected_size_bytes: int | None = None,
+    ) -> EntryWriter:  # fmt: skip
+        """A writer for one new entry."""
+        ...
 
 
 def import_checkpoint(
-    pool: Pool, path: Path, *, name: str | None = None,
+    pool: ImportTarget, path: Path, *, name: str | None = None,
     progress: Callable[[int, int], None] | None = None,
     identity: dict[str, Any] | None = None,
 ) -> Manifest:  # fmt: skip
@@ -56,16 +80,14 @@ def import_checkpoint(
 
 
 def _import_once(
-    pool: Pool, ckpt: Checkpoint, name: str, fill: Callable[[EntryWriter], None],
+    pool: ImportTarget, ckpt: Checkpoint, name: str, fill: Callable[[EntryWriter], None],
     identity: dict[str, Any] | None = None,
 ) -> Manifest:
     """One entry per source set, however many processes import it at once: under the
     source's lock, reuse what an earlier import made; else ``fill`` a new entry."""
-    from spswap.pool.store import source_key
-
     sources = ckpt.sources
     pool.ensure_dirs()
-    with FileLock(str(pool.index.lock_path(f"import-{source_key(sources)}.lock")),
+    with FileLock(str(pool.index.lock_path(import_lock_name(source_key(sources)))),
                   mode=LOCK_MODE):
         hit = pool.find_by_sources(sources)
         if hit is not None:
@@ -80,12 +102,9 @@ def _import_once(
 
 
 def _copy(
-    ckpt: Checkpoint, w: object, progress: Callable[[int, int], None] | None,
+    ckpt: Checkpoint, w: EntryWriter, progress: Callable[[int, int], None] | None,
     given_fds: dict[Path, int] | None = None,
 ) -> None:  # fmt: skip
-    from spswap.pool.writer import EntryWriter
-
-    assert isinstance(w, EntryWriter)
     with ExitStack() as stack:
         fds: dict[Path, int] = dict(given_fds or {})
         for f in ckpt.files:
@@ -129,7 +148,7 @@ MAX_NAME_CHARS = 200
 
 
 def import_from_fds(
-    pool: Pool, files: Sequence[tuple[str, int]], *, name: str | None = None,
+    pool: ImportTarget, files: Sequence[tuple[str, int]], *, name: str | None = None,
     owner_uid: int, progress: Callable[[int, int], None] | None = None,
     identity: dict[str, Any] | None = None,
 ) -> Manifest:  # fmt: skip

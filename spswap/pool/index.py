@@ -9,9 +9,10 @@ bookkeeping: no torch, no Slurm (the job probe is plugged in).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,28 +21,25 @@ from typing import Any
 from filelock import FileLock
 
 from spswap.errors import PermissionDenied
-from spswap.fsutil import atomic_write_json, close_mode, read_json
+from spswap.fsutil import atomic_write_json, read_json
 from spswap.liveness import Holder, JobProbe, holder_alive
+from spswap.pool.layout import (
+    INDEX_FILE,
+    INDEX_LOCK_FILE,
+    INDEX_MODE,
+    LOCK_MODE,
+    LOCKS_DIR,
+    make_locks_dir,
+)
 from spswap.pool.manifest import SourceFile
 
-INDEX_FILE = "index.json"
-LOCKS_DIR = ".locks"
 INDEX_VERSION = 1
-# Written only by root (the daemon, or root on the command line): users read the index
-# and the entries, and record their uses and imports through spswapd.
-INDEX_MODE = 0o644
-# The lock files are the writers' alone: flock needs only a read-only descriptor, so a
-# user who could open them could hold the pool's lock forever (every dump, import and use
-# would wait). Users read the index without it.
-LOCK_MODE = 0o600
-LOCKS_DIR_MODE = 0o700
 
 
-def make_locks_dir(path: Path) -> None:
-    """The pool's lock directory, only its owner's (see :data:`LOCK_MODE`); one an earlier
-    release made open to all is closed on sight by its owner."""
-    path.mkdir(parents=True, exist_ok=True, mode=LOCKS_DIR_MODE)
-    close_mode(path, LOCKS_DIR_MODE)
+def source_key(sources: Sequence[SourceFile]) -> str:
+    """Key of a set of source files by path only: same files, same import lock and the
+    same record in :attr:`IndexState.sources`."""
+    return hashlib.sha256("\0".join(sorted(s.path for s in sources)).encode()).hexdigest()[:32]
 
 
 @dataclass
@@ -129,13 +127,13 @@ class PoolIndex:
     def _file_lock(self) -> FileLock:
         if self._lock is None:
             make_locks_dir(self.locks_dir)
-            self._lock = FileLock(str(self.locks_dir / "index.lock"), mode=LOCK_MODE)
+            self._lock = FileLock(str(self.locks_dir / INDEX_LOCK_FILE), mode=LOCK_MODE)
         return self._lock
 
     @property
     def read_only(self) -> bool:
         """True when this process cannot take the index lock: it may read, not write."""
-        for target in (self.locks_dir / "index.lock", self.locks_dir, self.pool_dir):
+        for target in (self.locks_dir / INDEX_LOCK_FILE, self.locks_dir, self.pool_dir):
             try:
                 if target.exists():
                     return not os.access(target, os.W_OK)

@@ -14,10 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spswap.errors import PoolCorrupt
+from spswap.pool.layout import DATA_FILE
 
 MANIFEST_VERSION = 1
-MANIFEST_FILE = "manifest.json"
-DATA_FILE = "data.bin"
 ALIGNMENT_BYTES = 4096
 
 # safetensors dtype name -> bytes per element

@@ -1,59 +1,37 @@
 """The node-wide weight pool: entries on tmpfs, capacity, LRU eviction and live users.
 
-Layout under ``pool_dir`` (``$SPSWAP_ROOT/pool``)::
-
-    <digest>/manifest.json, <digest>/data.bin   one entry, immutable once renamed in
-    .tmp-<pid>-<start>-<rand>/                  an entry being built (or being removed)
-    .locks/index.lock, .locks/import-<key>.lock  file locks (never unlinked)
-    index.json                                  last use, users, source aliases, reservations
-
-Entry directories appear (rename from a temp dir) and disappear (rename to a temp dir,
-then delete) only under the index lock, so eviction, removal, publication and
-acquiring a use never race. No torch here.
+The files are laid out as :mod:`spswap.pool.layout` says. Entry directories appear
+(rename from a temp dir) and disappear (rename to a temp dir, then delete) only under
+the index lock, so eviction, removal, publication and acquiring a use never race.
+What to evict is :mod:`spswap.pool.capacity`'s choice. No torch here.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from spswap.config import Config
-from spswap.errors import PoolCorrupt, PoolEntryInUse, PoolEntryNotFound, PoolError, PoolFull
+from spswap.errors import PoolCorrupt, PoolEntryInUse, PoolEntryNotFound, PoolError
 from spswap.fsutil import dir_size_bytes, read_json
 from spswap.liveness import Holder, JobProbe
-from spswap.pool.index import LOCKS_DIR, IndexState, PoolIndex, Reservation, make_locks_dir
-from spswap.pool.manifest import DATA_FILE, MANIFEST_FILE, Manifest, SourceFile
-from spswap.pool.writer import DIR_MODE, TMP_PREFIX, EntryWriter, tmp_dir_name, tmp_dir_owner_alive
-from spswap.units import fmt_bytes
+from spswap.pool import importer, layout
+from spswap.pool.capacity import EntryInfo, plan_eviction
+from spswap.pool.index import IndexState, PoolIndex, Reservation, source_key
+from spswap.pool.layout import DATA_FILE, DIR_MODE, LOCKS_DIR, MANIFEST_FILE, make_locks_dir
+from spswap.pool.manifest import Manifest, SourceFile
+from spswap.pool.verify import verify_entry
+from spswap.pool.writer import EntryWriter
 
 DEFAULT_CAPACITY_FRACTION = 0.8
 MIN_PREFIX_CHARS = 6
-
-@dataclass(frozen=True)
-class EntryInfo:
-    """One entry as ``spswap pool ls`` shows it."""
-
-    manifest: Manifest
-    path: Path
-    size_bytes: int  # on disk: data.bin + manifest.json
-    last_used: float
-    users: list[Holder]  # live ones only
-
-    def to_json(self) -> dict[str, Any]:
-        m = self.manifest
-        return {
-            "name": m.name, "digest": m.digest, "path": str(self.path),
-            "size_bytes": self.size_bytes, "data_size_bytes": m.data_size_bytes,
-            "tensor_count": len(m.tensors), "created": m.created, "last_used": self.last_used,
-            "users": [h.to_json() for h in self.users],
-            "sources": [s.to_json() for s in m.sources], "identity": m.identity,
-        }  # fmt: skip
 
 
 class Pool:
@@ -109,7 +87,7 @@ class Pool:
     def _entry_dirs(self) -> list[Path]:
         try:
             return sorted(p for p in self.pool_dir.iterdir()
-                          if p.is_dir() and not p.name.startswith("."))  # fmt: skip
+                          if p.is_dir() and layout.is_entry_dir_name(p.name))  # fmt: skip
         except FileNotFoundError:
             return []
 
@@ -235,46 +213,11 @@ class Pool:
     def _make_room(self, state: IndexState, size_bytes: int, *, exclude: str | None) -> list[str]:
         capacity = self.capacity_bytes
         infos = self.entries()
-        used = sum(e.size_bytes for e in infos)
-        reserved = state.reserved_bytes(exclude=exclude)
-        free = capacity - used - reserved
-        fs_free = self._fs_free_bytes()
-        plan: list[EntryInfo] = []
-        # Oldest first; in-use entries (per the locked, pruned state) are never candidates.
-        for e in sorted(infos, key=lambda e: e.last_used):
-            if free >= size_bytes and fs_free >= size_bytes:
-                break
-            rec = state.entries.get(e.manifest.digest)
-            if rec and rec.uses:
-                continue
-            plan.append(e)
-            free += e.size_bytes
-            fs_free += e.size_bytes
-        if free < size_bytes or fs_free < size_bytes:
-            raise self._full_error(state, infos, size_bytes, min(free, fs_free), capacity)
+        plan = plan_eviction(infos, state, size_bytes, capacity_bytes=capacity,
+                             fs_free_bytes=self._fs_free_bytes(), exclude=exclude)  # fmt: skip
         for e in plan:
             self._delete_entry(state, e.manifest.digest)
         return [e.manifest.digest for e in plan]
-
-    def _full_error(
-        self, state: IndexState, infos: list[EntryInfo], size_bytes: int, free: int, capacity: int
-    ) -> PoolFull:
-        in_use = []
-        for e in infos:
-            rec = state.entries.get(e.manifest.digest)
-            if rec and rec.uses:
-                who = "; ".join(h.describe() for h in rec.uses)
-                in_use.append(f"{e.manifest.name} ({e.manifest.digest[:12]}, "
-                              f"{fmt_bytes(e.size_bytes)}) used by {who}")  # fmt: skip
-        held = "; ".join(in_use) or "none"
-        free_now = max(capacity - sum(e.size_bytes for e in infos) - state.reserved_bytes(), 0)
-        return PoolFull(
-            f"pool full: need {fmt_bytes(size_bytes)}, capacity {fmt_bytes(capacity)}, "
-            f"{fmt_bytes(free_now)} free and not enough unused entries to evict. In use: "
-            f"{held}. Wait for those users to finish, remove entries with "
-            "'spswap pool rm REF', or raise SPSWAP_POOL_CAPACITY_BYTES",
-            needed_bytes=size_bytes, free_bytes=max(free, 0),
-        )  # fmt: skip
 
     # -- publishing and removing ---------------------------------------------------------
 
@@ -321,22 +264,13 @@ class Pool:
     def _trash(self, path: Path) -> None:
         # Rename first so the entry vanishes atomically; a crash mid-delete leaves a temp
         # dir that the next import cleans up.
-        trash = self.pool_dir / tmp_dir_name(Holder.current())
+        trash = self.pool_dir / layout.tmp_dir_name(Holder.current())
         os.rename(path, trash)
         shutil.rmtree(trash, ignore_errors=True)
 
     def remove_stale_tmp_dirs(self) -> list[str]:
         """Delete temp dirs whose builder process is gone; returns their names."""
-        removed: list[str] = []
-        try:
-            children = list(self.pool_dir.iterdir())
-        except FileNotFoundError:
-            return removed
-        for p in children:
-            if p.name.startswith(TMP_PREFIX) and not tmp_dir_owner_alive(p.name):
-                shutil.rmtree(p, ignore_errors=True)
-                removed.append(p.name)
-        return removed
+        return layout.remove_stale_tmp_dirs(self.pool_dir)
 
     # -- writing -------------------------------------------------------------------------
 
@@ -366,10 +300,8 @@ class Pool:
     ) -> Manifest:  # fmt: skip
         """Import a safetensors checkpoint (file or directory); see :mod:`spswap.pool.importer`."""
         self.index.check_writable(f"import {path}")
-        from spswap.pool.importer import import_checkpoint
-
-        return import_checkpoint(self, Path(path), name=name, progress=progress,
-                                 identity=identity)  # fmt: skip
+        return importer.import_checkpoint(self, Path(path), name=name, progress=progress,
+                                          identity=identity)  # fmt: skip
 
     def find_by_sources(self, sources: Sequence[SourceFile]) -> Manifest | None:
         """The entry imported from exactly these files (path, size, mtime), touched; or None."""
@@ -410,8 +342,6 @@ class Pool:
 
     def verify(self, ref: str) -> Manifest:
         """Recompute every checksum; :class:`PoolCorrupt` names the first bad tensor."""
-        from spswap.pool.verify import verify_entry
-
         m = self.find(ref)
         verify_entry(m, self.data_path(m))
         return m
@@ -420,19 +350,9 @@ class Pool:
 def alias_key(identity: dict[str, Any], uid: int) -> str:
     """Key of an engine layout ``identity`` as exported by ``uid`` (``owner_uid`` in the
     identity is ignored: the uid given here is the one that counts)."""
-    import hashlib
-    import json
-
     ident = {k: v for k, v in identity.items() if k != "owner_uid"}
     text = json.dumps({"identity": ident, "uid": uid}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
-
-
-def source_key(sources: Sequence[SourceFile]) -> str:
-    """Key of a set of source files by path only: same files, same import lock."""
-    import hashlib
-
-    return hashlib.sha256("\0".join(sorted(s.path for s in sources)).encode()).hexdigest()[:32]
 
 
 def _holder_key(h: Holder) -> tuple[int, int | None, int, str | None]:

@@ -17,20 +17,18 @@ import os
 import shutil
 import threading
 import time
-import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from spswap.errors import PoolError, PoolFull
 from spswap.fsutil import atomic_write_json
-from spswap.liveness import Holder, pid_alive
+from spswap.liveness import Holder
+from spswap.pool.layout import DATA_FILE, DIR_MODE, FILE_MODE, MANIFEST_FILE, tmp_dir_name
 from spswap.pool.manifest import (
     ALIGNMENT_BYTES,
-    DATA_FILE,
     DTYPE_SIZES,
-    MANIFEST_FILE,
     Manifest,
     SourceFile,
     TensorEntry,
@@ -38,28 +36,29 @@ from spswap.pool.manifest import (
     content_digest,
 )
 
-if TYPE_CHECKING:
-    from spswap.pool.store import Pool
 
-TMP_PREFIX = ".tmp-"
-FILE_MODE = 0o644
-DIR_MODE = 0o755
-CHUNK_BYTES = 16 << 20
+class EntryStore(Protocol):
+    """What a writer needs from the pool it builds an entry in (:class:`~spswap.pool.store.
+    Pool` is one): room held for the temp dir while it fills, and the publication."""
 
+    @property
+    def pool_dir(self) -> Path: ...
 
-def tmp_dir_name(holder: Holder) -> str:
-    """``.tmp-<pid>-<pid start>-<random>``: enough to tell later whether its builder died."""
-    return f"{TMP_PREFIX}{holder.pid}-{holder.pid_start or 0}-{uuid.uuid4().hex[:12]}"
+    def remove_stale_tmp_dirs(self) -> list[str]:
+        """Delete temp dirs whose builder died."""
+        ...
 
+    def reserve_room(self, name: str, size_bytes: int, holder: Holder) -> list[str]:
+        """Evict as needed and hold ``size_bytes`` for temp dir ``name``; the evicted digests."""
+        ...
 
-def tmp_dir_owner_alive(name: str) -> bool:
-    """Whether the process that created temp dir ``name`` still runs (unparsable: no)."""
-    parts = name[len(TMP_PREFIX) :].split("-")
-    try:
-        pid, start = int(parts[0]), int(parts[1])
-    except (IndexError, ValueError):
-        return False
-    return pid_alive(pid, start or None)
+    def release_reservation(self, name: str) -> None:
+        """Drop the room held for temp dir ``name``."""
+        ...
+
+    def publish(self, tmp: Path, manifest: Manifest, reservation: str) -> tuple[Manifest, bool]:
+        """Rename the finished ``tmp`` into place: ``(manifest, reused)``."""
+        ...
 
 
 class EntryWriter:
@@ -71,7 +70,7 @@ class EntryWriter:
     """
 
     def __init__(
-        self, pool: Pool, name: str, *, identity: dict[str, Any] | None = None,
+        self, pool: EntryStore, name: str, *, identity: dict[str, Any] | None = None,
         sources: Sequence[SourceFile] = (), expected_size_bytes: int | None = None,
     ) -> None:  # fmt: skip
         self.pool = pool

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 import socket
 import sys
@@ -14,9 +16,27 @@ from spswap.config import Config
 from spswap.daemon import lifecycle
 from tests.uids import node_root
 
-# A process whose first two argv items are "node prolog" served as `spswap node prolog`
-# is, minus typer (see spswap.node.main).
-FAST_SPSWAP = [sys.executable, "-c", "import spswap.node as n; n.main()"]
+REPO = Path(__file__).resolve().parents[2]
+
+
+def console_entry() -> tuple[str, str]:
+    """The ``spswap`` console script's (module, function), as pyproject.toml names it
+    (read with a pattern: tomllib is not in Python 3.10)."""
+    text = (REPO / "pyproject.toml").read_text()
+    found = re.search(r'^\[project\.scripts\]\n(?:.*\n)*?spswap\s*=\s*"([\w.]+):(\w+)"', text, re.M)
+    assert found, "no spswap = \"module:function\" under [project.scripts] in pyproject.toml"
+    return found[1], found[2]
+
+
+# What the installed `spswap` console script runs (pip writes this very call), on this
+# checkout's code however (or whether) it is installed, and from any working directory
+# (slurmd's is /): `node prolog` as argv serves `spswap node prolog`, minus typer (see
+# spswap.cli.main).
+_MODULE, _FUNC = console_entry()
+# (the path in double quotes: test_prolog puts the code in single quotes for a shell)
+ENTRY_CALL = (f"import sys; sys.path.insert(0, {json.dumps(str(REPO))}); "
+              f"from {_MODULE} import {_FUNC}; sys.exit({_FUNC}())")  # fmt: skip
+FAST_SPSWAP = [sys.executable, "-c", ENTRY_CALL]
 
 
 @pytest.fixture

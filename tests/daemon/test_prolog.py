@@ -19,10 +19,11 @@ from spswap.daemon import lifecycle
 from spswap.daemon.client import Client
 from spswap.liveness import Holder, pid_alive
 from spswap.slots.table import SlotTable
-from tests.daemon.conftest import FAST_SPSWAP, prolog_env, which_spswap
+from tests.daemon.conftest import FAST_SPSWAP, console_entry, prolog_env, which_spswap
 
 REPO = Path(__file__).resolve().parents[2]
 EOF_WAIT_S = 5.0
+_MODULE, _FUNC = console_entry()
 
 
 def run_like_slurmd(
@@ -163,8 +164,8 @@ def test_prolog_cost_with_daemon_running(cfg: Config, daemon: int) -> None:
     # The 100 ms budget is checked by `spswap bench prolog` (docs/benchmarks.md), not by a
     # timed test on a shared 2-core box; what it rests on is checked here: the prolog, a
     # running daemon's included, loads neither typer, rich, click nor torch.
-    code = ("import sys, spswap.node as n\n"
-            "try:\n    n.main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+    code = (f"import sys\nfrom {_MODULE} import {_FUNC}\n"
+            f"try:\n    {_FUNC}()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
             "print(' '.join(sorted({'typer', 'rich', 'click', 'torch'} & set(sys.modules))))")
     for hook in ("prolog", "epilog"):
         out = subprocess.run([sys.executable, "-c", code, "node", hook],
@@ -177,3 +178,45 @@ def test_prolog_cost_with_daemon_running(cfg: Config, daemon: int) -> None:
     # bench jobs are ended again by their epilogs
     assert all(j["state"] == "ended" for j in Client(cfg).call("jobs.list"))
     print(f"\nprolog cost: {result}", file=sys.stderr)
+
+
+# -- the console entry point ---------------------------------------------------------
+
+
+def test_the_console_script_entry_resolves_to_the_cli_main() -> None:
+    """pyproject's `spswap` script loads (as pip's launcher does) spswap.cli.main:main,
+    the function FAST_SPSWAP and the check above call."""
+    import importlib.metadata
+
+    import spswap.cli.main
+
+    module, func = console_entry()
+    ep = importlib.metadata.EntryPoint("spswap", f"{module}:{func}", "console_scripts")
+    assert ep.load() is spswap.cli.main.main
+
+
+def test_python_m_spswap_cli_serves_the_hooks_without_the_cli() -> None:
+    """`python -m spswap.cli node epilog` takes the same fast path: outside a job it says
+    so (exit 2) having loaded neither typer, rich, click nor torch; other commands go to
+    the typer app."""
+    code = ("import runpy, sys\nsys.argv = ['spswap', 'node', 'epilog']\n"
+            "try:\n    runpy.run_module('spswap.cli', run_name='__main__')\n"
+            "except SystemExit as e:\n    code = e.code\n"
+            "heavy = {'typer', 'rich', 'click', 'torch'} & set(sys.modules)\n"
+            "print(code, ' '.join(sorted(heavy)))")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], env={"PATH": os.defpath},
+                         capture_output=True, text=True, timeout=60, cwd=REPO)  # fmt: skip
+    assert out.stdout.split() == ["2"], out
+    assert "no SLURM_JOB_ID" in out.stderr
+    r = subprocess.run([sys.executable, "-m", "spswap.cli", "--version"], capture_output=True,
+                       text=True, timeout=60, cwd=REPO)  # fmt: skip
+    assert r.returncode == 0 and r.stdout.startswith("spswap "), r
+
+
+def test_the_node_hooks_do_not_load_the_cli() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", "import sys, spswap.node\n"
+         "print(' '.join(m for m in sys.modules if m.startswith('spswap.cli')))"],
+        capture_output=True, text=True, timeout=60, cwd=REPO, check=True,
+    )  # fmt: skip
+    assert out.stdout.strip() == ""

@@ -11,7 +11,8 @@ import pytest
 from safetensors.numpy import save_file
 
 from spswap.errors import InvalidCheckpoint
-from spswap.pool.manifest import ALIGNMENT_BYTES, DATA_FILE, MANIFEST_FILE, Manifest
+from spswap.pool.layout import DATA_FILE, MANIFEST_FILE
+from spswap.pool.manifest import ALIGNMENT_BYTES, Manifest
 from spswap.pool.store import Pool
 
 from .st_files import header_and_data, pool_snapshot, tensors, write_raw, write_sharded, write_st

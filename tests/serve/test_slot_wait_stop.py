@@ -62,7 +62,7 @@ def test_a_stop_while_waiting_for_the_slot_ends_the_run_at_once(engine: str,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 60
-        while not any(w["waiter"]["pid"] == proc.pid for w in table.waiters()):
+        while not any(w.waiter and w.waiter.pid == proc.pid for w in table.waiters()):
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "the run never queued for the slot"
             time.sleep(0.05)

@@ -214,7 +214,7 @@ def test_waiters_are_served_first_come_first_served(tmp_path: Path) -> None:
     wait_for(lambda: len(t.waiters()) == 1, 20, "the whole-GPU waiter to queue")
     small = start_worker(slots, [0], log, "small", [{"units": 1, "hold_s": 0.0}])
     wait_for(lambda: len(t.waiters()) == 2, 20, "the quarter waiter to queue")
-    assert [q["model"] for q in t.waiters()] == ["big-0", "small-0"]
+    assert [q.model for q in t.waiters()] == ["big-0", "small-0"]
     time.sleep(0.1)
     assert read_log(log) == []  # three units are free, yet the small one waits its turn
     t.release(blocker.id)
@@ -254,7 +254,7 @@ def test_a_killed_waiter_leaves_the_queue_though_its_holder_lives(tmp_path: Path
     )
     w = subprocess.Popen([sys.executable, "-c", code])
     wait_for(lambda: len(t.waiters()) == 1, 20, "the waiter to queue")
-    assert t.waiters()[0]["holder"]["pid"] == os.getpid()  # the holder: this (live) process
+    assert t.waiters()[0].holder.pid == os.getpid()  # the holder: this (live) process
     w.kill()
     w.wait()
     assert t.waiters() == []
