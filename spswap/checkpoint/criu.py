@@ -39,6 +39,9 @@ from pathlib import Path
 from typing import Any
 
 from spswap.checkpoint import criu_argv, link_remap, proctree
+from spswap.checkpoint.criu_log import NOISE, hint_for, log_tail, write_log
+from spswap.checkpoint.criu_user import RunAs, as_user_dir
+from spswap.checkpoint.proctree import wait_pids_free
 from spswap.errors import CheckpointFailed
 from spswap.fsutil import atomic_write_json, dir_size_bytes, read_json
 
@@ -50,68 +53,6 @@ DUMP_META = "spswap-dump.json"
 # every process (other spswapd roots on one host, as tests run them).
 _LINKS = threading.Lock()
 LINKS_LOCK_FILE = Path("/run/spswap-link-remap.lock")
-
-
-@dataclass(frozen=True)
-class RunAs:
-    """The user CRIU runs as (``--unprivileged``): the job's uid, its primary gid and its
-    supplementary groups."""
-
-    uid: int
-    gid: int
-    groups: tuple[int, ...] = ()
-
-    @classmethod
-    def for_uid(cls, uid: int) -> RunAs:
-        """The user database's gid and groups of ``uid``; CheckpointFailed when it does
-        not know the uid (CRIU would run with groups the processes may not have)."""
-        import pwd
-
-        try:
-            pw = pwd.getpwuid(uid)
-        except KeyError:
-            raise CheckpointFailed(
-                f"uid {uid} is not in this node's user database, so CRIU cannot run as that "
-                "user; make the user known to the node (NSS), or set SPSWAP_CRIU_AS_ROOT=1"
-            ) from None
-        groups = sorted(set(os.getgrouplist(pw.pw_name, pw.pw_gid)))
-        return cls(uid, pw.pw_gid, tuple(groups))
-
-    def prefix(self) -> list[str]:
-        """The ``setpriv`` command line that starts CRIU as this user."""
-        setpriv = shutil.which("setpriv") or "/usr/bin/setpriv"
-        return criu_argv.as_user_argv(setpriv, uid=self.uid, gid=self.gid,
-                                      groups=list(self.groups))  # fmt: skip
-
-
-def _chown_tree(top: Path, uid: int, gid: int, file_mode: int | None = None) -> None:
-    """Give ``top`` and everything in it (no symlink followed) to ``uid``:``gid``."""
-    os.lchown(top, uid, gid)
-    for dirpath, dirnames, filenames in os.walk(top):
-        for name in dirnames + filenames:
-            child = os.path.join(dirpath, name)
-            os.lchown(child, uid, gid)
-            if file_mode is not None and name in filenames and not os.path.islink(child):
-                os.chmod(child, file_mode)
-
-
-@contextlib.contextmanager
-def _as_user_dir(directory: Path, run_as: RunAs | None) -> Iterator[tuple[str, list[int]]]:
-    """The images-dir argument for CRIU and the descriptors it must inherit: the path as it
-    is for root's CRIU; for a user's, the directory handed to the user for the run and
-    reached through a descriptor (its parent is root's 0700 images root), taken back by
-    root afterwards."""
-    if run_as is None:
-        yield str(directory), []
-        return
-    _chown_tree(directory, run_as.uid, run_as.gid)
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        yield f"/proc/self/fd/{fd}", [fd]
-    finally:
-        os.close(fd)
-        if directory.exists():
-            _chown_tree(directory, 0, 0, file_mode=0o600)
 
 
 @contextlib.contextmanager
@@ -130,10 +71,9 @@ def _links_lock() -> Iterator[None]:
         finally:
             if fd is not None:
                 os.close(fd)
-LOG_TAIL_LINES = 15
+
+
 BUILD_HINT = "build one with scripts/build_criu.sh (CRIU >= 4.1 is needed on kernels >= 6.13)"
-# The harmless line CRIU logs on every run when it cannot raise its own fd limit.
-_NOISE = "Can't setup RLIMIT_NOFILE for self"
 
 
 @dataclass(frozen=True)
@@ -187,7 +127,7 @@ def criu_check(path: Path) -> tuple[bool, str]:
     except (OSError, subprocess.TimeoutExpired) as e:
         return False, str(e)
     output = "\n".join(
-        line for line in (res.stdout + res.stderr).splitlines() if _NOISE not in line
+        line for line in (res.stdout + res.stderr).splitlines() if NOISE not in line
     ).strip()
     return res.returncode == 0, output
 
@@ -223,47 +163,6 @@ def _check_key(key: str) -> None:
         raise CheckpointFailed(
             f"bad image key {key!r}: use letters, digits, '-', '_' (no '/', no leading '.')"
         )
-
-
-def log_tail(text: str, lines: int = LOG_TAIL_LINES, first_errors: int = 3) -> list[str]:
-    """The last ``lines`` lines of a CRIU log, without the harmless RLIMIT line, led by
-    its first ``first_errors`` error lines where the tail leaves them out: CRIU says what
-    went wrong in its first error and then only unwinds ("Dumping FAILED"), and the whole
-    log is root's alone."""
-    kept = [line for line in text.splitlines() if line.strip() and _NOISE not in line]
-    tail = kept[-lines:]
-    head = kept[: len(kept) - len(tail)]
-    errors = [line for line in head if "Error (" in line][:first_errors]
-    return [*errors, "..."] + tail if errors else tail
-
-
-def hint_for(log: str) -> str:
-    """What to do about a failed CRIU run, judged from its log's error lines (a verbose
-    log names sockets and io_urings in passing; only its errors say what failed)."""
-    errors = "\n".join(line for line in log.splitlines() if "Error" in line or "rror:" in line)
-    if "No space left on device" in log:
-        return (
-            "the image's file system is full: free space (remove old images) or give the "
-            "tmpfs more room; the process was resumed and keeps running"
-        )
-    if "io_uring" in errors:
-        return proctree.IO_URING_FIX
-    if "File exists" in errors and "fork" in errors.lower():
-        return "a pid the image needs is in use: wait until the old process is gone"
-    if "TCP" in errors or "tcp" in errors:
-        return proctree.TCP_FIX
-    if "unix" in errors.lower() and ("xternal" in errors or "peer" in errors):
-        return proctree.SOCKET_FIX
-    return "see the log for the reason"
-
-
-def _write_log(text: str, path: Path) -> Path | None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        return path
-    except OSError:
-        return None
 
 
 def _run(argv: list[str], timeout_s: float, pass_fds: list[int] | None = None) -> tuple[int, str]:
@@ -364,7 +263,7 @@ def dump(
         start = time.monotonic()
         aside: list[tuple[str, str]] = []
         with _links_lock() if linked else contextlib.nullcontext(), \
-                _as_user_dir(tmp, run_as) as (images_arg, fds):
+                as_user_dir(tmp, run_as) as (images_arg, fds):
             argv = (run_as.prefix() if run_as else []) + criu_argv.dump_argv(
                 str(path), pid=pid, images_dir=Path(images_arg), log_file="-",
                 leave_running=leave_running, shell_job=shell_job, tcp_close=tcp_close,
@@ -385,7 +284,7 @@ def dump(
         shutil.rmtree(tmp, ignore_errors=True)
         if script is not None and linked:  # links the script made before CRIU failed
             link_remap.discard(link_remap.park(linked, image_key))
-        log_path = _write_log(log, log_dir / f"{image_key}.dump.log")
+        log_path = write_log(log, log_dir / f"{image_key}.dump.log")
         raise CheckpointFailed(
             f"criu dump of pid {pid} into {final} failed (exit {rc}): {hint_for(log)}; "
             "the partial image was deleted",
@@ -403,36 +302,14 @@ def dump(
         meta.update(extra)
         atomic_write_json(tmp / DUMP_META, meta)
     # The image is complete; a log that does not fit any more must not cost the image.
-    if _write_log(log, tmp / "dump.log") is None:
-        _write_log(log, log_dir / f"{image_key}.dump.log")
+    if write_log(log, tmp / "dump.log") is None:
+        write_log(log, log_dir / f"{image_key}.dump.log")
     try:
         os.rename(tmp, final)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointFailed(f"could not move the finished image to {final}: {e}") from None
     return ImageInfo(image_key, final, pid, dir_size_bytes(final), dump_s, version)
-
-
-def wait_pids_free(pids: list[int], timeout_s: float) -> None:
-    """Wait until none of ``pids`` exists, reaping those that are our zombie children."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        busy = [p for p in pids if proctree.pid_exists(p)]
-        for p in busy:
-            try:
-                os.waitpid(p, os.WNOHANG)
-            except ChildProcessError:
-                pass
-        busy = [p for p in busy if proctree.pid_exists(p)]
-        if not busy:
-            return
-        if time.monotonic() >= deadline:
-            who = ", ".join(proctree.describe_pid(p) for p in busy)
-            raise CheckpointFailed(
-                f"cannot restore: {who} still in use after {timeout_s:g} s, and the image "
-                "needs the same pid; wait until that process exits (or stop it) and try again"
-            )
-        time.sleep(0.02)
 
 
 def restore(
@@ -468,7 +345,7 @@ def restore(
                                "not restored that way")  # fmt: skip
     log_dir = log_dir or images_root / ".logs"
     with tempfile.TemporaryDirectory(prefix="spswap-restore-") as scratch, \
-            _as_user_dir(image_dir, run_as) as (images_arg, fds):
+            as_user_dir(image_dir, run_as) as (images_arg, fds):
         # a user's CRIU writes its pidfile into the image directory (relative to it)
         pidfile = Path(RESTORE_PIDFILE) if run_as else Path(scratch) / "pid"
         argv = (run_as.prefix() if run_as else []) + criu_argv.restore_argv(
@@ -498,7 +375,7 @@ def restore(
                 left_aside = link_remap.put_back(aside)
         if left_aside:  # their names were taken meanwhile: say where they are
             log += f"\nspswap: names left aside (their names were taken meanwhile): {left_aside}\n"
-        log_path = _write_log(log, log_dir / f"{image_key}.restore.log")
+        log_path = write_log(log, log_dir / f"{image_key}.restore.log")
         if rc != 0:
             raise CheckpointFailed(
                 f"criu restore of {image_dir} failed (exit {rc}): {hint_for(log)}",

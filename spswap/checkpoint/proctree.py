@@ -8,6 +8,7 @@ mid-swap "Dumping FAILED" into a clear error that names the fix.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -253,3 +254,25 @@ def anon_rss_bytes(pids: list[int] | set[int], proc: Path = PROC) -> int:
                 total += int(line.split()[1]) * 1024  # kB
                 break
     return total
+
+
+def wait_pids_free(pids: list[int], timeout_s: float) -> None:
+    """Wait until none of ``pids`` exists, reaping those that are our zombie children."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        busy = [p for p in pids if pid_exists(p)]
+        for p in busy:
+            try:
+                os.waitpid(p, os.WNOHANG)
+            except ChildProcessError:
+                pass
+        busy = [p for p in busy if pid_exists(p)]
+        if not busy:
+            return
+        if time.monotonic() >= deadline:
+            who = ", ".join(describe_pid(p) for p in busy)
+            raise CheckpointFailed(
+                f"cannot restore: {who} still in use after {timeout_s:g} s, and the image "
+                "needs the same pid; wait until that process exits (or stop it) and try again"
+            )
+        time.sleep(0.02)

@@ -1,0 +1,53 @@
+"""What spswap shows of a CRIU run's log: its tail led by its first errors, and a hint
+judged from its error lines; and where the log is kept."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from spswap.checkpoint import proctree
+
+LOG_TAIL_LINES = 15
+# The harmless line CRIU logs on every run when it cannot raise its own fd limit.
+NOISE = "Can't setup RLIMIT_NOFILE for self"
+
+
+def log_tail(text: str, lines: int = LOG_TAIL_LINES, first_errors: int = 3) -> list[str]:
+    """The last ``lines`` lines of a CRIU log, without the harmless RLIMIT line, led by
+    its first ``first_errors`` error lines where the tail leaves them out: CRIU says what
+    went wrong in its first error and then only unwinds ("Dumping FAILED"), and the whole
+    log is root's alone."""
+    kept = [line for line in text.splitlines() if line.strip() and NOISE not in line]
+    tail = kept[-lines:]
+    head = kept[: len(kept) - len(tail)]
+    errors = [line for line in head if "Error (" in line][:first_errors]
+    return [*errors, "..."] + tail if errors else tail
+
+
+def hint_for(log: str) -> str:
+    """What to do about a failed CRIU run, judged from its log's error lines (a verbose
+    log names sockets and io_urings in passing; only its errors say what failed)."""
+    errors = "\n".join(line for line in log.splitlines() if "Error" in line or "rror:" in line)
+    if "No space left on device" in log:
+        return (
+            "the image's file system is full: free space (remove old images) or give the "
+            "tmpfs more room; the process was resumed and keeps running"
+        )
+    if "io_uring" in errors:
+        return proctree.IO_URING_FIX
+    if "File exists" in errors and "fork" in errors.lower():
+        return "a pid the image needs is in use: wait until the old process is gone"
+    if "TCP" in errors or "tcp" in errors:
+        return proctree.TCP_FIX
+    if "unix" in errors.lower() and ("xternal" in errors or "peer" in errors):
+        return proctree.SOCKET_FIX
+    return "see the log for the reason"
+
+
+def write_log(text: str, path: Path) -> Path | None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        return path
+    except OSError:
+        return None

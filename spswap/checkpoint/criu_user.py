@@ -1,0 +1,83 @@
+"""CRIU started as the job's user (``--unprivileged``): who that user is, and the image
+directory handed to that user for one CRIU run.
+
+Root starts CRIU through ``setpriv`` (``criu_argv.as_user_argv``) with only the
+capabilities that mode needs, so the kernel's own checks apply to every path CRIU opens.
+The image directory is the user's for the run but sits in root's 0700 images root: CRIU
+reaches it only through a descriptor root opened (``/proc/self/fd/N``) and no other
+process of the user can; root takes the files back afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from spswap.checkpoint import criu_argv
+from spswap.errors import CheckpointFailed
+
+
+@dataclass(frozen=True)
+class RunAs:
+    """The user CRIU runs as (``--unprivileged``): the job's uid, its primary gid and its
+    supplementary groups."""
+
+    uid: int
+    gid: int
+    groups: tuple[int, ...] = ()
+
+    @classmethod
+    def for_uid(cls, uid: int) -> RunAs:
+        """The user database's gid and groups of ``uid``; CheckpointFailed when it does
+        not know the uid (CRIU would run with groups the processes may not have)."""
+        import pwd
+
+        try:
+            pw = pwd.getpwuid(uid)
+        except KeyError:
+            raise CheckpointFailed(
+                f"uid {uid} is not in this node's user database, so CRIU cannot run as that "
+                "user; make the user known to the node (NSS), or set SPSWAP_CRIU_AS_ROOT=1"
+            ) from None
+        groups = sorted(set(os.getgrouplist(pw.pw_name, pw.pw_gid)))
+        return cls(uid, pw.pw_gid, tuple(groups))
+
+    def prefix(self) -> list[str]:
+        """The ``setpriv`` command line that starts CRIU as this user."""
+        setpriv = shutil.which("setpriv") or "/usr/bin/setpriv"
+        return criu_argv.as_user_argv(setpriv, uid=self.uid, gid=self.gid,
+                                      groups=list(self.groups))  # fmt: skip
+
+
+def chown_tree(top: Path, uid: int, gid: int, file_mode: int | None = None) -> None:
+    """Give ``top`` and everything in it (no symlink followed) to ``uid``:``gid``."""
+    os.lchown(top, uid, gid)
+    for dirpath, dirnames, filenames in os.walk(top):
+        for name in dirnames + filenames:
+            child = os.path.join(dirpath, name)
+            os.lchown(child, uid, gid)
+            if file_mode is not None and name in filenames and not os.path.islink(child):
+                os.chmod(child, file_mode)
+
+
+@contextlib.contextmanager
+def as_user_dir(directory: Path, run_as: RunAs | None) -> Iterator[tuple[str, list[int]]]:
+    """The images-dir argument for CRIU and the descriptors it must inherit: the path as it
+    is for root's CRIU; for a user's, the directory handed to the user for the run and
+    reached through a descriptor (its parent is root's 0700 images root), taken back by
+    root afterwards."""
+    if run_as is None:
+        yield str(directory), []
+        return
+    chown_tree(directory, run_as.uid, run_as.gid)
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        yield f"/proc/self/fd/{fd}", [fd]
+    finally:
+        os.close(fd)
+        if directory.exists():
+            chown_tree(directory, 0, 0, file_mode=0o600)
