@@ -66,6 +66,12 @@ class Config:
     images, so that their job's next run skips CRIU's restore (seconds saved per swap);
     the oldest are ended first when over it (their images stay). Default: 1/8 of the
     node's memory; 0 turns keeping off."""
+    criu_as_root: bool = False
+    """Run CRIU as root for users' processes too (``SPSWAP_CRIU_AS_ROOT=1``). Default: CRIU
+    runs as the job's user in ``--unprivileged`` mode, so the kernel checks every path it
+    opens with that user's rights; a user's instance is then never kept alive (keeping
+    needs root's post-dump freeze). Root's CRIU cannot dump another uid where root lacks
+    CAP_SYS_RESOURCE."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Config:
@@ -137,6 +143,12 @@ def _convert(name: str, raw: str) -> object:
         return _parse_size(raw)
     if name == "gpus":
         return _parse_gpus(raw)
+    if name == "criu_as_root":
+        if raw.strip().lower() in ("1", "yes", "true", "on"):
+            return True
+        if raw.strip().lower() in ("0", "no", "false", "off", ""):
+            return False
+        raise ConfigError(f"{ENV_PREFIX}CRIU_AS_ROOT={raw!r}: use 1 (root's CRIU) or 0")
     try:
         return float(raw)
     except ValueError:

@@ -56,3 +56,11 @@ def test_keep_bytes_reads_a_size_and_defaults_to_an_eighth_of_memory(tmp_path):
     assert Config.from_env({}).keep_budget_bytes(tmp_path / "absent") == 0
     with pytest.raises(ConfigError, match="K/M/G/T suffix"):
         Config.from_env({"SPSWAP_KEEP_BYTES": "lots"})
+
+
+def test_criu_as_root_is_a_yes_no_setting() -> None:
+    assert Config.from_env({}).criu_as_root is False
+    assert Config.from_env({"SPSWAP_CRIU_AS_ROOT": "1"}).criu_as_root is True
+    assert Config.from_env({"SPSWAP_CRIU_AS_ROOT": "no"}).criu_as_root is False
+    with pytest.raises(ConfigError, match="SPSWAP_CRIU_AS_ROOT='maybe': use 1"):
+        Config.from_env({"SPSWAP_CRIU_AS_ROOT": "maybe"})

@@ -206,7 +206,8 @@ def _dump(st: DaemonState, job_id: str, pid: int, pid_start: int | None, identit
         try:
             report = dump_instance(st.cfg.paths.images, job_id=job_id, pid=pid,
                                    identity=identity, gpu_uuids=run_gpu_uuids(st, job_id),
-                                   pid_start=pid_start, before_criu=leave)  # fmt: skip
+                                   pid_start=pid_start, before_criu=leave,
+                                   criu_as_user=not st.cfg.criu_as_root)  # fmt: skip
         finally:
             end_dump_hold(job_id)  # counted as an image from now on, or not at all
     except Exception as e:  # the instance runs on (unless CRIU ended it): tell it, record why

@@ -78,7 +78,8 @@ def _restore(ctx: Context, st: DaemonState, rec: Any, job_id: str, expected: Ide
             sync_quietly(st)
     try:
         pid, timings = restore_instance(st.cfg.paths.images, job_id=job_id, expected=expected,
-                                        gpu_uuids=run_gpu_uuids(st, job_id))  # fmt: skip
+                                        gpu_uuids=run_gpu_uuids(st, job_id),
+                                        criu_as_user=not st.cfg.criu_as_root)  # fmt: skip
     except ImageRejected as e:
         set_status(st, job_id, state="rejected", reason=str(e))
         st.event("restore.rejected", job_id=job_id, uid=rec.uid, reason=str(e))
