@@ -17,7 +17,10 @@ WORKER = Path(__file__).with_name("slot_worker.py")
 def read_log(log: Path) -> list[dict[str, Any]]:
     if not log.exists():
         return []
-    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    # Only whole lines: a worker's line being appended while we poll can be seen half
+    # written (a read is not atomic with a concurrent write); every line ends in "\n".
+    complete = log.read_text().split("\n")[:-1]
+    return [json.loads(line) for line in complete if line.strip()]
 
 
 def start_worker(
