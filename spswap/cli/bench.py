@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from spswap.cli.common import JsonOpt, RootOpt, console, emit, load_config
+from spswap.cli.common import JsonOpt, RootOpt, console, emit, err_console, load_config
 from spswap.config import parse_size
 from spswap.errors import ConfigError
 
@@ -126,3 +126,104 @@ def swap(
                         settings=bench_settings(gpu_memory_utilization, kv_cache_gib),
                         log=lambda s: console.print(s, markup=False, soft_wrap=True))  # fmt: skip
     emit(result, json, render_bench_swap)
+
+
+DEFAULT_TURN_PRESETS = "tiny@1,small@2,small@3"
+
+
+@app.command("turns")
+def turns(
+    models: list[Path] = typer.Argument(
+        None, exists=True, file_okay=False,
+        help="Model directories, one job each (default: reference models made from "
+             "--presets in the work directory).",
+    ),
+    presets: str = typer.Option(
+        DEFAULT_TURN_PRESETS, help="Reference models to make when no MODELS are given: "
+        "PRESET@SEED,... (presets: tiny, small, 1g, 4g).",
+    ),
+    rounds: int = typer.Option(3, min=1, help="Rounds of turns after the cold starts; "
+                               "each model takes one turn per round."),
+    engine: str = typer.Option("reference", help="reference (CPU or GPU) or vllm."),
+    partition: str = typer.Option("low", help="The partition the jobs run in (one device "
+                                  "on one node: the jobs must not fit side by side)."),
+    gpus: int = typer.Option(1, min=1, help="GPUs per job (--gres=gpu:N); every job must "
+                             "need the same device for the models to take turns."),
+    work_dir: Path = typer.Option(
+        None, help="Where the job scripts, logs and state directories go (default: "
+        "./spswap-turns-<time>); it must outlive the jobs.",
+    ),
+    max_new_tokens: int = typer.Option(16, min=1, max=4096, help="Greedy tokens per answer."),
+    kv_cache_gib: float = typer.Option(
+        None, min=0.01, help="vLLM: the KV cache's size in GiB (spswap serve --kv-cache-gib).",
+    ),
+    vllm_args: str = typer.Option(
+        "", help="vLLM's own options for every job, e.g. '--max-model-len 2048'.",
+    ),
+    turn_timeout_s: float = typer.Option(600.0, min=1.0, help="How long one turn may take "
+                                         "before the bench gives up."),
+    time_limit: str = typer.Option("01:00:00", help="Each job's --time."),
+    out: Path = typer.Option(None, help="Also write the JSON report to this file."),
+    root: Path | None = RootOpt,
+    json: bool = JsonOpt,
+) -> None:
+    """K models take R rounds of turns on one device through the real product: each model
+    is `spswap serve` in its own requeueable Slurm job (the template spswap ships),
+    submitted held; a turn releases the next model's job and requeues the running one
+    held (`scontrol requeuehold`), spswapd parks and dumps it (kept or to an image), and
+    the next job's run restores its model and answers. Each model starts cold once
+    first. Per turn: the path, the seconds from the Slurm action to the first answer
+    split into Slurm's share and spswap's, and whether the answer equals the model's
+    cold answer. Exits 1 unless every later turn restored with an identical answer and
+    nothing was left behind. Needs Slurm, spswapd and CRIU on the node."""
+    import json as json_module
+    import time
+
+    from spswap.bench.turns import TurnsOptions, run_turns
+    from spswap.bench.turns_report import render_turns
+
+    if engine not in ("reference", "vllm"):
+        raise ConfigError(f"--engine must be reference or vllm; got {engine!r}")
+    work = (work_dir or Path.cwd() / f"spswap-turns-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    paths = [p.resolve() for p in models] if models else None
+    if paths is None:
+        if engine != "reference":
+            raise ConfigError("--engine vllm needs MODELS: vLLM model directories "
+                              "(e.g. written by scripts/gpu/make_models.py)")  # fmt: skip
+        paths = make_reference_models(presets, work / "models")
+    serve_args = f"--kv-cache-gib {kv_cache_gib:g}" if kv_cache_gib else ""
+    opts = TurnsOptions(models=tuple(paths), work_dir=work, rounds=rounds, engine=engine,
+                        partition=partition, gpus=gpus, max_new_tokens=max_new_tokens,
+                        vllm_args=vllm_args, serve_args=serve_args, time_limit=time_limit,
+                        turn_timeout_s=turn_timeout_s)  # fmt: skip
+    summary = run_turns(opts, load_config(root),
+                        log=lambda s: (err_console if json else console).print(
+                            s, markup=False, soft_wrap=True))  # fmt: skip
+    if out is not None:
+        out.write_text(json_module.dumps(summary.to_json(), indent=2, sort_keys=True) + "\n")
+    emit(summary.to_json() if json else summary, json, render_turns)
+    if not summary.ok:
+        raise typer.Exit(1)
+
+
+def make_reference_models(presets: str, directory: Path) -> list[Path]:
+    """Reference checkpoints for ``PRESET@SEED,...`` (one directory each, named after
+    both), written once: an existing one is reused."""
+    try:
+        from spswap.engines.reference import save_checkpoint
+        from spswap.engines.reference_model import preset
+    except ImportError as e:
+        raise ConfigError(f"reference models need torch ({e}); pip install 'spswap[torch]'") from e
+    out: list[Path] = []
+    for item in (p.strip() for p in presets.split(",") if p.strip()):
+        name, _, seed = item.partition("@")
+        if seed and not seed.isdigit():
+            raise ConfigError(f"--presets {item!r}: the seed after @ must be a number")
+        config = preset(name, seed=int(seed or 0))
+        path = directory / f"{name}-s{config.seed}"
+        if not (path / "config.json").exists():
+            save_checkpoint(config, path)
+        out.append(path)
+    if len(out) < 2:
+        raise ConfigError(f"--presets {presets!r}: give at least two, e.g. {DEFAULT_TURN_PRESETS}")
+    return out

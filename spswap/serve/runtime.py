@@ -28,6 +28,7 @@ from spswap.config import Config
 from spswap.errors import SpswapError, StopRequested
 from spswap.instance.registry import InstanceRecord, InstanceRegistry
 from spswap.serve.checkpointer import restored_how
+from spswap.serve.run_log import RunPath, note_run, process_started_s
 from spswap.serve.slot_hold import RunSlot, StopSignals
 from spswap.serve.spool import Request, Spool
 
@@ -117,6 +118,7 @@ class Server(StopSignals):
                                  gpus=opts.slot_gpus, job_id=job_id,
                                  timeout_s=opts.slot_timeout_s))  # fmt: skip
         self.front: Any = None
+        self.started_s = process_started_s()  # the run's start, for its runs.jsonl line
 
     # -- the run ---------------------------------------------------------------
     def run(self) -> ServeResult:
@@ -152,6 +154,7 @@ class Server(StopSignals):
             if self.front is not None:
                 self.front.open()
             self._record("up")
+            self._note_run(RunPath.COLD if manifest.created >= self.started_s else RunPath.POOL)
             self.log(f"spswap serve: {manifest.name} up from the pool in "
                      f"{time.perf_counter() - t0:.2f} s; restart count {self.restart_count}, "
                      f"{result.resumed} saved request(s) to resume")  # fmt: skip
@@ -239,6 +242,7 @@ class Server(StopSignals):
         self.log(f"spswap serve: job {self.job_id} restored {how} as pid {pid} "
                  f"({info.get('timings_s')}); standing in for it")  # fmt: skip
         result.events.append({"restored_pid": pid, "timings_s": info.get("timings_s")})
+        self._note_run(RunPath.KEPT if info.get("kept") else RunPath.IMAGE)
         from spswap.serve.checkpointer import stand_in_for
 
         forwarded = stand_in_for(pid, lambda: self.stop_signal)
@@ -289,6 +293,10 @@ class Server(StopSignals):
                 raise SpswapError(f"{path}:{n}: not JSON ({e}); one request per line") from None
             added += self.spool.submit(Request.from_json(data))
         return added
+
+    def _note_run(self, path: RunPath) -> None:
+        note_run(self.opts.state_dir, self.restart_count, path, reason=self.reason,
+                 log=self.log)  # fmt: skip
 
     def _record(self, state: str) -> None:
         self.registry.put_best_effort(InstanceRecord(

@@ -38,6 +38,7 @@ from spswap.engines.vllm_engine import VllmSettings, engine_identity, find_entry
 from spswap.errors import EngineError, StopRequested
 from spswap.fsutil import atomic_write_json
 from spswap.serve.checkpointer import restored_how
+from spswap.serve.run_log import RunPath, note_run
 from spswap.serve.slot_hold import RunSlot, StopSignals
 from spswap.serve.vllm_api import VllmApiServer, rpc_dir_fits
 
@@ -157,6 +158,9 @@ class VllmServe(StopSignals):
             self._open_front()
             self._write_endpoint()
             self._record("up")
+            note_run(opts.state_dir, self.restart_count,
+                     RunPath.POOL if result["from"] == "pool" else RunPath.COLD,
+                     reason=self.reason, log=self.log)  # fmt: skip
             self.log(f"spswap serve: {opts.model.name} up ({result['from']}) in "
                      f"{result['start_s']:.1f} s; OpenAI API on unix:{self.server.uds}")
             while True:
@@ -319,6 +323,8 @@ class VllmServe(StopSignals):
             return False
         pid = int(info["pid"])
         result.update(restored_pid=pid, restore_timings_s=info.get("timings_s"))
+        note_run(self.opts.state_dir, self.restart_count,
+                 RunPath.KEPT if info.get("kept") else RunPath.IMAGE, log=self.log)
         how = restored_how(bool(info.get("kept")))
         self.log(f"spswap serve: job {self.job_id} restored {how} as pid {pid} "
                  f"({info.get('timings_s')}); standing in for it")  # fmt: skip

@@ -7,8 +7,10 @@ installs slurmctld, slurmd and munge with apt), stopped at the end; skipped othe
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,7 +39,9 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
         pytest.skip(f"{DEFAULTS_FILE} belongs to a real install: not touching it")
     work = tmp_path_factory.mktemp("slurm-jobs")
     work.chmod(0o755)
-    root = tmp_path_factory.mktemp("spswap-root")
+    # outside pytest's 0700 temp tree: normal users' jobs and tools reach the daemon here
+    root = Path(tempfile.mkdtemp(prefix="spswap-slurm-root-", dir="/tmp"))
+    root.chmod(0o755)
     spswap_bin = str(Path(sys.executable).parent / "spswap")
     grace_time_s = 10
     env = dict(os.environ, SPSWAP_BIN=spswap_bin, SPSWAP_ROOT=str(root),
@@ -57,3 +61,4 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
         from spswap.daemon.lifecycle import stop
 
         stop(Config.from_env({}, root=root))
+        shutil.rmtree(root, ignore_errors=True)

@@ -1,0 +1,66 @@
+"""``spswap bench turns``'s table: one row per turn, then the figures per model and over
+the restored turns (pure: a summary in, a rich renderable out)."""
+
+from __future__ import annotations
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from spswap.bench.turns_plan import Stats, TurnsSummary
+
+
+def _s(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def turn_table(summary: TurnsSummary) -> Table:
+    """Every turn: the path it came up by and its time, split into Slurm's and spswap's."""
+    table = Table(title="spswap bench turns: every turn, action -> first answer")
+    for col in ("turn", "round", "model", "path", "total s", "Slurm s", "spswap s", "answer"):
+        table.add_column(col, justify="right" if col.endswith(" s") else "left")
+    for t in summary.turns:
+        answer = "cold (reference)" if t.kind.value == "cold" else \
+            "identical" if t.identical else "DIFFERS"  # fmt: skip
+        path = t.path if t.reason is None else f"{t.path} ({t.reason})"
+        table.add_row(str(t.index + 1), str(t.round), t.model, path, _s(t.total_s),
+                      _s(t.slurm_s), _s(t.spswap_s), answer)  # fmt: skip
+    return table
+
+
+def _stats_row(table: Table, what: str, cold: Stats, restored: Stats) -> None:
+    ratio = f"{cold.mean_s / restored.mean_s:.1f}x" if cold.mean_s and restored.mean_s else "-"
+    table.add_row(what, _s(cold.mean_s), str(restored.count), _s(restored.mean_s),
+                  _s(restored.max_s), _s(restored.slurm_mean_s), _s(restored.spswap_mean_s),
+                  _s(restored.spswap_max_s), ratio)  # fmt: skip
+
+
+def stats_table(summary: TurnsSummary) -> Table:
+    """Per model and over all restored turns: mean/max, the shares, the ratio to cold."""
+    table = Table(title="restored turns against cold starts (seconds)")
+    for col in ("model", "cold", "restored", "mean", "max", "Slurm mean", "spswap mean",
+                "spswap max", "cold/restored"):  # fmt: skip
+        table.add_column(col, justify="left" if col == "model" else "right")
+    for name, stats in summary.per_model.items():
+        _stats_row(table, name, stats["cold"], stats["restored"])
+    _stats_row(table, "all", summary.cold, summary.restored)
+    return table
+
+
+def verdict(summary: TurnsSummary) -> Text:
+    """One line a user can act on: what held and what did not."""
+    parts = [f"{summary.identical} of {summary.compared} answers identical to cold",
+             f"{summary.compared - summary.not_restored} of {summary.compared} turns restored",
+             f"device time {summary.device_s:.0f} s on one device against "
+             f"{summary.dedicated_device_s:.0f} s for {len(summary.models)} dedicated ones"]
+    if summary.leftovers:
+        parts.append("left over: " + "; ".join(summary.leftovers))
+    style = "green" if summary.ok else "red"
+    return Text(("ok: " if summary.ok else "NOT ok: ") + ", ".join(parts), style=style)
+
+
+def render_turns(summary: TurnsSummary) -> Group:
+    """The whole report: the turns, the stats, the verdict, the settings."""
+    settings = ", ".join(f"{k}={v}" for k, v in sorted(summary.settings.items()))
+    return Group(turn_table(summary), stats_table(summary), verdict(summary),
+                 Text(settings, style="dim"))  # fmt: skip

@@ -1,0 +1,96 @@
+"""`spswap bench turns` on the CI's real Slurm, run by a normal user as a user runs it:
+K=3 reference models, 2 rounds, every turn after the cold ones restored through CRIU (as
+the job's user), every answer equal to the model's cold answer (and to an in-process
+engine's), and nothing left behind: no job, slot, pool use, image or process."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from spswap.bench.turns import DEFAULT_PROMPT
+from tests.slurm.conftest import SlurmCluster
+
+torch = pytest.importorskip("torch")
+from spswap.engines.reference import ReferenceEngine, load_config  # noqa: E402
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+
+def _as_user(uid: int) -> list[str]:
+    gid = pwd.getpwuid(uid).pw_gid
+    return ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--init-groups"]
+
+
+def _cold(model: Path, max_new: int) -> list[int]:
+    eng = ReferenceEngine(load_config(model), "cpu")
+    eng.load_from_checkpoint(model)
+    try:
+        return eng.generate([list(DEFAULT_PROMPT)], max_new)[0]
+    finally:
+        eng.close()
+
+
+def test_bench_turns_as_a_normal_user(slurm_cluster: SlurmCluster, user_uid: int) -> None:
+    from tests.checkpoint.criu_helpers import criu_skip_reason
+
+    if (why := criu_skip_reason()) is not None:
+        pytest.skip(f"the turns restore through CRIU: {why}")
+    probe = subprocess.run([*_as_user(user_uid), slurm_cluster.spswap_bin, "--version"],
+                           capture_output=True, text=True)  # fmt: skip
+    if probe.returncode != 0:
+        pytest.fail(f"{slurm_cluster.spswap_bin} cannot be run by a normal user "
+                    f"({probe.stderr.strip()}): scripts/install.sh must build the venv from "
+                    "a Python every user can run")  # fmt: skip
+    top = Path(tempfile.mkdtemp(prefix="spswap-turns-", dir="/tmp"))
+    os.chown(top, user_uid, pwd.getpwuid(user_uid).pw_gid)
+    top.chmod(0o700)
+    try:
+        env = {"PATH": f"{Path(slurm_cluster.spswap_bin).parent}:/usr/bin:/bin",
+               "HOME": str(top), "USER": pwd.getpwuid(user_uid).pw_name,
+               "SPSWAP_ROOT": str(slurm_cluster.spswap_root)}  # fmt: skip
+        proc = subprocess.run(
+            [*_as_user(user_uid), slurm_cluster.spswap_bin, "bench", "turns",
+             "--partition", "low", "--gpus", "2", "--rounds", "2", "--work-dir",
+             str(top / "work"), "--json", "--out", str(top / "turns.json")],
+            env=env, cwd=top, capture_output=True, text=True, timeout=1200,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+        report = json.loads(proc.stdout)
+        assert report == json.loads((top / "turns.json").read_text())
+        turns = report["turns"]
+        assert [t["kind"] for t in turns] == ["cold"] * 3 + ["restore"] * 6, turns
+        assert all(t["path"] in ("kept", "image") and t["identical"] for t in turns[3:]), turns
+        assert all(t["path"] == "cold" for t in turns[:3]), turns
+        assert (report["identical"], report["compared"], report["leftovers"]) == (6, 6, [])
+        assert report["settings"]["user"] == pwd.getpwuid(user_uid).pw_name
+        for t in turns:
+            assert t["total_s"] == pytest.approx(t["slurm_s"] + t["spswap_s"], abs=1e-6)
+        # the product's cold answer is the engine's own
+        max_new = report["settings"]["max_new_tokens"]
+        outbox = {t["model"]: top / "work" / ".spswap" / report["job_ids"][t["model"]]
+                  / "outbox" / f"turn{t['index']:03d}.json" for t in turns[:3]}  # fmt: skip
+        for name, path in outbox.items():
+            assert json.loads(path.read_text())["output_ids"] == \
+                _cold(top / "work" / "models" / name, max_new), name  # fmt: skip
+        _assert_nothing_left(slurm_cluster, list(report["job_ids"].values()), user_uid)
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def _assert_nothing_left(cluster: SlurmCluster, job_ids: list[str], uid: int) -> None:
+    """As root: no image of the jobs, no process of the user (a kept tree would be one)."""
+    from spswap.checkpoint.service import images_of_job, temp_dirs
+    from spswap.config import Config
+
+    images = Config.from_env({}, root=cluster.spswap_root).paths.images
+    assert not [p for j in job_ids for p in images_of_job(images, j) + temp_dirs(images, j)]
+    left = subprocess.run(["pgrep", "-u", str(uid), "-a"], capture_output=True, text=True)
+    assert left.stdout.strip() == "", left.stdout
