@@ -40,7 +40,7 @@ from typing import Any
 
 from spswap.checkpoint import criu_argv, link_remap, proctree
 from spswap.checkpoint.criu_log import NOISE, hint_for, log_tail, write_log
-from spswap.checkpoint.criu_user import RunAs, as_user_dir
+from spswap.checkpoint.criu_user import RunAs, as_user_dir, root_post_dump
 from spswap.checkpoint.proctree import wait_pids_free
 from spswap.errors import CheckpointFailed
 from spswap.fsutil import atomic_write_json, dir_size_bytes, read_json
@@ -222,12 +222,9 @@ def dump(
     CheckpointFailed carries the log's path and last lines. ``post_dump_writes`` (with
     ``leave_running``): files written once the image is complete, before CRIU lets the
     tree go (a cgroup freeze; see :func:`criu_argv.post_dump_script`). ``run_as``: CRIU
-    runs as that user (``--unprivileged``); such a dump cannot leave the tree running
-    (its post-dump freeze is root's to make).
+    runs as that user (``--unprivileged``); root then makes the post-dump writes, asked
+    by the script (:func:`criu_user.root_post_dump`).
     """
-    if run_as is not None and leave_running:
-        raise CheckpointFailed("a dump by CRIU as the job's user cannot leave the tree "
-                               "running (keeping needs root's CRIU: SPSWAP_CRIU_AS_ROOT=1)")
     path, version = _require_criu(criu)
     _check_key(image_key)
     final = images_root / image_key
@@ -252,18 +249,23 @@ def dump(
             **({"run_as": {"uid": run_as.uid, "gid": run_as.gid, "groups": list(run_as.groups)}}
                if run_as is not None else {}),
         })  # fmt: skip
-        script = None
-        if leave_running and (linked or post_dump_writes):  # see post_dump_script
-            script = tmp / POST_DUMP_SCRIPT
-            script.write_text(criu_argv.post_dump_script(
-                [(str(f), v) for f, v in post_dump_writes or []],
-                sorted({f.directory for f in linked}),
-                link_remap.parked_name(image_key, link_remap.CRIU_PREFIX)))
-            script.chmod(0o700)
+        writes = [(str(f), v) for f, v in post_dump_writes or []]
+        # CRIU as the user cannot make the freeze: root does, asked by the script
+        hook = root_post_dump(images_root.parent, run_as, writes) \
+            if run_as is not None and leave_running and writes else contextlib.nullcontext()
         start = time.monotonic()
         aside: list[tuple[str, str]] = []
-        with _links_lock() if linked else contextlib.nullcontext(), \
+        with hook as root_hook, _links_lock() if linked else contextlib.nullcontext(), \
                 as_user_dir(tmp, run_as) as (images_arg, fds):
+            script = None
+            if leave_running and (linked or writes):  # see post_dump_script
+                script = (root_hook.script_dir if root_hook else tmp) / POST_DUMP_SCRIPT
+                script.write_text(criu_argv.post_dump_script(
+                    writes, sorted({f.directory for f in linked}),
+                    link_remap.parked_name(image_key, link_remap.CRIU_PREFIX),
+                    root_fifos=(str(root_hook.request), str(root_hook.answer)) if root_hook
+                    else None))  # fmt: skip
+                script.chmod(0o755 if root_hook else 0o700)
             argv = (run_as.prefix() if run_as else []) + criu_argv.dump_argv(
                 str(path), pid=pid, images_dir=Path(images_arg), log_file="-",
                 leave_running=leave_running, shell_job=shell_job, tcp_close=tcp_close,

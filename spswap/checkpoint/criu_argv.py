@@ -156,7 +156,7 @@ def parse_version(text: str) -> tuple[int, int, int] | None:
 
 
 def post_dump_script(writes: list[tuple[str, str]], link_dirs: list[str],
-                     parked_prefix: str) -> str:
+                     parked_prefix: str, root_fifos: tuple[str, str] | None = None) -> str:
     """The action script of a dump that leaves the tree running (spswapd's kept instances).
 
     CRIU runs it at every stage; at post-dump (the image is complete and the tree still
@@ -169,6 +169,9 @@ def post_dump_script(writes: list[tuple[str, str]], link_dirs: list[str],
       dump (the tree still holds the files), which would leave the image unrestorable
       once the tree is gone; spswap checks these by device and inode like the links it
       renames after other dumps.
+    ``root_fifos`` (request, answer): CRIU runs as the job's user, who may not write the
+    freeze; the script asks root through the request FIFO and waits on the answer FIFO
+    until root has made the writes (``criu_user.root_post_dump``), instead of ``writes``.
     Every other stage, and any failure, exits 0: the script must never fail the dump (the
     daemon checks the freeze itself afterwards).
     """
@@ -179,7 +182,11 @@ def post_dump_script(writes: list[tuple[str, str]], link_dirs: list[str],
         "# spswap: post-dump of a dump that leaves the tree running",
         '[ "$CRTOOLS_SCRIPT_ACTION" = post-dump ] || exit 0',
     ]
-    lines += [f"echo {shlex.quote(value)} > {shlex.quote(path)}" for path, value in writes]
+    if root_fifos is not None:
+        req, ans = (shlex.quote(f) for f in root_fifos)
+        lines += [f"echo post-dump > {req}", f"read -r _ < {ans}"]
+    else:
+        lines += [f"echo {shlex.quote(value)} > {shlex.quote(path)}" for path, value in writes]
     for d in link_dirs:
         q, to = shlex.quote(d), shlex.quote(f"{d}/{parked_prefix}")
         lines += [

@@ -11,8 +11,13 @@ process of the user can; root takes the files back afterwards.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import select
 import shutil
+import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,3 +86,84 @@ def as_user_dir(directory: Path, run_as: RunAs | None) -> Iterator[tuple[str, li
         os.close(fd)
         if directory.exists():
             chown_tree(directory, 0, 0, file_mode=0o600)
+
+
+ROOT_ANSWER_WAIT_S = 5.0  # how long root waits for the script to listen for its answer
+
+
+@dataclass
+class RootPostDump:
+    """Where a user's post-dump script asks root for the freeze, and what came of it."""
+
+    script_dir: Path  # root's, 0711: the script and the FIFOs (the user can neither add,
+    request: Path  # remove nor rename entries here; the name is random)
+    answer: Path
+    done: threading.Event
+    problems: list[str]
+
+
+@contextlib.contextmanager
+def root_post_dump(parent: Path, run_as: RunAs, writes: list[tuple[str, str]]
+                   ) -> Iterator[RootPostDump]:  # fmt: skip
+    """A dump by CRIU as the job's user that leaves the tree running: the tree must be
+    frozen (``writes``: its parked cgroup's freezer) while CRIU still holds it stopped,
+    and only root may write that. The user's post-dump script writes to ``request``;
+    a root thread then makes the writes and answers on ``answer``, which the script
+    waits for before it lets CRIU go on. Whatever the user's side does, root only ever
+    writes these fixed values to these fixed files, and the daemon checks the freeze."""
+    top = Path(tempfile.mkdtemp(prefix=".postdump-", dir=parent))
+    os.chmod(top, 0o711)
+    hook = RootPostDump(top, top / "request", top / "answer", threading.Event(), [])
+    for fifo in (hook.request, hook.answer):
+        os.mkfifo(fifo, 0o600)
+        os.chown(fifo, run_as.uid, run_as.gid)
+    flags = os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+    rfd = os.open(hook.request, os.O_RDONLY | flags)
+    keep_open = os.open(hook.request, os.O_WRONLY | flags)  # no EOF while nobody writes
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            ready, _, _ = select.select([rfd], [], [], 0.05)
+            if ready and os.read(rfd, 64):
+                break
+        else:
+            return
+        for path, value in writes:
+            try:
+                with open(path, "w") as f:
+                    f.write(value)
+            except OSError as e:
+                hook.problems.append(f"{path}: {e}")
+        _answer(hook.answer, hook.problems)
+        hook.done.set()
+
+    thread = threading.Thread(target=serve, name="spswap-post-dump", daemon=True)
+    thread.start()
+    try:
+        yield hook
+    finally:
+        stop.set()
+        thread.join(ROOT_ANSWER_WAIT_S + 1)
+        os.close(rfd)
+        os.close(keep_open)
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def _answer(path: Path, problems: list[str]) -> None:
+    """Wake the script waiting in ``read`` (opening for writing fails with ENXIO until it
+    has opened its end)."""
+    deadline = time.monotonic() + ROOT_ANSWER_WAIT_S
+    while True:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+            break
+        except OSError as e:
+            if e.errno != errno.ENXIO or time.monotonic() > deadline:
+                problems.append(f"no answer to the post-dump script ({e})")
+                return
+            time.sleep(0.002)
+    try:
+        os.write(fd, b"done\n")
+    finally:
+        os.close(fd)

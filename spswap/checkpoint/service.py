@@ -177,10 +177,9 @@ def dump_instance(
     caller ends it.
 
     ``criu_as_user``: a tree of a user other than root is dumped by CRIU started as that
-    user (``--unprivileged``, see :class:`criu.RunAs`); such a tree is never kept (the
-    keep's post-dump freeze is root's to make), so ``before_criu``'s writes are then not
-    made and the report says not ``kept``. False: root's CRIU (the site setting
-    SPSWAP_CRIU_AS_ROOT=1).
+    user (``--unprivileged``, see :class:`criu.RunAs`); a kept tree's post-dump freeze is
+    then made by root, asked by CRIU's script (:func:`criu_user.root_post_dump`). False:
+    root's CRIU (the site setting SPSWAP_CRIU_AS_ROOT=1).
     """
     if pid_start is not None and not pid_alive(pid, pid_start):
         raise CheckpointFailed(f"process {pid} is gone or is another process now: not dumped")
@@ -201,7 +200,7 @@ def dump_instance(
     try:
         writes = before_criu(tree) if before_criu is not None else None
         run_as = criu.RunAs.for_uid(identity.uid) if criu_as_user and identity.uid != 0 else None
-        keep = writes is not None and run_as is None
+        keep = writes is not None
         info = criu.dump(pid, key, images_root, criu=criu_path, leave_running=keep,
                          post_dump_writes=writes if keep else None, run_as=run_as)  # fmt: skip
     except CheckpointFailed:

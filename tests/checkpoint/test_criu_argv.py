@@ -61,6 +61,19 @@ def test_post_dump_script_is_exact() -> None:
     )
 
 
+def test_post_dump_script_asking_root_is_exact() -> None:
+    text = a.post_dump_script([("/sys/fs/cgroup/x/freezer.state", "FROZEN")], [],
+                              ".p.", root_fifos=("/r/.postdump-a/request", "/r/.postdump-a/answer"))
+    assert text == (
+        "#!/bin/sh\n"
+        "# spswap: post-dump of a dump that leaves the tree running\n"
+        '[ "$CRTOOLS_SCRIPT_ACTION" = post-dump ] || exit 0\n'
+        "echo post-dump > /r/.postdump-a/request\n"
+        "read -r _ < /r/.postdump-a/answer\n"
+        "exit 0\n"
+    )  # the user's CRIU writes no root file: root makes the freeze when asked
+
+
 def test_dump_rejects_bad_values() -> None:
     with pytest.raises(ValueError, match="pid"):
         a.dump_argv("criu", pid=0, images_dir=Path("/x"), shell_job=False)

@@ -107,14 +107,38 @@ def test_a_users_process_is_dumped_and_restored_by_criu_as_that_user(
     assert os.stat(info.path).st_uid == 0, "root takes the image back after the restore"
 
 
-def test_a_dump_as_the_user_cannot_leave_the_tree_running(
-    user_counter: tuple[int, Path], user_uid: int, tmp_path: Path
+def test_a_dump_as_the_user_leaves_the_tree_frozen_by_root(
+    user_counter: tuple[int, Path], user_uid: int
 ) -> None:
-    pid, _ = user_counter
-    with pytest.raises(CheckpointFailed, match="SPSWAP_CRIU_AS_ROOT=1"):
-        criu.dump(pid, "k", tmp_path / "images", run_as=criu.RunAs.for_uid(user_uid),
-                  leave_running=True)  # fmt: skip
-    assert Path(f"/proc/{pid}").exists()
+    """Keeping a user's tree: CRIU as the user leaves it running, and root freezes its
+    cgroup at post-dump (asked by the script through root's FIFOs) before CRIU lets go:
+    the tree never counts on between the dump and the thaw."""
+    pid, count = user_counter
+    freezer = Path("/sys/fs/cgroup/freezer")
+    if not (freezer / "cgroup.procs").exists():
+        pytest.skip("needs a cgroup v1 freezer (the CI machines have one)")
+    group = freezer / f"spswap-test-keep-{os.getpid()}"
+    group.mkdir()
+    try:
+        (group / "cgroup.procs").write_text(str(pid))
+        images = count.parent.parent / "images"  # its parent: root's, reachable by the user
+        info = criu.dump(pid, "kept-user", images, run_as=criu.RunAs.for_uid(user_uid),
+                         leave_running=True,
+                         post_dump_writes=[(group / "freezer.state", "FROZEN")])  # fmt: skip
+        assert (group / "freezer.state").read_text().strip() == "FROZEN"
+        assert Path(f"/proc/{pid}").exists() and (info.path / "inventory.img").exists()
+        frozen_at = _count(count)
+        time.sleep(0.3)
+        assert _count(count) == frozen_at, "the kept tree ran after its dump"
+        assert not list(images.parent.glob(".postdump-*")), "root's FIFO folder is removed"
+        (group / "freezer.state").write_text("THAWED")
+        time.sleep(0.3)
+        assert _count(count) > frozen_at, "thawed, it goes on from where it was"
+    finally:
+        (group / "freezer.state").write_text("THAWED")
+        for p in (group / "cgroup.procs").read_text().split():
+            (freezer / "cgroup.procs").write_text(p)
+        group.rmdir()
 
 
 def test_an_image_root_dumped_is_not_restored_as_a_user(tmp_path: Path, user_uid: int) -> None:
