@@ -50,7 +50,8 @@ def import_(
     path: Path = typer.Argument(..., help="A .safetensors file, or a directory with "
                                 "model.safetensors or model.safetensors.index.json + shards."),
     name: str | None = typer.Option(None, "--name", help="Entry name (default: the "
-                                    "directory or file name)."),
+                                    "directory or file name); not 6 or more hex digits "
+                                    "alone, which would read as a digest."),
     root: Path | None = RootOpt,
     json_out: bool = JsonOpt,
 ) -> None:  # fmt: skip

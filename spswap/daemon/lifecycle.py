@@ -151,12 +151,12 @@ def _spawn_detached(cfg: Config) -> int:
 def prepare_dirs(cfg: Config) -> None:
     """Create root, run and log directories (0755: users traverse run/ to the socket).
 
-    As root, first refuse a tree that another user could have prepared (see
-    :mod:`spswap.daemon.trust`).
+    As root, first claim the root directory (one another user made is moved aside) and
+    refuse a tree that another user could have prepared (see :mod:`spswap.daemon.trust`).
     """
-    from spswap.daemon.trust import check_root_tree, quarantine_foreign_root
+    from spswap.daemon.trust import check_root_tree
 
-    aside = quarantine_foreign_root(cfg)
+    aside = _claim_root(cfg) if os.geteuid() == 0 else None
     if aside is not None:
         sys.stderr.write(f"spswapd: {cfg.root} was not root's; moved it to {aside}\n")
     check_root_tree(cfg)
@@ -168,6 +168,24 @@ def prepare_dirs(cfg: Config) -> None:
         events.append(cfg.paths.events, "root.quarantined", moved_to=str(aside))
     if os.geteuid() == 0 or cfg.paths.run.stat().st_uid == os.geteuid():
         os.chmod(cfg.paths.run, 0o755)
+
+
+def _claim_root(cfg: Config) -> Path | None:
+    """Make the root directory root's (see :mod:`spswap.daemon.tree`); where a foreign one
+    was moved, or None."""
+    from spswap.daemon import tree
+
+    parent_fd = tree.parent_fd_of(cfg.root)
+    try:
+        fd, aside, created = tree.claim_root(parent_fd, cfg.root.name)
+        try:
+            if created:  # ours: 0755 whatever the caller's umask (users reach the socket)
+                os.fchmod(fd, tree.DIR_MODE)
+        finally:
+            os.close(fd)
+    finally:
+        os.close(parent_fd)
+    return cfg.root.with_name(aside) if aside else None
 
 
 def stop(cfg: Config, timeout_s: float = 10.0) -> int | None:

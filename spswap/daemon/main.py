@@ -38,8 +38,10 @@ def _take_pid_lock(cfg: Config) -> int | None:
 
 def run(cfg: Config) -> int:
     """Serve until SIGTERM/SIGINT; 0 on a clean stop, 0 also when one already runs."""
+    from spswap.daemon.budget import raise_fd_limit
     from spswap.daemon.server import Server, install_signal_handlers
 
+    raise_fd_limit()  # before the server sizes each user's share from it
     lifecycle.prepare_dirs(cfg)
     os.umask(0o022)
     lock_fd = _take_pid_lock(cfg)

@@ -16,21 +16,19 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from spswap.config import Config
 from spswap.daemon import protocol
+from spswap.daemon.budget import Budget
 from spswap.daemon.handlers import HANDLERS, Context, DaemonState
 from spswap.errors import DaemonError, ProtocolError, SpswapError
 
 READ_TIMEOUT_S = 10.0
 """A client that sends no complete line within this time is answered and dropped."""
 ACCEPT_POLL_S = 0.5
-# One user's connections at once (each holds a thread; a reservation waiting in line holds
-# its connection): enough for the jobs of a full node, not for a flood that would leave
-# other users' prologs and jobs without the daemon.
-MAX_CONNECTIONS_PER_UID = 64
 
 
 @dataclass(frozen=True)
@@ -51,8 +49,18 @@ class LineTooLong(Exception):
     pass
 
 
+class OverBudget(Exception):
+    """Descriptors came that the sender's share (see :mod:`spswap.daemon.budget`) had no
+    room for; the kernel closed them unread."""
+
+
+Grant = Callable[[int], int]
+"""Room for up to n more passed descriptors (the rest is handed back with a negative n)."""
+
+
 def read_line(conn: socket.socket, buf: bytearray, fds: list[int] | None = None,
-              deadline: float | None = None) -> bytes | None:  # fmt: skip
+              deadline: float | None = None,
+              grant: Grant | None = None) -> bytes | None:  # fmt: skip
     """The next line (newline included) from ``conn``; None at a clean EOF.
 
     With ``fds``, file descriptors passed along (SCM_RIGHTS) are appended to it; the
@@ -61,18 +69,20 @@ def read_line(conn: socket.socket, buf: bytearray, fds: list[int] | None = None,
     ``TimeoutError`` when the line is not complete by ``deadline`` (monotonic; a
     client that sends a byte now and then must not hold a thread forever) or the
     socket's own timeout passes without a byte. The socket's timeout is as it was after.
+    With ``grant``, no more descriptors are taken in than it gives room for
+    (:class:`OverBudget` when more came); it is handed back what was not used.
     """
     if deadline is None:
-        return _read_line(conn, buf, fds, None)
+        return _read_line(conn, buf, fds, None, grant)
     timeout_s = conn.gettimeout()
     try:
-        return _read_line(conn, buf, fds, deadline)
+        return _read_line(conn, buf, fds, deadline, grant)
     finally:
         conn.settimeout(timeout_s)  # what the answer is sent with
 
 
 def _read_line(conn: socket.socket, buf: bytearray, fds: list[int] | None,
-               deadline: float | None) -> bytes | None:  # fmt: skip
+               deadline: float | None, grant: Grant | None) -> bytes | None:  # fmt: skip
     while True:
         nl = buf.find(b"\n")
         if nl >= 0:
@@ -89,13 +99,37 @@ def _read_line(conn: socket.socket, buf: bytearray, fds: list[int] | None,
         if fds is None:
             chunk = conn.recv(1 << 16)
         else:
-            chunk, got, flags, _ = socket.recv_fds(conn, 1 << 16, protocol.MAX_FDS)
-            fds.extend(got)
+            chunk, flags, room = _recv_with_fds(conn, fds, grant)
+            if flags & socket.MSG_CTRUNC and room < protocol.MAX_FDS:
+                raise OverBudget()
             if flags & socket.MSG_CTRUNC or len(fds) > protocol.MAX_FDS:
                 raise LineTooLong()  # more descriptors than one request may carry
         if not chunk:
             return None  # EOF; an unterminated tail is dropped (the client gave up)
         buf += chunk
+
+
+def _recv_with_fds(conn: socket.socket, fds: list[int],
+                   grant: Grant | None) -> tuple[bytes, int, int]:  # fmt: skip
+    """One read that takes in at most the descriptors there is room for (the kernel closes
+    any beyond, and says so with MSG_CTRUNC): ``(data, flags, room)``.
+
+    The room is asked for only once data is there (a peek takes in no descriptor), so
+    a connection waiting for its client holds none of its user's share."""
+    if grant:
+        conn.recv(1, socket.MSG_PEEK)
+    room = grant(protocol.MAX_FDS) if grant else protocol.MAX_FDS
+    got: list[int] = []
+    try:
+        if room:
+            chunk, got, flags, _ = socket.recv_fds(conn, 1 << 16, room)
+        else:
+            chunk, _anc, flags, _ = conn.recvmsg(1 << 16)
+    finally:
+        if grant:
+            grant(len(got) - room)  # hand back what did not come
+    fds.extend(got)
+    return chunk, flags, room
 
 
 class Server:
@@ -109,8 +143,7 @@ class Server:
         self._sock: socket.socket | None = None
         self._sock_ino = 0
         self.orphaned = False
-        self._conns: dict[int, int] = {}  # uid -> connections being served
-        self._conns_lock = threading.Lock()
+        self.budget = Budget()
 
     def bind(self) -> None:
         """Bind the socket (a stale one from a crashed daemon is removed first)."""
@@ -167,10 +200,14 @@ class Server:
                 sys.stderr.flush()
                 time.sleep(ACCEPT_POLL_S)
                 continue
+            peer = self._admit(conn)
+            if peer is None:
+                continue
             try:
-                threading.Thread(target=self._serve_conn, args=(conn,), daemon=True).start()
+                threading.Thread(target=self._serve_conn, args=(conn, peer), daemon=True).start()
             except RuntimeError as e:  # no thread to be had (a flood): refuse, never die
                 conn.close()
+                self.budget.leave(peer.uid)
                 sys.stderr.write(f"{time.strftime('%F %T')} spswapd: no thread for a "
                                  f"connection: {e}\n")  # fmt: skip
                 sys.stderr.flush()
@@ -188,24 +225,46 @@ class Server:
 
     # -- one connection ----------------------------------------------------------------
 
-    def _serve_conn(self, conn: socket.socket) -> None:
+    def _admit(self, conn: socket.socket) -> Peer | None:
+        """The caller, counted in its uid's share; None when it is over it (answered, in
+        this thread: a refused connection must cost neither a thread nor a wait)."""
+        try:
+            peer = peer_credentials(conn)
+        except OSError:
+            conn.close()
+            return None
+        why = self.budget.admit(peer.uid)
+        if why is None:
+            return peer
+        try:
+            conn.setblocking(False)  # a short answer fits the new socket's empty buffer
+            conn.send(protocol.encode(protocol.error("ProtocolError", why)))
+        except OSError:
+            pass
+        conn.close()
+        return None
+
+    def _serve_conn(self, conn: socket.socket, peer: Peer) -> None:
+        budget = self.budget
+
+        def grant(n: int) -> int:
+            if n < 0:
+                budget.give(peer.uid, -n)
+                return 0
+            return budget.grant(peer.uid, n)
+
         with conn:
-            peer = None
             fds: list[int] = []
             try:
-                peer = peer_credentials(conn)
                 conn.settimeout(self.read_timeout_s)
-                if not self._admit(peer.uid):
-                    self._refuse(conn, f"uid {peer.uid} has {MAX_CONNECTIONS_PER_UID} "
-                                 "connections to spswapd open already; close some (or wait "
-                                 "for them to end) and try again")  # fmt: skip
-                    peer = None  # not counted
-                    return
                 buf = bytearray()
                 while True:
                     try:
-                        line = read_line(conn, buf, fds,
+                        line = read_line(conn, buf, fds, grant=grant,
                                          deadline=time.monotonic() + self.read_timeout_s)
+                    except OverBudget:
+                        self._refuse(conn, budget.over_message(peer.uid))
+                        return
                     except LineTooLong:
                         limit = protocol.MAX_MESSAGE_BYTES
                         self._refuse(conn, f"message is larger than the limit of {limit} bytes "
@@ -224,30 +283,16 @@ class Server:
                         response = self.handle_line(line, peer, taken)
                     finally:
                         _close_all(taken)
+                        budget.give(peer.uid, len(taken))
                     self._send(conn, response)
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the client left: nothing to answer
             except Exception:
                 self._log_exception("connection")
             finally:
+                budget.give(peer.uid, len(fds))
                 _close_all(fds)
-                if peer is not None:
-                    self._leave(peer.uid)
-
-    def _admit(self, uid: int) -> bool:
-        """Count a connection of ``uid``; False past :data:`MAX_CONNECTIONS_PER_UID` (root
-        has no cap: the prolog and epilog must always get through)."""
-        with self._conns_lock:
-            if uid != 0 and self._conns.get(uid, 0) >= MAX_CONNECTIONS_PER_UID:
-                return False
-            self._conns[uid] = self._conns.get(uid, 0) + 1
-            return True
-
-    def _leave(self, uid: int) -> None:
-        with self._conns_lock:
-            self._conns[uid] -= 1
-            if not self._conns[uid]:
-                del self._conns[uid]
+                budget.leave(peer.uid)
 
     def handle_line(self, line: bytes, peer: Peer, fds: tuple[int, ...] = ()) -> dict[str, Any]:
         """The response to one request line from ``peer`` (never raises).

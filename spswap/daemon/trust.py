@@ -13,7 +13,6 @@ import os
 import socket
 import stat
 import struct
-import time
 from pathlib import Path
 
 from spswap.config import Config
@@ -35,26 +34,6 @@ def unsafe_dir(path: Path, uid: int = 0) -> str | None:
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         return f"{path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
     return None
-
-
-def quarantine_foreign_root(cfg: Config) -> Path | None:
-    """A root directory that a user created (on /dev/shm anyone can) is moved aside, so a
-    user cannot keep spswapd from starting; returns where it went (None: nothing to do).
-
-    Only a directory owned by another uid is moved: one that is root's but loosely
-    permitted is an admin's choice, refused by :func:`check_root_tree` with the fix.
-    """
-    if os.geteuid() != 0:
-        return None
-    try:
-        st = os.lstat(cfg.root)
-    except FileNotFoundError:
-        return None
-    if st.st_uid == 0 and not stat.S_ISLNK(st.st_mode):
-        return None
-    aside = cfg.root.with_name(f"{cfg.root.name}.untrusted-{int(time.time())}-{st.st_uid}")
-    os.rename(cfg.root, aside)  # moves the link or directory itself, follows nothing
-    return aside
 
 
 def check_root_tree(cfg: Config) -> None:

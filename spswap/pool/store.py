@@ -27,11 +27,11 @@ from spswap.pool.capacity import EntryInfo, plan_eviction
 from spswap.pool.index import IndexState, PoolIndex, Reservation, source_key
 from spswap.pool.layout import DATA_FILE, DIR_MODE, LOCKS_DIR, MANIFEST_FILE, make_locks_dir
 from spswap.pool.manifest import Manifest, SourceFile
+from spswap.pool.names import MIN_PREFIX_CHARS, looks_like_digest
 from spswap.pool.verify import verify_entry
 from spswap.pool.writer import EntryWriter
 
 DEFAULT_CAPACITY_FRACTION = 0.8
-MIN_PREFIX_CHARS = 6
 
 
 class Pool:
@@ -121,21 +121,11 @@ class Pool:
         return sorted(out, key=lambda e: -e.last_used)
 
     def find(self, ref: str) -> Manifest:
-        """The entry with digest ``ref``, else named ``ref``, else with a unique digest prefix
-        (>= 6 chars). A full digest wins over names: names are chosen by whoever imports,
-        and one equal to another entry's digest must not stand in for it."""
+        """The entry a reference names: one that looks like a digest (6 to 64 hex digits)
+        by its digest or a unique prefix of it, anything else by its name. Never a name for
+        a digest: names are chosen by whoever imports (see :mod:`spswap.pool.names`)."""
         manifests = self._manifests()
-        exact = [m for m in manifests if m.digest == ref.lower()]
-        if exact:
-            return exact[0]
-        by_name = [m for m in manifests if m.name == ref]
-        if len(by_name) == 1:
-            return by_name[0]
-        if len(by_name) > 1:
-            digests = ", ".join(m.digest[:12] for m in by_name)
-            raise PoolError(f"{len(by_name)} pool entries are named {ref!r} ({digests}); "
-                            "name one by its digest")  # fmt: skip
-        if len(ref) >= MIN_PREFIX_CHARS:
+        if looks_like_digest(ref):
             hits = [m for m in manifests if m.digest.startswith(ref.lower())]
             if len(hits) == 1:
                 return hits[0]
@@ -143,10 +133,19 @@ class Pool:
                 raise PoolError(
                     f"digest prefix {ref!r} matches {len(hits)} entries; give more of it"
                 )
+        else:
+            by_name = [m for m in manifests if m.name == ref]
+            if len(by_name) == 1:
+                return by_name[0]
+            if len(by_name) > 1:
+                digests = ", ".join(m.digest[:12] for m in by_name)
+                raise PoolError(f"{len(by_name)} pool entries are named {ref!r} ({digests}); "
+                                "name one by its digest")  # fmt: skip
         have = ", ".join(f"{m.name} ({m.digest[:12]})" for m in manifests) or "none"
         raise PoolEntryNotFound(
             f"no pool entry named {ref!r} or with a digest starting with it (at least "
-            f"{MIN_PREFIX_CHARS} characters); entries in {self.pool_dir}: {have}. "
+            f"{MIN_PREFIX_CHARS} characters; references that look like digests are matched "
+            f"against digests only); entries in {self.pool_dir}: {have}. "
             "Import one with: spswap pool import PATH"
         )
 

@@ -35,6 +35,7 @@ from spswap.pool.manifest import (
     align_up,
     content_digest,
 )
+from spswap.pool.names import check_entry_name
 
 
 class EntryStore(Protocol):
@@ -73,6 +74,7 @@ class EntryWriter:
         self, pool: EntryStore, name: str, *, identity: dict[str, Any] | None = None,
         sources: Sequence[SourceFile] = (), expected_size_bytes: int | None = None,
     ) -> None:  # fmt: skip
+        check_entry_name(name)  # every entry is written here, whoever imports it
         self.pool = pool
         self.name = name
         self.identity = dict(identity or {})

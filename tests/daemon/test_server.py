@@ -217,10 +217,10 @@ def _open_idle(socket_path: str, n: int) -> list[str]:
 def test_one_user_cannot_take_every_connection(
     monkeypatch: pytest.MonkeyPatch, user_uid: int
 ) -> None:
-    import spswap.daemon.server as server_mod
+    import spswap.daemon.budget as budget_mod
     from tests.uids import node_root, spawn_as
 
-    monkeypatch.setattr(server_mod, "MAX_CONNECTIONS_PER_UID", 3)
+    monkeypatch.setattr(budget_mod, "MAX_CONNECTIONS_PER_UID", 3)
     with node_root("spsrv-") as cfg:
         server, t = _in_process_server(cfg, read_timeout_s=5)
         try:

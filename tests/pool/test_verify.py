@@ -73,6 +73,8 @@ def test_a_name_cannot_shadow_a_digest(tmp_path):
 
     pool = Pool(tmp_path / "pool")
     victim = pool.import_checkpoint(ckpt(tmp_path / "a.safetensors", 1.0), name="victim")
-    fake = pool.import_checkpoint(ckpt(tmp_path / "b.safetensors", 2.0), name=victim.digest)
+    with pytest.raises(PoolError, match="looks like a digest"):
+        pool.import_checkpoint(ckpt(tmp_path / "b.safetensors", 2.0), name=victim.digest)
+    fake = pool.import_checkpoint(ckpt(tmp_path / "b.safetensors", 2.0), name="fake")
     assert pool.find(victim.digest) == victim
     assert pool.find(fake.digest) == fake

@@ -22,6 +22,7 @@ from spswap.daemon import lifecycle
 from tests.uids import TEST_USER, as_user, node_root, spawn_as  # noqa: F401 (re-exported)
 
 GPUS = "0,1"
+OTHER_USER = "spswaptest2"
 
 
 @pytest.fixture
@@ -30,6 +31,24 @@ def cfg(monkeypatch: pytest.MonkeyPatch) -> Iterator[Config]:
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     with node_root("spsec-", {"SPSWAP_GPUS": GPUS}) as cfg:
         yield cfg
+
+
+@pytest.fixture(scope="session")
+def other_uid(user_uid: int) -> int:
+    """A third real uid (neither root nor ``user_uid``): the user another one attacks."""
+    import pwd
+    import subprocess
+
+    try:
+        return pwd.getpwnam(OTHER_USER).pw_uid
+    except KeyError:
+        pass
+    r = subprocess.run(["useradd", "--system", "--no-create-home", "--shell",
+                        "/usr/sbin/nologin", OTHER_USER],
+                       capture_output=True, text=True)  # fmt: skip
+    if r.returncode != 0:
+        pytest.skip(f"useradd {OTHER_USER} failed: {r.stderr.strip()}")
+    return pwd.getpwnam(OTHER_USER).pw_uid
 
 
 @pytest.fixture
