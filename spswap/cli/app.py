@@ -8,7 +8,9 @@ import typer
 from rich.markup import escape
 
 from spswap import __version__
-from spswap.cli import bench, daemon, demo, doctor, events, images, node, pool, serve, slots, status
+from spswap.cli import (
+    bench, daemon, demo, doctor, events, images, models, node, pool, serve, slots, status,
+)  # fmt: skip
 from spswap.cli.common import err_console
 from spswap.errors import SpswapError
 
@@ -24,6 +26,7 @@ app = typer.Typer(
     rich_markup_mode="markdown",
 )
 app.add_typer(pool.app, name="pool")
+app.add_typer(models.app, name="models")
 app.add_typer(slots.app, name="slots")
 app.add_typer(bench.app, name="bench")
 app.add_typer(daemon.app, name="daemon")

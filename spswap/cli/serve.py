@@ -112,7 +112,10 @@ def serve(
         if job is None:
             raise typer.BadParameter("outside a Slurm job, give --state-dir")
         state_dir = Path(os.getcwd()) / ".spswap" / job.job_id
+    from spswap.engines.model_check import check_servable
+
     if engine == "vllm":
+        check_servable(engine, model)  # before the model goes into the pool
         _serve_vllm(cfg, job, model, state_dir, list(ctx.args), units=units,
                     slot_timeout_s=slot_timeout_s, requeue=requeue, json_out=json,
                     gpu_memory_utilization=gpu_memory_utilization, kv_cache_gib=kv_cache_gib,
@@ -122,6 +125,7 @@ def serve(
     if ctx.args:
         raise typer.BadParameter(f"unexpected arguments {' '.join(ctx.args)}: options after "
                                  "-- are for --engine vllm only")  # fmt: skip
+    check_servable(engine, model)  # before the model goes into the pool
     if device is None:
         device = _default_device()
     opts = ServeOptions(
