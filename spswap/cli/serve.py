@@ -81,7 +81,9 @@ def serve(
     socket: Path = typer.Option(
         None, "--socket",
         help="Also answer requests on this Unix socket (mode 0600; `spswap ask`); default: "
-             "none. Give `auto` for $XDG_RUNTIME_DIR or /tmp/spswap-$UID/serve-$SLURM_JOB_ID.sock.",
+             "none. `auto`: $XDG_RUNTIME_DIR/serve-$SLURM_JOB_ID.sock when that is a "
+             "directory of yours on the node, else STATE_DIR/sock/serve.sock (or "
+             "/tmp/spswap-$UID/ when that path is too long for a socket).",
     ),
     root: Path = RootOpt,
     json: bool = typer.Option(False, "--json", help="Print a JSON summary when the run ends."),
@@ -133,7 +135,7 @@ def serve(
         slot_timeout_s=slot_timeout_s, requests_file=requests,
         exit_when_idle=exit_when_idle,
         slot_gpus=tuple(job.gpus) if job else (),
-        socket_path=_socket_path(socket, job.job_id if job else None),
+        socket_path=_socket_path(socket, job.job_id if job else None, state_dir),
     )  # fmt: skip
     if opts.socket_path is not None:
         err_console.print(f"spswap serve: requests on {opts.socket_path}", markup=False)
@@ -221,12 +223,12 @@ def _checkpointer(cfg: Config) -> Any:
     return ckpt
 
 
-def _socket_path(given: Path | None, job_id: str | None) -> Path | None:
+def _socket_path(given: Path | None, job_id: str | None, state_dir: Path) -> Path | None:
     from spswap.serve.front import default_socket_path
 
     if given is None:
         return None
-    return default_socket_path(job_id) if str(given) == "auto" else given
+    return default_socket_path(job_id, state_dir) if str(given) == "auto" else given
 
 
 def _default_device() -> str:
