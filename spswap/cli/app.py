@@ -9,8 +9,20 @@ from rich.markup import escape
 
 from spswap import __version__
 from spswap.cli import (
-    bench, daemon, demo, doctor, events, images, models, node, pool, serve, slots, status,
-)  # fmt: skip
+    bench,
+    daemon,
+    demo,
+    doctor,
+    events,
+    help_style,
+    images,
+    models,
+    node,
+    pool,
+    serve,
+    slots,
+    status,
+)
 from spswap.cli.common import err_console
 from spswap.errors import SpswapError
 
@@ -40,6 +52,7 @@ app.command(
 app.command("ask")(serve.ask)
 app.command("doctor")(doctor.doctor)
 app.command("events")(events.events)
+help_style.apply(app)  # --help: "[OPTIONS] MODEL", no "<bool>" after a flag
 
 
 def _version(value: bool) -> None:

@@ -197,10 +197,7 @@ def ask(path: Path, request: dict[str, Any], *, timeout_s: float = 600.0) -> dic
         try:
             sock.connect(str(path))
         except OSError as e:
-            raise SpswapError(
-                f"no spswap server at {path} ({e.strerror or e}); is the job running? "
-                "(`spswap serve --socket` prints where it listens)"
-            ) from None
+            raise SpswapError(_connect_error(path, e)) from None
         sock.sendall(json.dumps(request).encode() + b"\n")
         buf = b""
         while b"\n" not in buf:
@@ -216,3 +213,40 @@ def ask(path: Path, request: dict[str, Any], *, timeout_s: float = 600.0) -> dic
         return answer
     finally:
         sock.close()
+
+
+def _connect_error(path: Path, e: OSError) -> str:
+    """Why ``spswap ask`` could not reach ``path``, in the user's terms."""
+    if isinstance(e, PermissionError):
+        owner = _owner(path)
+        if owner is not None and owner != os.getuid():
+            return (f"{path} belongs to another user ({_user_name(owner)}): a serving "
+                    "job's socket answers its own user only (and root); ask a job of yours")
+        return (f"{path}: permission denied ({e.strerror or e}); a serving job's socket "
+                "answers its own user only (and root)")  # fmt: skip
+    if isinstance(e, ConnectionRefusedError):
+        return (f"nothing listens on {path} any more: the run that opened it has ended "
+                "(or is stopped for a preemption); ask again once the job runs")
+    return (f"no spswap server at {path} ({e.strerror or e}); is the job running? "
+            "(`spswap serve --socket` prints where it listens)")
+
+
+def _owner(path: Path) -> int | None:
+    """The uid owning ``path``, or the nearest directory above it that can be seen."""
+    for p in (path, *path.parents):
+        try:
+            return os.stat(p).st_uid
+        except PermissionError:
+            continue
+        except OSError:
+            return None
+    return None
+
+
+def _user_name(uid: int) -> str:
+    import pwd
+
+    try:
+        return f"{pwd.getpwuid(uid).pw_name}, uid {uid}"
+    except KeyError:
+        return f"uid {uid}"
