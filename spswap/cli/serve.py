@@ -17,7 +17,8 @@ def serve(
     ctx: typer.Context,
     model: Path = typer.Argument(
         ..., exists=True, file_okay=False, resolve_path=True,
-        help="The model's checkpoint directory (config.json + *.safetensors).",
+        help="The model's directory: for the reference engine one `spswap models make` "
+             "wrote; for --engine vllm a Hugging Face-style one (config.json + *.safetensors).",
     ),
     state_dir: Path = typer.Option(
         None, "--state-dir",
