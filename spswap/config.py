@@ -40,6 +40,17 @@ def _parse_size(text: str) -> int:
     return int(value * units[suffix])
 
 
+def setting_text(raw: str) -> str:
+    """A setting's value as the shell reads ``/etc/default/spswap``: without an inline
+    comment (``256G   # optional``). The Slurm hooks source that file with bash, which drops
+    the comment; systemd's ``EnvironmentFile=`` (slurm/spswapd.service) keeps it in the
+    value: both must give spswap the same settings."""
+    for i, ch in enumerate(raw):
+        if ch == "#" and i > 0 and raw[i - 1].isspace():
+            return raw[:i].rstrip()
+    return raw
+
+
 def _parse_gpus(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(x) for x in text.replace(" ", "").split(",") if x != "")
@@ -88,7 +99,7 @@ class Config:
                     continue
                 valid = ", ".join(ENV_PREFIX + n.upper() for n in sorted(names))
                 raise ConfigError(f"unknown setting {key}; valid settings: {valid}")
-            values[name] = _convert(name, raw)
+            values[name] = _convert(name, setting_text(raw))
         values.update({k: v for k, v in overrides.items() if v is not None})
         unknown = set(values) - names
         if unknown:

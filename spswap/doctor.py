@@ -291,13 +291,19 @@ def _daemon(cfg: Config) -> dict[str, Any]:
             "not running",
             f"no live daemon holds {path}; the Slurm prolog starts it",
         )
-    return check("daemon", True, f"pid {pid}" if pid > 0 else "starting")
+    shown = f"pid {pid}" if pid > 0 else "starting" if os.geteuid() == 0 else "running"
+    return check("daemon", True, shown)
 
 
 def _root_ownership(cfg: Config) -> dict[str, Any]:
     """The state tree must be root's alone (spswapd refuses it otherwise)."""
     from spswap.daemon.trust import unsafe_dir
 
+    if not os.path.lexists(cfg.root):
+        return check("state tree", None, f"{cfg.root} does not exist yet",
+                     "spswapd makes it at its first start (the Slurm prolog, or `spswap daemon "
+                     "start` as root); if the daemon runs, SPSWAP_ROOT or --root here names "
+                     "another root than its own")  # fmt: skip
     p = cfg.paths
     problems = [why for d in (cfg.root, p.run, p.log, p.images, p.pool)
                 if (why := unsafe_dir(d))]  # fmt: skip

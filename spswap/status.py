@@ -46,7 +46,8 @@ def collect_status(cfg: Config, *, gpus: list[dict[str, Any]] | None = None) -> 
         "version": STATUS_VERSION,
         "spswap": __version__,
         "root": str(cfg.root),
-        "daemon": {"running": pid is not None, "pid": pid},
+        # -1: running, its pid file root's alone (a user asked) or not written yet
+        "daemon": {"running": pid is not None, "pid": pid if pid and pid > 0 else None},
         "gpus": gpus,
         "slots": slots,
         "pool": {
@@ -138,8 +139,9 @@ def render_status(data: dict[str, Any], *, now: float | None = None) -> Group:
     head = Table.grid(padding=(0, 2))
     head.add_row("spswap", data["spswap"])
     head.add_row("root", data["root"])
-    head.add_row("daemon", f"running (pid {d['pid']})" if d["running"]
-                 else "not running (spswap daemon start, or the Slurm prolog starts it)")
+    head.add_row("daemon", "not running (spswap daemon start, or the Slurm prolog starts it)"
+                 if not d["running"] else f"running (pid {d['pid']})" if d.get("pid")
+                 else "running")  # fmt: skip
     gpus = ", ".join(f"{g['index']}" + (f" {g['name']}" if g.get("name") else "")
                      for g in data["gpus"]) or "none found (set SPSWAP_GPUS, e.g. 0,1)"
     head.add_row("GPUs", gpus)  # fmt: skip

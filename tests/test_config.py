@@ -64,3 +64,74 @@ def test_criu_as_root_is_a_yes_no_setting() -> None:
     assert Config.from_env({"SPSWAP_CRIU_AS_ROOT": "no"}).criu_as_root is False
     with pytest.raises(ConfigError, match="SPSWAP_CRIU_AS_ROOT='maybe': use 1"):
         Config.from_env({"SPSWAP_CRIU_AS_ROOT": "maybe"})
+
+
+# -- /etc/default/spswap, read by the hooks' bash and by systemd's EnvironmentFile= ----------
+
+OLD_DEFAULTS = """SPSWAP_BIN=/opt/spswap/venv/bin/spswap
+SPSWAP_ROOT=/dev/shm/spswap          # node-local tmpfs: pool, slots, images, socket
+SPSWAP_POOL_CAPACITY_BYTES=256G      # optional: default 80% of the tmpfs size
+SPSWAP_KEEP_BYTES=64G                # optional: dumped instances kept alive (default 1/8 of RAM)
+SPSWAP_CRIU_AS_ROOT=0                # optional: 1 runs CRIU as root for users' jobs too
+"""
+
+
+def _systemd_env(text: str) -> dict[str, str]:
+    """What systemd's EnvironmentFile= makes of ``text``: comment lines only (starting with
+    # or ;) are dropped; a value is what follows '=', whitespace trimmed, quotes removed."""
+    env = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line[0] in "#;":
+            continue
+        key, _, value = line.partition("=")
+        value = value.strip()
+        if len(value) > 1 and value[0] == value[-1] and value[0] in "\"'":
+            value = value[1:-1]
+        env[key.strip()] = value
+    return env
+
+
+def _bash_env(text: str, tmp_path) -> dict[str, str]:
+    """What slurm/hook.sh makes of it: ``set -a; . FILE``."""
+    import subprocess
+
+    f = tmp_path / "defaults"
+    f.write_text(text)
+    out = subprocess.run(["bash", "-c", f'set -a; . "{f}"; env -0'], capture_output=True,
+                         check=True, env={"PATH": "/usr/bin:/bin"}).stdout.decode()  # fmt: skip
+    pairs = (item.partition("=") for item in out.split("\0") if item.startswith("SPSWAP_"))
+    return {k: v for k, _, v in pairs}
+
+
+def _documented_defaults() -> str:
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "slurm.md").read_text()
+    after = doc.split("`/etc/default/spswap`", 1)[1]
+    return after.split("```sh\n", 1)[1].split("```", 1)[0]
+
+
+def test_inline_comment_is_dropped_as_the_hooks_shell_does() -> None:
+    from spswap.config import setting_text
+
+    assert setting_text("256G   # optional: default 80% of the tmpfs size") == "256G"
+    assert setting_text("/dev/shm/spswap\t# tmpfs") == "/dev/shm/spswap"
+    assert setting_text("/dev/shm/a#b") == "/dev/shm/a#b"  # not a comment for bash either
+    cfg = Config.from_env({"SPSWAP_POOL_CAPACITY_BYTES": "256G   # optional: default 80%",
+                           "SPSWAP_CRIU_AS_ROOT": "0                # optional"})  # fmt: skip
+    assert cfg.pool_capacity_bytes == 256 << 30 and cfg.criu_as_root is False
+
+
+def test_the_settings_file_reads_the_same_for_bash_and_systemd(tmp_path) -> None:
+    documented = _documented_defaults()
+    systemd, bash = _systemd_env(documented), _bash_env(documented, tmp_path)
+    assert systemd == bash and "SPSWAP_POOL_CAPACITY_BYTES" in systemd
+    assert not [v for v in systemd.values() if "#" in v], systemd
+    want = Config.from_env(bash)
+    assert want.pool_capacity_bytes == 256 << 30 and want.keep_bytes == 64 << 30
+    # a file written from the old guide, with inline comments: the same settings too
+    old_systemd = _systemd_env(OLD_DEFAULTS)
+    assert old_systemd["SPSWAP_POOL_CAPACITY_BYTES"].startswith("256G      # optional")
+    assert Config.from_env(old_systemd) == Config.from_env(_bash_env(OLD_DEFAULTS, tmp_path))
+    assert Config.from_env(old_systemd) == want

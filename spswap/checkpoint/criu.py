@@ -42,6 +42,7 @@ from spswap.checkpoint import criu_argv, link_remap, proctree
 from spswap.checkpoint.criu_log import NOISE, hint_for, log_tail, write_log
 from spswap.checkpoint.criu_user import RunAs, as_user_dir, root_post_dump
 from spswap.checkpoint.proctree import wait_pids_free
+from spswap.config import setting_text
 from spswap.errors import CheckpointFailed
 from spswap.fsutil import atomic_write_json, dir_size_bytes, read_json
 
@@ -91,7 +92,7 @@ class ImageInfo:
 def find_criu(env: dict[str, str] | None = None) -> Path | None:
     """The criu to use: ``$SPSWAP_CRIU``, then PATH, then /usr/local/sbin/criu."""
     env = dict(os.environ) if env is None else env
-    explicit = env.get("SPSWAP_CRIU")
+    explicit = setting_text(env.get("SPSWAP_CRIU") or "")  # as the hooks' shell reads it
     if explicit:
         return Path(explicit) if os.access(explicit, os.X_OK) else None
     on_path = shutil.which("criu", path=env.get("PATH", os.defpath) + ":/usr/sbin:/sbin")

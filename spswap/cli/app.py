@@ -8,7 +8,21 @@ import typer
 from rich.markup import escape
 
 from spswap import __version__
-from spswap.cli import bench, daemon, demo, doctor, events, images, node, pool, serve, slots, status
+from spswap.cli import (
+    bench,
+    daemon,
+    demo,
+    doctor,
+    events,
+    help_style,
+    images,
+    models,
+    node,
+    pool,
+    serve,
+    slots,
+    status,
+)
 from spswap.cli.common import err_console
 from spswap.errors import SpswapError
 
@@ -24,6 +38,7 @@ app = typer.Typer(
     rich_markup_mode="markdown",
 )
 app.add_typer(pool.app, name="pool")
+app.add_typer(models.app, name="models")
 app.add_typer(slots.app, name="slots")
 app.add_typer(bench.app, name="bench")
 app.add_typer(daemon.app, name="daemon")
@@ -37,6 +52,7 @@ app.command(
 app.command("ask")(serve.ask)
 app.command("doctor")(doctor.doctor)
 app.command("events")(events.events)
+help_style.apply(app)  # --help: "[OPTIONS] MODEL", no "<bool>" after a flag
 
 
 def _version(value: bool) -> None:

@@ -20,6 +20,8 @@ def _param_line(p: Any) -> str:
     if p.param_type_name == "argument":
         return f"- `{(p.metavar or p.name).upper()}` (argument{'' if p.required else ', optional'})"
     names = ", ".join(f"`{o}`" for o in p.opts + p.secondary_opts)
+    if p.required:
+        names += " (required)"
     help_text = " ".join((p.help or "").split())
     default = ""
     if p.show_default not in (False, None) and p.default not in (None, False, "", ()):

@@ -17,9 +17,28 @@ def _when(ts: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
 
 
+DETAIL_ERROR_LINES = 2
+
+
+def short_value(value: Any, sep: str = "\n") -> str:
+    """A detail value as shown: a many-line one (a failed checkpoint's reason carries
+    CRIU's log) cut to its first line and its first error lines, with a count of the rest."""
+    lines = [line for line in str(value).splitlines() if line.strip()]
+    if len(lines) <= 1 + DETAIL_ERROR_LINES:
+        return sep.join(lines)
+    errors = [line.strip() for line in lines[1:] if "rror" in line][:DETAIL_ERROR_LINES]
+    rest = len(lines) - 1 - len(errors)
+    return sep.join([lines[0], *errors, f"(+{rest} more lines: spswap events --json)"])
+
+
+def _details(event: dict[str, Any], sep: str) -> str:
+    items = sorted((event.get("detail") or {}).items())
+    return " ".join(f"{k}={short_value(v, sep)}" for k, v in items)
+
+
 def event_line(event: dict[str, Any]) -> str:
     """One event as a plain line: time, kind, job, uid, details as key=value."""
-    detail = " ".join(f"{k}={v}" for k, v in sorted((event.get("detail") or {}).items()))
+    detail = _details(event, " | ")
     job = event.get("job_id") or "-"
     uid = event.get("uid")
     return f"{_when(float(event.get('ts', 0)))}  {event.get('kind', '?'):<14} job={job} " + (
@@ -32,7 +51,7 @@ def events_table(events: list[dict[str, Any]]) -> Table:
     for col in ("time", "kind", "job", "uid", "detail"):
         table.add_column(col)
     for e in events:
-        detail = " ".join(f"{k}={v}" for k, v in sorted((e.get("detail") or {}).items()))
+        detail = _details(e, "\n")
         uid = e.get("uid")
         table.add_row(_when(float(e.get("ts", 0))), str(e.get("kind")), e.get("job_id") or "-",
                       "-" if uid is None else str(uid), detail)  # fmt: skip

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -15,9 +16,9 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from spswap.access import import_model
+from spswap.access import import_model, privileged
 from spswap.cli.common import JsonOpt, RootOpt, console, emit_json, err_console, load_config
-from spswap.errors import PoolCorrupt
+from spswap.errors import PermissionDenied, PoolCorrupt
 from spswap.pool.manifest import Manifest
 from spswap.pool.store import EntryInfo, Pool
 from spswap.slurm.backend import job_probe
@@ -134,8 +135,21 @@ def rm(
     force: bool = typer.Option(False, "--force", help="Remove even while a live job uses it."),
     root: Path | None = RootOpt,
 ) -> None:
-    """Remove an entry (refused while a live process or job uses it, unless --force)."""
-    m = _pool(root).remove(ref, force=force)
+    """Remove an entry (refused while a live process or job uses it, unless --force).
+
+    Root only: the pool is every job's on the node. Entries no job uses are evicted by
+    themselves, least recently used first, when an import needs their room.
+    """
+    pool = _pool(root)
+    if not privileged():
+        m = pool.find(ref)  # an unknown name is said as such first
+        raise PermissionDenied(
+            f"only root removes pool entries (the pool is every job's on this node; you are "
+            f"uid {os.getuid()}): ask the node's admin to run `spswap pool rm {ref}`. "
+            f"{m.name} needs no removal to make room: entries no job uses are evicted, least "
+            "recently used first, when an import needs their space"
+        )
+    m = pool.remove(ref, force=force)
     console.print(f"removed {m.name} {m.digest[:12]} ({fmt_bytes(m.data_size_bytes)})")
 
 

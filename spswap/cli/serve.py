@@ -17,7 +17,8 @@ def serve(
     ctx: typer.Context,
     model: Path = typer.Argument(
         ..., exists=True, file_okay=False, resolve_path=True,
-        help="The model's checkpoint directory (config.json + *.safetensors).",
+        help="The model's directory: for the reference engine one `spswap models make` "
+             "wrote; for --engine vllm a Hugging Face-style one (config.json + *.safetensors).",
     ),
     state_dir: Path = typer.Option(
         None, "--state-dir",
@@ -81,7 +82,9 @@ def serve(
     socket: Path = typer.Option(
         None, "--socket",
         help="Also answer requests on this Unix socket (mode 0600; `spswap ask`); default: "
-             "none. Give `auto` for $XDG_RUNTIME_DIR or /tmp/spswap-$UID/serve-$SLURM_JOB_ID.sock.",
+             "none. `auto`: $XDG_RUNTIME_DIR/serve-$SLURM_JOB_ID.sock when that is a "
+             "directory of yours on the node, else STATE_DIR/sock/serve.sock (or "
+             "/tmp/spswap-$UID/ when that path is too long for a socket).",
     ),
     root: Path = RootOpt,
     json: bool = typer.Option(False, "--json", help="Print a JSON summary when the run ends."),
@@ -112,7 +115,10 @@ def serve(
         if job is None:
             raise typer.BadParameter("outside a Slurm job, give --state-dir")
         state_dir = Path(os.getcwd()) / ".spswap" / job.job_id
+    from spswap.engines.model_check import check_servable
+
     if engine == "vllm":
+        check_servable(engine, model)  # before the model goes into the pool
         _serve_vllm(cfg, job, model, state_dir, list(ctx.args), units=units,
                     slot_timeout_s=slot_timeout_s, requeue=requeue, json_out=json,
                     gpu_memory_utilization=gpu_memory_utilization, kv_cache_gib=kv_cache_gib,
@@ -122,6 +128,7 @@ def serve(
     if ctx.args:
         raise typer.BadParameter(f"unexpected arguments {' '.join(ctx.args)}: options after "
                                  "-- are for --engine vllm only")  # fmt: skip
+    check_servable(engine, model)  # before the model goes into the pool
     if device is None:
         device = _default_device()
     opts = ServeOptions(
@@ -129,7 +136,7 @@ def serve(
         slot_timeout_s=slot_timeout_s, requests_file=requests,
         exit_when_idle=exit_when_idle,
         slot_gpus=tuple(job.gpus) if job else (),
-        socket_path=_socket_path(socket, job.job_id if job else None),
+        socket_path=_socket_path(socket, job.job_id if job else None, state_dir),
     )  # fmt: skip
     if opts.socket_path is not None:
         err_console.print(f"spswap serve: requests on {opts.socket_path}", markup=False)
@@ -217,12 +224,12 @@ def _checkpointer(cfg: Config) -> Any:
     return ckpt
 
 
-def _socket_path(given: Path | None, job_id: str | None) -> Path | None:
+def _socket_path(given: Path | None, job_id: str | None, state_dir: Path) -> Path | None:
     from spswap.serve.front import default_socket_path
 
     if given is None:
         return None
-    return default_socket_path(job_id) if str(given) == "auto" else given
+    return default_socket_path(job_id, state_dir) if str(given) == "auto" else given
 
 
 def _default_device() -> str:

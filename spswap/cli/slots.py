@@ -12,6 +12,7 @@ from rich.table import Table
 
 from spswap.access import privileged, release_slot, reserve_slot
 from spswap.cli.common import JsonOpt, RootOpt, console, emit_json, load_config
+from spswap.errors import SlotError
 from spswap.liveness import Holder
 from spswap.slots.table import UNITS_PER_GPU, SlotTable
 from spswap.slurm.backend import job_probe
@@ -122,7 +123,7 @@ def reserve(
     This command exits at once. Run by root, the reservation is tied to the calling
     shell (or --pid) and, inside a Slurm job, to the job: it is reclaimed when they end. A
     user's reservation is made by spswapd and tied to the job ($SLURM_JOB_ID or --job-id)
-    alone: outside a job it is reclaimed at once.
+    alone: outside a job a user's is refused (it would end with the command).
     Give it back earlier with `spswap slots release ID`.
     """
     cfg = load_config(root)
@@ -135,6 +136,13 @@ def reserve(
     else:
         # Users write the table through spswapd, which holds it for the calling process
         # (this one, gone when it exits) and, when given, for the caller's Slurm job.
+        if not job_id:
+            raise SlotError(
+                "outside a Slurm job a reservation of yours would end with this command "
+                "(it is held for the process that asked, which exits at once): run it in "
+                "your job (e.g. `srun --jobid=JOB --overlap spswap slots reserve ...`) or "
+                "give --job-id JOB of a running job of yours"
+            )
         r = reserve_slot(cfg, model=model, units=units, whole_gpus=whole_gpus,
                          allowed_gpus=gpu or None, job_id=job_id or None, timeout_s=wait_s)
     if json_out:

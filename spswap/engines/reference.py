@@ -51,8 +51,8 @@ def load_config(directory: Path) -> ReferenceConfig:
         return ReferenceConfig.from_json(json.loads(path.read_text()))
     except FileNotFoundError:
         raise EngineError(
-            f"{path} not found: a reference checkpoint directory holds {WEIGHTS_FILE} and "
-            f"{CONFIG_FILE} (write one with spswap.engines.reference.save_checkpoint)"
+            f"{path} not found: a reference model directory holds {WEIGHTS_FILE} and "
+            f"{CONFIG_FILE} (make one with `spswap models make DIR --preset small`)"
         ) from None
 
 

@@ -178,11 +178,16 @@ def build(config: ReferenceConfig, device: torch.device | str) -> Decoder:
     return model.eval()
 
 
+def expected_shapes(config: ReferenceConfig) -> dict[str, tuple[int, ...]]:
+    """Every weight's name and shape for ``config`` (nothing allocated)."""
+    with torch.device("meta"):
+        return {n: tuple(p.shape) for n, p in Decoder(config).named_parameters()}
+
+
 def init_weights(config: ReferenceConfig) -> dict[str, torch.Tensor]:
     """Deterministic random weights from ``config.seed`` (CPU, in ``config.dtype``)."""
     gen = torch.Generator().manual_seed(config.seed)
-    with torch.device("meta"):
-        shapes = {n: tuple(p.shape) for n, p in Decoder(config).named_parameters()}
+    shapes = expected_shapes(config)
     weights: dict[str, torch.Tensor] = {}
     for name in sorted(shapes):
         shape = shapes[name]

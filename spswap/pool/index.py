@@ -145,9 +145,10 @@ class PoolIndex:
         """Raise :class:`PermissionDenied` (at once, not after a lock timeout) when read-only."""
         if self.read_only:
             raise PermissionDenied(
-                f"cannot {what} directly: {self.pool_dir} is writable only by root (uid "
-                f"{os.getuid()} here); go through the daemon (spswap.access.use_entry / "
-                "import_model), and start it with `spswap daemon start` if it is not running"
+                f"cannot {what}: the pool ({self.pool_dir}) is root's (you are uid "
+                f"{os.getuid()}); as a user, `spswap pool import` and `spswap serve` write it "
+                "through spswapd (started by the Slurm prolog, or by root with `spswap daemon "
+                "start`); removing an entry is root's alone"
             )
 
     def alive(self, holder: Holder) -> bool:

@@ -26,10 +26,35 @@ MAX_LINE_BYTES = 1 << 20
 ANSWER_POLL_S = 0.01
 
 
-def default_socket_path(job_id: str | None) -> Path:
-    """Node-local and short (a Unix socket path has at most 107 bytes)."""
-    base = Path(os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/spswap-{os.getuid()}")
-    return base / f"serve-{job_id or os.getpid()}.sock"
+MAX_SOCKET_PATH_BYTES = 107
+
+
+def default_socket_path(job_id: str | None, state_dir: Path | None = None) -> Path:
+    """``--socket auto``: in ``$XDG_RUNTIME_DIR`` when that is a directory of this user's
+    here (sbatch exports the login shell's, which the compute node may not have, or have
+    root's), else in the state directory's private ``sock/``, else in
+    ``/tmp/spswap-$UID``: the first whose path fits a Unix socket (107 bytes)."""
+    name = f"serve-{job_id or os.getpid()}.sock"
+    candidates = []
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg and _own_writable_dir(Path(xdg)):
+        candidates.append(Path(xdg) / name)
+    if state_dir is not None:
+        candidates.append(Path(os.path.abspath(state_dir)) / "sock" / "serve.sock")
+    candidates.append(Path(f"/tmp/spswap-{os.getuid()}") / name)
+    for path in candidates:
+        if len(os.fsencode(path)) <= MAX_SOCKET_PATH_BYTES:
+            return path
+    return candidates[-1]
+
+
+def _own_writable_dir(path: Path) -> bool:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return (stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
+            and os.access(path, os.W_OK | os.X_OK))  # fmt: skip
 
 
 class Front:
@@ -45,6 +70,15 @@ class Front:
 
     def open(self) -> None:
         """Bind and listen (again, after a restore); accept in a daemon thread."""
+        try:
+            self._bind()
+        except OSError as e:
+            raise SpswapError(
+                f"cannot listen on {self.path} ({e.strerror or e}): give --socket a path in "
+                "a directory of yours on this node, or --socket auto"
+            ) from None
+
+    def _bind(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         st = os.lstat(self.path.parent)
         if stat.S_ISLNK(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
@@ -61,6 +95,9 @@ class Front:
         old = os.umask(0o177)  # 0600: the job's user only
         try:
             sock.bind(str(self.path))
+        except BaseException:
+            sock.close()
+            raise
         finally:
             os.umask(old)
         sock.listen(64)
@@ -160,10 +197,7 @@ def ask(path: Path, request: dict[str, Any], *, timeout_s: float = 600.0) -> dic
         try:
             sock.connect(str(path))
         except OSError as e:
-            raise SpswapError(
-                f"no spswap server at {path} ({e.strerror or e}); is the job running? "
-                "(`spswap serve --socket` prints where it listens)"
-            ) from None
+            raise SpswapError(_connect_error(path, e)) from None
         sock.sendall(json.dumps(request).encode() + b"\n")
         buf = b""
         while b"\n" not in buf:
@@ -179,3 +213,40 @@ def ask(path: Path, request: dict[str, Any], *, timeout_s: float = 600.0) -> dic
         return answer
     finally:
         sock.close()
+
+
+def _connect_error(path: Path, e: OSError) -> str:
+    """Why ``spswap ask`` could not reach ``path``, in the user's terms."""
+    if isinstance(e, PermissionError):
+        owner = _owner(path)
+        if owner is not None and owner != os.getuid():
+            return (f"{path} belongs to another user ({_user_name(owner)}): a serving "
+                    "job's socket answers its own user only (and root); ask a job of yours")
+        return (f"{path}: permission denied ({e.strerror or e}); a serving job's socket "
+                "answers its own user only (and root)")  # fmt: skip
+    if isinstance(e, ConnectionRefusedError):
+        return (f"nothing listens on {path} any more: the run that opened it has ended "
+                "(or is stopped for a preemption); ask again once the job runs")
+    return (f"no spswap server at {path} ({e.strerror or e}); is the job running? "
+            "(`spswap serve --socket` prints where it listens)")
+
+
+def _owner(path: Path) -> int | None:
+    """The uid owning ``path``, or the nearest directory above it that can be seen."""
+    for p in (path, *path.parents):
+        try:
+            return os.stat(p).st_uid
+        except PermissionError:
+            continue
+        except OSError:
+            return None
+    return None
+
+
+def _user_name(uid: int) -> str:
+    import pwd
+
+    try:
+        return f"{pwd.getpwuid(uid).pw_name}, uid {uid}"
+    except KeyError:
+        return f"uid {uid}"

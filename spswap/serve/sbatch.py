@@ -65,6 +65,12 @@ _VLLM_COMMENT = """\
 """
 
 
+_MODEL_COMMENT = {
+    False: "a model from `spswap models make DIR` (Hugging Face models: serve_vllm.sbatch)",
+    True: "a Hugging Face-style model directory (config.json + *.safetensors)",
+}
+
+
 def render_serve(opts: SbatchOptions = SbatchOptions()) -> str:
     """A requeueable model server (or, with ``opts.requests``, a resumable batch job;
     with ``opts.engine == "vllm"``, vLLM's OpenAI server)."""
@@ -100,7 +106,7 @@ def render_serve(opts: SbatchOptions = SbatchOptions()) -> str:
 #SBATCH --open-mode=append
 #SBATCH --output=%x-%j.log
 
-MODEL={shlex.quote(opts.model)}   # CHANGE: the model's checkpoint directory
+MODEL={shlex.quote(opts.model)}   # CHANGE: {_MODEL_COMMENT[vllm]}
 {requests_line}{state_comment}
 STATE="$PWD/.spswap/${{SLURM_JOB_ID}}"
 

@@ -67,7 +67,7 @@ def timeout_error(
         )
         lines.append(f"{len(ahead)} earlier waiter(s) for these GPUs: {queued}")
     lines.append(
-        "wait longer (--timeout-s / timeout_s) or release a reservation "
-        "(`spswap slots release ID`)"
+        "wait longer (`spswap serve --slot-timeout-s`, `spswap slots reserve --timeout-s`) "
+        "or release a reservation (`spswap slots release ID`)"
     )
     return SlotTimeout("\n".join(lines), holders=holders)

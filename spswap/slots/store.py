@@ -77,9 +77,10 @@ class SlotStore:
         """Raise :class:`PermissionDenied` (at once, not after a lock timeout) when read-only."""
         if self.read_only:
             raise PermissionDenied(
-                f"cannot {what} directly: {self.slots_dir} is writable only by root (uid "
-                f"{os.getuid()} here); go through the daemon (spswap.access.reserve_slot / "
-                "release_slot), and start it with `spswap daemon start` if it is not running"
+                f"cannot {what}: the slot table ({self.slots_dir}) is root's (you are uid "
+                f"{os.getuid()}); as a user, `spswap slots reserve` / `release` and `spswap "
+                "serve` change it through spswapd (started by the Slurm prolog, or by root "
+                "with `spswap daemon start`)"
             )
 
     @contextmanager

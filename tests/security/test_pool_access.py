@@ -105,7 +105,7 @@ def test_user_imports_what_it_can_read(cfg: Config, daemon: int, user_uid: int) 
     assert out["bad_name"].startswith("InvalidCheckpoint: file name '../model.safetensors'")
     assert out["read_only"] is True and out["listed"] == ["own", "shardy"]
     assert out["direct_import"].startswith("PermissionDenied: cannot import"), out
-    assert out["direct_use"].startswith("PermissionDenied: cannot change the pool directly")
+    assert out["direct_use"].startswith("PermissionDenied: cannot change the pool: the pool (")
     for key in ("write_index", "write_data", "new_file"):
         assert out[key].startswith("PermissionError: "), (key, out[key])
     # nothing of the root-only file got in; everything in the pool is root's, 0644/0755,

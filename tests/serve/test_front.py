@@ -80,3 +80,63 @@ def test_front_refuses_a_socket_directory_others_can_write(tmp_path: Path) -> No
     os.chmod(shared, 0o777)
     with pytest.raises(SpswapError, match="not a private directory of yours"):
         Front(Spool(tmp_path / "state"), shared / "s.sock").open()
+
+
+def test_socket_auto_skips_a_runtime_dir_that_is_not_yours(tmp_path: Path, monkeypatch) -> None:
+    """sbatch exports the login shell's XDG_RUNTIME_DIR: on the compute node it may be
+    missing or another uid's; the state directory's private sock/ is used instead."""
+    from spswap.serve.front import default_socket_path
+
+    state = tmp_path / "st"
+    theirs = tmp_path / "run-user-1001"
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, 65534, 65534)
+    for xdg in (str(theirs), str(tmp_path / "missing"), ""):
+        monkeypatch.setenv("XDG_RUNTIME_DIR", xdg)
+        assert default_socket_path("7", state) == state / "sock" / "serve.sock"
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(mine))
+    assert default_socket_path("7", state) == mine / "serve-7.sock"
+    deep = tmp_path / ("d" * 120)  # too long for a socket: /tmp/spswap-$UID
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "")
+    assert default_socket_path("7", deep) == Path(f"/tmp/spswap-{os.getuid()}/serve-7.sock")
+
+
+def test_a_socket_that_cannot_be_made_is_an_error_not_a_traceback(tmp_path: Path) -> None:
+    from spswap.serve.front import Front
+    from spswap.serve.spool import Spool
+
+    with pytest.raises(SpswapError, match="cannot listen on /proc/spswap-no/s.sock"):
+        Front(Spool(tmp_path / "state"), Path("/proc/spswap-no/s.sock")).open()
+
+
+def test_serve_socket_auto_with_a_foreign_runtime_dir(tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    save_checkpoint(preset("tiny"), model)
+    state = Path(tempfile.mkdtemp(prefix="spa-", dir="/tmp")) / "st"  # short path
+    theirs = tmp_path / "run-user-1001"
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, 65534, 65534)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update(SPSWAP_ROOT=str(tmp_path / "root"), XDG_RUNTIME_DIR=str(theirs))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "spswap.cli", "serve", str(model), "--state-dir", str(state),
+         "--device", "cpu", "--socket", "auto", "--json"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    sock = state / "sock" / "serve.sock"
+    try:
+        deadline = time.monotonic() + 60
+        while not sock.exists():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert ask(sock, {"prompt_ids": [4, 5], "max_new_tokens": 3})["output_ids"] == _cold(
+            model, [4, 5], 3)
+        assert not list(theirs.iterdir())
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+        assert f"requests on {sock}" in err and "Traceback" not in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -1,0 +1,80 @@
+"""How ``--help`` names things: ``Usage: spswap serve [OPTIONS] MODEL`` (arguments in
+capitals, optional ones in brackets), and no ``<bool>`` after a flag, which takes no value.
+
+Recent typer writes required arguments as ``{model}`` and gives every flag a ``<bool>``
+type; :func:`apply` gives every command and group of an app the classes below, which say
+it the way the docs do. Options that take a value keep their type (``<int>``, ``<path>``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+from typer.core import TyperCommand, TyperGroup
+
+
+def _tidy(params: list[Any]) -> None:
+    for p in params:
+        if p.param_type_name == "argument" and p.metavar is None:
+            p.metavar = p.name.upper()
+        elif getattr(p, "is_flag", False) and p.metavar is None:
+            p.metavar = ""  # a flag takes no value: no type to show
+
+
+def _usage(cmd: Any, ctx: Any) -> list[str]:
+    pieces = [cmd.options_metavar] if cmd.options_metavar else []
+    for p in cmd.get_params(ctx):
+        if p.param_type_name != "argument":
+            continue
+        name = (p.metavar or p.name).upper() + ("..." if p.nargs != 1 else "")
+        pieces.append(name if p.required else f"[{name}]")
+    return pieces
+
+
+class Command(TyperCommand):
+    """A command whose help reads ``[OPTIONS] MODEL`` and shows no type for flags."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _tidy(self.params)
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        return _usage(self, ctx)
+
+    def get_help_option(self, ctx: Any) -> Any:
+        opt = super().get_help_option(ctx)
+        if opt is not None:
+            _tidy([opt])
+        return opt
+
+
+class Group(TyperGroup):
+    """A group of commands, named the same way as :class:`Command`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _tidy(self.params)
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        metavar = getattr(self, "subcommand_metavar", None)
+        return _usage(self, ctx) + ([metavar] if metavar else [])
+
+    def get_help_option(self, ctx: Any) -> Any:
+        opt = super().get_help_option(ctx)
+        if opt is not None:
+            _tidy([opt])
+        return opt
+
+
+def apply(app: typer.Typer) -> None:
+    """Give ``app``, its sub-apps and every command in them the classes above (where no
+    other class was asked for)."""
+    if app.info.cls in (None, TyperGroup) or not isinstance(app.info.cls, type):
+        app.info.cls = Group
+    for info in app.registered_commands:
+        if info.cls in (None, TyperCommand) or not isinstance(info.cls, type):
+            info.cls = Command
+    for group in app.registered_groups:
+        if group.typer_instance is not None:
+            apply(group.typer_instance)

@@ -1,0 +1,107 @@
+"""Messages that misled (issue 15, item 16), each checked on its exact text; the ones a
+second uid sees are in tests/security/test_user_messages.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+
+from spswap import doctor
+from spswap.cli.events import event_line, events_table, short_value
+from spswap.config import Config
+from spswap.slots.request import timeout_error
+from spswap.slots.state import SlotRequest
+from spswap.status import render_status
+
+CRIU_REASON = "\n".join(
+    ["criu dump of job 12 failed (exit 1): see the log for the reason",
+     "last lines of /dev/shm/spswap/log/criu/dump-12.log:",
+     "(00.002) Error (criu/cr-dump.c:1210): Can't get rlimit 0: Operation not permitted",
+     "(00.002) Error (criu/cr-dump.c:1800): Dump core (pid: 4242) failed with -1",
+     "..."] + [f"(00.{i:03d}) Unfreezing tasks into 1" for i in range(25)]
+    + ["(00.031) Error (criu/cr-dump.c:2100): Dumping FAILED."]
+)  # fmt: skip
+
+
+def test_slot_timeout_names_the_flags_of_both_commands() -> None:
+    err = timeout_error(SlotRequest(4, None, [0]), "m", 5.0, [], [])
+    assert str(err) == (
+        "no slot for model m (4 unit(s) of one GPU of 0) after 5 s.\n"
+        "wait longer (`spswap serve --slot-timeout-s`, `spswap slots reserve --timeout-s`) "
+        "or release a reservation (`spswap slots release ID`)"
+    )
+
+
+def test_doctor_does_not_call_a_missing_root_ok(tmp_path: Path) -> None:
+    cfg = Config.from_env({}, root=tmp_path / "nothing")
+    got = doctor._root_ownership(cfg)
+    assert (got["ok"], got["value"]) == (None, f"{tmp_path / 'nothing'} does not exist yet")
+    assert got["detail"].startswith("spswapd makes it at its first start (the Slurm prolog")
+    (tmp_path / "nothing").mkdir(mode=0o755)
+    got = doctor._root_ownership(cfg)
+    assert got["ok"] is True and "root's, not writable by others" in got["value"]
+
+
+def test_a_failed_checkpoints_reason_is_cut_to_its_first_error_lines() -> None:
+    assert short_value(CRIU_REASON) == (
+        "criu dump of job 12 failed (exit 1): see the log for the reason\n"
+        "(00.002) Error (criu/cr-dump.c:1210): Can't get rlimit 0: Operation not permitted\n"
+        "(00.002) Error (criu/cr-dump.c:1800): Dump core (pid: 4242) failed with -1\n"
+        "(+28 more lines: spswap events --json)"
+    )
+    assert short_value("one line") == "one line" and short_value(42) == "42"
+    event = {"ts": 0, "kind": "checkpoint.failed", "job_id": "12", "uid": 1001,
+             "detail": {"reason": CRIU_REASON}}  # fmt: skip
+    console = Console(width=200, record=True)
+    console.print(events_table([event]))
+    rows = [ln for ln in console.export_text().splitlines() if ln.startswith("│")]
+    assert len(rows) == 4  # 4 lines, not ~30
+    assert event_line(event).endswith(
+        "reason=criu dump of job 12 failed (exit 1): see the log for the reason | (00.002) "
+        "Error (criu/cr-dump.c:1210): Can't get rlimit 0: Operation not permitted | (00.002) "
+        "Error (criu/cr-dump.c:1800): Dump core (pid: 4242) failed with -1 | (+28 more "
+        "lines: spswap events --json)")  # fmt: skip
+
+
+def test_status_of_a_daemon_whose_pid_is_not_shown() -> None:
+    data = {"spswap": "0", "root": "/r", "daemon": {"running": True, "pid": None},
+            "gpus": [], "pool": {"capacity_bytes": 0, "used_bytes": 0, "entries": []},
+            "instances": [], "checkpoints": []}  # fmt: skip
+    console = Console(width=120, record=True)
+    console.print(render_status(data, now=0.0))
+    text = console.export_text()
+    assert "pid -1" not in text and "pid None" not in text
+    assert next(ln for ln in text.splitlines() if ln.startswith("daemon")).split() == [
+        "daemon", "running"]
+
+
+def _help(*args: str) -> str:
+    from typer.testing import CliRunner
+
+    from spswap.cli.app import app
+
+    r = CliRunner().invoke(app, [*args, "--help"], prog_name="spswap", env={"COLUMNS": "120"})
+    assert r.exit_code == 0, r.output
+    return r.stdout
+
+
+def test_help_names_arguments_in_capitals_and_flags_without_a_type() -> None:
+    serve = _help("serve")
+    assert "Usage: spswap serve [OPTIONS] MODEL" in serve
+    assert "<bool>" not in serve and "{model}" not in serve
+    assert "Usage: spswap ask [OPTIONS] PROMPT_IDS" in _help("ask")
+    assert "Usage: spswap pool rm [OPTIONS] REF" in _help("pool", "rm")
+    assert "Usage: spswap pool [OPTIONS] COMMAND [ARGS]..." in _help("pool")
+    assert "<int>" in _help("slots", "reserve")  # options that take a value keep their type
+    for args in (("status",), ("models", "make"), ("pool", "import"), ()):
+        text = _help(*args)
+        assert "<bool>" not in text and "{" not in text.split("\n", 3)[1], args
+
+
+def test_cli_reference_marks_required_options() -> None:
+    text = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
+    ask = text.split("### `spswap ask`", 1)[1].split("###", 1)[0]
+    assert "- `--socket` (required): The socket `spswap serve` listens on." in ask
+    reserve = text.split("### `spswap slots reserve`", 1)[1].split("###", 1)[0]
+    assert "- `--model` (required): Model the reservation is for (shown to others)." in reserve
