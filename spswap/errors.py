@@ -70,6 +70,11 @@ class SlotTimeout(SlotError):
         self.holders = list(holders)
 
 
+class RequestRejected(SpswapError):
+    """The engine refused one generation request (token ids outside the vocabulary, too
+    long for the model): that request is answered with this error, the server goes on."""
+
+
 class BadHttpRequest(SpswapError):
     """A request to spswap's TCP front is not well-formed HTTP/1.x (answered with 400)."""
 

@@ -20,7 +20,7 @@ import torch
 
 from spswap.engines.protocol import EngineInfo
 from spswap.engines.reference_model import Decoder, ReferenceConfig, build, init_weights
-from spswap.errors import EngineError
+from spswap.errors import EngineError, RequestRejected
 from spswap.instance.state import Instance, Primitive, State
 from spswap.pool.manifest import Manifest, padded_size_bytes
 from spswap.transfer.copy import TransferReport, copy_into
@@ -58,6 +58,11 @@ def load_config(directory: Path) -> ReferenceConfig:
 
 def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _brief(ids: list[int], shown: int = 16) -> str:
+    """A prompt in an error message, cut to its first ``shown`` ids."""
+    return str(ids) if len(ids) <= shown else f"{ids[:shown]}... ({len(ids)} ids)"
 
 
 class ReferenceEngine:
@@ -182,14 +187,15 @@ class ReferenceEngine:
         c = self.config
         for prompt in prompt_ids:
             if not prompt:
-                raise EngineError("an empty prompt has nothing to continue; give a token")
+                raise RequestRejected("an empty prompt has nothing to continue; give a token")
             if len(prompt) + max_new_tokens > c.max_seq_len:
-                raise EngineError(
+                raise RequestRejected(
                     f"prompt of {len(prompt)} tokens + {max_new_tokens} new exceeds "
                     f"max_seq_len {c.max_seq_len}; shorten it or use a larger config"
                 )
             if min(prompt) < 0 or max(prompt) >= c.vocab_size:
-                raise EngineError(f"token ids must lie in [0, {c.vocab_size}); got {prompt}")
+                raise RequestRejected(f"token ids must lie in [0, {c.vocab_size}) for this "
+                                      f"model; got {_brief(prompt)}")
         # Prompts of one length run as one batch: no padding, so no mask subtleties.
         by_len: dict[int, list[int]] = {}
         for i, prompt in enumerate(prompt_ids):

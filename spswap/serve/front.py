@@ -157,7 +157,7 @@ class Front:
         while not self._closing.is_set():
             answer = self.spool.answer(req.id)
             if answer is not None:
-                return {"ok": True, **answer}
+                return {"ok": answer.get("error") is None, **answer}
             time.sleep(ANSWER_POLL_S)
         return {"ok": False, "saved": True, "id": req.id,
                 "error": "the server is stopping; the request is saved and answered after "

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from spswap.config import Config
-from spswap.errors import SpswapError, StopRequested
+from spswap.errors import RequestRejected, SpswapError, StopRequested
 from spswap.instance.registry import InstanceRecord, InstanceRegistry
 from spswap.serve.checkpointer import restored_how
 from spswap.serve.run_log import RunPath, note_run, process_started_s
@@ -78,6 +78,7 @@ class ServeResult:
     resumed: int = 0  # requests found in the spool at start (saved by an earlier run)
     stopped_by: str | None = None  # signal name when preempted
     pending_left: int = 0
+    refused: int = 0  # requests answered with an error (bad input), not with tokens
     events: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -127,6 +128,10 @@ class Server(StopSignals):
         self.spool.create()
         if self.opts.requests_file is not None:
             self._enqueue_file(self.opts.requests_file)
+        quarantined = self.spool.quarantine_crashed()
+        if quarantined:
+            self.log(f"spswap serve: request {quarantined} was being answered when an "
+                     "earlier run ended; answered with an error, not asked again")  # fmt: skip
         result.resumed = self._pending() if self.restart_count else 0
         from spswap.access import PoolAccess
         from spswap.serve.front import Front
@@ -272,7 +277,19 @@ class Server(StopSignals):
             for req in pending:
                 if self.stop_event.is_set():
                     return
-                out = engine.generate([req.prompt_ids], req.max_new_tokens)[0]
+                self.spool.running(req, self.restart_count)
+                try:
+                    out = engine.generate([req.prompt_ids], req.max_new_tokens)[0]
+                except Exception as e:  # noqa: BLE001 - no request may end the server
+                    why = str(e) if isinstance(e, RequestRejected) else \
+                        f"the engine failed on this request ({type(e).__name__}: {e})"  # fmt: skip
+                    self.spool.fail(req, why, job_id=self.job_id,
+                                    restart_count=self.restart_count)  # fmt: skip
+                    self.log(f"spswap serve: request {req.id} refused: {why}")
+                    result.refused += 1
+                    continue
+                finally:
+                    self.spool.not_running()
                 self.spool.complete(req, out, job_id=self.job_id,
                                     restart_count=self.restart_count)  # fmt: skip
                 result.answered += 1

@@ -20,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from spswap.errors import SpswapError
-from spswap.fsutil import atomic_write_json, read_json
+from spswap.fsutil import atomic_write_json, make_private_dirs, read_json
+from spswap.liveness import pid_alive, pid_start_time
 
+RUNNING_FILE = "running.json"  # the request the server answers right now
 _ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 
 
@@ -43,6 +45,9 @@ class Request:
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Request:
         """Validate a request from a user: clear errors, never a traceback."""
+        if not isinstance(d, dict):
+            raise SpswapError('a request is a JSON object, e.g. {"prompt_ids": [1, 2, 3], '
+                              '"max_new_tokens": 16}')  # fmt: skip
         rid = str(d.get("id") or uuid.uuid4().hex)
         if not _ID_RE.match(rid):
             raise SpswapError(f"request id {rid!r} must be 1-128 characters of [A-Za-z0-9._-]")
@@ -65,14 +70,31 @@ class Spool:
         self.outbox = state_dir / "outbox"
 
     def create(self) -> None:
-        self.inbox.mkdir(parents=True, exist_ok=True)
-        self.outbox.mkdir(parents=True, exist_ok=True)
+        """The state directory and its boxes, private to the caller (0700, every file in
+        them 0600): requests and answers are the user's data, and no other user (a group
+        member either) may be able to swap the directory for their own; PermissionDenied
+        naming the fix otherwise."""
+        make_private_dirs(self.state_dir, os.getuid())
+        for box in (self.inbox, self.outbox):
+            box.mkdir(mode=0o700, exist_ok=True)
+            box.chmod(0o700)  # whatever the umask, and boxes an older run made 0755
+
+    def fail(self, request: Request, error: str, **extra: Any) -> None:
+        """Answer ``request`` with an error instead of tokens (a request the engine
+        refused): the server goes on, and the request is not asked again."""
+        answer = {"id": request.id, "prompt_ids": request.prompt_ids, "output_ids": None,
+                  "error": error, "answered": time.time(), **extra}  # fmt: skip
+        atomic_write_json(self.outbox / f"{request.id}.json", answer, mode=0o600)
+        try:
+            os.unlink(self.inbox / f"{request.id}.json")
+        except FileNotFoundError:
+            pass
 
     def submit(self, request: Request) -> bool:
         """Accept ``request``; False when it was accepted or answered before (idempotent)."""
         if self.answer(request.id) is not None or (self.inbox / f"{request.id}.json").exists():
             return False
-        atomic_write_json(self.inbox / f"{request.id}.json", request.to_json())
+        atomic_write_json(self.inbox / f"{request.id}.json", request.to_json(), mode=0o600)
         return True
 
     def pending(self) -> Iterator[Request]:
@@ -88,11 +110,42 @@ class Spool:
         """Record the answer, then drop the request from the inbox (in that order)."""
         answer = {"id": request.id, "prompt_ids": request.prompt_ids,
                   "output_ids": output_ids, "answered": time.time(), **extra}  # fmt: skip
-        atomic_write_json(self.outbox / f"{request.id}.json", answer)
+        atomic_write_json(self.outbox / f"{request.id}.json", answer, mode=0o600)
         try:
             os.unlink(self.inbox / f"{request.id}.json")
         except FileNotFoundError:
             pass
+
+    # -- the request being answered: a run that dies in it must not die in it again --
+    @property
+    def _running_path(self) -> Path:
+        return self.state_dir / RUNNING_FILE
+
+    def running(self, request: Request, restart_count: int) -> None:
+        """Note that this process answers ``request`` now."""
+        atomic_write_json(self._running_path, {
+            "id": request.id, "pid": os.getpid(), "pid_start": pid_start_time(os.getpid()),
+            "restart_count": restart_count}, mode=0o600)  # fmt: skip
+
+    def not_running(self) -> None:
+        self._running_path.unlink(missing_ok=True)
+
+    def quarantine_crashed(self) -> str | None:
+        """At a run's start: a request an earlier run was answering when it ended (a crash
+        or a kill: its process is gone) is answered with that error instead of being
+        asked again, so one request cannot end every run of the job. Returns its id."""
+        note = read_json(self._running_path)
+        self.not_running()
+        if not isinstance(note, dict) or pid_alive(int(note.get("pid", 0)), note.get("pid_start")):
+            return None
+        rid = str(note.get("id"))
+        pending = {r.id: r for r in self.pending()}
+        if rid not in pending:
+            return None
+        self.fail(pending[rid], f"quarantined: run {note.get('restart_count')} of this job "
+                  "ended while answering this request (a crash or a kill); it is not asked "
+                  "again: check the request, or the job's log", quarantined=True)  # fmt: skip
+        return rid
 
     def answer(self, request_id: str) -> dict[str, Any] | None:
         data = read_json(self.outbox / f"{request_id}.json")

@@ -1,0 +1,129 @@
+"""No request ends `spswap serve` (a real server process, the real reference engine):
+token ids outside the vocabulary, answers past the model's length, malformed lines and
+random input get an error answer while good requests before and after are answered as
+the cold model answers them; a request that was being answered when a run died is
+quarantined, not replayed into the next run; the state directory is private."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from spswap.serve.front import ask
+from spswap.serve.spool import Request, Spool
+
+torch = pytest.importorskip("torch")
+from spswap.engines.reference import ReferenceEngine, save_checkpoint  # noqa: E402
+from spswap.engines.reference_model import preset  # noqa: E402
+
+
+def _cold(model: Path, prompt: list[int], n: int) -> list[int]:
+    eng = ReferenceEngine(preset("tiny"), "cpu")
+    eng.load_from_checkpoint(model)
+    try:
+        return eng.generate([prompt], n)[0]
+    finally:
+        eng.close()
+
+
+def _serve(model: Path, state: Path, sock: Path, root: Path) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env["SPSWAP_ROOT"] = str(root)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "spswap.cli", "serve", str(model), "--state-dir", str(state),
+         "--device", "cpu", "--socket", str(sock)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    deadline = time.monotonic() + 90
+    while not sock.exists():
+        assert proc.poll() is None, proc.communicate()[0]
+        assert time.monotonic() < deadline, "the server did not open its socket"
+        time.sleep(0.05)
+    return proc
+
+
+def _raw(sock: Path, line: bytes) -> dict:
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(30)
+        s.connect(str(sock))
+        s.sendall(line)
+        return json.loads(s.makefile("rb").readline())
+
+
+def test_bad_requests_get_errors_and_the_server_goes_on(tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    save_checkpoint(preset("tiny"), model)
+    vocab, max_len = preset("tiny").vocab_size, preset("tiny").max_seq_len
+    sock = Path(tempfile.mkdtemp(prefix="spbad-", dir="/tmp")) / "s.sock"
+    proc = _serve(model, tmp_path / "state", sock, tmp_path / "root")
+    try:
+        good = ask(sock, {"id": "good1", "prompt_ids": [4, 5, 6], "max_new_tokens": 6})
+        assert good["ok"] and good["output_ids"] == _cold(model, [4, 5, 6], 6)
+        far = ask(sock, {"id": "far", "prompt_ids": [99999], "max_new_tokens": 4})
+        assert not far["ok"] and f"token ids must lie in [0, {vocab})" in far["error"]
+        long = ask(sock, {"id": "long", "prompt_ids": [1, 2], "max_new_tokens": max_len})
+        assert not long["ok"] and "exceeds max_seq_len" in long["error"]
+        rng = random.Random(7)
+        lines = [b"not json\n", b"{}\n", b'{"prompt_ids": "x"}\n', b"[1, 2]\n",
+                 b'{"prompt_ids": [1], "max_new_tokens": -3}\n']  # fmt: skip
+        for i in range(40):  # random ids, lengths and sizes, some out of range
+            ids = [rng.randint(-5, vocab + 5) for _ in range(rng.randint(1, 40))]
+            n = rng.choice([rng.randint(1, 6), max_len + rng.randint(0, 9), 5000])
+            lines.append(json.dumps({"id": f"fz{i}", "prompt_ids": ids,
+                                     "max_new_tokens": n}).encode() + b"\n")
+        for line in lines:
+            answer = _raw(sock, line)
+            assert answer.get("ok") or answer.get("error"), answer
+            assert proc.poll() is None, f"the server exited on {line!r}"
+        again = ask(sock, {"id": "good2", "prompt_ids": [4, 5, 6], "max_new_tokens": 6})
+        assert again["output_ids"] == good["output_ids"]
+        outbox = tmp_path / "state" / "outbox"
+        assert json.loads((outbox / "far.json").read_text())["output_ids"] is None
+        # the user's data is the user's alone
+        assert (tmp_path / "state").stat().st_mode & 0o777 == 0o700
+        assert {p.stat().st_mode & 0o777 for p in outbox.iterdir()} == {0o600}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+
+
+def test_a_request_a_run_died_in_is_quarantined_not_replayed(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    spool = Spool(state)
+    spool.create()
+    req = Request(id="crashy", prompt_ids=[1, 2], max_new_tokens=3)
+    spool.submit(req)
+    spool.submit(Request(id="fine", prompt_ids=[3], max_new_tokens=3))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    spool.running(req, 0)
+    note = json.loads((state / "running.json").read_text())
+    note.update(pid=dead.pid, pid_start=1)  # the run that was answering it is gone
+    (state / "running.json").write_text(json.dumps(note))
+    assert spool.quarantine_crashed() == "crashy"
+    answer = spool.answer("crashy")
+    assert answer is not None and answer["quarantined"] is True
+    assert "ended while answering this request" in answer["error"]
+    assert [r.id for r in spool.pending()] == ["fine"]
+    # a request this (live) process answers is left alone
+    spool.running(Request(id="fine", prompt_ids=[3], max_new_tokens=3), 1)
+    assert spool.quarantine_crashed() is None and [r.id for r in spool.pending()] == ["fine"]
+
+
+def test_a_group_writable_state_directory_is_refused(tmp_path: Path) -> None:
+    from spswap.errors import PermissionDenied
+
+    shared = tmp_path / "project"
+    shared.mkdir()
+    shared.chmod(0o2775)  # a group project directory: a member could swap .spswap
+    with pytest.raises(PermissionDenied, match="not private: .*writable by group.*--state-dir"):
+        Spool(shared / ".spswap" / "7").create()
