@@ -127,3 +127,42 @@ def test_a_group_writable_state_directory_is_refused(tmp_path: Path) -> None:
     shared.chmod(0o2775)  # a group project directory: a member could swap .spswap
     with pytest.raises(PermissionDenied, match="not private: .*writable by group.*--state-dir"):
         Spool(shared / ".spswap" / "7").create()
+
+
+def _read_as_other(path: str) -> str:
+    try:
+        with open(path) as f:
+            f.read()
+        return "read"
+    except PermissionError:
+        return "refused"
+
+
+def _list_as_other(path: str) -> str:
+    try:
+        os.listdir(path)
+        return "listed"
+    except PermissionError:
+        return "refused"
+
+
+def test_another_user_cannot_read_the_answers(tmp_path: Path, user_uid: int) -> None:
+    """Debian's homes are 0755: the job's state directory must still be the user's alone
+    (before: 0755 and answers 0644, which a second user listed and read)."""
+    from tests.uids import spawn_as
+
+    home = Path(tempfile.mkdtemp(prefix="sphome-", dir="/tmp"))
+    try:
+        home.chmod(0o755)
+        spool = Spool(home / ".spswap" / "9")
+        spool.create()
+        req = Request(id="secret", prompt_ids=[1, 2], max_new_tokens=2)
+        spool.submit(req)
+        spool.complete(req, [5, 6])
+        outbox = str(spool.outbox / "secret.json")
+        assert spawn_as(user_uid, _read_as_other, outbox).result() == "refused"
+        assert spawn_as(user_uid, _list_as_other, str(spool.state_dir)).result() == "refused"
+    finally:
+        import shutil
+
+        shutil.rmtree(home, ignore_errors=True)
