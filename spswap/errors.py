@@ -75,6 +75,11 @@ class RequestRejected(SpswapError):
     long for the model): that request is answered with this error, the server goes on."""
 
 
+class RequestAborted(SpswapError):
+    """A request was stopped unfinished because the server is stopping (its drain time
+    ran out): it stays saved in the spool and the job's next run answers it."""
+
+
 class BadHttpRequest(SpswapError):
     """A request to spswap's TCP front is not well-formed HTTP/1.x (answered with 400)."""
 

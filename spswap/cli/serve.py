@@ -51,9 +51,9 @@ def serve(
     ),
     host: str = typer.Option("127.0.0.1", help="(vllm) Address for --port."),
     drain_s: float = typer.Option(
-        5.0, help="(vllm) At a stop: seconds the requests already running get to finish "
-        "(no new ones are taken) before the rest are aborted. Keep it, plus the dump, "
-        "within the partition's GraceTime.",
+        5.0, help="At a stop: seconds the requests already running get to finish (no new "
+        "ones are taken) before the rest are stopped and saved for the next run. Keep it, "
+        "plus the dump, within the partition's GraceTime.",
     ),
     launcher: str = typer.Option(
         None, help="(vllm) The command that runs vLLM's OpenAI server module, e.g. a "
@@ -137,6 +137,7 @@ def serve(
         exit_when_idle=exit_when_idle,
         slot_gpus=tuple(job.gpus) if job else (),
         socket_path=_socket_path(socket, job.job_id if job else None, state_dir),
+        drain_s=drain_s,
     )  # fmt: skip
     if opts.socket_path is not None:
         err_console.print(f"spswap serve: requests on {opts.socket_path}", markup=False)

@@ -8,6 +8,7 @@ Plain data here: importing this module needs no torch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -60,8 +61,10 @@ class Engine(Protocol):
         """Sleep -> Up: copy the weights back from the pool; returns a TransferReport."""
         ...
 
-    def generate(self, prompt_ids: list[list[int]], max_new_tokens: int) -> list[list[int]]:
-        """Greedy continuation token ids of each prompt (the new tokens only)."""
+    def generate(self, prompt_ids: list[list[int]], max_new_tokens: int,
+                 abort: Callable[[], bool] | None = None) -> list[list[int]]:  # fmt: skip
+        """Greedy continuation token ids of each prompt (the new tokens only); ``abort``
+        is asked between tokens and raises RequestAborted when it says True."""
         ...
 
     def export_weights(self, pool: Any, name: str) -> Any:

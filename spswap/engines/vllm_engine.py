@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -394,9 +395,10 @@ class VllmEngine:
         return self._loaded()
 
     # -- serving ------------------------------------------------------------------------
-    def generate(self, prompt_ids: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    def generate(self, prompt_ids: list[list[int]], max_new_tokens: int,
+                 abort: Callable[[], bool] | None = None) -> list[list[int]]:  # fmt: skip
         """Greedy continuations (new token ids only; EOS ignored, so exactly
-        ``max_new_tokens`` each)."""
+        ``max_new_tokens`` each); one batch in vLLM, so ``abort`` is not asked."""
         llm = self._loaded()
         if self.state is not State.UP:
             raise EngineError(f"{self.name} is {self.state.value}: wake it first")

@@ -24,6 +24,7 @@ from spswap.serve.spool import Request, Spool
 
 MAX_LINE_BYTES = 1 << 20
 ANSWER_POLL_S = 0.01
+CLOSE_WAIT_S = 1.0  # at a stop: how long waiting clients get their own answer first
 
 
 MAX_SOCKET_PATH_BYTES = 107
@@ -67,6 +68,8 @@ class Front:
         self._clients: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._closing = threading.Event()
+        self._waiting: set[socket.socket] = set()  # clients waiting for an answer
+        self._reason = "the server is stopping"
 
     def open(self) -> None:
         """Bind and listen (again, after a restore); accept in a daemon thread."""
@@ -106,7 +109,10 @@ class Front:
         threading.Thread(target=self._accept, args=(sock,), daemon=True).start()
 
     def close(self, reason: str) -> None:
-        """Stop admitting: close the listener and every client (telling each why)."""
+        """Stop admitting: close the listener, tell each waiting client what became of its
+        request (its answer when the run gave it meanwhile, else ``reason``: saved for the
+        next run), then close every connection."""
+        self._reason = reason
         self._closing.set()
         listener, self._listener = self._listener, None
         if listener is not None:
@@ -115,10 +121,13 @@ class Front:
                 self.path.unlink()
             except FileNotFoundError:
                 pass
+        # each waiting client's own thread answers it (see _answer); give them a moment
+        deadline = time.monotonic() + CLOSE_WAIT_S
+        while self._waiting and time.monotonic() < deadline:
+            time.sleep(ANSWER_POLL_S)
         with self._lock:
             clients, self._clients = self._clients, set()
         for conn in clients:
-            _send(conn, {"ok": False, "saved": True, "error": reason})
             try:
                 conn.shutdown(socket.SHUT_RDWR)  # wake its thread out of recv()
             except OSError:
@@ -138,7 +147,13 @@ class Front:
     def _serve_client(self, conn: socket.socket) -> None:
         try:
             for line in _lines(conn):
-                _send(conn, self._answer(line))
+                with self._lock:
+                    self._waiting.add(conn)
+                try:
+                    _send(conn, self._answer(line))
+                finally:
+                    with self._lock:
+                        self._waiting.discard(conn)
         except OSError:
             pass
         finally:
@@ -154,14 +169,17 @@ class Front:
         except (ValueError, SpswapError) as e:
             return {"ok": False, "error": f"bad request: {e}"}
         self.spool.submit(req)
-        while not self._closing.is_set():
+        while True:
+            # asked once more after a stop began: an answer given meanwhile is the truth
+            closing = self._closing.is_set()
             answer = self.spool.answer(req.id)
             if answer is not None:
                 return {"ok": answer.get("error") is None, **answer}
+            if closing:
+                break
             time.sleep(ANSWER_POLL_S)
         return {"ok": False, "saved": True, "id": req.id,
-                "error": "the server is stopping; the request is saved and answered after "
-                         "the restart (see the outbox)"}  # fmt: skip
+                "error": f"{self._reason} (see the outbox of the state directory)"}
 
 
 def _lines(conn: socket.socket) -> Any:

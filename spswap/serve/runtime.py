@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from spswap.config import Config
-from spswap.errors import RequestRejected, SpswapError, StopRequested
+from spswap.errors import RequestAborted, RequestRejected, SpswapError, StopRequested
 from spswap.instance.registry import InstanceRecord, InstanceRegistry
 from spswap.serve.checkpointer import restored_how
 from spswap.serve.run_log import RunPath, note_run, process_started_s
@@ -70,6 +70,7 @@ class ServeOptions:
     poll_interval_s: float = 0.05
     slot_gpus: tuple[int, ...] = ()  # GPUs the job was given (slot table indexes)
     socket_path: Path | None = None  # the front door (Unix socket, mode 0600); None: spool only
+    drain_s: float = 5.0  # at a stop: how long the request being answered may still run
 
 
 @dataclass
@@ -188,8 +189,9 @@ class Server(StopSignals):
                 return  # idle and asked to exit when idle
             result.stopped_by = self.stop_signal
             if self.front is not None:  # stop admitting; a dump cannot keep connections
-                self.front.close(f"the server is stopping ({self.stop_signal}); your request "
-                                 "is saved and answered after the restart")  # fmt: skip
+                self.front.close(f"the server is stopping ({self.stop_signal}) before it "
+                                 "answered; your request is saved and answered by the "
+                                 "job's next run")  # fmt: skip
             result.events.append(self.suspender.suspend(engine))
             self._record("sleep")
             self.slot.release()
@@ -271,6 +273,11 @@ class Server(StopSignals):
         return process_identity(engine=self.opts.engine, engine_version="",
                                 model_digest=digest, config_hash=cfg_hash)  # fmt: skip
 
+    def _drained(self) -> bool:
+        """Stopping, and the request being answered had its ``drain_s``."""
+        return self.stop_event.is_set() and \
+            time.monotonic() - self.stopped_at > self.opts.drain_s  # fmt: skip
+
     def _serve_loop(self, engine: Any, result: ServeResult) -> None:
         while not self.stop_event.is_set():
             pending = list(self.spool.pending())
@@ -279,7 +286,12 @@ class Server(StopSignals):
                     return
                 self.spool.running(req, self.restart_count)
                 try:
-                    out = engine.generate([req.prompt_ids], req.max_new_tokens)[0]
+                    out = engine.generate([req.prompt_ids], req.max_new_tokens,
+                                          abort=self._drained)[0]  # fmt: skip
+                except RequestAborted:  # the stop's drain ran out: saved for the next run
+                    self.log(f"spswap serve: request {req.id} stopped unfinished after "
+                             f"{self.opts.drain_s:g} s of drain; saved for the next run")
+                    return
                 except Exception as e:  # noqa: BLE001 - no request may end the server
                     why = str(e) if isinstance(e, RequestRejected) else \
                         f"the engine failed on this request ({type(e).__name__}: {e})"  # fmt: skip

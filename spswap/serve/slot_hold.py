@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from types import FrameType
 from typing import Any
 
@@ -68,11 +69,13 @@ class StopSignals:
         self.slot = slot
         self.stop_event = threading.Event()
         self.stop_signal: str | None = None
+        self.stopped_at = 0.0  # time.monotonic() of the first stop request
 
     def handle_signal(self, signum: int, _frame: FrameType | None = None) -> None:
         """Record the request (the first signal's name wins) and wake the loop."""
         if self.stop_signal is None:
             self.stop_signal = signal.Signals(signum).name
+            self.stopped_at = time.monotonic()
         self.stop_event.set()
         self.slot.interrupt(self.stop_signal)
 

@@ -161,11 +161,29 @@ def test_export_then_load_from_pool_round_trips(ckpt: Path, pool: Pool) -> None:
 
 
 def test_prompt_validation(ckpt: Path) -> None:
+    from spswap.errors import RequestRejected
+
     eng = ReferenceEngine(CFG, "cpu")
     eng.load_from_checkpoint(ckpt)
-    with pytest.raises(EngineError, match="max_seq_len 64"):
+    with pytest.raises(RequestRejected, match="max_seq_len 64"):
         eng.generate([[1] * 60], 5)
-    with pytest.raises(EngineError, match=r"\[0, 97\)"):
+    with pytest.raises(RequestRejected, match=r"\[0, 97\)"):
         eng.generate([[97]], 1)
-    with pytest.raises(EngineError, match="empty prompt"):
+    with pytest.raises(RequestRejected, match="empty prompt"):
         eng.generate([[]], 1)
+
+
+def test_cpu_threads_come_from_the_setting() -> None:
+    import torch
+
+    from spswap.engines.reference import set_cpu_threads
+    from spswap.errors import EngineError
+
+    before = torch.get_num_threads()
+    try:
+        assert set_cpu_threads({"SPSWAP_CPU_THREADS": "2"}) == 2 == torch.get_num_threads()
+        assert set_cpu_threads({}) == 1 == torch.get_num_threads()
+        with pytest.raises(EngineError, match="SPSWAP_CPU_THREADS='many' is not a number"):
+            set_cpu_threads({"SPSWAP_CPU_THREADS": "many"})
+    finally:
+        torch.set_num_threads(before)

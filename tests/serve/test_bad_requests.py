@@ -166,3 +166,76 @@ def test_another_user_cannot_read_the_answers(tmp_path: Path, user_uid: int) -> 
         import shutil
 
         shutil.rmtree(home, ignore_errors=True)
+
+
+def test_a_stop_drains_a_long_request_within_the_limit_and_saves_it(tmp_path: Path) -> None:
+    """SIGTERM while a long answer is being generated: after --drain-s the request stops
+    unfinished, its client is told it is saved, the run ends; the next run answers it as
+    the cold model does (before: the stop waited for the whole answer)."""
+    import threading
+
+    model = tmp_path / "model"
+    save_checkpoint(preset("tiny"), model)
+    sock = Path(tempfile.mkdtemp(prefix="spdrain-", dir="/tmp")) / "s.sock"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env["SPSWAP_ROOT"] = str(tmp_path / "root")
+    argv = [sys.executable, "-m", "spswap.cli", "serve", str(model), "--state-dir",
+            str(tmp_path / "state"), "--device", "cpu", "--socket", str(sock), "--drain-s", "0.2"]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)  # fmt: skip
+    got: dict = {}
+    try:
+        deadline = time.monotonic() + 90
+        while not sock.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+            time.sleep(0.05)
+        long_req = {"id": "long", "prompt_ids": [1, 2, 3], "max_new_tokens": 250}
+        asker = threading.Thread(target=lambda: got.update(ask(sock, long_req)))
+        asker.start()
+        running = tmp_path / "state" / "running.json"
+        while not running.exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+        stop_s = time.monotonic() - t0
+        asker.join(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "stopped unfinished after 0.2 s of drain" in out, out
+    assert stop_s < 10, f"the stop took {stop_s:.1f} s"
+    assert got.get("saved") is True and "next run" in got["error"], got
+    assert [p.stem for p in (tmp_path / "state" / "inbox").iterdir()] == ["long"]
+    # the next run answers it, as the cold model would
+    again = subprocess.run([*argv[:-2], "--exit-when-idle"], env=env, capture_output=True,
+                           text=True, timeout=300)  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    answer = json.loads((tmp_path / "state" / "outbox" / "long.json").read_text())
+    assert answer["output_ids"] == _cold(model, [1, 2, 3], 250)
+
+
+def test_at_a_stop_a_client_whose_answer_came_gets_it_not_saved(tmp_path: Path) -> None:
+    import threading
+
+    from spswap.serve.front import Front
+
+    spool = Spool(tmp_path / "state")
+    spool.create()
+    sock = Path(tempfile.mkdtemp(prefix="spclose-", dir="/tmp")) / "s.sock"
+    front = Front(spool, sock)
+    front.open()
+    got: dict = {}
+    t = threading.Thread(target=lambda: got.update(
+        ask(sock, {"id": "q", "prompt_ids": [1], "max_new_tokens": 2})))
+    t.start()
+    deadline = time.monotonic() + 10
+    while not list(spool.pending()):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    (req,) = list(spool.pending())
+    spool.complete(req, [7, 8])  # answered just as the stop begins
+    front.close("the server is stopping (SIGTERM) before it answered")
+    t.join(10)
+    assert got.get("ok") is True and got["output_ids"] == [7, 8], got
