@@ -15,7 +15,7 @@ from spswap.daemon.kept import not_kept_any_more
 from spswap.fsutil import read_json
 
 if TYPE_CHECKING:
-    from spswap.daemon.handlers import DaemonState
+    from spswap.daemon.state import DaemonState
 
 
 RECOVER_WAIT_S = 60.0  # how long start-up waits for a dead daemon's CRIU to let go

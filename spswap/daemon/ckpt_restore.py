@@ -13,7 +13,6 @@ from spswap.checkpoint.images import Identity
 from spswap.daemon.ckpt_status import (
     RESUME_SIGNAL,
     identity_of,
-    job_lock,
     no_image_reason,
     run_gpu_uuids,
     running_job,
@@ -27,7 +26,7 @@ from spswap.fsutil import read_json
 from spswap.liveness import pid_start_time
 
 if TYPE_CHECKING:
-    from spswap.daemon.handlers import Context, DaemonState
+    from spswap.daemon.state import Context, DaemonState
 
 
 RESTORE_WAITS_DUMP_S = 300.0  # a restore that finds its own job still dumping waits this long
@@ -43,7 +42,7 @@ def op_restore(ctx: Context, args: dict[str, Any]) -> Any:
     # (also just after "saved": the dump thread still freezes and records a kept tree).
     state = (read_json(status_path(st, job_id)) or {}).get("state")
     dumping = state in ("dumping", "saved")
-    if not job_lock(job_id).acquire(timeout=RESTORE_WAITS_DUMP_S if dumping else 1.0):
+    if not st.job_locks.of(job_id).acquire(timeout=RESTORE_WAITS_DUMP_S if dumping else 1.0):
         if dumping:
             raise CheckpointFailed(f"the previous run's dump of job {job_id} did not end "
                                    f"within {RESTORE_WAITS_DUMP_S:g} s: this run starts "
@@ -52,7 +51,7 @@ def op_restore(ctx: Context, args: dict[str, Any]) -> Any:
     try:
         return _restore(ctx, st, rec, job_id, expected, args)
     finally:
-        job_lock(job_id).release()
+        st.job_locks.of(job_id).release()
 
 
 def _restore(ctx: Context, st: DaemonState, rec: Any, job_id: str, expected: Identity,
@@ -62,7 +61,7 @@ def _restore(ctx: Context, st: DaemonState, rec: Any, job_id: str, expected: Ide
         raise CheckpointFailed(no_image_reason(job_id, status))
     from spswap.checkpoint.service import ImageRejected, restore_instance
 
-    kept = take(job_id)  # this restore owns it now: nothing else may end it meanwhile
+    kept = take(st, job_id)  # this restore owns it now: nothing else may end it meanwhile
     woken = _wake_kept(st, rec, job_id, expected, kept) if kept is not None else None
     if kept is not None and woken is not None:
         pid, timings, image = woken

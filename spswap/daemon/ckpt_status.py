@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,15 +38,9 @@ from spswap.errors import CheckpointFailed, DaemonError
 from spswap.fsutil import atomic_write_json, read_json
 from spswap.liveness import pid_alive
 
-if TYPE_CHECKING:  # handlers imports the ckpt modules to register the ops
-    from spswap.daemon.handlers import Context, DaemonState
-
-
-def job_for(ctx: Context, job_id: str) -> Any:
-    """The job's record on this node, when the caller may act on it (its own, or root)."""
-    from spswap.daemon.handlers import _job_for
-
-    return _job_for(ctx, job_id)
+if TYPE_CHECKING:
+    from spswap.daemon.jobs import JobRecord
+    from spswap.daemon.state import Context, DaemonState
 
 
 IDENTITY_ARGS = ("engine", "engine_version", "torch", "python", "model_digest", "config_hash")
@@ -75,24 +68,13 @@ def set_status(st: DaemonState, job_id: str, **status: Any) -> None:
     atomic_write_json(path, {"job_id": job_id, **status})
 
 
-_JOB_LOCKS: dict[str, threading.Lock] = {}
-_JOB_LOCKS_GUARD = threading.Lock()
-
-
-def job_lock(job_id: str) -> threading.Lock:
-    """One checkpoint or restore of a job at a time (a second would delete the first's
-    image under it)."""
-    with _JOB_LOCKS_GUARD:
-        return _JOB_LOCKS.setdefault(job_id, threading.Lock())
-
-
-def running_job(ctx: Context, job_id: str) -> Any:
-    """The job's record (see :func:`job_for`) when its current run runs here: registered
+def running_job(ctx: Context, job_id: str) -> JobRecord:
+    """The job's record (see :meth:`Context.job_for`) when its current run runs here: registered
     by its prolog or, where slurmd ran none, now (:mod:`spswap.daemon.missed_prolog`);
     refused otherwise: checkpoints and restores are for the job's running instance."""
     from spswap.daemon.missed_prolog import register_missed_run
 
-    rec = register_missed_run(ctx.state, job_for(ctx, job_id))
+    rec = register_missed_run(ctx.state, ctx.job_for(job_id))
     if rec.state != "running":
         raise CheckpointFailed(
             f"job {rec.job_id} is {rec.state} on this node, and Slurm does not say a new run "
@@ -147,5 +129,5 @@ def no_image_reason(job_id: str, status: dict[str, Any]) -> str:
 def op_checkpoint_status(ctx: Context, args: dict[str, Any]) -> Any:
     """Where the job's checkpoint stands: dumping, saved, failed, rejected or restored."""
     job_id = args["job_id"]
-    job_for(ctx, job_id)
+    ctx.job_for(job_id)
     return read_json(status_path(ctx.state, job_id)) or {"job_id": job_id, "state": "none"}

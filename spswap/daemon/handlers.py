@@ -13,98 +13,16 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from spswap import __version__
-from spswap.config import Config
 from spswap.daemon import events
-from spswap.daemon.jobs import JobRecord, JobStore, check_job_id
+from spswap.daemon.jobs import JobRecord, check_job_id
 from spswap.daemon.protocol import PROTOCOL_VERSION
+from spswap.daemon.state import ROOT_UID, Context, DaemonState, authorize, require_root
 from spswap.errors import DaemonError, PermissionDenied, ProtocolError, SlotError, SpswapError
-from spswap.liveness import Holder, JobProbe, pid_alive, pid_start_time
+from spswap.liveness import Holder, pid_alive, pid_start_time
 from spswap.slots.table import SlotTable
-
-ROOT_UID = 0
-
-
-def authorize(peer_uid: int, owner_uid: int, what: str) -> None:
-    """Root may act on anything; anyone else only on what ``owner_uid`` owns."""
-    if peer_uid != ROOT_UID and peer_uid != owner_uid:
-        raise PermissionDenied(
-            f"{what} belongs to uid {owner_uid}, not to you (uid {peer_uid}); ask its owner or root"
-        )
-
-
-def require_root(peer_uid: int, op: str) -> None:
-    if peer_uid != ROOT_UID:
-        raise PermissionDenied(
-            f"{op} is for the Slurm prolog/epilog (root) only; you are uid {peer_uid}"
-        )
-
-
-@dataclass
-class DaemonState:
-    """What the daemon keeps between requests: only caches; the truth is on tmpfs."""
-
-    cfg: Config
-    started_at: float = field(default_factory=time.time)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    _slot_table: Any = None
-    _job_probe: JobProbe | None = None
-    _probe_loaded: bool = False
-    # Slurm's names of this host's node(s), as the prologs gave them (several where one
-    # host runs several slurmd)
-    node_names: set[str] = field(default_factory=set)
-
-    @property
-    def jobs(self) -> JobStore:
-        return JobStore(self.cfg.paths.run / "jobs")
-
-    def event(self, kind: str, **fields: Any) -> None:
-        events.append(self.cfg.paths.events, kind, **fields)
-
-    def job_probe(self) -> JobProbe | None:
-        """Is this job alive: Slurm's answer when it can give one, else what the prolog
-        and epilog recorded (a job registered here and not ended is alive)."""
-        if not self._probe_loaded:
-            self._probe_loaded = True
-            from spswap.slurm.backend import job_probe
-
-            slurm = job_probe()
-
-            def probe(job_id: str) -> bool | None:
-                verdict = slurm(job_id) if slurm is not None else None
-                if verdict is not None:
-                    return verdict
-                try:
-                    rec = self.jobs.get(job_id)
-                except SpswapError:  # not a job id we could have recorded
-                    return None
-                return None if rec is None else rec.state == "running"
-
-            self._job_probe = probe
-        return self._job_probe
-
-    def slot_table(self) -> Any:
-        # GPU discovery may touch NVML (slow without persistence mode): do it once
-        if self._slot_table is None:
-            from spswap.slots.table import SlotTable
-
-            self._slot_table = SlotTable.from_config(self.cfg, job_alive=self.job_probe())
-        return self._slot_table
-
-
-@dataclass(frozen=True)
-class Context:
-    """One request's caller and the daemon it reached."""
-
-    peer_uid: int
-    peer_pid: int
-    state: DaemonState
-    fds: tuple[int, ...] = ()
-    """File descriptors that came with the request (SCM_RIGHTS); the server closes them."""
-
 
 Handler = Callable[[Context, dict[str, Any]], Any]
 
@@ -314,7 +232,7 @@ def collect_images(st: DaemonState, current_job: str) -> list[str]:
 
 def _not_coming_back(st: DaemonState, job_id: str) -> str | None:
     """Why the job's images here will not be restored, or None (back, or not known)."""
-    info, answered = _ask_slurm(st, job_id)
+    info, answered = st.ask_slurm(job_id)
     if info is None:
         # the controller answered but no longer knows it: finished, past MinJobAge
         return "Slurm no longer knows the job" if answered else None
@@ -325,21 +243,6 @@ def _not_coming_back(st: DaemonState, job_id: str) -> str | None:
     if info.runs_elsewhere(st.node_names):
         return f"the job runs on {info.nodes} now, not on {', '.join(sorted(st.node_names))}"
     return None
-
-
-def _ask_slurm(st: DaemonState, job_id: str) -> tuple[Any, bool]:
-    """Slurm's JobInfo of the job (None: not known or not asked) and whether Slurm
-    answered at all."""
-    from spswap.slurm.backend import get_backend
-
-    try:
-        backend = get_backend(timeout_s=JOB_END_SLURM_TIMEOUT_S)
-        if backend is None:
-            return None, False
-        return backend.job(job_id), True
-    except SpswapError as e:
-        st.event("job.end_slurm_unreachable", job_id=job_id, reason=str(e)[:500])
-        return None, False
 
 
 def _release_job_reservations(st: DaemonState, job_id: str) -> list[str]:
@@ -416,9 +319,6 @@ def op_job_end(ctx: Context, args: dict[str, Any]) -> Any:
     return result
 
 
-JOB_END_SLURM_TIMEOUT_S = 5.0  # the epilog must not hang on a controller that is down
-
-
 def _job_fate(st: DaemonState, job_id: str, requeued: bool | None) -> str:
     """"back", "gone" or "unknown"; asks Slurm only when the job has images to decide on."""
     from spswap.checkpoint.service import images_of_job, temp_dirs
@@ -427,7 +327,7 @@ def _job_fate(st: DaemonState, job_id: str, requeued: bool | None) -> str:
     if not images_of_job(st.cfg.paths.images, job_id) and not temp_dirs(st.cfg.paths.images,
                                                                           job_id):
         return job_fate(None, requeued)
-    info, _ = _ask_slurm(st, job_id)
+    info, _ = st.ask_slurm(job_id)
     return job_fate(info.state if info is not None else None, requeued)
 
 
@@ -457,17 +357,6 @@ def op_events_tail(ctx: Context, args: dict[str, Any]) -> Any:
     return [e for e in tail if e.get("uid") == ctx.peer_uid]
 
 
-def _job_for(ctx: Context, job_id: str) -> JobRecord:
-    rec = ctx.state.jobs.get(job_id)
-    if rec is None:
-        raise DaemonError(
-            f"job {job_id} is not registered on this node (its prolog did not run here); "
-            "see `spswap status`"
-        )
-    authorize(ctx.peer_uid, rec.uid, f"job {job_id}")
-    return rec
-
-
 HANDLERS: dict[str, Handler] = {
     "ping": op_ping,
     "status": op_status,
@@ -485,7 +374,6 @@ HANDLERS: dict[str, Handler] = {
 
 
 def _register_checkpoint_ops() -> None:
-    # the ckpt modules use this one's _job_for (lazily): register once both exist
     from spswap.daemon import ckpt_dump, ckpt_restore, ckpt_status
 
     HANDLERS.update({

@@ -8,7 +8,6 @@ starts again. Also: dropping a job's images when it will not return (:func:`job_
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any
@@ -18,23 +17,7 @@ from spswap.daemon.kept import end_kept, jobs_kept_for
 from spswap.fsutil import read_json
 
 if TYPE_CHECKING:
-    from spswap.daemon.handlers import DaemonState
-
-
-_USES_LOCK = threading.RLock()  # held by sync_image_uses; _DUMPING changes under it
-_DUMPING: dict[str, str] = {}  # job id -> model digest, while this daemon dumps it
-
-
-def hold_for_dump(job_id: str, digest: str) -> None:
-    """While this daemon dumps the job, its pool entry ``digest`` is held."""
-    with _USES_LOCK:
-        _DUMPING[job_id] = digest
-
-
-def end_dump_hold(job_id: str) -> None:
-    """The dump ended: from now on its image holds the entry, or nothing does."""
-    with _USES_LOCK:
-        _DUMPING.pop(job_id, None)
+    from spswap.daemon.state import DaemonState
 
 
 def _daemon_holder() -> Any:
@@ -58,13 +41,13 @@ def sync_image_uses(st: DaemonState) -> dict[str, int]:
     if not st.cfg.paths.pool.is_dir():
         return {}
     me = _daemon_holder()
-    with _USES_LOCK:
+    with st.dumping.lock:
         pool = Pool.from_config(st.cfg, job_alive=st.job_probe())
         by_digest = image_digests(st.cfg.paths.images)
         want = Counter(d for d in by_digest.values() if d)
         # dumps in progress in this daemon: an early-requeued job's epilog drops the job's
         # own use while CRIU still reads the process that maps the entry
-        want.update(d for d in _DUMPING.values() if d)
+        want.update(st.dumping.digests())
         have = Counter(e.manifest.digest for e in pool.entries()
                        for h in e.users if _same_holder(h, me))  # fmt: skip
         for digest in set(want) | set(have):
@@ -89,7 +72,7 @@ def _drop_images_needing(st: DaemonState, by_digest: dict[str, str], digest: str
 
     for key, d in by_digest.items():
         if d == digest:
-            for job_id in jobs_kept_for(key):
+            for job_id in jobs_kept_for(st, key):
                 end_kept(st, job_id, "its image was dropped", key=key)
             remove_image(st.cfg.paths.images / key)
             st.event("image.dropped", image=key,

@@ -3,7 +3,6 @@ next run skips CRIU's restore; kept within the node's keep budget."""
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -12,7 +11,7 @@ from spswap.fsutil import read_json
 from spswap.liveness import pid_alive
 
 if TYPE_CHECKING:
-    from spswap.daemon.handlers import DaemonState
+    from spswap.daemon.state import DaemonState
 
 
 @dataclass
@@ -48,37 +47,33 @@ class Kept:
         return killed
 
 
-_KEPT: dict[str, Kept] = {}  # job id -> its kept instance
-_KEPT_LOCK = threading.Lock()
-
-
-def record(kept: Kept) -> None:
+def record(st: DaemonState, kept: Kept) -> None:
     """A tree kept after its job's dump (replacing none: the dump ended the job's last)."""
-    with _KEPT_LOCK:
-        _KEPT[kept.job_id] = kept
+    with st.kept_lock:
+        st.kept[kept.job_id] = kept
 
 
-def take(job_id: str) -> Kept | None:
+def take(st: DaemonState, job_id: str) -> Kept | None:
     """The job's kept tree, now owned by the caller (a restore): nothing else may end it
     meanwhile; None when there is none."""
-    with _KEPT_LOCK:
-        return _KEPT.pop(job_id, None)
+    with st.kept_lock:
+        return st.kept.pop(job_id, None)
 
 
-def jobs_kept_for(key: str) -> list[str]:
+def jobs_kept_for(st: DaemonState, key: str) -> list[str]:
     """The jobs whose kept tree belongs to image ``key``."""
-    with _KEPT_LOCK:
-        return [k.job_id for k in _KEPT.values() if k.key == key]
+    with st.kept_lock:
+        return [k.job_id for k in st.kept.values() if k.key == key]
 
 
 def end_kept(st: DaemonState, job_id: str, reason: str, *, key: str | None = None) -> bool:
     """End the job's kept instance (only the one kept for image ``key`` when given);
     True when there was one."""
-    with _KEPT_LOCK:
-        kept = _KEPT.get(job_id)
+    with st.kept_lock:
+        kept = st.kept.get(job_id)
         if kept is None or (key is not None and kept.key != key):
             return False
-        del _KEPT[job_id]
+        del st.kept[job_id]
     finish_kept(st, kept, reason)
     return True
 
@@ -116,8 +111,8 @@ def over_budget(sizes_oldest_first: list[tuple[str, int]], budget_bytes: int) ->
 def keep_within_budget(st: DaemonState) -> None:
     """End the oldest kept instances until the rest fit ``keep_bytes``."""
     budget = st.cfg.keep_budget_bytes()
-    with _KEPT_LOCK:
-        kept = sorted(_KEPT.values(), key=lambda k: k.since)
+    with st.kept_lock:
+        kept = sorted(st.kept.values(), key=lambda k: k.since)
     sizes = [(k.job_id, k.size_bytes()) for k in kept]
     total = sum(n for _, n in sizes)
     keys = {k.job_id: k.key for k in kept}
