@@ -1,7 +1,6 @@
 """A job's checkpoint record in spswapd: the identity a dump is taken under, the status
-file (``run/checkpoints/<job>.json``: dumping, saved, failed, rejected, restored,
-deleted) that the instance, ``spswap status`` and the ops read, the one-at-a-time lock of
-a job's dumps and restores, and the ``checkpoint.status`` op.
+(``run/checkpoints/<job>.json``, :mod:`spswap.daemon.statuses`) as the
+``checkpoint.status`` op shows it, and what the dump and restore ops share.
 
 The checkpoint ops, for one job's instance P and, after the requeue, the new run's proxy Q:
 
@@ -30,12 +29,10 @@ from __future__ import annotations
 
 import os
 import signal
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spswap.checkpoint.images import Identity, node_identity
 from spswap.errors import CheckpointFailed, DaemonError
-from spswap.fsutil import atomic_write_json, read_json
 from spswap.liveness import pid_alive
 
 if TYPE_CHECKING:
@@ -54,18 +51,6 @@ def identity_of(args: dict[str, Any], uid: int) -> Identity:
     if missing:
         raise DaemonError(f"checkpoint identity incomplete: give {', '.join(missing)}")
     return Identity(uid=uid, **{a: str(args[a]) for a in IDENTITY_ARGS}, **node_identity())
-
-
-def status_path(st: DaemonState, job_id: str) -> Path:
-    """Where the job's checkpoint status is kept."""
-    return st.cfg.paths.run / "checkpoints" / f"{job_id}.json"
-
-
-def set_status(st: DaemonState, job_id: str, **status: Any) -> None:
-    """Replace the job's checkpoint status (atomically: the instance may read it now)."""
-    path = status_path(st, job_id)
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-    atomic_write_json(path, {"job_id": job_id, **status})
 
 
 def running_job(ctx: Context, job_id: str) -> JobRecord:
@@ -130,4 +115,4 @@ def op_checkpoint_status(ctx: Context, args: dict[str, Any]) -> Any:
     """Where the job's checkpoint stands: dumping, saved, failed, rejected or restored."""
     job_id = args["job_id"]
     ctx.job_for(job_id)
-    return read_json(status_path(ctx.state, job_id)) or {"job_id": job_id, "state": "none"}
+    return ctx.state.statuses.read(job_id) or {"job_id": job_id, "state": "none"}

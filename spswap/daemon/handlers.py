@@ -219,7 +219,7 @@ def collect_images(st: DaemonState, current_job: str) -> list[str]:
     from spswap.daemon.image_uses import drop_job_images
 
     gone = []
-    for job_id in image_job_ids(st.cfg.paths.images, st.cfg.paths.run / "checkpoints"):
+    for job_id in image_job_ids(st.cfg.paths.images, st.statuses.dir):
         if job_id == current_job:
             continue
         reason = _not_coming_back(st, job_id)

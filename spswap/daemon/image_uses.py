@@ -12,10 +12,6 @@ import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from spswap.daemon.ckpt_status import set_status, status_path
-from spswap.daemon.kept import end_kept, jobs_kept_for
-from spswap.fsutil import read_json
-
 if TYPE_CHECKING:
     from spswap.daemon.state import DaemonState
 
@@ -72,8 +68,8 @@ def _drop_images_needing(st: DaemonState, by_digest: dict[str, str], digest: str
 
     for key, d in by_digest.items():
         if d == digest:
-            for job_id in jobs_kept_for(st, key):
-                end_kept(st, job_id, "its image was dropped", key=key)
+            for job_id in st.kept.jobs_of_image(key):
+                st.kept.end(job_id, "its image was dropped", image_key=key)
             remove_image(st.cfg.paths.images / key)
             st.event("image.dropped", image=key,
                      reason=f"its pool entry {digest[:12]} is gone: it cannot be restored")
@@ -93,12 +89,12 @@ def drop_job_images(st: DaemonState, job_id: str,
     their pool uses; ``reason`` goes to the events and the checkpoint status."""
     from spswap.checkpoint.service import delete_job_images
 
-    end_kept(st, job_id, reason)
+    st.kept.end(job_id, reason)
     gone = delete_job_images(st.cfg.paths.images, job_id)
     if gone:
-        status = read_json(status_path(st, job_id)) or {}
+        status = st.statuses.read(job_id)
         if status.get("state") in ("saved", "dumping"):
-            set_status(st, job_id, state="deleted", reason=reason)
+            st.statuses.write(job_id, state="deleted", reason=reason)
     sync_quietly(st)
     return gone
 

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 from spswap.config import Config
 from spswap.daemon import events
 from spswap.daemon.jobs import JobRecord, JobStore
+from spswap.daemon.kept import KeptTrees
+from spswap.daemon.statuses import CheckpointStatuses
 from spswap.errors import DaemonError, PermissionDenied, SpswapError
 from spswap.liveness import JobProbe
 from spswap.slots.table import SlotTable
@@ -103,11 +105,14 @@ class DaemonState:
     # Slurm's names of this host's node(s), as the prologs gave them (several where one
     # host runs several slurmd)
     node_names: set[str] = field(default_factory=set)
-    # the trees kept alive beside their images: job id -> spswap.daemon.kept.Kept
-    kept: dict[str, Any] = field(default_factory=dict)
-    kept_lock: threading.Lock = field(default_factory=threading.Lock)
     dumping: DumpsInProgress = field(default_factory=DumpsInProgress)
     job_locks: JobLocks = field(default_factory=JobLocks)
+    statuses: CheckpointStatuses = field(init=False)  # the jobs' checkpoint status files
+    kept: KeptTrees = field(init=False)  # the dumped trees kept alive beside their images
+
+    def __post_init__(self) -> None:
+        self.statuses = CheckpointStatuses(self.cfg.paths.run / "checkpoints")
+        self.kept = KeptTrees(self.statuses, self.event)
 
     @property
     def jobs(self) -> JobStore:
