@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 from spswap import __version__
@@ -23,8 +22,6 @@ from spswap.daemon.state import ROOT_UID, Context, DaemonState, authorize, requi
 from spswap.errors import DaemonError, PermissionDenied, ProtocolError, SlotError, SpswapError
 from spswap.liveness import Holder, pid_alive, pid_start_time
 from spswap.slots.table import SlotTable
-
-Handler = Callable[[Context, dict[str, Any]], Any]
 
 
 def op_ping(ctx: Context, args: dict[str, Any]) -> Any:
@@ -355,32 +352,3 @@ def op_events_tail(ctx: Context, args: dict[str, Any]) -> Any:
     if ctx.peer_uid == ROOT_UID:
         return tail
     return [e for e in tail if e.get("uid") == ctx.peer_uid]
-
-
-HANDLERS: dict[str, Handler] = {
-    "ping": op_ping,
-    "status": op_status,
-    "slots.list": op_slots_list,
-    "slots.release": op_slots_release,
-    "slots.reserve": op_slots_reserve,
-    "pool.use": op_pool_use,
-    "pool.unuse": op_pool_unuse,
-    "pool.import": op_pool_import,
-    "job.register": op_job_register,
-    "job.end": op_job_end,
-    "jobs.list": op_jobs_list,
-    "events.tail": op_events_tail,
-}
-
-
-def _register_checkpoint_ops() -> None:
-    from spswap.daemon import ckpt_dump, ckpt_restore, ckpt_status
-
-    HANDLERS.update({
-        "checkpoint": ckpt_dump.op_checkpoint,
-        "restore": ckpt_restore.op_restore,
-        "checkpoint.status": ckpt_status.op_checkpoint_status,
-    })
-
-
-_register_checkpoint_ops()

@@ -21,7 +21,7 @@ from typing import Any
 
 from spswap.config import Config
 from spswap.daemon import protocol
-from spswap.daemon.handlers import HANDLERS
+from spswap.daemon.ops import HANDLERS
 from spswap.daemon.state import Context, DaemonState
 from spswap.errors import DaemonError, ProtocolError, SpswapError
 
