@@ -20,6 +20,16 @@ if TYPE_CHECKING:
 RECOVER_WAIT_S = 60.0  # how long start-up waits for a dead daemon's CRIU to let go
 
 
+def on_daemon_start(state: DaemonState) -> dict[str, Any]:
+    """Start-up hook (``spswapd`` calls it before serving): clean up after a daemon that
+    died mid-dump and take back the pool uses of the checkpoint images on disk."""
+    try:
+        return recover(state)
+    except Exception as e:  # a daemon that cannot clean up must still serve
+        state.event("daemon.recover_failed", reason=str(e)[:2000])
+        return {"error": str(e)}
+
+
 def recover(st: DaemonState) -> dict[str, Any]:
     """Daemon start-up: clean up after a daemon that died (``kill -9``, OOM, reboot of
     the service) and take back the pool uses of the images on disk.

@@ -1,8 +1,8 @@
 """spswapd's state: the one object every op reaches through its request's
 :class:`Context`, and who may act on what (:func:`authorize`).
 
-A leaf of the daemon: it imports none of the ops modules (``handlers``, ``ckpt_*`` and
-the rest import it), so no module needs another's private names to reach the state. What
+A leaf of the daemon: it imports none of the ops modules (the ``*_ops`` and ``ckpt_*``
+ones and the rest import it), so no module needs another's private names to reach it. What
 the daemon keeps in memory between requests lives here as fields of one
 :class:`DaemonState`, never in module globals: the slot table and job probe (caches of
 what is on tmpfs), this host's node names, the kept trees, the dumps in progress and the

@@ -188,7 +188,7 @@ def test_images_of_finished_jobs_are_collected(
     """The epilog cannot tell a requeued job from a finished one; a later prolog asks
     Slurm again and drops the images of jobs that ended or that it no longer knows."""
     from spswap.config import Config
-    from spswap.daemon.handlers import collect_images
+    from spswap.daemon.job_ops import collect_images
     from spswap.daemon.state import DaemonState
 
     cfg = Config.from_env({}, root=tmp_path / "root")
