@@ -3,7 +3,8 @@ maps the entry's file by path), so the daemon holds one pool use per image on di
 (holder: the daemon process itself, no job; see :func:`sync_image_uses`), and one per dump
 in progress. The uses are re-counted after every dump, restore and job end and at
 start-up, so a daemon killed with ``-9`` (its uses die with it) takes them back when it
-starts again. Also: dropping a job's images when it will not return (:func:`job_fate`)."""
+starts again. Also: dropping a job's images when it will not return
+(:func:`drop_job_images`)."""
 
 from __future__ import annotations
 
@@ -97,23 +98,3 @@ def drop_job_images(st: DaemonState, job_id: str,
             st.statuses.write(job_id, state="deleted", reason=reason)
     sync_quietly(st)
     return gone
-
-
-def job_fate(slurm_state: str | None, requeued: bool | None) -> str:
-    """Whether an ended job will run again: "back", "gone" or "unknown".
-
-    ``slurm_state``: the controller's state name (None when Slurm does not know the job
-    or cannot be asked); ``requeued``: what the epilog was told, when it was.
-    """
-    back = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SPECIAL_EXIT"}
-    gone = {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
-            "BOOT_FAIL", "DEADLINE", "PREEMPTED", "REVOKED"}  # fmt: skip
-    state = (slurm_state or "").upper().split()[0] if slurm_state else ""
-    if state in back:
-        return "back"
-    if state in gone:
-        return "gone"
-    # not known to Slurm, or still COMPLETING (a requeued job looks the same then)
-    if requeued is None:
-        return "unknown"
-    return "back" if requeued else "gone"

@@ -12,6 +12,7 @@ from typing import Any
 from spswap.daemon.jobs import JobRecord
 from spswap.daemon.state import Context, DaemonState, require_root
 from spswap.errors import SpswapError
+from spswap.slurm.parse import job_fate
 
 
 def op_job_register(ctx: Context, args: dict[str, Any]) -> Any:
@@ -61,8 +62,6 @@ def _not_coming_back(st: DaemonState, job_id: str) -> str | None:
     if info is None:
         # the controller answered but no longer knows it: finished, past MinJobAge
         return "Slurm no longer knows the job" if answered else None
-    from spswap.daemon.image_uses import job_fate
-
     if job_fate(info.state, None) == "gone":
         return f"the job ended ({info.state})"
     if info.runs_elsewhere(st.node_names):
@@ -147,7 +146,6 @@ def op_job_end(ctx: Context, args: dict[str, Any]) -> Any:
 def _job_fate(st: DaemonState, job_id: str, requeued: bool | None) -> str:
     """"back", "gone" or "unknown"; asks Slurm only when the job has images to decide on."""
     from spswap.checkpoint.service import images_of_job, temp_dirs
-    from spswap.daemon.image_uses import job_fate
 
     if not images_of_job(st.cfg.paths.images, job_id) and not temp_dirs(st.cfg.paths.images,
                                                                           job_id):

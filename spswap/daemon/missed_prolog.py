@@ -40,7 +40,7 @@ def missed_run(rec: JobRecord, info: JobInfo | None, node_names: Collection[str]
     another user's, on other nodes, an older run than the one recorded, or no node name
     to tell. GPUs: Slurm's for this node, else the job's when it has one node, else the
     last run's. Pure."""
-    if rec.state == "running" or info is None or info.state != "RUNNING":
+    if rec.state == "running" or info is None or not info.running:
         return None
     if info.uid is None or info.uid != rec.uid or info.restart_count < rec.restart_count:
         return None
