@@ -13,19 +13,17 @@ from typing import TYPE_CHECKING, Any
 from spswap.checkpoint.images import Identity
 from spswap.daemon.ckpt_status import (
     identity_of,
-    job_lock,
     resume,
     run_gpu_uuids,
     running_job,
-    set_status,
 )
-from spswap.daemon.image_uses import end_dump_hold, hold_for_dump, sync_quietly
-from spswap.daemon.kept import Kept, end_kept, keep_within_budget, record
+from spswap.daemon.image_uses import sync_quietly
+from spswap.daemon.kept import Kept
 from spswap.errors import CheckpointFailed, DaemonError
 from spswap.liveness import pid_alive, pid_start_time
 
 if TYPE_CHECKING:
-    from spswap.daemon.handlers import Context, DaemonState
+    from spswap.daemon.state import Context, DaemonState
 
 
 def op_checkpoint(ctx: Context, args: dict[str, Any]) -> Any:
@@ -44,12 +42,12 @@ def op_checkpoint(ctx: Context, args: dict[str, Any]) -> Any:
     if find_criu() is None:
         raise CheckpointFailed("no CRIU on this node: run scripts/build_criu.sh (see doctor)")
     # held until the dump thread ends (it releases it)
-    if not job_lock(job_id).acquire(blocking=False):
+    if not st.job_locks.of(job_id).acquire(blocking=False):
         raise CheckpointFailed(f"job {job_id} is being checkpointed or restored already")
     # the job's earlier kept instance would otherwise outlive the image the dump replaces
-    end_kept(st, job_id, "the job dumps again")
-    set_status(st, job_id, state="dumping", pid=pid, pid_start=pid_start)
-    hold_for_dump(job_id, identity.model_digest)  # the entry, while the dump runs
+    st.kept.end(job_id, "the job dumps again")
+    st.statuses.write(job_id, state="dumping", pid=pid, pid_start=pid_start)
+    st.dumping.hold(job_id, identity.model_digest)  # the entry, while the dump runs
     st.event("checkpoint.start", job_id=job_id, uid=rec.uid, pid=pid)
     requeue = bool(args.get("requeue"))
     threading.Thread(target=_dump_locked, args=(st, job_id, pid, pid_start, identity, requeue),
@@ -66,9 +64,9 @@ def _dump_locked(st: DaemonState, job_id: str, pid: int, pid_start: int | None,
         finally:
             leave.close()
     finally:
-        job_lock(job_id).release()  # a restore may come at once: Slurm calls are slow
+        st.job_locks.of(job_id).release()  # a restore may come at once: Slurm calls are slow
     if leave.kept:  # outside the job lock: ending other jobs' trees takes time
-        keep_within_budget(st)
+        st.kept.trim_to(st.cfg.keep_budget_bytes())
     if requeue and gone and not leave.early:
         # only once the process is gone (saved, or lost after CRIU ended it): the image is
         # worth nothing if the job does not come back, and a cold start needs it back too
@@ -156,7 +154,7 @@ class _LeaveJob:
                         reason="the dumped instance could not be frozen where it waits")
             return False
         kept = Kept(self.job_id, pid, pid_start, self.parking, key, time.time())
-        record(kept)
+        self.st.kept.add(kept)
         self.kept = True
         self._event("checkpoint.kept", pid=pid, size_bytes=kept.size_bytes())
         return True
@@ -209,11 +207,11 @@ def _dump(st: DaemonState, job_id: str, pid: int, pid_start: int | None, identit
                                    pid_start=pid_start, before_criu=leave,
                                    criu_as_user=not st.cfg.criu_as_root)  # fmt: skip
         finally:
-            end_dump_hold(job_id)  # counted as an image from now on, or not at all
+            st.dumping.end(job_id)  # counted as an image from now on, or not at all
     except Exception as e:  # the instance runs on (unless CRIU ended it): tell it, record why
         reason = str(e) + leave.after_failure(tree_kept=bool(getattr(e, "tree_kept", False)))
         try:
-            set_status(st, job_id, state="failed", pid=pid, reason=reason)
+            st.statuses.write(job_id, state="failed", pid=pid, reason=reason)
         finally:  # the status first (it reads it when told), but told in any case
             resume(pid, pid_start)
         st.event("checkpoint.failed", job_id=job_id, uid=identity.uid, reason=reason[:2000])
@@ -221,9 +219,9 @@ def _dump(st: DaemonState, job_id: str, pid: int, pid_start: int | None, identit
         return not pid_alive(pid, pid_start)
     kept = report.kept = report.kept and leave.keep(pid, pid_start, report.key)
     sync_quietly(st)  # before "saved": a restore must find the entry held
-    set_status(st, job_id, state="saved", pid=pid, key=report.key,
-                size_bytes=report.size_bytes, timings_s=report.timings_s,
-                kept=kept)  # fmt: skip
+    st.statuses.write(job_id, state="saved", pid=pid, key=report.key,
+                      size_bytes=report.size_bytes, timings_s=report.timings_s,
+                      kept=kept)  # fmt: skip
     st.event("checkpoint.saved", job_id=job_id, uid=identity.uid, image=report.to_json())
     return True
 

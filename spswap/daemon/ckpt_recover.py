@@ -9,16 +9,25 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from spswap.daemon.ckpt_status import resume, set_status
+from spswap.daemon.ckpt_status import resume
 from spswap.daemon.image_uses import sync_quietly
-from spswap.daemon.kept import not_kept_any_more
 from spswap.fsutil import read_json
 
 if TYPE_CHECKING:
-    from spswap.daemon.handlers import DaemonState
+    from spswap.daemon.state import DaemonState
 
 
 RECOVER_WAIT_S = 60.0  # how long start-up waits for a dead daemon's CRIU to let go
+
+
+def on_daemon_start(state: DaemonState) -> dict[str, Any]:
+    """Start-up hook (``spswapd`` calls it before serving): clean up after a daemon that
+    died mid-dump and take back the pool uses of the checkpoint images on disk."""
+    try:
+        return recover(state)
+    except Exception as e:  # a daemon that cannot clean up must still serve
+        state.event("daemon.recover_failed", reason=str(e)[:2000])
+        return {"error": str(e)}
 
 
 def recover(st: DaemonState) -> dict[str, Any]:
@@ -39,11 +48,11 @@ def recover(st: DaemonState) -> dict[str, Any]:
     if swept:
         st.event("checkpoint.parked_swept", cgroups=swept)
     stale = []
-    status_dir = st.cfg.paths.run / "checkpoints"
+    status_dir = st.statuses.dir
     for path in sorted(status_dir.glob("*.json")) if status_dir.is_dir() else []:
         status = read_json(path) or {}
         if status.get("kept"):  # the sweep above ended what the dead daemon kept
-            not_kept_any_more(st, str(status.get("job_id") or path.stem))
+            st.statuses.unmark_kept(str(status.get("job_id") or path.stem))
         if status.get("state") == "dumping":
             stale.append((str(status.get("job_id") or path.stem), int(status.get("pid") or 0),
                           status.get("pid_start")))  # fmt: skip
@@ -95,7 +104,7 @@ def _recover_dump(st: DaemonState, job_id: str, pid: int, pid_start: int | None)
     fate = "it runs on and was told" if alive else "CRIU had ended it: its requests are saved"
     reason = (f"spswapd died during the dump of job {job_id} (pid {pid}); the unfinished "
               f"image was deleted; {fate}: the next run starts cold")  # fmt: skip
-    set_status(st, job_id, state="failed", pid=pid, reason=reason)
+    st.statuses.write(job_id, state="failed", pid=pid, reason=reason)
     st.event("checkpoint.failed", job_id=job_id, reason=reason)
     if alive:
         resume(pid, pid_start)

@@ -13,21 +13,17 @@ from spswap.checkpoint.images import Identity
 from spswap.daemon.ckpt_status import (
     RESUME_SIGNAL,
     identity_of,
-    job_lock,
     no_image_reason,
     run_gpu_uuids,
     running_job,
-    set_status,
-    status_path,
 )
 from spswap.daemon.image_uses import sync_quietly
-from spswap.daemon.kept import Kept, finish_kept, take
+from spswap.daemon.kept import Kept
 from spswap.errors import CheckpointFailed
-from spswap.fsutil import read_json
 from spswap.liveness import pid_start_time
 
 if TYPE_CHECKING:
-    from spswap.daemon.handlers import Context, DaemonState
+    from spswap.daemon.state import Context, DaemonState
 
 
 RESTORE_WAITS_DUMP_S = 300.0  # a restore that finds its own job still dumping waits this long
@@ -41,9 +37,9 @@ def op_restore(ctx: Context, args: dict[str, Any]) -> Any:
     expected = identity_of(args, rec.uid)
     # A job requeued while its dump ran may be back before the dump ends: wait for it
     # (also just after "saved": the dump thread still freezes and records a kept tree).
-    state = (read_json(status_path(st, job_id)) or {}).get("state")
+    state = st.statuses.read(job_id).get("state")
     dumping = state in ("dumping", "saved")
-    if not job_lock(job_id).acquire(timeout=RESTORE_WAITS_DUMP_S if dumping else 1.0):
+    if not st.job_locks.of(job_id).acquire(timeout=RESTORE_WAITS_DUMP_S if dumping else 1.0):
         if dumping:
             raise CheckpointFailed(f"the previous run's dump of job {job_id} did not end "
                                    f"within {RESTORE_WAITS_DUMP_S:g} s: this run starts "
@@ -52,17 +48,17 @@ def op_restore(ctx: Context, args: dict[str, Any]) -> Any:
     try:
         return _restore(ctx, st, rec, job_id, expected, args)
     finally:
-        job_lock(job_id).release()
+        st.job_locks.of(job_id).release()
 
 
 def _restore(ctx: Context, st: DaemonState, rec: Any, job_id: str, expected: Identity,
              args: dict[str, Any]) -> Any:  # fmt: skip
-    status = read_json(status_path(st, job_id)) or {}
+    status = st.statuses.read(job_id)
     if status.get("state") != "saved":
         raise CheckpointFailed(no_image_reason(job_id, status))
     from spswap.checkpoint.service import ImageRejected, restore_instance
 
-    kept = take(job_id)  # this restore owns it now: nothing else may end it meanwhile
+    kept = st.kept.take(job_id)  # this restore owns it now: nothing else may end it meanwhile
     woken = _wake_kept(st, rec, job_id, expected, kept) if kept is not None else None
     if kept is not None and woken is not None:
         pid, timings, image = woken
@@ -81,11 +77,11 @@ def _restore(ctx: Context, st: DaemonState, rec: Any, job_id: str, expected: Ide
                                         gpu_uuids=run_gpu_uuids(st, job_id),
                                         criu_as_user=not st.cfg.criu_as_root)  # fmt: skip
     except ImageRejected as e:
-        set_status(st, job_id, state="rejected", reason=str(e))
+        st.statuses.write(job_id, state="rejected", reason=str(e))
         st.event("restore.rejected", job_id=job_id, uid=rec.uid, reason=str(e))
         raise
     except Exception as e:
-        set_status(st, job_id, state="failed", reason=str(e))
+        st.statuses.write(job_id, state="failed", reason=str(e))
         st.event("restore.failed", job_id=job_id, uid=rec.uid, reason=str(e)[:2000])
         raise
     finally:
@@ -119,15 +115,15 @@ def _wake_kept(st: DaemonState, rec: Any, job_id: str, expected: Identity,
         timings.update(wake_kept(image, kept.pid, gpu_uuids=run_gpu_uuids(st, job_id),
                                  tree=tree))  # fmt: skip
     except _KeptGone:
-        finish_kept(st, kept, "it was gone when its job came back: restored from its image")
+        st.kept.end_taken(kept, "it was gone when its job came back: restored from its image")
         return None
     except BaseException as e:
-        kept.end()
+        kept.kill()
         if image is not None:
             remove_image(image)
         rejected = isinstance(e, ImageRejected)
         reason = str(e) if rejected else f"{e}; the kept instance was ended: cold start"
-        set_status(st, job_id, state="rejected" if rejected else "failed", reason=reason)
+        st.statuses.write(job_id, state="rejected" if rejected else "failed", reason=reason)
         st.event("restore.rejected" if rejected else "restore.failed", job_id=job_id,
                  uid=rec.uid, reason=reason[:2000], kept=True)  # fmt: skip
         raise (e if rejected else CheckpointFailed(reason)) from None
@@ -171,13 +167,13 @@ def _restored(ctx: Context, st: DaemonState, rec: Any, job_id: str, expected: Id
     try:
         _into_job(st, job_id, pid, ctx.peer_pid)
     except CheckpointFailed as e:
-        set_status(st, job_id, state="failed", reason=str(e))
+        st.statuses.write(job_id, state="failed", reason=str(e))
         st.event("restore.failed", job_id=job_id, uid=rec.uid, reason=str(e))
         raise
     # The status first: the woken instance reads it to learn its new run.
-    set_status(st, job_id, state="restored", pid=pid, proxy_pid=ctx.peer_pid,
-                restart_count=int(args.get("restart_count", 0)), timings_s=timings,
-                kept=kept)  # fmt: skip
+    st.statuses.write(job_id, state="restored", pid=pid, proxy_pid=ctx.peer_pid,
+                      restart_count=int(args.get("restart_count", 0)), timings_s=timings,
+                      kept=kept)  # fmt: skip
     try:
         os.kill(pid, RESUME_SIGNAL)
     except ProcessLookupError:
@@ -186,7 +182,7 @@ def _restored(ctx: Context, st: DaemonState, rec: Any, job_id: str, expected: Id
         reason = (f"the restored instance of job {job_id} (pid {pid}) died before it woke; "
                   "its image is gone (single use, or stale once a kept tree ran on): cold "
                   "start")  # fmt: skip
-        set_status(st, job_id, state="failed", reason=reason)
+        st.statuses.write(job_id, state="failed", reason=reason)
         st.event("restore.failed", job_id=job_id, uid=rec.uid, reason=reason)
         raise CheckpointFailed(reason) from None
     _hold_pool_entry(st, expected.model_digest, pid, rec)

@@ -1,7 +1,6 @@
 """A job's checkpoint record in spswapd: the identity a dump is taken under, the status
-file (``run/checkpoints/<job>.json``: dumping, saved, failed, rejected, restored,
-deleted) that the instance, ``spswap status`` and the ops read, the one-at-a-time lock of
-a job's dumps and restores, and the ``checkpoint.status`` op.
+(``run/checkpoints/<job>.json``, :mod:`spswap.daemon.statuses`) as the
+``checkpoint.status`` op shows it, and what the dump and restore ops share.
 
 The checkpoint ops, for one job's instance P and, after the requeue, the new run's proxy Q:
 
@@ -30,24 +29,15 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spswap.checkpoint.images import Identity, node_identity
 from spswap.errors import CheckpointFailed, DaemonError
-from spswap.fsutil import atomic_write_json, read_json
 from spswap.liveness import pid_alive
 
-if TYPE_CHECKING:  # handlers imports the ckpt modules to register the ops
-    from spswap.daemon.handlers import Context, DaemonState
-
-
-def job_for(ctx: Context, job_id: str) -> Any:
-    """The job's record on this node, when the caller may act on it (its own, or root)."""
-    from spswap.daemon.handlers import _job_for
-
-    return _job_for(ctx, job_id)
+if TYPE_CHECKING:
+    from spswap.daemon.jobs import JobRecord
+    from spswap.daemon.state import Context, DaemonState
 
 
 IDENTITY_ARGS = ("engine", "engine_version", "torch", "python", "model_digest", "config_hash")
@@ -63,36 +53,13 @@ def identity_of(args: dict[str, Any], uid: int) -> Identity:
     return Identity(uid=uid, **{a: str(args[a]) for a in IDENTITY_ARGS}, **node_identity())
 
 
-def status_path(st: DaemonState, job_id: str) -> Path:
-    """Where the job's checkpoint status is kept."""
-    return st.cfg.paths.run / "checkpoints" / f"{job_id}.json"
-
-
-def set_status(st: DaemonState, job_id: str, **status: Any) -> None:
-    """Replace the job's checkpoint status (atomically: the instance may read it now)."""
-    path = status_path(st, job_id)
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-    atomic_write_json(path, {"job_id": job_id, **status})
-
-
-_JOB_LOCKS: dict[str, threading.Lock] = {}
-_JOB_LOCKS_GUARD = threading.Lock()
-
-
-def job_lock(job_id: str) -> threading.Lock:
-    """One checkpoint or restore of a job at a time (a second would delete the first's
-    image under it)."""
-    with _JOB_LOCKS_GUARD:
-        return _JOB_LOCKS.setdefault(job_id, threading.Lock())
-
-
-def running_job(ctx: Context, job_id: str) -> Any:
-    """The job's record (see :func:`job_for`) when its current run runs here: registered
+def running_job(ctx: Context, job_id: str) -> JobRecord:
+    """The job's record (see :meth:`Context.job_for`) when its current run runs here: registered
     by its prolog or, where slurmd ran none, now (:mod:`spswap.daemon.missed_prolog`);
     refused otherwise: checkpoints and restores are for the job's running instance."""
     from spswap.daemon.missed_prolog import register_missed_run
 
-    rec = register_missed_run(ctx.state, job_for(ctx, job_id))
+    rec = register_missed_run(ctx.state, ctx.job_for(job_id))
     if rec.state != "running":
         raise CheckpointFailed(
             f"job {rec.job_id} is {rec.state} on this node, and Slurm does not say a new run "
@@ -147,5 +114,5 @@ def no_image_reason(job_id: str, status: dict[str, Any]) -> str:
 def op_checkpoint_status(ctx: Context, args: dict[str, Any]) -> Any:
     """Where the job's checkpoint stands: dumping, saved, failed, rejected or restored."""
     job_id = args["job_id"]
-    job_for(ctx, job_id)
-    return read_json(status_path(ctx.state, job_id)) or {"job_id": job_id, "state": "none"}
+    ctx.job_for(job_id)
+    return ctx.state.statuses.read(job_id) or {"job_id": job_id, "state": "none"}

@@ -3,38 +3,18 @@ maps the entry's file by path), so the daemon holds one pool use per image on di
 (holder: the daemon process itself, no job; see :func:`sync_image_uses`), and one per dump
 in progress. The uses are re-counted after every dump, restore and job end and at
 start-up, so a daemon killed with ``-9`` (its uses die with it) takes them back when it
-starts again. Also: dropping a job's images when it will not return (:func:`job_fate`)."""
+starts again. Also: dropping a job's images when it will not return
+(:func:`drop_job_images`)."""
 
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from spswap.daemon.ckpt_status import set_status, status_path
-from spswap.daemon.kept import end_kept, jobs_kept_for
-from spswap.fsutil import read_json
-
 if TYPE_CHECKING:
-    from spswap.daemon.handlers import DaemonState
-
-
-_USES_LOCK = threading.RLock()  # held by sync_image_uses; _DUMPING changes under it
-_DUMPING: dict[str, str] = {}  # job id -> model digest, while this daemon dumps it
-
-
-def hold_for_dump(job_id: str, digest: str) -> None:
-    """While this daemon dumps the job, its pool entry ``digest`` is held."""
-    with _USES_LOCK:
-        _DUMPING[job_id] = digest
-
-
-def end_dump_hold(job_id: str) -> None:
-    """The dump ended: from now on its image holds the entry, or nothing does."""
-    with _USES_LOCK:
-        _DUMPING.pop(job_id, None)
+    from spswap.daemon.state import DaemonState
 
 
 def _daemon_holder() -> Any:
@@ -58,13 +38,13 @@ def sync_image_uses(st: DaemonState) -> dict[str, int]:
     if not st.cfg.paths.pool.is_dir():
         return {}
     me = _daemon_holder()
-    with _USES_LOCK:
+    with st.dumping.lock:
         pool = Pool.from_config(st.cfg, job_alive=st.job_probe())
         by_digest = image_digests(st.cfg.paths.images)
         want = Counter(d for d in by_digest.values() if d)
         # dumps in progress in this daemon: an early-requeued job's epilog drops the job's
         # own use while CRIU still reads the process that maps the entry
-        want.update(d for d in _DUMPING.values() if d)
+        want.update(st.dumping.digests())
         have = Counter(e.manifest.digest for e in pool.entries()
                        for h in e.users if _same_holder(h, me))  # fmt: skip
         for digest in set(want) | set(have):
@@ -89,8 +69,8 @@ def _drop_images_needing(st: DaemonState, by_digest: dict[str, str], digest: str
 
     for key, d in by_digest.items():
         if d == digest:
-            for job_id in jobs_kept_for(key):
-                end_kept(st, job_id, "its image was dropped", key=key)
+            for job_id in st.kept.jobs_of_image(key):
+                st.kept.end(job_id, "its image was dropped", image_key=key)
             remove_image(st.cfg.paths.images / key)
             st.event("image.dropped", image=key,
                      reason=f"its pool entry {digest[:12]} is gone: it cannot be restored")
@@ -110,31 +90,11 @@ def drop_job_images(st: DaemonState, job_id: str,
     their pool uses; ``reason`` goes to the events and the checkpoint status."""
     from spswap.checkpoint.service import delete_job_images
 
-    end_kept(st, job_id, reason)
+    st.kept.end(job_id, reason)
     gone = delete_job_images(st.cfg.paths.images, job_id)
     if gone:
-        status = read_json(status_path(st, job_id)) or {}
+        status = st.statuses.read(job_id)
         if status.get("state") in ("saved", "dumping"):
-            set_status(st, job_id, state="deleted", reason=reason)
+            st.statuses.write(job_id, state="deleted", reason=reason)
     sync_quietly(st)
     return gone
-
-
-def job_fate(slurm_state: str | None, requeued: bool | None) -> str:
-    """Whether an ended job will run again: "back", "gone" or "unknown".
-
-    ``slurm_state``: the controller's state name (None when Slurm does not know the job
-    or cannot be asked); ``requeued``: what the epilog was told, when it was.
-    """
-    back = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SPECIAL_EXIT"}
-    gone = {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
-            "BOOT_FAIL", "DEADLINE", "PREEMPTED", "REVOKED"}  # fmt: skip
-    state = (slurm_state or "").upper().split()[0] if slurm_state else ""
-    if state in back:
-        return "back"
-    if state in gone:
-        return "gone"
-    # not known to Slurm, or still COMPLETING (a requeued job looks the same then)
-    if requeued is None:
-        return "unknown"
-    return "back" if requeued else "gone"

@@ -1,18 +1,18 @@
 """Kept instances: dumped trees left alive and frozen beside their images, so the job's
-next run skips CRIU's restore; kept within the node's keep budget."""
+next run skips CRIU's restore; kept within the node's keep budget. The daemon object
+owns the one :class:`KeptTrees` (``DaemonState.kept``)."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from spswap.daemon.ckpt_status import set_status, status_path
-from spswap.fsutil import read_json
 from spswap.liveness import pid_alive
 
 if TYPE_CHECKING:
-    from spswap.daemon.handlers import DaemonState
+    from spswap.daemon.statuses import CheckpointStatuses
 
 
 @dataclass
@@ -41,63 +41,72 @@ class Kept:
 
         return anon_rss_bytes(self.parking.pids())
 
-    def end(self) -> list[int]:
-        """Kill the tree (frozen or not) and remove its cgroups; the pids it had."""
+    def kill(self) -> list[int]:
+        """Kill the tree (frozen or not) and remove its cgroups; the pids it had. Only the
+        processes: :meth:`KeptTrees.end` also says so in the job's status and the log."""
         killed = self.parking.kill_all()
         self.parking.remove()
         return killed
 
 
-_KEPT: dict[str, Kept] = {}  # job id -> its kept instance
-_KEPT_LOCK = threading.Lock()
+class KeptTrees:
+    """The trees this daemon keeps, one per job at most. A tree comes in with
+    :meth:`add` (after its job's dump) and leaves either taken by a restore
+    (:meth:`take`: the restore owns it then, nothing else may end it) or ended
+    (:meth:`end`, :meth:`end_taken`: killed, its job's status no longer says kept, and a
+    ``kept.ended`` event gives the reason)."""
 
+    def __init__(self, statuses: CheckpointStatuses, event: Callable[..., None]) -> None:
+        self._statuses = statuses
+        self._event = event
+        self._by_job: dict[str, Kept] = {}
+        self._lock = threading.Lock()
 
-def record(kept: Kept) -> None:
-    """A tree kept after its job's dump (replacing none: the dump ended the job's last)."""
-    with _KEPT_LOCK:
-        _KEPT[kept.job_id] = kept
+    def add(self, kept: Kept) -> None:
+        """A tree kept after its job's dump (replacing none: the dump ended the job's last)."""
+        with self._lock:
+            self._by_job[kept.job_id] = kept
 
+    def take(self, job_id: str) -> Kept | None:
+        """The job's kept tree, now owned by the caller (a restore): nothing else may end it
+        meanwhile; None when there is none."""
+        with self._lock:
+            return self._by_job.pop(job_id, None)
 
-def take(job_id: str) -> Kept | None:
-    """The job's kept tree, now owned by the caller (a restore): nothing else may end it
-    meanwhile; None when there is none."""
-    with _KEPT_LOCK:
-        return _KEPT.pop(job_id, None)
+    def jobs_of_image(self, key: str) -> list[str]:
+        """The jobs whose kept tree belongs to image ``key``."""
+        with self._lock:
+            return [k.job_id for k in self._by_job.values() if k.key == key]
 
+    def end(self, job_id: str, reason: str, *, image_key: str | None = None) -> bool:
+        """End the job's kept tree (only the one kept for image ``image_key`` when given);
+        True when there was one."""
+        with self._lock:
+            kept = self._by_job.get(job_id)
+            if kept is None or (image_key is not None and kept.key != image_key):
+                return False
+            del self._by_job[job_id]
+        self.end_taken(kept, reason)
+        return True
 
-def jobs_kept_for(key: str) -> list[str]:
-    """The jobs whose kept tree belongs to image ``key``."""
-    with _KEPT_LOCK:
-        return [k.job_id for k in _KEPT.values() if k.key == key]
+    def end_taken(self, kept: Kept, reason: str) -> None:
+        """End a tree the caller took (:meth:`take`); its job's status and the log say so."""
+        try:
+            kept.kill()
+        finally:
+            self._statuses.unmark_kept(kept.job_id)
+            self._event("kept.ended", job_id=kept.job_id, pid=kept.pid, reason=reason)
 
-
-def end_kept(st: DaemonState, job_id: str, reason: str, *, key: str | None = None) -> bool:
-    """End the job's kept instance (only the one kept for image ``key`` when given);
-    True when there was one."""
-    with _KEPT_LOCK:
-        kept = _KEPT.get(job_id)
-        if kept is None or (key is not None and kept.key != key):
-            return False
-        del _KEPT[job_id]
-    finish_kept(st, kept, reason)
-    return True
-
-
-def finish_kept(st: DaemonState, kept: Kept, reason: str) -> None:
-    """End a kept tree no longer recorded (:func:`take`); its job's status and the log say so."""
-    try:
-        kept.end()
-    finally:
-        not_kept_any_more(st, kept.job_id)
-        st.event("kept.ended", job_id=kept.job_id, pid=kept.pid, reason=reason)
-
-
-def not_kept_any_more(st: DaemonState, job_id: str) -> None:
-    """A saved job's status no longer says kept (``spswap status``): its image remains."""
-    status = read_json(status_path(st, job_id)) or {}
-    if status.get("state") == "saved" and status.get("kept"):
-        rest = {k: v for k, v in status.items() if k not in ("job_id", "kept")}
-        set_status(st, job_id, **rest, kept=False)
+    def trim_to(self, budget_bytes: int) -> None:
+        """End the oldest kept trees until the rest fit ``budget_bytes``."""
+        with self._lock:
+            kept = sorted(self._by_job.values(), key=lambda k: k.since)
+        sizes = [(k.job_id, k.size_bytes()) for k in kept]
+        total = sum(n for _, n in sizes)
+        keys = {k.job_id: k.key for k in kept}
+        for job_id in over_budget(sizes, budget_bytes):
+            self.end(job_id, f"over the keep budget ({total} > {budget_bytes} bytes): its "
+                     "next run restores from the image", image_key=keys[job_id])  # fmt: skip
 
 
 def over_budget(sizes_oldest_first: list[tuple[str, int]], budget_bytes: int) -> list[str]:
@@ -111,16 +120,3 @@ def over_budget(sizes_oldest_first: list[tuple[str, int]], budget_bytes: int) ->
         out.append(job_id)
         total -= n
     return out
-
-
-def keep_within_budget(st: DaemonState) -> None:
-    """End the oldest kept instances until the rest fit ``keep_bytes``."""
-    budget = st.cfg.keep_budget_bytes()
-    with _KEPT_LOCK:
-        kept = sorted(_KEPT.values(), key=lambda k: k.since)
-    sizes = [(k.job_id, k.size_bytes()) for k in kept]
-    total = sum(n for _, n in sizes)
-    keys = {k.job_id: k.key for k in kept}
-    for job_id in over_budget(sizes, budget):
-        end_kept(st, job_id, f"over the keep budget ({total} > {budget} bytes): its next "
-                  "run restores from the image", key=keys[job_id])  # fmt: skip

@@ -55,7 +55,7 @@ def run(cfg: Config) -> int:
         server.bind()
         install_signal_handlers(server)
         server.state.jobs.dir.mkdir(parents=True, exist_ok=True)
-        from spswap.daemon.handlers import on_daemon_start
+        from spswap.daemon.ckpt_recover import on_daemon_start
 
         on_daemon_start(server.state)  # before the first request is served
         server.state.event("daemon.start", uid=os.getuid(), pid=os.getpid(),

@@ -20,7 +20,7 @@ from spswap.daemon.jobs import JobRecord
 from spswap.slurm.parse import JobInfo, expand_hostlist
 
 if TYPE_CHECKING:
-    from spswap.daemon.handlers import DaemonState
+    from spswap.daemon.state import DaemonState
 
 REGISTERED_BY = "first request: Slurm runs the job here and no prolog reached spswapd"
 
@@ -40,7 +40,7 @@ def missed_run(rec: JobRecord, info: JobInfo | None, node_names: Collection[str]
     another user's, on other nodes, an older run than the one recorded, or no node name
     to tell. GPUs: Slurm's for this node, else the job's when it has one node, else the
     last run's. Pure."""
-    if rec.state == "running" or info is None or info.state != "RUNNING":
+    if rec.state == "running" or info is None or not info.running:
         return None
     if info.uid is None or info.uid != rec.uid or info.restart_count < rec.restart_count:
         return None
@@ -62,9 +62,7 @@ def register_missed_run(st: DaemonState, rec: JobRecord) -> JobRecord:
     to refuse. Asks Slurm only for a record that does not say running."""
     if rec.state == "running":
         return rec
-    from spswap.daemon.handlers import _ask_slurm
-
-    info, _ = _ask_slurm(st, rec.job_id)
+    info, _ = st.ask_slurm(rec.job_id)
     new = missed_run(rec, info, st.node_names, time.time())
     if new is None:
         return rec

@@ -23,7 +23,8 @@ from typing import Any
 from spswap.config import Config
 from spswap.daemon import protocol
 from spswap.daemon.budget import Budget
-from spswap.daemon.handlers import HANDLERS, Context, DaemonState
+from spswap.daemon.ops import HANDLERS
+from spswap.daemon.state import Context, DaemonState
 from spswap.errors import DaemonError, ProtocolError, SpswapError
 
 READ_TIMEOUT_S = 10.0

@@ -176,7 +176,7 @@ class SpswapWorkerExtension:
         returns the TransferReport as a dict, with the ``pull`` share used and the
         ``released_bytes`` it was chosen for. Call after ``wake_up(tags=["weights"])``.
         ``pull``: the share the GPU's cores pull themselves; None: chosen by
-        :func:`~spswap.engines.vllm_engine.pull_share` from ``since_sleep_s`` (seconds
+        :func:`~spswap.engines.vllm_pull.pull_share` from ``since_sleep_s`` (seconds
         since this process's level-2 sleep; None: it never slept) and the bytes that
         sleep handed back to the driver. ``worker_s``: the call's whole time in the worker
         (the copy's ``seconds`` plus looking up the weights and checking the entry)."""
@@ -189,7 +189,7 @@ class SpswapWorkerExtension:
             )
         released = None
         if pull is None:
-            from spswap.engines.vllm_engine import pull_share
+            from spswap.engines.vllm_pull import pull_share
 
             released = self._spswap_sleep_pool_bytes() if since_sleep_s is not None else None
             pull = pull_share(since_sleep_s, released)

@@ -122,6 +122,20 @@ def rpc_dir_fits(rpc_dir: Path) -> bool:
     return len(os.fsencode(rpc_dir)) <= RPC_BASE_MAX_BYTES
 
 
+def installed_vllm_version() -> str:
+    """vLLM's version from its package metadata (no import: importing vLLM takes seconds
+    and this process never runs it)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        raise EngineError(
+            "vLLM is not installed here (no vllm package metadata); install it (pip install "
+            "vllm) or put a vLLM kit on PYTHONPATH, or serve with --engine reference"
+        ) from None
+
+
 class _UnixHTTPConnection(http.client.HTTPConnection):
     def __init__(self, path: Path, timeout_s: float) -> None:
         super().__init__("localhost", timeout=timeout_s)

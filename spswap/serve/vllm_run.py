@@ -40,24 +40,10 @@ from spswap.fsutil import atomic_write_json
 from spswap.serve.checkpointer import restored_how
 from spswap.serve.run_log import RunPath, note_run
 from spswap.serve.slot_hold import RunSlot, StopSignals
-from spswap.serve.vllm_api import VllmApiServer, rpc_dir_fits
+from spswap.serve.vllm_api import VllmApiServer, installed_vllm_version, rpc_dir_fits
 
 ENDPOINT_FILE = "endpoint.json"
 API_KEY_FILE = "api_key"
-
-
-def installed_vllm_version() -> str:
-    """vLLM's version from its package metadata (no import: importing vLLM takes seconds
-    and this process never runs it)."""
-    from importlib import metadata
-
-    try:
-        return metadata.version("vllm")
-    except metadata.PackageNotFoundError:
-        raise EngineError(
-            "vLLM is not installed here (no vllm package metadata); install it (pip install "
-            "vllm) or put a vLLM kit on PYTHONPATH, or serve with --engine reference"
-        ) from None
 
 
 @dataclass

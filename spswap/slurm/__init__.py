@@ -2,7 +2,8 @@
 
 - :mod:`spswap.slurm.env`: the job's own view of Slurm (job id, restart count, GPUs,
   uid) from the environment of a job, a Prolog or an Epilog, as data.
-- :mod:`spswap.slurm.parse`: pure parsers of ``scontrol show job -o`` and ``squeue --json``.
+- :mod:`spswap.slurm.parse`: pure parsers of ``scontrol show job -o`` and ``squeue --json``,
+  and what Slurm's job state names mean (allocated, running, coming back, gone).
 - :mod:`spswap.slurm.backend`: the controller: query, requeue, signal, cancel, through
   pyslurm where a matching one imports, through scontrol/squeue/scancel otherwise.
 """

@@ -21,6 +21,12 @@ ALLOCATED_STATES = frozenset(
     {"RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING", "STOPPED", "RESIZING",
      "SIGNALING", "STAGE_OUT"}
 )  # fmt: skip
+# an ended job that will run again, and one that will not (see job_fate)
+COMING_BACK_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
+                                "SPECIAL_EXIT"})  # fmt: skip
+GONE_STATES = frozenset({"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL",
+                         "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED",
+                         "REVOKED"})  # fmt: skip
 
 # Fields whose value is free text and may contain spaces and "x=y" words. Inside one of
 # them, only a key from KNOWN_KEYS starts the next field.
@@ -72,6 +78,11 @@ class JobInfo:
         """True while the job holds its nodes (running, suspended, completing...)."""
         return self.state in ALLOCATED_STATES
 
+    @property
+    def running(self) -> bool:
+        """True while the job runs (not pending, suspended or completing)."""
+        return self.state == "RUNNING"
+
     def runs_elsewhere(self, here: Collection[str]) -> bool:
         """Whether the job holds nodes now and none of them is one of ``here`` (this
         host's Slurm node names: several where one host runs several slurmd): its run is
@@ -83,6 +94,23 @@ class JobInfo:
         except ValueError:
             return False
         return bool(held) and not set(held) & set(here)
+
+
+def job_fate(slurm_state: str | None, requeued: bool | None) -> str:
+    """Whether an ended job will run again: "back", "gone" or "unknown".
+
+    ``slurm_state``: the controller's state name (None when Slurm does not know the job
+    or cannot be asked); ``requeued``: what the epilog was told, when it was.
+    """
+    state = (slurm_state or "").upper().split()[0] if slurm_state else ""
+    if state in COMING_BACK_STATES:
+        return "back"
+    if state in GONE_STATES:
+        return "gone"
+    # not known to Slurm, or still COMPLETING (a requeued job looks the same then)
+    if requeued is None:
+        return "unknown"
+    return "back" if requeued else "gone"
 
 
 _RANGE_GROUP = re.compile(r"\[([^\]]*)\]")

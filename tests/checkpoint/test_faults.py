@@ -326,7 +326,7 @@ def test_image_holds_its_pool_entry_until_the_job_ends(runs: Runs) -> None:
     (None, None, "unknown"), (None, True, "back"), (None, False, "gone"),
 ])  # fmt: skip
 def test_job_fate(state: str | None, requeued: bool | None, fate: str) -> None:
-    from spswap.daemon.image_uses import job_fate
+    from spswap.slurm.parse import job_fate
 
     assert job_fate(state, requeued) == fate
 

@@ -13,7 +13,7 @@ import pytest
 from spswap.config import Config
 from spswap.daemon import lifecycle
 from spswap.daemon.ckpt_restore import _into_job
-from spswap.daemon.handlers import DaemonState
+from spswap.daemon.state import DaemonState
 from spswap.errors import CheckpointFailed
 from tests.checkpoint.test_cgroups import _running
 

@@ -409,7 +409,7 @@ def test_start_without_disk_gives_the_cold_outputs(cold: Any, vllm_model: Path) 
 
 
 def test_pull_share_pulls_only_while_the_driver_clears_what_the_sleep_freed() -> None:
-    from spswap.engines.vllm_engine import (
+    from spswap.engines.vllm_pull import (
         PULL_WINDOW_S,
         SCRUB_BYTES_PER_S,
         SCRUB_FREE_BYTES,

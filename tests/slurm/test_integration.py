@@ -188,7 +188,8 @@ def test_images_of_finished_jobs_are_collected(
     """The epilog cannot tell a requeued job from a finished one; a later prolog asks
     Slurm again and drops the images of jobs that ended or that it no longer knows."""
     from spswap.config import Config
-    from spswap.daemon.handlers import DaemonState, collect_images
+    from spswap.daemon.job_ops import collect_images
+    from spswap.daemon.state import DaemonState
 
     cfg = Config.from_env({}, root=tmp_path / "root")
     done = slurm_cluster.sbatch("true")
@@ -224,8 +225,8 @@ def test_a_run_whose_prolog_never_came_is_registered_at_its_first_request(
 
     from spswap.config import Config
     from spswap.daemon.ckpt_status import running_job
-    from spswap.daemon.handlers import Context, DaemonState
     from spswap.daemon.jobs import JobRecord
+    from spswap.daemon.state import Context, DaemonState
     from spswap.errors import CheckpointFailed
 
     cfg = Config.from_env({}, root=tmp_path / "root")

@@ -1,0 +1,56 @@
+"""The caller of an op as a holder of slots and pool uses: its pid and uid from
+``SO_PEERCRED``, bound to a job only when the job is the caller's and runs, and the GPUs
+a user's reservation may take."""
+
+from __future__ import annotations
+
+import time
+
+from spswap.daemon.jobs import check_job_id
+from spswap.daemon.missed_prolog import register_missed_run
+from spswap.daemon.state import ROOT_UID, Context, authorize
+from spswap.errors import DaemonError, PermissionDenied
+from spswap.liveness import Holder, pid_start_time
+
+
+def peer_holder(ctx: Context, job_id: str | None) -> Holder:
+    """The caller as a holder: its pid and uid from SO_PEERCRED, never from the request.
+
+    A job id binds the holder to a Slurm job (it then outlives the process while the job
+    runs), so a user may name only a running job the prolog registered for their uid.
+    """
+    if job_id is not None and ctx.peer_uid != ROOT_UID:
+        rec = ctx.state.jobs.get(job_id)
+        if rec is None:
+            raise PermissionDenied(
+                f"job {job_id} is not registered on this node, so it cannot be checked to be "
+                f"yours (uid {ctx.peer_uid}); run inside the job (its prolog registers it) "
+                "or leave the job id out"
+            )
+        authorize(ctx.peer_uid, rec.uid, f"job {job_id}")
+        rec = register_missed_run(ctx.state, rec)
+        if rec.state != "running":
+            raise PermissionDenied(f"job {job_id} has {rec.state}; a reservation or pool use "
+                                   "can be bound only to a running job")  # fmt: skip
+    elif job_id is not None:
+        check_job_id(job_id)
+    start = pid_start_time(ctx.peer_pid)
+    if start is None:
+        raise DaemonError(f"the calling process (pid {ctx.peer_pid}) is gone")
+    return Holder(pid=ctx.peer_pid, pid_start=start, uid=ctx.peer_uid, job_id=job_id,
+                  since=time.time())  # fmt: skip
+
+
+def job_gpus_only(ctx: Context, job_id: str | None, asked: list[int] | None) -> list[int] | None:
+    """The GPUs a reservation may take: a user's, bound to a job whose prolog recorded its
+    GPUs, only those (else a user could queue for every GPU of the node and starve the
+    jobs Slurm gave them to); root's, or one with no GPUs recorded, what it asked for."""
+    rec = ctx.state.jobs.get(job_id) if job_id is not None else None
+    if ctx.peer_uid == ROOT_UID or rec is None or not rec.gpus:
+        return asked
+    allowed = [g for g in (asked if asked is not None else rec.gpus) if g in rec.gpus]
+    if not allowed:
+        raise PermissionDenied(f"job {job_id} holds GPUs {rec.gpus}: its reservations may "
+                               f"take only those, not {asked}; leave --gpu out or name one "
+                               "of them")  # fmt: skip
+    return allowed

@@ -1,0 +1,46 @@
+"""The ops that tell what the daemon knows: ``ping``, ``status``, ``jobs.list`` and
+``events.tail``; a user sees only their own jobs and events, root everything."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from spswap import __version__
+from spswap.daemon import events
+from spswap.daemon.protocol import PROTOCOL_VERSION
+from spswap.daemon.state import ROOT_UID, Context
+
+
+def op_ping(ctx: Context, args: dict[str, Any]) -> Any:
+    return {"pong": True, "pid": os.getpid(), "protocol": PROTOCOL_VERSION}
+
+
+def op_status(ctx: Context, args: dict[str, Any]) -> Any:
+    st = ctx.state
+    return {
+        "pid": os.getpid(),
+        "version": __version__,
+        "protocol": PROTOCOL_VERSION,
+        "root": str(st.cfg.root),
+        "socket": str(st.cfg.paths.socket),
+        "started_at": st.started_at,
+        "uptime_s": round(time.time() - st.started_at, 3),
+        "jobs": sum(1 for j in st.jobs.all() if j.state == "running"),
+        "nodes": sorted(st.node_names),  # Slurm's names of this host's node(s), from prologs
+    }
+
+
+def op_jobs_list(ctx: Context, args: dict[str, Any]) -> Any:
+    """Root sees every job; a user only their own."""
+    return [j.to_json() for j in ctx.state.jobs.all()
+            if ctx.peer_uid == ROOT_UID or j.uid == ctx.peer_uid]  # fmt: skip
+
+
+def op_events_tail(ctx: Context, args: dict[str, Any]) -> Any:
+    """Root sees every event; a user only those about their own jobs and processes."""
+    tail = events.tail(ctx.state.cfg.paths.events, args.get("n", 50))
+    if ctx.peer_uid == ROOT_UID:
+        return tail
+    return [e for e in tail if e.get("uid") == ctx.peer_uid]

@@ -1,0 +1,154 @@
+"""A job's runs on this node: its prolog's ``job.register`` and its epilog's ``job.end``
+(the job's slots and pool uses given back; its checkpoint images kept only when the job
+comes back), and the images of other jobs that will not come back, collected at each
+prolog."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from spswap.daemon.jobs import JobRecord
+from spswap.daemon.state import Context, DaemonState, require_root
+from spswap.errors import SpswapError
+from spswap.slurm.parse import job_fate
+
+
+def op_job_register(ctx: Context, args: dict[str, Any]) -> Any:
+    require_root(ctx.peer_uid, "job.register")
+    st = ctx.state
+    with st.lock:
+        if args.get("node"):
+            st.node_names.add(str(args["node"]))
+        st.jobs.prune()
+        rec = JobRecord(
+            job_id=args["job_id"], uid=args["uid"], user=args.get("user", ""),
+            gpus=list(args.get("gpus", [])), restart_count=args.get("restart_count", 0),
+            registered_at=time.time(),
+        )  # fmt: skip
+        st.jobs.put(rec)
+    st.event("job.start", job_id=rec.job_id, uid=rec.uid, user=rec.user, gpus=rec.gpus,
+             restart_count=rec.restart_count)  # fmt: skip
+    # Off the prolog's path: the epilog cannot tell a requeued job from a finished one
+    # (both COMPLETING), so each prolog looks again at the jobs that left images behind.
+    threading.Thread(target=collect_images, args=(st, rec.job_id), daemon=True).start()
+    return rec.to_json()
+
+
+def collect_images(st: DaemonState, current_job: str) -> list[str]:
+    """Delete the images (and kept trees) of jobs that will not be restored here, never
+    the current job's: Slurm says they are gone, or they run on another node now (this
+    node's image would roll back what the job does there, and a kept tree holds memory).
+    Returns the job ids whose images went."""
+    from spswap.checkpoint.service import image_job_ids
+    from spswap.daemon.image_uses import drop_job_images
+
+    gone = []
+    for job_id in image_job_ids(st.cfg.paths.images, st.statuses.dir):
+        if job_id == current_job:
+            continue
+        reason = _not_coming_back(st, job_id)
+        if reason:
+            drop_job_images(st, job_id, reason)
+            st.event("images.collected", job_id=job_id, reason=reason)
+            gone.append(job_id)
+    return gone
+
+
+def _not_coming_back(st: DaemonState, job_id: str) -> str | None:
+    """Why the job's images here will not be restored, or None (back, or not known)."""
+    info, answered = st.ask_slurm(job_id)
+    if info is None:
+        # the controller answered but no longer knows it: finished, past MinJobAge
+        return "Slurm no longer knows the job" if answered else None
+    if job_fate(info.state, None) == "gone":
+        return f"the job ended ({info.state})"
+    if info.runs_elsewhere(st.node_names):
+        return f"the job runs on {info.nodes} now, not on {', '.join(sorted(st.node_names))}"
+    return None
+
+
+def _release_job_reservations(st: DaemonState, job_id: str) -> list[str]:
+    table = st.slot_table()
+    released = []
+    for r in table.reservations():
+        if r.holder.job_id == job_id:
+            try:
+                table.release(r.id)
+                released.append(r.id)
+            except SpswapError:
+                pass  # reclaimed meanwhile
+    return released
+
+
+def _drop_job_pool_uses(st: DaemonState, job_id: str) -> list[str]:
+    if not st.cfg.paths.pool.is_dir():
+        return []
+    from spswap.pool.store import Pool
+
+    pool = Pool.from_config(st.cfg, job_alive=st.job_probe())
+    dropped = []
+    for entry in pool.entries():
+        for holder in entry.users:
+            if holder.job_id == job_id:
+                pool.release_use(entry.manifest.digest, holder)
+                dropped.append(entry.manifest.digest)
+    return dropped
+
+
+def op_job_end(ctx: Context, args: dict[str, Any]) -> Any:
+    """The epilog: give back the job's slots and pool uses; keep the pool. The job's
+    checkpoint images stay only if it comes back (requeued): Slurm says so, or, where
+    Slurm does not know the job, the ``requeued`` argument; when neither can tell they
+    stay (an unused image costs tmpfs, a deleted one a cold start)."""
+    require_root(ctx.peer_uid, "job.end")
+    st = ctx.state
+    job_id = args["job_id"]
+    requeued = args.get("requeued")
+    problems = []
+    released: list[str] = []
+    dropped: list[str] = []
+    images_deleted: list[str] = []
+    try:
+        released = _release_job_reservations(st, job_id)
+    except Exception as e:  # the rest of the epilog still runs
+        problems.append(f"slots: {e}")
+    try:
+        dropped = _drop_job_pool_uses(st, job_id)
+    except Exception as e:
+        problems.append(f"pool: {e}")
+    fate = "unknown"
+    try:
+        fate = _job_fate(st, job_id, requeued)
+        if fate == "gone":
+            from spswap.daemon.image_uses import drop_job_images
+
+            images_deleted = drop_job_images(st, job_id)
+    except Exception as e:
+        problems.append(f"images: {e}")
+    with st.lock:
+        rec = st.jobs.get(job_id) or JobRecord(job_id=job_id, uid=-1)
+        rec.state = "requeued" if requeued or fate == "back" else "ended"
+        rec.ended_at = time.time()
+        st.jobs.put(rec)
+    result = {"job_id": job_id, "state": rec.state, "released_reservations": released,
+              "dropped_pool_uses": dropped, "fate": fate, "images_deleted": images_deleted,
+              "problems": problems}  # fmt: skip
+    st.event(
+        "job.end", job_id=job_id, uid=rec.uid, state=rec.state, fate=fate,
+        released_reservations=released, dropped_pool_uses=dropped,
+        images_deleted=images_deleted, problems=problems,
+    )  # fmt: skip
+    return result
+
+
+def _job_fate(st: DaemonState, job_id: str, requeued: bool | None) -> str:
+    """"back", "gone" or "unknown"; asks Slurm only when the job has images to decide on."""
+    from spswap.checkpoint.service import images_of_job, temp_dirs
+
+    if not images_of_job(st.cfg.paths.images, job_id) and not temp_dirs(st.cfg.paths.images,
+                                                                          job_id):
+        return job_fate(None, requeued)
+    info, _ = st.ask_slurm(job_id)
+    return job_fate(info.state if info is not None else None, requeued)

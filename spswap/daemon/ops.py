@@ -1,0 +1,41 @@
+"""Every op spswapd answers, in one plain table: the op's name -> the function that
+answers it. Each takes the request's :class:`~spswap.daemon.state.Context` and its args,
+validated against :data:`spswap.daemon.protocol.OPS` (which lists the same names), and
+returns a JSON-ready result or raises a :class:`~spswap.errors.SpswapError`. The server
+looks ops up here only; no module adds to the table elsewhere."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from spswap.daemon import (
+    ckpt_dump,
+    ckpt_restore,
+    ckpt_status,
+    info_ops,
+    job_ops,
+    pool_ops,
+    slot_ops,
+)
+from spswap.daemon.state import Context
+
+Handler = Callable[[Context, dict[str, Any]], Any]
+
+HANDLERS: dict[str, Handler] = {
+    "ping": info_ops.op_ping,
+    "status": info_ops.op_status,
+    "slots.list": slot_ops.op_slots_list,
+    "slots.release": slot_ops.op_slots_release,
+    "slots.reserve": slot_ops.op_slots_reserve,
+    "pool.use": pool_ops.op_pool_use,
+    "pool.unuse": pool_ops.op_pool_unuse,
+    "pool.import": pool_ops.op_pool_import,
+    "job.register": job_ops.op_job_register,
+    "job.end": job_ops.op_job_end,
+    "jobs.list": info_ops.op_jobs_list,
+    "events.tail": info_ops.op_events_tail,
+    "checkpoint": ckpt_dump.op_checkpoint,
+    "restore": ckpt_restore.op_restore,
+    "checkpoint.status": ckpt_status.op_checkpoint_status,
+}

@@ -1,0 +1,65 @@
+"""The pool ops: ``pool.use`` and ``pool.unuse`` (the caller's own uses only) and
+``pool.import`` (from descriptors the caller opened: only what it can read)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from spswap.daemon.caller import peer_holder
+from spswap.daemon.state import Context
+from spswap.errors import ProtocolError
+
+
+def _pool(ctx: Context) -> Any:
+    from spswap.pool.store import Pool
+
+    return Pool.from_config(ctx.state.cfg, job_alive=ctx.state.job_probe())
+
+
+def op_pool_use(ctx: Context, args: dict[str, Any]) -> Any:
+    """Mark a pool entry used by the caller (never evicted while it lives)."""
+    holder = peer_holder(ctx, args.get("job_id"))
+    manifest = _pool(ctx).acquire_use(args["ref"], holder)
+    return manifest.to_json()
+
+
+def op_pool_unuse(ctx: Context, args: dict[str, Any]) -> Any:
+    """Drop one of the caller's uses of an entry (other holders' uses are untouchable)."""
+    pool = _pool(ctx)
+    manifest = pool.find(args["ref"])
+    rec = pool.index.read_unlocked().entries.get(manifest.digest)
+    for h in rec.uses if rec else []:
+        if h.pid == ctx.peer_pid and h.uid == ctx.peer_uid:
+            pool.release_use(manifest.digest, h)
+            return {"digest": manifest.digest, "released": True}
+    return {"digest": manifest.digest, "released": False}
+
+
+def op_pool_import(ctx: Context, args: dict[str, Any]) -> Any:
+    """Import from the descriptors the caller opened: only what the caller can read."""
+    from spswap.pool.importer import import_from_fds
+
+    names = args["files"]
+    if len(names) != len(ctx.fds):
+        raise ProtocolError(f"pool.import names {len(names)} file(s) but {len(ctx.fds)} "
+                            "descriptor(s) came with it; send one descriptor per name")  # fmt: skip
+    files = list(zip(names, ctx.fds, strict=True))
+    identity = args.get("identity")
+    if identity is not None:
+        if not isinstance(identity, dict):
+            raise ProtocolError("pool.import identity must be a JSON object")
+        # who exported it, from SO_PEERCRED: engines trust only their own user's (and
+        # root's) exports, so no user can plant weights under another's identity
+        identity = {**identity, "owner_uid": ctx.peer_uid}
+    pool = _pool(ctx)
+    manifest = import_from_fds(pool, files, name=args.get("name"), owner_uid=ctx.peer_uid,
+                               identity=identity)  # fmt: skip
+    if identity is not None:
+        # the caller's bytes are this entry's (same digest), whoever exported them first:
+        # the caller finds it under its own uid from now on
+        from spswap.pool.store import alias_key
+
+        pool.remember_alias(alias_key(identity, ctx.peer_uid), manifest.digest)
+    ctx.state.event("pool.import", uid=ctx.peer_uid, pid=ctx.peer_pid, name=manifest.name,
+                    digest=manifest.digest)  # fmt: skip
+    return manifest.to_json()

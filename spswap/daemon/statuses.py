@@ -1,0 +1,38 @@
+"""The jobs' checkpoint status files, ``run/checkpoints/<job>.json``: dumping, saved,
+failed, rejected, restored or deleted, with the details of each. The daemon writes them;
+the instance, ``spswap status`` and the ops read them (so each write is atomic). A leaf:
+what the daemon object (:mod:`spswap.daemon.state`) and the kept trees build on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from spswap.fsutil import atomic_write_json, read_json
+
+
+class CheckpointStatuses:
+    """The status files of one daemon's jobs, under ``directory``."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+
+    def path(self, job_id: str) -> Path:
+        """Where the job's checkpoint status is kept."""
+        return self.dir / f"{job_id}.json"
+
+    def read(self, job_id: str) -> dict[str, Any]:
+        """The job's status; ``{}`` when it has none."""
+        return read_json(self.path(job_id)) or {}
+
+    def write(self, job_id: str, **status: Any) -> None:
+        """Replace the job's checkpoint status (atomically: the instance may read it now)."""
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o755)
+        atomic_write_json(self.path(job_id), {"job_id": job_id, **status})
+
+    def unmark_kept(self, job_id: str) -> None:
+        """A saved job's status no longer says kept (``spswap status``): its image remains."""
+        status = self.read(job_id)
+        if status.get("state") == "saved" and status.get("kept"):
+            rest = {k: v for k, v in status.items() if k not in ("job_id", "kept")}
+            self.write(job_id, **rest, kept=False)
