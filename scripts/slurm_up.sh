@@ -15,6 +15,7 @@
 #                  set either to "none" to run without it
 #   SPSWAP_BIN     the spswap executable the prolog/epilog run; written to /etc/default/spswap
 #   SPSWAP_ROOT    spswap's root for the prolog/epilog (also written to /etc/default/spswap)
+#   SPSWAP_SWEEP_INTERVAL_S  spswapd's sweep for ended jobs' images (written there too)
 #   PROCTRACK      linuxproc | cgroup                            (default linuxproc)
 #   TASK_PLUGIN    task/none | task/cgroup                      (default task/none)
 #   CONSTRAIN_DEVICES yes | no: cgroup.conf's ConstrainDevices  (default no; needs
@@ -138,6 +139,8 @@ if [ -n "${SPSWAP_BIN:-}${SPSWAP_ROOT:-}" ]; then
         echo "$DEFAULTS_MARK"
         [ -n "${SPSWAP_BIN:-}" ] && echo "SPSWAP_BIN=$SPSWAP_BIN"
         [ -n "${SPSWAP_ROOT:-}" ] && echo "SPSWAP_ROOT=$SPSWAP_ROOT"
+        [ -n "${SPSWAP_SWEEP_INTERVAL_S:-}" ] && echo "SPSWAP_SWEEP_INTERVAL_S=$SPSWAP_SWEEP_INTERVAL_S"
+        true
     } > "$DEFAULTS_FILE"
 fi
 

@@ -80,9 +80,13 @@ class Config:
     criu_as_root: bool = False
     """Run CRIU as root for users' processes too (``SPSWAP_CRIU_AS_ROOT=1``). Default: CRIU
     runs as the job's user in ``--unprivileged`` mode, so the kernel checks every path it
-    opens with that user's rights; a user's instance is then never kept alive (keeping
-    needs root's post-dump freeze). Root's CRIU cannot dump another uid where root lacks
+    opens with that user's rights (a kept instance's freeze is still root's, asked for by
+    CRIU's post-dump script). Root's CRIU cannot dump another uid where root lacks
     CAP_SYS_RESOURCE."""
+    sweep_interval_s: float = 30.0
+    """How often spswapd asks Slurm whether the jobs it holds images or kept instances
+    of will come back, and frees those of jobs that will not: a job cancelled while it
+    waits in the queue runs no epilog here, so nothing else would tell it."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Config:
@@ -120,6 +124,8 @@ class Config:
             raise ConfigError("SPSWAP_SLOT_TIMEOUT_S must be >= 0")
         if self.keep_bytes is not None and self.keep_bytes < 0:
             raise ConfigError("SPSWAP_KEEP_BYTES must be >= 0 (0: no instance is kept alive)")
+        if self.sweep_interval_s <= 0:
+            raise ConfigError("SPSWAP_SWEEP_INTERVAL_S must be positive (seconds, e.g. 30)")
 
     def keep_budget_bytes(self, meminfo: Path = Path("/proc/meminfo")) -> int:
         """:attr:`keep_bytes`, or its default: 1/8 of MemTotal (0 when unreadable)."""

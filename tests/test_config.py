@@ -135,3 +135,13 @@ def test_the_settings_file_reads_the_same_for_bash_and_systemd(tmp_path) -> None
     assert old_systemd["SPSWAP_POOL_CAPACITY_BYTES"].startswith("256G      # optional")
     assert Config.from_env(old_systemd) == Config.from_env(_bash_env(OLD_DEFAULTS, tmp_path))
     assert Config.from_env(old_systemd) == want
+
+
+def test_sweep_interval_is_positive_seconds() -> None:
+    from spswap.config import Config
+    from spswap.errors import ConfigError
+
+    assert Config.from_env({"SPSWAP_SWEEP_INTERVAL_S": "5"}).sweep_interval_s == 5.0
+    assert Config.from_env({}).sweep_interval_s == 30.0
+    with pytest.raises(ConfigError, match="SPSWAP_SWEEP_INTERVAL_S must be positive"):
+        Config.from_env({"SPSWAP_SWEEP_INTERVAL_S": "0"})

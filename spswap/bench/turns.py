@@ -42,6 +42,7 @@ from spswap.errors import ConfigError, SpswapError
 from spswap.serve.run_log import RunRecord, read_runs
 from spswap.serve.sbatch import SbatchOptions, render_serve
 from spswap.slurm.jobctl import JobControl
+from spswap.slurm.parse import job_fate
 
 DEFAULT_PROMPT = [11, 23, 5, 42, 7, 19, 3, 31]
 RUN_RECORD_WAIT_S = 10.0  # a restored process can answer before its proxy notes the run
@@ -185,7 +186,11 @@ class TurnsRun:
     def _still_queued(self, job: TurnJob) -> None:
         """Give up at once when the job has ended (it failed, or was cancelled): no answer
         can come; its log's last lines say why."""
-        if self.slurm.job_alive(job.job_id) is not False:
+        try:
+            info = self.slurm.job(job.job_id)
+        except SpswapError:
+            return  # Slurm did not answer: no verdict, wait on
+        if info is not None and job_fate(info.state, None) != "gone":
             return
         log = self.opts.work_dir / f"turns-{self.jobs.index(job)}-{job.name}-{job.job_id}.log"
         try:
@@ -270,7 +275,7 @@ def leftovers(cfg: Config, slurm: JobControl, job_ids: list[str]) -> list[str]:
     from spswap.pool.store import Pool
 
     ids = set(job_ids)
-    out = [f"job {j} still in the queue" for j in job_ids if slurm.job_alive(j)]
+    out = [f"job {j} still in the queue" for j in job_ids if _queued(slurm, j)]
     try:
         snap = Client(cfg, timeout_s=10.0).call("slots.list")
         out += [f"GPU slot {r['id']} of job {r['holder'].get('job_id')}"
@@ -286,6 +291,15 @@ def leftovers(cfg: Config, slurm: JobControl, job_ids: list[str]) -> list[str]:
         out += [f"checkpoint image {p.name}" for j in job_ids
                 for p in images_of_job(cfg.paths.images, j) + temp_dirs(cfg.paths.images, j)]
     return out
+
+
+def _queued(slurm: JobControl, job_id: str) -> bool:
+    """Slurm still has the job, pending or running (unknown: not)."""
+    try:
+        info = slurm.job(job_id)
+    except SpswapError:
+        return False
+    return info is not None and job_fate(info.state, None) != "gone"
 
 
 def run_turns(opts: TurnsOptions, cfg: Config, *, log: Callable[[str], None] = print

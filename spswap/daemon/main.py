@@ -62,7 +62,12 @@ def run(cfg: Config) -> int:
                            socket=str(cfg.paths.socket))  # fmt: skip
         print(f"{time.strftime('%F %T')} spswapd: pid {os.getpid()} serving "
               f"{cfg.paths.socket}", flush=True)  # fmt: skip
+        from spswap.daemon.sweeper import Sweeper
+
+        sweeper = Sweeper(server.state, cfg.sweep_interval_s)
+        sweeper.start()
         server.serve_forever()
+        sweeper.stop()
         if not server.orphaned:  # else its root is gone: recreate nothing there
             server.state.event("daemon.stop", uid=os.getuid(), pid=os.getpid())
         print(f"{time.strftime('%F %T')} spswapd: stopped", flush=True)

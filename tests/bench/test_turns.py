@@ -25,6 +25,7 @@ from spswap.slurm.jobctl import (
     requeue_hold_argv,
     sbatch_argv,
 )  # fmt: skip
+from spswap.slurm.parse import JobInfo
 
 
 def test_plan_is_cold_turns_then_rounds_each_displacing_the_one_before() -> None:
@@ -166,11 +167,11 @@ def test_preflight_without_slurm_names_what_to_do(tmp_path: Path,
 
 
 class _EndedJobs(JobControl):
-    """Slurm's answer for a job that failed (the real job_alive is tested on the CI's
-    Slurm in tests/slurm/test_backend.py)."""
+    """Slurm's answer for a job that failed (the real `scontrol show job` and its parsing
+    are tested on the CI's Slurm and on stored outputs in tests/slurm/)."""
 
-    def job_alive(self, job_id: str) -> bool | None:
-        return False
+    def job(self, job_id: str) -> JobInfo | None:
+        return JobInfo(job_id=job_id, state="FAILED")
 
 
 def test_a_job_that_ended_stops_the_wait_with_its_log(tmp_path: Path) -> None:

@@ -45,7 +45,7 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
     spswap_bin = str(Path(sys.executable).parent / "spswap")
     grace_time_s = 10
     env = dict(os.environ, SPSWAP_BIN=spswap_bin, SPSWAP_ROOT=str(root),
-               GRACE_TIME=str(grace_time_s), FAKE_GPUS="2",
+               GRACE_TIME=str(grace_time_s), FAKE_GPUS="2", SPSWAP_SWEEP_INTERVAL_S="5",
                PROCTRACK=os.environ.get("SPSWAP_TEST_PROCTRACK", default_proctrack()))  # fmt: skip
     up = subprocess.run([str(SLURM_UP), "up"], env=env, capture_output=True, text=True,
                         timeout=600)  # fmt: skip

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from spswap.bench.turns import DEFAULT_PROMPT
-from tests.slurm.conftest import SlurmCluster
+from tests.slurm.conftest import SlurmCluster, wait_for
 
 torch = pytest.importorskip("torch")
 from spswap.engines.reference import ReferenceEngine, load_config  # noqa: E402
@@ -91,6 +91,10 @@ def _assert_nothing_left(cluster: SlurmCluster, job_ids: list[str], uid: int) ->
     from spswap.config import Config
 
     images = Config.from_env({}, root=cluster.spswap_root).paths.images
-    assert not [p for j in job_ids for p in images_of_job(images, j) + temp_dirs(images, j)]
-    left = subprocess.run(["pgrep", "-u", str(uid), "-a"], capture_output=True, text=True)
-    assert left.stdout.strip() == "", left.stdout
+    # cancelled while held in the queue, the jobs run no epilog here: spswapd's sweep
+    # (every 5 s on this cluster) frees their images and kept trees
+    wait_for("the images of the cancelled jobs to go", lambda: not [
+        p for j in job_ids for p in images_of_job(images, j) + temp_dirs(images, j)],
+        timeout_s=60)  # fmt: skip
+    wait_for("no process of the user (a kept tree is one)", lambda: subprocess.run(
+        ["pgrep", "-u", str(uid)], capture_output=True).returncode == 1, timeout_s=60)
