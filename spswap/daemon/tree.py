@@ -141,14 +141,19 @@ def open_parent(root: Path) -> int:
     fd = os.open("/", O_DIR)
     try:
         for i, part in enumerate(real.parts[1:], start=2):
-            _mkdir(fd, part)
             nfd, st = open_dir(fd, part)
+            made = False
+            if st is None:  # missing (mkdir only then: an existing step may be read-only)
+                made = _mkdir(fd, part)
+                nfd, st = open_dir(fd, part)
             here = Path(*real.parts[:i])
             if nfd is None:
                 raise _untrusted(root, f"{here} is not a directory (or was replaced)")
             os.close(fd)
             fd = nfd
             assert st is not None
+            if made and st.st_uid == 0:
+                os.fchmod(fd, DIR_MODE)  # whatever the umask: users traverse it to the socket
             if st.st_uid != 0:
                 raise _untrusted(root, f"{here} is owned by uid {st.st_uid}, not root")
             if loose_mode(st) and not st.st_mode & stat.S_ISVTX:
@@ -212,7 +217,7 @@ def prepare(root: Path) -> str | None:
 
 
 def _make_sub(root_fd: int, name: str, path: Path) -> None:
-    _mkdir(root_fd, name)
+    made = _mkdir(root_fd, name)
     fd, st = open_dir(root_fd, name)
     if fd is None:  # only root writes in a checked root: a link or file that root left
         raise PermissionDenied(f"{path} is not a directory (a link or a file): spswapd "
@@ -221,7 +226,8 @@ def _make_sub(root_fd: int, name: str, path: Path) -> None:
     try:
         assert st is not None
         check_dir(st, path)
-        os.fchmod(fd, DIR_MODE)  # run/ must stay traversable whatever made it
+        if made or name == "run":  # run/ must stay traversable (the socket) whatever made it
+            os.fchmod(fd, DIR_MODE)
     finally:
         os.close(fd)
 
