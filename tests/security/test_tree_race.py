@@ -194,3 +194,32 @@ def test_a_parent_a_user_owns_is_refused(user_uid: int) -> None:
             shutil.rmtree(d, ignore_errors=True)
     assert refused == 300
     assert stat.S_IMODE(st.st_mode) == 0o700 and entries == [], (oct(st.st_mode), entries)
+
+
+def _plant_tree(root: str, victim: str) -> None:
+    """(The attacker, first on the node) a root whose pool/ and slots/ lead to root's files."""
+    os.mkdir(root)
+    for name in ("pool", "slots", "run"):
+        os.symlink(victim, os.path.join(root, name))
+
+
+def test_roots_direct_writes_claim_the_tree_first(parent: Path, user_uid: int) -> None:
+    """Root's own `spswap pool import` and slot reservation, with no spswapd started yet
+    and a user's tree in the way, move it aside and write into a tree of root's."""
+    from spswap import access
+    from tests.pool.st_files import tensors, write_st
+
+    victim = Path(tempfile.mkdtemp(prefix="sptv-", dir="/tmp"))
+    os.chmod(victim, 0o700)
+    root = parent / "spswap"
+    spawn_as(user_uid, _plant_tree, str(root), str(victim)).result()
+    cfg = Config.from_env({"SPSWAP_GPUS": "0"}, root=root)
+    try:
+        m = access.import_model(cfg, write_st(parent / "m.safetensors", tensors(31)))
+        r = access.reserve_slot(cfg, model="m", units=1, allowed_gpus=[0], timeout_s=5)
+        access.release_slot(cfg, r.id)
+        assert os.lstat(root).st_uid == 0 and (root / "pool" / m.digest).is_dir()
+        assert not (root / "pool").is_symlink() and not (root / "slots").is_symlink()
+        assert os.listdir(victim) == [] and stat.S_IMODE(os.stat(victim).st_mode) == 0o700
+    finally:
+        shutil.rmtree(victim, ignore_errors=True)
