@@ -42,6 +42,18 @@ def privileged() -> bool:
     return os.geteuid() == 0
 
 
+def writes_directly(cfg: Config) -> bool:
+    """:func:`privileged`, after claiming and checking the state tree as spswapd's start
+    does: on a node where no spswapd ran yet, a user may have made ``$SPSWAP_ROOT`` (with
+    links where the pool or slots go), and root must not write into it."""
+    if not privileged():
+        return False
+    from spswap.daemon.lifecycle import prepare_dirs
+
+    prepare_dirs(cfg)
+    return True
+
+
 def _job_id(job_id: str | None) -> str | None:
     # the same default as Holder.current, on both paths: inside a job, bind to the job
     return job_id if job_id is not None else (os.environ.get("SLURM_JOB_ID") or None)
@@ -73,7 +85,7 @@ def reserve_slot(
     for a request that can never be met, :class:`PermissionDenied` for another user's job.
     """
     job_id = _job_id(job_id)
-    if privileged():
+    if writes_directly(cfg):
         gpus = list(allowed_gpus) if allowed_gpus else None
         table = SlotTable.from_config(cfg, gpus=gpus)
         return table.reserve(
@@ -90,7 +102,7 @@ def reserve_slot(
 
 def release_slot(cfg: Config, reservation_id: str) -> Reservation:
     """Give back a reservation (yours; root: anyone's). Returns what was released."""
-    if privileged():
+    if writes_directly(cfg):
         return SlotTable(cfg.paths.slots, []).release(reservation_id, uid=0)
     result = _client(cfg, 30.0).call("slots.release", reservation_id=reservation_id)
     return Reservation.from_json(result)
@@ -114,7 +126,7 @@ def import_model(
     """
     from spswap.pool.store import Pool
 
-    if privileged():
+    if writes_directly(cfg):
         pool = Pool.from_config(cfg)
         if identity is None:
             return pool.import_checkpoint(Path(path), name=name, progress=progress)
@@ -160,7 +172,7 @@ def use_entry(cfg: Config, ref: str, *, job_id: str | None = None) -> Iterator[M
     """Hold a use of pool entry ``ref`` (name or digest) for the ``with`` block: it is never
     evicted while this process (or its job) lives. Yields the entry's manifest."""
     job_id = _job_id(job_id)
-    if privileged():
+    if writes_directly(cfg):
         from spswap.pool.store import Pool
 
         with Pool.from_config(cfg).use(ref, Holder.current(job_id=job_id)) as manifest:

@@ -10,7 +10,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from spswap.access import privileged, release_slot, reserve_slot
+from spswap.access import release_slot, reserve_slot, writes_directly
 from spswap.cli.common import JsonOpt, RootOpt, console, emit_json, load_config
 from spswap.errors import SlotError
 from spswap.liveness import Holder
@@ -128,7 +128,7 @@ def reserve(
     """
     cfg = load_config(root)
     wait_s = cfg.slot_timeout_s if timeout_s is None else timeout_s
-    if privileged():
+    if writes_directly(cfg):
         table = SlotTable.from_config(cfg, job_alive=job_probe())
         holder = Holder.current(pid=os.getppid() if pid is None else pid, job_id=job_id or None)
         r = table.reserve(model=model, units=units, whole_gpus=whole_gpus,

@@ -26,14 +26,22 @@ USER_SHARES = 8
 """The users that may each hold a full share before the reserve is reached."""
 
 
+FD_LIMIT_WANTED = 65536
+"""What :func:`raise_fd_limit` raises the soft limit to, at most (as the unit's LimitNOFILE):
+a soft limit of a billion (some containers' hard one) slows every child that closes its
+descriptors one by one."""
+
+
 def raise_fd_limit() -> int:
-    """Raise the soft descriptor limit to the hard one (systemd's soft default of 1024 is
-    meant for select() users, not a daemon serving every job of a node); the new limit."""
+    """Raise the soft descriptor limit towards the hard one (systemd's soft default of
+    1024 is meant for select() users, not a daemon serving every job of a node), to at
+    most :data:`FD_LIMIT_WANTED`; the limit now."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or hard > soft:
+    want = FD_LIMIT_WANTED if hard == resource.RLIM_INFINITY else min(hard, FD_LIMIT_WANTED)
+    if want > soft:
         try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
         except (ValueError, OSError):
             pass
     return soft

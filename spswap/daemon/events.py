@@ -40,7 +40,9 @@ def append(path: Path, kind: str, **fields: Any) -> dict[str, Any]:
     """Append one event to the log at ``path`` (created 0644: users may read it)."""
     event = make_event(kind, **fields)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    # never through a link (the daemon, as root, appends here)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
+                 0o644)  # fmt: skip
     try:
         os.write(fd, format_event(event))
     finally:

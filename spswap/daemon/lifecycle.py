@@ -44,12 +44,18 @@ def daemon_running(cfg: Config) -> int | None:
     A user, who may not open root's pid file, gets -1 (running, pid not shown) when the
     daemon answers a ping, else None."""
     try:
-        fd = os.open(pid_path(cfg), os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(pid_path(cfg), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except FileNotFoundError:
         return None
     except PermissionError:
         return -1 if ping(cfg) else None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return None  # a link: no daemon writes its pid file through one
+        raise
     try:
+        if os.geteuid() == 0 and os.fstat(fd).st_uid != 0:
+            return None  # a user's file (in a tree she made): root signals no pid from it
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except OSError as e:
@@ -110,7 +116,8 @@ def start(cfg: Config, wait_s: float = 10.0) -> int:
     """
     deadline = time.monotonic() + wait_s
     prepare_dirs(cfg)
-    lock_fd = os.open(cfg.paths.run / START_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    lock_fd = os.open(cfg.paths.run / START_LOCK,
+                      os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)  # fmt: skip
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_EX)
         running = daemon_running(cfg)
@@ -129,7 +136,8 @@ def _spawn_detached(cfg: Config) -> int:
     env["SPSWAP_ROOT"] = str(cfg.root)
     # no PATH in a prolog: the daemon needs none, but child tools (criu) will
     env.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-    log_fd = os.open(log_path(cfg), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    log_fd = os.open(log_path(cfg), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+                     | os.O_NOFOLLOW, 0o644)  # fmt: skip
     try:
         proc = subprocess.Popen(
             daemon_argv(), stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd,
@@ -151,41 +159,26 @@ def _spawn_detached(cfg: Config) -> int:
 def prepare_dirs(cfg: Config) -> None:
     """Create root, run and log directories (0755: users traverse run/ to the socket).
 
-    As root, first claim the root directory (one another user made is moved aside) and
-    refuse a tree that another user could have prepared (see :mod:`spswap.daemon.trust`).
+    As root, claim the root directory (one another user made is moved aside) and make
+    and check the tree from verified directory descriptors, refusing one another user
+    could have prepared (see :mod:`spswap.daemon.tree`). Past this, no user can change
+    anything in the tree, so the daemon's later opens by path are safe.
     """
-    from spswap.daemon.trust import check_root_tree
-
-    aside = _claim_root(cfg) if os.geteuid() == 0 else None
-    if aside is not None:
-        sys.stderr.write(f"spswapd: {cfg.root} was not root's; moved it to {aside}\n")
-    check_root_tree(cfg)
-    for d in (cfg.root, cfg.paths.run, cfg.paths.log):
-        d.mkdir(parents=True, exist_ok=True, mode=0o755)
-    if aside is not None:
-        from spswap.daemon import events
-
-        events.append(cfg.paths.events, "root.quarantined", moved_to=str(aside))
-    if os.geteuid() == 0 or cfg.paths.run.stat().st_uid == os.geteuid():
-        os.chmod(cfg.paths.run, 0o755)
-
-
-def _claim_root(cfg: Config) -> Path | None:
-    """Make the root directory root's (see :mod:`spswap.daemon.tree`); where a foreign one
-    was moved, or None."""
+    if os.geteuid() != 0:  # a user's private daemon: the user's own business
+        for d in (cfg.root, cfg.paths.run, cfg.paths.log):
+            d.mkdir(parents=True, exist_ok=True, mode=0o755)
+        if cfg.paths.run.stat().st_uid == os.geteuid():
+            os.chmod(cfg.paths.run, 0o755)
+        return
     from spswap.daemon import tree
 
-    parent_fd = tree.parent_fd_of(cfg.root)
-    try:
-        fd, aside, created = tree.claim_root(parent_fd, cfg.root.name)
-        try:
-            if created:  # ours: 0755 whatever the caller's umask (users reach the socket)
-                os.fchmod(fd, tree.DIR_MODE)
-        finally:
-            os.close(fd)
-    finally:
-        os.close(parent_fd)
-    return cfg.root.with_name(aside) if aside else None
+    aside = tree.prepare(cfg.root)
+    if aside is not None:
+        moved = cfg.root.with_name(aside)
+        sys.stderr.write(f"spswapd: {cfg.root} was not root's; moved it to {moved}\n")
+        from spswap.daemon import events
+
+        events.append(cfg.paths.events, "root.quarantined", moved_to=str(moved))
 
 
 def stop(cfg: Config, timeout_s: float = 10.0) -> int | None:

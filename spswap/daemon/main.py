@@ -22,7 +22,9 @@ def _take_pid_lock(cfg: Config) -> int | None:
     """The locked pid-file descriptor, or None when another daemon holds it."""
     # root's alone: a user holding a shared flock on it would make every new daemon think
     # one runs already (flock needs only a read-only descriptor)
-    fd = os.open(lifecycle.pid_path(cfg), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    # O_NOFOLLOW: the tree is checked, but a pid file is never written through a link
+    fd = os.open(lifecycle.pid_path(cfg), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
+                 0o600)  # fmt: skip
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:

@@ -23,7 +23,7 @@ import stat
 import time
 from pathlib import Path
 
-from spswap.errors import DaemonError
+from spswap.errors import DaemonError, PermissionDenied
 
 O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 DIR_MODE = 0o755
@@ -133,9 +133,121 @@ def loose_mode(st: os.stat_result) -> bool:
     return bool(st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
 
 
-def parent_fd_of(root: Path) -> int:
-    """The root's parent directory, opened (created 0755 when missing)."""
-    parent = root.parent
-    if not parent.exists():
-        parent.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
-    return os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+def open_parent(root: Path) -> int:
+    """The root's parent directory, walked from ``/`` one ``O_NOFOLLOW`` step at a time
+    (missing steps made 0755): each must be root's and, unless sticky, writable by root
+    alone, else a user could rename root's tree out from under it and put hers there."""
+    real = Path(os.path.realpath(root.parent))  # an admin's links (/var/run), once
+    fd = os.open("/", O_DIR)
+    try:
+        for i, part in enumerate(real.parts[1:], start=2):
+            nfd, st = open_dir(fd, part)
+            made = False
+            if st is None:  # missing (mkdir only then: an existing step may be read-only)
+                made = _mkdir(fd, part)
+                nfd, st = open_dir(fd, part)
+            here = Path(*real.parts[:i])
+            if nfd is None:
+                raise _untrusted(root, f"{here} is not a directory (or was replaced)")
+            os.close(fd)
+            fd = nfd
+            assert st is not None
+            if made and st.st_uid == 0:
+                os.fchmod(fd, DIR_MODE)  # whatever the umask: users traverse it to the socket
+            if st.st_uid != 0:
+                raise _untrusted(root, f"{here} is owned by uid {st.st_uid}, not root")
+            if loose_mode(st) and not st.st_mode & stat.S_ISVTX:
+                raise _untrusted(root, f"{here} is writable by group or others and not sticky "
+                                       f"(mode {stat.S_IMODE(st.st_mode):o})")  # fmt: skip
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _untrusted(root: Path, why: str) -> PermissionDenied:
+    return PermissionDenied(
+        f"{why}: another user could replace spswapd's state tree {root} there, so spswapd "
+        "(root) will not use it; set SPSWAP_ROOT to a directory whose parents only root can "
+        "change (e.g. /run/spswap or /dev/shm/spswap) and run `spswap daemon start` again"
+    )
+
+
+def check_dir(st: os.stat_result, path: Path) -> None:
+    """Refuse a directory of the tree that another user could have prepared."""
+    why = None
+    if st.st_uid != 0:
+        why = f"{path} is owned by uid {st.st_uid}, not 0"
+    elif loose_mode(st):
+        why = f"{path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+    if why:
+        raise PermissionDenied(
+            f"{why}: spswapd (root) will not use it, since another user could have "
+            f"prepared it; remove it (rm -rf {path}) and run `spswap daemon start` as root, "
+            "or set SPSWAP_ROOT to a root-owned directory (e.g. /run/spswap)"
+        )
+
+
+MADE = ("run", "log")
+"""Made by the daemon at start (0755: users traverse run/ to the socket, read log/)."""
+CHECKED = ("images", "pool", "run/jobs", "run/checkpoints", "run/instances")
+"""Made later by their owners; checked at start when there. slots/ is left out: it is
+meant to be traversed and the slot table repairs its files' modes as root."""
+
+
+def prepare(root: Path) -> str | None:
+    """Claim ``root`` and make and check its tree, every step from a verified descriptor;
+    the name a foreign root was moved to, or None."""
+    parent_fd = open_parent(root)
+    try:
+        root_fd, aside, created = claim_root(parent_fd, root.name)
+    finally:
+        os.close(parent_fd)
+    try:
+        if created:  # ours: 0755 whatever the caller's umask (users reach the socket)
+            os.fchmod(root_fd, DIR_MODE)
+        check_dir(os.fstat(root_fd), root)
+        for name in MADE:
+            _make_sub(root_fd, name, root / name)
+        for rel in CHECKED:
+            _check_sub(root_fd, rel, root)
+    finally:
+        os.close(root_fd)
+    return aside
+
+
+def _make_sub(root_fd: int, name: str, path: Path) -> None:
+    made = _mkdir(root_fd, name)
+    fd, st = open_dir(root_fd, name)
+    if fd is None:  # only root writes in a checked root: a link or file that root left
+        raise PermissionDenied(f"{path} is not a directory (a link or a file): spswapd "
+                               f"(root) will not use it; remove it (rm {path}) and run "
+                               "`spswap daemon start` again")  # fmt: skip
+    try:
+        assert st is not None
+        check_dir(st, path)
+        if made or name == "run":  # run/ must stay traversable (the socket) whatever made it
+            os.fchmod(fd, DIR_MODE)
+    finally:
+        os.close(fd)
+
+
+def _check_sub(root_fd: int, rel: str, root: Path) -> None:
+    fds: list[int] = []
+    try:
+        at = root_fd
+        for i, part in enumerate(rel.split("/"), start=1):
+            fd, st = open_dir(at, part)
+            path = root.joinpath(*rel.split("/")[:i])
+            if st is None:
+                return  # not made yet: whoever makes it makes it root's
+            if fd is None:
+                raise PermissionDenied(f"{path} is not a directory (a link or a file): "
+                                       f"spswapd (root) will not use it; remove it (rm {path}) "
+                                       "and run `spswap daemon start` again")  # fmt: skip
+            fds.append(fd)
+            check_dir(st, path)
+            at = fd
+    finally:
+        for fd in fds:
+            os.close(fd)

@@ -15,8 +15,7 @@ import stat
 import struct
 from pathlib import Path
 
-from spswap.config import Config
-from spswap.errors import DaemonError, PermissionDenied
+from spswap.errors import DaemonError
 
 
 def unsafe_dir(path: Path, uid: int = 0) -> str | None:
@@ -34,26 +33,6 @@ def unsafe_dir(path: Path, uid: int = 0) -> str | None:
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         return f"{path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
     return None
-
-
-def check_root_tree(cfg: Config) -> None:
-    """Refuse to run as root on a state tree someone else could have prepared.
-
-    The slot directory is left out: it is meant to be traversed (0755) and its files are
-    the slot table's own business (it repairs their modes as root).
-    """
-    if os.geteuid() != 0:
-        return
-    p = cfg.paths
-    for d in (cfg.root, p.run, p.log, p.images, p.pool, p.run / "jobs",
-              p.run / "checkpoints", p.run / "instances"):  # fmt: skip
-        why = unsafe_dir(d)
-        if why:
-            raise PermissionDenied(
-                f"{why}: spswapd (root) will not use it, since another user could have "
-                f"prepared it; remove it (rm -rf {d}) and run `spswap daemon start` as root, "
-                "or set SPSWAP_ROOT to a root-owned directory (e.g. /run/spswap)"
-            )
 
 
 def peer_uid(sock: socket.socket) -> int:

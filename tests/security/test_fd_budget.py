@@ -125,3 +125,18 @@ def test_shares_leave_the_daemon_a_reserve() -> None:
     b.give(1000, 23)
     b.leave(1000)
     assert b.held(1000) == 0
+
+
+def _raised(soft: int, hard: int) -> list[int]:
+    from spswap.daemon.budget import raise_fd_limit
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    return [raise_fd_limit(), *resource.getrlimit(resource.RLIMIT_NOFILE)]
+
+
+def test_the_daemon_raises_its_soft_limit(user_uid: int) -> None:
+    """systemd's soft 1024 goes up to the hard limit, but no further than 65536."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    assert as_user(user_uid, _raised, 256, 4096) == [4096, 4096, 4096]
+    if hard > 65536:
+        assert as_user(user_uid, _raised, 1024, hard) == [65536, 65536, hard]

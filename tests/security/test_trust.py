@@ -13,7 +13,7 @@ import pytest
 from spswap.config import Config
 from spswap.daemon import lifecycle
 from spswap.daemon.client import Client
-from spswap.daemon.trust import check_root_tree, unsafe_dir
+from spswap.daemon.trust import unsafe_dir
 from spswap.errors import DaemonError, PermissionDenied
 from tests.uids import spawn_as
 
@@ -41,7 +41,7 @@ def test_root_refuses_a_tree_another_user_prepared(user_uid: int) -> None:
         os.chown(run, user_uid, -1)  # the user got there first
         cfg = Config.from_env({}, root=root)
         with pytest.raises(PermissionDenied, match=rf"owned by uid {user_uid}.*rm -rf"):
-            check_root_tree(cfg)
+            lifecycle.prepare_dirs(cfg)
         with pytest.raises(PermissionDenied):
             lifecycle.start(cfg, wait_s=5)
     finally:
