@@ -61,4 +61,9 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
         from spswap.daemon.lifecycle import stop
 
         stop(Config.from_env({}, root=root))
+        # kept trees outlive a stopped daemon (its successor takes them over): with the
+        # root about to go, end them, or they stay frozen on the host for good
+        from spswap.checkpoint.cgroups import root_tag, sweep
+
+        sweep(root_tag(root))
         shutil.rmtree(root, ignore_errors=True)

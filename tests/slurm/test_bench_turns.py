@@ -80,13 +80,13 @@ def test_bench_turns_as_a_normal_user(slurm_cluster: SlurmCluster, user_uid: int
         for name, path in outbox.items():
             assert json.loads(path.read_text())["output_ids"] == \
                 _cold(top / "work" / "models" / name, max_new), name  # fmt: skip
-        _assert_nothing_left(slurm_cluster, list(report["job_ids"].values()), user_uid)
+        _assert_nothing_left(slurm_cluster, list(report["job_ids"].values()), top)
     finally:
         shutil.rmtree(top, ignore_errors=True)
 
 
-def _assert_nothing_left(cluster: SlurmCluster, job_ids: list[str], uid: int) -> None:
-    """As root: no image of the jobs, no process of the user (a kept tree would be one)."""
+def _assert_nothing_left(cluster: SlurmCluster, job_ids: list[str], top: Path) -> None:
+    """As root: no image of the jobs, no process of theirs (a kept tree would be one)."""
     from spswap.checkpoint.service import images_of_job, temp_dirs
     from spswap.config import Config
 
@@ -96,5 +96,5 @@ def _assert_nothing_left(cluster: SlurmCluster, job_ids: list[str], uid: int) ->
     wait_for("the images of the cancelled jobs to go", lambda: not [
         p for j in job_ids for p in images_of_job(images, j) + temp_dirs(images, j)],
         timeout_s=60)  # fmt: skip
-    wait_for("no process of the user (a kept tree is one)", lambda: subprocess.run(
-        ["pgrep", "-u", str(uid)], capture_output=True).returncode == 1, timeout_s=60)
+    wait_for("no process of the jobs (a kept tree is one)", lambda: subprocess.run(
+        ["pgrep", "-f", str(top)], capture_output=True).returncode == 1, timeout_s=60)
