@@ -48,6 +48,30 @@ STOP_TIMEOUT_S = 120.0
 TURN_TIMEOUT_S = 300.0
 
 
+SLURM_COMMANDS = ("scontrol", "squeue", "scancel", "sbatch", "srun", "sinfo", "sacct")
+
+
+def path_without_slurm(path: str, shadow: Path) -> str:
+    """``path`` with Slurm's commands hidden: each directory that holds one is replaced by
+    ``shadow/<n>``, a copy of it made of symlinks, less Slurm's commands. The demo's node
+    has no Slurm: its daemon and runs must not wait on a controller that is not there
+    (where Slurm's commands are installed but no controller runs, every question to it
+    costs its timeout)."""
+    out = []
+    for n, entry in enumerate(path.split(os.pathsep)):
+        d = Path(entry or ".")
+        if not any((d / cmd).exists() for cmd in SLURM_COMMANDS):
+            out.append(entry)
+            continue
+        copy = shadow / str(n)
+        copy.mkdir(parents=True, exist_ok=True)
+        for item in d.iterdir():
+            if item.name not in SLURM_COMMANDS:
+                (copy / item.name).symlink_to(item)
+        out.append(str(copy))
+    return os.pathsep.join(out)
+
+
 def detect_mode() -> DemoMode:
     """CRIU where this process is root and a CRIU >= 4.1 is found, else the pool."""
     from spswap.checkpoint import criu
@@ -100,6 +124,7 @@ class DemoRun:
     jobs: list[DemoJob] = field(default_factory=list)
     cold_answers: dict[str, list[int]] = field(default_factory=dict)
     last_answer_s: float = 0.0
+    path: str = field(default_factory=lambda: os.environ.get("PATH", os.defpath))
 
     def setup(self, models: int) -> None:
         from spswap.daemon import lifecycle
@@ -114,8 +139,17 @@ class DemoRun:
             self.jobs.append(DemoJob(name, str(JOB_BASE + i), model,
                                      self.work / "state" / name, self.work / "logs"))
         (self.work / "logs").mkdir(parents=True, exist_ok=True)
+        self.path = path_without_slurm(self.path, self.work / "bin")
         self.say(f"starting spswapd on {self.cfg.root}")
-        lifecycle.start(self.cfg, wait_s=30.0)
+        before = os.environ.get("PATH")
+        os.environ["PATH"] = self.path  # the daemon's environment is this process's
+        try:
+            lifecycle.start(self.cfg, wait_s=30.0)
+        finally:
+            if before is None:
+                del os.environ["PATH"]
+            else:
+                os.environ["PATH"] = before
 
     def _client(self):  # noqa: ANN202 - a daemon client, imported late
         from spswap.daemon.client import Client
@@ -140,7 +174,7 @@ class DemoRun:
             self._client().call("job.register", job_id=job.job_id, uid=os.geteuid(),
                                 user="root", restart_count=job.runs)  # fmt: skip
         env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-        env.update(SPSWAP_ROOT=str(self.cfg.root), SLURM_JOB_ID=job.job_id,
+        env.update(PATH=self.path, SPSWAP_ROOT=str(self.cfg.root), SLURM_JOB_ID=job.job_id,
                    SLURM_RESTART_COUNT=str(job.runs))  # fmt: skip
         argv = [sys.executable, "-m", "spswap.cli", "serve", str(job.model), "--state-dir",
                 str(job.state), "--device", self.device]  # fmt: skip
