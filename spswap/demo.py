@@ -295,18 +295,24 @@ class DemoRun:
         return left
 
 
+SOCKET_MAX = 107  # bytes in a Unix socket's path
+TEMP_PREFIX = "spswap-demo-"  # + 8 characters from mkdtemp
+NODE = "n"  # the daemon's root in the temporary folder: short, for its socket's path
+
+
 def _work_parent(parent: Path | None) -> Path:
     """Where the temporary node goes: ``parent``, else /dev/shm (memory: images and pool
     at memory speed) when it is there and writable, else /tmp. The daemon's socket path
-    must stay under 107 bytes: a parent too deep is refused."""
-    if parent is not None:
-        parent.mkdir(parents=True, exist_ok=True)
-        if len(str(parent.resolve())) > 60:
-            raise ConfigError(f"--root {parent} is too deep for spswapd's socket (keep it "
-                              "under 60 characters, e.g. /tmp)")  # fmt: skip
-        return parent
-    shm = Path("/dev/shm")
-    return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path("/tmp")
+    must fit a Unix socket: a parent too deep is refused, saying how deep may do."""
+    if parent is None:
+        shm = Path("/dev/shm")
+        return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path("/tmp")
+    parent.mkdir(parents=True, exist_ok=True)
+    tail = len(f"/{TEMP_PREFIX}12345678/{NODE}/run/spswapd.sock")
+    if len(os.fsencode(str(parent.resolve()))) + tail > SOCKET_MAX:
+        raise ConfigError(f"--root {parent} is too deep for spswapd's socket: give one of "
+                          f"at most {SOCKET_MAX - tail} bytes, e.g. /tmp")  # fmt: skip
+    return parent
 
 
 def run_demo(*, models: int = 3, rounds: int = 2, preset: str = "small",
@@ -329,9 +335,9 @@ def run_demo(*, models: int = 3, rounds: int = 2, preset: str = "small",
 
         device = default_device()  # this machine's device: its GPU where it has one
     dev = device
-    work = Path(tempfile.mkdtemp(prefix="spswap-demo-", dir=_work_parent(root)))
+    work = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=_work_parent(root).resolve()))
     os.chmod(work, 0o755)  # the daemon's root is under it: users traverse to the socket
-    run = DemoRun(mode, preset, work, Config.from_env({}, root=work / "node"), device=dev,
+    run = DemoRun(mode, preset, work, Config.from_env({}, root=work / NODE), device=dev,
                   say=say)  # fmt: skip
     asker = SpoolAsker(PROMPT, max_new_tokens)
     results: list[TurnResult] = []

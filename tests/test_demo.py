@@ -56,6 +56,24 @@ def test_cli_demo_real_run_restores_every_later_turn(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []  # the temporary node is gone
 
 
+def test_the_pool_path_serves_every_later_turn_from_the_pool(tmp_path: Path) -> None:
+    """What a normal user (or a machine without CRIU) gets: every stop ends the server,
+    every later run starts a new one from the pool; the note says what to run."""
+    pytest.importorskip("torch")
+    from spswap.demo import run_demo
+
+    mode = DemoMode(False, "no CRIU found (forced by the test)")
+    msgs: list[str] = []
+    summary, got = run_demo(models=2, rounds=1, preset="tiny", device="cpu", root=tmp_path,
+                            mode=mode, progress=msgs.append)  # fmt: skip
+    assert got is mode and mode.note in msgs
+    assert [t.path for t in summary.turns] == ["cold", "cold", "pool", "pool"]
+    assert demo_ok(summary) and summary.ok and summary.identical == summary.compared == 2
+    text = _text(render_demo(summary, mode))
+    assert "through the pool" in text and "forced by the test" in text
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_choose_mode_says_why_and_what_to_run() -> None:
     assert choose_mode(0, "/usr/local/sbin/criu", (4, 1, 1)) == DemoMode(True)
     missing = choose_mode(0, None, None)
