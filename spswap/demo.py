@@ -356,7 +356,8 @@ def run_demo(*, models: int = 3, rounds: int = 2, preset: str = "small",
                 "models": models, "max_new_tokens": max_new_tokens, "spswap": __version__,
                 "python": platform.python_version(), "host": platform.node(),
                 "date": time.strftime("%Y-%m-%d")}  # fmt: skip
-    return summarize([j.name for j in run.jobs], explain_slower(results, mode),
+    turns = explain_slower(results, mode, cores=os.cpu_count(), load=os.getloadavg()[0])
+    return summarize([j.name for j in run.jobs], turns,
                      wall_s=max(0.0, wall_s), settings=settings, leftovers=left,
                      job_ids={j.name: j.job_id for j in run.jobs},
                      restored_paths=mode.restored_paths), mode  # fmt: skip

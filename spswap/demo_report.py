@@ -59,9 +59,12 @@ def choose_mode(euid: int, criu_path: str | None, criu_version: tuple[int, int, 
     return DemoMode(True)
 
 
-def explain_slower(turns: list[TurnResult], mode: DemoMode) -> list[TurnResult]:
+def explain_slower(turns: list[TurnResult], mode: DemoMode, *, cores: int | None = None,
+                   load: float | None = None) -> list[TurnResult]:  # fmt: skip
     """Every later turn slower than its model's cold turn gets a reason: a row may show
-    spswap slower than no spswap, never without saying why."""
+    spswap slower than no spswap, never without saying why. ``cores`` and ``load`` (the
+    machine's 1-minute load average when the run ended) back the reason that is left
+    when the turn's own figures do not explain it."""
     cold = {t.model: t for t in turns if t.kind is TurnKind.COLD}
     out = []
     for t in turns:
@@ -75,8 +78,10 @@ def explain_slower(turns: list[TurnResult], mode: DemoMode) -> list[TurnResult]:
             why = (f"the displaced model's dump took {t.slurm_s:.2f} s of it "
                    f"(cold turn: {ref.slurm_s:.2f} s)")
         else:
-            why = (f"spswap's share {t.spswap_s:.2f} s against {ref.spswap_s:.2f} s cold: "
-                   "the 2 cores were busy (other processes, the previous dump)")
+            busy = (f"load average {load:.1f} on {cores} cores" if load is not None and cores
+                    else "a busy machine?")  # fmt: skip
+            why = (f"spswap's share {t.spswap_s:.2f} s against {ref.spswap_s:.2f} s cold, "
+                   f"not explained by the turn's own figures ({busy})")
         out.append(dataclasses.replace(t, reason=f"slower than cold: {why}"))
     return out
 

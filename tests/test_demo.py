@@ -98,10 +98,11 @@ def test_a_turn_slower_than_cold_says_why() -> None:
              _turn(1, "a", TurnKind.RESTORE, "image", 3.0, 2.5),
              _turn(2, "a", TurnKind.RESTORE, "image", 2.5, 0.1),
              _turn(3, "a", TurnKind.RESTORE, "kept", 1.0, 0.2)]  # fmt: skip
-    out = explain_slower(turns, DemoMode(True))
+    out = explain_slower(turns, DemoMode(True), cores=2, load=7.5)
     assert out[0].reason is None and out[3].reason is None  # cold, and faster than cold
     assert "dump took 2.50 s" in (out[1].reason or "")
     assert "spswap's share 2.40 s against 1.90 s cold" in (out[2].reason or "")
+    assert "load average 7.5 on 2 cores" in (out[2].reason or "")
     pool = explain_slower(turns, DemoMode(False, "no CRIU"))
     assert "pool path" in (pool[1].reason or "")
 
