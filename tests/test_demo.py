@@ -1,72 +1,147 @@
-"""The demo end to end on CPU (tiny preset), through the function and the CLI."""
+"""``spswap demo``: a real run (spswapd on a temporary root; CRIU where this runs as root
+and CRIU >= 4.1 is found, else the pool path), and its pure parts."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
-torch = pytest.importorskip("torch")
-
-from rich.console import Console  # noqa: E402
-
-from spswap.demo import render_demo, run_demo  # noqa: E402
-
-
-def test_run_demo_swaps_and_answers_match(tmp_path: Path) -> None:
-    msgs: list[str] = []
-    result = run_demo(models=3, rounds=2, preset="tiny", device="cpu", root=tmp_path,
-                      progress=msgs.append)  # fmt: skip
-    assert result.all_equal
-    assert [m.name for m in result.models] == ["model-0", "model-1", "model-2"]
-    for m in result.models:
-        assert m.answers_equal == [True, True]
-        assert len(m.restore_s) == len(m.sleep_s) == 2
-        assert m.cold_load_s > 0 and m.pool_load_s > 0 and m.import_s > 0
-        assert all(r > 0 for r in m.restore_gb_per_s)
-    assert "round 2/2" in msgs
-    assert list(tmp_path.iterdir()) == []  # the temporary folder is gone
-    d = result.to_json()
-    assert d["all_equal"] is True and d["models"][0]["all_equal"] is True
-    json.dumps(d)
-    console = Console(width=120, record=True)
-    console.print(render_demo(result))
-    text = console.export_text()
-    assert "3 models x 2 rounds on cpu" in text
-    assert "Every answer equals the model's cold greedy answer." in text
-    assert text.count("2/2 yes") == 3
+from spswap.bench.turns_plan import TurnKind, TurnResult, summarize
+from spswap.demo_report import (
+    CRIU_HINT,
+    DemoMode,
+    choose_mode,
+    demo_json,
+    demo_ok,
+    explain_slower,
+    render_demo,
+)
 
 
-def test_demo_result_reports_a_difference() -> None:
-    from spswap.demo import DemoResult, ModelResult
-
-    bad = ModelResult("m", 1, 0.1, 0.1, 0.1, restore_s=[0.1], restore_gb_per_s=[1.0],
-                      sleep_s=[0.0], answers_equal=[True, False])  # fmt: skip
-    result = DemoResult("cpu", "tiny", 2, 8, [bad])
-    assert not result.all_equal
-    console = Console(width=120, record=True)
-    console.print(render_demo(result))
-    text = console.export_text()
-    assert "1/2 NO" in text
-    assert "swap path is broken" in text
+def _text(renderable: object) -> str:
+    console = Console(width=200, record=True)
+    console.print(renderable)
+    return console.export_text()
 
 
-def test_cli_demo_json(tmp_path: Path) -> None:
+def test_cli_demo_real_run_restores_every_later_turn(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from spswap.demo import detect_mode
+
+    mode = detect_mode()
     proc = subprocess.run(
         [sys.executable, "-c", "from spswap.cli.app import main; main()", "demo",
          "--preset", "tiny", "--models", "2", "--rounds", "1", "--device", "cpu",
          "--root", str(tmp_path), "--json"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=600,
     )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     out = json.loads(proc.stdout)
-    assert out["all_equal"] is True and len(out["models"]) == 2
+    assert out["mode"] == mode.name and out["all_equal"] is True and out["ok"] is True, out
+    turns = out["turns"]
+    assert [(t["kind"], t["model"]) for t in turns] == [
+        ("cold", "model-0"), ("cold", "model-1"), ("restore", "model-0"),
+        ("restore", "model-1")]  # fmt: skip
+    assert [t["path"] for t in turns[:2]] == ["cold", "cold"]
+    for t in turns[2:]:
+        assert t["path"] in mode.restored_paths and t["identical"] is True, t
+        assert t["total_s"] > 0 and t["slurm_s"] >= 0 and t["spswap_s"] >= 0
+    assert out["leftovers"] == [] and out["not_restored"] == 0
+    assert list(tmp_path.iterdir()) == []  # the temporary node is gone
+
+
+def test_the_pool_path_serves_every_later_turn_from_the_pool(tmp_path: Path) -> None:
+    """What a normal user (or a machine without CRIU) gets: every stop ends the server,
+    every later run starts a new one from the pool; the note says what to run."""
+    pytest.importorskip("torch")
+    from spswap.demo import run_demo
+
+    mode = DemoMode(False, "no CRIU found (forced by the test)")
+    msgs: list[str] = []
+    summary, got = run_demo(models=2, rounds=1, preset="tiny", device="cpu", root=tmp_path,
+                            mode=mode, progress=msgs.append)  # fmt: skip
+    assert got is mode and mode.note in msgs
+    assert [t.path for t in summary.turns] == ["cold", "cold", "pool", "pool"]
+    assert demo_ok(summary) and summary.ok and summary.identical == summary.compared == 2
+    text = _text(render_demo(summary, mode))
+    assert "through the pool" in text and "forced by the test" in text
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_choose_mode_says_why_and_what_to_run() -> None:
+    assert choose_mode(0, "/usr/local/sbin/criu", (4, 1, 1)) == DemoMode(True)
+    missing = choose_mode(0, None, None)
+    assert not missing.checkpoint and CRIU_HINT in (missing.note or "")
+    old = choose_mode(0, "/usr/sbin/criu", (3, 17, 1))
+    assert "CRIU 3.17.1, need >= 4.1" in (old.note or "") and CRIU_HINT in (old.note or "")
+    user = choose_mode(1000, "/usr/local/sbin/criu", (4, 1, 1))
+    assert not user.checkpoint and "not root" in (user.note or "")
+    assert user.restored_paths == ("pool",) and DemoMode(True).restored_paths == ("kept",
+                                                                                 "image")
+
+
+def _turn(i: int, model: str, kind: TurnKind, path: str, total: float, slurm: float,
+          identical: bool = True) -> TurnResult:  # fmt: skip
+    return TurnResult(index=i, round=0 if kind is TurnKind.COLD else 1, model=model,
+                      kind=kind, path=path, total_s=total, slurm_s=slurm,
+                      spswap_s=total - slurm, identical=identical)  # fmt: skip
+
+
+def test_a_turn_slower_than_cold_says_why() -> None:
+    turns = [_turn(0, "a", TurnKind.COLD, "cold", 2.0, 0.1),
+             _turn(1, "a", TurnKind.RESTORE, "image", 3.0, 2.5),
+             _turn(2, "a", TurnKind.RESTORE, "image", 2.5, 0.1),
+             _turn(3, "a", TurnKind.RESTORE, "kept", 1.0, 0.2)]  # fmt: skip
+    out = explain_slower(turns, DemoMode(True), cores=2, load=7.5)
+    assert out[0].reason is None and out[3].reason is None  # cold, and faster than cold
+    assert "dump took 2.50 s" in (out[1].reason or "")
+    assert "spswap's share 2.40 s against 1.90 s cold" in (out[2].reason or "")
+    assert "load average 7.5 on 2 cores" in (out[2].reason or "")
+    pool = explain_slower(turns, DemoMode(False, "no CRIU"))
+    assert "pool path" in (pool[1].reason or "")
+
+
+def test_report_and_json_of_a_run_with_a_different_answer() -> None:
+    turns = [_turn(0, "a", TurnKind.COLD, "cold", 2.0, 0.1),
+             _turn(1, "b", TurnKind.COLD, "cold", 2.0, 0.1),
+             _turn(2, "a", TurnKind.RESTORE, "pool", 1.0, 0.1),
+             _turn(3, "b", TurnKind.RESTORE, "pool", 1.0, 0.1, identical=False)]
+    mode = DemoMode(False, "no CRIU found: ... `bash scripts/build_criu.sh` ...")
+    summary = summarize(["a", "b"], turns, wall_s=2.0, settings={"device": "cpu"},
+                        restored_paths=mode.restored_paths)  # fmt: skip
+    assert summary.not_restored == 0 and not demo_ok(summary)
+    text = _text(render_demo(summary, mode))
+    assert "through the pool" in text and "DIFFERS" in text
+    assert "swap path is broken" in text and "bash scripts/build_criu.sh" in text
+    out = demo_json(summary, mode)
+    assert out["mode"] == "pool" and out["all_equal"] is False and out["note"] == mode.note
+    json.dumps(out)
+
+
+def test_path_without_slurm_hides_only_slurms_commands(tmp_path: Path) -> None:
+    from spswap.demo import path_without_slurm
+
+    bin_dir, other = tmp_path / "bin", tmp_path / "other"
+    for d, names in ((bin_dir, ("scontrol", "squeue", "criu")), (other, ("ls",))):
+        d.mkdir()
+        for name in names:
+            (d / name).write_text("#!/bin/sh\n")
+            (d / name).chmod(0o755)
+    path = path_without_slurm(f"{bin_dir}{os.pathsep}{other}", tmp_path / "shadow")
+    first, second = path.split(os.pathsep)
+    assert second == str(other)
+    assert sorted(p.name for p in Path(first).iterdir()) == ["criu"]
+    assert (Path(first) / "criu").resolve() == bin_dir / "criu"
 
 
 def test_cli_demo_bad_preset_is_a_clear_error(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
     proc = subprocess.run(
         [sys.executable, "-c", "from spswap.cli.app import main; main()", "demo", "--preset",
          "nope", "--root", str(tmp_path)],
@@ -74,6 +149,7 @@ def test_cli_demo_bad_preset_is_a_clear_error(tmp_path: Path) -> None:
     )  # fmt: skip
     assert proc.returncode == 2
     assert "unknown reference preset 'nope'" in proc.stderr
+    assert list(tmp_path.iterdir()) == []  # refused before anything was made
 
 
 def test_cli_modules_import_without_torch() -> None:

@@ -145,11 +145,14 @@ class TurnsSummary:
 def summarize(models: list[str], turns: list[TurnResult], *, wall_s: float,
               settings: dict[str, Any] | None = None,
               leftovers: list[str] | None = None,
-              job_ids: dict[str, str] | None = None) -> TurnsSummary:  # fmt: skip
-    """The run's figures from its turns; ``wall_s`` is first action -> last answer."""
+              job_ids: dict[str, str] | None = None,
+              restored_paths: tuple[str, ...] = RESTORED_PATHS) -> TurnsSummary:  # fmt: skip
+    """The run's figures from its turns; ``wall_s`` is first action -> last answer.
+    ``restored_paths``: the paths that count as restored (``spswap demo`` without CRIU
+    counts the pool too: there is no checkpoint to restore, by design)."""
     cold = [t for t in turns if t.kind is TurnKind.COLD]
     later = [t for t in turns if t.kind is TurnKind.RESTORE]
-    restored = [t for t in later if t.restored]
+    restored = [t for t in later if t.path in restored_paths]
     summary = TurnsSummary(models=list(models), turns=list(turns), cold=Stats.of(cold),
                            restored=Stats.of(restored), settings=dict(settings or {}),
                            leftovers=list(leftovers or []),

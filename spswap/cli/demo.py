@@ -1,4 +1,5 @@
-"""``spswap demo``: swap small random models through a temporary pool and check answers."""
+"""``spswap demo``: small models take turns on this machine's device through a real
+spswapd (CRIU where it can, the pool otherwise), every answer checked against cold."""
 
 from __future__ import annotations
 
@@ -10,30 +11,37 @@ from spswap.cli.common import JsonOpt, console, emit_json, err_console
 
 
 def demo(
-    models: int = typer.Option(2, min=1, help="How many models to swap."),
-    rounds: int = typer.Option(3, min=1, help="How many times each model is woken."),
+    models: int = typer.Option(3, min=2, help="How many models take turns."),
+    rounds: int = typer.Option(2, min=1, help="Rounds of turns after the cold starts."),
     preset: str = typer.Option(
         "small", help="Model size: tiny (~10 MB), small (~80 MB), 1g, 4g (BF16, for GPUs)."
     ),
     device: str = typer.Option(
-        None, help="Device to swap on, e.g. cpu or cuda:0 (default: the GPU when present)."
+        None, help="Device to serve on, e.g. cpu or cuda:0 (default: the GPU when present)."
     ),
     root: Path = typer.Option(
-        None, help="Where the temporary checkpoints and pool go (default: /dev/shm)."
+        None, help="Where the temporary node (models, spswapd's root, pool, images) goes "
+        "(default: /dev/shm)."
     ),
     json: bool = JsonOpt,
 ) -> None:
-    """Run the whole swap path on this machine, no Slurm or vLLM needed.
+    """Show the main job on this machine: models take turns on one device.
 
-    Creates MODELS small random-weight transformers as safetensors checkpoints in a
-    temporary folder, loads each cold once to record its greedy answers, imports them into
-    a pool under a temporary root, then swaps them on one device for ROUNDS rounds (wake
-    from the pool, answer, sleep). Prints cold-load vs pool-restore times per model and
-    whether every answer equals the cold answer. Exits 1 if any answer differs.
-    Everything it writes is removed at the end.
+    Writes MODELS small random-weight models, starts a real spswapd on a temporary root
+    and plays each model's Slurm job itself (no Slurm needed): each model starts cold
+    once (its answer is the reference), then ROUNDS rounds of turns follow, where the
+    demo stops the running model's `spswap serve` (SIGTERM, as Slurm's requeue does)
+    and starts the next model's next run. As root with CRIU >= 4.1 spswapd checkpoints
+    each stopped server (kept alive or to an image) and the next run restores it;
+    otherwise the runs start from the pool, and the demo says what to run for the
+    checkpoint path. Prints every turn's path and time (stop -> first answer) against
+    the cold starts. Exits 1 if any answer differs. Everything is removed at the end.
     """
     try:
-        from spswap.demo import render_demo, run_demo
+        import torch  # noqa: F401 - the servers and the models need it
+
+        from spswap.demo import run_demo
+        from spswap.demo_report import demo_json, demo_ok, render_demo
     except ImportError as e:
         err_console.print(
             f"error: the demo needs torch ({e}); install it with: pip install 'spswap[torch]'",
@@ -41,13 +49,11 @@ def demo(
         )  # fmt: skip
         raise typer.Exit(2) from None
     progress = None if json else (lambda msg: err_console.print(f"[dim]{msg}[/]"))
-    result = run_demo(
-        models=models, rounds=rounds, preset=preset, device=device, root=root,
-        progress=progress,
-    )  # fmt: skip
+    summary, mode = run_demo(models=models, rounds=rounds, preset=preset, device=device,
+                             root=root, progress=progress)  # fmt: skip
     if json:
-        emit_json(result.to_json())
+        emit_json(demo_json(summary, mode))
     else:
-        console.print(render_demo(result))
-    if not result.all_equal:
+        console.print(render_demo(summary, mode))
+    if not demo_ok(summary):
         raise typer.Exit(1)

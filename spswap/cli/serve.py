@@ -128,7 +128,12 @@ def serve(
     if ctx.args:
         raise typer.BadParameter(f"unexpected arguments {' '.join(ctx.args)}: options after "
                                  "-- are for --engine vllm only")  # fmt: skip
-    check_servable(engine, model)  # before the model goes into the pool
+    # A requeued run that may restore its instance checks the model only if it starts an
+    # engine: the check imports torch (seconds), which a restore does not need; the first
+    # run checked the model before it went into the pool.
+    may_restore = bool(checkpoint and job is not None and job.restart_count)
+    if not may_restore:
+        check_servable(engine, model)  # before the model goes into the pool
     if device is None:
         device = _default_device()
     opts = ServeOptions(
@@ -144,9 +149,13 @@ def serve(
     from spswap.serve.factory import make_engine
 
     checkpointer = _checkpointer(cfg) if checkpoint and job is not None else None
+    def factory(o: Any) -> Any:
+        if may_restore:  # no restore after all: check the model, then start the engine
+            check_servable(engine, model)
+        return make_engine(o)
 
     server = Server(
-        cfg, opts, engine_factory=make_engine,
+        cfg, opts, engine_factory=factory,
         job_id=job.job_id if job else None,
         restart_count=job.restart_count if job else 0,
         requeue=_requeue if requeue else None,
