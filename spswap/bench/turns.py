@@ -268,14 +268,16 @@ def drop_page_cache(model: Path) -> None:
             os.close(fd)
 
 
-def leftovers(cfg: Config, slurm: JobControl, job_ids: list[str]) -> list[str]:
-    """What the node still holds for these jobs: queued jobs, GPU slots, pool uses, and
-    (as root, who alone may read the image directory) checkpoint images."""
+def leftovers(cfg: Config, slurm: JobControl | None, job_ids: list[str]) -> list[str]:
+    """What the node still holds for these jobs: queued jobs (``slurm`` None: no Slurm
+    plays them, as in the demo), GPU slots, pool uses, and (as root, who alone may read
+    the image directory) checkpoint images."""
     from spswap.daemon.client import Client
     from spswap.pool.store import Pool
 
     ids = set(job_ids)
-    out = [f"job {j} still in the queue" for j in job_ids if _queued(slurm, j)]
+    out = [f"job {j} still in the queue" for j in job_ids
+           if slurm is not None and _queued(slurm, j)]  # fmt: skip
     try:
         snap = Client(cfg, timeout_s=10.0).call("slots.list")
         out += [f"GPU slot {r['id']} of job {r['holder'].get('job_id')}"

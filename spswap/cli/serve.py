@@ -135,7 +135,7 @@ def serve(
     if not may_restore:
         check_servable(engine, model)  # before the model goes into the pool
     if device is None:
-        device = _default_device()
+        device = _job_device(state_dir)
     opts = ServeOptions(
         model=model, state_dir=state_dir, engine=engine, device=device, units=units,
         slot_timeout_s=slot_timeout_s, requests_file=requests,
@@ -240,6 +240,31 @@ def _socket_path(given: Path | None, job_id: str | None, state_dir: Path) -> Pat
     if given is None:
         return None
     return default_socket_path(job_id, state_dir) if str(given) == "auto" else given
+
+
+DEVICE_FILE = "device"
+
+
+def _job_device(state_dir: Path) -> str:
+    """The device the job's first run chose (its state directory remembers it): a later
+    run names the same one in the identity it restores by, without importing torch
+    (seconds on the restore's path) to ask again."""
+    path = state_dir / DEVICE_FILE
+    try:
+        saved = path.read_text().strip()
+        if saved in ("cpu", "cuda"):
+            return saved
+    except OSError:
+        pass
+    device = _default_device()
+    try:
+        from spswap.fsutil import atomic_write_bytes, make_private_dirs
+
+        make_private_dirs(state_dir, os.getuid())
+        atomic_write_bytes(path, (device + "\n").encode(), mode=0o600)
+    except (OSError, SpswapError):
+        pass  # the run itself says what is wrong with the state directory
+    return device
 
 
 def _default_device() -> str:
