@@ -23,6 +23,7 @@ from spswap.errors import CheckpointFailed, DaemonError
 from spswap.liveness import pid_alive, pid_start_time
 
 if TYPE_CHECKING:
+    from spswap.checkpoint.cgroups import Parking
     from spswap.daemon.state import Context, DaemonState
 
 
@@ -166,7 +167,7 @@ class _LeaveJob:
             pass
 
 
-def _park_out_of_job(st: DaemonState, job_id: str, tree: list[int]) -> Any:
+def _park_out_of_job(st: DaemonState, job_id: str, tree: list[int]) -> Parking | None:
     """The tree moved into a parked cgroup of spswapd's (see _LeaveJob), or None."""
     from spswap.checkpoint import cgroups, proctree
 

@@ -23,6 +23,7 @@ from spswap.errors import CheckpointFailed
 from spswap.liveness import pid_start_time
 
 if TYPE_CHECKING:
+    from spswap.daemon.jobs import JobRecord
     from spswap.daemon.state import Context, DaemonState
 
 
@@ -51,7 +52,7 @@ def op_restore(ctx: Context, args: dict[str, Any]) -> Any:
         st.job_locks.of(job_id).release()
 
 
-def _restore(ctx: Context, st: DaemonState, rec: Any, job_id: str, expected: Identity,
+def _restore(ctx: Context, st: DaemonState, rec: JobRecord, job_id: str, expected: Identity,
              args: dict[str, Any]) -> Any:  # fmt: skip
     status = st.statuses.read(job_id)
     if status.get("state") != "saved":
@@ -89,7 +90,7 @@ def _restore(ctx: Context, st: DaemonState, rec: Any, job_id: str, expected: Ide
     return _restored(ctx, st, rec, job_id, expected, args, pid, timings)
 
 
-def _wake_kept(st: DaemonState, rec: Any, job_id: str, expected: Identity,
+def _wake_kept(st: DaemonState, rec: JobRecord, job_id: str, expected: Identity,
                kept: Kept) -> tuple[int, dict[str, float], Path] | None:  # fmt: skip
     """The job's kept instance back: identity check, thaw, CUDA restore and unlock;
     (pid, timings, its image for the caller to delete). None when the tree was gone, or
@@ -160,7 +161,7 @@ def _clear_parking(st: DaemonState, job_id: str, kept: Kept, pid: int) -> None:
         pass
 
 
-def _restored(ctx: Context, st: DaemonState, rec: Any, job_id: str, expected: Identity,
+def _restored(ctx: Context, st: DaemonState, rec: JobRecord, job_id: str, expected: Identity,
               args: dict[str, Any], pid: int, timings: dict[str, float], *,
               kept: bool = False) -> Any:  # fmt: skip
     """A restored (or kept) instance into the new run: its cgroups, its status, woken."""
@@ -233,7 +234,7 @@ def _end_tree(pids: list[int], timeout_s: float = 10.0) -> None:
         time.sleep(0.02)
 
 
-def _hold_pool_entry(st: DaemonState, digest: str, pid: int, rec: Any) -> None:
+def _hold_pool_entry(st: DaemonState, digest: str, pid: int, rec: JobRecord) -> None:
     """The restored process maps its pool entry: record its use (its old use died with the
     dumped process), so the entry is not evicted under it."""
     from spswap.liveness import Holder

@@ -11,13 +11,14 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from spswap.daemon.state import DaemonState
+    from spswap.liveness import Holder
 
 
-def _daemon_holder() -> Any:
+def _daemon_holder() -> Holder:
     from spswap.liveness import Holder, pid_start_time
 
     pid = os.getpid()
@@ -60,7 +61,7 @@ def sync_image_uses(st: DaemonState) -> dict[str, int]:
         return {d: n for d, n in want.items() if n}
 
 
-def _same_holder(a: Any, b: Any) -> bool:
+def _same_holder(a: Holder, b: Holder) -> bool:
     return (a.pid, a.pid_start, a.uid, a.job_id) == (b.pid, b.pid_start, b.uid, b.job_id)
 
 

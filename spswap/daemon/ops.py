@@ -6,7 +6,8 @@ looks ops up here only; no module adds to the table elsewhere."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 from spswap.daemon import (
@@ -22,7 +23,8 @@ from spswap.daemon.state import Context
 
 Handler = Callable[[Context, dict[str, Any]], Any]
 
-HANDLERS: dict[str, Handler] = {
+# read-only: nothing adds an op after this module is loaded
+HANDLERS: Mapping[str, Handler] = MappingProxyType({
     "ping": info_ops.op_ping,
     "status": info_ops.op_status,
     "slots.list": slot_ops.op_slots_list,
@@ -38,4 +40,4 @@ HANDLERS: dict[str, Handler] = {
     "checkpoint": ckpt_dump.op_checkpoint,
     "restore": ckpt_restore.op_restore,
     "checkpoint.status": ckpt_status.op_checkpoint_status,
-}
+})

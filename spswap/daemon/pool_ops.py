@@ -3,14 +3,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spswap.daemon.caller import peer_holder
 from spswap.daemon.state import Context
 from spswap.errors import ProtocolError
 
+if TYPE_CHECKING:
+    from spswap.pool.store import Pool
 
-def _pool(ctx: Context) -> Any:
+
+def _pool(ctx: Context) -> Pool:
     from spswap.pool.store import Pool
 
     return Pool.from_config(ctx.state.cfg, job_alive=ctx.state.job_probe())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from spswap.daemon import protocol
 from spswap.daemon.ops import HANDLERS
 
@@ -11,10 +13,11 @@ def test_every_protocol_op_has_a_handler_and_no_other() -> None:
     assert set(protocol.FD_OPS) <= set(HANDLERS)
 
 
-def test_the_table_is_complete_once_imported() -> None:
-    # no module adds ops at import time: the table is what ops.py lists, whatever was
-    # imported before it
+def test_no_module_can_add_to_the_table() -> None:
+    # the table is what ops.py lists, whatever is imported before or after it
     import spswap.daemon.ckpt_dump  # noqa: F401
     import spswap.daemon.ckpt_restore  # noqa: F401
 
     assert len(HANDLERS) == len(protocol.OPS)
+    with pytest.raises(TypeError):
+        HANDLERS["ping"] = HANDLERS["status"]  # type: ignore[index]
