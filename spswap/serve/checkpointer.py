@@ -38,6 +38,31 @@ class ParkOutcome:
     kept: bool = False  # woken where it was kept alive, not restored by CRIU
 
 
+def not_coming_back(job_id: str, stop_signal: str | None, *, timeout_s: float = 5.0,
+                    log: Callable[[str], None] | None = None) -> str | None:  # fmt: skip
+    """Why a checkpoint at this stop would be wasted (also told to ``log``), or None
+    (dump). Preemption's USR1 always dumps; a SIGTERM (scancel, the time limit, a
+    requeue) asks Slurm, and only a job it calls ended for good (CANCELLED, TIMEOUT, ...)
+    is not dumped; a Slurm that cannot be asked means dump."""
+    if stop_signal == "SIGUSR1":
+        return None
+    from spswap.errors import SpswapError
+    from spswap.slurm.backend import get_backend
+    from spswap.slurm.parse import stopped_for_good
+
+    try:
+        backend = get_backend(timeout_s=timeout_s)
+        info = backend.job(job_id) if backend is not None else None
+    except SpswapError:
+        return None
+    if info is None or not stopped_for_good(info.state):
+        return None
+    why = f"job {job_id} is {info.state}: it will not run again"
+    if log is not None:
+        log(f"spswap serve: not checkpointed: {why}")
+    return why
+
+
 def restored_how(kept: bool) -> str:
     """How an instance came back, for the logs of both runs."""
     return "from its kept instance (no CRIU restore)" if kept else "from its image"

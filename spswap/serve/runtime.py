@@ -27,7 +27,7 @@ from typing import Any, Protocol
 from spswap.config import Config
 from spswap.errors import RequestAborted, RequestRejected, SpswapError, StopRequested
 from spswap.instance.registry import InstanceRecord, InstanceRegistry
-from spswap.serve.checkpointer import restored_how
+from spswap.serve.checkpointer import not_coming_back, restored_how
 from spswap.serve.run_log import RunPath, note_run, process_started_s
 from spswap.serve.slot_hold import RunSlot, StopSignals
 from spswap.serve.spool import Request, Spool
@@ -196,7 +196,9 @@ class Server(StopSignals):
             self._record("sleep")
             self.slot.release()
             requeue = result.stopped_by == "SIGUSR1" and self.job_id is not None
-            outcome = self._park(digest, requeue) if self.checkpointer else None
+            gone = not_coming_back(self.job_id, self.stop_signal, log=self.log) \
+                if self.checkpointer and self.job_id else None  # fmt: skip
+            outcome = self._park(digest, requeue) if self.checkpointer and not gone else None
             if outcome is None or outcome.state != "restored":
                 if outcome is not None:
                     result.events.append({"checkpoint": "failed", "reason": outcome.reason})

@@ -37,7 +37,7 @@ from spswap.config import Config
 from spswap.engines.vllm_engine import VllmSettings, engine_identity, find_entry
 from spswap.errors import EngineError, StopRequested
 from spswap.fsutil import atomic_write_json
-from spswap.serve.checkpointer import restored_how
+from spswap.serve.checkpointer import not_coming_back, restored_how
 from spswap.serve.run_log import RunPath, note_run
 from spswap.serve.slot_hold import RunSlot, StopSignals
 from spswap.serve.vllm_api import VllmApiServer, installed_vllm_version, rpc_dir_fits
@@ -153,7 +153,8 @@ class VllmServe(StopSignals):
                 self._wait_for_stop()
                 result["stopped_by"] = self.stop_signal
                 result["drain"] = self._drain()
-                if self.checkpointer is None or not self.job_id or not self._park(result):
+                if self.checkpointer is None or not self.job_id or not_coming_back(
+                        self.job_id, self.stop_signal, log=self.log) or not self._park(result):
                     break
         except StopRequested as e:  # stopped before anything served: a clean end
             result["stopped_by"] = self.stop_signal
@@ -405,8 +406,7 @@ class VllmServe(StopSignals):
         self.registry.put_best_effort(InstanceRecord(
             id=self.instance_id, model=self.opts.model.name, state=state, pid=os.getpid(),
             uid=os.getuid(), job_id=self.job_id, device="cuda", engine="vllm",
-            reason=self.reason,
-        ), self.log)  # fmt: skip
+            reason=self.reason), self.log)  # fmt: skip
 
     def _write_endpoint(self) -> None:
         atomic_write_json(self.opts.state_dir / ENDPOINT_FILE, {

@@ -113,6 +113,15 @@ def job_fate(slurm_state: str | None, requeued: bool | None) -> str:
     return "back" if requeued else "gone"
 
 
+def stopped_for_good(slurm_state: str | None) -> bool:
+    """Whether a job that is being stopped now will never run again (cancelled, out of
+    time, failed): a checkpoint of it would be wasted. PREEMPTED is not counted: with
+    PreemptMode=REQUEUE the job comes back, and a dump missed costs a cold start where a
+    needless one costs only memory until spswapd frees it."""
+    state = (slurm_state or "").upper().split()[0] if slurm_state else ""
+    return state in GONE_STATES and state != "PREEMPTED"
+
+
 _RANGE_GROUP = re.compile(r"\[([^\]]*)\]")
 
 

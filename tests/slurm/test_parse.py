@@ -213,3 +213,15 @@ def test_runs_elsewhere_only_when_slurm_says_so() -> None:
     assert running.nodes and not running.runs_elsewhere({running.nodes})
     (queued,) = parse_squeue_json(_text("squeue_running_pending.json"), "1")
     assert queued.nodes == "vm"
+
+
+@pytest.mark.parametrize(("state", "for_good"), [
+    ("CANCELLED", True), ("TIMEOUT", True), ("FAILED", True), ("COMPLETED", True),
+    ("PREEMPTED", False),  # PreemptMode=REQUEUE brings it back: dump
+    ("REQUEUED", False), ("PENDING", False), ("RUNNING", False), ("COMPLETING", False),
+    (None, False), ("", False), ("cancelled by 0", True),
+])  # fmt: skip
+def test_stopped_for_good(state: str | None, for_good: bool) -> None:
+    from spswap.slurm.parse import stopped_for_good
+
+    assert stopped_for_good(state) is for_good

@@ -256,3 +256,30 @@ def test_a_dump_that_fails_after_the_early_requeue_ends_the_instance(
     assert sorted({a["restart_count"] for a in answers.values()}) == [0, 1]
     assert [answers[f"early-fail{i:02d}"]["output_ids"] for i in range(len(prompts))] == \
         _cold(model, "small", prompts)
+
+
+def test_scancel_does_not_checkpoint_a_job_that_will_not_come_back(
+    slurm_cluster: SlurmCluster,
+) -> None:
+    """SIGTERM from scancel: Slurm says CANCELLED, so the server does not ask spswapd for
+    a dump that nothing would restore (before: every SIGTERM dumped); it ends cleanly."""
+    from spswap.config import Config
+    from spswap.daemon import events
+    from spswap.slurm.backend import CliBackend
+
+    if not _criu_usable():
+        pytest.skip("without CRIU nothing is dumped anyway")
+    job, state, _model, _prompts = _serving_job(slurm_cluster, "cancelled", 4,
+                                                exit_when_idle=False)  # fmt: skip
+    wait_for("its answers", lambda: len(_answers(state)) == 4, timeout_s=120)
+    backend = CliBackend()
+    backend.cancel(job)
+    wait_for("the job to end", lambda: backend.job_alive(job) is False, timeout_s=60)
+    wait_for("the server's last words", lambda: "answered 4" in _job_log(
+        slurm_cluster, "cancelled", job), timeout_s=30)  # fmt: skip
+    log = _job_log(slurm_cluster, "cancelled", job)
+    assert f"not checkpointed: job {job} is CANCELLED" in log, log
+    kinds = [e["kind"] for e in events.tail(
+        Config.from_env({}, root=slurm_cluster.spswap_root).paths.events, 500)
+        if e.get("job_id") == job]  # fmt: skip
+    assert "checkpoint.start" not in kinds, kinds
