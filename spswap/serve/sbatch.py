@@ -33,7 +33,8 @@ class SbatchOptions:
 _STATE_COMMENT = """\
 # The unanswered requests are saved here; it must outlive the job (the job's working
 # directory, sbatch --chdir or the submit directory, does); the job id stays the same
-# across requeues.
+# across requeues. Ask it from the login node or another job of yours:
+#   spswap ask 1,2,3 --job <job id>
 """
 
 _HANDLER = """\
@@ -92,6 +93,8 @@ def render_serve(opts: SbatchOptions = SbatchOptions()) -> str:
                          f"spswap sets: {'/'.join(RESERVED_ARGS)})\n")  # fmt: skip
         extra = ' --engine vllm -- "${VLLM_ARGS[@]}"'
     state_comment = _VLLM_COMMENT if vllm else _STATE_COMMENT
+    if not vllm:  # the front door on the node; `spswap ask --job N` works from anywhere
+        extra = " --socket auto" + extra
     name = "batch" if batch else "serve_vllm" if vllm else "serve"
     return f"""#!/bin/bash
 # spswap: {what}.

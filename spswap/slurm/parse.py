@@ -72,6 +72,8 @@ class JobInfo:
     comment: str | None = None
     nodes: str | None = None
     """The nodes the job holds or last held, as Slurm writes them (``n[1-3],gpu7``)."""
+    work_dir: str | None = None
+    """The job's working directory (``sbatch --chdir``, else where it was submitted)."""
 
     @property
     def allocated(self) -> bool:
@@ -277,6 +279,7 @@ def job_info_from_scontrol(text: str) -> JobInfo:
         gpus_by_node=by_node,
         comment=_null(fields.get("Comment")),
         nodes=_null(fields.get("NodeList")),
+        work_dir=_null(fields.get("WorkDir")),
     )
 
 

@@ -111,7 +111,8 @@ def test_job_script_is_the_template_with_the_model_and_the_bench_options(tmp_pat
     assert "#SBATCH --job-name=turns-0-m\n#SBATCH --partition=debug\n#SBATCH --gres=gpu:2\n" \
         in script  # fmt: skip
     assert "#SBATCH --requeue\n" in script
-    assert 'spswap serve "$MODEL" --state-dir "$STATE" --units 4 --kv-cache-gib 4 &' in script
+    assert ('spswap serve "$MODEL" --state-dir "$STATE" --units 4 --kv-cache-gib 4 '
+            "--socket auto &") in script
     assert script.count("export PATH=") == 1 and f"MODEL={tmp_path / 'm'}" in script
 
 

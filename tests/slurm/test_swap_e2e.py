@@ -283,3 +283,22 @@ def test_scancel_does_not_checkpoint_a_job_that_will_not_come_back(
         Config.from_env({}, root=slurm_cluster.spswap_root).paths.events, 500)
         if e.get("job_id") == job]  # fmt: skip
     assert "checkpoint.start" not in kinds, kinds
+
+
+def test_ask_by_job_id_from_outside_the_job(slurm_cluster: SlurmCluster) -> None:
+    """The user guide's way in: the template's server asked by `spswap ask --job N` from
+    the login node (here, the test process), answered as the cold model answers."""
+    job, state, model, _prompts = _serving_job(slurm_cluster, "askjob", 1,
+                                               exit_when_idle=False)  # fmt: skip
+    try:
+        wait_for("its first answer", lambda: len(_answers(state)) == 1, timeout_s=120)
+        env = dict(os.environ, SPSWAP_ROOT=str(slurm_cluster.spswap_root))
+        out = subprocess.run([slurm_cluster.spswap_bin, "ask", "7,8,9", "--max-new-tokens",
+                              str(MAX_NEW), "--job", job], env=env, capture_output=True,
+                             text=True, timeout=120)  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == ",".join(map(str, _cold(model, "small", [[7, 8, 9]])[0]))
+    finally:
+        from spswap.slurm.backend import CliBackend
+
+        CliBackend().cancel(job)

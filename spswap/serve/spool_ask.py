@@ -1,0 +1,58 @@
+"""Asking a serving job through its spool: from the login node or another job, wherever
+its state directory is seen (the spool is plain files; a Unix socket works only on the
+job's node). ``spswap ask --job N``."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from spswap.errors import SpswapError
+from spswap.serve.spool import Request, Spool
+
+POLL_S = 0.05
+
+
+def state_dir_of(work_dir: str, job_id: str) -> Path:
+    """Where the templates keep a job's state: ``WORKDIR/.spswap/JOB``."""
+    return Path(work_dir) / ".spswap" / job_id
+
+
+def job_state_dir(job_id: str) -> Path:
+    """The state directory of job ``job_id``, from Slurm's record of its working
+    directory; SpswapError naming the fix when Slurm does not know it."""
+    from spswap.slurm.backend import CliBackend
+
+    info = CliBackend().job(job_id)
+    if info is None or not info.work_dir:
+        raise SpswapError(f"Slurm does not know job {job_id} (or its working directory): "
+                          "check the id with squeue, or give --state-dir")  # fmt: skip
+    path = state_dir_of(info.work_dir, info.job_id)
+    if not (path / "inbox").is_dir():
+        raise SpswapError(f"{path} has no spool (inbox/): the job's server has not started "
+                          "yet, or its state directory is elsewhere: give --state-dir")  # fmt: skip
+    return path
+
+
+def ask_spool(state_dir: Path, request: dict[str, Any], *, timeout_s: float) -> dict[str, Any]:
+    """Put ``request`` in the job's inbox and wait for its answer in the outbox: the same
+    answer dicts as the socket's (``ok``; ``saved`` with the id when it is still waiting
+    at the timeout: the job answers it later, ask again with the same id)."""
+    spool = Spool(state_dir)
+    req = Request.from_json({"id": request.get("id") or uuid.uuid4().hex, **request})
+    if not (spool.inbox.is_dir() and spool.outbox.is_dir()):
+        raise SpswapError(f"{state_dir} has no spool (inbox/, outbox/): is it the state "
+                          "directory of a serving job?")  # fmt: skip
+    spool.submit(req)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        answer = spool.answer(req.id)
+        if answer is not None:
+            return {"ok": answer.get("error") is None, **answer}
+        if time.monotonic() > deadline:
+            return {"ok": False, "saved": True, "id": req.id,
+                    "error": f"no answer within {timeout_s:g} s; the request waits in "
+                             f"{spool.inbox}"}  # fmt: skip
+        time.sleep(POLL_S)

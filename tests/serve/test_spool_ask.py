@@ -1,0 +1,71 @@
+"""`spswap ask --job N` / `--state-dir D`: a request through the job's spool, from
+anywhere its state directory is seen, answered by a real server process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from spswap.errors import SpswapError
+from spswap.serve.spool import Spool
+from spswap.serve.spool_ask import ask_spool, state_dir_of
+
+torch = pytest.importorskip("torch")
+from spswap.engines.reference import ReferenceEngine, save_checkpoint  # noqa: E402
+from spswap.engines.reference_model import preset  # noqa: E402
+
+
+def test_ask_by_state_dir_is_answered_by_the_server(tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    save_checkpoint(preset("tiny"), model)
+    state = tmp_path / "work" / ".spswap" / "42"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env["SPSWAP_ROOT"] = str(tmp_path / "root")
+    proc = subprocess.Popen([sys.executable, "-m", "spswap.cli", "serve", str(model),
+                             "--state-dir", str(state), "--device", "cpu"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 90
+        while not (state / "outbox").is_dir():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        cli = subprocess.run([sys.executable, "-m", "spswap.cli", "ask", "4,5,6",
+                              "--max-new-tokens", "5", "--state-dir", str(state)],
+                             env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert cli.returncode == 0, cli.stderr
+        eng = ReferenceEngine(preset("tiny"), "cpu")
+        eng.load_from_checkpoint(model)
+        assert cli.stdout.strip() == ",".join(map(str, eng.generate([[4, 5, 6]], 5)[0]))
+        eng.close()
+        bad = ask_spool(state, {"prompt_ids": [99999], "max_new_tokens": 2}, timeout_s=60)
+        assert bad["ok"] is False and "token ids must lie in" in bad["error"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+
+
+def test_a_request_not_answered_in_time_is_saved_with_its_id(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "s")
+    spool.create()
+    out = ask_spool(tmp_path / "s", {"id": "later", "prompt_ids": [1], "max_new_tokens": 2},
+                    timeout_s=0.1)  # fmt: skip
+    assert out["saved"] is True and out["id"] == "later" and "waits in" in out["error"]
+    assert [r.id for r in spool.pending()] == ["later"]
+
+
+def test_a_directory_without_a_spool_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(SpswapError, match="has no spool"):
+        ask_spool(tmp_path, {"prompt_ids": [1]}, timeout_s=1)
+    assert state_dir_of("/home/u/run", "7") == Path("/home/u/run/.spswap/7")
+
+
+def test_ask_needs_exactly_one_target() -> None:
+    both = subprocess.run([sys.executable, "-m", "spswap.cli", "ask", "1", "--job", "3",
+                           "--socket", "/tmp/x.sock"], capture_output=True, text=True)  # fmt: skip
+    assert both.returncode != 0 and "give one of --socket, --job or --state-dir" in both.stderr
