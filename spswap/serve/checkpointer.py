@@ -38,7 +38,8 @@ class ParkOutcome:
     kept: bool = False  # woken where it was kept alive, not restored by CRIU
 
 
-def not_coming_back(job_id: str, stop_signal: str | None, *, timeout_s: float = 5.0,
+def not_coming_back(job_id: str, stop_signal: str | None, restart_count: int, *,
+                    timeout_s: float = 5.0,
                     log: Callable[[str], None] | None = None) -> str | None:  # fmt: skip
     """Why a checkpoint at this stop would be wasted (also told to ``log``), or None
     (dump). Preemption's USR1 always dumps; a SIGTERM (scancel, the time limit, a
@@ -55,9 +56,10 @@ def not_coming_back(job_id: str, stop_signal: str | None, *, timeout_s: float = 
         info = backend.job(job_id) if backend is not None else None
     except SpswapError:
         return None
-    if info is None or not stopped_for_good(info.state):
+    if info is None or not stopped_for_good(info.state, info.restart_count, restart_count):
         return None
-    why = f"job {job_id} is {info.state}: it will not run again"
+    why = (f"job {job_id} is {info.state} and not requeued (scancel, or its end): it will "
+           "not run again")  # fmt: skip
     if log is not None:
         log(f"spswap serve: not checkpointed: {why}")
     return why

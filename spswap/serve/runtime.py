@@ -196,7 +196,8 @@ class Server(StopSignals):
             self._record("sleep")
             self.slot.release()
             requeue = result.stopped_by == "SIGUSR1" and self.job_id is not None
-            gone = not_coming_back(self.job_id, self.stop_signal, log=self.log) \
+            gone = not_coming_back(self.job_id, self.stop_signal, self.restart_count,
+                                   log=self.log) \
                 if self.checkpointer and self.job_id else None  # fmt: skip
             outcome = self._park(digest, requeue) if self.checkpointer and not gone else None
             if outcome is None or outcome.state != "restored":

@@ -129,8 +129,7 @@ class VllmServe(StopSignals):
         make_private_dirs(opts.state_dir, os.getuid())
         result: dict[str, Any] = {"restart_count": self.restart_count, "stopped_by": None}
         identity = self.identity()  # a clear error before any slot is taken
-        # this process holds the pool entry's use (through spswapd for a user): the
-        # server's worker only maps it
+        # this process holds the pool entry's use (via spswapd for a user); the worker maps it
         self._uses = contextlib.ExitStack()
         proxied = False
         try:
@@ -154,7 +153,8 @@ class VllmServe(StopSignals):
                 result["stopped_by"] = self.stop_signal
                 result["drain"] = self._drain()
                 if self.checkpointer is None or not self.job_id or not_coming_back(
-                        self.job_id, self.stop_signal, log=self.log) or not self._park(result):
+                        self.job_id, self.stop_signal, self.restart_count, log=self.log) \
+                        or not self._park(result):  # fmt: skip
                     break
         except StopRequested as e:  # stopped before anything served: a clean end
             result["stopped_by"] = self.stop_signal

@@ -115,13 +115,20 @@ def job_fate(slurm_state: str | None, requeued: bool | None) -> str:
     return "back" if requeued else "gone"
 
 
-def stopped_for_good(slurm_state: str | None) -> bool:
-    """Whether a job that is being stopped now will never run again (cancelled, out of
-    time, failed): a checkpoint of it would be wasted. PREEMPTED is not counted: with
-    PreemptMode=REQUEUE the job comes back, and a dump missed costs a cold start where a
-    needless one costs only memory until spswapd frees it."""
+def stopped_for_good(slurm_state: str | None, slurm_restarts: int | None = None,
+                     run_restart_count: int | None = None) -> bool:  # fmt: skip
+    """Whether a job that is being stopped now will never run again, so a checkpoint of
+    it would be wasted: Slurm calls it ended (cancelled, out of time, failed), or it is
+    COMPLETING (what Slurm 22.05 shows while it kills a job, for ``scancel`` and for a
+    requeue alike) and its restart count is still this run's (a requeue raises it at
+    once; measured on 22.05). PREEMPTED is not counted: with PreemptMode=REQUEUE the job
+    comes back, and a dump missed costs a cold start where a needless one costs only
+    memory until spswapd frees it."""
     state = (slurm_state or "").upper().split()[0] if slurm_state else ""
-    return state in GONE_STATES and state != "PREEMPTED"
+    if state in GONE_STATES and state != "PREEMPTED":
+        return True
+    return (state == "COMPLETING" and slurm_restarts is not None
+            and slurm_restarts == run_restart_count)  # fmt: skip
 
 
 _RANGE_GROUP = re.compile(r"\[([^\]]*)\]")

@@ -225,3 +225,13 @@ def test_stopped_for_good(state: str | None, for_good: bool) -> None:
     from spswap.slurm.parse import stopped_for_good
 
     assert stopped_for_good(state) is for_good
+
+
+def test_a_completing_job_is_gone_unless_its_restart_count_went_up() -> None:
+    """While Slurm 22.05 kills a job it shows COMPLETING for scancel and requeue alike;
+    a requeue raises Restarts at once (seen: Restarts=1 during the requeue's kill)."""
+    from spswap.slurm.parse import stopped_for_good
+
+    assert stopped_for_good("COMPLETING", 0, 0) is True  # scancel
+    assert stopped_for_good("COMPLETING", 1, 0) is False  # scontrol requeue
+    assert stopped_for_good("COMPLETING", None, 0) is False  # not known: dump
