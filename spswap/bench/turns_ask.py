@@ -81,6 +81,8 @@ class SpoolAsker:
         while True:
             tick()
             answer = spool.answer(request_id)
+            if answer is not None and answer.get("error"):
+                raise SpswapError(f"the server refused {request_id}: {answer['error']}")
             if answer is not None:
                 return Answer([int(x) for x in answer["output_ids"]], float(answer["answered"]))
             if time.monotonic() > deadline_s:

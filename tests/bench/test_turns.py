@@ -203,3 +203,14 @@ def test_a_work_dir_others_can_write_is_refused(tmp_path: Path) -> None:
     fresh.jobs = []
     fresh.submit()  # no jobs: only the directory
     assert (tmp_path / "new" / "w").stat().st_mode & 0o777 == 0o700
+
+
+def test_a_refused_question_is_an_error_naming_why(tmp_path: Path) -> None:
+    state = tmp_path / "job"
+    asker = SpoolAsker([99999], 4)
+    asker.prepare(state, "turn000")
+    spool = Spool(state)
+    (req,) = list(spool.pending())
+    spool.fail(req, "token ids must lie in [0, 1024) for this model; got [99999]")
+    with pytest.raises(SpswapError, match=r"refused turn000: token ids must lie"):
+        asker.wait(state, "turn000", time.monotonic() + 5)
