@@ -60,12 +60,17 @@ def path_without_slurm(path: str, shadow: Path) -> str:
     out = []
     for n, entry in enumerate(path.split(os.pathsep)):
         d = Path(entry or ".")
-        if not any((d / cmd).exists() for cmd in SLURM_COMMANDS):
+        try:
+            has_slurm = any((d / cmd).exists() for cmd in SLURM_COMMANDS)
+            items = list(d.iterdir()) if has_slurm else []
+        except OSError:  # a directory this user may not search (root's PATH under /root)
+            continue
+        if not has_slurm:
             out.append(entry)
             continue
         copy = shadow / str(n)
         copy.mkdir(parents=True, exist_ok=True)
-        for item in d.iterdir():
+        for item in items:
             if item.name not in SLURM_COMMANDS:
                 (copy / item.name).symlink_to(item)
         out.append(str(copy))
@@ -98,6 +103,7 @@ class DemoJob:
     runs: int = 0  # runs started so far: the next run's SLURM_RESTART_COUNT
     proc: subprocess.Popen | None = None  # the current run's process
     restored: bool = False  # the current run restored an instance (it is a stand-in)
+    run_started_s: float = 0.0  # epoch seconds the current run was started
     old: list[subprocess.Popen] = field(default_factory=list)  # reaped as they end
 
     def log(self, run: int) -> Path:
@@ -174,12 +180,16 @@ class DemoRun:
             self._client().call("job.register", job_id=job.job_id, uid=os.geteuid(),
                                 user="root", restart_count=job.runs)  # fmt: skip
         env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-        env.update(PATH=self.path, SPSWAP_ROOT=str(self.cfg.root), SLURM_JOB_ID=job.job_id,
-                   SLURM_RESTART_COUNT=str(job.runs))  # fmt: skip
+        env.update(PATH=self.path, SPSWAP_ROOT=str(self.cfg.root))
+        if self.mode.checkpoint or os.geteuid() == 0:
+            # a user's run may not name a job no prolog registered (only root registers
+            # one): on the pool path it needs none
+            env.update(SLURM_JOB_ID=job.job_id, SLURM_RESTART_COUNT=str(job.runs))
         argv = [sys.executable, "-m", "spswap.cli", "serve", str(job.model), "--state-dir",
                 str(job.state), "--device", self.device]  # fmt: skip
         if not self.mode.checkpoint:
             argv.append("--no-checkpoint")
+        job.run_started_s = time.time()
         with open(job.log(job.runs), "w") as out:  # a regular file, as a job's output is
             job.proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL)  # fmt: skip
@@ -233,7 +243,9 @@ class DemoRun:
 
         answer = asker.wait(job.state, request_id, time.monotonic() + TURN_TIMEOUT_S, check)
         self.last_answer_s = answer.answered_s
-        records = [r for r in read_runs(job.state) if r.restart_count == run]
+        # this run's line (a user's pool-path runs name no job, so no restart count): the
+        # one written by a process started after the run was (the start has a 10 ms tick)
+        records = [r for r in read_runs(job.state) if r.started_s >= job.run_started_s - 0.02]
         record = records[-1] if records else None
         path = record.path.value if record else "unknown"
         job.restored = path in ("kept", "image")

@@ -166,3 +166,35 @@ def test_cli_modules_import_without_torch() -> None:
     code_line, *rest = proc.stdout.splitlines()
     assert code_line == "2"
     assert "pip install 'spswap[torch]'" in proc.stdout + proc.stderr
+
+
+def test_the_demo_as_a_normal_user_takes_the_pool_path(user_uid: int) -> None:
+    """As a normal user (it failed before: the runs named a job only root's prolog could
+    register, and their runs.jsonl lines were matched by a restart count they did not have)."""
+    import pwd
+    import tempfile
+
+    pytest.importorskip("torch")
+    gid = pwd.getpwuid(user_uid).pw_gid
+    home = Path(tempfile.mkdtemp(prefix="spswap-demo-user-", dir="/tmp"))
+    os.chown(home, user_uid, gid)
+    try:
+        proc = subprocess.run(
+            ["setpriv", f"--reuid={user_uid}", f"--regid={gid}", "--init-groups",
+             sys.executable, "-c", "from spswap.cli.app import main; main()", "demo",
+             "--preset", "tiny", "--models", "2", "--rounds", "1", "--device", "cpu", "--json"],
+            capture_output=True, text=True, timeout=600, cwd=home,
+            env={"PATH": os.environ["PATH"], "HOME": str(home),
+                 "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+        )  # fmt: skip
+        if "Permission denied" in proc.stderr and proc.returncode == 126:
+            pytest.fail(f"{sys.executable} cannot be run by a normal user: scripts/install.sh "
+                        "builds the venv on a Python every user can run")  # fmt: skip
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        out = json.loads(proc.stdout)
+        assert out["mode"] == "pool" and out["ok"] is True, out
+        assert [t["path"] for t in out["turns"]] == ["cold", "cold", "pool", "pool"]
+    finally:
+        import shutil
+
+        shutil.rmtree(home, ignore_errors=True)
