@@ -172,7 +172,7 @@ class Parent:
         return self.cold_once(key, model)
 
     def cold_once(self, key: str, model: Path) -> dict[str, Any]:
-        from spswap.bench.swap import evict_page_cache
+        from spswap.fsutil import evict_page_cache
 
         evict_page_cache(model)
         report = self.work / f"cold-{key}.json"

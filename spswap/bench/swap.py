@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import statistics
 import sys
@@ -37,6 +36,7 @@ from typing import Any
 from rich.table import Table
 
 from spswap.engines.vllm_engine import VllmEngine, VllmSettings, kv_cache_bytes, vllm_version
+from spswap.fsutil import evict_page_cache
 from spswap.pool.store import Pool
 from spswap.units import fmt_bytes, fmt_seconds
 
@@ -61,25 +61,6 @@ def compare_outputs(got: list[list[int]], want: list[list[int]]) -> dict[str, An
              for g, w in zip(got, want, strict=True)]  # fmt: skip
     return {"equal": got == want, "prompts_equal": sum(f is None for f in first),
             "prompts": len(want), "first_diff": first}  # fmt: skip
-
-
-def evict_page_cache(model_dir: Path) -> bool:
-    """Drop ``model_dir``'s files from the page cache (fsync + POSIX_FADV_DONTNEED), so
-    a cold start reads the disk. Best effort: returns whether every file was advised."""
-    ok = True
-    for path in sorted(Path(model_dir).iterdir()):
-        if not path.is_file():
-            continue
-        try:
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-        except OSError:
-            ok = False
-    return ok
 
 
 def goals(size_bytes: int, spswap_cycle_s: float, level2_reload_s: float | None,

@@ -39,6 +39,7 @@ from spswap.bench.turns_plan import (
 )
 from spswap.config import Config
 from spswap.errors import ConfigError, SpswapError
+from spswap.fsutil import evict_page_cache
 from spswap.serve.run_log import RunRecord, read_runs
 from spswap.serve.sbatch import SbatchOptions, render_serve
 from spswap.slurm.jobctl import JobControl
@@ -158,7 +159,7 @@ class TurnsRun:
         request_id = f"turn{turn.index:03d}"
         job.asker.prepare(state, request_id)
         if turn.kind is TurnKind.COLD and self.opts.drop_cache:
-            drop_page_cache(job.model)
+            evict_page_cache(job.model)  # so its cold start reads the disk
         action_s = time.time()
         self.slurm.release(job.job_id)
         if turn.displaced is not None:
@@ -250,22 +251,6 @@ def job_script(opts: TurnsOptions, job: TurnJob, index: int) -> str:
     # the jobs run the spswap this bench runs (sbatch passes the environment on)
     return script.replace("\nMODEL=", f"\nexport PATH={Path(sys.executable).parent}:$PATH\n"
                           "MODEL=", 1)  # fmt: skip
-
-
-def drop_page_cache(model: Path) -> None:
-    """The model's files out of the page cache (POSIX_FADV_DONTNEED: no root needed, best
-    effort), so its cold start reads the disk."""
-    for path in model.rglob("*"):
-        if not path.is_file():
-            continue
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 def leftovers(cfg: Config, slurm: JobControl | None, job_ids: list[str]) -> list[str]:

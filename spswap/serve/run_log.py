@@ -17,6 +17,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from spswap.liveness import pid_start_time
+
 RUNS_FILE = "runs.jsonl"
 
 
@@ -90,12 +92,14 @@ def append_run(state_dir: Path, record: RunRecord) -> None:
         os.close(fd)
 
 
-def process_started_s(pid: int | None = None, *, proc: Path = Path("/proc")) -> float:
+def process_started_s(pid: int | None = None) -> float:
     """When process ``pid`` (default: this one) started, in epoch seconds (to the kernel's
     clock tick, 10 ms): the run's start includes Python's own start-up, which is spswap's
-    cost, not Slurm's."""
-    stat = (proc / str(pid or os.getpid()) / "stat").read_text()
-    start_ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22: starttime
+    cost, not Slurm's. OSError when the process is gone."""
+    pid = pid or os.getpid()
+    start_ticks = pid_start_time(pid)
+    if start_ticks is None:
+        raise ProcessLookupError(f"process {pid} is gone")
     since_boot_s = start_ticks / os.sysconf("SC_CLK_TCK")
     return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - since_boot_s)
 

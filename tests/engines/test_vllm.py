@@ -26,7 +26,6 @@ torch = pytest.importorskip("torch")
 
 from spswap.bench.swap import (  # noqa: E402
     compare_outputs,
-    evict_page_cache,
     goals,
     render_bench_swap,
 )
@@ -48,6 +47,7 @@ from spswap.engines.vllm_engine import (  # noqa: E402
 )
 from spswap.engines.vllm_worker import SpswapWorkerExtension, weight_tensors  # noqa: E402
 from spswap.errors import EngineError, TransferError  # noqa: E402
+from spswap.fsutil import evict_page_cache  # noqa: E402
 from spswap.pool.store import Pool  # noqa: E402
 from spswap.transfer.copy import TransferReport  # noqa: E402
 
