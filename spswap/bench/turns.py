@@ -187,11 +187,7 @@ class TurnsRun:
     def _still_queued(self, job: TurnJob) -> None:
         """Give up at once when the job has ended (it failed, or was cancelled): no answer
         can come; its log's last lines say why."""
-        try:
-            info = self.slurm.job(job.job_id)
-        except SpswapError:
-            return  # Slurm did not answer: no verdict, wait on
-        if info is not None and job_fate(info.state, None) != "gone":
+        if job_gone(self.slurm, job.job_id) is not True:  # Slurm did not answer: wait on
             return
         log = self.opts.work_dir / f"turns-{self.jobs.index(job)}-{job.name}-{job.job_id}.log"
         try:
@@ -262,7 +258,7 @@ def leftovers(cfg: Config, slurm: JobControl | None, job_ids: list[str]) -> list
 
     ids = set(job_ids)
     out = [f"job {j} still in the queue" for j in job_ids
-           if slurm is not None and _queued(slurm, j)]  # fmt: skip
+           if slurm is not None and job_gone(slurm, j) is False]  # fmt: skip
     try:
         snap = Client(cfg, timeout_s=10.0).call("slots.list")
         out += [f"GPU slot {r['id']} of job {r['holder'].get('job_id')}"
@@ -280,13 +276,14 @@ def leftovers(cfg: Config, slurm: JobControl | None, job_ids: list[str]) -> list
     return out
 
 
-def _queued(slurm: JobControl, job_id: str) -> bool:
-    """Slurm still has the job, pending or running (unknown: not)."""
+def job_gone(slurm: JobControl, job_id: str) -> bool | None:
+    """Whether Slurm is done with the job (ended, or no longer known); None when Slurm
+    did not answer. Pending and requeued-held jobs are not gone."""
     try:
         info = slurm.job(job_id)
     except SpswapError:
-        return False
-    return info is not None and job_fate(info.state, None) != "gone"
+        return None
+    return info is None or job_fate(info.state, None) == "gone"
 
 
 def run_turns(opts: TurnsOptions, cfg: Config, *, log: Callable[[str], None] = print

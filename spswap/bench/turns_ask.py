@@ -18,6 +18,7 @@ from typing import Protocol
 
 from spswap.errors import SpswapError
 from spswap.serve.spool import Request, Spool
+from spswap.serve.spool_ask import await_answer
 
 POLL_S = 0.005
 CHECK_EVERY_S = 1.0  # how often a wait asks whether the job still lives
@@ -68,27 +69,21 @@ class SpoolAsker:
         self.max_new_tokens = max_new_tokens
 
     def prepare(self, state_dir: Path, request_id: str) -> None:
-        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         spool = Spool(state_dir)
-        spool.create()
+        spool.create()  # private (0700), as the job's server makes it
         spool.submit(Request(id=request_id, prompt_ids=self.prompt_ids,
                              max_new_tokens=self.max_new_tokens))  # fmt: skip
 
     def wait(self, state_dir: Path, request_id: str, deadline_s: float,
              check: Callable[[], None] = _no_check) -> Answer:  # fmt: skip
-        spool = Spool(state_dir)
-        tick = _Ticker(check)
-        while True:
-            tick()
-            answer = spool.answer(request_id)
-            if answer is not None and answer.get("error"):
-                raise SpswapError(f"the server refused {request_id}: {answer['error']}")
-            if answer is not None:
-                return Answer([int(x) for x in answer["output_ids"]], float(answer["answered"]))
-            if time.monotonic() > deadline_s:
-                raise SpswapError(f"no answer to {request_id} in {state_dir / 'outbox'}; see "
-                                  "the job's log (%x-%j.log in the bench's work directory)")
-            time.sleep(POLL_S)
+        answer = await_answer(Spool(state_dir), request_id, deadline_s, _Ticker(check),
+                              poll_s=POLL_S)  # fmt: skip
+        if answer is None:
+            raise SpswapError(f"no answer to {request_id} in {state_dir / 'outbox'}; see "
+                              "the job's log (%x-%j.log in the bench's work directory)")
+        if answer.get("error"):
+            raise SpswapError(f"the server refused {request_id}: {answer['error']}")
+        return Answer([int(x) for x in answer["output_ids"]], float(answer["answered"]))
 
 
 def completion_body(model: str, prompt_ids: list[int], max_new_tokens: int) -> dict[str, object]:

@@ -79,17 +79,6 @@ class Spool:
             box.mkdir(mode=0o700, exist_ok=True)
             box.chmod(0o700)  # whatever the umask, and boxes an older run made 0755
 
-    def fail(self, request: Request, error: str, **extra: Any) -> None:
-        """Answer ``request`` with an error instead of tokens (a request the engine
-        refused): the server goes on, and the request is not asked again."""
-        answer = {"id": request.id, "prompt_ids": request.prompt_ids, "output_ids": None,
-                  "error": error, "answered": time.time(), **extra}  # fmt: skip
-        atomic_write_json(self.outbox / f"{request.id}.json", answer, mode=0o600)
-        try:
-            os.unlink(self.inbox / f"{request.id}.json")
-        except FileNotFoundError:
-            pass
-
     def submit(self, request: Request) -> bool:
         """Accept ``request``; False when it was accepted or answered before (idempotent)."""
         if self.answer(request.id) is not None or (self.inbox / f"{request.id}.json").exists():
@@ -108,8 +97,16 @@ class Spool:
 
     def complete(self, request: Request, output_ids: list[int], **extra: Any) -> None:
         """Record the answer, then drop the request from the inbox (in that order)."""
+        self._answer(request, {"output_ids": output_ids, **extra})
+
+    def fail(self, request: Request, error: str, **extra: Any) -> None:
+        """Answer ``request`` with an error instead of tokens (a request the engine
+        refused): the server goes on, and the request is not asked again."""
+        self._answer(request, {"output_ids": None, "error": error, **extra})
+
+    def _answer(self, request: Request, fields: dict[str, Any]) -> None:
         answer = {"id": request.id, "prompt_ids": request.prompt_ids,
-                  "output_ids": output_ids, "answered": time.time(), **extra}  # fmt: skip
+                  "answered": time.time(), **fields}  # fmt: skip
         atomic_write_json(self.outbox / f"{request.id}.json", answer, mode=0o600)
         try:
             os.unlink(self.inbox / f"{request.id}.json")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,23 @@ def job_state_dir(job_id: str) -> Path:
     return path
 
 
+def await_answer(spool: Spool, request_id: str, deadline_s: float,
+                 check: Callable[[], None] | None = None,
+                 poll_s: float = POLL_S) -> dict[str, Any] | None:  # fmt: skip
+    """The answer to ``request_id`` once its outbox file is there, or None once
+    ``time.monotonic()`` passes ``deadline_s``; ``check`` is called between looks and
+    raises to give up early."""
+    while True:
+        answer = spool.answer(request_id)
+        if answer is not None:
+            return answer
+        if time.monotonic() > deadline_s:
+            return None
+        if check is not None:
+            check()
+        time.sleep(poll_s)
+
+
 def ask_spool(state_dir: Path, request: dict[str, Any], *, timeout_s: float) -> dict[str, Any]:
     """Put ``request`` in the job's inbox and wait for its answer in the outbox: the same
     answer dicts as the socket's (``ok``; ``saved`` with the id when it is still waiting
@@ -46,13 +64,8 @@ def ask_spool(state_dir: Path, request: dict[str, Any], *, timeout_s: float) -> 
         raise SpswapError(f"{state_dir} has no spool (inbox/, outbox/): is it the state "
                           "directory of a serving job?")  # fmt: skip
     spool.submit(req)
-    deadline = time.monotonic() + timeout_s
-    while True:
-        answer = spool.answer(req.id)
-        if answer is not None:
-            return {"ok": answer.get("error") is None, **answer}
-        if time.monotonic() > deadline:
-            return {"ok": False, "saved": True, "id": req.id,
-                    "error": f"no answer within {timeout_s:g} s; the request waits in "
-                             f"{spool.inbox}"}  # fmt: skip
-        time.sleep(POLL_S)
+    answer = await_answer(spool, req.id, time.monotonic() + timeout_s)
+    if answer is not None:
+        return {"ok": answer.get("error") is None, **answer}
+    return {"ok": False, "saved": True, "id": req.id,
+            "error": f"no answer within {timeout_s:g} s; the request waits in {spool.inbox}"}
