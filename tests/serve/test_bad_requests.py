@@ -23,17 +23,9 @@ from spswap.serve.front import ask
 from spswap.serve.spool import Request, Spool
 
 torch = pytest.importorskip("torch")
-from spswap.engines.reference import ReferenceEngine, save_checkpoint  # noqa: E402
+from spswap.engines.reference import save_checkpoint  # noqa: E402
 from spswap.engines.reference_model import preset  # noqa: E402
-
-
-def _cold(model: Path, prompt: list[int], n: int) -> list[int]:
-    eng = ReferenceEngine(preset("tiny"), "cpu")
-    eng.load_from_checkpoint(model)
-    try:
-        return eng.generate([prompt], n)[0]
-    finally:
-        eng.close()
+from tests.helpers.reference import cold_answers  # noqa: E402
 
 
 def _serve(model: Path, state: Path, sock: Path, root: Path) -> subprocess.Popen[str]:
@@ -67,7 +59,7 @@ def test_bad_requests_get_errors_and_the_server_goes_on(tmp_path: Path) -> None:
     proc = _serve(model, tmp_path / "state", sock, tmp_path / "root")
     try:
         good = ask(sock, {"id": "good1", "prompt_ids": [4, 5, 6], "max_new_tokens": 6})
-        assert good["ok"] and good["output_ids"] == _cold(model, [4, 5, 6], 6)
+        assert good["ok"] and good["output_ids"] == cold_answers(model, [[4, 5, 6]], 6)[0]
         far = ask(sock, {"id": "far", "prompt_ids": [99999], "max_new_tokens": 4})
         assert not far["ok"] and f"token ids must lie in [0, {vocab})" in far["error"]
         long = ask(sock, {"id": "long", "prompt_ids": [1, 2], "max_new_tokens": max_len})
@@ -213,7 +205,7 @@ def test_a_stop_drains_a_long_request_within_the_limit_and_saves_it(tmp_path: Pa
                            text=True, timeout=300)  # fmt: skip
     assert again.returncode == 0, again.stderr
     answer = json.loads((tmp_path / "state" / "outbox" / "long.json").read_text())
-    assert answer["output_ids"] == _cold(model, [1, 2, 3], 250)
+    assert answer["output_ids"] == cold_answers(model, [[1, 2, 3]], 250)[0]
 
 
 def test_at_a_stop_a_client_whose_answer_came_gets_it_not_saved(tmp_path: Path) -> None:

@@ -19,17 +19,9 @@ from spswap.errors import SpswapError
 from spswap.serve.front import ask
 
 torch = pytest.importorskip("torch")
-from spswap.engines.reference import ReferenceEngine, save_checkpoint  # noqa: E402
+from spswap.engines.reference import save_checkpoint  # noqa: E402
 from spswap.engines.reference_model import preset  # noqa: E402
-
-
-def _cold(model: Path, prompt: list[int], n: int) -> list[int]:
-    eng = ReferenceEngine(preset("tiny"), "cpu")
-    eng.load_from_checkpoint(model)
-    try:
-        return eng.generate([prompt], n)[0]
-    finally:
-        eng.close()
+from tests.helpers.reference import cold_answers  # noqa: E402
 
 
 def test_ask_over_the_socket(tmp_path: Path) -> None:
@@ -50,7 +42,7 @@ def test_ask_over_the_socket(tmp_path: Path) -> None:
             time.sleep(0.05)
         assert stat.S_IMODE(sock.stat().st_mode) == 0o600
         a = ask(sock, {"id": "q1", "prompt_ids": [4, 5, 6], "max_new_tokens": 6})
-        assert a["ok"] and a["output_ids"] == _cold(model, [4, 5, 6], 6)
+        assert a["ok"] and a["output_ids"] == cold_answers(model, [[4, 5, 6]], 6)[0]
         again = ask(sock, {"id": "q1", "prompt_ids": [4, 5, 6], "max_new_tokens": 6})
         assert again["output_ids"] == a["output_ids"]  # answered once, kept
         bad = ask(sock, {"id": "../x", "prompt_ids": [1]})
@@ -131,8 +123,8 @@ def test_serve_socket_auto_with_a_foreign_runtime_dir(tmp_path: Path) -> None:
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        assert ask(sock, {"prompt_ids": [4, 5], "max_new_tokens": 3})["output_ids"] == _cold(
-            model, [4, 5], 3)
+        assert ask(sock, {"prompt_ids": [4, 5], "max_new_tokens": 3})["output_ids"] == cold_answers(
+            model, [[4, 5]], 3)[0]
         assert not list(theirs.iterdir())
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=60)

@@ -17,8 +17,9 @@ from spswap.serve.spool import Spool
 from spswap.serve.spool_ask import ask_spool, state_dir_of
 
 torch = pytest.importorskip("torch")
-from spswap.engines.reference import ReferenceEngine, save_checkpoint  # noqa: E402
+from spswap.engines.reference import save_checkpoint  # noqa: E402
 from spswap.engines.reference_model import preset  # noqa: E402
+from tests.helpers.reference import cold_answers  # noqa: E402
 
 
 def test_ask_by_state_dir_is_answered_by_the_server(tmp_path: Path) -> None:
@@ -39,10 +40,8 @@ def test_ask_by_state_dir_is_answered_by_the_server(tmp_path: Path) -> None:
                               "--max-new-tokens", "5", "--state-dir", str(state)],
                              env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
         assert cli.returncode == 0, cli.stderr
-        eng = ReferenceEngine(preset("tiny"), "cpu")
-        eng.load_from_checkpoint(model)
-        assert cli.stdout.strip() == ",".join(map(str, eng.generate([[4, 5, 6]], 5)[0]))
-        eng.close()
+        (want,) = cold_answers(model, [[4, 5, 6]], 5)
+        assert cli.stdout.strip() == ",".join(map(str, want))
         bad = ask_spool(state, {"prompt_ids": [99999], "max_new_tokens": 2}, timeout_s=60)
         assert bad["ok"] is False and "token ids must lie in" in bad["error"]
     finally:

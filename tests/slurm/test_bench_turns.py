@@ -19,7 +19,7 @@ from spswap.bench.turns import DEFAULT_PROMPT
 from tests.slurm.conftest import SlurmCluster, wait_for
 
 torch = pytest.importorskip("torch")
-from spswap.engines.reference import ReferenceEngine, load_config  # noqa: E402
+from tests.helpers.reference import cold_answers  # noqa: E402
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -27,15 +27,6 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 def _as_user(uid: int) -> list[str]:
     gid = pwd.getpwuid(uid).pw_gid
     return ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--init-groups"]
-
-
-def _cold(model: Path, max_new: int) -> list[int]:
-    eng = ReferenceEngine(load_config(model), "cpu")
-    eng.load_from_checkpoint(model)
-    try:
-        return eng.generate([list(DEFAULT_PROMPT)], max_new)[0]
-    finally:
-        eng.close()
 
 
 def test_bench_turns_as_a_normal_user(slurm_cluster: SlurmCluster, user_uid: int) -> None:
@@ -78,8 +69,8 @@ def test_bench_turns_as_a_normal_user(slurm_cluster: SlurmCluster, user_uid: int
         outbox = {t["model"]: top / "work" / ".spswap" / report["job_ids"][t["model"]]
                   / "outbox" / f"turn{t['index']:03d}.json" for t in turns[:3]}  # fmt: skip
         for name, path in outbox.items():
-            assert json.loads(path.read_text())["output_ids"] == \
-                _cold(top / "work" / "models" / name, max_new), name  # fmt: skip
+            assert [json.loads(path.read_text())["output_ids"]] == cold_answers(
+                top / "work" / "models" / name, [list(DEFAULT_PROMPT)], max_new), name
         _assert_nothing_left(slurm_cluster, list(report["job_ids"].values()), top)
     finally:
         shutil.rmtree(top, ignore_errors=True)

@@ -22,8 +22,9 @@ from spswap.slots.table import SlotTable
 from tests.slurm.conftest import SlurmCluster, wait_for
 
 torch = pytest.importorskip("torch")
-from spswap.engines.reference import ReferenceEngine, save_checkpoint  # noqa: E402
+from spswap.engines.reference import save_checkpoint  # noqa: E402
 from spswap.engines.reference_model import preset  # noqa: E402
+from tests.helpers.reference import cold_answers  # noqa: E402
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 MAX_NEW = 12
@@ -35,15 +36,6 @@ def _requests(path: Path, prefix: str, n: int) -> list[list[int]]:
                                         "max_new_tokens": MAX_NEW}) + "\n"
                             for i, p in enumerate(prompts)))
     return prompts
-
-
-def _cold(model: Path, name: str, prompts: list[list[int]]) -> list[list[int]]:
-    eng = ReferenceEngine(preset(name), "cpu")
-    eng.load_from_checkpoint(model)
-    try:
-        return [eng.generate([p], MAX_NEW)[0] for p in prompts]
-    finally:
-        eng.close()
 
 
 def _submit(cluster: SlurmCluster, script: str, name: str) -> str:
@@ -143,9 +135,9 @@ def test_preempted_job_resumes_its_requests_and_answers_like_cold(
     assert runs == [0, 1], f"A must answer in both runs; log:\n{log_a}"
     _assert_swapped(log_a, "SIGUSR1")
     assert [answers_a[f"a{i:02d}"]["output_ids"] for i in range(len(prompts_a))] == \
-        _cold(model_a, "small", prompts_a)
+        cold_answers(model_a, prompts_a, MAX_NEW)
     assert [answers_b[f"b{i:02d}"]["output_ids"] for i in range(len(prompts_b))] == \
-        _cold(model_b, "tiny", prompts_b)
+        cold_answers(model_b, prompts_b, MAX_NEW)
     assert not list((state_a / "inbox").glob("*.json"))
     from spswap.slurm.backend import CliBackend
 
@@ -190,7 +182,7 @@ def test_requeue_and_usr1_take_the_same_path(slurm_cluster: SlurmCluster, how: s
     if _criu_usable() and slurm_cluster.proctrack == "cgroup":
         _assert_parked(slurm_cluster, job, early_requeue=how != "scontrol-requeue")
     assert [answers[f"rq-{how}{i:02d}"]["output_ids"] for i in range(len(prompts))] == \
-        _cold(model, "small", prompts)
+        cold_answers(model, prompts, MAX_NEW)
     table = SlotTable(slurm_cluster.spswap_root / "slots", [0, 1])
     wait_for("every slot released", lambda: table.reservations() == [], timeout_s=30)
 
@@ -255,7 +247,7 @@ def test_a_dump_that_fails_after_the_early_requeue_ends_the_instance(
     answers = _answers(state)
     assert sorted({a["restart_count"] for a in answers.values()}) == [0, 1]
     assert [answers[f"early-fail{i:02d}"]["output_ids"] for i in range(len(prompts))] == \
-        _cold(model, "small", prompts)
+        cold_answers(model, prompts, MAX_NEW)
 
 
 def test_scancel_does_not_checkpoint_a_job_that_will_not_come_back(
@@ -297,7 +289,8 @@ def test_ask_by_job_id_from_outside_the_job(slurm_cluster: SlurmCluster) -> None
                               str(MAX_NEW), "--job", job], env=env, capture_output=True,
                              text=True, timeout=120)  # fmt: skip
         assert out.returncode == 0, out.stderr
-        assert out.stdout.strip() == ",".join(map(str, _cold(model, "small", [[7, 8, 9]])[0]))
+        (want,) = cold_answers(model, [[7, 8, 9]], MAX_NEW)
+        assert out.stdout.strip() == ",".join(map(str, want))
     finally:
         from spswap.slurm.backend import CliBackend
 
