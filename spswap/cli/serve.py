@@ -106,7 +106,7 @@ def serve(
     it and it serves on. Without spswapd it stops the server, releases the slot and asks
     for a requeue; the next run starts from the pool, without disk.
     """
-    from spswap.serve.runtime import ServeOptions, Server
+    from spswap.serve.runtime import ServeOptions, reference_run
     from spswap.slurm.env import JobEnv
 
     cfg = load_config(root)
@@ -154,7 +154,7 @@ def serve(
             check_servable(engine, model)
         return make_engine(o)
 
-    server = Server(
+    server = reference_run(
         cfg, opts, engine_factory=factory,
         job_id=job.job_id if job else None,
         restart_count=job.restart_count if job else 0,
@@ -164,13 +164,8 @@ def serve(
     )  # fmt: skip
     server.install_signal_handlers()
     result = server.run()
-    summary = {
-        "answered": result.answered, "resumed": result.resumed,
-        "stopped_by": result.stopped_by, "pending_left": result.pending_left,
-        "state_dir": str(state_dir), "events": result.events,
-    }  # fmt: skip
     if json:
-        emit_json(summary)
+        emit_json({**result.to_json(), "state_dir": str(state_dir)})
     else:
         err_console.print(
             f"spswap serve: answered {result.answered}, {result.pending_left} left in "
@@ -188,7 +183,7 @@ def _serve_vllm(
     import shlex
 
     from spswap.engines.vllm_engine import VllmSettings, kv_cache_bytes
-    from spswap.serve.vllm_run import VllmServe, VllmServeOptions
+    from spswap.serve.vllm_run import VllmServeOptions, vllm_run
 
     if gpu_memory_utilization is None:
         gpu_memory_utilization = round(0.9 * units / 4, 3)
@@ -202,7 +197,7 @@ def _serve_vllm(
         http_port=port, http_host=host, launcher=tuple(shlex.split(launcher or "")),
         drain_s=drain_s,
     )  # fmt: skip
-    run = VllmServe(
+    run = vllm_run(
         cfg, opts, job_id=job.job_id if job else None,
         restart_count=job.restart_count if job else 0,
         requeue=_requeue if requeue else None,
@@ -212,9 +207,9 @@ def _serve_vllm(
     run.install_signal_handlers()
     result = run.run()
     if json_out:
-        emit_json(result)
+        emit_json({**result.to_json(), "state_dir": str(state_dir)})
     else:
-        err_console.print(f"spswap serve: stopped ({result['stopped_by'] or 'server ended'})",
+        err_console.print(f"spswap serve: stopped ({result.stopped_by or 'server ended'})",
                           markup=False)  # fmt: skip
 
 

@@ -5,13 +5,10 @@ The ``LLM`` is created with sleep mode on and spswap's worker extension
 (:class:`spswap.engines.vllm_worker.SpswapWorkerExtension`), which exports the loaded
 weights to the pool and copies them back. A swap is::
 
-    sleep:  llm.sleep(level=2)                      weights and KV cache discarded
-    wake:   llm.wake_up(tags=["weights"])           weight memory mapped again (garbage)
-            collective_rpc("spswap_copy")           weights copied from the pool mapping
-            llm.wake_up(tags=["kv_cache"])          KV cache back only after the weights
-            llm.reset_prefix_cache()                with prefix caching on: nothing computed
-                                                    from garbage survives (vLLM's sleep
-                                                    already cleared it)
+    sleep:  llm.sleep(level=2)         weights and KV cache discarded
+    wake:   spswap.engines.vllm_wake   weights' memory, the copy from the pool mapping,
+                                       the KV cache, the prefix cache (the one sequence,
+                                       shared with ``spswap serve --engine vllm``)
 
 Start without disk: :meth:`VllmEngine.load_from_pool` builds the engine with
 ``load_format="dummy"`` and fills it from a pool entry exported earlier by an engine
@@ -22,24 +19,26 @@ imports without it, and :func:`available` says whether it is there.
 from __future__ import annotations
 
 import gc
-import hashlib
-import json
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from spswap.engines.protocol import EngineInfo
+from spswap.engines.vllm_identity import (
+    find_entry,
+    identity_matches,
+    model_config_hash,
+    weights_fingerprint,
+)
+from spswap.engines.vllm_wake import WakeTimes, wake
 from spswap.errors import EngineError
 from spswap.instance.state import Instance, Primitive, State
 
 ENGINE_KIND = "vllm"
 WORKER_EXTENSION = "spswap.engines.vllm_worker.SpswapWorkerExtension"
-# Identity keys that must match for a pool entry to fit an engine's weight layout.
-IDENTITY_KEYS = ("engine", "vllm", "tp_size", "rank", "dtype", "model_config_hash", "weights")
-
 def available() -> bool:
     """Whether vLLM can be imported here (it is not on CPU-only machines)."""
     import importlib.util
@@ -121,35 +120,6 @@ def llm_kwargs(model_dir: Path, settings: VllmSettings, *, dummy: bool) -> dict[
     }  # fmt: skip
 
 
-def model_config_hash(model_dir: Path) -> str:
-    """sha256 of the model's ``config.json`` with sorted keys: the weight layout vLLM
-    builds depends on it (shapes, tying, architecture), not on where the file lives."""
-    path = Path(model_dir) / "config.json"
-    try:
-        config = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise EngineError(f"{path} not found: a vLLM model directory needs config.json") from None
-    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
-
-
-def weights_fingerprint(model_dir: Path) -> str:
-    """Which weight files the model directory holds: sha256 over each ``*.safetensors``
-    (and index) file's name, size, times and inode, without reading them. Two checkpoints
-    of one training run share config.json; this tells them apart (a copied or touched
-    file counts as new: one more export, never the wrong weights). A file rewritten in
-    place changes its ctime, which no user can set back: stat is enough, no hashing."""
-    d = Path(model_dir)
-    files = sorted([*d.glob("*.safetensors"), *d.glob("*.safetensors.index.json")])
-    h = hashlib.sha256()
-    for f in files:
-        st = f.stat()
-        # size and mtime alone repeat across checkpoints of one model whose times were
-        # preserved (tar, rsync -a): the inode and its change time tell them apart
-        h.update(f"{f.name}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_dev}\0{st.st_ino}\0"
-                 f"{st.st_ctime_ns}\n".encode())
-    return h.hexdigest()
-
-
 def engine_identity(
     model_dir: Path, settings: VllmSettings, version: str, *, rank: int = 0
 ) -> dict[str, Any]:
@@ -159,36 +129,6 @@ def engine_identity(
         "rank": rank, "dtype": settings.dtype, "model_config_hash": model_config_hash(model_dir),
         "weights": weights_fingerprint(model_dir),
     }  # fmt: skip
-
-
-def identity_matches(entry_identity: dict[str, Any], wanted: dict[str, Any]) -> bool:
-    """Whether an entry's identity fits: every key of :data:`IDENTITY_KEYS` equal."""
-    return all(entry_identity.get(k) == wanted.get(k) for k in IDENTITY_KEYS)
-
-
-def trusted_owner(entry_identity: dict[str, Any], uid: int) -> bool:
-    """Whether an exported entry may be loaded by ``uid``: exported by that user or by
-    root through spswapd (``owner_uid``), or written into the pool directly (no
-    ``owner_uid``: only the pool's owner can do that)."""
-    owner = entry_identity.get("owner_uid")
-    return owner is None or owner in (0, uid)
-
-
-def find_entry(pool: Any, identity: dict[str, Any], uid: int | None = None) -> Any | None:
-    """The pool entry (a Manifest) for ``identity``: the one recorded for it as exported by
-    ``uid`` (default: this process's user) or root, else the newest whose identity
-    matches and whose exporter ``uid`` trusts (:func:`trusted_owner`), or None."""
-    uid = os.getuid() if uid is None else uid
-    from spswap.pool.store import alias_key
-
-    for who in dict.fromkeys((uid, 0)):  # exported (or re-exported: same bytes) by uid, root
-        hit = pool.find_alias(alias_key(identity, who))
-        if hit is not None:
-            return hit
-    hits = [e.manifest for e in pool.entries()
-            if identity_matches(e.manifest.identity, identity)
-            and trusted_owner(e.manifest.identity, uid)]  # fmt: skip
-    return max(hits, key=lambda m: m.created) if hits else None
 
 
 def rank_result(results: list[Any], method: str, tp_size: int) -> dict[str, Any]:
@@ -208,21 +148,6 @@ def transfer_report(d: dict[str, Any]) -> Any:
 
     keys = ("size_bytes", "seconds", "device", "tensors", "registered", "register_s")
     return TransferReport(**{k: d[k] for k in keys})
-
-
-@dataclass
-class WakeTimes:
-    """Where a wake's time went, as the engine's owner sees it (seconds)."""
-
-    wake_weights_s: float = 0.0
-    copy_s: float = 0.0  # the collective_rpc, round trip
-    wake_kv_s: float = 0.0
-    reset_prefix_s: float = 0.0
-    copy: dict[str, Any] = field(default_factory=dict)  # the worker's TransferReport
-
-    @property
-    def total_s(self) -> float:
-        return self.wake_weights_s + self.copy_s + self.wake_kv_s + self.reset_prefix_s
 
 
 class VllmEngine:
@@ -258,10 +183,6 @@ class VllmEngine:
         self.instance = Instance(name=self.name, state=State.UP)
         return time.perf_counter() - start
 
-    def _rpc(self, method: str, *args: Any) -> dict[str, Any]:
-        results = self._loaded().collective_rpc(method, args=args)
-        return rank_result(results, method, self.settings.tensor_parallel_size)
-
     def load_from_checkpoint(self, path: Path) -> float:
         """Cold start: a fresh ``LLM`` reading the safetensors in ``path`` (the model
         directory); returns seconds."""
@@ -284,7 +205,7 @@ class VllmEngine:
                 f"{manifest.identity}, this engine needs {self.identity()}: export it from "
                 "an engine with the same vLLM version, dtype, parallel layout and config"
             )
-        loaded = self._rpc("spswap_load", str(pool.pool_dir), manifest.digest)
+        loaded = self.rpc("spswap_load", str(pool.pool_dir), manifest.digest)
         self._attached = loaded["attach"]
         self._source = f"pool:{manifest.digest}"
         self.last_start_s = time.perf_counter() - start
@@ -304,7 +225,7 @@ class VllmEngine:
 
     def attach(self, pool: Any, ref: str) -> dict[str, Any]:
         """Map and register pool entry ``ref`` in the worker, so :meth:`wake` can copy."""
-        self._attached = self._rpc("spswap_attach", str(pool.pool_dir), ref)
+        self._attached = self.rpc("spswap_attach", str(pool.pool_dir), ref)
         return self._attached
 
     # -- Sleep <-> Up -------------------------------------------------------------------
@@ -322,37 +243,34 @@ class VllmEngine:
         return self.instance.last_duration_s
 
     def wake(self) -> Any:
-        """Sleep -> Up: weights memory back, weights copied from the pool, then the KV
-        cache, then an empty prefix cache. Returns the copy's TransferReport;
-        :attr:`last_wake` holds the breakdown."""
-        llm = self._loaded()
-        t = WakeTimes()
+        """Sleep -> Up through the one wake sequence (:func:`spswap.engines.vllm_wake.wake`):
+        weights memory back, weights copied from the pool, the KV cache, an empty prefix
+        cache. Returns the copy's TransferReport; :attr:`last_wake` holds the breakdown."""
+        self._loaded()
         with self.instance.step(Primitive.WAKE):
-            s = time.perf_counter()
-            llm.wake_up(tags=["weights"])
-            t.wake_weights_s = time.perf_counter() - s
-            s = time.perf_counter()
-            since = None if self._slept_at is None else time.monotonic() - self._slept_at
-            t.copy = self._rpc("spswap_copy", None, since)  # the worker picks the pull
-            t.copy_s = time.perf_counter() - s
-            s = time.perf_counter()
-            llm.wake_up(tags=["kv_cache"])
-            t.wake_kv_s = time.perf_counter() - s
-            if self.settings.enable_prefix_caching:
-                # vLLM clears the prefix cache when it sleeps, and the weights are back
-                # before any KV block is computed; with caching on, make sure anyway.
-                s = time.perf_counter()
-                llm.reset_prefix_cache()
-                t.reset_prefix_s = time.perf_counter() - s
+            t = wake(self, prefix_caching=self.settings.enable_prefix_caching,
+                     slept_at=self._slept_at)  # fmt: skip
         self.last_wake = t
         return transfer_report(t.copy)
+
+    # the calls a wake is made of (vllm_wake.WakeOps)
+    def wake_up(self, tags: list[str]) -> None:
+        self._loaded().wake_up(tags=tags)
+
+    def rpc(self, method: str, *args: Any) -> dict[str, Any]:
+        """A worker-extension method on every rank; rank 0's reply."""
+        results = self._loaded().collective_rpc(method, args=args)
+        return rank_result(results, method, self.settings.tensor_parallel_size)
+
+    def reset_prefix_cache(self) -> None:
+        self._loaded().reset_prefix_cache()
 
     def trim(self) -> dict[str, Any]:
         """Asleep, before a CUDA checkpoint: return cached device blocks to the driver
         (see ``spswap_trim``); returns the device's memory figures."""
         if self.state is not State.SLEEP:
             raise EngineError(f"{self.name} is {self.state.value}: trim only after sleep()")
-        return self._rpc("spswap_trim")
+        return self.rpc("spswap_trim")
 
     @property
     def state(self) -> State:
@@ -392,16 +310,16 @@ class VllmEngine:
         tp = self.settings.tensor_parallel_size
         entry_name = name if tp == 1 else f"{name}.tp{tp}"
         identity = {k: v for k, v in self.identity().items() if k not in ("rank", "tp_size")}
-        out = self._rpc("spswap_export", str(pool.pool_dir), entry_name, identity)
+        out = self.rpc("spswap_export", str(pool.pool_dir), entry_name, identity)
         return pool.find(out["digest"])
 
     def weights_info(self) -> dict[str, Any]:
         """Rank 0's weight bytes, tensor count and dtypes."""
-        return self._rpc("spswap_weights_info")
+        return self.rpc("spswap_weights_info")
 
     def pinned_copy_limit(self, size_bytes: int) -> dict[str, Any]:
         """Host->GPU rate from a pinned buffer in the engine's own process (best of 5)."""
-        return self._rpc("spswap_pinned_copy_limit", int(size_bytes))
+        return self.rpc("spswap_pinned_copy_limit", int(size_bytes))
 
     def health(self) -> EngineInfo:
         """State and footprint now."""

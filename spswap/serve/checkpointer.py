@@ -162,3 +162,44 @@ def stand_in_for(pid: int, stop_requested: Callable[[], str | None],
                 break
         time.sleep(poll_s)
     return forwarded or stop_requested()
+
+
+def process_tree(pid: int) -> list[tuple[int, int]]:
+    """``pid`` and its descendants now, each with its start time (a pid reused later by
+    another process is not the same process)."""
+    from spswap.checkpoint.proctree import process_tree_pids
+    from spswap.liveness import pid_start_time
+
+    return [(p, start) for p in process_tree_pids(pid)
+            if (start := pid_start_time(p)) is not None]  # fmt: skip
+
+
+def end_left_behind(tree: list[tuple[int, int]], timeout_s: float = 10.0) -> list[int]:
+    """End what is still running of a dead instance's ``tree`` (from :func:`process_tree`):
+    e.g. its vLLM server, orphaned when the instance was killed, which would otherwise
+    keep its GPU memory and serve no one. SIGKILL (nothing of it is to be saved), then
+    wait until each has exited; returns the pids that were running."""
+    import os
+    import time
+
+    from spswap.liveness import pid_start_time
+
+    def running(pid: int, start: int) -> bool:
+        if pid_start_time(pid) != start:
+            return False
+        try:  # a zombie has exited (its memory, GPU memory too, is given back)
+            stat = open(f"/proc/{pid}/stat").read()  # noqa: SIM115
+        except OSError:
+            return False
+        return stat[stat.rindex(")") + 2 :].split(" ", 1)[0] != "Z"
+
+    left = [(p, start) for p, start in tree if running(p, start)]
+    for p, _ in left:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + timeout_s
+    while any(running(p, start) for p, start in left) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [p for p, _ in left]

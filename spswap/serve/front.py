@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from spswap.errors import SpswapError
-from spswap.serve.spool import Request, Spool
+from spswap.serve.spool import Request, Spool, answered, not_answered, refused
 
 MAX_LINE_BYTES = 1 << 20
 ANSWER_POLL_S = 0.01
@@ -167,19 +167,18 @@ class Front:
         try:
             req = Request.from_json(json.loads(line))
         except (ValueError, SpswapError) as e:
-            return {"ok": False, "error": f"bad request: {e}"}
+            return refused(f"bad request: {e}")
         self.spool.submit(req)
         while True:
             # asked once more after a stop began: an answer given meanwhile is the truth
             closing = self._closing.is_set()
             answer = self.spool.answer(req.id)
             if answer is not None:
-                return {"ok": answer.get("error") is None, **answer}
+                return answered(answer)
             if closing:
                 break
             time.sleep(ANSWER_POLL_S)
-        return {"ok": False, "saved": True, "id": req.id,
-                "error": f"{self._reason} (see the outbox of the state directory)"}
+        return not_answered(req.id, f"{self._reason} (see the outbox of the state directory)")
 
 
 def _lines(conn: socket.socket) -> Any:
@@ -190,7 +189,7 @@ def _lines(conn: socket.socket) -> Any:
             return
         buf += chunk
         if len(buf) > MAX_LINE_BYTES:
-            _send(conn, {"ok": False, "error": f"request larger than {MAX_LINE_BYTES} bytes"})
+            _send(conn, refused(f"request larger than {MAX_LINE_BYTES} bytes"))
             return
         while b"\n" in buf:
             line, buf = buf.split(b"\n", 1)

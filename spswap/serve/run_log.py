@@ -104,13 +104,14 @@ def process_started_s(pid: int | None = None) -> float:
     return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - since_boot_s)
 
 
-def note_run(state_dir: Path, restart_count: int, path: RunPath, *,
+def note_run(state_dir: Path, restart_count: int, path: RunPath, *, started_s: float,
              reason: str | None = None, log: Any = print) -> RunRecord | None:  # fmt: skip
-    """Record that this run serves now; a failure to write is logged, never fatal (the
-    record is for the user's eyes and benchmarks, not for serving)."""
+    """Record that this run serves now (``started_s``: when its process started, see
+    :func:`process_started_s`); a failure to write is logged, never fatal (the record is
+    for the user's eyes and benchmarks, not for serving)."""
     try:
         record = RunRecord(restart_count=restart_count, path=path,
-                           started_s=process_started_s(), serving_s=time.time(),
+                           started_s=started_s, serving_s=time.time(),
                            pid=os.getpid(), reason=reason)  # fmt: skip
         append_run(state_dir, record)
         return record

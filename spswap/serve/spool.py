@@ -27,6 +27,23 @@ RUNNING_FILE = "running.json"  # the request the server answers right now
 _ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 
 
+def answered(answer: dict[str, Any]) -> dict[str, Any]:
+    """The answer to an asker (socket or spool): the outbox record, with ``ok`` true when
+    it holds tokens, false when it holds an error."""
+    return {"ok": answer.get("error") is None, **answer}
+
+
+def not_answered(request_id: str, why: str) -> dict[str, Any]:
+    """The answer to an asker whose request was not answered (yet): it is saved in the
+    spool (``saved``), answered by this run or the job's next; ask again with its id."""
+    return {"ok": False, "saved": True, "id": request_id, "error": why}
+
+
+def refused(why: str) -> dict[str, Any]:
+    """The answer to a request that was never taken (bad input): nothing is saved."""
+    return {"ok": False, "error": why}
+
+
 @dataclass(frozen=True)
 class Request:
     """One generation request: token ids in, greedy token ids out."""

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from spswap.errors import SpswapError
-from spswap.serve.spool import Request, Spool
+from spswap.serve.spool import Request, Spool, answered, not_answered
 
 POLL_S = 0.05
 
@@ -66,6 +66,6 @@ def ask_spool(state_dir: Path, request: dict[str, Any], *, timeout_s: float) -> 
     spool.submit(req)
     answer = await_answer(spool, req.id, time.monotonic() + timeout_s)
     if answer is not None:
-        return {"ok": answer.get("error") is None, **answer}
-    return {"ok": False, "saved": True, "id": req.id,
-            "error": f"no answer within {timeout_s:g} s; the request waits in {spool.inbox}"}
+        return answered(answer)
+    return not_answered(req.id, f"no answer within {timeout_s:g} s; the request waits in "
+                        f"{spool.inbox}")  # fmt: skip

@@ -9,9 +9,10 @@ authenticated TCP front (:mod:`spswap.serve.http_front`), which forwards the Ope
 paths only.
 
 A swap through the server is the same as :class:`~spswap.engines.vllm_engine.VllmEngine`'s:
-``/sleep?level=2``; ``/wake_up?tags=weights``, ``spswap_copy`` through
-``/collective_rpc``, ``/wake_up?tags=kv_cache``. This module imports neither vLLM nor
-torch: the server is another process.
+``/sleep?level=2``, then the one wake sequence of :mod:`spswap.engines.vllm_wake`
+(``/wake_up?tags=weights``, ``spswap_copy`` through ``/collective_rpc``,
+``/wake_up?tags=kv_cache``, ``/reset_prefix_cache`` with prefix caching on). This module
+imports neither vLLM nor torch: the server is another process.
 """
 
 from __future__ import annotations
@@ -26,12 +27,12 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
 from spswap.engines.vllm_engine import WORKER_EXTENSION, VllmSettings, engine_env
+from spswap.engines.vllm_wake import WakeTimes, wake
 from spswap.errors import EngineError, StopRequested
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -185,17 +186,6 @@ def requests_in_flight(metrics_text: str) -> int:
     return int(total)
 
 
-@dataclass
-class ServerTimes:
-    """Where a swap's time went, seconds, as seen from spswap serve."""
-
-    sleep_s: float = 0.0
-    wake_weights_s: float = 0.0
-    copy_s: float = 0.0
-    wake_kv_s: float = 0.0
-    copy: dict[str, Any] = field(default_factory=dict)
-
-
 class VllmApiServer:
     """One vLLM OpenAI server process on a private Unix socket, driven by spswap."""
 
@@ -213,7 +203,8 @@ class VllmApiServer:
         self.user_args = list(user_args)
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
-        self.times = ServerTimes()
+        self.sleep_s = 0.0  # the last sleep's seconds
+        self.last_wake: WakeTimes | None = None
         self._slept_at: float | None = None  # monotonic time of the last level-2 sleep
 
     # -- process ------------------------------------------------------------------------
@@ -305,25 +296,24 @@ class VllmApiServer:
         (their clients see an error and retry). Returns seconds."""
         t0 = time.perf_counter()
         self.call("POST", "/sleep?" + urlencode({"level": 2, "mode": "abort"}))
-        self.times.sleep_s = time.perf_counter() - t0
+        self.sleep_s = time.perf_counter() - t0
         self._slept_at = time.monotonic()
-        return self.times.sleep_s
+        return self.sleep_s
 
     def wake(self) -> dict[str, Any]:
-        """Weights' memory back, weights from the attached pool entry, then the KV cache.
-        Returns the copy's report (a TransferReport dict)."""
-        t = self.times
-        t0 = time.perf_counter()
-        self.call("POST", "/wake_up?" + urlencode({"tags": "weights"}))
-        t.wake_weights_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        since = None if self._slept_at is None else time.monotonic() - self._slept_at
-        t.copy = self.rpc("spswap_copy", None, since)  # the worker picks the pull
-        t.copy_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        self.call("POST", "/wake_up?" + urlencode({"tags": "kv_cache"}))
-        t.wake_kv_s = time.perf_counter() - t0
-        return t.copy
+        """The one wake sequence (:func:`spswap.engines.vllm_wake.wake`) through the
+        server's endpoints. Returns the copy's report (a TransferReport dict);
+        :attr:`last_wake` holds the breakdown."""
+        self.last_wake = wake(self, prefix_caching=self.settings.enable_prefix_caching,
+                              slept_at=self._slept_at)  # fmt: skip
+        return self.last_wake.copy
+
+    # the calls a wake is made of (vllm_wake.WakeOps), as development endpoints
+    def wake_up(self, tags: list[str]) -> None:
+        self.call("POST", "/wake_up?" + urlencode({"tags": tags}, doseq=True))
+
+    def reset_prefix_cache(self) -> None:
+        self.call("POST", "/reset_prefix_cache")
 
     def in_flight(self) -> int | None:
         """Requests the engine is running or has queued (from ``/metrics``); None when the

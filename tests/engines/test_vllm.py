@@ -37,12 +37,14 @@ from spswap.engines.vllm_engine import (  # noqa: E402
     available,
     engine_env,
     engine_identity,
-    find_entry,
-    identity_matches,
     llm_kwargs,
-    model_config_hash,
     rank_result,
     transfer_report,
+)
+from spswap.engines.vllm_identity import (  # noqa: E402
+    find_entry,
+    identity_matches,
+    model_config_hash,
     weights_fingerprint,
 )
 from spswap.engines.vllm_worker import SpswapWorkerExtension, weight_tensors  # noqa: E402
@@ -393,7 +395,7 @@ def test_export_round_trip_byte_for_byte(cold: Any) -> None:
     m = cold.manifest
     assert m.identity["engine"] == "vllm" and m.identity["rank"] == 0
     assert any("qkv_proj" in t.name for t in m.tensors)  # the form vLLM holds: fused
-    res = cold.engine._rpc("spswap_verify", str(cold.pool.pool_dir), m.digest)
+    res = cold.engine.rpc("spswap_verify", str(cold.pool.pool_dir), m.digest)
     assert res["differ"] == [] and res["checked"] == len(m.tensors)
 
 

@@ -25,8 +25,10 @@ torch = pytest.importorskip("torch")
 
 from spswap.config import Config  # noqa: E402
 from spswap.engines.vllm_engine import VllmSettings, available  # noqa: E402
+from spswap.serve.lifecycle import ServeRun  # noqa: E402
+from spswap.serve.run_log import RunPath  # noqa: E402
 from spswap.serve.vllm_api import uds_request  # noqa: E402
-from spswap.serve.vllm_run import ENDPOINT_FILE, VllmServe, VllmServeOptions  # noqa: E402
+from spswap.serve.vllm_run import ENDPOINT_FILE, VllmBackend, VllmServeOptions, vllm_run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [
@@ -65,7 +67,7 @@ def _run(cfg: Config, model: Path, state: Path, during: Any = None) -> dict[str,
     opts = VllmServeOptions(model=model, state_dir=state, start_timeout_s=400,
                             settings=VllmSettings(gpu_memory_utilization=0.3,
                                                   max_model_len=512))  # fmt: skip
-    run = VllmServe(cfg, opts, log=print)
+    run = vllm_run(cfg, opts, log=print)
     out: dict[str, Any] = {}
     th = threading.Thread(target=lambda: out.update(result=run.run()))
     th.start()
@@ -88,20 +90,22 @@ def test_two_runs_of_a_job_and_a_swap_through_the_server(tmp_path: Path) -> None
     model = _model(tmp_path)
     cfg = Config.from_env({}, root=Path(os.environ.get("SPSWAP_TEST_ROOT", tmp_path / "root")))
     first = _run(cfg, model, tmp_path / "s1")
-    assert first["result"]["from"] == "checkpoint"
+    assert first["result"].path is RunPath.COLD
 
-    def swap(run: VllmServe, uds: Path) -> dict[str, Any]:
-        sleep_s = run.server.sleep()
-        copy = run.server.wake()
+    def swap(run: ServeRun[VllmBackend], uds: Path) -> dict[str, Any]:
+        sleep_s = run.backend.server.sleep()
+        copy = run.backend.server.wake()
         return {"sleep_s": sleep_s, "copy": copy, "answers": _answers(uds, model),
-                "times": vars(run.server.times)}  # fmt: skip
+                "times": {"sleep_s": run.backend.server.sleep_s,
+                          **vars(run.backend.server.last_wake)}}  # fmt: skip
 
     second = _run(cfg, model, tmp_path / "s2", during=swap)
-    print(json.dumps({"first": first["result"], "second": second["result"],
+    print(json.dumps({"first": first["result"].to_json(),
+                      "second": second["result"].to_json(),
                       "swap": {k: v for k, v in second["during"].items() if k != "answers"}},
                      default=str))  # fmt: skip
-    assert second["result"]["from"] == "pool"
-    assert second["result"]["digest"] == first["result"]["digest"]
+    assert second["result"].path is RunPath.POOL
+    assert second["result"].digest == first["result"].digest
     assert second["answers"] == first["answers"]
     assert second["during"]["answers"] == first["answers"]
     assert second["during"]["copy"]["size_bytes"] > 0

@@ -221,7 +221,7 @@ def test_exports_are_stamped_with_the_importing_users_uid(
     """An engine export imported through spswapd carries the importer's uid, whatever the
     caller claimed, and only that user (or root) trusts it: no user can plant weights
     that another user's engine would load."""
-    from spswap.engines.vllm_engine import find_entry, trusted_owner
+    from spswap.engines.vllm_identity import find_entry, trusted_owner
 
     home = _user_dir(cfg, user_uid)
     path = write_st(home / "export.safetensors", tensors(5))

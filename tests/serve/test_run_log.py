@@ -51,7 +51,7 @@ def test_no_symlink_is_followed(tmp_path: Path) -> None:
     assert target.read_text() == ""
     # serving goes on: the failure is logged
     said: list[str] = []
-    assert note_run(tmp_path, 0, RunPath.COLD, log=said.append) is None
+    assert note_run(tmp_path, 0, RunPath.COLD, started_s=1.0, log=said.append) is None
     assert said and "could not add to" in said[0]
 
 

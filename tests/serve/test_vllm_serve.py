@@ -22,6 +22,8 @@ from spswap.config import Config  # noqa: E402
 from spswap.engines.vllm_engine import VllmSettings  # noqa: E402
 from spswap.errors import EngineError  # noqa: E402
 from spswap.pool.store import Pool  # noqa: E402
+from spswap.serve.lifecycle import ServeResult, ServeRun  # noqa: E402
+from spswap.serve.run_log import RunPath  # noqa: E402
 from spswap.serve.vllm_api import (  # noqa: E402
     VllmApiServer,
     api_server_argv,
@@ -30,7 +32,7 @@ from spswap.serve.vllm_api import (  # noqa: E402
     has_tokenizer,
     uds_request,
 )
-from spswap.serve.vllm_run import ENDPOINT_FILE, VllmServe, VllmServeOptions  # noqa: E402
+from spswap.serve.vllm_run import ENDPOINT_FILE, VllmBackend, VllmServeOptions, vllm_run  # noqa: E402
 from tests.serve.vllm_standin import save_model  # noqa: E402
 
 STANDIN = (sys.executable, str(Path(__file__).with_name("vllm_standin.py")))
@@ -131,7 +133,7 @@ def test_a_server_that_dies_at_start_says_why(tmp_path: Path) -> None:
     assert "no GPU here" in str(exc.value)
 
 
-def _run_in_thread(run: VllmServe) -> tuple[threading.Thread, dict[str, Any]]:
+def _run_in_thread(run: ServeRun[VllmBackend]) -> tuple[threading.Thread, dict[str, Any]]:
     out: dict[str, Any] = {}
 
     def go() -> None:
@@ -142,7 +144,7 @@ def _run_in_thread(run: VllmServe) -> tuple[threading.Thread, dict[str, Any]]:
 
     th = threading.Thread(target=go)
     th.start()
-    endpoint = run.opts.state_dir / ENDPOINT_FILE
+    endpoint = run.backend.opts.state_dir / ENDPOINT_FILE
     deadline = time.monotonic() + 60
     while not endpoint.exists():
         assert "error" not in out, out.get("error")
@@ -157,10 +159,10 @@ def test_first_run_exports_and_the_next_starts_from_the_pool(tmp_path: Path) -> 
     cfg = Config.from_env({}, root=tmp_path / "root")
     requeued: list[str] = []
 
-    def one_run(state: Path, sig: signal.Signals) -> tuple[dict[str, Any], list[int], dict]:
+    def one_run(state: Path, sig: signal.Signals) -> tuple[ServeResult, list[int], dict]:
         opts = VllmServeOptions(model=model, state_dir=state, launcher=STANDIN,
                                 start_timeout_s=60)  # fmt: skip
-        run = VllmServe(cfg, opts, job_id="77", requeue=requeued.append,
+        run = vllm_run(cfg, opts, job_id="77", requeue=requeued.append,
                         vllm_version="0.26.0-standin", log=lambda s: None)  # fmt: skip
         th, out = _run_in_thread(run)
         endpoint = json.loads((state / ENDPOINT_FILE).read_text())
@@ -178,7 +180,7 @@ def test_first_run_exports_and_the_next_starts_from_the_pool(tmp_path: Path) -> 
         return out["result"], answer, endpoint
 
     first, cold, _ = one_run(tmp_path / "s1", signal.SIGUSR1)
-    assert first["from"] == "checkpoint" and first["stopped_by"] == "SIGUSR1"
+    assert first.path is RunPath.COLD and first.stopped_by == "SIGUSR1"
     assert requeued == ["77"]  # USR1: the run asks for its requeue
     pool = Pool.from_config(cfg)
     [entry] = pool.entries()
@@ -187,8 +189,8 @@ def test_first_run_exports_and_the_next_starts_from_the_pool(tmp_path: Path) -> 
     assert entry.users == []  # the run's use ended with it
 
     second, warm, _ = one_run(tmp_path / "s2", signal.SIGTERM)
-    assert second["from"] == "pool" and second["digest"] == first["digest"]
-    assert second["copy"]["size_bytes"] > 0
+    assert second.path is RunPath.POOL and second.digest == first.digest
+    assert second.copy is not None and second.copy["size_bytes"] > 0
     assert warm == cold  # random dummy weights, then every byte from the pool
     assert requeued == ["77"]  # SIGTERM: no requeue request
 
@@ -238,14 +240,14 @@ def test_a_users_export_goes_through_a_private_file(tmp_path: Path,
     for n in (1, 2):
         opts = VllmServeOptions(model=model, state_dir=tmp_path / f"s{n}", launcher=STANDIN,
                                 start_timeout_s=60)  # fmt: skip
-        run = VllmServe(cfg, opts, pool=pool, vllm_version="x", log=lambda s: None)
+        run = vllm_run(cfg, opts, pool=pool, vllm_version="x", log=lambda s: None)
         th, out = _run_in_thread(run)
-        answers.append(_complete(run.server.uds, [7, 8]))
+        answers.append(_complete(run.backend.server.uds, [7, 8]))
         run.handle_signal(signal.SIGTERM)
         th.join(30)
         assert "error" not in out, out.get("error")
         results.append(out["result"])
-    assert [r["from"] for r in results] == ["checkpoint", "pool"] and answers[0] == answers[1]
+    assert [r.path for r in results] == [RunPath.COLD, RunPath.POOL] and answers[0] == answers[1]
     [(fname, identity)] = pool.imports
     assert fname == "vllm-m.safetensors" and identity["vllm"] == "x" and identity["rank"] == 0
     # the private export directory (mkdtemp under $TMPDIR) is gone with its file
@@ -261,7 +263,7 @@ def test_port_opens_an_authenticated_front_named_in_the_endpoint(tmp_path: Path)
     state = tmp_path / "s"
     opts = VllmServeOptions(model=model, state_dir=state, launcher=STANDIN, start_timeout_s=60,
                             http_port=0)  # fmt: skip
-    run = VllmServe(cfg, opts, vllm_version="x", log=lambda s: None)
+    run = vllm_run(cfg, opts, vllm_version="x", log=lambda s: None)
     th, out = _run_in_thread(run)
     try:
         endpoint = json.loads((state / ENDPOINT_FILE).read_text())
@@ -275,12 +277,12 @@ def test_port_opens_an_authenticated_front_named_in_the_endpoint(tmp_path: Path)
         resp = conn.getresponse()
         assert resp.status == 200
         via_tcp = json.loads(resp.read())["choices"][0]["token_ids"]
-        assert via_tcp == _complete(run.server.uds, [4, 5, 6])
+        assert via_tcp == _complete(run.backend.server.uds, [4, 5, 6])
     finally:
         run.handle_signal(signal.SIGTERM)
         th.join(30)
     assert "error" not in out, out.get("error")
-    assert run.front is not None and run.front.port == port
+    assert run.backend.front is not None and run.backend.front.port == port
 
 
 def test_in_flight_requests_from_metrics_text() -> None:
@@ -312,7 +314,7 @@ def test_a_stop_drains_running_requests_first(tmp_path: Path, drain_s: float) ->
     opts = VllmServeOptions(model=model, state_dir=state, launcher=STANDIN, start_timeout_s=60,
                             http_port=0, drain_s=drain_s)  # fmt: skip
     logs: list[str] = []
-    run = VllmServe(cfg, opts, vllm_version="x", log=logs.append)
+    run = vllm_run(cfg, opts, vllm_version="x", log=logs.append)
     th, out = _run_in_thread(run)
     endpoint = json.loads((state / ENDPOINT_FILE).read_text())
     key = Path(endpoint["api_key_file"]).read_text().strip()
@@ -332,13 +334,14 @@ def test_a_stop_drains_running_requests_first(tmp_path: Path, drain_s: float) ->
     client = threading.Thread(target=slow_request)
     client.start()
     deadline = time.monotonic() + 10
-    while run.server.in_flight() != 1 and time.monotonic() < deadline:
+    while run.backend.server.in_flight() != 1 and time.monotonic() < deadline:
         time.sleep(0.02)
     run.handle_signal(signal.SIGTERM)
     th.join(30)
     client.join(30)
     assert "error" not in out, out.get("error")
-    drain = out["result"]["drain"]
+    drain = out["result"].drain
+    assert drain is not None
     if drain_s > 1.5:
         assert answer == {"status": 200} and drain["aborted"] == 0 and drain["waited_s"] > 1
         with pytest.raises(OSError):  # no new connection was taken meanwhile
@@ -358,7 +361,7 @@ def test_a_state_directory_others_could_swap_is_refused(tmp_path: Path) -> None:
     os.chmod(shared, 0o2775)  # a group project directory
     opts = VllmServeOptions(model=tmp_path, state_dir=shared / ".spswap" / "77",
                             launcher=STANDIN)  # fmt: skip
-    run = VllmServe(Config.from_env({}, root=tmp_path / "root"), opts, vllm_version="x")
+    run = vllm_run(Config.from_env({}, root=tmp_path / "root"), opts, vllm_version="x")
     from spswap.errors import PermissionDenied
 
     with pytest.raises(PermissionDenied, match="not private: .*writable by group.*--state-dir"):

@@ -1,0 +1,322 @@
+"""One run of ``spswap serve``, whatever the engine: the lifecycle owns the run, a
+:class:`Backend` owns the engine and the ways in (spool, sockets, HTTP front).
+
+Life of a run (the order matters: each step gives back what the one before took):
+  1. :meth:`Backend.prepare`: what can fail with a clear error before a slot is taken;
+  2. reserve a slot on the job's GPU (FIFO behind whoever holds it; a stop ends the wait);
+  3. in a requeued run with a checkpointer: ask spswapd to restore the job's instance and
+     stand in for it (forwarding stop signals) until it exits. An instance that ends on its
+     own while it had work left (a crash, a kill) is replaced: what it left running is
+     ended and this run starts cold, saying why in the job's log and ``runs.jsonl``;
+  4. else start the engine (:meth:`Backend.start`: from the pool, or cold from the model's
+     files) and serve until stopped (:meth:`Backend.serve`);
+  5. at a stop (USR1 = preemption, SIGTERM, SIGINT): stop admitting and drain; when the job
+     comes back (:func:`not_coming_back` says a dump would not be wasted) and spswapd can
+     checkpoint: sleep the engine, release the slot and park. A later run that restores
+     the process wakes it here (:meth:`Backend.wake`) and serving goes on (back to 4's loop);
+  6. at the end: the backend gives back its engine, the instance record goes, the slot is
+     released, and a preempted run asks Slurm to requeue it (last: also after an error).
+
+Signal handlers only set a flag (:class:`StopSignals`); the loop does the work.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any, Generic, Protocol, TypeVar
+
+from spswap.config import Config
+from spswap.errors import SpswapError, StopRequested
+from spswap.instance.registry import InstanceRecord, InstanceRegistry
+from spswap.serve.checkpointer import (
+    DaemonCheckpointer,
+    ParkOutcome,
+    end_left_behind,
+    not_coming_back,
+    process_tree,
+    restored_how,
+    stand_in_for,
+)
+from spswap.serve.run_log import RunPath, note_run, process_started_s
+from spswap.serve.slot_hold import RunSlot, StopSignals
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class ServeResult:
+    """What a run did, for ``spswap serve --json`` and the tests (both engines)."""
+
+    restart_count: int = 0  # the run it ended as (a restored process ends in a later one)
+    started_s: float = 0.0  # when this run's process started (epoch seconds)
+    path: RunPath | None = None  # how it came to serve itself; None: it did not start one
+    digest: str = ""  # the pool entry of the weights it served
+    start_s: float | None = None  # seconds from asking the engine to start to serving
+    stopped_by: str | None = None  # the signal that stopped it (None: it ended by itself)
+    restored_pid: int | None = None  # the restored instance this run stood in for
+    cold_reason: str | None = None  # why a run that could have restored started cold
+    resumed: int = 0  # (reference) requests found saved by an earlier run
+    answered: int = 0  # (reference) requests answered with tokens
+    refused: int = 0  # (reference) requests answered with an error (bad input)
+    pending_left: int = 0  # (reference) requests left in the spool for the next run
+    copy: dict[str, Any] | None = None  # (vllm) the start's copy from the pool
+    drain: dict[str, Any] | None = None  # (vllm) the last stop's drain
+    stop_s: float | None = None  # (vllm) how long stopping the server took
+    events: list[dict[str, Any]] = field(default_factory=list)  # restores, failed dumps
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["path"] = self.path.value if self.path is not None else None
+        return d
+
+
+class Backend(Protocol):
+    """One engine's server, as the lifecycle drives it. Methods run in this order:
+    prepare, then start (or nothing, when a restored instance serves the run), then
+    serve / drain / sleep / wake as stops and restores come, and close at the end."""
+
+    engine: str  # "reference", "vllm": named in the instance record
+    device: str
+    state_dir: Path  # the job's state directory (runs.jsonl, the spool, the sockets)
+
+    def prepare(self, result: ServeResult) -> None:
+        """Before the GPU slot: the state directory, saved requests, the model in the
+        pool; raise (SpswapError) here rather than after a slot is taken."""
+        ...
+
+    def checkpoint_identity(self) -> dict[str, str]:
+        """What this instance names of itself at a dump and expects at a restore (the
+        same fields both times, or the image is refused); SpswapError (a cold start,
+        with its reason) when there is nothing a restore could be checked against."""
+        ...
+
+    def start(self, result: ServeResult) -> RunPath:
+        """Start the engine (from the pool, or cold) and open its ways in; returns how."""
+        ...
+
+    def serve(self, result: ServeResult) -> None:
+        """Serve until the run's stop event is set or the work is done; raises when the
+        engine died under it."""
+        ...
+
+    def drain(self, result: ServeResult) -> None:
+        """At a stop: take no new request; those running get the run's drain time."""
+        ...
+
+    def sleep(self) -> None:
+        """Before a dump: the engine out of the GPU and nothing connected (a dump cannot
+        keep connections). SpswapError or OSError: not checkpointed."""
+        ...
+
+    def wake(self, result: ServeResult) -> dict[str, Any]:
+        """Restored into a later run: weights back from the pool and the ways in open
+        again; returns what to add to the restore's event."""
+        ...
+
+    def left_undone(self) -> str | None:
+        """What a serving instance of this run would still have to do, in words (e.g.
+        "3 request(s) unanswered"), or None when its work is done."""
+        ...
+
+    def close(self, result: ServeResult, *, served: bool) -> None:
+        """At the end, also after an error: give back what the backend holds (``served``
+        False: a restored instance served this run and owns the engine and its fronts)."""
+        ...
+
+
+B = TypeVar("B", bound=Backend)
+
+
+def run_steps(steps: list[tuple[str, Callable[[], Any]]], log: Log) -> None:
+    """Run each step on its own: one failing (spswapd gone, a full disk) is logged and
+    must not skip the others, nor hide the run's own error."""
+    for what, step in steps:
+        try:
+            step()
+        except Exception as e:  # noqa: BLE001 - logged; the other steps still run
+            log(f"spswap serve: could not {what} ({e})")
+
+
+class ServeRun(Generic[B]):
+    """One serving run of ``backend``; construct, then :meth:`run` (see the module doc).
+    ``stop`` is the run's stop request (with its GPU slot), shared with the backend,
+    whose serving loop waits on it. Tests drive each step: the signal handler is a
+    method, the pieces are injected."""
+
+    def __init__(
+        self, cfg: Config, backend: B, stop: StopSignals, *, model_name: str,
+        job_id: str | None = None, restart_count: int = 0,
+        requeue: Callable[[str], None] | None = None,
+        checkpointer: DaemonCheckpointer | None = None, log: Log = print,
+    ) -> None:  # fmt: skip
+        self.stop = stop
+        self.slot: RunSlot = stop.slot
+        self.cfg = cfg
+        self.backend = backend
+        self.model_name = model_name
+        self.job_id = job_id
+        self.restart_count = restart_count
+        self.requeue = requeue
+        self.checkpointer = checkpointer  # spswapd: a stop dumps, a requeued run restores
+        self.log = log
+        self.registry = InstanceRegistry(cfg.paths.run / "instances")
+        self.instance_id = f"{job_id or 'local'}-{os.getpid()}"
+        self.reason: str | None = None  # why this run started cold, when it did
+        self.started_s = process_started_s()  # the run's start, for its runs.jsonl line
+
+    def handle_signal(self, signum: int, frame: FrameType | None = None) -> None:
+        """A stop signal (see :meth:`StopSignals.handle_signal`)."""
+        self.stop.handle_signal(signum, frame)
+
+    def install_signal_handlers(self) -> None:
+        """Preemption (USR1), SIGTERM and SIGINT ask the run to stop."""
+        self.stop.install_signal_handlers()
+
+    def run(self) -> ServeResult:
+        """Serve until the work is done or the run is told to stop; see the module doc."""
+        result = ServeResult(restart_count=self.restart_count, started_s=self.started_s)
+        proxied = False
+        try:
+            self.backend.prepare(result)
+            self.slot.reserve(self.stop.stop_signal)
+            if self.restart_count and self.checkpointer is not None and self.job_id:
+                proxied = self._restore_and_proxy(result)
+                if proxied:
+                    return result
+            t0 = time.perf_counter()
+            result.path = self.backend.start(result)
+            result.start_s = time.perf_counter() - t0
+            self._record("up")
+            self._note_run(result.path)
+            while True:
+                self.backend.serve(result)
+                if not self.stop.stop_event.is_set():
+                    break  # the work is done (exit when idle)
+                result.stopped_by = self.stop.stop_signal
+                self.backend.drain(result)
+                if not self._park(result):
+                    break
+        except StopRequested as e:  # stopped before anything served: a clean end
+            result.stopped_by = self.stop.stop_signal
+            self.log(f"spswap serve: {e}; nothing was started")
+        finally:
+            self._end(result, proxied)
+        return result
+
+    # -- the steps ----------------------------------------------------------------------
+    def _park(self, result: ServeResult) -> bool:
+        """Sleep and have spswapd dump this process (its whole tree), when the job comes
+        back. True when a later run restored it (serving goes on here); False when there
+        was no dump (no spswapd, the job ends for good, the dump failed)."""
+        if self.checkpointer is None or not self.job_id:
+            return False
+        if not_coming_back(self.job_id, self.stop.stop_signal, self.restart_count, log=self.log):
+            return False
+        try:
+            self.backend.sleep()
+        except (SpswapError, OSError) as e:  # the engine is given back by close()
+            result.events.append({"checkpoint": "failed", "reason": f"sleep failed: {e}"})
+            self.log(f"spswap serve: the engine did not sleep ({e}); not checkpointed")
+            return False
+        self.slot.release()
+        self._record("checkpoint")
+        requeue = self.stop.stop_signal == "SIGUSR1"  # the daemon's, once the image is whole
+        try:
+            outcome = self.checkpointer.park(self.job_id, self.backend.checkpoint_identity(),
+                                             requeue=requeue)  # fmt: skip
+        except (SpswapError, OSError) as e:
+            outcome = ParkOutcome("failed", reason=str(e))
+        if outcome.state != "restored":
+            result.events.append({"checkpoint": "failed", "reason": outcome.reason})
+            self.log(f"spswap serve: no checkpoint image ({outcome.reason}); the next run "
+                     "starts from the pool")  # fmt: skip
+            return False
+        # Restored into a later run of the job: its proxy holds the slot now.
+        self.restart_count = result.restart_count = outcome.restart_count
+        self.stop.clear_stop()
+        result.stopped_by = None
+        t0 = time.perf_counter()
+        woken = self.backend.wake(result)
+        wake_s = time.perf_counter() - t0
+        self._record("up")
+        result.events.append({"restored": True, "restart_count": self.restart_count,
+                              "timings_s": outcome.timings_s, "wake_s": wake_s,
+                              **woken})  # fmt: skip
+        self.log(f"spswap serve: restored {restored_how(outcome.kept)} into run "
+                 f"{self.restart_count}; weights back in {wake_s:.3f} s")  # fmt: skip
+        return True
+
+    def _restore_and_proxy(self, result: ServeResult) -> bool:
+        """In a requeued run: have spswapd restore the job's instance and stand in for it
+        until it exits (forwarding signals). False: this run starts cold (nothing to
+        restore, or the restored instance ended on its own with work left)."""
+        assert self.checkpointer is not None and self.job_id is not None
+        try:
+            info = self.checkpointer.restore(self.job_id, self.backend.checkpoint_identity(),
+                                             self.restart_count)  # fmt: skip
+        except SpswapError as e:
+            self._cold(result, f"cold start: {e}")
+            return False
+        pid, kept = int(info["pid"]), bool(info.get("kept"))
+        self.log(f"spswap serve: job {self.job_id} restored {restored_how(kept)} as pid {pid} "
+                 f"({info.get('timings_s')}); standing in for it")  # fmt: skip
+        result.restored_pid = pid
+        result.events.append({"restored_pid": pid, "timings_s": info.get("timings_s")})
+        self._note_run(RunPath.KEPT if kept else RunPath.IMAGE)
+        # CRIU restores the whole tree at once (a kept tree is thawed whole): its
+        # processes now are what a crash of the instance could leave behind
+        tree = process_tree(pid)
+        result.stopped_by = stand_in_for(pid, lambda: self.stop.stop_signal)
+        left = self.backend.left_undone() if result.stopped_by is None else None
+        if left is None:
+            return True
+        # It ended on its own before its work was done (a crash, a kill): serve on from
+        # the pool in this run rather than leave the job idle; what it left running (a
+        # vLLM server, its engine core) would hold the GPU the cold start needs.
+        reason = f"cold start: the restored instance (pid {pid}) ended on its own ({left})"
+        ended = end_left_behind(tree)
+        if ended:
+            reason += f"; ended what it left running (pid {', '.join(map(str, ended))})"
+        self._cold(result, reason)
+        return False
+
+    def _end(self, result: ServeResult, proxied: bool) -> None:
+        """Everything a run gives back, each step on its own, the requeue last: also after
+        an error a preempted job that is not requeued is lost work (a proxy's restored
+        process asked for its own requeue when it parked)."""
+        steps: list[tuple[str, Callable[[], Any]]] = [
+            ("give the engine back", lambda: self.backend.close(result, served=not proxied)),
+        ]
+        if not proxied:  # the restored process keeps its own record
+            steps.append(("drop the instance record",
+                          lambda: self.registry.remove(self.instance_id)))  # fmt: skip
+        steps.append(("release the GPU slot", self.slot.release))
+        if self.stop.stop_signal == "SIGUSR1" and self.job_id and self.requeue and not proxied:
+            # scancel --signal=USR1 --batch does not requeue by itself; preemption does,
+            # and a second requeue of a job already pending is harmless.
+            job_id, requeue = self.job_id, self.requeue
+            steps.append(("ask for the requeue", lambda: requeue(job_id)))
+        run_steps(steps, self.log)
+
+    # -- records ------------------------------------------------------------------------
+    def _cold(self, result: ServeResult, reason: str) -> None:
+        """This run starts cold where a restore was expected: why, in the job's log, the
+        instance record and (with the run's line) ``runs.jsonl``."""
+        self.reason = result.cold_reason = reason
+        self.log(f"spswap serve: {reason}")
+
+    def _note_run(self, path: RunPath) -> None:
+        note_run(self.backend.state_dir, self.restart_count, path, started_s=self.started_s,
+                 reason=self.reason, log=self.log)  # fmt: skip
+
+    def _record(self, state: str) -> None:
+        self.registry.put_best_effort(InstanceRecord(
+            id=self.instance_id, model=self.model_name, state=state, pid=os.getpid(),
+            uid=os.getuid(), job_id=self.job_id, device=self.backend.device,
+            engine=self.backend.engine, reason=self.reason,
+        ), self.log)  # fmt: skip
