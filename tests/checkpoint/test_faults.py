@@ -34,7 +34,9 @@ from spswap.pool.store import Pool
 from spswap.slots.table import SlotTable
 
 from .criu_helpers import criu_skip_reason
-from .test_serve_criu import JOB, N_REQ, _answers, _cold, _setup, _wait
+
+# test_serve_criu skips without torch, which cold_answers (tests/helpers) needs
+from .test_serve_criu import JOB, MAX_NEW, N_REQ, _answers, _setup, _wait, cold_answers
 
 pytestmark = [pytest.mark.criu, pytest.mark.slow]
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/sbin"  # no scontrol/squeue (/usr/bin)
@@ -155,7 +157,8 @@ class Runs:
         assert "cold start" in log and needle in log, log
         assert self.summary(restart)["pending_left"] == 0
         answers = _answers(self.tmp)
-        assert [answers[f"q{i:02d}"] for i in range(N_REQ)] == _cold(self.model, self.prompts)
+        cold = cold_answers(self.model, self.prompts, MAX_NEW)
+        assert [answers[f"q{i:02d}"] for i in range(N_REQ)] == cold
 
     def kill_all(self) -> None:
         for p in self.procs:
@@ -280,7 +283,8 @@ def test_engine_killed_during_a_restore(runs: Runs, when: str) -> None:
     # run 1 carries on from a cold start in the same run and answers everything
     assert runs.summary(1)["pending_left"] == 0 and "cold start" in log1, log1
     answers = _answers(runs.tmp)
-    assert [answers[f"q{i:02d}"] for i in range(N_REQ)] == _cold(runs.model, runs.prompts)
+    cold = cold_answers(runs.model, runs.prompts, MAX_NEW)
+    assert [answers[f"q{i:02d}"] for i in range(N_REQ)] == cold
     _assert_clean(cfg)
 
 
@@ -351,7 +355,8 @@ def _job_events(cfg: Config) -> list[dict]:
 
 def _assert_answers_like_cold(runs: Runs) -> None:
     answers = _answers(runs.tmp)
-    assert [answers[f"q{i:02d}"] for i in range(N_REQ)] == _cold(runs.model, runs.prompts)
+    cold = cold_answers(runs.model, runs.prompts, MAX_NEW)
+    assert [answers[f"q{i:02d}"] for i in range(N_REQ)] == cold
 
 
 def _assert_joined(cfg: Config, pid: int) -> None:

@@ -25,8 +25,9 @@ from spswap.config import Config
 from spswap.daemon.client import Client
 
 torch = pytest.importorskip("torch")
-from spswap.engines.reference import ReferenceEngine, save_checkpoint  # noqa: E402
+from spswap.engines.reference import save_checkpoint  # noqa: E402
 from spswap.engines.reference_model import preset  # noqa: E402
+from tests.helpers.reference import cold_answers  # noqa: E402
 
 pytestmark = [pytest.mark.criu, pytest.mark.slow]
 MAX_NEW = 12
@@ -60,15 +61,6 @@ def _serve(cfg: Config, tmp: Path, model: Path, restart: int, log: str) -> subpr
 def _answers(tmp: Path) -> dict[str, list[int]]:
     box = tmp / "state" / "outbox"
     return {p.stem: json.loads(p.read_text())["output_ids"] for p in box.glob("*.json")}
-
-
-def _cold(model: Path, prompts: list[list[int]]) -> list[list[int]]:
-    eng = ReferenceEngine(preset("small"), "cpu")
-    eng.load_from_checkpoint(model)
-    try:
-        return [eng.generate([p], MAX_NEW)[0] for p in prompts]
-    finally:
-        eng.close()
 
 
 def _wait(what: str, check, timeout_s: float = 120.0):
@@ -117,7 +109,8 @@ def test_stop_dump_restore_answers_like_cold(node: Config, tmp_path: Path) -> No
     assert summary["pending_left"] == 0
     answers = _answers(tmp_path)
     assert len(answers) == N_REQ > before
-    assert [answers[f"q{i:02d}"] for i in range(N_REQ)] == _cold(model, prompts)
+    assert [answers[f"q{i:02d}"] for i in range(N_REQ)] == cold_answers(model, prompts,
+                                                                         MAX_NEW)
     kinds = [e["kind"] for e in Client(node).call("events.tail", n=50)]
     assert "checkpoint.saved" in kinds and "restore.done" in kinds
     # a process image is single use
@@ -150,7 +143,8 @@ def test_a_damaged_or_foreign_image_is_never_restored(node: Config, tmp_path: Pa
     log1 = (tmp_path / "run1.log").read_text()
     assert "cold start" in log1 and needle in log1, log1
     answers = _answers(tmp_path)
-    assert [answers[f"q{i:02d}"] for i in range(N_REQ)] == _cold(model, prompts)
+    assert [answers[f"q{i:02d}"] for i in range(N_REQ)] == cold_answers(model, prompts,
+                                                                         MAX_NEW)
     assert not image.exists()  # a rejected image is deleted, never retried
     from spswap.status import collect_status
 
@@ -194,7 +188,7 @@ def test_the_socket_front_answers_again_after_a_restore(node: Config, tmp_path: 
         _wait("the restored process to listen again", sock.exists, 120)
         a2 = ask(sock, {"id": "s2", "prompt_ids": [1, 2, 3], "max_new_tokens": MAX_NEW})
         assert a1["ok"] and a2["ok"], (a1, a2)
-        cold = _cold(model, [[9, 8, 7], [1, 2, 3]])
+        cold = cold_answers(model, [[9, 8, 7], [1, 2, 3]], MAX_NEW)
         assert [a1["output_ids"], a2["output_ids"]] == cold
         restored_log = (tmp_path / "run0.log").read_text()  # the restored process's output
         assert "restored from its image into run 1" in restored_log

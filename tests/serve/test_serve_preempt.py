@@ -18,20 +18,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from spswap.engines.reference import ReferenceEngine, save_checkpoint  # noqa: E402
+from spswap.engines.reference import save_checkpoint  # noqa: E402
 from spswap.engines.reference_model import preset  # noqa: E402
+from tests.helpers.reference import cold_answers  # noqa: E402
 
 N_REQUESTS = 12
 MAX_NEW = 12
-
-
-def _cold_answers(model_dir: Path, prompts: list[list[int]]) -> list[list[int]]:
-    eng = ReferenceEngine(preset("small"), "cpu")
-    eng.load_from_checkpoint(model_dir)
-    try:
-        return [eng.generate([p], MAX_NEW)[0] for p in prompts]
-    finally:
-        eng.close()
 
 
 def _serve(tmp: Path, model: Path, env_extra: dict[str, str], *extra: str) -> subprocess.Popen:
@@ -82,5 +74,5 @@ def test_usr1_saves_unanswered_requests_and_the_next_run_answers_them(tmp_path):
 
     answers = {p.stem: json.loads(p.read_text())["output_ids"] for p in outbox.iterdir()}
     assert sorted(answers) == [f"r{i:02d}" for i in range(N_REQUESTS)]
-    cold = _cold_answers(model, prompts)
+    cold = cold_answers(model, prompts, MAX_NEW)
     assert [answers[f"r{i:02d}"] for i in range(N_REQUESTS)] == cold

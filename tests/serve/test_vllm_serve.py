@@ -6,6 +6,7 @@ tests/engines/test_vllm_serve_gpu.py)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import stat
 import sys
@@ -367,3 +368,61 @@ def test_a_state_directory_others_could_swap_is_refused(tmp_path: Path) -> None:
     with pytest.raises(PermissionDenied, match="not private: .*writable by group.*--state-dir"):
         run.run()
 
+
+
+def test_a_restored_server_that_dies_is_replaced_by_a_cold_start(tmp_path: Path) -> None:
+    """A requeued run stands in for its restored instance, which dies (killed) and leaves
+    its vLLM server running: the run ends that server (on a GPU it holds the memory the
+    new one needs), starts from the pool in the same run and serves, saying why in its
+    log and runs.jsonl. spswapd's restore is played by tests/helpers/restore.py (with
+    CRIU: tests/checkpoint/test_serve_vllm_criu.py; real vLLM: tests/engines)."""
+    from spswap.serve.run_log import read_runs
+    from tests.helpers.restore import RestoreStandIn, running
+
+    model = tmp_path / "m"
+    save_model(model)
+    cfg = Config.from_env({}, root=tmp_path / "root")
+    state = tmp_path / "s"
+    opts = VllmServeOptions(model=model, state_dir=state, launcher=STANDIN, start_timeout_s=60)
+    first = vllm_run(cfg, opts, job_id="77", vllm_version="x", log=lambda s: None)
+    th, out = _run_in_thread(first)  # run 0: exports the weights to the pool
+    first.handle_signal(signal.SIGTERM)
+    th.join(30)
+    assert "error" not in out, out.get("error")
+    # the restored instance: its server up on the job's socket, then killed
+    restore = RestoreStandIn(f"""
+import os, sys, time
+from pathlib import Path
+from spswap.serve.vllm_api import VllmApiServer
+srv = VllmApiServer(Path({str(model)!r}), Path({str(state / "sock")!r}),
+                    launcher={STANDIN!r})
+srv.start(dummy=False, timeout_s=60)
+print(srv.proc.pid, flush=True)
+time.sleep(1.0)
+os._exit(9)
+""")
+    logs: list[str] = []
+    run = vllm_run(cfg, opts, job_id="77", restart_count=1, vllm_version="x",
+                   log=logs.append, checkpointer=restore)  # type: ignore[arg-type]
+    try:
+        th, out = _run_in_thread(run)
+        left_server = int(restore.first_line)
+        endpoint = json.loads((state / ENDPOINT_FILE).read_text())
+        assert endpoint["pid"] == os.getpid() and endpoint["server_pid"] != left_server
+        assert _complete(Path(endpoint["uds"]), [4, 5, 6])
+        assert not running(left_server)
+    finally:
+        run.handle_signal(signal.SIGTERM)
+        th.join(30)
+        restore.kill()
+        if running(left_server := int(restore.first_line or 0)):
+            os.kill(left_server, signal.SIGKILL)
+    assert "error" not in out, out.get("error")
+    result = out["result"]
+    reason = result.cold_reason
+    assert reason == (f"cold start: the restored instance (pid {result.restored_pid}) ended "
+                      "on its own (its server was to serve until stopped); ended what it "
+                      f"left running (pid {left_server})")  # fmt: skip
+    assert f"spswap serve: {reason}" in logs and result.path is RunPath.POOL
+    assert [(r.restart_count, r.path, r.reason) for r in read_runs(state)][-2:] == [
+        (1, RunPath.IMAGE, None), (1, RunPath.POOL, reason)]

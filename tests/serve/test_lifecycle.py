@@ -1,0 +1,99 @@
+"""The serve lifecycle's restore decisions, through ServeRun with the real reference
+backend and engine on CPU; spswapd's restore is played by tests/helpers/restore.py (the
+real one, with CRIU: tests/checkpoint/test_faults.py and test_serve_vllm_criu.py; the
+vLLM backend's same decision: tests/serve/test_vllm_serve.py, and on a GPU
+tests/engines/test_vllm_serve_gpu.py).
+
+A requeued run whose restored instance ends on its own with work left serves on from a
+cold start (the pool) in the same run, saying why in its log and runs.jsonl, and ends
+what the instance left running; one whose instance finished its work does not start an
+engine; a refused restore starts cold with the reason."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from spswap.config import Config
+
+torch = pytest.importorskip("torch")
+from spswap.engines.reference import save_checkpoint  # noqa: E402
+from spswap.engines.reference_model import preset  # noqa: E402
+from spswap.serve.factory import make_engine  # noqa: E402
+from spswap.serve.lifecycle import ServeResult  # noqa: E402
+from spswap.serve.run_log import RunPath, read_runs  # noqa: E402
+from spswap.serve.runtime import ServeOptions, reference_run  # noqa: E402
+from tests.helpers.reference import cold_answers  # noqa: E402
+from tests.helpers.restore import DIES_LEAVING_A_CHILD, RestoreStandIn, running  # noqa: E402
+
+MAX_NEW = 6
+PROMPTS = [[3, 1, 4], [1, 5, 9, 2], [6, 5]]
+
+
+def _requeued_run(tmp: Path, restore: RestoreStandIn, *, exit_when_idle: bool = True,
+                  requests: bool = True) -> tuple[ServeResult, list[str]]:  # fmt: skip
+    model = tmp / "model"
+    if not model.exists():
+        save_checkpoint(preset("tiny"), model)
+    reqs = tmp / "req.jsonl"
+    reqs.write_text("".join(json.dumps({"id": f"q{i}", "prompt_ids": p,
+                                        "max_new_tokens": MAX_NEW}) + "\n"
+                            for i, p in enumerate(PROMPTS)) if requests else "")  # fmt: skip
+    opts = ServeOptions(model=model, state_dir=tmp / "state", requests_file=reqs,
+                        exit_when_idle=exit_when_idle)  # fmt: skip
+    logs: list[str] = []
+    run = reference_run(Config.from_env({}, root=tmp / "root"), opts,
+                        engine_factory=make_engine, job_id="77", restart_count=1,
+                        checkpointer=restore, log=logs.append)  # type: ignore[arg-type]
+    try:
+        return run.run(), logs
+    finally:
+        restore.kill()
+
+
+def test_a_restored_instance_that_dies_with_work_left_is_replaced_by_a_cold_start(
+    tmp_path: Path,
+) -> None:
+    restore = RestoreStandIn(DIES_LEAVING_A_CHILD)
+    result, logs = _requeued_run(tmp_path, restore)
+    child = int(restore.first_line)
+    assert restore.restored and restore.restored[0]["restart_count"] == 1
+    assert result.restored_pid == restore.proc.pid and result.stopped_by is None  # type: ignore[union-attr]
+    reason = result.cold_reason
+    assert reason is not None and reason.startswith(
+        f"cold start: the restored instance (pid {result.restored_pid}) ended on its own "
+        f"({len(PROMPTS)} request(s) unanswered)"), reason
+    assert f"ended what it left running (pid {child})" in reason
+    assert not running(child)  # it would have held what the cold start needs
+    assert f"spswap serve: {reason}" in logs  # the job's log says why
+    # served in the same run, as the cold model answers
+    assert result.path in (RunPath.COLD, RunPath.POOL)
+    assert (result.answered, result.pending_left) == (len(PROMPTS), 0)
+    outbox = tmp_path / "state" / "outbox"
+    answers = [json.loads((outbox / f"q{i}.json").read_text())["output_ids"]
+               for i in range(len(PROMPTS))]  # fmt: skip
+    assert answers == cold_answers(tmp_path / "model", PROMPTS, MAX_NEW)
+    # runs.jsonl: the restore, then the cold start with its reason
+    runs = read_runs(tmp_path / "state")
+    assert [(r.restart_count, r.path, r.reason) for r in runs] == [
+        (1, RunPath.IMAGE, None), (1, result.path, reason)]
+
+
+def test_a_restored_instance_that_finished_its_work_starts_nothing(tmp_path: Path) -> None:
+    """exit_when_idle and nothing left in the spool: its end is the job's end."""
+    restore = RestoreStandIn("print('up', flush=True)")
+    result, logs = _requeued_run(tmp_path, restore, requests=False)
+    assert result.restored_pid is not None and result.cold_reason is None
+    assert result.path is None and result.answered == 0
+    assert [r.path for r in read_runs(tmp_path / "state")] == [RunPath.IMAGE]
+
+
+def test_a_refused_restore_starts_cold_and_says_why(tmp_path: Path) -> None:
+    restore = RestoreStandIn(None, refuse="the image of job 77 was changed: not restored")
+    result, logs = _requeued_run(tmp_path, restore)
+    reason = "cold start: the image of job 77 was changed: not restored"
+    assert result.cold_reason == reason and f"spswap serve: {reason}" in logs
+    assert result.restored_pid is None and result.answered == len(PROMPTS)
+    assert [(r.path, r.reason) for r in read_runs(tmp_path / "state")] == [(result.path, reason)]
