@@ -143,3 +143,49 @@ def test_the_server_tree_is_dumped_and_restored_into_the_next_run(
         # process is in no job cgroup here: that dump is not kept, and CRIU ended it
         assert run0.wait(timeout=30) == -signal.SIGKILL
         assert kinds.count("checkpoint.saved") == 2, kinds
+
+
+def test_a_restored_instance_that_dies_is_replaced_by_a_cold_start(
+    node: Config, tmp_path: Path
+) -> None:
+    """Run 1 has run 0's tree restored; then the restored `spswap serve` is killed and its
+    server lives on, orphaned (on a GPU: holding its memory). Run 1 ends that server,
+    starts from the pool itself, says why, and answers as run 0 did."""
+    from spswap.serve.run_log import RunPath, read_runs
+    from tests.helpers.restore import running
+
+    model = tmp_path / "model"
+    save_model(model)
+    Client(node).call("job.register", job_id=JOB, uid=0, user="root")
+    prompts = [[1, 2, 3], [9, 4]]
+    run0 = _serve(node, tmp_path, model, 0, "run0.log")
+    ep0 = _wait("run 0's endpoint", lambda: _endpoint(tmp_path) or run0.poll() is not None)
+    assert run0.poll() is None, (tmp_path / "run0.log").read_text()
+    before = [_complete(ep0, p) for p in prompts]
+    run0.send_signal(signal.SIGUSR1)
+    run0.wait(timeout=120)
+    status = _wait("the dump to finish", lambda: (
+        st if (st := Client(node).call("checkpoint.status", job_id=JOB))["state"]
+        not in ("none", "dumping") else None))  # fmt: skip
+    assert status["state"] == "saved", (status, (tmp_path / "run0.log").read_text())
+    server_pid = ep0["server_pid"]
+    _wait("the server to be gone", lambda: not Path(f"/proc/{server_pid}").exists(), 15)
+
+    run1 = _serve(node, tmp_path, model, 1, "run1.log")
+    try:
+        _wait("the restored endpoint", lambda: (
+            e if (e := _endpoint(tmp_path)) and e["pid"] == ep0["pid"] else None))
+        assert running(server_pid)  # restored with its instance
+        os.kill(ep0["pid"], signal.SIGKILL)  # the instance dies, its server lives on
+        ep2 = _wait("run 1's own endpoint", lambda: (
+            e if (e := _endpoint(tmp_path)) and e["pid"] == run1.pid else None))
+        assert not running(server_pid) and ep2["server_pid"] != server_pid
+        assert [_complete(ep2, p) for p in prompts] == before
+    finally:
+        run1.send_signal(signal.SIGTERM)  # it serves itself now: parked and dumped
+        run1.wait(timeout=120)
+    log1 = (tmp_path / "run1.log").read_text()
+    assert f"ended what it left running (pid {server_pid}" in log1, log1
+    runs = read_runs(tmp_path / "state")
+    assert [r.path for r in runs] == [RunPath.COLD, RunPath.IMAGE, RunPath.POOL], runs
+    assert runs[-1].reason is not None and "ended on its own" in runs[-1].reason

@@ -128,15 +128,18 @@ def _criu_ready() -> str | None:
     return None
 
 
-@pytest.mark.parametrize("kept", [False, True], ids=["image", "kept"])
+@pytest.mark.parametrize("fate", ["image", "kept", "dies"])
 def test_the_real_server_is_dumped_and_restored_into_the_next_run(
-    tmp_path: Path, kept: bool
+    tmp_path: Path, fate: str
 ) -> None:
     """`spswap serve --engine vllm` as a job would run it, twice, with a real spswapd: run 0
     is preempted (USR1) and dumped with the whole server tree (API server, engine core,
     CUDA checkpoint); run 1 has it restored and answers like run 0. image: CRIU ends the
     tree and restores it. kept: run 0 runs in a stand-in job cgroup, so spswapd parks it,
-    dumps it with --leave-running and freezes it; run 1 gets it back without CRIU."""
+    dumps it with --leave-running and freezes it; run 1 gets it back without CRIU. dies:
+    restored from its image, then the restored `spswap serve` is killed, its server left
+    running with its GPU memory: run 1 ends that server, starts its own from the pool and
+    answers like run 0 (before issue 14 the old server stayed up beside the new one)."""
     import contextlib
     import shutil
     import subprocess
@@ -150,6 +153,7 @@ def test_the_real_server_is_dumped_and_restored_into_the_next_run(
     reason = _criu_ready()
     if reason:
         pytest.skip(reason)
+    kept = fate == "kept"
     cgroups = contextlib.ExitStack()
     cgroup = cgroups.enter_context(stand_in_job_cgroup("spswap-gpu-job")) if kept else None
     model = _model(tmp_path)
@@ -218,9 +222,19 @@ def test_the_real_server_is_dumped_and_restored_into_the_next_run(
         t1 = time.monotonic()
         ep1 = wait("the restored server", lambda: endpoint(ep0["pid"]), 300)
         restore_s = time.monotonic() - t1
+        if fate == "dies":
+            os.kill(ep0["pid"], signal.SIGKILL)  # the instance dies, its server lives on
+            ep1 = wait("run 1's own server", lambda: (
+                e if (e := endpoint()) and e["pid"] == run1.pid else None), 420)  # fmt: skip
+            assert not Path(f"/proc/{ep0['server_pid']}").exists() or \
+                Path(f"/proc/{ep0['server_pid']}/stat").read_text().split(") ")[1][0] == "Z"
+            assert ep1["server_pid"] != ep0["server_pid"]
         after = _answers(Path(ep1["uds"]), model)
-        run1.send_signal(signal.SIGTERM)  # forwarded: the restored run parks and is dumped
-        assert run1.wait(timeout=300) == 0, (tmp_path / "run1.log").read_text()[-3000:]
+        # restored: forwarded, the restored run parks and is dumped (the proxy exits 0);
+        # dies: run 1 serves itself, parks and is dumped (CRIU ends it)
+        run1.send_signal(signal.SIGTERM)
+        assert run1.wait(timeout=300) == (-signal.SIGKILL if fate == "dies" else 0), \
+            (tmp_path / "run1.log").read_text()[-3000:]  # fmt: skip
         events = Client(cfg).call("events.tail", n=60)
         done = [e for e in events if e["kind"] == "restore.done"]
         print(json.dumps({"kept": kept, "stop_to_saved_s": dump_s,
@@ -228,8 +242,13 @@ def test_the_real_server_is_dumped_and_restored_into_the_next_run(
                           "image_bytes": status.get("size_bytes"),
                           "timings_s": status.get("timings_s"),
                           "restore": done[0]["detail"] if done else None}))  # fmt: skip
-        assert ep1["server_pid"] == ep0["server_pid"] and after == before
+        assert after == before
         assert done and done[0]["detail"]["kept"] is kept, events
+        if fate == "dies":
+            log1 = (tmp_path / "run1.log").read_text()
+            assert f"ended what it left running (pid {ep0['server_pid']}" in log1, log1[-3000:]
+        else:
+            assert ep1["server_pid"] == ep0["server_pid"]
     finally:
         # after a failure nothing may keep the GPU for the later steps of the GPU run
         for proc in (run0, run1):
