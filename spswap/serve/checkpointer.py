@@ -11,14 +11,18 @@ the status says why: the caller exits as it would without CRIU (its requests are
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
+from spswap.checkpoint.proctree import process_tree_pids
 from spswap.config import Config
+from spswap.liveness import pid_alive, pid_start_time
 
 RESUME_SIGNAL = signal.SIGUSR2
 PARK_SLICE_S = 300.0  # between status checks while parked (never during a dump's freeze)
@@ -141,11 +145,6 @@ def stand_in_for(pid: int, stop_requested: Callable[[], str | None],
     """In a requeued run: wait while the restored instance ``pid`` lives, forwarding the
     first stop signal this run gets (``stop_requested`` names it, or None). Returns the
     signal that stopped it: forwarded, or one that came just as it exited."""
-    import os
-    import time
-
-    from spswap.liveness import pid_alive
-
     forwarded: str | None = None
     last_sent = 0.0
     while pid_alive(pid):
@@ -167,9 +166,6 @@ def stand_in_for(pid: int, stop_requested: Callable[[], str | None],
 def process_tree(pid: int) -> list[tuple[int, int]]:
     """``pid`` and its descendants now, each with its start time (a pid reused later by
     another process is not the same process)."""
-    from spswap.checkpoint.proctree import process_tree_pids
-    from spswap.liveness import pid_start_time
-
     return [(p, start) for p in process_tree_pids(pid)
             if (start := pid_start_time(p)) is not None]  # fmt: skip
 
@@ -179,11 +175,6 @@ def end_left_behind(tree: list[tuple[int, int]], timeout_s: float = 10.0) -> lis
     e.g. its vLLM server, orphaned when the instance was killed, which would otherwise
     keep its GPU memory and serve no one. SIGKILL (nothing of it is to be saved), then
     wait until each has exited; returns the pids that were running."""
-    import os
-    import time
-
-    from spswap.liveness import pid_start_time
-
     def running(pid: int, start: int) -> bool:
         if pid_start_time(pid) != start:
             return False
