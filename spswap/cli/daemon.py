@@ -24,8 +24,10 @@ WaitOpt = typer.Option(10.0, "--wait-s", min=0.1, help="Seconds to wait for it t
 
 @app.command("start")
 def start(root: Path | None = RootOpt, wait_s: float = WaitOpt) -> None:
-    """Start spswapd detached (its own session, output to log/spswapd.log) unless it
-    already runs; waits until it answers on its socket."""
+    """Start spswapd detached (its own session, output to log/spswapd.log, a clean
+    environment: the settings only) unless it already runs; waits until it answers on
+    its socket. It reads /etc/default/spswap as every command does; the settings this node
+    cannot hold are printed as warnings."""
     from spswap.daemon import lifecycle
 
     cfg = load_config(root)
@@ -77,8 +79,9 @@ def ensure(root: Path | None = RootOpt, wait_s: float = WaitOpt) -> None:
 
 @app.command("status")
 def status(root: Path | None = RootOpt, json: bool = JsonOpt) -> None:
-    """Whether spswapd runs, its pid, version, uptime and socket. Exits 1 when it is not
-    running or does not answer."""
+    """Whether spswapd runs, its pid, version, uptime and socket, the settings file it read
+    (its own settings are in --json) and the settings it cannot hold. Exits 1 when it is
+    not running or does not answer."""
     from spswap.daemon import lifecycle
     from spswap.daemon.client import Client
 
