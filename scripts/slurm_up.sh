@@ -16,12 +16,17 @@
 #   SPSWAP_BIN     the spswap executable the prolog/epilog run; written to /etc/default/spswap
 #   SPSWAP_ROOT    spswap's root for the prolog/epilog (also written to /etc/default/spswap)
 #   SPSWAP_SWEEP_INTERVAL_S  spswapd's sweep for ended jobs' images (written there too)
-#   PROCTRACK      linuxproc | cgroup                            (default linuxproc)
-#   TASK_PLUGIN    task/none | task/cgroup                      (default task/none)
+#   SLURM_UP_DEFAULTS_FILE   where that settings file goes (default /etc/default/spswap)
+#   PROCTRACK      cgroup | linuxproc   (default cgroup, what docs/slurm.md recommends,
+#                  where Slurm 22.05 can use it here: a cgroup v1 freezer, or cgroup v2;
+#                  else linuxproc)
+#   TASK_PLUGIN    task/cgroup | task/none   (default task/cgroup with PROCTRACK=cgroup)
 #   CONSTRAIN_DEVICES yes | no: cgroup.conf's ConstrainDevices  (default no; needs
 #                  PROCTRACK=cgroup and TASK_PLUGIN=task/cgroup)
-#   REAL_GPUS      1: the node's /dev/nvidia[0-9]* as GRES gpu, with 4 shards each (a GPU
-#                  machine; FAKE_GPUS is then ignored)
+#   REAL_GPUS      1: the node's /dev/nvidia[0-9]* as GRES gpu (a GPU machine; FAKE_GPUS
+#                  is then ignored). Each GPU, fake or real, also has 4 GRES shards (the
+#                  guide's GresTypes=gpu,shard), and SPSWAP_GPUS names the fake ones in
+#                  /etc/default/spswap (spswapd finds real ones by NVML or /dev/nvidiaN)
 #   GRACE_TIME     GraceTime in seconds of the preemptable "low" partition (default 10)
 #   IDLE_TIMEOUT_S seconds to wait for the node to become idle   (default 60)
 set -euo pipefail
@@ -29,15 +34,22 @@ set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 SLURM_CI_DIR=${SLURM_CI_DIR:-/tmp/spswap-slurm}
 FAKE_GPUS=${FAKE_GPUS:-2}
-PROCTRACK=${PROCTRACK:-linuxproc}
-TASK_PLUGIN=${TASK_PLUGIN:-task/none}
+cgroup_usable() {  # what Slurm 22.05's proctrack/cgroup needs, without systemd
+    [ -e /sys/fs/cgroup/freezer/cgroup.procs ] || [ -f /sys/fs/cgroup/cgroup.controllers ]
+}
+if [ -z "${PROCTRACK:-}" ]; then
+    if cgroup_usable; then PROCTRACK=cgroup; else PROCTRACK=linuxproc; fi
+fi
+if [ -z "${TASK_PLUGIN:-}" ]; then
+    if [ "$PROCTRACK" = cgroup ]; then TASK_PLUGIN=task/cgroup; else TASK_PLUGIN=task/none; fi
+fi
 CONSTRAIN_DEVICES=${CONSTRAIN_DEVICES:-no}
 REAL_GPUS=${REAL_GPUS:-0}
 GRACE_TIME=${GRACE_TIME:-10}
 IDLE_TIMEOUT_S=${IDLE_TIMEOUT_S:-60}
 SLURM_PROLOG=${SLURM_PROLOG:-$REPO/slurm/prolog.sh}
 SLURM_EPILOG=${SLURM_EPILOG:-$REPO/slurm/epilog.sh}
-DEFAULTS_FILE=/etc/default/spswap
+DEFAULTS_FILE=${SLURM_UP_DEFAULTS_FILE:-/etc/default/spswap}
 DEFAULTS_MARK="# written by spswap scripts/slurm_up.sh"
 
 say() { echo "[slurm_up] $*"; }
@@ -68,10 +80,21 @@ stop_cluster() {
         kill -TERM "$pid" 2>/dev/null || true
         wait_gone "$pid" 25 || kill -KILL "$pid" 2>/dev/null || true
     done
-    for pid in /proc/[0-9]*; do   # step daemons left by an unclean stop
+    for pid in /proc/[0-9]*; do   # this cluster's step daemons left by an unclean stop
         exe=$(readlink "$pid/exe" 2>/dev/null || true)
-        case "$exe" in */slurmstepd) kill -KILL "${pid#/proc/}" 2>/dev/null || true ;; esac
+        case "$exe" in */slurmstepd) ;; *) continue ;; esac
+        ours_stepd "$pid" && kill -KILL "${pid#/proc/}" 2>/dev/null || true
     done
+}
+
+# A slurmstepd of this cluster, not another Slurm's on the host: it holds a file under
+# our state directory (slurmd's log, which every step daemon inherits and writes to).
+ours_stepd() {
+    local fd
+    for fd in "$1"/fd/*; do
+        case "$(readlink "$fd" 2>/dev/null)" in "$SLURM_CI_DIR"/*) return 0 ;; esac
+    done
+    return 1
 }
 
 if [ "${1:-up}" = down ]; then
@@ -140,6 +163,10 @@ if [ -n "${SPSWAP_BIN:-}${SPSWAP_ROOT:-}" ]; then
         [ -n "${SPSWAP_BIN:-}" ] && echo "SPSWAP_BIN=$SPSWAP_BIN"
         [ -n "${SPSWAP_ROOT:-}" ] && echo "SPSWAP_ROOT=$SPSWAP_ROOT"
         [ -n "${SPSWAP_SWEEP_INTERVAL_S:-}" ] && echo "SPSWAP_SWEEP_INTERVAL_S=$SPSWAP_SWEEP_INTERVAL_S"
+        # fake GPUs are not /dev/nvidiaN: name them (as the guide does for nodes without NVML)
+        if [ "$REAL_GPUS" != 1 ] && [ "$FAKE_GPUS" -gt 0 ]; then
+            echo "SPSWAP_GPUS=$(seq -s, 0 $((FAKE_GPUS - 1)))"
+        fi
         true
     } > "$DEFAULTS_FILE"
 fi
@@ -163,10 +190,13 @@ elif [ "$FAKE_GPUS" -gt 0 ]; then
         dev="$SLURM_CI_DIR/dev/nvidia$i"
         [ -c "$dev" ] || { rm -f "$dev"; mknod "$dev" c 195 "$i"; }
     done
-    echo "NodeName=$HOST Name=gpu File=$SLURM_CI_DIR/dev/nvidia[0-$((FAKE_GPUS - 1))]" \
-        > /etc/slurm/gres.conf
-    GRES_NODE="Gres=gpu:$FAKE_GPUS"
-    GRES_TYPES="GresTypes=gpu"   # AccountingStorageTRES=gres/gpu is fatal without slurmdbd
+    for ((i = 0; i < FAKE_GPUS; i++)); do
+        echo "NodeName=$HOST Name=gpu File=$SLURM_CI_DIR/dev/nvidia$i"
+        echo "NodeName=$HOST Name=shard Count=4 File=$SLURM_CI_DIR/dev/nvidia$i"
+    done > /etc/slurm/gres.conf
+    GRES_NODE="Gres=gpu:$FAKE_GPUS,shard:$((4 * FAKE_GPUS))"
+    # (AccountingStorageTRES=gres/gpu is fatal without slurmdbd: not set)
+    GRES_TYPES="GresTypes=gpu,shard"
 fi
 if [ "$PROCTRACK" = cgroup ]; then
     printf '%s\n' CgroupPlugin=autodetect ConstrainCores=no ConstrainRAMSpace=no \

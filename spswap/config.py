@@ -13,6 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from spswap.errors import ConfigError
+from spswap.settings_file import (
+    SettingsFile,
+    read_settings_file,
+    settings_file_path,
+    strip_inline_comment,
+)
 
 ENV_PREFIX = "SPSWAP_"
 DEFAULT_ROOT = Path("/dev/shm/spswap")
@@ -45,10 +51,7 @@ def setting_text(raw: str) -> str:
     comment (``256G   # optional``). The Slurm hooks source that file with bash, which drops
     the comment; systemd's ``EnvironmentFile=`` (slurm/spswapd.service) keeps it in the
     value: both must give spswap the same settings."""
-    for i, ch in enumerate(raw):
-        if ch == "#" and i > 0 and raw[i - 1].isspace():
-            return raw[:i].rstrip()
-    return raw
+    return strip_inline_comment(raw)
 
 
 def _parse_gpus(text: str) -> tuple[int, ...]:
@@ -67,7 +70,8 @@ class Config:
     pool_capacity_bytes: int | None = None
     """Pool size limit; default: 80% of the root file system's size."""
     gpus: tuple[int, ...] | None = None
-    """GPU indexes of this node when NVML is absent; default: NVML, then CUDA_VISIBLE_DEVICES."""
+    """GPU indexes of this node; default: NVML, else the node's ``/dev/nvidiaN`` devices
+    (never a job's ``CUDA_VISIBLE_DEVICES``: that is one job's view, not the node's)."""
     slot_poll_interval_s: float = 0.02
     """How often a waiting reservation looks again."""
     slot_timeout_s: float = 600.0
@@ -87,6 +91,24 @@ class Config:
     """How often spswapd asks Slurm whether the jobs it holds images or kept instances
     of will come back, and frees those of jobs that will not: a job cancelled while it
     waits in the queue runs no epilog here, so nothing else would tell it."""
+
+    @classmethod
+    def load(cls, env: Mapping[str, str] | None = None, *, settings: SettingsFile | None = None,
+             **overrides: object) -> Config:
+        """The settings every command and the daemon use: the node's settings file
+        (``/etc/default/spswap``, or ``$SPSWAP_DEFAULTS``), then ``SPSWAP_*`` variables of
+        ``env`` (default: the environment) over it, then ``overrides`` (``--root``)."""
+        env = os.environ if env is None else env
+        if settings is None:
+            settings = read_settings_file(settings_file_path(env))
+        merged = {k: v for k, v in settings.values.items() if k.startswith(ENV_PREFIX)}
+        merged.update(env)
+        try:
+            return cls.from_env(merged, **overrides)
+        except ConfigError as e:
+            if not any(k.startswith(ENV_PREFIX) for k in settings.values):
+                raise
+            raise ConfigError(f"{e} (settings: {settings.path}, then the environment)") from None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Config:
@@ -138,6 +160,17 @@ class Config:
         except (OSError, ValueError, IndexError):
             pass
         return 0
+
+    def to_json(self) -> dict[str, object]:
+        """The settings as ``SPSWAP_*`` names and JSON values (what the daemon reports)."""
+        out: dict[str, object] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            out[ENV_PREFIX + f.name.upper()] = (
+                str(value) if isinstance(value, Path)
+                else list(value) if isinstance(value, tuple) else value
+            )  # fmt: skip
+        return out
 
     @property
     def paths(self) -> Paths:

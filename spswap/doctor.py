@@ -343,6 +343,19 @@ def keep_check(budget_bytes: int, can_park: bool) -> dict[str, Any]:
                  "in parked cgroups")  # fmt: skip
 
 
+def _settings(cfg: Config) -> dict[str, Any]:
+    """Where the settings came from (the file every command and the daemon read) and
+    what of them cannot hold on this node."""
+    from spswap.settings_check import settings_problems
+    from spswap.settings_file import read_settings_file, settings_file_path
+
+    read = read_settings_file(settings_file_path(os.environ))
+    source = (f"{read.path}, then the environment" if read.exists and not read.problem
+              else f"environment only ({read.problem or f'no {read.path}'})")  # fmt: skip
+    problems = settings_problems(cfg)
+    return check("settings", False if problems else True, source, "; ".join(problems))
+
+
 def collect(cfg: Config) -> dict[str, Any]:
     """Every check for this node: ``{"version", "node", "checks": [...]}``."""
     release = platform.release()
@@ -363,6 +376,7 @@ def collect(cfg: Config) -> dict[str, Any]:
     checks.append(parking)
     checks.append(keep_check(cfg.keep_budget_bytes(), parking["ok"] is True))
     checks.append(_root_ownership(cfg))
+    checks.append(_settings(cfg))
     checks.append(_daemon(cfg))
     checks.append(_vllm())
     return {"version": SCHEMA_VERSION, "node": socket.gethostname(), "checks": checks}

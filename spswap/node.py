@@ -72,9 +72,11 @@ def _log(root: Path, action: str, message: str) -> None:
         pass
 
 
-def _config(env: Mapping[str, str], action: str) -> Config | None:
+def _config(env: Mapping[str, str], action: str, *, read_file: bool) -> Config | None:
+    """The hook's settings: the settings file's (which hook.sh sourced already), then the
+    environment's; an ``env`` a caller hands in (the tests) is taken alone."""
     try:
-        return Config.from_env(env)
+        return Config.load(env) if read_file else Config.from_env(env)
     except SpswapError as e:
         _log(Path(env.get("SPSWAP_ROOT") or DEFAULT_ROOT), action, f"bad settings: {e}")
         return None
@@ -86,12 +88,13 @@ def _hook(action: str, env: Mapping[str, str] | None, body: Callable[[Config, An
     (logged to ``log/<action>.log``: a failing hook drains the node), 2 only outside a job."""
     from spswap.slurm.env import JobEnv
 
+    read_file = env is None
     env = os.environ if env is None else env
     job = JobEnv.from_env(env)
     if job is None:
         print(NOT_IN_SLURM.format(action=action, Action=action.capitalize()), file=sys.stderr)
         return 2
-    cfg = _config(env, action)
+    cfg = _config(env, action, read_file=read_file)
     if cfg is None:
         return 0
     try:

@@ -29,6 +29,13 @@ def collect_status(cfg: Config, *, gpus: list[dict[str, Any]] | None = None) -> 
 
     if gpus is None:
         gpus = [g.to_json() for g in discover_gpus(cfg)]
+    pid = daemon_running(cfg)
+    settings = _settings(cfg, pid is not None)
+    daemon_gpus = settings.pop("daemon_gpus")
+    if daemon_gpus is not None and daemon_gpus != [g["index"] for g in gpus]:
+        # the slot table is the daemon's: show its GPUs (the difference is listed)
+        gpus = [{"index": i, "name": None, "memory_total_bytes": None, "source": "spswapd"}
+                for i in daemon_gpus]  # fmt: skip
     pool = Pool.from_config(cfg)
     entries = pool.entries()
     from spswap.slurm.backend import job_probe
@@ -36,7 +43,6 @@ def collect_status(cfg: Config, *, gpus: list[dict[str, Any]] | None = None) -> 
     # with the job probe: a reservation of a live job outlives the process that made it
     slots = SlotTable(cfg.paths.slots, [g["index"] for g in gpus],
                       job_alive=job_probe()).snapshot()  # fmt: skip
-    pid = daemon_running(cfg)
     instances = [
         {**rec.to_json(), "alive": alive}
         for rec, alive in InstanceRegistry(cfg.paths.run / "instances").list()
@@ -57,7 +63,42 @@ def collect_status(cfg: Config, *, gpus: list[dict[str, Any]] | None = None) -> 
         },
         "instances": instances,
         "checkpoints": checkpoints,
+        "settings": settings,
     }
+
+
+def _settings(cfg: Config, daemon_up: bool) -> dict[str, Any]:
+    """Where this command's settings came from, what cannot hold of them, and where they
+    differ from the running daemon's own (which it reports in its ``status``)."""
+    import os
+
+    from spswap.settings_check import settings_problems
+    from spswap.settings_file import settings_file_path
+
+    out: dict[str, Any] = {"file": str(settings_file_path(os.environ)),
+                           "problems": settings_problems(cfg), "differs": [],
+                           "daemon_gpus": None}  # fmt: skip
+    if not daemon_up:
+        return out
+    from spswap.daemon.client import Client
+    from spswap.errors import DaemonError
+
+    try:
+        theirs = Client(cfg, timeout_s=2.0).call("status")
+    except DaemonError:
+        return out
+    if isinstance(theirs.get("settings"), dict):
+        out["differs"] = settings_differences(cfg.to_json(), theirs["settings"])
+    if isinstance(theirs.get("gpus"), list):
+        out["daemon_gpus"] = [int(g) for g in theirs["gpus"]]
+    return out
+
+
+def settings_differences(here: dict[str, Any], daemon: dict[str, Any]) -> list[str]:
+    """One line per setting the daemon runs with other than this command's. Pure."""
+    return [f"{name}: {here.get(name)!r} here, {daemon.get(name)!r} in spswapd"
+            for name in sorted(set(here) | set(daemon))
+            if here.get(name) != daemon.get(name)]  # fmt: skip
 
 
 def _checkpoints(directory: Any) -> list[dict[str, Any]]:
@@ -145,6 +186,13 @@ def render_status(data: dict[str, Any], *, now: float | None = None) -> Group:
     gpus = ", ".join(f"{g['index']}" + (f" {g['name']}" if g.get("name") else "")
                      for g in data["gpus"]) or "none found (set SPSWAP_GPUS, e.g. 0,1)"
     head.add_row("GPUs", gpus)  # fmt: skip
+    settings = data.get("settings") or {}
+    for line in settings.get("problems", []):
+        head.add_row("warning", line)
+    if settings.get("differs"):
+        head.add_row("settings", "spswapd runs with other settings than this shell (set "
+                     f"them in {settings.get('file')}, not the environment): "
+                     + "; ".join(settings["differs"]))  # fmt: skip
     parts: list[Any] = [head]
     if data["gpus"]:
         parts.extend(render_slots(data["slots"]))

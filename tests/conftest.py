@@ -10,6 +10,11 @@ import pytest
 
 from tests.uids import TEST_USER
 
+# Every spswap command reads the node's settings file (/etc/default/spswap); the tests'
+# commands and daemons read none unless a test names one (SPSWAP_DEFAULTS), so a file on
+# this machine (scripts/slurm_up.sh writes one while its cluster runs) changes no test.
+os.environ.setdefault("SPSWAP_DEFAULTS", os.devnull)
+
 
 @pytest.fixture(scope="session")
 def user_uid() -> int:

@@ -133,7 +133,7 @@ def test_status_cli_json_has_every_section(node: Config):
     assert res.exit_code == 0, res.output
     data = json.loads(res.output)
     assert set(data) == {"version", "spswap", "root", "daemon", "gpus", "slots", "pool",
-                         "instances", "checkpoints"}
+                         "instances", "checkpoints", "settings"}
     assert [c["state"] for c in data["checkpoints"]] == ["saved", "rejected"]
     assert [g["index"] for g in data["gpus"]] == [0, 1]
     assert len(data["slots"]["reservations"]) == 2

@@ -25,8 +25,9 @@ RootOpt = typer.Option(
 
 
 def load_config(root: Path | None = None) -> Config:
-    """The config from the environment, with ``--root`` taking precedence."""
-    return Config.from_env(root=root)
+    """The node's settings (``/etc/default/spswap``), the environment's ``SPSWAP_*`` over
+    them, ``--root`` over both: what the daemon and the Slurm hooks read too."""
+    return Config.load(root=root)
 
 
 def emit_json(obj: Any) -> None:

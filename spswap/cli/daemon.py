@@ -7,7 +7,8 @@ from pathlib import Path
 
 import typer
 
-from spswap.cli.common import JsonOpt, RootOpt, console, emit_json, load_config
+from spswap.cli.common import JsonOpt, RootOpt, console, emit_json, err_console, load_config
+from spswap.config import Config
 from spswap.errors import DaemonError
 
 app = typer.Typer(
@@ -23,8 +24,10 @@ WaitOpt = typer.Option(10.0, "--wait-s", min=0.1, help="Seconds to wait for it t
 
 @app.command("start")
 def start(root: Path | None = RootOpt, wait_s: float = WaitOpt) -> None:
-    """Start spswapd detached (its own session, output to log/spswapd.log) unless it
-    already runs; waits until it answers on its socket."""
+    """Start spswapd detached (its own session, output to log/spswapd.log, a clean
+    environment: the settings only) unless it already runs; waits until it answers on
+    its socket. It reads /etc/default/spswap as every command does; the settings this node
+    cannot hold are printed as warnings."""
     from spswap.daemon import lifecycle
 
     cfg = load_config(root)
@@ -32,6 +35,20 @@ def start(root: Path | None = RootOpt, wait_s: float = WaitOpt) -> None:
     pid = lifecycle.start(cfg, wait_s=wait_s)
     word = "already running" if before == pid else "started"
     console.print(f"spswapd {word} (pid {pid}, socket {cfg.paths.socket})", markup=False)
+    _warn_settings(cfg)
+
+
+def _warn_settings(cfg: Config) -> None:
+    """Where the settings came from, and those this node cannot hold (with the numbers)."""
+    import os
+
+    from spswap.settings_check import settings_problems
+    from spswap.settings_file import settings_file_path
+
+    console.print(f"settings: {settings_file_path(os.environ)}, then SPSWAP_* of the "
+                  "environment", markup=False, soft_wrap=True)  # fmt: skip
+    for problem in settings_problems(cfg):
+        err_console.print(f"warning: {problem}", markup=False, soft_wrap=True)
 
 
 @app.command("stop")
@@ -62,8 +79,9 @@ def ensure(root: Path | None = RootOpt, wait_s: float = WaitOpt) -> None:
 
 @app.command("status")
 def status(root: Path | None = RootOpt, json: bool = JsonOpt) -> None:
-    """Whether spswapd runs, its pid, version, uptime and socket. Exits 1 when it is not
-    running or does not answer."""
+    """Whether spswapd runs, its pid, version, uptime and socket, the settings file it read
+    (its own settings are in --json) and the settings it cannot hold. Exits 1 when it is
+    not running or does not answer."""
     from spswap.daemon import lifecycle
     from spswap.daemon.client import Client
 
@@ -91,6 +109,11 @@ def status(root: Path | None = RootOpt, json: bool = JsonOpt) -> None:
             f"{info['protocol']}, up since {up} ({info['uptime_s']} s), "
             f"{info['jobs']} job(s) running, socket {info['socket']}", markup=False,
         )  # fmt: skip
+        console.print(f"settings: {info.get('settings_file')}, then its environment",
+                      markup=False, soft_wrap=True)  # fmt: skip
+        problems = info.get("settings_problems")
+        for line in problems if isinstance(problems, list) else []:
+            err_console.print(f"warning: {line}", markup=False, soft_wrap=True)
     if problem:
         raise typer.Exit(1)
 

@@ -111,6 +111,8 @@ def serve(
 
     cfg = load_config(root)
     job = JobEnv.from_env()
+    if job is not None and not job.restart_count:  # a run that came back was requeued
+        _warn_if_not_requeueable(job.job_id)
     if state_dir is None:
         if job is None:
             raise typer.BadParameter("outside a Slurm job, give --state-dir")
@@ -268,6 +270,20 @@ def _default_device() -> str:
     except ImportError:
         return "cpu"
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _warn_if_not_requeueable(job_id: str) -> None:
+    """Say at the start, in the job log, that a preemption would end this job for good."""
+    from spswap.slurm.backend import get_backend
+    from spswap.slurm.requeue import requeue_warning
+
+    backend = get_backend(timeout_s=3.0)
+    try:
+        warning = requeue_warning(backend.job(job_id) if backend is not None else None)
+    except SpswapError:
+        return  # Slurm could not say: the run goes on, as it would have
+    if warning:
+        err_console.print(warning, markup=False, soft_wrap=True)
 
 
 def _requeue(job_id: str) -> None:

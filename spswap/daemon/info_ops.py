@@ -11,6 +11,8 @@ from spswap import __version__
 from spswap.daemon import events
 from spswap.daemon.protocol import PROTOCOL_VERSION
 from spswap.daemon.state import ROOT_UID, Context
+from spswap.settings_check import settings_problems
+from spswap.settings_file import settings_file_path
 
 
 def op_ping(ctx: Context, args: dict[str, Any]) -> Any:
@@ -29,6 +31,12 @@ def op_status(ctx: Context, args: dict[str, Any]) -> Any:
         "uptime_s": round(time.time() - st.started_at, 3),
         "jobs": sum(1 for j in st.jobs.all() if j.state == "running"),
         "nodes": sorted(st.node_names),  # Slurm's names of this host's node(s), from prologs
+        # its own settings and where they came from: a command that reads others (another
+        # environment) can tell, and say so (spswap status)
+        "settings": st.cfg.to_json(),
+        "settings_file": str(settings_file_path(os.environ)),
+        "gpus": list(st.slot_table().gpus),
+        "settings_problems": settings_problems(st.cfg),
     }
 
 

@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from spswap.config import Config
@@ -129,13 +130,49 @@ def start(cfg: Config, wait_s: float = 10.0) -> int:
         os.close(lock_fd)
 
 
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def daemon_env(caller_env: Mapping[str, str], cfg: Config, code_dir: str | None) -> dict[str, str]:
+    """The environment spswapd starts with: none of its caller's but the settings.
+
+    The first caller is often a job's prolog, whose environment is that job's
+    (``SLURM_JOB_ID``, ``SLURM_JOB_UID``, ``CUDA_VISIBLE_DEVICES``): a daemon that kept it
+    would see one job's GPUs as the node's and take job 1's id for its own. It keeps the
+    ``SPSWAP_*`` settings (the hooks read them from the settings file; the daemon reads
+    that file again itself), ``PATH`` (where criu and Slurm's commands are; the hooks
+    set a fixed one), ``LANG``, and a ``HOME`` of its own user's. ``code_dir``: the
+    directory the running spswap is imported from, when the interpreter would not find
+    it by itself (a checkout), so the daemon runs the code that started it."""
+    import pwd
+
+    env = {k: v for k, v in caller_env.items() if k.startswith("SPSWAP_")}
+    env["SPSWAP_ROOT"] = str(cfg.root)
+    env["PATH"] = caller_env.get("PATH") or DEFAULT_PATH
+    if caller_env.get("LANG"):
+        env["LANG"] = caller_env["LANG"]
+    try:
+        env["HOME"] = pwd.getpwuid(os.geteuid()).pw_dir
+    except KeyError:
+        env["HOME"] = "/"
+    if code_dir:
+        env["PYTHONPATH"] = code_dir
+    return env
+
+
+def _code_dir() -> str | None:
+    """Where this spswap is imported from, unless the interpreter finds it there anyway."""
+    import site
+
+    here = str(Path(__file__).resolve().parents[2])
+    known = {str(Path(p).resolve()) for p in [*site.getsitepackages(), site.getusersitepackages()]}
+    return None if here in known else here
+
+
 def _spawn_detached(cfg: Config) -> int:
     import subprocess
 
-    env = dict(os.environ)
-    env["SPSWAP_ROOT"] = str(cfg.root)
-    # no PATH in a prolog: the daemon needs none, but child tools (criu) will
-    env.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+    env = daemon_env(os.environ, cfg, _code_dir())
     log_fd = os.open(log_path(cfg), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
                      | os.O_NOFOLLOW, 0o644)  # fmt: skip
     try:

@@ -12,10 +12,14 @@ import fcntl
 import os
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from spswap.config import Config
 from spswap.daemon import lifecycle
 from spswap.errors import DaemonError
+
+if TYPE_CHECKING:
+    from spswap.daemon.state import DaemonState
 
 
 def _take_pid_lock(cfg: Config) -> int | None:
@@ -36,6 +40,16 @@ def _take_pid_lock(cfg: Config) -> int | None:
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     os.fchmod(fd, 0o600)
     return fd
+
+
+def _warn_unfit_settings(state: DaemonState) -> None:
+    """Settings this node cannot hold, in the daemon's log and event log (a warning: a
+    daemon that refused to start would leave every job of the node without spswap)."""
+    from spswap.settings_check import settings_problems
+
+    for problem in settings_problems(state.cfg):
+        print(f"{time.strftime('%F %T')} spswapd: warning: {problem}", flush=True)
+        state.event("settings.unfit", uid=os.getuid(), reason=problem)
 
 
 def run(cfg: Config) -> int:
@@ -64,6 +78,7 @@ def run(cfg: Config) -> int:
                            socket=str(cfg.paths.socket))  # fmt: skip
         print(f"{time.strftime('%F %T')} spswapd: pid {os.getpid()} serving "
               f"{cfg.paths.socket}", flush=True)  # fmt: skip
+        _warn_unfit_settings(server.state)
         from spswap.daemon.sweeper import Sweeper
 
         sweeper = Sweeper(server.state, cfg.sweep_interval_s)
@@ -83,7 +98,7 @@ def run(cfg: Config) -> int:
 
 def main() -> int:
     try:
-        return run(Config.from_env())
+        return run(Config.load())
     except DaemonError as e:
         print(f"spswapd: {e}", file=sys.stderr, flush=True)
         return 1

@@ -15,6 +15,7 @@ from spswap.daemon import (
     ckpt_restore,
     ckpt_status,
     info_ops,
+    instance_ops,
     job_ops,
     pool_ops,
     slot_ops,
@@ -40,4 +41,6 @@ HANDLERS: Mapping[str, Handler] = MappingProxyType({
     "checkpoint": ckpt_dump.op_checkpoint,
     "restore": ckpt_restore.op_restore,
     "checkpoint.status": ckpt_status.op_checkpoint_status,
+    "instance.put": instance_ops.op_instance_put,
+    "instance.remove": instance_ops.op_instance_remove,
 })

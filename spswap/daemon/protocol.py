@@ -69,6 +69,9 @@ OPS: dict[str, ArgSpec] = {
                    **_IDENTITY},
     "restore": {"job_id": ("str", True), "restart_count": ("int", False), **_IDENTITY},
     "checkpoint.status": {"job_id": ("str", True)},
+    # a serving process's own record for `spswap status`; the daemon sets its uid and pid
+    "instance.put": {"record": ("flat_dict", True)},
+    "instance.remove": {"id": ("str", True)},
 }
 
 

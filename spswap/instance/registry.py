@@ -2,11 +2,14 @@
 
 Each serving process keeps one small JSON record at ``$SPSWAP_ROOT/run/instances/<id>.json``
 up to date (state, device, job, last reason for a cold start). Plain files: no torch, no
-daemon needed to read them.
+daemon needed to read them. ``run/`` is root's: a user's process, which may not write
+there, has spswapd write its record (``instance.put``, with the caller's uid and pid as
+the kernel tells them).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from collections.abc import Callable
@@ -42,8 +45,13 @@ class InstanceRecord:
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
+_NOT_OURS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT)
+"""Errors of a direct write that mean "not this process's folder": ask the daemon."""
+
+
 class InstanceRegistry:
-    """The records under one directory (``cfg.paths.run / "instances"``)."""
+    """The records under one directory (``cfg.paths.run / "instances"``, so the daemon's
+    socket is ``../spswapd.sock`` beside it)."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
@@ -53,18 +61,41 @@ class InstanceRegistry:
         atomic_write_json(self.directory / f"{record.id}.json", record.to_json())
 
     def put_best_effort(self, record: InstanceRecord, log: Callable[[str], None]) -> None:
-        """:meth:`put`, logging instead of failing: a status record is not worth failing a
-        job for (e.g. a root-owned run directory the daemon has not made writable)."""
+        """:meth:`put`, through spswapd where this process may not write the folder (a
+        user's, under root's ``run/``); logging instead of failing: a status record is not
+        worth failing a job for."""
         try:
             self.put(record)
+            return
         except OSError as e:
-            log(f"spswap serve: could not update the instance record ({e})")
+            if e.errno not in _NOT_OURS:
+                log(f"spswap serve: could not update the instance record ({e})")
+                return
+        try:
+            self._daemon_call("instance.put", record=record.to_json())
+        except Exception as e:  # a status record must never end the run
+            log(f"spswap serve: could not update the instance record through spswapd ({e})")
 
     def remove(self, instance_id: str) -> None:
+        """Drop the record (through spswapd when this process may not); never raises."""
         try:
             os.unlink(self.directory / f"{instance_id}.json")
         except FileNotFoundError:
             pass
+        except OSError as e:
+            if e.errno not in _NOT_OURS:
+                return
+            try:
+                self._daemon_call("instance.remove", id=instance_id)
+            except Exception:
+                pass  # the next `spswap status` shows it as gone (its process is)
+
+    def _daemon_call(self, op: str, **args: Any) -> Any:
+        from spswap.config import Config
+        from spswap.daemon.client import Client
+
+        root = self.directory.parent.parent  # <root>/run/instances
+        return Client(Config.from_env({}, root=root), timeout_s=5.0).call(op, **args)
 
     def list(self) -> list[tuple[InstanceRecord, bool]]:
         """Every record with whether its process still runs (dead ones are kept: Saved

@@ -1,7 +1,10 @@
 """Which GPUs this node has, for the slot table.
 
-Order of sources: ``SPSWAP_GPUS`` (config), then NVML, then ``CUDA_VISIBLE_DEVICES``.
-NVML is the only one that sees every GPU of the node with its physical index, but
+Order of sources: ``SPSWAP_GPUS`` (config), then NVML, then the node's device files
+(``/dev/nvidia0``, ``/dev/nvidia1``...: the driver makes one per GPU, named by its minor
+number, which Slurm's ``gres.conf`` names too). Never ``CUDA_VISIBLE_DEVICES``: that is
+one job's view (spswapd, started from the first job's prolog, saw only that job's GPU
+0 and refused a later job GPU 1). NVML is the only one that names each GPU, but
 initialising it can take seconds on a GPU without persistence mode, so callers ask
 once (at start-up) and hand the list to the slot table; the table never asks NVML.
 """
@@ -9,7 +12,8 @@ once (at start-up) and hand the list to the slot table; the table never asks NVM
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -24,14 +28,18 @@ class GpuInfo:
     name: str | None
     memory_total_bytes: int | None
     source: str
-    """``"config"``, ``"nvml"`` or ``"cuda_visible_devices"``."""
+    """``"config"``, ``"nvml"`` or ``"devices"`` (``/dev/nvidiaN``)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def discover_gpus(cfg: Config, env: Mapping[str, str] | None = None) -> list[GpuInfo]:
-    """The node's GPUs: ``cfg.gpus`` if set, else NVML, else ``CUDA_VISIBLE_DEVICES``, else none.
+DEV_DIR = "/dev"
+_DEVICE = re.compile(r"nvidia(\d+)")
+
+
+def discover_gpus(cfg: Config, *, dev_dir: str = DEV_DIR) -> list[GpuInfo]:
+    """The node's GPUs: ``cfg.gpus`` if set, else NVML, else ``dev_dir/nvidiaN``, else none.
 
     Never raises because NVML or a driver is missing; an empty list means "no GPU found"
     and the caller says how to set ``SPSWAP_GPUS``.
@@ -41,36 +49,17 @@ def discover_gpus(cfg: Config, env: Mapping[str, str] | None = None) -> list[Gpu
     nvml = nvml_gpus()
     if nvml:
         return nvml
-    env = os.environ if env is None else env
-    return [
-        GpuInfo(i, None, None, "cuda_visible_devices")
-        for i in parse_cuda_visible_devices(env.get("CUDA_VISIBLE_DEVICES"))
-    ]
-
-
-def parse_cuda_visible_devices(text: str | None) -> list[int]:
-    """GPU indexes from a ``CUDA_VISIBLE_DEVICES`` value.
-
-    Integers are taken as they are; UUIDs (``GPU-...``, ``MIG-...``) have no index, so
-    each stands for its position in the list. ``""``, ``"-1"`` and ``NoDevFiles`` mean none.
-    """
-    if text is None:
-        return []
-    items = [x.strip() for x in text.split(",") if x.strip()]
-    if not items or items[0] in ("-1", "NoDevFiles"):
-        return []
     try:
-        indexes = [int(x) for x in items]
-    except ValueError:
-        return list(range(len(items)))
-    # CUDA stops at the first negative entry; so do we.
-    out: list[int] = []
-    for i in indexes:
-        if i < 0:
-            break
-        if i not in out:
-            out.append(i)
-    return out
+        names = os.listdir(dev_dir)
+    except OSError:
+        names = []
+    return [GpuInfo(i, None, None, "devices") for i in gpu_indexes_from_device_names(names)]
+
+
+def gpu_indexes_from_device_names(names: Iterable[str]) -> list[int]:
+    """GPU indexes from the names in ``/dev``: ``nvidia<N>`` only (not ``nvidiactl``,
+    ``nvidia-uvm``, ``nvidia-caps``), sorted."""
+    return sorted({int(m[1]) for n in names if (m := _DEVICE.fullmatch(n))})
 
 
 def nvml_gpus() -> list[GpuInfo]:

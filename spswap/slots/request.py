@@ -21,8 +21,8 @@ def make_request(
     ``allowed_gpus`` (default: every one of ``gpus``); :class:`SlotError` says why not."""
     if not gpus:
         raise SlotError(
-            "no GPUs known on this node: NVML found none and CUDA_VISIBLE_DEVICES is unset; "
-            "set SPSWAP_GPUS (e.g. SPSWAP_GPUS=0,1,2,3)"
+            "no GPUs known on this node: NVML found none and there is no /dev/nvidia<N>; set "
+            "SPSWAP_GPUS in /etc/default/spswap (e.g. SPSWAP_GPUS=0,1,2,3)"
         )
     valid_gpus = ", ".join(map(str, gpus))
     if allowed_gpus is None:

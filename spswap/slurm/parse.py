@@ -74,6 +74,9 @@ class JobInfo:
     """The nodes the job holds or last held, as Slurm writes them (``n[1-3],gpu7``)."""
     work_dir: str | None = None
     """The job's working directory (``sbatch --chdir``, else where it was submitted)."""
+    requeue: bool | None = None
+    """Whether Slurm may requeue the job (``Requeue=1``: ``--requeue``, or slurm.conf's
+    ``JobRequeue=1``, the default, without ``--no-requeue``); None when not shown."""
 
     @property
     def allocated(self) -> bool:
@@ -287,6 +290,7 @@ def job_info_from_scontrol(text: str) -> JobInfo:
         comment=_null(fields.get("Comment")),
         nodes=_null(fields.get("NodeList")),
         work_dir=_null(fields.get("WorkDir")),
+        requeue={"1": True, "0": False}.get(fields.get("Requeue", "")),
     )
 
 
@@ -318,6 +322,7 @@ def _job_info_from_json(job: dict[str, Any]) -> JobInfo:
         gpus_by_node=by_node,
         comment=_null(job.get("comment")),
         nodes=_null(nodes),
+        requeue=job["requeue"] if isinstance(job.get("requeue"), bool) else None,
     )
 
 

@@ -1,60 +1,61 @@
-"""Where the GPU list comes from: config, NVML, CUDA_VISIBLE_DEVICES."""
+"""Where the GPU list comes from: config, NVML, the node's /dev/nvidiaN; never a job's
+CUDA_VISIBLE_DEVICES (issue 15 item 9)."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
 from spswap.config import Config
 from spswap.slots import gpus as gpus_mod
-from spswap.slots.gpus import GpuInfo, discover_gpus, nvml_gpus, parse_cuda_visible_devices
+from spswap.slots.gpus import GpuInfo, discover_gpus, gpu_indexes_from_device_names, nvml_gpus
 
 
 @pytest.mark.parametrize(
-    ("text", "expected"),
+    ("names", "expected"),
     [
-        (None, []),
-        ("", []),
-        ("-1", []),
-        ("NoDevFiles", []),
-        ("0", [0]),
-        ("2,3", [2, 3]),
-        (" 1, 0 ", [1, 0]),
-        ("0,0,1", [0, 1]),
-        ("1,-1,2", [1]),
-        (
-            "GPU-8a5b2c1e-aaaa-bbbb-cccc-000000000001,GPU-8a5b2c1e-aaaa-bbbb-cccc-000000000002",
-            [0, 1],
-        ),
-        ("MIG-4f6e3c2a-1111-2222-3333-444444444444", [0]),
+        ([], []),
+        (["nvidia0"], [0]),
+        (["nvidia1", "nvidia0", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-caps",
+          "nvidia-modeset", "nvidia10", "nvidiaX", "null"], [0, 1, 10]),
     ],
 )
-def test_parse_cuda_visible_devices(text: str | None, expected: list[int]) -> None:
-    assert parse_cuda_visible_devices(text) == expected
+def test_gpu_indexes_from_device_names(names: list[str], expected: list[int]) -> None:
+    assert gpu_indexes_from_device_names(names) == expected
 
 
-def test_config_wins() -> None:
+def test_config_wins(tmp_path) -> None:
+    (tmp_path / "nvidia0").touch()
     cfg = Config.from_env({"SPSWAP_GPUS": "3,1"})
-    got = discover_gpus(cfg, env={"CUDA_VISIBLE_DEVICES": "0"})
+    got = discover_gpus(cfg, dev_dir=str(tmp_path))
     assert got == [GpuInfo(3, None, None, "config"), GpuInfo(1, None, None, "config")]
 
 
-def test_cuda_visible_devices_when_nvml_finds_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_node_devices_when_nvml_finds_nothing(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     # This machine has no NVIDIA driver: NVML must fail quietly, not raise.
     assert nvml_gpus() == []
-    got = discover_gpus(Config.from_env({}), env={"CUDA_VISIBLE_DEVICES": "2,5"})
-    assert [(g.index, g.source) for g in got] == [
-        (2, "cuda_visible_devices"),
-        (5, "cuda_visible_devices"),
-    ]
-    assert discover_gpus(Config.from_env({}), env={}) == []
+    for name in ("nvidia0", "nvidia1", "nvidiactl"):
+        (tmp_path / name).touch()
+    # a job's view of its GPUs is not the node's: the daemon started from job 1's
+    # prolog saw only GPU 0 and refused a later job GPU 1
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    got = discover_gpus(Config.from_env({}), dev_dir=str(tmp_path))
+    assert [(g.index, g.source) for g in got] == [(0, "devices"), (1, "devices")]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert discover_gpus(Config.from_env({}), dev_dir=str(empty)) == []
+    assert discover_gpus(Config.from_env({}), dev_dir=str(tmp_path / "absent")) == []
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "0"
 
 
-def test_nvml_comes_before_cuda_visible_devices(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_nvml_comes_before_devices(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Stands in for a GPU, which this machine lacks; the NVML path itself runs in
     # test_nvml_on_a_real_gpu where a driver is present.
+    (tmp_path / "nvidia4").touch()
     fake = [GpuInfo(0, "NVIDIA H200", 150_000_000_000, "nvml")]
     monkeypatch.setattr(gpus_mod, "nvml_gpus", lambda: fake)
-    assert discover_gpus(Config.from_env({}), env={"CUDA_VISIBLE_DEVICES": "4"}) == fake
+    assert discover_gpus(Config.from_env({}), dev_dir=str(tmp_path)) == fake
 
 
 def _has_nvml_gpu() -> bool:
@@ -64,6 +65,6 @@ def _has_nvml_gpu() -> bool:
 @pytest.mark.gpu
 @pytest.mark.skipif(not _has_nvml_gpu(), reason="no NVIDIA driver/GPU visible to NVML here")
 def test_nvml_on_a_real_gpu() -> None:
-    got = discover_gpus(Config.from_env({}), env={})
+    got = discover_gpus(Config.from_env({}))
     assert got and all(g.source == "nvml" and g.name and g.memory_total_bytes for g in got)
     assert [g.index for g in got] == list(range(len(got)))

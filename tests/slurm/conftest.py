@@ -7,6 +7,7 @@ installs slurmctld, slurmd and munge with apt), stopped at the end; skipped othe
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -22,10 +23,28 @@ __all__ = ["SlurmCluster", "wait_for"]  # tests import these from here too
 
 
 def default_proctrack() -> str:
-    """proctrack/cgroup (what sites run, and what lets spswapd park a tree outside its
-    job) where Slurm 22.05 can use it without systemd: a cgroup v1 freezer; else
-    linuxproc. SPSWAP_TEST_PROCTRACK overrides."""
-    return "cgroup" if Path("/sys/fs/cgroup/freezer/cgroup.procs").exists() else "linuxproc"
+    """proctrack/cgroup (what the guide recommends, and what lets spswapd park a tree
+    outside its job) where Slurm 22.05 can use it without systemd: a cgroup v1 freezer, or
+    cgroup v2; else linuxproc. The same choice as scripts/slurm_up.sh's default (which
+    then runs task/cgroup too). SPSWAP_TEST_PROCTRACK overrides."""
+    usable = (Path("/sys/fs/cgroup/freezer/cgroup.procs").exists()
+              or Path("/sys/fs/cgroup/cgroup.controllers").is_file())  # fmt: skip
+    return "cgroup" if usable else "linuxproc"
+
+
+def checkout_spswap(root: Path) -> str:
+    """An `spswap` for the hooks (slurmd gives them no PYTHONPATH) and the jobs that runs
+    this checkout's code, as the installed console script would, on this interpreter
+    (the venv's, on /usr/bin/python3: users can run it). The venv's own `spswap` runs
+    whatever checkout the venv was installed from."""
+    from tests.daemon.conftest import ENTRY_CALL
+
+    bin_dir = root.parent / f"{root.name}-bin"
+    bin_dir.mkdir(mode=0o755)
+    exe = bin_dir / "spswap"
+    exe.write_text(f"#!/bin/sh\nexec {sys.executable} -c {shlex.quote(ENTRY_CALL)} \"$@\"\n")
+    exe.chmod(0o755)
+    return str(exe)
 
 
 @pytest.fixture(scope="session")
@@ -42,9 +61,12 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
     # outside pytest's 0700 temp tree: normal users' jobs and tools reach the daemon here
     root = Path(tempfile.mkdtemp(prefix="spswap-slurm-root-", dir="/tmp"))
     root.chmod(0o755)
-    spswap_bin = str(Path(sys.executable).parent / "spswap")
+    spswap_bin = checkout_spswap(root)
     grace_time_s = 10
-    env = dict(os.environ, SPSWAP_BIN=spswap_bin, SPSWAP_ROOT=str(root),
+    # the hooks and the daemon they start read the settings file slurm_up.sh writes (the
+    # unit tests' SPSWAP_DEFAULTS=/dev/null is not for them)
+    env = {k: v for k, v in os.environ.items() if k != "SPSWAP_DEFAULTS"}
+    env = dict(env, SPSWAP_BIN=spswap_bin, SPSWAP_ROOT=str(root),
                GRACE_TIME=str(grace_time_s), FAKE_GPUS="2", SPSWAP_SWEEP_INTERVAL_S="5",
                PROCTRACK=os.environ.get("SPSWAP_TEST_PROCTRACK", default_proctrack()))  # fmt: skip
     up = subprocess.run([str(SLURM_UP), "up"], env=env, capture_output=True, text=True,
@@ -67,3 +89,4 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
 
         sweep(root_tag(root))
         shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(Path(spswap_bin).parent, ignore_errors=True)

@@ -150,7 +150,7 @@ def test_squeue_json_fields() -> None:
     (job,) = parse_squeue_json(_text("squeue_running_pending.json"), "1")
     assert job == JobInfo(
         job_id="1", state="RUNNING", restart_count=0, uid=0, partition="debug", reason=None,
-        gpus=(0,), gpus_by_node={"vm": (0,)}, comment="keep me, a=b", nodes="vm",
+        gpus=(0,), gpus_by_node={"vm": (0,)}, comment="keep me, a=b", nodes="vm", requeue=True,
     )  # fmt: skip
     assert job.allocated
 
@@ -235,3 +235,33 @@ def test_a_completing_job_is_gone_unless_its_restart_count_went_up() -> None:
     assert stopped_for_good("COMPLETING", 0, 0) is True  # scancel
     assert stopped_for_good("COMPLETING", 1, 0) is False  # scontrol requeue
     assert stopped_for_good("COMPLETING", None, 0) is False  # not known: dump
+
+
+# -- requeueable or not (issue 15 item 8) ----------------------------------------------------
+
+def test_requeue_flag_from_scontrol_and_squeue() -> None:
+    from spswap.slurm.parse import parse_squeue_json
+
+    text = _text("scontrol_show_job_cancelled.txt")
+    assert job_info_from_scontrol(text).requeue is True
+    assert job_info_from_scontrol(text.replace("Requeue=1", "Requeue=0")).requeue is False
+    assert job_info_from_scontrol(text.replace("Requeue=1", "")).requeue is None
+    jobs = parse_squeue_json(_text("squeue_after_end.json"))
+    assert jobs and all(j.requeue is True for j in jobs)
+
+
+def test_requeue_warning_exact_text() -> None:
+    from spswap.slurm.requeue import requeue_warning
+
+    text = _text("scontrol_show_job_cancelled.txt")
+    job = job_info_from_scontrol(text.replace("Requeue=1", "Requeue=0"))
+    assert requeue_warning(job) == (
+        f"spswap serve: warning: job {job.job_id} is not requeueable (Slurm shows Requeue=0: "
+        "it was submitted with --no-requeue, or without --requeue where slurm.conf sets "
+        "JobRequeue=0). At preemption Slurm ends it instead of requeueing it, and what this "
+        "run saves is never used. Submit it with `sbatch --requeue` (#SBATCH --requeue, as "
+        "the templates do)."
+    )
+    assert requeue_warning(job_info_from_scontrol(text)) is None
+    assert requeue_warning(job_info_from_scontrol(text.replace("Requeue=1", ""))) is None
+    assert requeue_warning(None) is None

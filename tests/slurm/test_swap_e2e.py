@@ -146,8 +146,8 @@ def test_preempted_job_resumes_its_requests_and_answers_like_cold(
     wait_for("every slot released", lambda: table.reservations() == [], timeout_s=60)
 
 
-def _serving_job(cluster: SlurmCluster, name: str, n: int, *, exit_when_idle: bool = True
-                 ) -> tuple[str, Path, Path, list[list[int]]]:
+def _serving_job(cluster: SlurmCluster, name: str, n: int, *, exit_when_idle: bool = True,
+                 no_requeue: bool = False) -> tuple[str, Path, Path, list[list[int]]]:
     work = cluster.work
     model = work / f"model-{name}"
     if not model.exists():
@@ -158,6 +158,9 @@ def _serving_job(cluster: SlurmCluster, name: str, n: int, *, exit_when_idle: bo
                                         time_limit="00:20:00"))
     if not exit_when_idle:
         script = script.replace(" --exit-when-idle", "")
+    if no_requeue:
+        assert "#SBATCH --requeue\n" in script
+        script = script.replace("#SBATCH --requeue\n", "#SBATCH --no-requeue\n")
     job = _submit(cluster, script, name)
     return job, work / ".spswap" / job, model, prompts
 
@@ -179,6 +182,7 @@ def test_requeue_and_usr1_take_the_same_path(slurm_cluster: SlurmCluster, how: s
     answers = _answers(state)
     assert sorted({a["restart_count"] for a in answers.values()}) == [0, 1], log
     _assert_swapped(log, "SIGTERM" if how == "scontrol-requeue" else "SIGUSR1")
+    assert "not requeueable" not in log, log  # the template's --requeue: no warning
     if _criu_usable() and slurm_cluster.proctrack == "cgroup":
         _assert_parked(slurm_cluster, job, early_requeue=how != "scontrol-requeue")
     assert [answers[f"rq-{how}{i:02d}"]["output_ids"] for i in range(len(prompts))] == \
@@ -295,3 +299,18 @@ def test_ask_by_job_id_from_outside_the_job(slurm_cluster: SlurmCluster) -> None
         from spswap.slurm.backend import CliBackend
 
         CliBackend().cancel(job)
+
+
+def test_a_job_that_cannot_come_back_is_warned_at_its_start(slurm_cluster: SlurmCluster) -> None:
+    """--no-requeue: the job log says at the start that a preemption would end the job for
+    good (issue 15 item 8; before, nothing until "requeue request refused" at preemption)."""
+    from spswap.slurm.backend import CliBackend
+
+    name = "norequeue"
+    job, state, _model, _prompts = _serving_job(slurm_cluster, name, 2,
+                                                no_requeue=True)  # fmt: skip
+    wait_for("its answers", lambda: len(_answers(state)) == 2, timeout_s=120)
+    backend = CliBackend()
+    wait_for("the job to end", lambda: backend.job_alive(job) is False, timeout_s=60)
+    log = _job_log(slurm_cluster, name, job)
+    assert f"warning: job {job} is not requeueable (Slurm shows Requeue=0" in log, log

@@ -1,0 +1,76 @@
+"""Settings that cannot hold on this node (issue 15 item 11): a pool larger than the
+file system it lives on, a keep budget larger than the node's memory.
+
+The daemon logs them at start (and ``settings.unfit`` in the event log), ``spswap daemon
+start``, ``spswap status`` and ``spswap doctor`` show them: each message names the
+setting, the numbers and the fix. They are warnings, not refusals: a prolog must never
+fail for spswap's own trouble, and a node with a daemon that warns still serves its jobs
+(the pool evicts, then refuses an import that does not fit, with the sizes).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from spswap.config import Config
+from spswap.units import fmt_bytes
+
+
+@dataclass(frozen=True)
+class NodeSizes:
+    """What the settings must fit in; None where it could not be read."""
+
+    fs_bytes: int | None
+    """Size of the file system holding the root (the tmpfs)."""
+    fs_path: str
+    mem_total_bytes: int | None
+
+
+def unfit_settings(cfg: Config, sizes: NodeSizes) -> list[str]:
+    """Why ``cfg`` cannot hold on a node of ``sizes``, one message a setting. Pure."""
+    out: list[str] = []
+    pool = cfg.pool_capacity_bytes
+    if pool is not None and sizes.fs_bytes and pool > sizes.fs_bytes:
+        out.append(
+            f"SPSWAP_POOL_CAPACITY_BYTES={fmt_bytes(pool)} is more than the "
+            f"{fmt_bytes(sizes.fs_bytes)} file system that holds {sizes.fs_path}: imports "
+            f"would fail with 'no space left' before the pool is full. Set it to at most "
+            f"{fmt_bytes(sizes.fs_bytes * 0.8)}, or leave it out (80% of the file system), "
+            f"or give the tmpfs more room (mount -o remount,size=...)"
+        )  # fmt: skip
+    keep = cfg.keep_bytes
+    if keep is not None and sizes.mem_total_bytes and keep > sizes.mem_total_bytes:
+        out.append(
+            f"SPSWAP_KEEP_BYTES={fmt_bytes(keep)} is more than this node's "
+            f"{fmt_bytes(sizes.mem_total_bytes)} of memory: kept instances would take the "
+            f"memory the jobs need. Set it well below (the default is 1/8: "
+            f"{fmt_bytes(sizes.mem_total_bytes // 8)}), or 0 to keep none"
+        )  # fmt: skip
+    return out
+
+
+def node_sizes(cfg: Config, meminfo: Path = Path("/proc/meminfo")) -> NodeSizes:
+    """The file system holding ``cfg.root`` (its nearest existing folder) and MemTotal."""
+    at = cfg.root
+    while not at.exists() and at != at.parent:
+        at = at.parent
+    try:
+        st = os.statvfs(at)
+        fs_bytes: int | None = st.f_blocks * st.f_frsize
+    except OSError:
+        fs_bytes = None
+    mem: int | None = None
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return NodeSizes(fs_bytes=fs_bytes, fs_path=str(cfg.root), mem_total_bytes=mem)
+
+
+def settings_problems(cfg: Config) -> list[str]:
+    """:func:`unfit_settings` on this node."""
+    return unfit_settings(cfg, node_sizes(cfg))

@@ -1,0 +1,24 @@
+"""Whether a job can come back after preemption, told at its start (issue 15 item 8).
+
+``spswap serve`` saves its state for the job's next run; a job Slurm may not requeue has
+none: at preemption (``PreemptMode=REQUEUE``) Slurm ends it instead, and the run's
+"requeue request refused" came only then. Pure: the caller asks Slurm for the job.
+"""
+
+from __future__ import annotations
+
+from spswap.slurm.parse import JobInfo
+
+
+def requeue_warning(job: JobInfo | None) -> str | None:
+    """The job log's warning when Slurm says ``job`` is not requeueable; None when it is,
+    or when Slurm could not say (no warning is better than a wrong one)."""
+    if job is None or job.requeue is not False:
+        return None
+    return (
+        f"spswap serve: warning: job {job.job_id} is not requeueable (Slurm shows "
+        "Requeue=0: it was submitted with --no-requeue, or without --requeue where "
+        "slurm.conf sets JobRequeue=0). At preemption Slurm ends it instead of requeueing "
+        "it, and what this run saves is never used. Submit it with `sbatch --requeue` "
+        "(#SBATCH --requeue, as the templates do)."
+    )

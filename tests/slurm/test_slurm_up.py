@@ -1,0 +1,47 @@
+"""scripts/slurm_up.sh down ends only its own cluster's step daemons (issue 15 item 15:
+it killed every slurmstepd on the host). No Slurm needed: stand-in step daemons, one
+holding a file of the cluster's state directory as a real one holds slurmd's log."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from spswap.liveness import pid_alive
+
+SLURM_UP = Path(__file__).resolve().parents[2] / "scripts" / "slurm_up.sh"
+
+
+def test_down_kills_only_its_own_slurmstepd(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("slurm_up.sh runs as root")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stepd = bin_dir / "slurmstepd"  # /proc/PID/exe ends in /slurmstepd, as a real one's
+    shutil.copy("/bin/sleep", stepd)
+    ours_dir, theirs_dir = tmp_path / "ours", tmp_path / "theirs"
+    for d in (ours_dir / "log", theirs_dir / "log"):
+        d.mkdir(parents=True)
+    procs = {}
+    for name, d in (("ours", ours_dir), ("theirs", theirs_dir)):
+        log = open(d / "log" / "slurmd.log", "a")  # noqa: SIM115 (held by the child)
+        procs[name] = subprocess.Popen([str(stepd), "300"], stdout=log, stderr=log)
+        log.close()
+    try:
+        time.sleep(0.2)
+        env = {"PATH": os.environ["PATH"], "SLURM_CI_DIR": str(ours_dir),
+               "SLURM_UP_DEFAULTS_FILE": str(tmp_path / "default-spswap")}  # fmt: skip
+        down = subprocess.run([str(SLURM_UP), "down"], env=env, capture_output=True,
+                              text=True, timeout=120)  # fmt: skip
+        assert down.returncode == 0, down.stderr
+        assert procs["ours"].wait(timeout=10) == -9
+        assert pid_alive(procs["theirs"].pid) and procs["theirs"].poll() is None
+    finally:
+        for p in procs.values():
+            p.kill()
+            p.wait()

@@ -1,0 +1,131 @@
+"""The node's settings file, read the same by every command and the daemon (issue 15
+item 10), and the environment spswapd starts with (item 9)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from spswap.config import Config
+from spswap.daemon.lifecycle import daemon_env
+from spswap.errors import ConfigError
+from spswap.settings_file import (
+    DEFAULT_SETTINGS_FILE,
+    parse_settings_text,
+    read_settings_file,
+    settings_file_path,
+)
+
+TEXT = """# comment
+SPSWAP_ROOT=/dev/shm/site
+export SPSWAP_KEEP_BYTES=4G
+SPSWAP_POOL_CAPACITY_BYTES=256G      # optional: inline, as bash drops it
+SPSWAP_GPUS="0,1"
+SPSWAP_BIN='/opt/spswap/venv/bin/spswap'   # quoted, then a comment
+not a setting
+1BAD=x
+OTHER=kept
+"""
+
+
+def test_parse_settings_text_as_bash_reads_it() -> None:
+    assert parse_settings_text(TEXT) == {
+        "SPSWAP_ROOT": "/dev/shm/site", "SPSWAP_KEEP_BYTES": "4G",
+        "SPSWAP_POOL_CAPACITY_BYTES": "256G", "SPSWAP_GPUS": "0,1",
+        "SPSWAP_BIN": "/opt/spswap/venv/bin/spswap", "OTHER": "kept",
+    }  # fmt: skip
+
+
+def test_settings_file_path() -> None:
+    assert settings_file_path({}) == DEFAULT_SETTINGS_FILE == Path("/etc/default/spswap")
+    assert settings_file_path({"SPSWAP_DEFAULTS": "/srv/spswap.env"}) == Path("/srv/spswap.env")
+
+
+def test_load_reads_the_file_and_the_environment_goes_over_it(tmp_path) -> None:
+    f = tmp_path / "spswap"
+    f.write_text(TEXT)
+    env = {"SPSWAP_DEFAULTS": str(f), "SPSWAP_KEEP_BYTES": "1G"}
+    cfg = Config.load(env)
+    assert cfg.root == Path("/dev/shm/site") and cfg.gpus == (0, 1)
+    assert cfg.pool_capacity_bytes == 256 << 30 and cfg.keep_bytes == 1 << 30
+    assert Config.load(env, root=Path("/tmp/r")).root == Path("/tmp/r")  # --root over both
+    # without the file: the environment alone, as before
+    assert Config.load({"SPSWAP_DEFAULTS": str(tmp_path / "absent")}) == Config.from_env({})
+
+
+def test_a_bad_setting_in_the_file_names_the_file(tmp_path) -> None:
+    f = tmp_path / "spswap"
+    f.write_text("SPSWAP_KEEP_BYTE=4G\n")
+    with pytest.raises(ConfigError, match=rf"unknown setting SPSWAP_KEEP_BYTE;.*\(settings: {f}"):
+        Config.load({"SPSWAP_DEFAULTS": str(f)})
+
+
+def test_an_unreadable_file_says_why(tmp_path) -> None:
+    got = read_settings_file(tmp_path)  # a directory: cannot be read as a file
+    assert got.exists and got.values == {} and got.problem and str(tmp_path) in got.problem
+    assert read_settings_file(tmp_path / "absent").problem is None
+
+
+def test_daemon_env_keeps_settings_and_drops_the_job() -> None:
+    prolog = {
+        "SLURM_JOB_ID": "1", "SLURM_JOB_UID": "1001", "CUDA_VISIBLE_DEVICES": "0",
+        "SLURM_JOB_GPUS": "0", "PYTHONPATH": "/home/u/evil", "LD_PRELOAD": "/home/u/x.so",
+        "TMPDIR": "/tmp/job1", "PATH": "/usr/local/sbin:/usr/bin", "LANG": "C.UTF-8",
+        "SPSWAP_BIN": "/opt/spswap/venv/bin/spswap", "SPSWAP_KEEP_BYTES": "4G",
+        "SPSWAP_ROOT": "/dev/shm/old",
+    }  # fmt: skip
+    env = daemon_env(prolog, Config.from_env({}, root=Path("/dev/shm/spswap")), "/opt/src")
+    assert env == {
+        "SPSWAP_BIN": "/opt/spswap/venv/bin/spswap", "SPSWAP_KEEP_BYTES": "4G",
+        "SPSWAP_ROOT": "/dev/shm/spswap", "PATH": "/usr/local/sbin:/usr/bin",
+        "LANG": "C.UTF-8", "HOME": env["HOME"], "PYTHONPATH": "/opt/src",
+    }  # fmt: skip
+    bare = daemon_env({}, Config.from_env({}), None)
+    assert bare["PATH"] == "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    assert "PYTHONPATH" not in bare and "LANG" not in bare
+
+
+# -- settings that cannot hold (item 11) -----------------------------------------------------
+
+def test_unfit_settings_name_the_numbers_and_the_fix() -> None:
+    from spswap.settings_check import NodeSizes, unfit_settings
+
+    sizes = NodeSizes(fs_bytes=24 << 30, fs_path="/dev/shm/spswap", mem_total_bytes=23 << 30)
+    cfg = Config.from_env({"SPSWAP_POOL_CAPACITY_BYTES": "256G", "SPSWAP_KEEP_BYTES": "64G"})
+    assert unfit_settings(cfg, sizes) == [
+        "SPSWAP_POOL_CAPACITY_BYTES=256.0 GiB is more than the 24.0 GiB file system that "
+        "holds /dev/shm/spswap: imports would fail with 'no space left' before the pool is "
+        "full. Set it to at most 19.2 GiB, or leave it out (80% of the file system), or give "
+        "the tmpfs more room (mount -o remount,size=...)",
+        "SPSWAP_KEEP_BYTES=64.0 GiB is more than this node's 23.0 GiB of memory: kept "
+        "instances would take the memory the jobs need. Set it well below (the default is "
+        "1/8: 2.9 GiB), or 0 to keep none",
+    ]
+    fits = Config.from_env({"SPSWAP_POOL_CAPACITY_BYTES": "20G", "SPSWAP_KEEP_BYTES": "4G"})
+    assert unfit_settings(fits, sizes) == []
+    assert unfit_settings(Config.from_env({}), sizes) == []  # the defaults always fit
+    unknown = NodeSizes(fs_bytes=None, fs_path="/x", mem_total_bytes=None)
+    assert unfit_settings(cfg, unknown) == []
+
+
+def test_node_sizes_reads_this_node(tmp_path) -> None:
+    from spswap.settings_check import node_sizes
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24117248 kB\nMemFree: 1 kB\n")
+    sizes = node_sizes(Config.from_env({}, root=tmp_path / "not" / "yet"), meminfo)
+    assert sizes.mem_total_bytes == 24117248 * 1024 and sizes.fs_bytes and sizes.fs_bytes > 0
+
+
+def test_settings_differences() -> None:
+    from spswap.status import settings_differences
+
+    here = Config.from_env({}).to_json()
+    daemon = Config.from_env({"SPSWAP_POOL_CAPACITY_BYTES": "256G",
+                              "SPSWAP_GPUS": "0,1"}).to_json()  # fmt: skip
+    assert settings_differences(here, daemon) == [
+        "SPSWAP_GPUS: None here, [0, 1] in spswapd",
+        "SPSWAP_POOL_CAPACITY_BYTES: None here, 274877906944 in spswapd",
+    ]
+    assert settings_differences(here, here) == []
