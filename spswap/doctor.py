@@ -19,7 +19,9 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
+from spswap import doctor_criu
 from spswap.config import Config
+from spswap.doctor_check import check
 from spswap.units import fmt_bytes
 
 KERNEL_NEEDS_CRIU_41 = (6, 13)
@@ -27,13 +29,6 @@ KERNEL_TCP_SOCKOPTS = (6, 16)  # SO_PASSCRED on TCP answers EOPNOTSUPP: CRIU 4.1
 DRIVER_CHECKPOINT = 570
 DRIVER_REMAP = 580
 SCHEMA_VERSION = 1
-
-
-def check(
-    name: str, ok: bool | None, value: str, detail: str = "", *, required: bool = False
-) -> dict[str, Any]:
-    """One check result."""
-    return {"name": name, "ok": ok, "required": required, "value": value, "detail": detail}
 
 
 # ---- pure parsers -------------------------------------------------------------------------
@@ -347,7 +342,10 @@ def collect(cfg: Config) -> dict[str, Any]:
     """Every check for this node: ``{"version", "node", "checks": [...]}``."""
     release = platform.release()
     checks: list[dict[str, Any]] = []
-    checks += _criu_checks(release)
+    criu_rows = _criu_checks(release)
+    checks += criu_rows
+    usable = all(c["ok"] for c in criu_rows if c["name"] in ("criu", "criu check"))
+    checks += doctor_criu.checks(cfg, usable)
     new_kernel = kernel_version(release) >= KERNEL_NEEDS_CRIU_41
     checks.append(
         check("kernel", True, release, "CRIU >= 4.1 needed (>= 6.13)" if new_kernel else "")
