@@ -322,6 +322,19 @@ def _parking() -> dict[str, Any]:
                  "Slurm with ProctrackType=proctrack/cgroup")  # fmt: skip
 
 
+def _freeze_hold() -> dict[str, Any]:
+    """Whether spswapd can freeze a tree from its credential check to CRIU's seize."""
+    from spswap.checkpoint.freeze_hold import probe
+
+    ok, found = probe()
+    if ok:
+        return check("freeze for the credential check", True, found)
+    return check("freeze for the credential check", None, found,
+                 "a tree is then dumped running, and only the image's own credentials keep "
+                 "a setuid program's rights out: mount cgroup v2 (or the unified hierarchy) "
+                 "writable for root")  # fmt: skip
+
+
 def keep_check(budget_bytes: int, can_park: bool) -> dict[str, Any]:
     """Whether dumped instances can be kept alive (frozen, parked) for their job's next
     run: a keep budget and parked cgroups are both needed. Pure."""
@@ -359,6 +372,7 @@ def collect(cfg: Config) -> dict[str, Any]:
     checks.append(check("cgroup mode", True, cgroup_mode(Path("/sys/fs/cgroup"))))
     parking = _parking()
     checks.append(parking)
+    checks.append(_freeze_hold())
     checks.append(keep_check(cfg.keep_budget_bytes(), parking["ok"] is True))
     checks.append(_root_ownership(cfg))
     checks.append(_daemon(cfg))

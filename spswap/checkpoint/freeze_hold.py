@@ -46,8 +46,9 @@ class FreezeHold:
     @classmethod
     def create(cls, root_pid: int, tag: str = "", proc: Path = cgroups.PROC) -> FreezeHold | None:
         """Move the tree of ``root_pid`` into a new hold and freeze it; None when this
-        host has no cgroup v2. CheckpointFailed when the hold cannot be made or frozen
-        (the tree is back where it was then)."""
+        host has no cgroup v2 or its cgroups cannot be made there (a read-only cgroupfs:
+        the image's credentials are then the only guard). CheckpointFailed when the tree
+        cannot be moved or frozen (it is back where it was then)."""
         try:
             found = cgroups.mounts(proc)
         except OSError:
@@ -65,11 +66,10 @@ class FreezeHold:
             top.mkdir(mode=0o700)
             os.chmod(top, 0o700)  # cgroupfs ignores mkdir's mode
             (top / "tree").mkdir()
-        except OSError as e:
+        except OSError:
             _rmdir(top / "tree")
             _rmdir(top)
-            raise CheckpointFailed(f"cannot make the cgroup {top} to freeze the tree in: {e}"
-                                   ) from None  # fmt: skip
+            return None  # as without cgroup v2 (doctor's "freeze for the check" says so)
         hold = cls(top, top / "tree")
         try:
             hold._adopt(root_pid, found, proc)
