@@ -268,3 +268,31 @@ def test_the_program_is_really_privileged(programs: dict[str, Path], user_uid: i
             os.kill(p, 9)
     finally:
         shutil.rmtree(top, ignore_errors=True)
+
+
+def test_an_image_that_records_other_rights_is_never_restored(user_uid: int,
+                                                              tmp_path: Path) -> None:  # fmt: skip
+    """An image (its identity and integrity good) whose recorded credentials are not the
+    job user's (an image from before this check, or one a setuid exec got into) is
+    refused before CRIU runs, and deleted."""
+    from spswap.checkpoint.images import write_meta
+    from spswap.checkpoint.service import ImageRejected, job_image_key
+
+    from . import criu_images as ci
+
+    identity = _identity(user_uid)
+    gid = pwd.getpwuid(user_uid).pw_gid
+    image = tmp_path / job_image_key("j2", identity)
+    image.mkdir(mode=0o700)
+    (image / criu.DUMP_META).write_text(json.dumps(  # as CRIU as the user dumped it
+        {"pid": 4242, "pids": [4242], "run_as": {"uid": user_uid, "gid": gid, "groups": [gid]}}))
+    (image / "pstree.img").write_bytes(ci.pstree_img([(4242, 1, [4242])]))
+    (image / "core-4242.img").write_bytes(
+        ci.core_img(1, ci.creds((user_uid, 0, 0, 0), (gid,) * 4)))
+    write_meta(image, identity)
+    with pytest.raises(ImageRejected) as e:
+        restore_instance(tmp_path, job_id="j2", expected=identity)
+    assert str(e.value) == (
+        f"image {image.name} not restored: its processes' credentials are not the job user's: "
+        f"task 4242 was dumped with uids [{user_uid}, 0, 0, 0], not only {user_uid}")
+    assert not image.exists()
