@@ -22,6 +22,7 @@ checked after the dump (:mod:`image_creds`), are then the only guard.
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import time
@@ -164,16 +165,25 @@ class FreezeHold:
         if stranded:
             cgroups.kill_cgroups([self.tree])
         self._freeze(False)
-        _rmdir(self.tree)
+        _rmdir(self.tree, wait_s=RMDIR_WAIT_S)  # a task CRIU just killed is still leaving
         _rmdir(self.top)
         return stranded
 
 
-def _rmdir(d: Path) -> None:
-    try:
-        d.rmdir()
-    except OSError:
-        pass
+RMDIR_WAIT_S = 5.0
+
+
+def _rmdir(d: Path, wait_s: float = 0.0) -> None:
+    """Remove a cgroup; a busy one (tasks not yet reaped) again until ``wait_s`` passed."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            d.rmdir()
+            return
+        except OSError as e:
+            if e.errno != errno.EBUSY or time.monotonic() > deadline:
+                return
+            time.sleep(0.01)
 
 
 def probe(proc: Path = cgroups.PROC) -> tuple[bool, str]:
