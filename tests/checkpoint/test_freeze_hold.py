@@ -61,3 +61,18 @@ def test_the_tree_is_frozen_and_its_user_cannot_thaw_it(
     assert _count(count) > frozen_at, "released, it runs again"
     assert not hold.top.exists(), "the hold's cgroups are removed"
     assert (home / "cgroup.procs").read_text().split().count(str(pid)) == 1
+
+
+def test_a_hold_a_dead_spswapd_left_is_swept(user_counter: tuple[int, Path]) -> None:  # noqa: F811
+    """spswapd's start-up sweep ends what a dead one left frozen in a hold of its root."""
+    from spswap.checkpoint import cgroups
+
+    pid, _ = user_counter
+    h = freeze_hold.FreezeHold.create(pid, "sweeptag")
+    assert h is not None and h.top.name.startswith(f"{cgroups.PREFIX}sweeptag-hold-")
+    assert str(h.top) in cgroups.sweep("sweeptag")
+    assert not h.top.exists()
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{pid}").exists() and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z":
+        assert time.monotonic() < deadline, "the held process was not ended"
+        time.sleep(0.01)
