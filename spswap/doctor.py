@@ -19,7 +19,9 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
+from spswap import doctor_criu
 from spswap.config import Config
+from spswap.doctor_check import check
 from spswap.units import fmt_bytes
 
 KERNEL_NEEDS_CRIU_41 = (6, 13)
@@ -27,13 +29,6 @@ KERNEL_TCP_SOCKOPTS = (6, 16)  # SO_PASSCRED on TCP answers EOPNOTSUPP: CRIU 4.1
 DRIVER_CHECKPOINT = 570
 DRIVER_REMAP = 580
 SCHEMA_VERSION = 1
-
-
-def check(
-    name: str, ok: bool | None, value: str, detail: str = "", *, required: bool = False
-) -> dict[str, Any]:
-    """One check result."""
-    return {"name": name, "ok": ok, "required": required, "value": value, "detail": detail}
 
 
 # ---- pure parsers -------------------------------------------------------------------------
@@ -327,6 +322,19 @@ def _parking() -> dict[str, Any]:
                  "Slurm with ProctrackType=proctrack/cgroup")  # fmt: skip
 
 
+def _freeze_hold() -> dict[str, Any]:
+    """Whether spswapd can freeze a tree from its credential check to CRIU's seize."""
+    from spswap.checkpoint.freeze_hold import probe
+
+    ok, found = probe()
+    if ok:
+        return check("freeze for the credential check", True, found)
+    return check("freeze for the credential check", None, found,
+                 "a tree is then dumped running, and only the image's own credentials keep "
+                 "a setuid program's rights out: mount cgroup v2 (or the unified hierarchy) "
+                 "writable for root")  # fmt: skip
+
+
 def keep_check(budget_bytes: int, can_park: bool) -> dict[str, Any]:
     """Whether dumped instances can be kept alive (frozen, parked) for their job's next
     run: a keep budget and parked cgroups are both needed. Pure."""
@@ -360,7 +368,10 @@ def collect(cfg: Config) -> dict[str, Any]:
     """Every check for this node: ``{"version", "node", "checks": [...]}``."""
     release = platform.release()
     checks: list[dict[str, Any]] = []
-    checks += _criu_checks(release)
+    criu_rows = _criu_checks(release)
+    checks += criu_rows
+    usable = all(c["ok"] for c in criu_rows if c["name"] in ("criu", "criu check"))
+    checks += doctor_criu.checks(cfg, usable)
     new_kernel = kernel_version(release) >= KERNEL_NEEDS_CRIU_41
     checks.append(
         check("kernel", True, release, "CRIU >= 4.1 needed (>= 6.13)" if new_kernel else "")
@@ -374,6 +385,7 @@ def collect(cfg: Config) -> dict[str, Any]:
     checks.append(check("cgroup mode", True, cgroup_mode(Path("/sys/fs/cgroup"))))
     parking = _parking()
     checks.append(parking)
+    checks.append(_freeze_hold())
     checks.append(keep_check(cfg.keep_budget_bytes(), parking["ok"] is True))
     checks.append(_root_ownership(cfg))
     checks.append(_settings(cfg))

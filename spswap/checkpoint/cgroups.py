@@ -339,9 +339,12 @@ def sweep(tag: str, proc: Path = PROC) -> list[str]:
                     if d.name.startswith(f"{PREFIX}{tag}-") and d.is_dir()]  # fmt: skip
         except OSError:
             continue
-        kill_cgroups(dirs)
+        kill_cgroups(dirs)  # v2's cgroup.kill takes a hold's tree/ (freeze_hold) too
         for d in dirs:
             try:
+                for child in [c for c in d.iterdir() if c.is_dir()]:
+                    kill_cgroups([child])
+                    child.rmdir()
                 d.rmdir()
                 found.append(str(d))
             except OSError:

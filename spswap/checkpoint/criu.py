@@ -39,14 +39,22 @@ from pathlib import Path
 from typing import Any
 
 from spswap.checkpoint import criu_argv, link_remap, proctree
-from spswap.checkpoint.criu_log import NOISE, hint_for, log_tail, write_log
+from spswap.checkpoint.criu_find import (  # noqa: F401 - callers use them from here
+    BUILD_HINT,
+    MIN_VERSION,
+    _require_criu,
+    available,
+    criu_check,
+    criu_version,
+    find_criu,
+)
+from spswap.checkpoint.criu_log import first_error, hint_for, log_tail, write_log
 from spswap.checkpoint.criu_user import RunAs, as_user_dir, root_post_dump
+from spswap.checkpoint.image_creds import image_problem
 from spswap.checkpoint.proctree import wait_pids_free
-from spswap.config import setting_text
 from spswap.errors import CheckpointFailed
 from spswap.fsutil import atomic_write_json, dir_size_bytes, read_json
 
-MIN_VERSION = (4, 1, 0)
 DUMP_META = "spswap-dump.json"
 # CRIU's link_remap.<id> names are per directory, its ids per dump: dumps and restores
 # of trees with such files run one at a time on the node (see link_remap and
@@ -74,7 +82,6 @@ def _links_lock() -> Iterator[None]:
                 os.close(fd)
 
 
-BUILD_HINT = "build one with scripts/build_criu.sh (CRIU >= 4.1 is needed on kernels >= 6.13)"
 
 
 @dataclass(frozen=True)
@@ -87,76 +94,6 @@ class ImageInfo:
     size_bytes: int
     dump_s: float
     criu_version: tuple[int, int, int]
-
-
-def find_criu(env: dict[str, str] | None = None) -> Path | None:
-    """The criu to use: ``$SPSWAP_CRIU``, then PATH, then /usr/local/sbin/criu."""
-    env = dict(os.environ) if env is None else env
-    explicit = setting_text(env.get("SPSWAP_CRIU") or "")  # as the hooks' shell reads it
-    if explicit:
-        return Path(explicit) if os.access(explicit, os.X_OK) else None
-    on_path = shutil.which("criu", path=env.get("PATH", os.defpath) + ":/usr/sbin:/sbin")
-    if on_path:
-        return Path(on_path)
-    fallback = Path("/usr/local/sbin/criu")
-    return fallback if os.access(fallback, os.X_OK) else None
-
-
-def criu_version(path: Path) -> tuple[int, int, int]:
-    """``(major, minor, patch)`` of a criu binary; CheckpointFailed when it cannot say."""
-    try:
-        res = subprocess.run(
-            criu_argv.version_argv(str(path)), capture_output=True, text=True, timeout=30
-        )
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise CheckpointFailed(f"cannot run {path} --version ({e}); {BUILD_HINT}") from None
-    version = criu_argv.parse_version(res.stdout + res.stderr)
-    if version is None:
-        raise CheckpointFailed(
-            f"{path} --version printed no version ({(res.stdout + res.stderr).strip()!r}); "
-            f"{BUILD_HINT}"
-        )
-    return version
-
-
-def criu_check(path: Path) -> tuple[bool, str]:
-    """Run ``criu check``: (passed, its output). Needs root."""
-    try:
-        res = subprocess.run(
-            criu_argv.check_argv(str(path)), capture_output=True, text=True, timeout=60
-        )
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return False, str(e)
-    output = "\n".join(
-        line for line in (res.stdout + res.stderr).splitlines() if NOISE not in line
-    ).strip()
-    return res.returncode == 0, output
-
-
-def available() -> bool:
-    """True when a criu >= 4.1 is found (whether the kernel agrees is ``criu_check``'s job)."""
-    path = find_criu()
-    if path is None:
-        return False
-    try:
-        return criu_version(path) >= MIN_VERSION
-    except CheckpointFailed:
-        return False
-
-
-def _require_criu(criu: Path | None) -> tuple[Path, tuple[int, int, int]]:
-    path = criu or find_criu()
-    if path is None:
-        raise CheckpointFailed(f"no criu found (SPSWAP_CRIU, PATH, /usr/local/sbin); {BUILD_HINT}")
-    version = criu_version(path)
-    if version < MIN_VERSION:
-        have = ".".join(map(str, version))
-        raise CheckpointFailed(f"{path} is CRIU {have}, too old; {BUILD_HINT}")
-    if os.geteuid() != 0:
-        raise CheckpointFailed(
-            "CRIU dumps and restores need root: ask the spswap daemon (it runs as root) to do it"
-        )
-    return path, version
 
 
 def _check_key(key: str) -> None:
@@ -215,6 +152,8 @@ def dump(
     timeout_s: float = 600.0,
     post_dump_writes: list[tuple[Path, str]] | None = None,
     run_as: RunAs | None = None,
+    freeze_cgroup: tuple[str, list[int]] | None = None,
+    owner: tuple[int, set[int] | None] | None = None,
 ) -> ImageInfo:
     """Dump the tree rooted at ``pid`` into ``images_root/<image_key>/``.
 
@@ -224,7 +163,12 @@ def dump(
     ``leave_running``): files written once the image is complete, before CRIU lets the
     tree go (a cgroup freeze; see :func:`criu_argv.post_dump_script`). ``run_as``: CRIU
     runs as that user (``--unprivileged``); root then makes the post-dump writes, asked
-    by the script (:func:`criu_user.root_post_dump`).
+    by the script (:func:`criu_user.root_post_dump`). ``freeze_cgroup``: the frozen
+    cgroup the tree waits in and the descriptors CRIU needs to reach it
+    (:meth:`freeze_hold.FreezeHold.for_criu`). ``owner`` (uid, the user's groups or
+    None): the image's recorded credentials must all be that user's
+    (:func:`image_creds.image_problem`), else it is deleted before it gets its name and
+    CheckpointFailed says why (with ``tree_kept`` when the tree was left running).
     """
     path, version = _require_criu(criu)
     _check_key(image_key)
@@ -272,10 +216,11 @@ def dump(
                 leave_running=leave_running, shell_job=shell_job, tcp_close=tcp_close,
                 ghost_limit_bytes=ghost_limit_bytes, link_remap=bool(linked),
                 action_script=script, unprivileged=run_as is not None,
+                freeze_cgroup=freeze_cgroup[0] if freeze_cgroup else None,
             )  # fmt: skip
             try:
                 link_remap.set_aside([f.directory for f in linked], aside)
-                rc, log = _run(argv, timeout_s, fds)
+                rc, log = _run(argv, timeout_s, fds + (freeze_cgroup[1] if freeze_cgroup else []))
                 records = link_remap.park(linked, image_key) if linked and rc == 0 else []
             finally:
                 left_aside = link_remap.put_back(aside)
@@ -289,10 +234,21 @@ def dump(
             link_remap.discard(link_remap.park(linked, image_key))
         log_path = write_log(log, log_dir / f"{image_key}.dump.log")
         raise CheckpointFailed(
-            f"criu dump of pid {pid} into {final} failed (exit {rc}): {hint_for(log)}; "
+            f"criu dump of pid {pid} into {final} failed (exit {rc}): {_what(log)}; "
             "the partial image was deleted",
             log_path=str(log_path) if log_path else None, log_tail=log_tail(log),
         )  # fmt: skip
+    problem = image_problem(tmp, *owner) if owner is not None else None
+    if problem is not None:
+        shutil.rmtree(tmp, ignore_errors=True)
+        link_remap.discard(records)
+        failed = CheckpointFailed(
+            f"the image of pid {pid} was deleted, never kept: {problem}; a restore gives "
+            "back the credentials a dump recorded, so only images whose every process has "
+            "the job user's uid, gid and groups and no capabilities are kept (a setuid or "
+            "setgid program, or one with file capabilities, ran in the tree)")  # fmt: skip
+        failed.tree_kept = leave_running  # type: ignore[attr-defined]
+        raise failed
     extra: dict[str, Any] = {}
     if records:  # CRIU's links, renamed to this image's own names (see link_remap)
         extra["link_remaps"] = records
@@ -381,13 +337,19 @@ def restore(
         log_path = write_log(log, log_dir / f"{image_key}.restore.log")
         if rc != 0:
             raise CheckpointFailed(
-                f"criu restore of {image_dir} failed (exit {rc}): {hint_for(log)}",
+                f"criu restore of {image_dir} failed (exit {rc}): {_what(log)}",
                 log_path=str(log_path) if log_path else None, log_tail=log_tail(log),
             )  # fmt: skip
         try:
             return int(pidfile.read_text().strip())
         except (OSError, ValueError):
             return int(meta["pid"])
+
+
+def _what(log: str) -> str:
+    """CRIU's first error, then what to do about it (the tail follows in the error)."""
+    first = first_error(log)
+    return f"{first}; {hint_for(log)}" if first else hint_for(log)
 
 
 def remove_image(image_dir: Path) -> str:

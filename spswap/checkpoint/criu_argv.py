@@ -70,11 +70,14 @@ def dump_argv(
     link_remap: bool = False,
     action_script: Path | None = None,
     unprivileged: bool = False,
+    freeze_cgroup: str | None = None,
 ) -> list[str]:
     """``criu dump`` of the tree rooted at ``pid`` into ``images_dir``.
 
     ``log_file`` is relative to ``images_dir`` (CRIU writes it there with ``-D``).
     ``action_script``: run by CRIU at each stage (see :func:`post_dump_script`).
+    ``freeze_cgroup``: the cgroup the tree waits in, frozen (``freeze_hold``): CRIU
+    seizes its tasks before it thaws them, and freezes them again when it lets go.
     """
     if pid <= 0:
         raise ValueError(f"pid must be positive, got {pid}")
@@ -94,6 +97,8 @@ def dump_argv(
         argv.append("--link-remap")
     if action_script is not None:
         argv += ["--action-script", str(action_script)]
+    if freeze_cgroup is not None:
+        argv += ["--freeze-cgroup", freeze_cgroup]
     if ghost_limit_bytes is not None:
         if ghost_limit_bytes < 0:
             raise ValueError(f"ghost_limit_bytes must be >= 0, got {ghost_limit_bytes}")

@@ -1,8 +1,9 @@
-"""What spswap shows of a CRIU run's log: its tail led by its first errors, and a hint
-judged from its error lines; and where the log is kept."""
+"""What spswap shows of a CRIU run's log: its first error, its tail led by its first
+errors, and a hint judged from its error lines; and where the log is kept."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from spswap.checkpoint import proctree
@@ -24,6 +25,32 @@ def log_tail(text: str, lines: int = LOG_TAIL_LINES, first_errors: int = 3) -> l
     return [*errors, "..."] + tail if errors else tail
 
 
+_ERROR_RE = re.compile(r"^(?:\(\s*[\d.]+\)\s*)?(?:\S+: )?Error \([^)]*\):\s*(.*)$")
+
+
+def first_error(text: str) -> str | None:
+    """CRIU's first error line, without its time stamp and source place ("Can't get
+    rlimit 0: Operation not permitted"), the harmless RLIMIT line skipped: what went
+    wrong; the errors after it only unwind. None when the log has no error line."""
+    for line in text.splitlines():
+        m = _ERROR_RE.match(line.strip())
+        if m and NOISE not in line and m.group(1):
+            return m.group(1).strip()
+    return None
+
+
+CAP_SYS_RESOURCE_FIX = (
+    "root here lacks CAP_SYS_RESOURCE, which root's CRIU needs to read another user's "
+    "limits: leave SPSWAP_CRIU_AS_ROOT unset so that CRIU runs as the job's user "
+    "(--unprivileged), or give spswapd CAP_SYS_RESOURCE; spswap doctor test-dumps both ways"
+)
+OTHER_RIGHTS_FIX = (
+    "CRIU, running as the job's user, may not read a process of the tree: one runs with "
+    "other rights (a setuid or setgid program, or one with file capabilities); such a "
+    "tree is never dumped: end that program before the checkpoint"
+)
+
+
 def hint_for(log: str) -> str:
     """What to do about a failed CRIU run, judged from its log's error lines (a verbose
     log names sockets and io_urings in passing; only its errors say what failed)."""
@@ -33,6 +60,10 @@ def hint_for(log: str) -> str:
             "the image's file system is full: free space (remove old images) or give the "
             "tmpfs more room; the process was resumed and keeps running"
         )
+    if "Can't get rlimit" in errors:
+        return CAP_SYS_RESOURCE_FIX
+    if "map_files" in errors and "Permission denied" in errors:
+        return OTHER_RIGHTS_FIX
     if "io_uring" in errors:
         return proctree.IO_URING_FIX
     if "File exists" in errors and "fork" in errors.lower():

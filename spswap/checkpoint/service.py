@@ -27,7 +27,13 @@ from pathlib import Path
 from typing import Any
 
 from spswap.checkpoint import criu, cuda_ckpt, proctree
+from spswap.checkpoint.credentials import (  # noqa: F401 - callers use them from here
+    credentials_problem,
+    dump_frozen,
+    user_groups,
+)
 from spswap.checkpoint.gpu_map import remap
+from spswap.checkpoint.image_creds import image_problem
 from spswap.checkpoint.images import Identity, image_key, read_meta, verify_before_restore
 from spswap.errors import CheckpointFailed
 from spswap.fsutil import atomic_write_json, read_json
@@ -114,50 +120,12 @@ def _wait_preflight(pid: int, wait_s: float) -> None:
             time.sleep(0.02)
 
 
-def user_groups(uid: int) -> set[int] | None:
-    """The groups ``uid`` belongs to (primary and supplementary), or None when the user
-    database does not know it (then only the one-gid rule holds)."""
-    import pwd
-
-    try:
-        pw = pwd.getpwuid(uid)
-    except KeyError:
-        return None
-    return set(os.getgrouplist(pw.pw_name, pw.pw_gid))
-
-
-def credentials_problem(pids: list[int], uid: int, proc: Path = Path("/proc")) -> str | None:
-    """Why the tree may not be dumped for ``uid``: CRIU restores the credentials the
-    processes had, so every one of them must be that user's, with no capabilities and
-    one group (a setuid or setgid program in the tree would come back with its owner's
-    rights). None when all is well."""
-    for pid in pids:
-        try:
-            lines = (proc / str(pid) / "status").read_text().splitlines()
-        except OSError:
-            continue  # gone: CRIU will not see it either
-        fields = {k: v.split() for k, _, v in (line.partition(":") for line in lines)}
-        uids = {int(x) for x in fields.get("Uid", [])}
-        if uids != {uid}:
-            return f"process {pid} runs with uids {sorted(uids)}, not only {uid}"
-        gids = {int(x) for x in fields.get("Gid", [])}
-        if uid != 0 and len(gids) > 1:  # a setgid program: it would come back with that group
-            return f"process {pid} runs with several gids {sorted(gids)} (a setgid program)"
-        allowed = user_groups(uid)
-        if uid != 0 and allowed is not None and not gids <= allowed:
-            return (f"process {pid} runs with gid {sorted(gids - allowed)}, not a group of uid "
-                    f"{uid} (a setgid program)")  # fmt: skip
-        if uid != 0 and int(fields.get("CapEff", ["0"])[0], 16) != 0:
-            return f"process {pid} holds capabilities (CapEff {fields['CapEff'][0]})"
-    return None
-
-
 def dump_instance(
     images_root: Path, *, job_id: str, pid: int, identity: Identity,
     criu_path: Path | None = None, gpu_uuids: list[str] | None = None,
     pid_start: int | None = None,
     before_criu: Callable[[list[int]], list[tuple[Path, str]] | None] | None = None,
-    criu_as_user: bool = True,
+    criu_as_user: bool = True, freeze_tag: str = "",
 ) -> DumpReport:  # fmt: skip
     """CUDA-checkpoint (when the tree uses CUDA) and CRIU-dump the tree of ``pid``.
 
@@ -180,6 +148,11 @@ def dump_instance(
     user (``--unprivileged``, see :class:`criu.RunAs`); a kept tree's post-dump freeze is
     then made by root, asked by CRIU's script (:func:`criu_user.root_post_dump`). False:
     root's CRIU (the site setting SPSWAP_CRIU_AS_ROOT=1).
+
+    The credentials are checked on the running tree first, then again on the tree
+    frozen right before CRIU (:mod:`freeze_hold`; ``freeze_tag`` names its cgroup, for
+    spswapd's sweep), and the image's own after the dump (:mod:`image_creds`): an image
+    with another uid, gid, group or a capability is never kept.
     """
     if pid_start is not None and not pid_alive(pid, pid_start):
         raise CheckpointFailed(f"process {pid} is gone or is another process now: not dumped")
@@ -201,11 +174,11 @@ def dump_instance(
         writes = before_criu(tree) if before_criu is not None else None
         run_as = criu.RunAs.for_uid(identity.uid) if criu_as_user and identity.uid != 0 else None
         keep = writes is not None
-        info = criu.dump(pid, key, images_root, criu=criu_path, leave_running=keep,
-                         post_dump_writes=writes if keep else None, run_as=run_as)  # fmt: skip
-    except CheckpointFailed:
-        if cuda:  # CRIU resumed the tree: give it its GPU state back
-            cuda_ckpt.restore_tree(pid, pids=cuda)
+        info = dump_frozen(pid, key, images_root, identity.uid, criu_path=criu_path,
+                            keep=keep, writes=writes, run_as=run_as, freeze_tag=freeze_tag)
+    except CheckpointFailed as e:
+        if cuda and not getattr(e, "tree_kept", False):  # CRIU resumed the tree: give it
+            cuda_ckpt.restore_tree(pid, pids=cuda)  # its GPU state back
             cuda_ckpt.unlock_tree(pid, pids=cuda)
         raise
     timings["criu_dump"] = info.dump_s
@@ -247,6 +220,10 @@ def restore_instance(
     timings: dict[str, float] = {}
     t0 = time.monotonic()
     reason = verify_before_restore(image, expected, check_integrity=check_integrity)
+    if reason is None:  # what the restore would give back, read from the image itself
+        problem = image_problem(image, expected.uid, user_groups(expected.uid))
+        reason = f"its processes' credentials are not the job user's: {problem}" \
+            if problem else None
     timings["verify"] = time.monotonic() - t0
     if reason is not None:
         criu.remove_image(image)

@@ -19,7 +19,15 @@ def doctor(json: bool = JsonOpt, root: Path | None = RootOpt, strict: bool = Str
     under SPSWAP_ROOT, cgroup mode and whether a dumped tree can be moved out of its job's
     cgroup, vLLM, and whether the daemon runs.
 
-    Run it as root for `criu check`. Exits 0 unless --strict and a required check fails.
+    As root it also test-dumps and restores a short-lived process of another uid (nobody)
+    the way spswapd dumps a job's: CRIU as that user in --unprivileged mode, and root's
+    CRIU too when SPSWAP_CRIU_AS_ROOT=1 selects it; a failure shows CRIU's first error and
+    what the node lacks (e.g. "Can't get rlimit": root without CAP_SYS_RESOURCE). It says
+    where the kernel (no CAP_CHECKPOINT_RESTORE before Linux 5.9) or the GPU device files
+    refuse the unprivileged mode.
+
+    Run it as root for `criu check` and the test dumps. Exits 0 unless --strict and a
+    required check fails.
     """
     from spswap.doctor import collect, failed_required, render
 

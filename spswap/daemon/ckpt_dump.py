@@ -199,6 +199,7 @@ def _dump(st: DaemonState, job_id: str, pid: int, pid_start: int | None, identit
           leave: _LeaveJob) -> bool:  # fmt: skip
     """Dump and record the outcome; True when the instance is gone (dumped, or killed by
     CRIU before a later step failed), False when it runs on."""
+    from spswap.checkpoint import cgroups
     from spswap.checkpoint.service import dump_instance
 
     try:
@@ -206,7 +207,8 @@ def _dump(st: DaemonState, job_id: str, pid: int, pid_start: int | None, identit
             report = dump_instance(st.cfg.paths.images, job_id=job_id, pid=pid,
                                    identity=identity, gpu_uuids=run_gpu_uuids(st, job_id),
                                    pid_start=pid_start, before_criu=leave,
-                                   criu_as_user=not st.cfg.criu_as_root)  # fmt: skip
+                                   criu_as_user=not st.cfg.criu_as_root,
+                                   freeze_tag=cgroups.root_tag(st.cfg.root))  # fmt: skip
         finally:
             st.dumping.end(job_id)  # counted as an image from now on, or not at all
     except Exception as e:  # the instance runs on (unless CRIU ended it): tell it, record why

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from spswap.checkpoint import criu, criu_argv
+from spswap.checkpoint import criu, criu_argv, image_creds
 from spswap.errors import CheckpointFailed
 
 from .criu_helpers import needs_criu
@@ -88,7 +88,13 @@ def test_a_users_process_is_dumped_and_restored_by_criu_as_that_user(
     images = tmp_path / "images"
     run_as = criu.RunAs.for_uid(user_uid)
     before = _count(count)
-    info = criu.dump(pid, "user-counter", images, run_as=run_as)
+    info = criu.dump(pid, "user-counter", images, run_as=run_as,
+                     owner=(user_uid, set(run_as.groups)))
+    # the credentials the restore will give back, read from the image's own bytes
+    cores = image_creds.read_cores(info.path)
+    assert [c.tid for c in cores] == [pid]
+    assert cores[0].creds is not None and cores[0].creds.uids == (user_uid,) * 4
+    assert not any(cores[0].creds.cap_eff + cores[0].creds.cap_prm)
     # the finished image is root's alone, whoever dumped it
     assert os.stat(images).st_mode & 0o777 == 0o700
     files = list(info.path.iterdir())

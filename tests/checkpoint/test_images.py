@@ -119,10 +119,10 @@ def test_integrity_hash_is_the_same_on_any_number_of_threads(tmp_path):
 
 
 def test_credentials_problem_refuses_other_uids_and_capabilities(tmp_path, monkeypatch):
-    import spswap.checkpoint.service as service
-    from spswap.checkpoint.service import credentials_problem
+    import spswap.checkpoint.credentials as credentials
+    from spswap.checkpoint.credentials import credentials_problem
 
-    monkeypatch.setattr(service, "user_groups", lambda uid: None)  # groups: next test
+    monkeypatch.setattr(credentials, "user_groups", lambda uid: None)  # groups: next test
 
     def proc(pid, uid, cap="0000000000000000"):
         d = tmp_path / str(pid)
@@ -148,17 +148,17 @@ def test_credentials_problem_refuses_other_uids_and_capabilities(tmp_path, monke
 
 def test_credentials_problem_wants_the_users_own_groups(tmp_path, monkeypatch):
     """A setgid helper that set all four gids to its group is still refused."""
-    import spswap.checkpoint.service as service
+    import spswap.checkpoint.credentials as credentials
 
-    real = service.user_groups
+    real = credentials.user_groups
     assert real(0) is not None and 0 in real(0)  # root is in its own group
-    monkeypatch.setattr(service, "user_groups", lambda uid: {100, 27} if uid == 1000 else None)
+    monkeypatch.setattr(credentials, "user_groups", lambda uid: {100, 27} if uid == 1000 else None)
     for pid, gid in ((20, 100), (21, 27), (22, 5)):
         (tmp_path / str(pid)).mkdir()
         (tmp_path / str(pid) / "status").write_text(
             f"Uid:\t1000\t1000\t1000\t1000\nGid:\t{gid}\t{gid}\t{gid}\t{gid}\nCapEff:\t0\n")
-    assert service.credentials_problem([20, 21], 1000, proc=tmp_path) is None
-    assert "gid [5], not a group of uid 1000" in service.credentials_problem([22], 1000,
+    assert credentials.credentials_problem([20, 21], 1000, proc=tmp_path) is None
+    assert "gid [5], not a group of uid 1000" in credentials.credentials_problem([22], 1000,
                                                                              proc=tmp_path)
 
 

@@ -1,0 +1,87 @@
+"""Which CRIU spswap runs: found (``$SPSWAP_CRIU``, PATH, /usr/local/sbin), its version
+checked (>= 4.1) and ``criu check`` run."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from spswap.checkpoint import criu_argv
+from spswap.checkpoint.criu_log import NOISE
+from spswap.config import setting_text
+from spswap.errors import CheckpointFailed
+
+MIN_VERSION = (4, 1, 0)
+BUILD_HINT = "build one with scripts/build_criu.sh (CRIU >= 4.1 is needed on kernels >= 6.13)"
+
+
+def find_criu(env: dict[str, str] | None = None) -> Path | None:
+    """The criu to use: ``$SPSWAP_CRIU``, then PATH, then /usr/local/sbin/criu."""
+    env = dict(os.environ) if env is None else env
+    explicit = setting_text(env.get("SPSWAP_CRIU") or "")  # as the hooks' shell reads it
+    if explicit:
+        return Path(explicit) if os.access(explicit, os.X_OK) else None
+    on_path = shutil.which("criu", path=env.get("PATH", os.defpath) + ":/usr/sbin:/sbin")
+    if on_path:
+        return Path(on_path)
+    fallback = Path("/usr/local/sbin/criu")
+    return fallback if os.access(fallback, os.X_OK) else None
+
+
+def criu_version(path: Path) -> tuple[int, int, int]:
+    """``(major, minor, patch)`` of a criu binary; CheckpointFailed when it cannot say."""
+    try:
+        res = subprocess.run(
+            criu_argv.version_argv(str(path)), capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise CheckpointFailed(f"cannot run {path} --version ({e}); {BUILD_HINT}") from None
+    version = criu_argv.parse_version(res.stdout + res.stderr)
+    if version is None:
+        raise CheckpointFailed(
+            f"{path} --version printed no version ({(res.stdout + res.stderr).strip()!r}); "
+            f"{BUILD_HINT}"
+        )
+    return version
+
+
+def criu_check(path: Path) -> tuple[bool, str]:
+    """Run ``criu check``: (passed, its output). Needs root."""
+    try:
+        res = subprocess.run(
+            criu_argv.check_argv(str(path)), capture_output=True, text=True, timeout=60
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return False, str(e)
+    output = "\n".join(
+        line for line in (res.stdout + res.stderr).splitlines() if NOISE not in line
+    ).strip()
+    return res.returncode == 0, output
+
+
+def available() -> bool:
+    """True when a criu >= 4.1 is found (whether the kernel agrees is ``criu_check``'s job)."""
+    path = find_criu()
+    if path is None:
+        return False
+    try:
+        return criu_version(path) >= MIN_VERSION
+    except CheckpointFailed:
+        return False
+
+
+def _require_criu(criu: Path | None) -> tuple[Path, tuple[int, int, int]]:
+    path = criu or find_criu()
+    if path is None:
+        raise CheckpointFailed(f"no criu found (SPSWAP_CRIU, PATH, /usr/local/sbin); {BUILD_HINT}")
+    version = criu_version(path)
+    if version < MIN_VERSION:
+        have = ".".join(map(str, version))
+        raise CheckpointFailed(f"{path} is CRIU {have}, too old; {BUILD_HINT}")
+    if os.geteuid() != 0:
+        raise CheckpointFailed(
+            "CRIU dumps and restores need root: ask the spswap daemon (it runs as root) to do it"
+        )
+    return path, version
