@@ -55,6 +55,7 @@ class Router:
         self._swap_lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self.swap_log_s: list[float] = []  # every demand swap's seconds (bench traffic)
 
     # -- life ------------------------------------------------------------------------
     def start(self) -> None:
@@ -189,7 +190,9 @@ class Router:
                 self.placement.end_swap(plan.sleep)
                 self._cond.notify_all()
             raise
-        self.metrics[name].wake_s.observe(time.perf_counter() - t0)
+        took_s = time.perf_counter() - t0
+        self.metrics[name].wake_s.observe(took_s)
+        self.swap_log_s.append(took_s)
         with self._cond:
             self.placement.end_swap(plan.sleep)
             self._cond.notify_all()
