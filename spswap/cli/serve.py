@@ -61,7 +61,26 @@ def serve(
         "vllm.entrypoints.openai.api_server' (default: this Python, -m that module).",
     ),
     device: str = typer.Option(None, help="cpu, cuda or cuda:N (default: cuda when present)."),
-    units: int = typer.Option(4, help="Quarter-GPU units to reserve on the job's GPU: 1, 2 or 4."),
+    units: int = typer.Option(
+        None, help="Quarter-GPU units to reserve on the job's GPU: 1, 2 or 4 (default 4); "
+        "with --models: units per awake model (default 2: two awake at half a GPU each).",
+    ),
+    models: bool = typer.Option(
+        False, "--models", help="Serve several models in one job: MODEL and every directory "
+        "after it (`spswap serve --models A B C`), one OpenAI endpoint on --socket (default "
+        "auto) routing by the request's \"model\" (the directory's name), as many awake as "
+        "--units allows, the rest asleep and woken on demand.",
+    ),
+    awake: int = typer.Option(None, min=1, help="(--models) At most this many models awake."),
+    idle_timeout_s: float = typer.Option(
+        None, min=0.0, help="(--models) Put a model to sleep after this many seconds "
+        "without a request (default: never)."),
+    latency_target_s: float = typer.Option(
+        None, min=0.0, help="(--models) Refuse at start a set of models that cannot meet "
+        "this latency (models <= awake + target / swap seconds)."),
+    swap_s: float = typer.Option(
+        None, min=0.0, help="(--models) The swap time the budget assumes (default: one "
+        "sleep + wake measured at start)."),
     slot_timeout_s: float = typer.Option(600.0, help="How long to wait for the GPU slot."),
     requests: Path = typer.Option(
         None, exists=True, dir_okay=False,
@@ -115,6 +134,16 @@ def serve(
         if job is None:
             raise typer.BadParameter("outside a Slurm job, give --state-dir")
         state_dir = Path(os.getcwd()) / ".spswap" / job.job_id
+    if models:
+        from spswap.cli.serve_multi import serve_multi
+
+        serve_multi(cfg, job, [model, *map(Path, ctx.args)], state_dir, engine=engine,
+                    device=device, units=units or 2, awake=awake, idle_timeout_s=idle_timeout_s,
+                    latency_target_s=latency_target_s, swap_s=swap_s, port=port, host=host,
+                    socket=_socket_path(socket or Path("auto"), job.job_id if job else None,
+                                        state_dir), json_out=json)  # fmt: skip
+        return
+    units = units or 4
     from spswap.engines.model_check import check_servable
 
     if engine == "vllm":
