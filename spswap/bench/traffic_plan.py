@@ -20,7 +20,8 @@ def arrivals(rate_per_min: float, duration_s: float, n_models: int, *, seed: int
     """A Poisson process of ``rate_per_min`` over ``duration_s``, each request for a model
     drawn uniformly, with a random prompt of ``prompt_len`` ids below ``vocab``."""
     rng = random.Random(f"{seed}-{rate_per_min}-{n_models}")
-    out, t = [], 0.0
+    out: list[Arrival] = []
+    t = 0.0
     while True:
         t += rng.expovariate(rate_per_min / 60.0)
         if t >= duration_s:

@@ -124,6 +124,14 @@ def serve(
     checkpoints it with this process (CUDA checkpoint + CRIU); the requeued run restores
     it and it serves on. Without spswapd it stops the server, releases the slot and asks
     for a requeue; the next run starts from the pool, without disk.
+
+    Several models (--models MODEL MODEL2 ...): one engine process per model, each
+    started once from the pool, behind one OpenAI endpoint on --socket (GET /v1/models
+    with each model's state, POST /v1/completions routed by "model", GET /metrics in
+    Prometheus text; --port adds TCP with the key). As many models stay awake as --units
+    allows, the rest asleep; a request for an asleep model puts the least recently used
+    idle one to sleep and wakes it. SIGTERM or USR1 ends the job (queued requests are
+    answered with an error: the whole-job checkpoint is not done yet).
     """
     from spswap.serve.runtime import ServeOptions, Server
     from spswap.slurm.env import JobEnv

@@ -73,7 +73,7 @@ def render(models: dict[str, ModelMetrics]) -> str:
     blocks: list[tuple[str, str, str, list[str]]] = [
         (f"{p}_requests_total", "counter", "Requests answered, by outcome (ok, error).", []),
         (f"{p}_time_to_first_token_seconds", "histogram",
-         "From a request's arrival to its first token (queue and swap included).", []),
+         "Arrival to first token, queue and swap included.", []),
         (f"{p}_request_latency_seconds", "histogram",
          "From a request's arrival to its last token.", []),
         (f"{p}_swap_seconds", "histogram",

@@ -24,7 +24,7 @@ EXPECTED = """\
 # TYPE spswap_multi_requests_total counter
 spswap_multi_requests_total{model="a",outcome="error"} 1
 spswap_multi_requests_total{model="a",outcome="ok"} 3
-# HELP spswap_multi_time_to_first_token_seconds From a request's arrival to its first token (queue and swap included).
+# HELP spswap_multi_time_to_first_token_seconds Arrival to first token, queue and swap included.
 # TYPE spswap_multi_time_to_first_token_seconds histogram
 spswap_multi_time_to_first_token_seconds_bucket{model="a",le="0.1"} 1
 spswap_multi_time_to_first_token_seconds_bucket{model="a",le="1"} 2

@@ -3,7 +3,6 @@ LRU swap, per-model queues, /v1/models, /metrics, the idle timeout and the budge
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import time
 from pathlib import Path
