@@ -114,3 +114,25 @@ def test_a_set_over_the_swap_budget_is_refused_at_start(tmp_path, cfg):
     with pytest.raises(ConfigError, match="3 models cannot meet --latency-target-s 1"):
         start_router(cfg, options(tmp_path, models, max_awake=1, latency_target_s=1.0,
                                   swap_s=0.6), log=lambda _m: None)  # fmt: skip
+
+
+def test_a_running_request_finishes_before_its_model_is_put_to_sleep(tmp_path, cfg):
+    """One awake slot: a request for m1 arriving while m0 answers waits for m0's answer
+    (m0 is busy, never a victim mid-generation); both answers are the cold ones."""
+    models = make_models(tmp_path, 2)
+    long_prompt = [9, 8, 7]
+    cold0 = cold_answers(models[0], [long_prompt], 120)[0]
+    cold1 = cold_answers(models[1], [PROMPT], MAX_NEW)[0]
+    router = start_router(cfg, options(tmp_path, models, max_awake=1), log=lambda _m: None)
+    try:
+        first = router.submit("m0", long_prompt, 120)
+        deadline = time.monotonic() + 30
+        while "m0" not in router.placement.busy and time.monotonic() < deadline:
+            time.sleep(0.005)
+        second = router.submit("m1", PROMPT, MAX_NEW)
+        a0, a1 = first.result(120), second.result(120)
+        assert a0["token_ids"] == cold0 and a1["token_ids"] == cold1
+        assert a1["latency_s"] > a0["generate_s"] * 0.5  # it waited for m0's answer
+        assert router.metrics["m0"].sleeps == {"demand": 1}
+    finally:
+        router.close()
