@@ -146,10 +146,12 @@ def serve(
         from spswap.cli.serve_multi import serve_multi
 
         serve_multi(cfg, job, [model, *map(Path, ctx.args)], state_dir, engine=engine,
-                    device=device, units=units or 2, awake=awake, idle_timeout_s=idle_timeout_s,
+                    device=device or _default_device(), units=units or 2, awake=awake,
+                    idle_timeout_s=idle_timeout_s,
                     latency_target_s=latency_target_s, swap_s=swap_s, port=port, host=host,
                     socket=_socket_path(socket or Path("auto"), job.job_id if job else None,
-                                        state_dir), json_out=json)  # fmt: skip
+                                        state_dir), slot_timeout_s=slot_timeout_s,
+                    json_out=json)  # fmt: skip
         return
     units = units or 4
     from spswap.engines.model_check import check_servable

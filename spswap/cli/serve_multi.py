@@ -15,7 +15,7 @@ def serve_multi(cfg: Config, job: Any, models: list[Path], state_dir: Path, *, e
                 device: str | None, units: int, awake: int | None,
                 idle_timeout_s: float | None, latency_target_s: float | None,
                 swap_s: float | None, port: int | None, host: str, socket: Path | None,
-                json_out: bool) -> None:  # fmt: skip
+                slot_timeout_s: float, json_out: bool) -> None:  # fmt: skip
     """Check the model directories, then serve them all until SIGTERM or USR1."""
     from spswap.engines.model_check import check_servable
     from spswap.multi.serve import MultiOptions, serve_models
@@ -33,8 +33,8 @@ def serve_multi(cfg: Config, job: Any, models: list[Path], state_dir: Path, *, e
                       markup=False)  # fmt: skip
     opts = MultiOptions(
         models=tuple(paths), socket_path=socket, state_dir=state_dir, engine=engine,
-        device=device or "cpu", units_per_model=units,
-        devices=max(1, len(job.gpus)) if job and job.gpus else 1, max_awake=awake,
+        device=device or "cpu", units_per_model=units, max_awake=awake,
+        slot_gpus=tuple(job.gpus) if job else (), slot_timeout_s=slot_timeout_s,
         idle_timeout_s=idle_timeout_s, latency_target_s=latency_target_s, swap_s=swap_s,
         port=port, host=host,
     )  # fmt: skip

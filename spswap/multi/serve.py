@@ -9,7 +9,6 @@ queued requests with an error and ends every engine.
 
 from __future__ import annotations
 
-import signal
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,7 +32,9 @@ class MultiOptions:
     engine: str = "reference"
     device: str = "cpu"
     units_per_model: int = 2  # quarter units of a device per awake model
-    devices: int = 1
+    devices: int = 1  # the models share one device (the job's first GPU)
+    slot_gpus: tuple[int, ...] = ()  # the job's GPUs (slot table indexes); none: no slot
+    slot_timeout_s: float = 600.0
     max_awake: int | None = None
     idle_timeout_s: float | None = None
     latency_target_s: float | None = None
@@ -81,19 +82,36 @@ def start_router(cfg: Config, opts: MultiOptions, *, job_id: str | None = None,
 def serve_models(cfg: Config, opts: MultiOptions, *, job_id: str | None = None,
                  log: Callable[[str], None] = print,
                  stop: threading.Event | None = None) -> dict[str, Any]:  # fmt: skip
-    """Serve until SIGTERM/USR1 (or ``stop`` is set); returns a summary."""
+    """Reserve the job's share of its GPU, then serve until SIGTERM/USR1 (or ``stop``
+    is set); returns a summary."""
+    from spswap.errors import StopRequested
+    from spswap.serve.slot_hold import RunSlot, StopSignals
+
+    n_awake = awake_slots(len(opts.models), opts.units_per_model, opts.devices, opts.max_awake)
+    # the job's share of its GPU on the node's slot table: its awake models' units
+    slot = RunSlot(cfg, model="+".join(p.name for p in opts.models),
+                   units=min(4, n_awake * opts.units_per_model), gpus=opts.slot_gpus,
+                   job_id=job_id, timeout_s=opts.slot_timeout_s)  # fmt: skip
+    signals = StopSignals(slot)
+    if stop is not None:
+        signals.stop_event = stop
+    if threading.current_thread() is threading.main_thread():
+        signals.install_signal_handlers()
+    try:
+        slot.reserve(signals.stop_signal)
+    except StopRequested as e:
+        log(f"spswap serve: {e}")
+        return {"models": [p.name for p in opts.models], "stopped_by": signals.stop_signal}
+    try:
+        return _serve_reserved(cfg, opts, signals, job_id=job_id, log=log)
+    finally:
+        slot.release()
+
+
+def _serve_reserved(cfg: Config, opts: MultiOptions, signals: Any, *, job_id: str | None,
+                    log: Callable[[str], None]) -> dict[str, Any]:  # fmt: skip
     from spswap.multi.http_api import ApiServer
 
-    stop = stop or threading.Event()
-    stopped_by: list[str] = []
-
-    def on_signal(signum: int, _frame: Any) -> None:  # only flags: the loop acts
-        stopped_by.append(signal.Signals(signum).name)
-        stop.set()
-
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
-            signal.signal(sig, on_signal)
     opts.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     router = start_router(cfg, opts, job_id=job_id, log=log)
     api = ApiServer(router, opts.socket_path)
@@ -109,11 +127,11 @@ def serve_models(cfg: Config, opts: MultiOptions, *, job_id: str | None = None,
             front = HttpFront(opts.socket_path, key, opts.host, opts.port)
             log(f"spswap serve: also on {opts.host}:{front.start()} with the key in "
                 f"{opts.state_dir / 'api_key'}")
-        stop.wait()
+        signals.stop_event.wait()
     finally:
         if front is not None:
             front.stop()
         api.stop()
         router.close()
-    return {"models": list(router.specs), "stopped_by": stopped_by[0] if stopped_by else None,
+    return {"models": list(router.specs), "stopped_by": signals.stop_signal,
             "metrics": router.metrics_text()}

@@ -136,3 +136,29 @@ def test_a_running_request_finishes_before_its_model_is_put_to_sleep(tmp_path, c
         assert router.metrics["m0"].sleeps == {"demand": 1}
     finally:
         router.close()
+
+
+def test_serve_models_holds_its_awake_units_on_the_slot_table(tmp_path, cfg):
+    import threading
+
+    from spswap.multi.serve import serve_models
+    from spswap.slots.table import SlotTable
+
+    models = make_models(tmp_path, 3)
+    opts = options(tmp_path, models, slot_gpus=(0,))
+    stop = threading.Event()
+    done: list[dict] = []
+    t = threading.Thread(target=lambda: done.append(
+        serve_models(cfg, opts, stop=stop, log=lambda _m: None)))
+    t.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not opts.socket_path.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (held,) = SlotTable(cfg.paths.slots, [0]).reservations()
+        assert (len(held.units), held.model) == (4, "m0+m1+m2")  # two awake, 2 units each
+        assert http_api.complete(opts.socket_path, "m2", PROMPT, MAX_NEW)["status"] == 200
+    finally:
+        stop.set()
+        t.join(60)
+    assert done and SlotTable(cfg.paths.slots, [0]).reservations() == []
