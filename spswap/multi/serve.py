@@ -62,6 +62,10 @@ def start_router(cfg: Config, opts: MultiOptions, *, job_id: str | None = None,
                  log: Callable[[str], None] = print) -> Router:  # fmt: skip
     """The router with every model started and the swap budget checked (a refused set
     ends its engines and raises ConfigError with the reason)."""
+    if opts.engine != "reference":  # before any model is read into the pool
+        from spswap.multi.worker import make_engine
+
+        make_engine(opts.engine, opts.models[0], opts.device, opts.models[0].name)
     specs = import_models(cfg, opts.models, job_id)
     slots = awake_slots(len(specs), opts.units_per_model, opts.devices, opts.max_awake)
     router = Router(specs, slots=slots, engine=opts.engine, device=opts.device,

@@ -95,3 +95,14 @@ def test_budget_reason_is_exact():
         "6 models cannot meet --latency-target-s 15: with 2 awake and a swap of 4.590 s at "
         "most 5 fit the target; serve fewer models, raise --latency-target-s, or allow more "
         "awake (--units / --awake)")
+
+
+def test_vllm_with_models_is_refused_before_any_import(tmp_path):
+    from spswap.config import Config
+    from spswap.multi.serve import MultiOptions, start_router
+
+    opts = MultiOptions(models=(tmp_path / "a",), socket_path=tmp_path / "s", engine="vllm",
+                        state_dir=tmp_path / "st")  # fmt: skip
+    with pytest.raises(ConfigError, match="--engine vllm with --models is not wired yet"):
+        start_router(Config.from_env({}, root=tmp_path / "root"), opts)
+    assert not (tmp_path / "root").exists()
