@@ -227,3 +227,48 @@ def make_reference_models(presets: str, directory: Path) -> list[Path]:
     if len(out) < 2:
         raise ConfigError(f"--presets {presets!r}: give at least two, e.g. {DEFAULT_TURN_PRESETS}")
     return out
+
+
+def _floats(text: str, flag: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise ConfigError(f"{flag} {text!r}: give comma-separated numbers, e.g. 30,60") from None
+    if not values or min(values) <= 0:
+        raise ConfigError(f"{flag} {text!r}: give positive numbers, e.g. 30,60")
+    return values
+
+
+@app.command("traffic")
+def traffic(
+    model_counts: str = typer.Option("2,4,6", help="Comma-separated numbers of models served "
+                                     "at once on one device."),
+    rates: str = typer.Option("30,60", help="Comma-separated request rates (per minute, all "
+                              "models together; Poisson arrivals)."),
+    duration_s: float = typer.Option(30.0, min=0.1, help="Seconds of traffic per rate."),
+    max_new_tokens: int = typer.Option(8, min=1, help="Greedy tokens per answer."),
+    p95_target_s: float = typer.Option(2.0, min=0.0, help="The p95 latency a rate must meet."),
+    units: int = typer.Option(2, help="Quarter units per awake model (2: two awake)."),
+    preset: str = typer.Option("tiny", help="Reference models made for the run (seeds "
+                               "differ) when no --models are given."),
+    models: list[Path] = typer.Option(None, "--models", help="Model directories to serve "
+                                      "instead (repeat the flag; the first N are used)."),
+    check: bool = typer.Option(True, help="Compare every answer with the model's cold answer."),
+    root: Path = RootOpt,
+    json: bool = JsonOpt,
+) -> None:
+    """Poisson traffic against one multi-model job (`spswap serve --models`) per model
+    count: per rate p50/p95/p99 latency, swaps and their latency, failed requests and
+    answers that differ from the cold answer, requests per device-hour against one
+    device per model, and the highest rate within --p95-target-s."""
+    from spswap.bench.traffic import TrafficOptions, bench_traffic
+    from spswap.bench.traffic_plan import RateRow, render
+
+    counts = tuple(int(c) for c in _floats(model_counts, "--model-counts"))
+    opts = TrafficOptions(model_counts=counts, rates_per_min=_floats(rates, "--rates"),
+                          duration_s=duration_s, max_new_tokens=max_new_tokens,
+                          p95_target_s=p95_target_s, units_per_model=units, preset=preset,
+                          models=tuple(models or ()), check=check)  # fmt: skip
+    result = bench_traffic(load_config(root), opts)
+    emit({k: v for k, v in result.items() if k != "metrics"}, json,
+         lambda r: render([RateRow(**row) for row in r["rows"]], r["p95_target_s"]))

@@ -61,7 +61,26 @@ def serve(
         "vllm.entrypoints.openai.api_server' (default: this Python, -m that module).",
     ),
     device: str = typer.Option(None, help="cpu, cuda or cuda:N (default: cuda when present)."),
-    units: int = typer.Option(4, help="Quarter-GPU units to reserve on the job's GPU: 1, 2 or 4."),
+    units: int = typer.Option(
+        None, help="Quarter-GPU units to reserve on the job's GPU: 1, 2 or 4 (default 4); "
+        "with --models: units per awake model (default 2: two awake at half a GPU each).",
+    ),
+    models: bool = typer.Option(
+        False, "--models", help="Serve several models in one job: MODEL and every directory "
+        "after it (`spswap serve --models A B C`), one OpenAI endpoint on --socket (default "
+        "auto) routing by the request's \"model\" (the directory's name), as many awake as "
+        "--units allows, the rest asleep and woken on demand.",
+    ),
+    awake: int = typer.Option(None, min=1, help="(--models) At most this many models awake."),
+    idle_timeout_s: float = typer.Option(
+        None, min=0.0, help="(--models) Put a model to sleep after this many seconds "
+        "without a request (default: never)."),
+    latency_target_s: float = typer.Option(
+        None, min=0.0, help="(--models) Refuse at start a set of models that cannot meet "
+        "this latency (models <= awake + target / swap seconds)."),
+    swap_s: float = typer.Option(
+        None, min=0.0, help="(--models) The swap time the budget assumes (default: one "
+        "sleep + wake measured at start)."),
     slot_timeout_s: float = typer.Option(600.0, help="How long to wait for the GPU slot."),
     requests: Path = typer.Option(
         None, exists=True, dir_okay=False,
@@ -105,6 +124,14 @@ def serve(
     checkpoints it with this process (CUDA checkpoint + CRIU); the requeued run restores
     it and it serves on. Without spswapd it stops the server, releases the slot and asks
     for a requeue; the next run starts from the pool, without disk.
+
+    Several models (--models MODEL MODEL2 ...): one engine process per model, each
+    started once from the pool, behind one OpenAI endpoint on --socket (GET /v1/models
+    with each model's state, POST /v1/completions routed by "model", GET /metrics in
+    Prometheus text; --port adds TCP with the key). As many models stay awake as --units
+    allows, the rest asleep; a request for an asleep model puts the least recently used
+    idle one to sleep and wakes it. SIGTERM or USR1 ends the job (queued requests are
+    answered with an error: the whole-job checkpoint is not done yet).
     """
     from spswap.serve.runtime import ServeOptions, reference_run
     from spswap.slurm.env import JobEnv
@@ -117,6 +144,18 @@ def serve(
         if job is None:
             raise typer.BadParameter("outside a Slurm job, give --state-dir")
         state_dir = Path(os.getcwd()) / ".spswap" / job.job_id
+    if models:
+        from spswap.cli.serve_multi import serve_multi
+
+        serve_multi(cfg, job, [model, *map(Path, ctx.args)], state_dir, engine=engine,
+                    device=device or _default_device(), units=units or 2, awake=awake,
+                    idle_timeout_s=idle_timeout_s,
+                    latency_target_s=latency_target_s, swap_s=swap_s, port=port, host=host,
+                    socket=_socket_path(socket or Path("auto"), job.job_id if job else None,
+                                        state_dir), slot_timeout_s=slot_timeout_s,
+                    json_out=json)  # fmt: skip
+        return
+    units = units or 4
     from spswap.engines.model_check import check_servable
 
     if engine == "vllm":

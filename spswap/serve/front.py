@@ -58,6 +58,33 @@ def _own_writable_dir(path: Path) -> bool:
             and os.access(path, os.W_OK | os.X_OK))  # fmt: skip
 
 
+def bind_private_socket(path: Path) -> socket.socket:
+    """A Unix socket bound at ``path`` (mode 0600) in a private directory of this user's
+    (made 0700 when missing; refused when another user could replace the socket)."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    st = os.lstat(path.parent)
+    if stat.S_ISLNK(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise SpswapError(
+            f"{path.parent} is not a private directory of yours (owner uid "
+            f"{st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}): another user could take "
+            "over the socket; remove it or give --socket a path in a directory of yours"
+        )
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)  # 0600: the job's user only
+    try:
+        sock.bind(str(path))
+    except BaseException:
+        sock.close()
+        raise
+    finally:
+        os.umask(old)
+    return sock
+
+
 class Front:
     """Accepts requests on ``path`` and answers them from ``spool``."""
 
@@ -82,27 +109,7 @@ class Front:
             ) from None
 
     def _bind(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        st = os.lstat(self.path.parent)
-        if stat.S_ISLNK(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-            raise SpswapError(
-                f"{self.path.parent} is not a private directory of yours (owner uid "
-                f"{st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}): another user could take "
-                "over the socket; remove it or give --socket a path in a directory of yours"
-            )
-        try:
-            self.path.unlink()
-        except FileNotFoundError:
-            pass
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        old = os.umask(0o177)  # 0600: the job's user only
-        try:
-            sock.bind(str(self.path))
-        except BaseException:
-            sock.close()
-            raise
-        finally:
-            os.umask(old)
+        sock = bind_private_socket(self.path)
         sock.listen(64)
         self._closing.clear()
         self._listener = sock

@@ -1,0 +1,49 @@
+"""``spswap serve --models A B C``: the CLI side of a multi-model job."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from spswap.cli.common import emit_json, err_console
+from spswap.config import Config
+
+
+def serve_multi(cfg: Config, job: Any, models: list[Path], state_dir: Path, *, engine: str,
+                device: str | None, units: int, awake: int | None,
+                idle_timeout_s: float | None, latency_target_s: float | None,
+                swap_s: float | None, port: int | None, host: str, socket: Path | None,
+                slot_timeout_s: float, json_out: bool) -> None:  # fmt: skip
+    """Check the model directories, then serve them all until SIGTERM or USR1."""
+    from spswap.engines.model_check import check_servable
+    from spswap.multi.serve import MultiOptions, serve_models
+
+    paths = []
+    for m in models:
+        if not m.is_dir():
+            raise typer.BadParameter(f"{m} is not a model directory (every argument after "
+                                     "--models is one)")  # fmt: skip
+        if engine == "reference":
+            check_servable(engine, m)
+        paths.append(m.resolve())
+    assert socket is not None
+    err_console.print(f"spswap serve: {len(paths)} models; OpenAI API on {socket}",
+                      markup=False)  # fmt: skip
+    opts = MultiOptions(
+        models=tuple(paths), socket_path=socket, state_dir=state_dir, engine=engine,
+        device=device or "cpu", units_per_model=units, max_awake=awake,
+        slot_gpus=tuple(job.gpus) if job else (), slot_timeout_s=slot_timeout_s,
+        idle_timeout_s=idle_timeout_s, latency_target_s=latency_target_s, swap_s=swap_s,
+        port=port, host=host,
+    )  # fmt: skip
+    summary = serve_models(
+        cfg, opts, job_id=job.job_id if job else None,
+        log=lambda msg: err_console.print(msg, markup=False, highlight=False, soft_wrap=True),
+    )  # fmt: skip
+    if json_out:
+        emit_json({k: v for k, v in summary.items() if k != "metrics"})
+    else:
+        err_console.print(f"spswap serve: stopped ({summary['stopped_by'] or 'ended'})",
+                          markup=False)  # fmt: skip

@@ -1,0 +1,106 @@
+"""The engine processes of a multi-model job: one :class:`ModelProc` per model, each a
+``python -m spswap.multi.worker`` child spoken to over its stdin/stdout, one request at a
+time (its own lock: a call on one model never waits for another model)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from spswap.errors import EngineError, RequestRejected
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One model of the job: its name (the requests' ``model``), directory, pool entry."""
+
+    name: str
+    path: Path
+    digest: str
+
+
+class ModelProc:
+    """One model's engine process."""
+
+    def __init__(self, spec: ModelSpec, *, engine: str, device: str, root: Path,
+                 job_id: str | None = None) -> None:  # fmt: skip
+        self.spec = spec
+        self._lock = threading.Lock()
+        argv = [sys.executable, "-m", "spswap.multi.worker", "--name", spec.name,
+                "--model", str(spec.path), "--digest", spec.digest, "--engine", engine,
+                "--device", device, "--root", str(root)]  # fmt: skip
+        if job_id:
+            argv += ["--job-id", job_id]
+        env = dict(os.environ)
+        env.setdefault("SPSWAP_CPU_THREADS", "1")
+        self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      text=True, env=env, bufsize=1)  # fmt: skip
+        self.load_s: float | None = None
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def wait_ready(self) -> float:
+        """Wait for the model to be up from the pool; returns its load seconds."""
+        hello = self._read()
+        if not hello.get("ok"):
+            raise EngineError(f"model {self.spec.name} ({self.spec.path}) did not start: "
+                              f"{hello.get('error')}")  # fmt: skip
+        self.load_s = float(hello["load_s"])
+        return self.load_s
+
+    def call(self, op: str, **fields: Any) -> dict[str, Any]:
+        """One request to the engine; an answer with ``ok`` false raises EngineError."""
+        with self._lock:
+            assert self._proc.stdin is not None
+            try:
+                self._proc.stdin.write(json.dumps({"op": op, **fields}) + "\n")
+                self._proc.stdin.flush()
+            except OSError as e:
+                raise EngineError(self._gone(f"({e})")) from None
+            answer = self._read()
+        if not answer.get("ok") and answer.get("rejected"):
+            raise RequestRejected(f"model {self.spec.name}: {answer.get('error')}")
+        if not answer.get("ok"):
+            raise EngineError(f"model {self.spec.name}: {answer.get('error')}")
+        return answer
+
+    def _read(self) -> dict[str, Any]:
+        assert self._proc.stdout is not None
+        line = self._proc.stdout.readline()
+        if not line:
+            raise EngineError(self._gone(""))
+        answer: dict[str, Any] = json.loads(line)
+        return answer
+
+    def _gone(self, detail: str) -> str:
+        code = self._proc.poll()
+        return (f"model {self.spec.name}'s engine process (pid {self._proc.pid}) ended"
+                f"{f' with status {code}' if code is not None else ''} {detail}; its log "
+                "is on the job's stderr").replace("  ", " ")  # fmt: skip
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Ask the engine to close, then end the process (killed after ``timeout_s``)."""
+        if self._proc.poll() is None:
+            try:
+                with self._lock:
+                    assert self._proc.stdin is not None
+                    self._proc.stdin.write('{"op": "close"}\n')
+                    self._proc.stdin.close()
+            except OSError:
+                pass
+            try:
+                self._proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        for f in (self._proc.stdout,):
+            if f is not None:
+                f.close()

@@ -1,0 +1,244 @@
+"""The router of a multi-model job: per-model queues in front of the engine processes,
+the :class:`~spswap.multi.placement.Placement` deciding who is awake, and the metrics.
+
+Each model has its own queue and its own thread that answers it in order, so a model
+being woken holds up only its own requests (no head-of-line blocking). Swaps are made
+one at a time under one condition (a device's copies do not overlap usefully); a model
+that is answering is never put to sleep: a wake that needs its slot waits for the answer.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from spswap.errors import RequestRejected, SpswapError
+from spswap.multi.metrics import ModelMetrics, render
+from spswap.multi.placement import ModelState, Placement, SwapCause
+from spswap.multi.procs import ModelProc, ModelSpec
+
+IDLE_CHECK_S = 0.2
+
+
+@dataclass(frozen=True)
+class Ask:
+    """One completion request for one model, with its arrival time."""
+
+    prompt_ids: tuple[int, ...]
+    max_new_tokens: int
+    arrived_s: float
+
+
+class Router:
+    """Serves several models of one job. :meth:`start`, then :meth:`submit` from any
+    thread; :meth:`close` at the end."""
+
+    def __init__(self, specs: list[ModelSpec], *, slots: int, engine: str = "reference",
+                 device: str = "cpu", root: Any, job_id: str | None = None,
+                 idle_timeout_s: float | None = None,
+                 log: Callable[[str], None] = print) -> None:  # fmt: skip
+        self.specs = {s.name: s for s in specs}
+        self.placement = Placement(tuple(self.specs), slots)
+        self.engine, self.device, self.root, self.job_id = engine, device, root, job_id
+        self.idle_timeout_s = idle_timeout_s
+        self.log = log
+        self.procs: dict[str, ModelProc] = {}
+        self.metrics = {n: ModelMetrics() for n in self.specs}
+        self.queues: dict[str, queue.Queue[tuple[Ask, Future[dict[str, Any]]] | None]] = {
+            n: queue.Queue() for n in self.specs}
+        self._cond = threading.Condition()
+        self._swap_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.swap_log_s: list[float] = []  # every demand swap's seconds (bench traffic)
+
+    # -- life ------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start every engine process (all at once), then put those placed asleep to sleep."""
+        for name, spec in self.specs.items():
+            self.procs[name] = ModelProc(spec, engine=self.engine, device=self.device,
+                                         root=self.root, job_id=self.job_id)  # fmt: skip
+        try:
+            for name, proc in self.procs.items():
+                self.log(f"spswap serve: {name} up from the pool in {proc.wait_ready():.2f} s")
+            for name in self.specs:
+                if self.placement.states[name] is ModelState.ASLEEP:
+                    self.procs[name].call("sleep")
+                self._refresh(name)
+        except BaseException:
+            self.close()
+            raise
+        for name in self.specs:
+            t = threading.Thread(target=self._serve_model, args=(name,), daemon=True,
+                                 name=f"spswap-model-{name}")  # fmt: skip
+            t.start()
+            self._threads.append(t)
+        if self.idle_timeout_s is not None:
+            t = threading.Thread(target=self._idle_loop, daemon=True, name="spswap-idle")
+            t.start()
+            self._threads.append(t)
+
+    def measure_swap_s(self) -> float:
+        """One sleep + wake of the first model, in seconds: the swap budget's estimate."""
+        name = next(iter(self.specs))
+        with self._swap_lock:
+            asleep = self.placement.states[name] is ModelState.ASLEEP
+            t0 = time.perf_counter()
+            if not asleep:
+                self.procs[name].call("sleep")
+            self.procs[name].call("wake")
+            took = time.perf_counter() - t0
+            if asleep:
+                self.procs[name].call("sleep")
+        return took
+
+    def close(self) -> None:
+        """Stop the model threads (queued requests are answered with an error) and end
+        every engine process."""
+        self._stop.set()
+        for q in self.queues.values():
+            q.put(None)
+        for t in self._threads:
+            t.join(30)
+        for q in self.queues.values():
+            while True:
+                try:
+                    item = q.get_nowait()
+                except queue.Empty:
+                    break
+                if item is not None and not item[1].done():
+                    item[1].set_exception(SpswapError("the server is stopping"))
+        for proc in self.procs.values():
+            proc.close()
+
+    # -- requests --------------------------------------------------------------------
+    def submit(self, model: str, prompt_ids: list[int],
+               max_new_tokens: int) -> Future[dict[str, Any]]:  # fmt: skip
+        """Queue a request for ``model``; the future's result is the worker's answer
+        (``token_ids``, timings). Unknown models raise RequestRejected at once."""
+        if model not in self.specs:
+            raise RequestRejected(f"no model {model!r} in this job; it serves: "
+                                  f"{', '.join(self.specs)} (GET /v1/models)")  # fmt: skip
+        if self._stop.is_set():
+            raise SpswapError("the server is stopping; ask again once the job runs")
+        fut: Future[dict[str, Any]] = Future()
+        ask = Ask(tuple(prompt_ids), int(max_new_tokens), time.monotonic())
+        self.queues[model].put((ask, fut))
+        self.metrics[model].queue_length = self.queues[model].qsize()
+        return fut
+
+    def _serve_model(self, name: str) -> None:
+        q = self.queues[name]
+        while True:
+            item = q.get()
+            if item is None:
+                return
+            ask, fut = item
+            self.metrics[name].queue_length = q.qsize()
+            try:
+                fut.set_result(self._answer(name, ask))
+            except Exception as e:  # noqa: BLE001 - a request never ends the router
+                self.metrics[name].requests["error"] = self.metrics[name].requests.get(
+                    "error", 0) + 1
+                fut.set_exception(e)
+
+    def _answer(self, name: str, ask: Ask) -> dict[str, Any]:
+        self._bring_up(name)
+        try:
+            out = self.procs[name].call("generate", prompt_ids=list(ask.prompt_ids),
+                                        max_new_tokens=ask.max_new_tokens)  # fmt: skip
+        finally:
+            with self._cond:
+                self.placement.end(name, time.monotonic())
+                self._cond.notify_all()
+        now = time.monotonic()
+        mm = self.metrics[name]
+        latency_s = now - ask.arrived_s
+        mm.latency_s.observe(latency_s)
+        mm.ttft_s.observe(latency_s - out["generate_s"] + out["first_token_s"])
+        mm.requests["ok"] = mm.requests.get("ok", 0) + 1
+        return {**out, "latency_s": latency_s}
+
+    def _bring_up(self, name: str) -> None:
+        """Make ``name`` awake and busy: sleep the LRU idle awake model when needed. The
+        plan is made under the condition; the swap itself runs outside it (other awake
+        models keep answering) under the swap lock (one swap at a time)."""
+        with self._cond:
+            while True:
+                plan = self.placement.plan_wake(name)
+                if not plan.blocked:
+                    break
+                self._cond.wait(IDLE_CHECK_S)
+            self.placement.begin_swap(name, plan, time.monotonic())
+        if not plan.wake:
+            return
+        t0 = time.perf_counter()
+        try:
+            with self._swap_lock:
+                for victim in plan.sleep:
+                    self._sleep(victim, SwapCause.DEMAND)
+                self.procs[name].call("wake")
+        except BaseException:
+            with self._cond:
+                self.placement.mark(name, ModelState.ASLEEP)
+                self.placement.end(name, time.monotonic())
+                self.placement.end_swap(plan.sleep)
+                self._cond.notify_all()
+            raise
+        took_s = time.perf_counter() - t0
+        self.metrics[name].wake_s.observe(took_s)
+        self.swap_log_s.append(took_s)
+        with self._cond:
+            self.placement.end_swap(plan.sleep)
+            self._cond.notify_all()
+        self._refresh(name)
+
+    def _sleep(self, name: str, cause: SwapCause) -> None:
+        """Put ``name`` to sleep (its placement already says asleep)."""
+        self.procs[name].call("sleep")
+        sleeps = self.metrics[name].sleeps
+        sleeps[cause.value] = sleeps.get(cause.value, 0) + 1
+        self._refresh(name)
+
+    def _idle_loop(self) -> None:
+        while not self._stop.wait(IDLE_CHECK_S):
+            with self._cond:
+                idle = tuple(self.placement.idle_too_long(time.monotonic(),
+                                                          self.idle_timeout_s))  # fmt: skip
+                for name in idle:
+                    self.placement.mark(name, ModelState.ASLEEP)
+                self.placement.swapping.update(idle)
+            with self._swap_lock:
+                for name in idle:
+                    try:
+                        self._sleep(name, SwapCause.IDLE)
+                    except SpswapError as e:
+                        self.log(f"spswap serve: could not put idle {name} to sleep: {e}")
+            with self._cond:
+                self.placement.end_swap(idle)
+                self._cond.notify_all()
+
+    def _refresh(self, name: str) -> None:
+        """The model's awake gauge and device memory, from its engine's health."""
+        health = self.procs[name].call("health")
+        self.metrics[name].awake = self.placement.states[name] is ModelState.AWAKE
+        self.metrics[name].memory_bytes = int(health.get("resident_bytes", 0))
+
+    # -- views -----------------------------------------------------------------------
+    def models(self) -> list[dict[str, Any]]:
+        """``/v1/models``'s entries: each model with its state and queue."""
+        return [{"id": n, "object": "model", "owned_by": "spswap",
+                 "state": self.placement.states[n].value,
+                 "queue_length": self.queues[n].qsize(),
+                 "memory_bytes": self.metrics[n].memory_bytes}
+                for n in self.specs]  # fmt: skip
+
+    def metrics_text(self) -> str:
+        for n in self.specs:
+            self.metrics[n].queue_length = self.queues[n].qsize()
+        return render(self.metrics)

@@ -1,0 +1,72 @@
+"""``sbatch_templates/serve_multi.sbatch``: several models in one job, rendered by a pure
+function and pinned by its golden file (``python -m spswap.multi.sbatch --write``)."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from dataclasses import dataclass
+
+from spswap.serve.sbatch import _HANDLER, TEMPLATES_DIR
+
+FILE_NAME = "serve_multi.sbatch"
+
+
+@dataclass(frozen=True)
+class MultiSbatchOptions:
+    """What a user changes in the template."""
+
+    models: tuple[str, ...] = ("/path/to/model-a", "/path/to/model-b", "/path/to/model-c")
+    job_name: str = "spswap-multi"
+    partition: str = "low"
+    time_limit: str = "1-00:00:00"
+    engine: str = "reference"
+    units: int = 2  # quarter units per awake model: 2 = two awake at half the GPU each
+    idle_timeout_s: int = 600
+    latency_target_s: float | None = None
+
+
+def render_serve_multi(opts: MultiSbatchOptions = MultiSbatchOptions()) -> str:
+    """One job serving every model of ``opts.models`` behind one endpoint."""
+    models = " ".join(shlex.quote(m) for m in opts.models)
+    target = f" --latency-target-s {opts.latency_target_s:g}" \
+        if opts.latency_target_s is not None else ""  # fmt: skip
+    return f"""#!/bin/bash
+# spswap: many models in one job, one OpenAI endpoint that swaps them on demand.
+# Submit with: sbatch {FILE_NAME}
+# Change the lines marked CHANGE.
+#SBATCH --job-name={opts.job_name}
+#SBATCH --partition={opts.partition}
+#SBATCH --gres=gpu:1
+#SBATCH --time={opts.time_limit}
+#SBATCH --open-mode=append
+#SBATCH --output=%x-%j.log
+
+MODELS=({models})   # CHANGE: the models; a request's "model" is its directory's name
+STATE="$PWD/.spswap/${{SLURM_JOB_ID}}"
+# The endpoint is a Unix socket only you (and root) can reach; its path is printed at the
+# start of the log. From the job or another job of yours on the node:
+#   curl --unix-socket SOCKET http://localhost/v1/models
+#   curl --unix-socket SOCKET http://localhost/v1/completions \\
+#        -H 'Content-Type: application/json' -d '{{"model": "model-a", "prompt": [1, 2, 3]}}'
+#   curl --unix-socket SOCKET http://localhost/metrics
+# Add --port 8000 for TCP on 127.0.0.1, every request with the key in $STATE/api_key.
+
+echo "spswap: job ${{SLURM_JOB_ID}} on $(hostname)"
+spswap serve --models "${{MODELS[@]}}" --state-dir "$STATE" --socket auto \\
+    --engine {opts.engine} --units {opts.units} --idle-timeout-s {opts.idle_timeout_s}{target} &
+PID=$!
+{_HANDLER}"""
+
+
+def main(argv: list[str]) -> int:
+    if argv[1:] != ["--write"]:
+        print("usage: python -m spswap.multi.sbatch --write", file=sys.stderr)
+        return 2
+    (TEMPLATES_DIR / FILE_NAME).write_text(render_serve_multi())
+    print(f"wrote {TEMPLATES_DIR / FILE_NAME}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,65 @@
+"""`spswap serve --models A B C` as a process: the socket, TCP with the key, SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+
+pytest.importorskip("torch")
+
+from spswap.engines.reference import save_checkpoint  # noqa: E402
+from spswap.engines.reference_model import preset  # noqa: E402
+from spswap.multi import http_api  # noqa: E402
+from tests.helpers.reference import cold_answers  # noqa: E402
+
+
+def test_serve_models_socket_tcp_and_stop(tmp_path):
+    models = [save_checkpoint(preset("tiny", seed=7 + i), tmp_path / f"m{i}") for i in range(3)]
+    sock = tmp_path / "sock" / "api.sock"
+    env = {**os.environ, "SPSWAP_ROOT": str(tmp_path / "root")}
+    env.pop("SLURM_JOB_ID", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "spswap.cli", "serve", "--models", *map(str, models),
+         "--state-dir", str(tmp_path / "state"), "--socket", str(sock), "--device", "cpu",
+         "--port", "0", "--json"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        port, seen = None, []
+        for line in proc.stderr:  # type: ignore[union-attr]
+            seen.append(line)
+            m = re.search(r"also on 127\.0\.0\.1:(\d+)", line)
+            if m:
+                port = int(m.group(1))
+                break
+        assert port is not None, "".join(seen)
+        status, raw = http_api.request(sock, "GET", "/v1/models")
+        assert [(m["id"], m["state"]) for m in json.loads(raw)["data"]] == [
+            ("m0", "awake"), ("m1", "awake"), ("m2", "asleep")]
+        assert (sock.stat().st_mode & 0o777) == 0o600
+        key = (tmp_path / "state" / "api_key").read_text().strip()
+        body = json.dumps({"model": "m2", "prompt": [5, 6, 7], "max_tokens": 5}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
+                                     headers={"Authorization": f"Bearer {key}",
+                                              "Content-Type": "application/json"})  # fmt: skip
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            answer = json.loads(resp.read())
+        assert answer["choices"][0]["token_ids"] == cold_answers(models[2], [[5, 6, 7]], 5)[0]
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/models")  # no key
+        with pytest.raises(urllib.error.HTTPError, match="401"):
+            urllib.request.urlopen(req, timeout=10)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0
+        assert json.loads(out)["stopped_by"] == "SIGTERM"
+        assert not sock.exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
