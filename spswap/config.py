@@ -180,9 +180,12 @@ class Config:
 # Variables with the prefix that are not settings of this dataclass: read by the shell
 # hooks and scripts (bin, hook_timeout_s, defaults, torch, venv), by the CRIU finder (criu)
 # and by the test suite (test_slurm, accept_golden).
+# SPSWAP_* variables that are not node settings: read by one process or script (the
+# reference engine's threads, the hooks' binary, install and test scripts), so a node
+# setting never refuses them.
 _NON_CONFIG_VARS = frozenset({
     "bin", "hook_timeout_s", "defaults", "torch", "venv", "criu", "test_slurm",
-    "accept_golden", "test_pool", "test_vllm_model",
+    "accept_golden", "test_pool", "test_vllm_model", "cpu_threads", "user", "prefix", "python",
 })
 
 

@@ -16,9 +16,6 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from rich.markup import escape
-from rich.table import Table
-
 from spswap import doctor_criu
 from spswap.config import Config
 from spswap.doctor_check import check
@@ -398,13 +395,3 @@ def failed_required(report: dict[str, Any]) -> list[dict[str, Any]]:
     """The required checks that failed (what ``--strict`` exits non-zero on)."""
     return [c for c in report["checks"] if c["required"] and c["ok"] is False]
 
-
-def render(report: dict[str, Any]) -> Table:
-    """A rich table: one row per check, a mark, the value and what to do."""
-    marks = {True: "[green]ok[/]", False: "[red]FAIL[/]", None: "[yellow]warn[/]"}
-    table = Table(title=f"spswap doctor: {report['node']}", title_justify="left")
-    for col in ("check", "", "value", "what to do"):
-        table.add_column(col, overflow="fold")
-    for c in report["checks"]:
-        table.add_row(escape(c["name"]), marks[c["ok"]], escape(c["value"]), escape(c["detail"]))
-    return table

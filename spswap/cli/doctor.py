@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
+from rich.markup import escape
+from rich.table import Table
 
 from spswap.cli.common import JsonOpt, RootOpt, emit, err_console, load_config
 
@@ -29,7 +32,7 @@ def doctor(json: bool = JsonOpt, root: Path | None = RootOpt, strict: bool = Str
     Run it as root for `criu check` and the test dumps. Exits 0 unless --strict and a
     required check fails.
     """
-    from spswap.doctor import collect, failed_required, render
+    from spswap.doctor import collect, failed_required
 
     report = collect(load_config(root))
     emit(report, json, render)
@@ -38,3 +41,14 @@ def doctor(json: bool = JsonOpt, root: Path | None = RootOpt, strict: bool = Str
         names = ", ".join(c["name"] for c in failed)
         err_console.print(f"required checks failed: {names}")
         raise typer.Exit(1)
+
+
+def render(report: dict[str, Any]) -> Table:
+    """A rich table: one row per check, a mark, the value and what to do."""
+    marks = {True: "[green]ok[/]", False: "[red]FAIL[/]", None: "[yellow]warn[/]"}
+    table = Table(title=f"spswap doctor: {report['node']}", title_justify="left")
+    for col in ("check", "", "value", "what to do"):
+        table.add_column(col, overflow="fold")
+    for c in report["checks"]:
+        table.add_row(escape(c["name"]), marks[c["ok"]], escape(c["value"]), escape(c["detail"]))
+    return table

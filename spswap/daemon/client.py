@@ -80,8 +80,9 @@ class Client:
 
 def _read_line(sock: socket.socket) -> bytes:
     buf = bytearray()
-    while b"\n" not in buf:
-        chunk = sock.recv(1 << 16)
+    # a line past the bound is cut here and refused by decode_response: no endless read
+    while b"\n" not in buf and len(buf) <= protocol.MAX_RESPONSE_BYTES:
+        chunk = sock.recv(1 << 20)
         if not chunk:
             break
         buf += chunk

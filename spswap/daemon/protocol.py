@@ -17,7 +17,11 @@ from spswap.errors import ProtocolError
 
 PROTOCOL_VERSION = 1
 MAX_MESSAGE_BYTES = 64 * 1024
-"""Longest accepted line, newline included; a longer one is answered with an error."""
+"""Longest accepted request line, newline included; a longer one is answered with an error."""
+MAX_RESPONSE_BYTES = 64 * 1024 * 1024
+"""Longest accepted answer line. Answers come from the root daemon (checked before a byte is
+sent) and carry whole pool manifests: one line per tensor's name, offset and shape, 80 KB
+for a 3B model and megabytes for a many-expert one, so the bound only stops a runaway."""
 MAX_FDS = 256
 """Most file descriptors one request may carry (SCM_RIGHTS); a checkpoint's shards."""
 
@@ -109,11 +113,11 @@ def _no_constant(name: str) -> Any:
     raise ProtocolError(f"{name} is not a number the daemon accepts; send finite numbers")
 
 
-def _parse_line(line: bytes) -> dict[str, Any]:
-    if len(line) > MAX_MESSAGE_BYTES:
+def _parse_line(line: bytes, limit_bytes: int, what_to_do: str) -> dict[str, Any]:
+    if len(line) > limit_bytes:
         raise ProtocolError(
-            f"message of {len(line)} bytes is larger than the limit of {MAX_MESSAGE_BYTES} bytes; "
-            "send smaller requests"
+            f"message of {len(line)} bytes is larger than the limit of {limit_bytes} bytes; "
+            + what_to_do
         )
     try:
         obj = json.loads(line.decode("utf-8"), parse_constant=_no_constant)
@@ -185,12 +189,13 @@ def validate_request(obj: dict[str, Any]) -> Request:
 
 def decode_request(line: bytes) -> Request:
     """Parse and validate one request line; raises :class:`ProtocolError`."""
-    return validate_request(_parse_line(line))
+    return validate_request(_parse_line(line, MAX_MESSAGE_BYTES, "send smaller requests"))
 
 
 def decode_response(line: bytes) -> dict[str, Any]:
     """Parse one response line; checks its shape, not its result."""
-    obj = _parse_line(line)
+    obj = _parse_line(line, MAX_RESPONSE_BYTES, "this is not an answer spswapd sends; "
+                      "check that SPSWAP_ROOT's socket belongs to spswapd")
     if obj.get("ok") is True and "result" in obj:
         return obj
     err = obj.get("error")
