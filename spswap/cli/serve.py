@@ -189,7 +189,7 @@ def serve(
         err_console.print(f"spswap serve: requests on {opts.socket_path}", markup=False)
     from spswap.serve.factory import make_engine
 
-    checkpointer = _checkpointer(cfg) if checkpoint and job is not None else None
+    checkpointer = _checkpointer(cfg, job.job_id) if checkpoint and job is not None else None
     def factory(o: Any) -> Any:
         if may_restore:  # no restore after all: check the model, then start the engine
             check_servable(engine, model)
@@ -243,7 +243,7 @@ def _serve_vllm(
         restart_count=job.restart_count if job else 0,
         requeue=_requeue if requeue else None,
         log=lambda msg: err_console.print(msg, markup=False, highlight=False, soft_wrap=True),
-        checkpointer=_checkpointer(cfg) if checkpoint and job is not None else None,
+        checkpointer=_checkpointer(cfg, job.job_id) if checkpoint and job is not None else None,
     )  # fmt: skip
     run.install_signal_handlers()
     result = run.run()
@@ -254,15 +254,20 @@ def _serve_vllm(
                           markup=False)  # fmt: skip
 
 
-def _checkpointer(cfg: Config) -> Any:
-    """A daemon-backed checkpointer when spswapd answers; None (sleep only) otherwise."""
+def _checkpointer(cfg: Config, job_id: str) -> Any:
+    """A daemon-backed checkpointer when spswapd answers; None (sleep only) otherwise.
+    Inside the job's cgroup this process forks here: the child serves on as the instance,
+    this one only watches it (spswap.serve.run_watch: a parked instance kept alive must
+    not hold the job's end until KillWait)."""
     from spswap.serve.checkpointer import DaemonCheckpointer
+    from spswap.serve.run_watch import fork_instance
 
     ckpt = DaemonCheckpointer(cfg)
     if not ckpt.available():
         err_console.print("spswap serve: spswapd is not running: stops will not checkpoint",
                           markup=False)  # fmt: skip
         return None
+    ckpt.run_started_s = fork_instance(job_id, ckpt.status)
     ckpt.install()
     # CRIU restores a session leader on its own; a job's background process is not one.
     if os.getsid(0) != os.getpid():

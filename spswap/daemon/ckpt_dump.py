@@ -100,6 +100,10 @@ class _LeaveJob:
             if self.parking is not None and self.requeue:
                 sync_quietly(self.st)  # the entry held for the dump before the epilog runs
                 self.early = _requeue(self.st, self.job_id, early=True)
+            if self.parking is not None and (self.early or not self.requeue):
+                # the run may end now (spswap.serve.run_watch): nothing of the job's end
+                # waits on the tree any more, and a requeue it asked for is made
+                self.st.statuses.mark_left_job(self.job_id)
             budget = self.st.cfg.keep_budget_bytes()
             if self.parking is None or budget <= 0 or anon_rss_bytes(tree) > budget:
                 return None  # (a tree larger than the whole budget would be ended at once)

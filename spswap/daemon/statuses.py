@@ -30,6 +30,13 @@ class CheckpointStatuses:
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o755)
         atomic_write_json(self.path(job_id), {"job_id": job_id, **status})
 
+    def mark_left_job(self, job_id: str) -> None:
+        """A dumping job's tree has left its job's cgroup: its run may end without it."""
+        status = self.read(job_id)
+        if status.get("state") == "dumping":
+            rest = {k: v for k, v in status.items() if k != "job_id"}
+            self.write(job_id, **rest, left_job=True)
+
     def unmark_kept(self, job_id: str) -> None:
         """A saved job's status no longer says kept (``spswap status``): its image remains."""
         status = self.read(job_id)

@@ -81,6 +81,9 @@ class DaemonCheckpointer:
         self.cfg = cfg
         self.wait_s = wait_s
         self.resumed = threading.Event()
+        # when the run's process started, where this instance was forked from it
+        # (spswap.serve.run_watch); None: this process is the run's
+        self.run_started_s: float | None = None
 
     def install(self) -> None:
         """SIGUSR2 = the daemon says "look at your checkpoint status"."""
@@ -131,6 +134,14 @@ class DaemonCheckpointer:
                                kept=bool(status.get("kept")))  # fmt: skip
         return ParkOutcome("failed", reason=str(status.get("reason") or status.get("state")))
 
+    def status(self, job_id: str) -> dict[str, Any]:
+        """The job's checkpoint status as spswapd has it (``checkpoint.status``)."""
+        from spswap.daemon.client import Client
+
+        status: dict[str, Any] = Client(self.cfg, timeout_s=5.0).call("checkpoint.status",
+                                                                     job_id=job_id)  # fmt: skip
+        return status
+
     def restore(self, job_id: str, identity: dict[str, str], restart_count: int) -> dict[str, Any]:
         """Bring the job's instance back; raises CheckpointFailed (cold start) otherwise."""
         from spswap.daemon.client import Client
@@ -141,13 +152,18 @@ class DaemonCheckpointer:
 
 
 def stand_in_for(pid: int, stop_requested: Callable[[], str | None],
-                 poll_s: float = 0.05) -> str | None:  # fmt: skip
+                 poll_s: float = 0.05,
+                 left_job: Callable[[], bool] | None = None) -> str | None:  # fmt: skip
     """In a requeued run: wait while the restored instance ``pid`` lives, forwarding the
-    first stop signal this run gets (``stop_requested`` names it, or None). Returns the
-    signal that stopped it: forwarded, or one that came just as it exited."""
+    first stop signal this run gets (``stop_requested`` names it, or None), and, once
+    stopped, until ``left_job`` says it has left the job (parked by spswapd: kept alive,
+    it would never exit). Returns the signal that stopped it: forwarded, or one that came
+    just as it exited."""
     forwarded: str | None = None
     last_sent = 0.0
     while pid_alive(pid):
+        if forwarded is not None and left_job is not None and left_job():
+            break
         stop = stop_requested()
         if stop is not None and forwarded is None:
             forwarded = stop

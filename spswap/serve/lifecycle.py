@@ -43,6 +43,7 @@ from spswap.serve.checkpointer import (
     stand_in_for,
 )
 from spswap.serve.run_log import RunPath, note_run, process_started_s
+from spswap.serve.run_watch import left_job
 from spswap.serve.slot_hold import RunSlot, StopSignals
 
 Log = Callable[[str], None]
@@ -167,7 +168,9 @@ class ServeRun(Generic[B]):
         self.registry = InstanceRegistry(cfg.paths.run / "instances")
         self.instance_id = f"{job_id or 'local'}-{os.getpid()}"
         self.reason: str | None = None  # why this run started cold, when it did
-        self.started_s = process_started_s()  # the run's start, for its runs.jsonl line
+        # the run's start, for its runs.jsonl line
+        forked_s = checkpointer.run_started_s if checkpointer is not None else None
+        self.started_s = forked_s if forked_s is not None else process_started_s()
 
     def handle_signal(self, signum: int, frame: FrameType | None = None) -> None:
         """A stop signal (see :meth:`StopSignals.handle_signal`)."""
@@ -271,7 +274,9 @@ class ServeRun(Generic[B]):
         # CRIU restores the whole tree at once (a kept tree is thawed whole): its
         # processes now are what a crash of the instance could leave behind
         tree = process_tree(pid)
-        result.stopped_by = stand_in_for(pid, lambda: self.stop.stop_signal)
+        job_id, checkpointer = self.job_id, self.checkpointer
+        result.stopped_by = stand_in_for(pid, lambda: self.stop.stop_signal, left_job=lambda: (
+            left_job(pid, job_id, checkpointer.status)))  # fmt: skip
         left = self.backend.left_undone() if result.stopped_by is None else None
         if left is None:
             return True

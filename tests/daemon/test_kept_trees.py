@@ -115,3 +115,16 @@ def test_trim_to_ends_the_oldest_until_the_rest_fit(
                                       "restores from the image")  # fmt: skip
     assert trees.jobs_of_image("img-old") == []
     assert trees.jobs_of_image("img-mid") == ["mid"] and trees.jobs_of_image("img-new") == ["new"]
+
+
+def test_left_job_is_marked_only_on_a_dumping_status(statuses: CheckpointStatuses) -> None:
+    statuses.write("9", state="dumping", pid=41, pid_start=7)
+    statuses.mark_left_job("9")
+    assert statuses.read("9") == {"job_id": "9", "state": "dumping", "pid": 41,
+                                  "pid_start": 7, "left_job": True}  # fmt: skip
+    # a dump that ended meanwhile keeps its own status: a later run must not read it
+    statuses.write("9", state="saved", pid=41)
+    statuses.mark_left_job("9")
+    assert statuses.read("9") == {"job_id": "9", "state": "saved", "pid": 41}
+    statuses.mark_left_job("10")  # no status: nothing is written
+    assert statuses.read("10") == {}

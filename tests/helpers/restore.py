@@ -28,6 +28,11 @@ class RestoreStandIn:
         self.parked: list[dict[str, str]] = []
         self.first_line = ""  # what the instance printed first (e.g. a child's pid)
         self.proc: subprocess.Popen[str] | None = None
+        self.run_started_s: float | None = None  # not forked from a run's process
+
+    def status(self, job_id: str) -> dict[str, Any]:
+        """The instance never parks here: it has not left the job."""
+        return {"job_id": job_id, "state": "restored"}
 
     def restore(self, job_id: str, identity: dict[str, str], restart_count: int
                 ) -> dict[str, Any]:  # fmt: skip

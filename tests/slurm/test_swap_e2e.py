@@ -61,6 +61,9 @@ def _criu_usable() -> bool:
     return criu_skip_reason() is None  # present, new enough, and `criu check` passes
 
 
+KILL_WAIT_S = 5.0
+
+
 def _assert_swapped(log: str, signal_name: str) -> None:
     """With CRIU the requeued run restores the dumped process; without, it starts from the
     pool and the first run's summary names the signal that stopped it."""
@@ -91,6 +94,11 @@ def _assert_parked(cluster: SlurmCluster, job: str, *, early_requeue: bool) -> N
     assert kinds.index("checkpoint.parked") < saved, kinds
     parked = log[kinds.index("checkpoint.parked")]["detail"]["cgroups"]
     assert parked and not any(Path(p).exists() for p in parked), parked  # removed after
+    # the run ended once its tree had left the job, not at KillWait's SIGKILL (5 s in
+    # scripts/slurm_up.sh's slurm.conf): a kept tree never exits (spswap.serve.run_watch)
+    ended = next(e for e in log[kinds.index("checkpoint.parked"):] if e["kind"] == "job.end")
+    waited_s = ended["ts"] - log[kinds.index("checkpoint.parked")]["ts"]
+    assert waited_s < KILL_WAIT_S, f"the job ended {waited_s:.1f} s after its park: {kinds}"
     if early_requeue:
         requeue = kinds.index("job.requeue")
         assert requeue < saved and log[requeue]["detail"]["early"] is True, kinds

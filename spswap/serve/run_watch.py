@@ -1,0 +1,114 @@
+"""The run's own process under Slurm: the process the batch script waits on is never the
+instance that spswapd parks.
+
+spswapd takes a stopped instance out of its job's cgroup before CRIU dumps it and, when it
+fits the keep budget, keeps it alive there (frozen) for the job's next run. A process kept
+alive never exits: a batch script waiting on it, and Slurm on the batch script, would
+wait for KillWait's SIGKILL (5 s here, 30 s by default) before the job ends and the next
+job gets the GPU; on the H200 that was 5 s of every 8 s turn. So inside a job's cgroup
+``spswap serve`` forks: the child is the instance (it serves, parks, and may come back in
+a later run), the parent, the batch script's child, forwards the stop signals to it and
+ends the run as soon as the instance has left the job (spswapd says so) or exited. A
+requeued run's stand-in for its restored instance (:func:`stand_in_for`) ends the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from spswap.checkpoint.cgroups import PREFIX, parse_proc_cgroup
+
+StatusOf = Callable[[str], dict[str, Any]]
+POLL_S = 0.05
+FORWARDED = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
+
+
+def in_job_cgroup(proc_cgroup_text: str, job_id: str) -> bool:
+    """Whether ``/proc/<pid>/cgroup`` text puts the process in Slurm job ``job_id``'s cgroup
+    (``.../job_<id>/step_batch/...``, cgroup v2 or v1): where spswapd would park it."""
+    component = f"job_{job_id}"
+    return any(component in m.path.split("/") for m in parse_proc_cgroup(proc_cgroup_text))
+
+
+def parked_away(proc_cgroup_text: str) -> bool:
+    """Whether the process sits in one of spswapd's parked cgroups (``spswap-parked-*``)."""
+    return any(m.path.rsplit("/", 1)[-1].startswith(PREFIX)
+               for m in parse_proc_cgroup(proc_cgroup_text))  # fmt: skip
+
+
+def _cgroup_text(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cgroup").read_text()
+    except OSError:
+        return ""
+
+
+def left_job(pid: int, job_id: str, status_of: StatusOf) -> bool:
+    """Whether instance ``pid`` has left job ``job_id`` for good: parked outside the job,
+    with spswapd's word (``left_job`` in the job's checkpoint status) that nothing of the
+    job's end waits on it any more (the requeue it asked for is made). Reading the cgroup
+    first keeps the daemon out of the poll until a park is under way."""
+    if not parked_away(_cgroup_text(pid)):
+        return False
+    try:
+        status = status_of(job_id)
+    except Exception:  # noqa: BLE001 - spswapd busy or away: ask again on the next poll
+        return False
+    return bool(status.get("left_job")) and status.get("pid") == pid
+
+
+class RunWatch:
+    """The parent's side of the fork (see the module doc)."""
+
+    def __init__(self, child_pid: int, job_id: str, status_of: StatusOf) -> None:
+        self.child_pid = child_pid
+        self.job_id = job_id
+        self.status_of = status_of
+        self.gone = False  # the instance has left the job: nothing is forwarded any more
+
+    def _forward(self, signum: int, _frame: FrameType | None = None) -> None:
+        if not self.gone:
+            try:
+                os.kill(self.child_pid, signum)
+            except ProcessLookupError:
+                pass
+
+    def wait(self) -> int:
+        """Forward stop signals until the instance exits (its exit code) or leaves the job
+        (0: the run is over, the instance waits for the next one)."""
+        for sig in FORWARDED:
+            signal.signal(sig, self._forward)
+        while True:
+            pid, status = os.waitpid(self.child_pid, os.WNOHANG)
+            if pid == self.child_pid:
+                code = os.waitstatus_to_exitcode(status)
+                return 128 - code if code < 0 else code  # killed by a signal: 128 + its number
+            if left_job(self.child_pid, self.job_id, self.status_of):
+                self.gone = True
+                return 0
+            time.sleep(POLL_S)
+
+
+def fork_instance(job_id: str | None, status_of: StatusOf) -> float | None:
+    """Inside job ``job_id``'s cgroup: fork; the child returns the run's start (epoch
+    seconds, for its ``runs.jsonl`` line) and serves on, the parent watches it
+    (:class:`RunWatch`) and exits with what the run ends with. Elsewhere (no job, no job
+    cgroup: nothing is ever parked) returns None without forking."""
+    from spswap.serve.run_log import process_started_s
+
+    if job_id is None or not in_job_cgroup(_cgroup_text(os.getpid()), job_id):
+        return None
+    started_s = process_started_s()
+    sys.stdout.flush()  # or both processes would write what is buffered
+    sys.stderr.flush()
+    child = os.fork()
+    if child == 0:
+        return started_s
+    os._exit(RunWatch(child, job_id, status_of).wait())  # nothing of the child's to flush
