@@ -32,6 +32,7 @@ if [ "$FAST" = 0 ] && [ "$(id -u)" = 0 ]; then
 fi
 
 "$PY" -m ruff check spswap tests
+"$PY" -m ruff format --check spswap tests   # `ruff format spswap tests` fixes it
 "$PY" -m mypy spswap
 MARK=()
 [ "$FAST" = 1 ] && MARK=(-m "not slow")

@@ -93,8 +93,13 @@ class Config:
     waits in the queue runs no epilog here, so nothing else would tell it."""
 
     @classmethod
-    def load(cls, env: Mapping[str, str] | None = None, *, settings: SettingsFile | None = None,
-             **overrides: object) -> Config:
+    def load(
+        cls,
+        env: Mapping[str, str] | None = None,
+        *,
+        settings: SettingsFile | None = None,
+        **overrides: object,
+    ) -> Config:
         """The settings every command and the daemon use: the node's settings file
         (``/etc/default/spswap``, or ``$SPSWAP_DEFAULTS``), then ``SPSWAP_*`` variables of
         ``env`` (default: the environment) over it, then ``overrides`` (``--root``)."""
@@ -183,10 +188,24 @@ class Config:
 # SPSWAP_* variables that are not node settings: read by one process or script (the
 # reference engine's threads, the hooks' binary, install and test scripts), so a node
 # setting never refuses them.
-_NON_CONFIG_VARS = frozenset({
-    "bin", "hook_timeout_s", "defaults", "torch", "venv", "criu", "test_slurm",
-    "accept_golden", "test_pool", "test_vllm_model", "cpu_threads", "user", "prefix", "python",
-})
+_NON_CONFIG_VARS = frozenset(
+    {
+        "bin",
+        "hook_timeout_s",
+        "defaults",
+        "torch",
+        "venv",
+        "criu",
+        "test_slurm",
+        "accept_golden",
+        "test_pool",
+        "test_vllm_model",
+        "cpu_threads",
+        "user",
+        "prefix",
+        "python",
+    }
+)
 
 
 def _convert(name: str, raw: str) -> object:

@@ -142,8 +142,11 @@ class DemoRun:
             name = f"model-{i}"
             self.say(f"writing {name} ({self.preset}, seed {i}) as safetensors")
             model = save_checkpoint(cfg, self.work / "models" / name)
-            self.jobs.append(DemoJob(name, str(JOB_BASE + i), model,
-                                     self.work / "state" / name, self.work / "logs"))
+            self.jobs.append(
+                DemoJob(
+                    name, str(JOB_BASE + i), model, self.work / "state" / name, self.work / "logs"
+                )
+            )
         (self.work / "logs").mkdir(parents=True, exist_ok=True)
         self.path = path_without_slurm(self.path, self.work / "bin")
         self.say(f"starting spswapd on {self.cfg.root}")
@@ -208,9 +211,11 @@ class DemoRun:
             if state == "saved" or (proc.poll() is not None and state != "dumping"):
                 break
             if time.monotonic() > deadline:
-                raise SpswapError(f"{job.name} (job {job.job_id}) was not put away within "
-                                  f"{STOP_TIMEOUT_S:g} s of SIGTERM; its log "
-                                  f"{job.log(job.runs - 1)}:\n  {job.tail(job.runs - 1)}")
+                raise SpswapError(
+                    f"{job.name} (job {job.job_id}) was not put away within "
+                    f"{STOP_TIMEOUT_S:g} s of SIGTERM; its log "
+                    f"{job.log(job.runs - 1)}:\n  {job.tail(job.runs - 1)}"
+                )
             time.sleep(0.01)
         if job.restored and proc.poll() is None:
             # the stand-in waits on a kept (frozen) instance: Slurm ends the job's run here
@@ -259,8 +264,10 @@ class DemoRun:
                               answered_s=answer.answered_s, path=path,
                               identical=answer.output_ids == self.cold_answers.get(job.name),
                               reason=reason)  # fmt: skip
-        self.say(f"turn {turn.index + 1} (round {turn.round}) {job.name}: {path} "
-                 f"{result.total_s:.2f} s" + ("" if result.identical else " ANSWER DIFFERS"))
+        self.say(
+            f"turn {turn.index + 1} (round {turn.round}) {job.name}: {path} "
+            f"{result.total_s:.2f} s" + ("" if result.identical else " ANSWER DIFFERS")
+        )
         return result
 
     # -- afterwards ------------------------------------------------------------------

@@ -75,13 +75,17 @@ def explain_slower(turns: list[TurnResult], mode: DemoMode, *, cores: int | None
         if not mode.checkpoint:
             why = "pool path: a new process each turn, which imports torch again"
         elif t.slurm_s > ref.slurm_s and t.slurm_s >= t.spswap_s:
-            why = (f"the displaced model's dump took {t.slurm_s:.2f} s of it "
-                   f"(cold turn: {ref.slurm_s:.2f} s)")
+            why = (
+                f"the displaced model's dump took {t.slurm_s:.2f} s of it "
+                f"(cold turn: {ref.slurm_s:.2f} s)"
+            )
         else:
             busy = (f"load average {load:.1f} on {cores} cores" if load is not None and cores
                     else "a busy machine?")  # fmt: skip
-            why = (f"spswap's share {t.spswap_s:.2f} s against {ref.spswap_s:.2f} s cold, "
-                   f"not explained by the turn's own figures ({busy})")
+            why = (
+                f"spswap's share {t.spswap_s:.2f} s against {ref.spswap_s:.2f} s cold, "
+                f"not explained by the turn's own figures ({busy})"
+            )
         out.append(dataclasses.replace(t, reason=f"slower than cold: {why}"))
     return out
 
@@ -103,12 +107,16 @@ def render_demo(summary: TurnsSummary, mode: DemoMode) -> Group:
                           "broken.", style="bold red"))  # fmt: skip
     if mode.note:
         parts.append(Text(mode.note, style="yellow"))
-    parts.append(Text(
-        "total = the demo stops the running model (Slurm's share: its stop, and the dump "
-        "where CRIU is used, until the next run's `spswap serve` starts) -> the incoming "
-        "model's first answer (spswap's share). Each model's first turn is its cold start "
-        "(weights from its files); its answer is the reference. "
-        + ", ".join(f"{k}={v}" for k, v in sorted(summary.settings.items())), style="dim"))
+    parts.append(
+        Text(
+            "total = the demo stops the running model (Slurm's share: its stop, and the dump "
+            "where CRIU is used, until the next run's `spswap serve` starts) -> the incoming "
+            "model's first answer (spswap's share). Each model's first turn is its cold start "
+            "(weights from its files); its answer is the reference. "
+            + ", ".join(f"{k}={v}" for k, v in sorted(summary.settings.items())),
+            style="dim",
+        )
+    )
     return Group(*parts)
 
 

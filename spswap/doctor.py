@@ -394,4 +394,3 @@ def collect(cfg: Config) -> dict[str, Any]:
 def failed_required(report: dict[str, Any]) -> list[dict[str, Any]]:
     """The required checks that failed (what ``--strict`` exits non-zero on)."""
     return [c for c in report["checks"] if c["required"] and c["ok"] is False]
-

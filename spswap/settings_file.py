@@ -58,7 +58,7 @@ def parse_settings_text(text: str) -> dict[str, str]:
         if not line or line.startswith("#"):
             continue
         if line.startswith("export "):
-            line = line[len("export "):].lstrip()
+            line = line[len("export ") :].lstrip()
         name, eq, raw = line.partition("=")
         if not eq or not name.isidentifier():
             continue

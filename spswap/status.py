@@ -183,8 +183,12 @@ def render_status(data: dict[str, Any], *, now: float | None = None) -> Group:
     head.add_row("daemon", "not running (spswap daemon start, or the Slurm prolog starts it)"
                  if not d["running"] else f"running (pid {d['pid']})" if d.get("pid")
                  else "running")  # fmt: skip
-    gpus = ", ".join(f"{g['index']}" + (f" {g['name']}" if g.get("name") else "")
-                     for g in data["gpus"]) or "none found (set SPSWAP_GPUS, e.g. 0,1)"
+    gpus = (
+        ", ".join(
+            f"{g['index']}" + (f" {g['name']}" if g.get("name") else "") for g in data["gpus"]
+        )
+        or "none found (set SPSWAP_GPUS, e.g. 0,1)"
+    )
     head.add_row("GPUs", gpus)  # fmt: skip
     settings = data.get("settings") or {}
     for line in settings.get("problems", []):

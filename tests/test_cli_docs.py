@@ -12,10 +12,15 @@ def test_cli_reference_is_current():
     expected = render_cli_md(app)
     actual = DOC_PATH.read_text()
     if actual != expected:
-        diff = "".join(difflib.unified_diff(actual.splitlines(True), expected.splitlines(True),
-                                            "docs/cli.md", "generated"))
-        pytest.fail(f"docs/cli.md is out of date:\n{diff}\n"
-                    "regenerate with: python -m spswap.cli.docs --write")
+        diff = "".join(
+            difflib.unified_diff(
+                actual.splitlines(True), expected.splitlines(True), "docs/cli.md", "generated"
+            )
+        )
+        pytest.fail(
+            f"docs/cli.md is out of date:\n{diff}\n"
+            "regenerate with: python -m spswap.cli.docs --write"
+        )
 
 
 def test_every_command_has_help():

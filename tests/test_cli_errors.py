@@ -7,7 +7,9 @@ import sys
 def test_error_text_is_not_taken_for_markup(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "spswap.cli", "bench", "swap", str(tmp_path)],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 2
     assert "error:" in proc.stderr and "spswap[vllm]" in proc.stderr
@@ -17,7 +19,9 @@ def test_error_text_is_not_taken_for_markup(tmp_path):
 def test_unknown_setting_names_the_valid_ones(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "spswap.cli", "status"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
         env={"PATH": "/usr/bin:/bin", "SPSWAP_ROTO": "/x", "SPSWAP_ROOT": str(tmp_path)},
     )
     assert proc.returncode == 2
@@ -26,12 +30,26 @@ def test_unknown_setting_names_the_valid_ones(tmp_path):
 
 def test_serve_options_after_the_dashes_are_for_vllm(tmp_path):
     (tmp_path / "config.json").write_text("{}")
-    base = [sys.executable, "-m", "spswap.cli", "serve", str(tmp_path), "--state-dir",
-            str(tmp_path / "s"), "--root", str(tmp_path / "root")]
-    proc = subprocess.run([*base, "--", "--max-num-seqs", "4"], capture_output=True, text=True,
-                          timeout=120)
+    base = [
+        sys.executable,
+        "-m",
+        "spswap.cli",
+        "serve",
+        str(tmp_path),
+        "--state-dir",
+        str(tmp_path / "s"),
+        "--root",
+        str(tmp_path / "root"),
+    ]
+    proc = subprocess.run(
+        [*base, "--", "--max-num-seqs", "4"], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 2 and "for --engine vllm only" in proc.stderr, proc.stderr
-    proc = subprocess.run([*base, "--engine", "vllm", "--", "--port", "9"], capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [*base, "--engine", "vllm", "--", "--port", "9"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode != 0 and "set by spswap serve" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr

@@ -8,8 +8,15 @@ from spswap.errors import ConfigError
 
 @pytest.mark.parametrize(
     ("text", "size"),
-    [("1000", 1000), ("4K", 4096), ("64M", 64 << 20), ("1.5G", 3 << 29), ("2GiB", 2 << 30),
-     ("1T", 1 << 40), ("512mb", 512 << 20)],
+    [
+        ("1000", 1000),
+        ("4K", 4096),
+        ("64M", 64 << 20),
+        ("1.5G", 3 << 29),
+        ("2GiB", 2 << 30),
+        ("1T", 1 << 40),
+        ("512mb", 512 << 20),
+    ],
 )
 def test_parse_size(text, size):
     assert parse_size(text) == size
@@ -22,9 +29,15 @@ def test_parse_size_rejects_with_the_fix(text):
 
 
 def test_from_env_reads_prefixed_settings():
-    cfg = Config.from_env({"SPSWAP_ROOT": "/tmp/x", "SPSWAP_GPUS": "0, 2",
-                           "SPSWAP_POOL_CAPACITY_BYTES": "1G", "SPSWAP_SLOT_TIMEOUT_S": "5",
-                           "OTHER": "ignored"})
+    cfg = Config.from_env(
+        {
+            "SPSWAP_ROOT": "/tmp/x",
+            "SPSWAP_GPUS": "0, 2",
+            "SPSWAP_POOL_CAPACITY_BYTES": "1G",
+            "SPSWAP_SLOT_TIMEOUT_S": "5",
+            "OTHER": "ignored",
+        }
+    )
     assert cfg.root == Path("/tmp/x")
     assert cfg.gpus == (0, 2)
     assert cfg.pool_capacity_bytes == 1 << 30

@@ -82,8 +82,7 @@ def test_choose_mode_says_why_and_what_to_run() -> None:
     assert "CRIU 3.17.1, need >= 4.1" in (old.note or "") and CRIU_HINT in (old.note or "")
     user = choose_mode(1000, "/usr/local/sbin/criu", (4, 1, 1))
     assert not user.checkpoint and "not root" in (user.note or "")
-    assert user.restored_paths == ("pool",) and DemoMode(True).restored_paths == ("kept",
-                                                                                 "image")
+    assert user.restored_paths == ("pool",) and DemoMode(True).restored_paths == ("kept", "image")
 
 
 def _turn(i: int, model: str, kind: TurnKind, path: str, total: float, slurm: float,
@@ -108,10 +107,12 @@ def test_a_turn_slower_than_cold_says_why() -> None:
 
 
 def test_report_and_json_of_a_run_with_a_different_answer() -> None:
-    turns = [_turn(0, "a", TurnKind.COLD, "cold", 2.0, 0.1),
-             _turn(1, "b", TurnKind.COLD, "cold", 2.0, 0.1),
-             _turn(2, "a", TurnKind.RESTORE, "pool", 1.0, 0.1),
-             _turn(3, "b", TurnKind.RESTORE, "pool", 1.0, 0.1, identical=False)]
+    turns = [
+        _turn(0, "a", TurnKind.COLD, "cold", 2.0, 0.1),
+        _turn(1, "b", TurnKind.COLD, "cold", 2.0, 0.1),
+        _turn(2, "a", TurnKind.RESTORE, "pool", 1.0, 0.1),
+        _turn(3, "b", TurnKind.RESTORE, "pool", 1.0, 0.1, identical=False),
+    ]
     mode = DemoMode(False, "no CRIU found: ... `bash scripts/build_criu.sh` ...")
     summary = summarize(["a", "b"], turns, wall_s=2.0, settings={"device": "cpu"},
                         restored_paths=mode.restored_paths)  # fmt: skip

@@ -208,8 +208,12 @@ def test_parking_check_says_what_it_found(tmp_path: Path) -> None:
 
 def test_keep_check() -> None:
     assert doctor.keep_check(8 << 30, True) == {
-        "name": "keep dumped instances", "ok": True, "required": False,
-        "value": "up to 8.0 GiB (SPSWAP_KEEP_BYTES), frozen in parked cgroups", "detail": ""}
+        "name": "keep dumped instances",
+        "ok": True,
+        "required": False,
+        "value": "up to 8.0 GiB (SPSWAP_KEEP_BYTES), frozen in parked cgroups",
+        "detail": "",
+    }
     off = doctor.keep_check(0, True)
     assert off["ok"] is None and off["value"] == "off (SPSWAP_KEEP_BYTES=0)"
     assert "CRIU's restore" in off["detail"]

@@ -73,7 +73,11 @@ def test_doctor_test_dumps_another_uids_process_both_ways() -> None:
     if _root_has(24):  # CAP_SYS_RESOURCE
         assert root["ok"] is True, root
     else:
-        assert root == {**root, "ok": False, "required": True,
-                        "value": "criu dump: Can't get rlimit 0: Operation not permitted"}
+        assert root == {
+            **root,
+            "ok": False,
+            "required": True,
+            "value": "criu dump: Can't get rlimit 0: Operation not permitted",
+        }
         assert CAP_SYS_RESOURCE_FIX in root["detail"]
     assert not list(Path("/tmp").glob("spswap-doctor-*")), "doctor leaves nothing behind"

@@ -161,4 +161,8 @@ def test_the_walk_sees_function_level_relative_and_type_checking_imports(
     assert graph["pkg.d"] == {"pkg.a", "pkg.sub"}
     assert cycle_groups(graph) == [{"pkg.a", "pkg.sub.b", "pkg.sub.c"}]
     assert one_cycle(graph, {"pkg.a", "pkg.sub.b", "pkg.sub.c"}) == [
-        "pkg.a", "pkg.sub.b", "pkg.sub.c", "pkg.a"]
+        "pkg.a",
+        "pkg.sub.b",
+        "pkg.sub.c",
+        "pkg.a",
+    ]

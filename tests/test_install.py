@@ -16,8 +16,9 @@ import pytest
 
 INSTALL = Path(__file__).resolve().parents[1] / "scripts" / "install.sh"
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the check is root's (an install "
-                                "for the node's users)")
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0, reason="the check is root's (an install for the node's users)"
+)
 
 
 def _run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -51,23 +52,30 @@ def test_refuses_a_python_other_users_cannot_run(private_python: Path, shared_di
         f"install.sh: {private_python} cannot be run by other users ({private_python.parent} "
         "(mode 700) is not open to them): every user's spswap would fail with 'bad "
         "interpreter: Permission denied'. Build on a Python every user can run: "
-        "SPSWAP_PYTHON=/usr/bin/python3 bash scripts/install.sh (apt-get install python3-venv)")
+        "SPSWAP_PYTHON=/usr/bin/python3 bash scripts/install.sh (apt-get install python3-venv)"
+    )
     assert not venv.exists()  # refused before anything was made
 
 
 @pytest.mark.skipif(not os.access("/usr/bin/python3", os.X_OK), reason="no /usr/bin/python3")
 def test_picks_the_system_python_over_the_first_on_path(private_python: Path,
                                                          shared_dir: Path) -> None:  # fmt: skip
-    proc = _run("--check-python", SPSWAP_VENV=str(shared_dir / "venv"),
-                PATH=f"{private_python.parent}:/usr/bin:/bin")
+    proc = _run(
+        "--check-python",
+        SPSWAP_VENV=str(shared_dir / "venv"),
+        PATH=f"{private_python.parent}:/usr/bin:/bin",
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "install.sh: the venv would be built on /usr/bin/python3\n"
 
 
 def test_a_venv_of_roots_alone_may_use_roots_python(private_python: Path) -> None:
     """The README's first try, as root in a clone under /root: nobody else runs that venv."""
-    proc = _run("--check-python", SPSWAP_VENV=str(private_python.parent / ".venv"),
-                SPSWAP_PYTHON=str(private_python))
+    proc = _run(
+        "--check-python",
+        SPSWAP_VENV=str(private_python.parent / ".venv"),
+        SPSWAP_PYTHON=str(private_python),
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == f"install.sh: the venv would be built on {private_python}\n"
 
@@ -84,4 +92,5 @@ def test_warns_of_a_shared_venv_built_on_roots_python(private_python: Path,
         f"install.sh: warning: {shared_dir / 'venv'} was built on a Python other users cannot "
         f"run ({private_python.parent} (mode 700) is not open to them): their spswap fails "
         f"with 'bad interpreter'. For an install the node's users run: rm -rf "
-        f"{shared_dir / 'venv'}, then run install.sh again")
+        f"{shared_dir / 'venv'}, then run install.sh again"
+    )

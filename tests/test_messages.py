@@ -73,7 +73,9 @@ def test_status_of_a_daemon_whose_pid_is_not_shown() -> None:
     text = console.export_text()
     assert "pid -1" not in text and "pid None" not in text
     assert next(ln for ln in text.splitlines() if ln.startswith("daemon")).split() == [
-        "daemon", "running"]
+        "daemon",
+        "running",
+    ]
 
 
 def _help(*args: str) -> str:

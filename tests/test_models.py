@@ -29,8 +29,9 @@ def hf_model(d: Path) -> Path:
     from safetensors.torch import save_file
 
     d.mkdir(parents=True)
-    (d / "config.json").write_text(json.dumps(
-        {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 8}))
+    (d / "config.json").write_text(
+        json.dumps({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 8})
+    )
     save_file({"model.embed_tokens.weight": torch.zeros(16, 8)}, str(d / "model.safetensors"))
     return d
 
@@ -83,7 +84,8 @@ def test_serve_with_vllm_refuses_a_reference_model(tmp_path: Path) -> None:
                   str(tmp_path / "s"), "--root", str(tmp_path / "root"))  # fmt: skip
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "is a reference model (made by `spswap models make`): vLLM cannot serve it" in (
-        " ".join(proc.stderr.split()))
+        " ".join(proc.stderr.split())
+    )
 
 
 def test_check_names_what_is_wrong(tmp_path: Path) -> None:

@@ -88,6 +88,7 @@ def test_daemon_env_keeps_settings_and_drops_the_job() -> None:
 
 # -- settings that cannot hold (item 11) -----------------------------------------------------
 
+
 def test_unfit_settings_name_the_numbers_and_the_fix() -> None:
     from spswap.settings_check import NodeSizes, unfit_settings
 

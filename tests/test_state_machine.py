@@ -39,10 +39,16 @@ def test_abort_keeps_the_old_state_and_concurrent_begin_is_refused():
 
 
 def test_path_walks_the_line_both_ways():
-    assert path(State.UP, State.SAVED) == [Primitive.SLEEP, Primitive.CUDA_CHECKPOINT,
-                                           Primitive.DUMP]
-    assert path(State.SAVED, State.UP) == [Primitive.RESTORE, Primitive.CUDA_RESTORE,
-                                           Primitive.WAKE]
+    assert path(State.UP, State.SAVED) == [
+        Primitive.SLEEP,
+        Primitive.CUDA_CHECKPOINT,
+        Primitive.DUMP,
+    ]
+    assert path(State.SAVED, State.UP) == [
+        Primitive.RESTORE,
+        Primitive.CUDA_RESTORE,
+        Primitive.WAKE,
+    ]
     assert path(State.SLEEP, State.SLEEP) == []
 
 

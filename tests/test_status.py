@@ -34,18 +34,25 @@ def _check_golden(name: str, text: str) -> None:
         path.write_text(text)
     expected = path.read_text()
     if text != expected:
-        diff = "".join(difflib.unified_diff(expected.splitlines(True), text.splitlines(True),
-                                            f"golden/{name}", "actual"))
-        pytest.fail(f"{name} changed:\n{diff}\naccept with: SPSWAP_ACCEPT_GOLDEN=1 pytest "
-                    f"tests/test_status.py")
+        diff = "".join(
+            difflib.unified_diff(
+                expected.splitlines(True), text.splitlines(True), f"golden/{name}", "actual"
+            )
+        )
+        pytest.fail(
+            f"{name} changed:\n{diff}\naccept with: SPSWAP_ACCEPT_GOLDEN=1 pytest "
+            f"tests/test_status.py"
+        )
 
 
 def _write_safetensors(path: Path) -> None:
     """A two-tensor F32 checkpoint with fixed bytes (no torch needed)."""
     a = struct.pack("<4f", 1, 2, 3, 4)
     b = struct.pack("<2f", 5, 6)
-    header = {"a.weight": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]},
-              "b.bias": {"dtype": "F32", "shape": [2], "data_offsets": [16, 24]}}
+    header = {
+        "a.weight": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]},
+        "b.bias": {"dtype": "F32", "shape": [2], "data_offsets": [16, 24]},
+    }
     raw = json.dumps(header).encode()
     path.write_bytes(struct.pack("<Q", len(raw)) + raw + a + b)
 
@@ -86,30 +93,63 @@ def node(tmp_path: Path) -> Config:
     pool.acquire_use(m.digest, me)
     table = SlotTable(cfg.paths.slots, [0, 1])
     table.reserve(model="tiny", units=2, holder=me, timeout_s=1)
-    table.reserve(model="other", units=4, allowed_gpus=[1], holder=Holder.current(job_id="78"),
-                  timeout_s=1)
+    table.reserve(
+        model="other", units=4, allowed_gpus=[1], holder=Holder.current(job_id="78"), timeout_s=1
+    )
     reg = InstanceRegistry(cfg.paths.run / "instances")
-    reg.put(InstanceRecord(id="77-1234", model="tiny", state="up", pid=os.getpid(), uid=0,
-                           job_id="77", device="cuda:0"))
+    reg.put(
+        InstanceRecord(
+            id="77-1234",
+            model="tiny",
+            state="up",
+            pid=os.getpid(),
+            uid=0,
+            job_id="77",
+            device="cuda:0",
+        )
+    )
     from spswap.fsutil import atomic_write_json
 
-    atomic_write_json(cfg.paths.run / "checkpoints" / "78.json",
-                      {"job_id": "78", "state": "saved", "pid": 99, "size_bytes": 1631701505,
-                       "timings_s": {"criu_dump": 1.01}, "kept": True})
-    atomic_write_json(cfg.paths.run / "checkpoints" / "79.json",
-                      {"job_id": "79", "state": "rejected", "reason": "image job79-ab not "
-                       "restored: the image was made under another identity (torch: image "
-                       "'2.11.0', here '2.13.0')"})
-    reg.put(InstanceRecord(id="78-99", model="other", state="saved", pid=2**22 + 1, uid=0,
-                           job_id="78", device="cuda:1", reason="cold start: image identity "
-                           "differs (driver 570 != 580)"))
+    atomic_write_json(
+        cfg.paths.run / "checkpoints" / "78.json",
+        {
+            "job_id": "78",
+            "state": "saved",
+            "pid": 99,
+            "size_bytes": 1631701505,
+            "timings_s": {"criu_dump": 1.01},
+            "kept": True,
+        },
+    )
+    atomic_write_json(
+        cfg.paths.run / "checkpoints" / "79.json",
+        {
+            "job_id": "79",
+            "state": "rejected",
+            "reason": "image job79-ab not "
+            "restored: the image was made under another identity (torch: image "
+            "'2.11.0', here '2.13.0')",
+        },
+    )
+    reg.put(
+        InstanceRecord(
+            id="78-99",
+            model="other",
+            state="saved",
+            pid=2**22 + 1,
+            uid=0,
+            job_id="78",
+            device="cuda:1",
+            reason="cold start: image identity differs (driver 570 != 580)",
+        )
+    )
     return cfg
 
 
-GPUS = [{"index": 0, "name": "Fake H200", "memory_total_bytes": 150_000_000_000,
-         "source": "test"},
-        {"index": 1, "name": "Fake H200", "memory_total_bytes": 150_000_000_000,
-         "source": "test"}]
+GPUS = [
+    {"index": 0, "name": "Fake H200", "memory_total_bytes": 150_000_000_000, "source": "test"},
+    {"index": 1, "name": "Fake H200", "memory_total_bytes": 150_000_000_000, "source": "test"},
+]
 
 
 def test_status_json_golden(node: Config):
@@ -123,17 +163,29 @@ def test_status_table_golden(node: Config, monkeypatch):
     data = _normalize(collect_status(node, gpus=GPUS))
     buf = io.StringIO()
     Console(file=buf, width=110, color_system=None, legacy_windows=False).print(
-        render_status(data, now=FIXED_T + 90))
+        render_status(data, now=FIXED_T + 90)
+    )
     _check_golden("status.txt", buf.getvalue())
 
 
 def test_status_cli_json_has_every_section(node: Config):
-    res = CliRunner().invoke(app, ["status", "--json", "--root", str(node.root)],
-                             env={"SPSWAP_GPUS": "0,1"})
+    res = CliRunner().invoke(
+        app, ["status", "--json", "--root", str(node.root)], env={"SPSWAP_GPUS": "0,1"}
+    )
     assert res.exit_code == 0, res.output
     data = json.loads(res.output)
-    assert set(data) == {"version", "spswap", "root", "daemon", "gpus", "slots", "pool",
-                         "instances", "checkpoints", "settings"}
+    assert set(data) == {
+        "version",
+        "spswap",
+        "root",
+        "daemon",
+        "gpus",
+        "slots",
+        "pool",
+        "instances",
+        "checkpoints",
+        "settings",
+    }
     assert [c["state"] for c in data["checkpoints"]] == ["saved", "rejected"]
     assert [g["index"] for g in data["gpus"]] == [0, 1]
     assert len(data["slots"]["reservations"]) == 2

@@ -84,8 +84,10 @@ def bench_settings(gpu_memory_utilization: float = 0.4,
     ``gpu_memory_utilization`` leaves). The KV cache's size matters to every swap path:
     a level-2 sleep hands it back to the driver, which clears it with the copy engines
     (docs/benchmarks.md)."""
-    return VllmSettings(gpu_memory_utilization=gpu_memory_utilization,
-                        kv_cache_memory_bytes=kv_cache_bytes(kv_cache_gib))
+    return VllmSettings(
+        gpu_memory_utilization=gpu_memory_utilization,
+        kv_cache_memory_bytes=kv_cache_bytes(kv_cache_gib),
+    )
 
 
 def _timed(fn: Callable[[], Any]) -> float:
@@ -290,8 +292,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cycles", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.4)
-    ap.add_argument("--kv-cache-gib", type=float, default=None,
-                    help="the KV cache's size (default: what --gpu-memory-utilization leaves)")
+    ap.add_argument(
+        "--kv-cache-gib",
+        type=float,
+        default=None,
+        help="the KV cache's size (default: what --gpu-memory-utilization leaves)",
+    )
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     ap.add_argument("--out", type=Path, help="also write the JSON result here")
     args = ap.parse_args(argv)  # fmt: skip

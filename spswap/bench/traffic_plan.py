@@ -26,8 +26,13 @@ def arrivals(rate_per_min: float, duration_s: float, n_models: int, *, seed: int
         t += rng.expovariate(rate_per_min / 60.0)
         if t >= duration_s:
             return out
-        out.append(Arrival(t, rng.randrange(n_models),
-                           tuple(rng.randrange(1, vocab) for _ in range(prompt_len))))
+        out.append(
+            Arrival(
+                t,
+                rng.randrange(n_models),
+                tuple(rng.randrange(1, vocab) for _ in range(prompt_len)),
+            )
+        )
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -93,8 +98,10 @@ def _s(v: float | None) -> str:
 
 def render(rows: list[RateRow], p95_target_s: float) -> str:
     """The table ``spswap bench traffic`` prints."""
-    head = ("models  rate/min  requests  failed  wrong  p50_s  p95_s  p99_s  swaps  "
-            "swap_p50_s  req/device-h  dedicated")
+    head = (
+        "models  rate/min  requests  failed  wrong  p50_s  p95_s  p99_s  swaps  "
+        "swap_p50_s  req/device-h  dedicated"
+    )
     lines = [head]
     for r in rows:
         lines.append(f"{r.n_models:>6}  {r.rate_per_min:>8g}  {r.requests:>8}  {r.failed:>6}  "

@@ -105,8 +105,10 @@ class TurnsRun:
                               "scancel) on PATH: run it on a login or compute node of the "
                               "cluster")  # fmt: skip
         if not controller_up():
-            raise ConfigError("Slurm's controller does not answer `scontrol ping`: start "
-                              "slurmctld (systemctl start slurmctld) or check slurm.conf")
+            raise ConfigError(
+                "Slurm's controller does not answer `scontrol ping`: start "
+                "slurmctld (systemctl start slurmctld) or check slurm.conf"
+            )
         parts = self.slurm.partitions()
         if self.opts.partition not in parts:
             raise ConfigError(f"no partition {self.opts.partition!r} (sinfo lists "
@@ -242,8 +244,9 @@ def job_script(opts: TurnsOptions, job: TurnJob, index: int) -> str:
         gpus=opts.gpus, units=opts.units, time_limit=opts.time_limit, engine=opts.engine,
         vllm_args=opts.vllm_args or SbatchOptions().vllm_args))  # fmt: skip
     if opts.serve_args:
-        script = script.replace(f"--units {opts.units}",
-                                f"--units {opts.units} {opts.serve_args}", 1)
+        script = script.replace(
+            f"--units {opts.units}", f"--units {opts.units} {opts.serve_args}", 1
+        )
     # the jobs run the spswap this bench runs (sbatch passes the environment on)
     return script.replace("\nMODEL=", f"\nexport PATH={Path(sys.executable).parent}:$PATH\n"
                           "MODEL=", 1)  # fmt: skip
@@ -261,8 +264,11 @@ def leftovers(cfg: Config, slurm: JobControl | None, job_ids: list[str]) -> list
            if slurm is not None and job_gone(slurm, j) is False]  # fmt: skip
     try:
         snap = Client(cfg, timeout_s=10.0).call("slots.list")
-        out += [f"GPU slot {r['id']} of job {r['holder'].get('job_id')}"
-                for r in snap.get("reservations", []) if r["holder"].get("job_id") in ids]
+        out += [
+            f"GPU slot {r['id']} of job {r['holder'].get('job_id')}"
+            for r in snap.get("reservations", [])
+            if r["holder"].get("job_id") in ids
+        ]
     except SpswapError as e:
         out.append(f"could not ask spswapd for the GPU slots ({e})")
     for entry in Pool.from_config(cfg).entries():
@@ -271,8 +277,11 @@ def leftovers(cfg: Config, slurm: JobControl | None, job_ids: list[str]) -> list
     if os.geteuid() == 0:
         from spswap.checkpoint.service import images_of_job, temp_dirs
 
-        out += [f"checkpoint image {p.name}" for j in job_ids
-                for p in images_of_job(cfg.paths.images, j) + temp_dirs(cfg.paths.images, j)]
+        out += [
+            f"checkpoint image {p.name}"
+            for j in job_ids
+            for p in images_of_job(cfg.paths.images, j) + temp_dirs(cfg.paths.images, j)
+        ]
     return out
 
 

@@ -79,8 +79,10 @@ class SpoolAsker:
         answer = await_answer(Spool(state_dir), request_id, deadline_s, _Ticker(check),
                               poll_s=POLL_S)  # fmt: skip
         if answer is None:
-            raise SpswapError(f"no answer to {request_id} in {state_dir / 'outbox'}; see "
-                              "the job's log (%x-%j.log in the bench's work directory)")
+            raise SpswapError(
+                f"no answer to {request_id} in {state_dir / 'outbox'}; see "
+                "the job's log (%x-%j.log in the bench's work directory)"
+            )
         if answer.get("error"):
             raise SpswapError(f"the server refused {request_id}: {answer['error']}")
         return Answer([int(x) for x in answer["output_ids"]], float(answer["answered"]))

@@ -49,8 +49,15 @@ def plan_turns(models: int, rounds: int) -> list[PlannedTurn]:
     previous: int | None = None
     for rnd in range(rounds + 1):
         for m in range(models):
-            turns.append(PlannedTurn(index=len(turns), round=rnd, model=m, displaced=previous,
-                                     kind=TurnKind.COLD if rnd == 0 else TurnKind.RESTORE))
+            turns.append(
+                PlannedTurn(
+                    index=len(turns),
+                    round=rnd,
+                    model=m,
+                    displaced=previous,
+                    kind=TurnKind.COLD if rnd == 0 else TurnKind.RESTORE,
+                )
+            )
             previous = m
     return turns
 

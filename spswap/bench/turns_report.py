@@ -49,10 +49,12 @@ def stats_table(summary: TurnsSummary) -> Table:
 
 def verdict(summary: TurnsSummary) -> Text:
     """One line a user can act on: what held and what did not."""
-    parts = [f"{summary.identical} of {summary.compared} answers identical to cold",
-             f"{summary.compared - summary.not_restored} of {summary.compared} turns restored",
-             f"device time {summary.device_s:.0f} s on one device against "
-             f"{summary.dedicated_device_s:.0f} s for {len(summary.models)} dedicated ones"]
+    parts = [
+        f"{summary.identical} of {summary.compared} answers identical to cold",
+        f"{summary.compared - summary.not_restored} of {summary.compared} turns restored",
+        f"device time {summary.device_s:.0f} s on one device against "
+        f"{summary.dedicated_device_s:.0f} s for {len(summary.models)} dedicated ones",
+    ]
     if summary.leftovers:
         parts.append("left over: " + "; ".join(summary.leftovers))
     style = "green" if summary.ok else "red"

@@ -94,7 +94,7 @@ def fs_path(m: Membership, mounts: list[Mount]) -> Path | None:
             continue
         root = mount.root.rstrip("/")
         if m.path == root or m.path.startswith(root + "/"):
-            return Path(mount.mountpoint) / m.path[len(root):].lstrip("/")
+            return Path(mount.mountpoint) / m.path[len(root) :].lstrip("/")
     return None
 
 

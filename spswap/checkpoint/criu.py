@@ -82,8 +82,6 @@ def _links_lock() -> Iterator[None]:
                 os.close(fd)
 
 
-
-
 @dataclass(frozen=True)
 class ImageInfo:
     """A complete CRIU image on disk."""
@@ -196,12 +194,18 @@ def dump(
         })  # fmt: skip
         writes = [(str(f), v) for f, v in post_dump_writes or []]
         # CRIU as the user cannot make the freeze: root does, asked by the script
-        hook = root_post_dump(images_root.parent, run_as, writes) \
-            if run_as is not None and leave_running and writes else contextlib.nullcontext()
+        hook = (
+            root_post_dump(images_root.parent, run_as, writes)
+            if run_as is not None and leave_running and writes
+            else contextlib.nullcontext()
+        )
         start = time.monotonic()
         aside: list[tuple[str, str]] = []
-        with hook as root_hook, _links_lock() if linked else contextlib.nullcontext(), \
-                as_user_dir(tmp, run_as) as (images_arg, fds):
+        with (
+            hook as root_hook,
+            _links_lock() if linked else contextlib.nullcontext(),
+            as_user_dir(tmp, run_as) as (images_arg, fds),
+        ):
             script = None
             if leave_running and (linked or writes):  # see post_dump_script
                 script = (root_hook.script_dir if root_hook else tmp) / POST_DUMP_SCRIPT
@@ -303,8 +307,10 @@ def restore(
         raise CheckpointFailed(f"{image_dir} was not dumped by CRIU as uid {run_as.uid}: "
                                "not restored that way")  # fmt: skip
     log_dir = log_dir or images_root / ".logs"
-    with tempfile.TemporaryDirectory(prefix="spswap-restore-") as scratch, \
-            as_user_dir(image_dir, run_as) as (images_arg, fds):
+    with (
+        tempfile.TemporaryDirectory(prefix="spswap-restore-") as scratch,
+        as_user_dir(image_dir, run_as) as (images_arg, fds),
+    ):
         # a user's CRIU writes its pidfile into the image directory (relative to it)
         pidfile = Path(RESTORE_PIDFILE) if run_as else Path(scratch) / "pid"
         argv = (run_as.prefix() if run_as else []) + criu_argv.restore_argv(

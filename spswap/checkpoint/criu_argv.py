@@ -160,8 +160,12 @@ def parse_version(text: str) -> tuple[int, int, int] | None:
     return (int(m.group(1)), int(m.group(2)), int(m.group(3) or 0))
 
 
-def post_dump_script(writes: list[tuple[str, str]], link_dirs: list[str],
-                     parked_prefix: str, root_fifos: tuple[str, str] | None = None) -> str:
+def post_dump_script(
+    writes: list[tuple[str, str]],
+    link_dirs: list[str],
+    parked_prefix: str,
+    root_fifos: tuple[str, str] | None = None,
+) -> str:
     """The action script of a dump that leaves the tree running (spswapd's kept instances).
 
     CRIU runs it at every stage; at post-dump (the image is complete and the tree still

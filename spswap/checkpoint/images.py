@@ -157,8 +157,11 @@ def integrity_hash(image_dir: Path, *, threads: int | None = None) -> str:
         p for p in image_dir.rglob("*") if p.is_file() and p.relative_to(image_dir).as_posix()
         not in NOT_HASHED
     )  # fmt: skip
-    pieces = [(p, off, min(PIECE_BYTES, p.stat().st_size - off))
-              for p in paths for off in range(0, max(p.stat().st_size, 1), PIECE_BYTES)]
+    pieces = [
+        (p, off, min(PIECE_BYTES, p.stat().st_size - off))
+        for p in paths
+        for off in range(0, max(p.stat().st_size, 1), PIECE_BYTES)
+    ]
     workers = threads or min(16, os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=workers) as pool:
         digests = list(pool.map(lambda a: _piece_digest(*a), pieces))

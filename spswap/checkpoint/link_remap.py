@@ -181,7 +181,7 @@ def park(files: list[LinkedFile], image_key: str) -> list[dict[str, Any]]:
                     if not ours:
                         os.unlink(path)
                         continue
-                    criu_name, parked = CRIU_PREFIX + name[len(mine):], name
+                    criu_name, parked = CRIU_PREFIX + name[len(mine) :], name
                 elif name.startswith(CRIU_PREFIX) and ours:
                     criu_name, parked = name, parked_name(image_key, name)
                     try:
@@ -210,15 +210,19 @@ def unpark(records: list[dict[str, Any]]) -> None:
             except OSError:
                 st = None
             if st is None or not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != want:
-                raise CheckpointFailed(f"cannot restore: {target} is not the file the dump "
-                                       "left there (gone or replaced): the image is unusable")
+                raise CheckpointFailed(
+                    f"cannot restore: {target} is not the file the dump "
+                    "left there (gone or replaced): the image is unusable"
+                )
             continue
         parked = os.path.join(r["dir"], r["parked"])
         try:
             st = os.lstat(parked)
             if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != want:
-                raise CheckpointFailed(f"cannot restore: {parked} is not the file the dump "
-                                       "set aside (replaced since): the image is unusable")
+                raise CheckpointFailed(
+                    f"cannot restore: {parked} is not the file the dump "
+                    "set aside (replaced since): the image is unusable"
+                )
             os.link(parked, target, follow_symlinks=False)
             st = os.lstat(target)
         except FileExistsError:

@@ -163,8 +163,10 @@ def dump_instance(
     tree = proctree.process_tree_pids(pid)
     problem = credentials_problem(tree, identity.uid)
     if problem:
-        raise CheckpointFailed(f"not dumped: {problem}; a checkpoint restores credentials, so "
-                               "only processes of the job's own user are dumped")
+        raise CheckpointFailed(
+            f"not dumped: {problem}; a checkpoint restores credentials, so "
+            "only processes of the job's own user are dumped"
+        )
     cuda = cuda_ckpt.cuda_pids(tree) if cuda_ckpt.available() else []
     if cuda:
         t0 = time.monotonic()
@@ -174,8 +176,17 @@ def dump_instance(
         writes = before_criu(tree) if before_criu is not None else None
         run_as = criu.RunAs.for_uid(identity.uid) if criu_as_user and identity.uid != 0 else None
         keep = writes is not None
-        info = dump_frozen(pid, key, images_root, identity.uid, criu_path=criu_path,
-                            keep=keep, writes=writes, run_as=run_as, freeze_tag=freeze_tag)
+        info = dump_frozen(
+            pid,
+            key,
+            images_root,
+            identity.uid,
+            criu_path=criu_path,
+            keep=keep,
+            writes=writes,
+            run_as=run_as,
+            freeze_tag=freeze_tag,
+        )
     except CheckpointFailed as e:
         if cuda and not getattr(e, "tree_kept", False):  # CRIU resumed the tree: give it
             cuda_ckpt.restore_tree(pid, pids=cuda)  # its GPU state back
@@ -183,8 +194,9 @@ def dump_instance(
         raise
     timings["criu_dump"] = info.dump_s
     try:
-        atomic_write_json(info.path / CUDA_RECORD,
-                          {"cuda_pids": cuda, "gpu_uuids": gpu_uuids or []}, mode=0o600)
+        atomic_write_json(
+            info.path / CUDA_RECORD, {"cuda_pids": cuda, "gpu_uuids": gpu_uuids or []}, mode=0o600
+        )
         t0 = time.monotonic()
         from spswap.checkpoint.images import write_meta
 
@@ -222,8 +234,9 @@ def restore_instance(
     reason = verify_before_restore(image, expected, check_integrity=check_integrity)
     if reason is None:  # what the restore would give back, read from the image itself
         problem = image_problem(image, expected.uid, user_groups(expected.uid))
-        reason = f"its processes' credentials are not the job user's: {problem}" \
-            if problem else None
+        reason = (
+            f"its processes' credentials are not the job user's: {problem}" if problem else None
+        )
     timings["verify"] = time.monotonic() - t0
     if reason is not None:
         criu.remove_image(image)
@@ -241,8 +254,7 @@ def restore_instance(
         # the peak); fine here: an image is single use and deleted below in any case
         run_as = (criu.RunAs.for_uid(expected.uid)
                   if criu_as_user and expected.uid != 0 else None)  # fmt: skip
-        pid = criu.restore(image.name, images_root, criu=criu_path, auto_dedup=True,
-                           run_as=run_as)
+        pid = criu.restore(image.name, images_root, criu=criu_path, auto_dedup=True, run_as=run_as)
         timings["criu_restore"] = time.monotonic() - t0
         timings.update(_cuda_back(pid, cuda, gpu_map))
     except BaseException as e:

@@ -111,8 +111,9 @@ def parse_reply(data: bytes) -> tuple[list[UnixSocket], bool]:
             try:
                 out.append(parse_socket(payload))
             except struct.error:
-                raise CheckpointFailed("the kernel's Unix socket list was cut short "
-                                       "(sock_diag); try again") from None
+                raise CheckpointFailed(
+                    "the kernel's Unix socket list was cut short (sock_diag); try again"
+                ) from None
         off += _align4(length)
     return out, False
 

@@ -9,6 +9,7 @@ from rich.markup import escape
 
 from spswap import __version__
 from spswap.cli import (
+    ask,
     bench,
     daemon,
     demo,
@@ -46,10 +47,10 @@ app.add_typer(node.app, name="node")
 app.add_typer(images.app, name="images")
 app.command("status")(status.status)
 app.command("demo")(demo.demo)
-app.command(
-    "serve", context_settings={"allow_extra_args": True, "ignore_unknown_options": True}
-)(serve.serve)
-app.command("ask")(serve.ask)
+app.command("serve", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
+    serve.serve
+)
+app.command("ask")(ask.ask)
 app.command("doctor")(doctor.doctor)
 app.command("events")(events.events)
 help_style.apply(app)  # --help: "[OPTIONS] MODEL", no "<bool>" after a flag

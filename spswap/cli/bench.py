@@ -50,9 +50,7 @@ def transfer(
     import torch
 
     dev = device or ("cuda:0" if torch.cuda.is_available() else "cpu")
-    with tempfile.TemporaryDirectory(
-        prefix="spswap-bench-", dir=root or _shm_or_tmp()
-    ) as scratch:
+    with tempfile.TemporaryDirectory(prefix="spswap-bench-", dir=root or _shm_or_tmp()) as scratch:
         result = bench_transfer(_sizes(sizes), device=dev, repeats=repeats, root=Path(scratch))
     emit(result, json, render_bench_transfer)
 
@@ -93,9 +91,11 @@ def _shm_or_tmp() -> str:
 @app.command("swap")
 def swap(
     models: list[Path] = typer.Argument(
-        ..., exists=True, file_okay=False,
+        ...,
+        exists=True,
+        file_okay=False,
         help="Model directories (config.json + safetensors), e.g. written by "
-             "scripts/gpu/make_models.py.",
+        "scripts/gpu/make_models.py.",
     ),
     pool_dir: Path = typer.Option(
         Path("/dev/shm/spswap-bench/pool"), help="Scratch pool for the exported weights."
@@ -105,7 +105,9 @@ def swap(
         0.4, min=0.01, max=1.0, help="Fraction of the GPU each engine may use."
     ),
     kv_cache_gib: float = typer.Option(
-        None, min=0.01, help="The KV cache's size in GiB (default: what "
+        None,
+        min=0.01,
+        help="The KV cache's size in GiB (default: what "
         "--gpu-memory-utilization leaves). Every swap path hands it back to the driver "
         "and gets it again, so it is part of every figure.",
     ),
@@ -134,34 +136,50 @@ DEFAULT_TURN_PRESETS = "tiny@1,small@2,small@3"
 @app.command("turns")
 def turns(
     models: list[Path] = typer.Argument(
-        None, exists=True, file_okay=False,
+        None,
+        exists=True,
+        file_okay=False,
         help="Model directories, one job each (default: reference models made from "
-             "--presets in the work directory).",
+        "--presets in the work directory).",
     ),
     presets: str = typer.Option(
-        DEFAULT_TURN_PRESETS, help="Reference models to make when no MODELS are given: "
+        DEFAULT_TURN_PRESETS,
+        help="Reference models to make when no MODELS are given: "
         "PRESET@SEED,... (presets: tiny, small, 1g, 4g).",
     ),
-    rounds: int = typer.Option(3, min=1, help="Rounds of turns after the cold starts; "
-                               "each model takes one turn per round."),
+    rounds: int = typer.Option(
+        3, min=1, help="Rounds of turns after the cold starts; each model takes one turn per round."
+    ),
     engine: str = typer.Option("reference", help="reference (CPU or GPU) or vllm."),
-    partition: str = typer.Option("low", help="The partition the jobs run in (one device "
-                                  "on one node: the jobs must not fit side by side)."),
-    gpus: int = typer.Option(1, min=1, help="GPUs per job (--gres=gpu:N); every job must "
-                             "need the same device for the models to take turns."),
+    partition: str = typer.Option(
+        "low",
+        help="The partition the jobs run in (one device "
+        "on one node: the jobs must not fit side by side).",
+    ),
+    gpus: int = typer.Option(
+        1,
+        min=1,
+        help="GPUs per job (--gres=gpu:N); every job must "
+        "need the same device for the models to take turns.",
+    ),
     work_dir: Path = typer.Option(
-        None, help="Where the job scripts, logs and state directories go (default: "
+        None,
+        help="Where the job scripts, logs and state directories go (default: "
         "./spswap-turns-<time>); it must outlive the jobs.",
     ),
     max_new_tokens: int = typer.Option(16, min=1, max=4096, help="Greedy tokens per answer."),
     kv_cache_gib: float = typer.Option(
-        None, min=0.01, help="vLLM: the KV cache's size in GiB (spswap serve --kv-cache-gib).",
+        None,
+        min=0.01,
+        help="vLLM: the KV cache's size in GiB (spswap serve --kv-cache-gib).",
     ),
     vllm_args: str = typer.Option(
-        "", help="vLLM's own options for every job, e.g. '--max-model-len 2048'.",
+        "",
+        help="vLLM's own options for every job, e.g. '--max-model-len 2048'.",
     ),
-    turn_timeout_s: float = typer.Option(600.0, min=1.0, help="How long one turn may take "
-                                         "before the bench gives up."),
+    turn_timeout_s: float = typer.Option(
+        600.0, min=1.0, help="How long one turn may take before the bench gives up."
+    ),
     time_limit: str = typer.Option("01:00:00", help="Each job's --time."),
     out: Path = typer.Option(None, help="Also write the JSON report to this file."),
     root: Path | None = RootOpt,
@@ -241,18 +259,25 @@ def _floats(text: str, flag: str) -> tuple[float, ...]:
 
 @app.command("traffic")
 def traffic(
-    model_counts: str = typer.Option("2,4,6", help="Comma-separated numbers of models served "
-                                     "at once on one device."),
-    rates: str = typer.Option("30,60", help="Comma-separated request rates (per minute, all "
-                              "models together; Poisson arrivals)."),
+    model_counts: str = typer.Option(
+        "2,4,6", help="Comma-separated numbers of models served at once on one device."
+    ),
+    rates: str = typer.Option(
+        "30,60",
+        help="Comma-separated request rates (per minute, all models together; Poisson arrivals).",
+    ),
     duration_s: float = typer.Option(30.0, min=0.1, help="Seconds of traffic per rate."),
     max_new_tokens: int = typer.Option(8, min=1, help="Greedy tokens per answer."),
     p95_target_s: float = typer.Option(2.0, min=0.0, help="The p95 latency a rate must meet."),
     units: int = typer.Option(2, help="Quarter units per awake model (2: two awake)."),
-    preset: str = typer.Option("tiny", help="Reference models made for the run (seeds "
-                               "differ) when no --models are given."),
-    models: list[Path] = typer.Option(None, "--models", help="Model directories to serve "
-                                      "instead (repeat the flag; the first N are used)."),
+    preset: str = typer.Option(
+        "tiny", help="Reference models made for the run (seeds differ) when no --models are given."
+    ),
+    models: list[Path] = typer.Option(
+        None,
+        "--models",
+        help="Model directories to serve instead (repeat the flag; the first N are used).",
+    ),
     check: bool = typer.Option(True, help="Compare every answer with the model's cold answer."),
     root: Path = RootOpt,
     json: bool = JsonOpt,
@@ -270,5 +295,8 @@ def traffic(
                           p95_target_s=p95_target_s, units_per_model=units, preset=preset,
                           models=tuple(models or ()), check=check)  # fmt: skip
     result = bench_traffic(load_config(root), opts)
-    emit({k: v for k, v in result.items() if k != "metrics"}, json,
-         lambda r: render([RateRow(**row) for row in r["rows"]], r["p95_target_s"]))
+    emit(
+        {k: v for k, v in result.items() if k != "metrics"},
+        json,
+        lambda r: render([RateRow(**row) for row in r["rows"]], r["p95_target_s"]),
+    )

@@ -20,8 +20,9 @@ def demo(
         None, help="Device to serve on, e.g. cpu or cuda:0 (default: the GPU when present)."
     ),
     root: Path = typer.Option(
-        None, help="Where the temporary node (models, spswapd's root, pool, images) goes "
-        "(default: /dev/shm)."
+        None,
+        help="Where the temporary node (models, spswapd's root, pool, images) goes "
+        "(default: /dev/shm).",
     ),
     json: bool = JsonOpt,
 ) -> None:

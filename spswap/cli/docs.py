@@ -1,6 +1,6 @@
 """Generate docs/cli.md from the command tree, so the reference never drifts from --help.
 
-    python -m spswap.cli.docs --write     # regenerate docs/cli.md
+python -m spswap.cli.docs --write     # regenerate docs/cli.md
 """
 
 from __future__ import annotations

@@ -79,9 +79,7 @@ def import_(
     _report_import(pool, manifest, seconds, reused, json_out)
 
 
-def _report_import(
-    pool: Pool, m: Manifest, seconds: float, reused: bool, json_out: bool
-) -> None:
+def _report_import(pool: Pool, m: Manifest, seconds: float, reused: bool, json_out: bool) -> None:
     out = {
         "name": m.name, "digest": m.digest, "path": str(pool.entry_dir(m.digest)),
         "data_size_bytes": m.data_size_bytes, "tensor_count": len(m.tensors),

@@ -16,75 +16,101 @@ from spswap.errors import SpswapError
 def serve(
     ctx: typer.Context,
     model: Path = typer.Argument(
-        ..., exists=True, file_okay=False, resolve_path=True,
+        ...,
+        exists=True,
+        file_okay=False,
+        resolve_path=True,
         help="The model's directory: for the reference engine one `spswap models make` "
-             "wrote; for --engine vllm a Hugging Face-style one (config.json + *.safetensors).",
+        "wrote; for --engine vllm a Hugging Face-style one (config.json + *.safetensors).",
     ),
     state_dir: Path = typer.Option(
-        None, "--state-dir",
+        None,
+        "--state-dir",
         help="Where unanswered requests are kept across preemption and requeue "
-             "(default: ./.spswap/$SLURM_JOB_ID in the job's working directory).",
+        "(default: ./.spswap/$SLURM_JOB_ID in the job's working directory).",
     ),
     engine: str = typer.Option(
-        "reference", help="Engine: reference (token-id requests from the spool and --socket) "
+        "reference",
+        help="Engine: reference (token-id requests from the spool and --socket) "
         "or vllm (vLLM's OpenAI server on a private Unix socket; vLLM's own options go after "
         "--).",
     ),
     gpu_memory_utilization: float = typer.Option(
-        None, help="(vllm) Fraction of the GPU the server may use (weights + KV cache); "
+        None,
+        help="(vllm) Fraction of the GPU the server may use (weights + KV cache); "
         "default: 0.9 of the reserved units' share (--units 2: 0.45).",
     ),
     kv_cache_gib: float = typer.Option(
-        None, min=0.01, help="(vllm) The KV cache's size in GiB, instead of what "
+        None,
+        min=0.01,
+        help="(vllm) The KV cache's size in GiB, instead of what "
         "--gpu-memory-utilization leaves: a KV cache sized to the job's need makes every "
         "swap faster (the driver clears the freed KV cache at each sleep).",
     ),
     max_model_len: int = typer.Option(4096, help="(vllm) Longest prompt + answer, tokens."),
     eager: bool = typer.Option(
-        True, help="(vllm) No CUDA graphs or compilation: the fastest start (--no-eager for "
-        "peak throughput)."
+        True,
+        help="(vllm) No CUDA graphs or compilation: the fastest start (--no-eager for "
+        "peak throughput).",
     ),
     port: int = typer.Option(
-        None, help="(vllm) Also serve the OpenAI API on this TCP port (0: any free one), "
+        None,
+        help="(vllm) Also serve the OpenAI API on this TCP port (0: any free one), "
         "every request authenticated with the key in STATE_DIR/api_key; off by default "
         "(the API is on the private Unix socket only).",
     ),
     host: str = typer.Option("127.0.0.1", help="(vllm) Address for --port."),
     drain_s: float = typer.Option(
-        5.0, help="At a stop: seconds the requests already running get to finish (no new "
+        5.0,
+        help="At a stop: seconds the requests already running get to finish (no new "
         "ones are taken) before the rest are stopped and saved for the next run. Keep it, "
         "plus the dump, within the partition's GraceTime.",
     ),
     launcher: str = typer.Option(
-        None, help="(vllm) The command that runs vLLM's OpenAI server module, e.g. a "
+        None,
+        help="(vllm) The command that runs vLLM's OpenAI server module, e.g. a "
         "container: 'apptainer exec --nv vllm.sif python3 -m "
         "vllm.entrypoints.openai.api_server' (default: this Python, -m that module).",
     ),
     device: str = typer.Option(None, help="cpu, cuda or cuda:N (default: cuda when present)."),
     units: int = typer.Option(
-        None, help="Quarter-GPU units to reserve on the job's GPU: 1, 2 or 4 (default 4); "
+        None,
+        help="Quarter-GPU units to reserve on the job's GPU: 1, 2 or 4 (default 4); "
         "with --models: units per awake model (default 2: two awake at half a GPU each).",
     ),
     models: bool = typer.Option(
-        False, "--models", help="Serve several models in one job: MODEL and every directory "
+        False,
+        "--models",
+        help="Serve several models in one job: MODEL and every directory "
         "after it (`spswap serve --models A B C`), one OpenAI endpoint on --socket (default "
         "auto) routing by the request's \"model\" (the directory's name), as many awake as "
         "--units allows, the rest asleep and woken on demand.",
     ),
     awake: int = typer.Option(None, min=1, help="(--models) At most this many models awake."),
     idle_timeout_s: float = typer.Option(
-        None, min=0.0, help="(--models) Put a model to sleep after this many seconds "
-        "without a request (default: never)."),
+        None,
+        min=0.0,
+        help="(--models) Put a model to sleep after this many seconds "
+        "without a request (default: never).",
+    ),
     latency_target_s: float = typer.Option(
-        None, min=0.0, help="(--models) Refuse at start a set of models that cannot meet "
-        "this latency (models <= awake + target / swap seconds)."),
+        None,
+        min=0.0,
+        help="(--models) Refuse at start a set of models that cannot meet "
+        "this latency (models <= awake + target / swap seconds).",
+    ),
     swap_s: float = typer.Option(
-        None, min=0.0, help="(--models) The swap time the budget assumes (default: one "
-        "sleep + wake measured at start)."),
+        None,
+        min=0.0,
+        help="(--models) The swap time the budget assumes (default: one "
+        "sleep + wake measured at start).",
+    ),
     slot_timeout_s: float = typer.Option(600.0, help="How long to wait for the GPU slot."),
     requests: Path = typer.Option(
-        None, exists=True, dir_okay=False,
-        help="JSON-lines requests to enqueue once ({\"id\", \"prompt_ids\", \"max_new_tokens\"}).",
+        None,
+        exists=True,
+        dir_okay=False,
+        help='JSON-lines requests to enqueue once ({"id", "prompt_ids", "max_new_tokens"}).',
     ),
     exit_when_idle: bool = typer.Option(
         False, help="Exit once every request is answered (batch jobs)."
@@ -93,17 +119,19 @@ def serve(
         True, help="On USR1, ask Slurm to requeue this job after saving its state."
     ),
     checkpoint: bool = typer.Option(
-        True, help="On a stop, have the node daemon checkpoint this process (CUDA checkpoint "
+        True,
+        help="On a stop, have the node daemon checkpoint this process (CUDA checkpoint "
         "+ CRIU) so the requeued run restores it instead of starting again; needs a Slurm "
         "job and a running spswapd; off otherwise (with a warning when spswapd is not "
         "running).",
     ),
     socket: Path = typer.Option(
-        None, "--socket",
+        None,
+        "--socket",
         help="Also answer requests on this Unix socket (mode 0600; `spswap ask`); default: "
-             "none. `auto`: $XDG_RUNTIME_DIR/serve-$SLURM_JOB_ID.sock when that is a "
-             "directory of yours on the node, else STATE_DIR/sock/serve.sock (or "
-             "/tmp/spswap-$UID/ when that path is too long for a socket).",
+        "none. `auto`: $XDG_RUNTIME_DIR/serve-$SLURM_JOB_ID.sock when that is a "
+        "directory of yours on the node, else STATE_DIR/sock/serve.sock (or "
+        "/tmp/spswap-$UID/ when that path is too long for a socket).",
     ),
     root: Path = RootOpt,
     json: bool = typer.Option(False, "--json", help="Print a JSON summary when the run ends."),
@@ -190,6 +218,7 @@ def serve(
     from spswap.serve.factory import make_engine
 
     checkpointer = _checkpointer(cfg, job.job_id) if checkpoint and job is not None else None
+
     def factory(o: Any) -> Any:
         if may_restore:  # no restore after all: check the model, then start the engine
             check_servable(engine, model)
@@ -342,53 +371,3 @@ def _requeue(job_id: str) -> None:
     except SpswapError as e:
         # Preemption requeues the job by itself; a refused second request changes nothing.
         err_console.print(f"spswap serve: requeue request refused ({e})", markup=False)
-
-
-def ask(
-    prompt_ids: str = typer.Argument(..., help="Token ids of the prompt, e.g. 1,2,3."),
-    socket: Path = typer.Option(None, "--socket", help="The socket `spswap serve` listens on "
-                                "(on the job's node; from elsewhere use --job)."),
-    job_id: str = typer.Option(None, "--job", help="The serving job's id: the request goes "
-                               "to its state directory's spool (WORKDIR/.spswap/JOB, as the "
-                               "templates set it), from the login node or another job."),
-    state_dir: Path = typer.Option(None, "--state-dir", help="The serving job's state "
-                                   "directory, when it is not WORKDIR/.spswap/JOB."),
-    max_new_tokens: int = typer.Option(16, help="Tokens to generate (greedy)."),
-    request_id: str = typer.Option(None, "--id", help="Request id (default: a new one); "
-                                   "asking again with the same id returns the saved answer."),
-    timeout_s: float = typer.Option(600.0, help="How long to wait for the answer."),
-    json: bool = typer.Option(False, "--json", help="Print the whole answer as JSON."),
-) -> None:
-    """Send one generation request to a serving job and print the answer's token ids.
-
-    With --socket, on the job's node; with --job (or --state-dir), anywhere the job's
-    state directory is seen (a shared file system): the request is written to the job's
-    spool and its answer read from there. If the server is stopped meanwhile
-    (preemption), the request is kept and answered by the job's next run: ask again with
-    the same --id to get it.
-    """
-    from spswap.serve.front import ask as send
-
-    try:
-        ids = [int(x) for x in prompt_ids.split(",") if x.strip()]
-    except ValueError:
-        raise typer.BadParameter("prompt ids must be integers, e.g. 1,2,3") from None
-    req: dict[str, Any] = {"prompt_ids": ids, "max_new_tokens": max_new_tokens}
-    if request_id:
-        req["id"] = request_id
-    if sum(x is not None for x in (socket, job_id, state_dir)) != 1:
-        raise typer.BadParameter("give one of --socket, --job or --state-dir")
-    if socket is not None:
-        answer = send(socket, req, timeout_s=timeout_s)
-    else:
-        from spswap.serve.spool_ask import ask_spool, job_state_dir
-
-        answer = ask_spool(state_dir or job_state_dir(job_id), req, timeout_s=timeout_s)
-    if json:
-        emit_json(answer)
-    elif answer.get("ok"):
-        print(",".join(map(str, answer["output_ids"])))
-    elif answer.get("saved"):
-        raise SpswapError(f"{answer.get('error')}: ask again later with --id {answer.get('id')}")
-    else:
-        raise SpswapError(str(answer.get("error")))

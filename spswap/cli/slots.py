@@ -106,8 +106,7 @@ def reserve(
     pid: int | None = typer.Option(
         None,
         "--pid",
-        help="Process whose life keeps the reservation (root only); default: the calling "
-        "shell.",
+        help="Process whose life keeps the reservation (root only); default: the calling shell.",
     ),  # fmt: skip
     job_id: str | None = typer.Option(
         None,
@@ -143,8 +142,15 @@ def reserve(
                 "your job (e.g. `srun --jobid=JOB --overlap spswap slots reserve ...`) or "
                 "give --job-id JOB of a running job of yours"
             )
-        r = reserve_slot(cfg, model=model, units=units, whole_gpus=whole_gpus,
-                         allowed_gpus=gpu or None, job_id=job_id or None, timeout_s=wait_s)
+        r = reserve_slot(
+            cfg,
+            model=model,
+            units=units,
+            whole_gpus=whole_gpus,
+            allowed_gpus=gpu or None,
+            job_id=job_id or None,
+            timeout_s=wait_s,
+        )
     if json_out:
         emit_json(r.to_json())
     else:

@@ -72,8 +72,10 @@ class Budget:
         with self._lock:
             if uid != 0:
                 if self._conns.get(uid, 0) >= MAX_CONNECTIONS_PER_UID:
-                    return (f"uid {uid} has {MAX_CONNECTIONS_PER_UID} connections to spswapd "
-                            "open already; close some (or wait for them to end) and try again")
+                    return (
+                        f"uid {uid} has {MAX_CONNECTIONS_PER_UID} connections to spswapd "
+                        "open already; close some (or wait for them to end) and try again"
+                    )
                 if why := self._over(uid, 1):
                     return why
                 self._fds[uid] = self._fds.get(uid, 0) + 1
@@ -115,18 +117,22 @@ class Budget:
 
     def over_message(self, uid: int) -> str:
         """What a client over its share is told."""
-        return (f"uid {uid} is at its share of spswapd's descriptors (at most {self.per_uid} "
-                "per user: connections, and files passed with requests not yet complete), so "
-                "this request was not read; end or close your other connections to spswapd "
-                "and try again")
+        return (
+            f"uid {uid} is at its share of spswapd's descriptors (at most {self.per_uid} "
+            "per user: connections, and files passed with requests not yet complete), so "
+            "this request was not read; end or close your other connections to spswapd "
+            "and try again"
+        )
 
     def _over(self, uid: int, n: int) -> str | None:
         if self._fds.get(uid, 0) + n > self.per_uid:
             return self.over_message(uid)
         if self._users_total + n > self.all_users:
-            return ("spswapd holds all the descriptors it lets users hold "
-                    f"({self.all_users}); try again in a moment, or ask the node's admin to "
-                    "raise LimitNOFILE= in spswapd.service")
+            return (
+                "spswapd holds all the descriptors it lets users hold "
+                f"({self.all_users}); try again in a moment, or ask the node's admin to "
+                "raise LimitNOFILE= in spswapd.service"
+            )
         return None
 
     def _release(self, uid: int, n: int) -> None:

@@ -124,8 +124,10 @@ class _LeaveJob:
             return ""
         if tree_kept:
             self.parking.kill_all()
-            return "; the instance, left without its GPU state, was ended (its saved " \
+            return (
+                "; the instance, left without its GPU state, was ended (its saved "
                 "requests are kept)"
+            )
         if self.early:
             self.parking.kill_all()
             return ("; the job had been requeued while the dump ran, so the instance was "
@@ -155,8 +157,11 @@ class _LeaveJob:
         (CRIU's post-dump step froze it) and record it; False (:meth:`close` then ends it,
         the image stays) when it is gone or not frozen: it must not run outside a job."""
         if not pid_alive(pid, pid_start) or not self.parking.freeze():
-            self._event("checkpoint.not_kept", pid=pid,
-                        reason="the dumped instance could not be frozen where it waits")
+            self._event(
+                "checkpoint.not_kept",
+                pid=pid,
+                reason="the dumped instance could not be frozen where it waits",
+            )
             return False
         kept = Kept(self.job_id, pid, pid_start, self.parking, key, time.time())
         self.st.kept.add(kept)

@@ -107,8 +107,11 @@ def no_image_reason(job_id: str, status: dict[str, Any]) -> str:
     if state == "dumping":
         return f"job {job_id}'s dump has not finished: cold start"
     why = status.get("reason")
-    return f"job {job_id} has no saved image (dump {state}" + (f": {why}" if why else "") + \
-        "): cold start"
+    return (
+        f"job {job_id} has no saved image (dump {state}"
+        + (f": {why}" if why else "")
+        + "): cold start"
+    )
 
 
 def op_checkpoint_status(ctx: Context, args: dict[str, Any]) -> Any:

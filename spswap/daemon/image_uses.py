@@ -73,8 +73,11 @@ def _drop_images_needing(st: DaemonState, by_digest: dict[str, str], digest: str
             for job_id in st.kept.jobs_of_image(key):
                 st.kept.end(job_id, "its image was dropped", image_key=key)
             remove_image(st.cfg.paths.images / key)
-            st.event("image.dropped", image=key,
-                     reason=f"its pool entry {digest[:12]} is gone: it cannot be restored")
+            st.event(
+                "image.dropped",
+                image=key,
+                reason=f"its pool entry {digest[:12]} is gone: it cannot be restored",
+            )
 
 
 def sync_quietly(st: DaemonState) -> None:

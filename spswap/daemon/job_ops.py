@@ -144,11 +144,12 @@ def op_job_end(ctx: Context, args: dict[str, Any]) -> Any:
 
 
 def _job_fate(st: DaemonState, job_id: str, requeued: bool | None) -> str:
-    """"back", "gone" or "unknown"; asks Slurm only when the job has images to decide on."""
+    """ "back", "gone" or "unknown"; asks Slurm only when the job has images to decide on."""
     from spswap.checkpoint.service import images_of_job, temp_dirs
 
-    if not images_of_job(st.cfg.paths.images, job_id) and not temp_dirs(st.cfg.paths.images,
-                                                                          job_id):
+    if not images_of_job(st.cfg.paths.images, job_id) and not temp_dirs(
+        st.cfg.paths.images, job_id
+    ):
         return job_fate(None, requeued)
     info, _ = st.ask_slurm(job_id)
     return job_fate(info.state if info is not None else None, requeued)

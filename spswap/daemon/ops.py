@@ -25,22 +25,24 @@ from spswap.daemon.state import Context
 Handler = Callable[[Context, dict[str, Any]], Any]
 
 # read-only: nothing adds an op after this module is loaded
-HANDLERS: Mapping[str, Handler] = MappingProxyType({
-    "ping": info_ops.op_ping,
-    "status": info_ops.op_status,
-    "slots.list": slot_ops.op_slots_list,
-    "slots.release": slot_ops.op_slots_release,
-    "slots.reserve": slot_ops.op_slots_reserve,
-    "pool.use": pool_ops.op_pool_use,
-    "pool.unuse": pool_ops.op_pool_unuse,
-    "pool.import": pool_ops.op_pool_import,
-    "job.register": job_ops.op_job_register,
-    "job.end": job_ops.op_job_end,
-    "jobs.list": info_ops.op_jobs_list,
-    "events.tail": info_ops.op_events_tail,
-    "checkpoint": ckpt_dump.op_checkpoint,
-    "restore": ckpt_restore.op_restore,
-    "checkpoint.status": ckpt_status.op_checkpoint_status,
-    "instance.put": instance_ops.op_instance_put,
-    "instance.remove": instance_ops.op_instance_remove,
-})
+HANDLERS: Mapping[str, Handler] = MappingProxyType(
+    {
+        "ping": info_ops.op_ping,
+        "status": info_ops.op_status,
+        "slots.list": slot_ops.op_slots_list,
+        "slots.release": slot_ops.op_slots_release,
+        "slots.reserve": slot_ops.op_slots_reserve,
+        "pool.use": pool_ops.op_pool_use,
+        "pool.unuse": pool_ops.op_pool_unuse,
+        "pool.import": pool_ops.op_pool_import,
+        "job.register": job_ops.op_job_register,
+        "job.end": job_ops.op_job_end,
+        "jobs.list": info_ops.op_jobs_list,
+        "events.tail": info_ops.op_events_tail,
+        "checkpoint": ckpt_dump.op_checkpoint,
+        "restore": ckpt_restore.op_restore,
+        "checkpoint.status": ckpt_status.op_checkpoint_status,
+        "instance.put": instance_ops.op_instance_put,
+        "instance.remove": instance_ops.op_instance_remove,
+    }
+)

@@ -33,8 +33,10 @@ FD_OPS = frozenset({"pool.import"})
 # Keeping the table here (not in the server) lets the client reject a bad call before it
 # reaches the socket, and keeps the server's dispatch and the protocol in one place.
 ArgSpec = dict[str, tuple[str, bool]]
-_IDENTITY: ArgSpec = {k: ("str", True) for k in (
-    "engine", "engine_version", "torch", "python", "model_digest", "config_hash")}
+_IDENTITY: ArgSpec = {
+    k: ("str", True)
+    for k in ("engine", "engine_version", "torch", "python", "model_digest", "config_hash")
+}
 OPS: dict[str, ArgSpec] = {
     "ping": {},
     "status": {},
@@ -54,8 +56,11 @@ OPS: dict[str, ArgSpec] = {
     "pool.unuse": {"ref": ("str", True)},
     # "files": the checkpoint-relative name of each attached file descriptor, in order.
     # "identity": an engine's weight layout (e.g. vLLM's); the daemon adds owner_uid.
-    "pool.import": {"files": ("str_list", True), "name": ("str", False),
-                    "identity": ("flat_dict", False)},
+    "pool.import": {
+        "files": ("str_list", True),
+        "name": ("str", False),
+        "identity": ("flat_dict", False),
+    },
     "job.register": {
         "job_id": ("str", True),
         "uid": ("int", True),
@@ -69,8 +74,12 @@ OPS: dict[str, ArgSpec] = {
     "events.tail": {"n": ("int", False)},
     # The instance names its engine, versions, model and config; the daemon adds the uid,
     # driver, GPU model and CRIU version itself.
-    "checkpoint": {"job_id": ("str", True), "pid": ("int", False), "requeue": ("bool", False),
-                   **_IDENTITY},
+    "checkpoint": {
+        "job_id": ("str", True),
+        "pid": ("int", False),
+        "requeue": ("bool", False),
+        **_IDENTITY,
+    },
     "restore": {"job_id": ("str", True), "restart_count": ("int", False), **_IDENTITY},
     "checkpoint.status": {"job_id": ("str", True)},
     # a serving process's own record for `spswap status`; the daemon sets its uid and pid
@@ -155,9 +164,13 @@ def _kind_ok(kind: str, value: Any) -> bool:
             isinstance(v, int) and not isinstance(v, bool) for v in value
         )
     if kind == "flat_dict":  # a few plain key -> scalar pairs, no nesting
-        return isinstance(value, dict) and len(value) <= MAX_FLAT_DICT_KEYS and all(
-            isinstance(k, str) and (v is None or isinstance(v, (str, int, float, bool)))
-            for k, v in value.items()
+        return (
+            isinstance(value, dict)
+            and len(value) <= MAX_FLAT_DICT_KEYS
+            and all(
+                isinstance(k, str) and (v is None or isinstance(v, (str, int, float, bool)))
+                for k, v in value.items()
+            )
         )
     raise AssertionError(f"unknown arg kind {kind}")
 
@@ -194,8 +207,11 @@ def decode_request(line: bytes) -> Request:
 
 def decode_response(line: bytes) -> dict[str, Any]:
     """Parse one response line; checks its shape, not its result."""
-    obj = _parse_line(line, MAX_RESPONSE_BYTES, "this is not an answer spswapd sends; "
-                      "check that SPSWAP_ROOT's socket belongs to spswapd")
+    obj = _parse_line(
+        line,
+        MAX_RESPONSE_BYTES,
+        "this is not an answer spswapd sends; check that SPSWAP_ROOT's socket belongs to spswapd",
+    )
     if obj.get("ok") is True and "result" in obj:
         return obj
     err = obj.get("error")

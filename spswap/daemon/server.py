@@ -261,8 +261,13 @@ class Server:
                 buf = bytearray()
                 while True:
                     try:
-                        line = read_line(conn, buf, fds, grant=grant,
-                                         deadline=time.monotonic() + self.read_timeout_s)
+                        line = read_line(
+                            conn,
+                            buf,
+                            fds,
+                            grant=grant,
+                            deadline=time.monotonic() + self.read_timeout_s,
+                        )
                     except OverBudget:
                         self._refuse(conn, budget.over_message(peer.uid))
                         return

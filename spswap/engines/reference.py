@@ -219,8 +219,10 @@ class ReferenceEngine:
                     f"max_seq_len {c.max_seq_len}; shorten it or use a larger config"
                 )
             if min(prompt) < 0 or max(prompt) >= c.vocab_size:
-                raise RequestRejected(f"token ids must lie in [0, {c.vocab_size}) for this "
-                                      f"model; got {_brief(prompt)}")
+                raise RequestRejected(
+                    f"token ids must lie in [0, {c.vocab_size}) for this "
+                    f"model; got {_brief(prompt)}"
+                )
         # Prompts of one length run as one batch: no padding, so no mask subtleties.
         by_len: dict[int, list[int]] = {}
         for i, prompt in enumerate(prompt_ids):

@@ -39,6 +39,8 @@ from spswap.instance.state import Instance, Primitive, State
 
 ENGINE_KIND = "vllm"
 WORKER_EXTENSION = "spswap.engines.vllm_worker.SpswapWorkerExtension"
+
+
 def available() -> bool:
     """Whether vLLM can be imported here (it is not on CPU-only machines)."""
     import importlib.util

@@ -41,8 +41,10 @@ def weights_fingerprint(model_dir: Path) -> str:
         st = f.stat()
         # size and mtime alone repeat across checkpoints of one model whose times were
         # preserved (tar, rsync -a): the inode and its change time tell them apart
-        h.update(f"{f.name}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_dev}\0{st.st_ino}\0"
-                 f"{st.st_ctime_ns}\n".encode())
+        h.update(
+            f"{f.name}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_dev}\0{st.st_ino}\0"
+            f"{st.st_ctime_ns}\n".encode()
+        )
     return h.hexdigest()
 
 

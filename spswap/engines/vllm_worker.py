@@ -137,8 +137,11 @@ class SpswapWorkerExtension:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         os.close(fd)
         save_file(host, path)
-        return {"path": path, "tensors": len(host),
-                "size_bytes": sum(t.numel() * t.element_size() for t in host.values())}
+        return {
+            "path": path,
+            "tensors": len(host),
+            "size_bytes": sum(t.numel() * t.element_size() for t in host.values()),
+        }
 
     def spswap_attach(self, pool_dir: str, ref: str, hold: bool = True) -> dict[str, Any]:
         """Map pool entry ``ref`` read-only, mark it in use by this worker (``hold``; a
@@ -283,9 +286,12 @@ class SpswapWorkerExtension:
         out = {
             "live_gb_s": best(lambda: copy_into(mapping, weights)),
             "live_staged_gb_s": best(
-                lambda: copy_into(mapping, weights, staging_bytes=STAGING_BYTES)),
-            **{f"live_pull{f:g}_gb_s": best(lambda f=f: copy_into(mapping, weights, pull=f))
-               for f in (1.0, 0.7, 0.5, 0.3)},
+                lambda: copy_into(mapping, weights, staging_bytes=STAGING_BYTES)
+            ),
+            **{
+                f"live_pull{f:g}_gb_s": best(lambda f=f: copy_into(mapping, weights, pull=f))
+                for f in (1.0, 0.7, 0.5, 0.3)
+            },
             "fresh_gb_s": best(lambda: copy_into(mapping, fresh)),
             "flat_gb_s": best(lambda: flat.copy_(mapping.tensors_base(), non_blocking=True)),
             "src_pinned": [bool(t.is_pinned()) for t in list(srcs.values())[:3]],
@@ -344,8 +350,10 @@ class SpswapWorkerExtension:
             for t in weights.values():
                 t.zero_()
         else:
-            raise EngineError(f"unknown variant {variant!r}: direct, direct-touched, staged, "
-                              "staged-kept, pull or memset")
+            raise EngineError(
+                f"unknown variant {variant!r}: direct, direct-touched, staged, "
+                "staged-kept, pull or memset"
+            )
         sync()
         seconds = time.perf_counter() - t0
         size = sum(t.size_bytes for t in mapping.manifest.tensors)

@@ -102,8 +102,10 @@ class _Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         length = self.headers.get("content-length", "0")
         if not length.isdigit() or int(length) > MAX_BODY_BYTES:
-            self._error(413 if length.isdigit() else 400,
-                        f"give a Content-Length of at most {MAX_BODY_BYTES} bytes")
+            self._error(
+                413 if length.isdigit() else 400,
+                f"give a Content-Length of at most {MAX_BODY_BYTES} bytes",
+            )
             return
         body = self.rfile.read(int(length))
         if path != "/v1/completions":
@@ -172,8 +174,9 @@ def request(path: Path, method: str, target: str, body: dict[str, Any] | None = 
     conn = _UnixConnection(path, timeout_s)
     try:
         data = json.dumps(body).encode() if body is not None else None
-        conn.request(method, target, body=data,
-                     headers={"content-type": "application/json"} if data else {})
+        conn.request(
+            method, target, body=data, headers={"content-type": "application/json"} if data else {}
+        )
         resp = conn.getresponse()
         return resp.status, resp.read()
     finally:

@@ -116,8 +116,11 @@ class Placement:
         """Awake, not answering, and unused for ``idle_timeout_s``: to be put to sleep."""
         if idle_timeout_s is None:
             return []
-        return [n for n in self.awake()
-                if n not in self.busy and now_s - self.last_used_s[n] >= idle_timeout_s]
+        return [
+            n
+            for n in self.awake()
+            if n not in self.busy and now_s - self.last_used_s[n] >= idle_timeout_s
+        ]
 
     def begin_swap(self, name: str, plan: WakePlan, now_s: float) -> None:
         """``plan`` is being carried out for ``name``: the victims count as asleep (a

@@ -50,7 +50,8 @@ class Router:
         self.procs: dict[str, ModelProc] = {}
         self.metrics = {n: ModelMetrics() for n in self.specs}
         self.queues: dict[str, queue.Queue[tuple[Ask, Future[dict[str, Any]]] | None]] = {
-            n: queue.Queue() for n in self.specs}
+            n: queue.Queue() for n in self.specs
+        }
         self._cond = threading.Condition()
         self._swap_lock = threading.Lock()
         self._stop = threading.Event()
@@ -143,8 +144,9 @@ class Router:
             try:
                 fut.set_result(self._answer(name, ask))
             except Exception as e:  # noqa: BLE001 - a request never ends the router
-                self.metrics[name].requests["error"] = self.metrics[name].requests.get(
-                    "error", 0) + 1
+                self.metrics[name].requests["error"] = (
+                    self.metrics[name].requests.get("error", 0) + 1
+                )
                 fut.set_exception(e)
 
     def _answer(self, name: str, ask: Ask) -> dict[str, Any]:

@@ -78,8 +78,10 @@ def start_router(cfg: Config, opts: MultiOptions, *, job_id: str | None = None,
         if refusal is not None:
             router.close()
             raise ConfigError(refusal)
-        log(f"spswap serve: swap budget met ({len(specs)} models, {slots} awake, "
-            f"swap {swap_s:.3f} s, target {opts.latency_target_s:g} s)")
+        log(
+            f"spswap serve: swap budget met ({len(specs)} models, {slots} awake, "
+            f"swap {swap_s:.3f} s, target {opts.latency_target_s:g} s)"
+        )
     return router
 
 
@@ -122,20 +124,27 @@ def _serve_reserved(cfg: Config, opts: MultiOptions, signals: Any, *, job_id: st
     front = None
     try:
         api.start()
-        log(f"spswap serve: {len(router.specs)} models on {opts.socket_path} "
-            f"({router.placement.slots} awake at once)")
+        log(
+            f"spswap serve: {len(router.specs)} models on {opts.socket_path} "
+            f"({router.placement.slots} awake at once)"
+        )
         if opts.port is not None:
             from spswap.serve.http_front import HttpFront, new_key
 
             key = new_key(opts.state_dir / "api_key")
             front = HttpFront(opts.socket_path, key, opts.host, opts.port)
-            log(f"spswap serve: also on {opts.host}:{front.start()} with the key in "
-                f"{opts.state_dir / 'api_key'}")
+            log(
+                f"spswap serve: also on {opts.host}:{front.start()} with the key in "
+                f"{opts.state_dir / 'api_key'}"
+            )
         signals.stop_event.wait()
     finally:
         if front is not None:
             front.stop()
         api.stop()
         router.close()
-    return {"models": list(router.specs), "stopped_by": signals.stop_signal,
-            "metrics": router.metrics_text()}
+    return {
+        "models": list(router.specs),
+        "stopped_by": signals.stop_signal,
+        "metrics": router.metrics_text(),
+    }

@@ -100,4 +100,3 @@ def hash_ranges(
     if progress is not None:
         progress(total, total)
     return results
-

@@ -80,21 +80,24 @@ def import_checkpoint(
 
 
 def _import_once(
-    pool: ImportTarget, ckpt: Checkpoint, name: str, fill: Callable[[EntryWriter], None],
+    pool: ImportTarget,
+    ckpt: Checkpoint,
+    name: str,
+    fill: Callable[[EntryWriter], None],
     identity: dict[str, Any] | None = None,
 ) -> Manifest:
     """One entry per source set, however many processes import it at once: under the
     source's lock, reuse what an earlier import made; else ``fill`` a new entry."""
     sources = ckpt.sources
     pool.ensure_dirs()
-    with FileLock(str(pool.index.lock_path(import_lock_name(source_key(sources)))),
-                  mode=LOCK_MODE):
+    with FileLock(str(pool.index.lock_path(import_lock_name(source_key(sources)))), mode=LOCK_MODE):
         hit = pool.find_by_sources(sources)
         if hit is not None:
             return hit
         expected = padded_size_bytes(t.size_bytes for _f, t in ckpt.tensors)
-        with pool.writer(name, sources=sources, expected_size_bytes=expected,
-                         identity=identity) as w:
+        with pool.writer(
+            name, sources=sources, expected_size_bytes=expected, identity=identity
+        ) as w:
             fill(w)
         assert w.manifest is not None
         pool.remember_sources(sources, w.manifest.digest)

@@ -167,7 +167,8 @@ class EntryWriter:
                 f"the file system under {self.pool.pool_dir} has {free} bytes free but the "
                 f"entry needs {size_bytes}; free space there (spswap pool rm) or lower "
                 "SPSWAP_POOL_CAPACITY_BYTES to what the file system can hold",
-                needed_bytes=size_bytes, free_bytes=free,
+                needed_bytes=size_bytes,
+                free_bytes=free,
             ) from None
 
     # -- writing tensors ---------------------------------------------------------------

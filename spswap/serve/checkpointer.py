@@ -124,8 +124,11 @@ class DaemonCheckpointer:
             if status.get("state") not in ("dumping", "saved"):
                 break
         else:
-            return ParkOutcome("failed", reason=f"no dump within {self.wait_s:g} s; see "
-                               f"`spswap events` and {self.cfg.paths.log / 'spswapd.log'}")
+            return ParkOutcome(
+                "failed",
+                reason=f"no dump within {self.wait_s:g} s; see "
+                f"`spswap events` and {self.cfg.paths.log / 'spswapd.log'}",
+            )
         status = self._client().call("checkpoint.status", job_id=job_id)
         if status.get("state") == "restored":
             return ParkOutcome("restored", restart_count=int(status.get("restart_count", 0)),
@@ -147,7 +150,8 @@ class DaemonCheckpointer:
         from spswap.daemon.client import Client
 
         result: dict[str, Any] = Client(self.cfg, timeout_s=RESTORE_TIMEOUT_S).call(
-            "restore", job_id=job_id, restart_count=restart_count, **identity)
+            "restore", job_id=job_id, restart_count=restart_count, **identity
+        )
         return result
 
 
@@ -191,6 +195,7 @@ def end_left_behind(tree: list[tuple[int, int]], timeout_s: float = 10.0) -> lis
     e.g. its vLLM server, orphaned when the instance was killed, which would otherwise
     keep its GPU memory and serve no one. SIGKILL (nothing of it is to be saved), then
     wait until each has exited; returns the pids that were running."""
+
     def running(pid: int, start: int) -> bool:
         if pid_start_time(pid) != start:
             return False

@@ -244,15 +244,21 @@ def _connect_error(path: Path, e: OSError) -> str:
     if isinstance(e, PermissionError):
         owner = _owner(path)
         if owner is not None and owner != os.getuid():
-            return (f"{path} belongs to another user ({_user_name(owner)}): a serving "
-                    "job's socket answers its own user only (and root); ask a job of yours")
+            return (
+                f"{path} belongs to another user ({_user_name(owner)}): a serving "
+                "job's socket answers its own user only (and root); ask a job of yours"
+            )
         return (f"{path}: permission denied ({e.strerror or e}); a serving job's socket "
                 "answers its own user only (and root)")  # fmt: skip
     if isinstance(e, ConnectionRefusedError):
-        return (f"nothing listens on {path} any more: the run that opened it has ended "
-                "(or is stopped for a preemption); ask again once the job runs")
-    return (f"no spswap server at {path} ({e.strerror or e}); is the job running? "
-            "(`spswap serve --socket` prints where it listens)")
+        return (
+            f"nothing listens on {path} any more: the run that opened it has ended "
+            "(or is stopped for a preemption); ask again once the job runs"
+        )
+    return (
+        f"no spswap server at {path} ({e.strerror or e}); is the job running? "
+        "(`spswap serve --socket` prints where it listens)"
+    )
 
 
 def _owner(path: Path) -> int | None:

@@ -181,8 +181,9 @@ def admit(kind: str, unproven: int) -> str:
     shown the key: ``"take"``; ``"evict"`` (end the oldest unproven one of that kind
     first: a client that sends its request at once always gets a turn); or ``"refuse"``
     (the job owner's own connections are never ended for another)."""
-    cap = {"own": MAX_CONNECTIONS, "foreign": FOREIGN_MAX_CONNECTIONS}.get(kind,
-                                                                        REMOTE_MAX_UNPROVEN)
+    cap = {"own": MAX_CONNECTIONS, "foreign": FOREIGN_MAX_CONNECTIONS}.get(
+        kind, REMOTE_MAX_UNPROVEN
+    )
     if unproven < cap:
         return "take"
     return "refuse" if kind == "own" else "evict"
@@ -202,7 +203,10 @@ class HttpFront:
         # per kind of peer, the connections that have not shown the key (with the peer's
         # group, see _peer), oldest first
         self._unproven: dict[str, dict[asyncio.StreamWriter, str]] = {
-            "own": {}, "foreign": {}, "remote": {}}
+            "own": {},
+            "foreign": {},
+            "remote": {},
+        }
         self._proven: set[asyncio.StreamWriter] = set()
         self._classifying = 0  # connections whose peer is being looked up
 
@@ -220,7 +224,8 @@ class HttpFront:
         self._loop = loop
         try:
             self._server = loop.run_until_complete(
-                asyncio.start_server(self._handle, self.host, self.port))
+                asyncio.start_server(self._handle, self.host, self.port)
+            )
             self.port = self._server.sockets[0].getsockname()[1]
         except BaseException as e:  # reported by start()
             self._error = e
@@ -314,7 +319,8 @@ class HttpFront:
         if peer_kind(peer[0], None, -1, local[0]) == "remote":
             return "remote", f"ip:{peer[0]}"  # no /proc read: its user cannot be known
         uid = await asyncio.get_running_loop().run_in_executor(
-            None, tcp_peer_uid, tuple(peer[:2]), tuple(local[:2]))  # /proc read: off the loop
+            None, tcp_peer_uid, tuple(peer[:2]), tuple(local[:2])
+        )  # /proc read: off the loop
         return peer_kind(peer[0], uid, os.getuid(), local[0]), f"uid:{uid}"
 
     async def _forward(
@@ -349,8 +355,13 @@ class HttpFront:
         try:
             up_reader, up_writer = await asyncio.open_unix_connection(str(self.uds))
         except OSError as e:
-            writer.write(error_response(502, f"the model server is not reachable ({e}); it "
-                                             "may be restarting after a preemption: retry"))
+            writer.write(
+                error_response(
+                    502,
+                    f"the model server is not reachable ({e}); it "
+                    "may be restarting after a preemption: retry",
+                )
+            )
             return
         try:
             up_writer.write(upstream_head(head) + body)
@@ -360,4 +371,3 @@ class HttpFront:
                 await writer.drain()
         finally:
             up_writer.close()
-

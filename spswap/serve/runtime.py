@@ -90,8 +90,14 @@ class ReferenceBackend:
 
     def checkpoint_identity(self) -> dict[str, str]:
         assert self.manifest is not None
-        cfg_hash = config_hash({"engine": self.opts.engine, "device": self.opts.device,
-                                "model": str(self.opts.model), "units": self.opts.units})
+        cfg_hash = config_hash(
+            {
+                "engine": self.opts.engine,
+                "device": self.opts.device,
+                "model": str(self.opts.model),
+                "units": self.opts.units,
+            }
+        )
         return process_identity(engine=self.opts.engine, engine_version="",
                                 model_digest=self.manifest.digest,
                                 config_hash=cfg_hash)  # fmt: skip
@@ -129,8 +135,10 @@ class ReferenceBackend:
             out = self.model.generate([req.prompt_ids], req.max_new_tokens,
                                       abort=self._drained)[0]  # fmt: skip
         except RequestAborted:
-            self.log(f"spswap serve: request {req.id} stopped unfinished after "
-                     f"{self.opts.drain_s:g} s of drain; saved for the next run")
+            self.log(
+                f"spswap serve: request {req.id} stopped unfinished after "
+                f"{self.opts.drain_s:g} s of drain; saved for the next run"
+            )
             return False
         except Exception as e:  # noqa: BLE001 - no request may end the server
             why = str(e) if isinstance(e, RequestRejected) else \

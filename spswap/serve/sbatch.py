@@ -132,8 +132,11 @@ def render_serve_vllm(opts: SbatchOptions | None = None) -> str:
 
 def templates() -> dict[str, str]:
     """File name -> content of every template in sbatch_templates/."""
-    return {"serve.sbatch": render_serve(), "batch.sbatch": render_batch(),
-            "serve_vllm.sbatch": render_serve_vllm()}
+    return {
+        "serve.sbatch": render_serve(),
+        "batch.sbatch": render_batch(),
+        "serve_vllm.sbatch": render_serve_vllm(),
+    }
 
 
 def main(argv: list[str]) -> int:

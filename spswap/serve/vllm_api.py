@@ -287,8 +287,10 @@ class VllmApiServer:
         tp = self.settings.tensor_parallel_size
         if not isinstance(results, list) or len(results) != tp or not all(
                 isinstance(r, dict) for r in results):  # fmt: skip
-            raise EngineError(f"collective_rpc({method!r}) answered {str(data)[:300]}: expected "
-                              f"one dict per rank ({tp}); is the worker extension loaded?")
+            raise EngineError(
+                f"collective_rpc({method!r}) answered {str(data)[:300]}: expected "
+                f"one dict per rank ({tp}); is the worker extension loaded?"
+            )
         return dict(results[0])
 
     def sleep(self) -> float:

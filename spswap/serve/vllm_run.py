@@ -155,8 +155,10 @@ class VllmBackend:
         result.digest = self._digest
         self._open_front()
         self._write_endpoint()
-        self.log(f"spswap serve: {opts.model.name} up ({path.value}) in "
-                 f"{time.perf_counter() - t0:.1f} s; OpenAI API on unix:{server.uds}")
+        self.log(
+            f"spswap serve: {opts.model.name} up ({path.value}) in "
+            f"{time.perf_counter() - t0:.1f} s; OpenAI API on unix:{server.uds}"
+        )
         return path
 
     def serve(self, result: ServeResult) -> None:
@@ -245,8 +247,10 @@ class VllmBackend:
             # after a restore the port may have been taken meanwhile: a good restore is
             # not thrown away for it; the Unix socket still serves
             self.http_url = None
-            self.log(f"spswap serve: could not listen on {self.opts.http_host}:"
-                     f"{self.opts.http_port} again ({e}); serving on the Unix socket only")
+            self.log(
+                f"spswap serve: could not listen on {self.opts.http_host}:"
+                f"{self.opts.http_port} again ({e}); serving on the Unix socket only"
+            )
             return
         self.front = front
         self.http_url = f"http://{self.opts.http_host}:{port}/v1"

@@ -260,8 +260,7 @@ class PyslurmBackend:
             reason=getattr(job, "state_reason", None) or None,
             comment=getattr(job, "comment", None) or None,
             nodes=getattr(job, "nodes", None) or None,
-            requeue=requeue if isinstance(requeue := getattr(job, "requeue", None), bool)
-            else None,
+            requeue=requeue if isinstance(requeue := getattr(job, "requeue", None), bool) else None,
         )
 
     def job_alive(self, job_id: str) -> bool | None:

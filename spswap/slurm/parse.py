@@ -164,7 +164,7 @@ def _expand_name(part: str) -> list[str]:
     match = _RANGE_GROUP.search(part)
     if match is None:
         return [part]
-    head, tail = part[: match.start()], part[match.end():]
+    head, tail = part[: match.start()], part[match.end() :]
     out = []
     for item in match.group(1).split(","):
         low, dash, high = item.strip().partition("-")

@@ -100,8 +100,10 @@ def test_report_names_every_turn_and_the_verdict() -> None:
     console.print(render_turns(s))
     text = console.export_text()
     assert "cold (reference)" in text and "DIFFERS" in text and "image" in text
-    assert ("NOT ok: 3 of 4 answers identical to cold, 3 of 4 turns restored, device time "
-            "8 s on one device against 16 s for 2 dedicated ones") in text
+    assert (
+        "NOT ok: 3 of 4 answers identical to cold, 3 of 4 turns restored, device time "
+        "8 s on one device against 16 s for 2 dedicated ones"
+    ) in text
 
 
 def test_job_script_is_the_template_with_the_model_and_the_bench_options(tmp_path: Path) -> None:
@@ -111,14 +113,20 @@ def test_job_script_is_the_template_with_the_model_and_the_bench_options(tmp_pat
     assert "#SBATCH --job-name=turns-0-m\n#SBATCH --partition=debug\n#SBATCH --gres=gpu:2\n" \
         in script  # fmt: skip
     assert "#SBATCH --requeue\n" in script
-    assert ('spswap serve "$MODEL" --state-dir "$STATE" --units 4 --kv-cache-gib 4 '
-            "--socket auto &") in script
+    assert (
+        'spswap serve "$MODEL" --state-dir "$STATE" --units 4 --kv-cache-gib 4 --socket auto &'
+    ) in script
     assert script.count("export PATH=") == 1 and f"MODEL={tmp_path / 'm'}" in script
 
 
 def test_slurm_argv_exactly(tmp_path: Path) -> None:
     assert sbatch_argv(tmp_path / "j.sbatch", chdir=tmp_path, hold=True) == [
-        "sbatch", "--parsable", "--hold", f"--chdir={tmp_path}", str(tmp_path / "j.sbatch")]
+        "sbatch",
+        "--parsable",
+        "--hold",
+        f"--chdir={tmp_path}",
+        str(tmp_path / "j.sbatch"),
+    ]
     assert release_argv(["7"]) == ["scontrol", "release", "7"]
     assert requeue_hold_argv(["7", "8"]) == ["scontrol", "requeuehold", "7,8"]
     assert cancel_argv(["7", "8"]) == ["scancel", "7", "8"]
@@ -157,8 +165,9 @@ def test_openai_body_and_socket(tmp_path: Path) -> None:
     assert socket_of(tmp_path) == Path("/x/vllm.sock")
 
 
-def test_preflight_without_slurm_names_what_to_do(tmp_path: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_preflight_without_slurm_names_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch, scontrol, ...
     run = TurnsRun(TurnsOptions(models=(tmp_path / "a", tmp_path / "b"), work_dir=tmp_path),
                    Config.from_env({}, root=tmp_path / "root"))  # fmt: skip
@@ -176,30 +185,45 @@ class _EndedJobs(JobControl):
 
 
 def test_a_job_that_ended_stops_the_wait_with_its_log(tmp_path: Path) -> None:
-    run = TurnsRun(TurnsOptions(models=(tmp_path / "a", tmp_path / "b"), work_dir=tmp_path),
-                   Config.from_env({}, root=tmp_path / "root"), slurm=_EndedJobs())
+    run = TurnsRun(
+        TurnsOptions(models=(tmp_path / "a", tmp_path / "b"), work_dir=tmp_path),
+        Config.from_env({}, root=tmp_path / "root"),
+        slurm=_EndedJobs(),
+    )
     run.make_jobs()
     run.jobs[1].job_id = "17"
     (tmp_path / "turns-1-b-17.log").write_text("spswap: job 17 run 0 on n1\nerror: not private\n")
     asker = run.jobs[1].asker
     assert asker is not None
-    with pytest.raises(SpswapError, match=r"job 17 \(b\) ended before it answered.*\n"
-                                          r".*\n  error: not private"):
-        asker.wait(tmp_path / "state", "turn000", time.monotonic() + 30,
-                   check=lambda: run._still_queued(run.jobs[1]))
+    with pytest.raises(
+        SpswapError,
+        match=r"job 17 \(b\) ended before it answered.*\n"
+        r".*\n  error: not private",
+    ):
+        asker.wait(
+            tmp_path / "state",
+            "turn000",
+            time.monotonic() + 30,
+            check=lambda: run._still_queued(run.jobs[1]),
+        )
 
 
 def test_a_work_dir_others_can_write_is_refused(tmp_path: Path) -> None:
     work = tmp_path / "w"
     work.mkdir()
     work.chmod(0o775)
-    run = TurnsRun(TurnsOptions(models=(tmp_path / "a", tmp_path / "b"), work_dir=work),
-                   Config.from_env({}, root=tmp_path / "root"))
+    run = TurnsRun(
+        TurnsOptions(models=(tmp_path / "a", tmp_path / "b"), work_dir=work),
+        Config.from_env({}, root=tmp_path / "root"),
+    )
     run.make_jobs()
     with pytest.raises(ConfigError, match="writable by others .* chmod 700 it"):
         run.submit()
-    fresh = TurnsRun(TurnsOptions(models=(tmp_path / "a",), work_dir=tmp_path / "new" / "w"),
-                     Config.from_env({}, root=tmp_path / "root"), slurm=_EndedJobs())
+    fresh = TurnsRun(
+        TurnsOptions(models=(tmp_path / "a",), work_dir=tmp_path / "new" / "w"),
+        Config.from_env({}, root=tmp_path / "root"),
+        slurm=_EndedJobs(),
+    )
     fresh.jobs = []
     fresh.submit()  # no jobs: only the directory
     assert (tmp_path / "new" / "w").stat().st_mode & 0o777 == 0o700

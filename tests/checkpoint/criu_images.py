@@ -26,8 +26,12 @@ def field_bytes(number: int, value: bytes) -> bytes:
     return varint(number << 3 | 2) + varint(len(value)) + value
 
 
-def creds(uids: tuple[int, int, int, int], gids: tuple[int, int, int, int],
-          groups: tuple[int, ...] = (), caps: dict[int, tuple[int, int]] | None = None) -> bytes:
+def creds(
+    uids: tuple[int, int, int, int],
+    gids: tuple[int, int, int, int],
+    groups: tuple[int, ...] = (),
+    caps: dict[int, tuple[int, int]] | None = None,
+) -> bytes:
     """A creds_entry; ``caps``: field number (9 inh, 10 prm, 11 eff, 19 amb) -> 2 words."""
     caps = caps or {}
     out = b"".join(field_varint(n, v) for n, v in zip((1, 3, 5, 7), uids, strict=True))
@@ -44,8 +48,14 @@ def creds(uids: tuple[int, int, int, int], gids: tuple[int, int, int, int],
 def core(task_state: int, creds_entry: bytes | None) -> bytes:
     """A core_entry: mtype x86_64, tc with task_state (and the other required fields),
     thread_core with futex fields and creds."""
-    tc = field_varint(1, task_state) + field_varint(2, 0) + field_varint(3, 0) + \
-        field_varint(4, 0) + field_varint(5, 0) + field_bytes(6, b"sleep")
+    tc = (
+        field_varint(1, task_state)
+        + field_varint(2, 0)
+        + field_varint(3, 0)
+        + field_varint(4, 0)
+        + field_varint(5, 0)
+        + field_bytes(6, b"sleep")
+    )
     out = field_varint(1, 1) + field_bytes(3, tc)
     if creds_entry is not None:
         thread_core = field_varint(1, 0) + field_varint(2, 0) + field_bytes(10, creds_entry)
@@ -55,7 +65,8 @@ def core(task_state: int, creds_entry: bytes | None) -> bytes:
 
 def image_file(magic: int, messages: list[bytes]) -> bytes:
     return struct.pack("<II", IMG_COMMON_MAGIC, magic) + b"".join(
-        struct.pack("<I", len(m)) + m for m in messages)
+        struct.pack("<I", len(m)) + m for m in messages
+    )
 
 
 def core_img(task_state: int, creds_entry: bytes | None) -> bytes:

@@ -40,13 +40,16 @@ def main(argv):
     seen, entries = {}, []
     for p in pids:
         st = status(p)
-        caps = {n: (int(st[k][0], 16) & 0xFFFFFFFF, int(st[k][0], 16) >> 32)
-                for n, k in ((9, "CapInh"), (10, "CapPrm"), (11, "CapEff"), (19, "CapAmb"))}
+        caps = {
+            n: (int(st[k][0], 16) & 0xFFFFFFFF, int(st[k][0], 16) >> 32)
+            for n, k in ((9, "CapInh"), (10, "CapPrm"), (11, "CapEff"), (19, "CapAmb"))
+        }
         uids = list(map(int, st["Uid"]))
         if os.environ.get("SPSWAP_FAKE_CRIU_EUID"):  # a CRIU that recorded a setuid exec
             uids[1] = int(os.environ["SPSWAP_FAKE_CRIU_EUID"])
-        entry = ci.creds(tuple(uids), tuple(map(int, st["Gid"])),
-                         tuple(map(int, st.get("Groups", []))), caps)
+        entry = ci.creds(
+            tuple(uids), tuple(map(int, st["Gid"])), tuple(map(int, st.get("Groups", []))), caps
+        )
         (images / f"core-{p}.img").write_bytes(ci.core_img(1, entry))
         entries.append((p, int(st["PPid"][0]), [p]))
         seen[p] = {k: st[k] for k in ("Uid", "Gid", "CapEff", "CapPrm")}

@@ -56,13 +56,16 @@ def test_parse_mountinfo_and_paths() -> None:
         Mount("", "/", "/sys/fs/cgroup/unified"),
     ]
     path = cgroups.fs_path
-    assert path(Membership("freezer", "/slurm/job_1"), mounts) == \
-        Path("/sys/fs/cgroup/freezer/slurm/job_1")
-    assert path(Membership("memory", "/process_api/c5ef"), mounts) == \
-        Path("/sys/fs/cgroup/memory/c5ef")  # a mount of part of the hierarchy
+    assert path(Membership("freezer", "/slurm/job_1"), mounts) == Path(
+        "/sys/fs/cgroup/freezer/slurm/job_1"
+    )
+    assert path(Membership("memory", "/process_api/c5ef"), mounts) == Path(
+        "/sys/fs/cgroup/memory/c5ef"
+    )  # a mount of part of the hierarchy
     assert path(Membership("memory", "/elsewhere"), mounts) is None  # not visible here
-    assert path(Membership("", "/system.slice/x.service"), mounts) == \
-        Path("/sys/fs/cgroup/unified/system.slice/x.service")
+    assert path(Membership("", "/system.slice/x.service"), mounts) == Path(
+        "/sys/fs/cgroup/unified/system.slice/x.service"
+    )
     assert path(Membership("pids", "/"), mounts) is None  # not mounted
 
 
@@ -82,8 +85,9 @@ def _writable_hierarchy() -> tuple[str, Path] | None:
 
 
 HIERARCHY = _writable_hierarchy()
-needs_cgroups = pytest.mark.skipif(HIERARCHY is None,
-                                   reason="needs root and a writable freezer or v2 cgroupfs")
+needs_cgroups = pytest.mark.skipif(
+    HIERARCHY is None, reason="needs root and a writable freezer or v2 cgroupfs"
+)
 
 TREE = """
 import os, signal, sys, time
@@ -131,8 +135,10 @@ def job_cgroup() -> Iterator[Path]:
 
 
 def _start_in(job: Path, *args: str) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", TREE, *args],
-                            preexec_fn=lambda: (job / "cgroup.procs").write_text(str(os.getpid())))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", TREE, *args],
+        preexec_fn=lambda: (job / "cgroup.procs").write_text(str(os.getpid())),
+    )
     deadline = time.monotonic() + 10
     from spswap.checkpoint.proctree import process_tree_pids
 
@@ -245,8 +251,10 @@ def test_start_up_sweeps_what_a_dead_daemon_left_parked() -> None:
     other = HIERARCHY[1] / f"{cgroups.PREFIX}{cgroups.root_tag(Path('/other'))}-7-{os.getpid()}"
     other.mkdir()  # another daemon's (tests run several on one host): not touched
     left.mkdir()
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"],
-                            preexec_fn=lambda: (left / "cgroup.procs").write_text(str(os.getpid())))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(300)"],
+        preexec_fn=lambda: (left / "cgroup.procs").write_text(str(os.getpid())),
+    )
     try:
         deadline = time.monotonic() + 5
         while not (left / "cgroup.procs").read_text().split() and time.monotonic() < deadline:
@@ -273,7 +281,8 @@ while True:
 
 @needs_cgroups
 def test_a_frozen_parked_tree_does_not_run_until_thawed_and_can_be_ended(
-    job_cgroup: Path, tmp_path: Path,
+    job_cgroup: Path,
+    tmp_path: Path,
 ) -> None:
     """What a tree kept alive after its dump waits in: frozen outside its job."""
     ticks = tmp_path / "ticks"

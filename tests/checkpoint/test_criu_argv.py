@@ -39,7 +39,9 @@ def test_dump_every_flag() -> None:
 def test_post_dump_script_is_exact() -> None:
     text = a.post_dump_script(
         [("/sys/fs/cgroup/freezer/spswap-parked-x/freezer.state", "FROZEN")],
-        ["/dev/shm", "/tmp/a b"], ".spswap-remap-jobk-link_remap.")
+        ["/dev/shm", "/tmp/a b"],
+        ".spswap-remap-jobk-link_remap.",
+    )
     assert text == (
         "#!/bin/sh\n"
         "# spswap: post-dump of a dump that leaves the tree running\n"
@@ -62,8 +64,12 @@ def test_post_dump_script_is_exact() -> None:
 
 
 def test_post_dump_script_asking_root_is_exact() -> None:
-    text = a.post_dump_script([("/sys/fs/cgroup/x/freezer.state", "FROZEN")], [],
-                              ".p.", root_fifos=("/r/.postdump-a/request", "/r/.postdump-a/answer"))
+    text = a.post_dump_script(
+        [("/sys/fs/cgroup/x/freezer.state", "FROZEN")],
+        [],
+        ".p.",
+        root_fifos=("/r/.postdump-a/request", "/r/.postdump-a/answer"),
+    )
     assert text == (
         "#!/bin/sh\n"
         "# spswap: post-dump of a dump that leaves the tree running\n"

@@ -88,8 +88,9 @@ def test_a_users_process_is_dumped_and_restored_by_criu_as_that_user(
     images = tmp_path / "images"
     run_as = criu.RunAs.for_uid(user_uid)
     before = _count(count)
-    info = criu.dump(pid, "user-counter", images, run_as=run_as,
-                     owner=(user_uid, set(run_as.groups)))
+    info = criu.dump(
+        pid, "user-counter", images, run_as=run_as, owner=(user_uid, set(run_as.groups))
+    )
     # the credentials the restore will give back, read from the image's own bytes
     cores = image_creds.read_cores(info.path)
     assert [c.tid for c in cores] == [pid]

@@ -139,7 +139,7 @@ class Runs:
 
     def summary(self, restart: int) -> dict:
         text = self.log(restart)
-        return json.loads(text[text.index("\n{\n"):])
+        return json.loads(text[text.index("\n{\n") :])
 
     def stop_run0(self) -> subprocess.Popen:
         """Run 0 answers a few requests, then gets USR1 (it parks and asks for a dump)."""
@@ -171,8 +171,14 @@ class Runs:
 def runs(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Runs]:
     name = request.node.name
     cfg = request.getfixturevalue(
-        "tiny_node" if "tiny" in name else "nokeep_node" if "no_keep" in name
-        else "byte_keep_node" if "keep_budget" in name else "node")
+        "tiny_node"
+        if "tiny" in name
+        else "nokeep_node"
+        if "no_keep" in name
+        else "byte_keep_node"
+        if "keep_budget" in name
+        else "node"
+    )
     r = Runs(cfg, tmp_path)
     yield r
     r.kill_all()
@@ -192,7 +198,8 @@ def _job_dirs(cfg: Config) -> list[str]:
 
 def _dump_started(cfg: Config) -> bool:
     return _status(cfg).get("state") == "dumping" and any(
-        p.startswith(".tmp-") for p in _job_dirs(cfg))
+        p.startswith(".tmp-") for p in _job_dirs(cfg)
+    )
 
 
 def _daemon_uses(cfg: Config) -> list[int]:
@@ -206,8 +213,11 @@ def _assert_clean(cfg: Config) -> None:
 
 
 def _settled(cfg: Config) -> dict:
-    return _wait("the dump to end", lambda: (
-        st if (st := _status(cfg)).get("state") not in (None, "dumping") else None), 60)
+    return _wait(
+        "the dump to end",
+        lambda: st if (st := _status(cfg)).get("state") not in (None, "dumping") else None,
+        60,
+    )
 
 
 def _proc_state(pid: int) -> str:
@@ -277,7 +287,7 @@ def test_engine_killed_during_a_restore(runs: Runs, when: str) -> None:
     os.kill(pid, signal.SIGKILL)
     assert second.wait(timeout=120) == 0, runs.log(1)  # the proxy noticed, did not hang
     log1 = runs.log(1)
-    print(f"{when}: run 1 said:\n{log1[:log1.find(chr(10) + '{')]}")
+    print(f"{when}: run 1 said:\n{log1[: log1.find(chr(10) + '{')]}")
     assert _job_dirs(cfg) == []  # single use: never restored twice
     # the restore failed, or the restored process died before it was done: either way
     # run 1 carries on from a cold start in the same run and answers everything
@@ -382,7 +392,8 @@ def _kept_and_frozen(cfg: Config, first: subprocess.Popen) -> dict:
 
 
 def test_a_run_in_a_job_cgroup_is_kept_frozen_and_woken_into_the_next(
-    runs: Runs, job_cgroup: Path,
+    runs: Runs,
+    job_cgroup: Path,
 ) -> None:
     """The dump runs with the tree outside its job's cgroup and leaves it alive there,
     frozen; the next run gets it back without CRIU's restore, in its own cgroup (where it
@@ -404,7 +415,8 @@ def test_a_run_in_a_job_cgroup_is_kept_frozen_and_woken_into_the_next(
 
 
 def test_a_run_larger_than_the_keep_budget_is_not_kept_and_comes_back_from_its_image(
-    runs: Runs, job_cgroup: Path,
+    runs: Runs,
+    job_cgroup: Path,
 ) -> None:
     """SPSWAP_KEEP_BYTES=1: no tree fits, so the parked dump ends it as without keeping;
     CRIU restores the image into the next run."""
@@ -419,8 +431,11 @@ def test_a_run_larger_than_the_keep_budget_is_not_kept_and_comes_back_from_its_i
     second = runs.start(1)
     assert second.wait(timeout=300) == 0, runs.log(1)
     done = [e for e in _job_events(cfg) if e["kind"] == "restore.done"]
-    assert done and done[0]["detail"]["kept"] is False and \
-        "criu_restore" in done[0]["detail"]["timings_s"], _job_events(cfg)
+    assert (
+        done
+        and done[0]["detail"]["kept"] is False
+        and "criu_restore" in done[0]["detail"]["timings_s"]
+    ), _job_events(cfg)
     assert "restored from its image as pid" in runs.log(1)
     _assert_answers_like_cold(runs)
     _assert_clean(cfg)
@@ -442,7 +457,8 @@ def test_a_kept_run_ends_with_its_job(runs: Runs, job_cgroup: Path) -> None:
 
 
 def test_with_no_keep_a_parked_run_is_dumped_and_restored_into_the_next(
-    runs: Runs, job_cgroup: Path,
+    runs: Runs,
+    job_cgroup: Path,
 ) -> None:
     """SPSWAP_KEEP_BYTES=0: the dump ends the parked tree; CRIU restores it into the next
     run's cgroup (where it answers from), and no parked cgroup is left."""
@@ -461,7 +477,8 @@ def test_with_no_keep_a_parked_run_is_dumped_and_restored_into_the_next(
 
 
 def test_tiny_tmpfs_full_during_a_parked_dump_sends_the_run_home(
-    runs: Runs, job_cgroup: Path,
+    runs: Runs,
+    job_cgroup: Path,
 ) -> None:
     """A parked dump that fails (no Slurm here, so no early requeue): the instance goes
     back into its job's cgroup and runs on, its requests saved."""

@@ -42,7 +42,9 @@ def hold(user_counter: tuple[int, Path]) -> Iterator[freeze_hold.FreezeHold]:  #
 
 
 def test_the_tree_is_frozen_and_its_user_cannot_thaw_it(
-    user_counter: tuple[int, Path], hold: freeze_hold.FreezeHold, user_uid: int  # noqa: F811
+    user_counter: tuple[int, Path],  # noqa: F811
+    hold: freeze_hold.FreezeHold,
+    user_uid: int,  # noqa: F811
 ) -> None:
     pid, count = user_counter
     home = hold.homes[pid]

@@ -31,8 +31,10 @@ def test_uuids_by_minor_reads_every_gpu(tmp_path):
     for bus, minor, uuid in (("0000:1b:00.0", 3, "GPU-a"), ("0000:2c:00.0", 0, "GPU-b")):
         (tmp_path / bus).mkdir()
         (tmp_path / bus / "information").write_text(
-            INFO.replace("Device Minor: \t 3", f"Device Minor: \t {minor}")
-                .replace("GPU-1d3c9e2a-5b6f-7a8b-9c0d-1e2f3a4b5c6d", uuid))
+            INFO.replace("Device Minor: \t 3", f"Device Minor: \t {minor}").replace(
+                "GPU-1d3c9e2a-5b6f-7a8b-9c0d-1e2f3a4b5c6d", uuid
+            )
+        )
     assert uuids_by_minor(tmp_path) == {0: "GPU-b", 3: "GPU-a"}
     assert uuids_by_minor(tmp_path / "absent") == {}
     assert job_gpu_uuids([3, 0], uuids_by_minor(tmp_path)) == ["GPU-a", "GPU-b"]

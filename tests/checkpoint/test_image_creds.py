@@ -16,13 +16,29 @@ from . import criu_images as ci
 # futex_rla_len 0, creds {gid 995 x4, uid 999 x4 (field order as CRIU packs them: by
 # number), cap_eff 0x2000 (cap_net_raw), secbits 0}}.
 CORE_WITH_CAP = bytes.fromhex(
-    "19435654" "47380555"  # IMG_COMMON_MAGIC, CORE_MAGIC (little endian)
+    "19435654"
+    "47380555"  # IMG_COMMON_MAGIC, CORE_MAGIC (little endian)
     "37000000"  # entry size 0x37
     "0801"  # mtype = 1
-    "1a0e" "0801" "1000" "1800" "2000" "2800" "32027079"  # tc (14 bytes)
-    "2a23" "0800" "1000"  # thread_core (35 bytes): futex_rla, futex_rla_len
+    "1a0e"
+    "0801"
+    "1000"
+    "1800"
+    "2000"
+    "2800"
+    "32027079"  # tc (14 bytes)
+    "2a23"
+    "0800"
+    "1000"  # thread_core (35 bytes): futex_rla, futex_rla_len
     "521d"  # creds (29 bytes)
-    "08e707" "10e307" "18e707" "20e307" "28e707" "30e307" "38e707" "40e307"
+    "08e707"
+    "10e307"
+    "18e707"
+    "20e307"
+    "28e707"
+    "30e307"
+    "38e707"
+    "40e307"
     "588040"  # cap_eff = 0x2000
     "6800"  # secbits
 )
@@ -33,7 +49,8 @@ def test_a_core_image_read_from_exact_bytes() -> None:
     assert core == ic.TaskCore(42, 1, ic.Creds(
         uids=(999, 999, 999, 999), gids=(995, 995, 995, 995), cap_eff=(0x2000,)))  # fmt: skip
     assert ic.creds_problem([core], 999, {995}) == (
-        "task 42 was dumped with effective capabilities 00002000")
+        "task 42 was dumped with effective capabilities 00002000"
+    )
 
 
 def test_the_test_writer_agrees_with_the_hand_written_bytes() -> None:
@@ -82,7 +99,8 @@ def test_root_jobs_and_zombies() -> None:
     assert ic.creds_problem([zombie], 999, {995}) is None
     alive_without = ic.parse_core(ci.core_img(1, None), 3)
     assert ic.creds_problem([alive_without], 999, {995}) == (
-        "task 3 has no credentials recorded in the image")
+        "task 3 has no credentials recorded in the image"
+    )
     assert ic.creds_problem([], 999, None) == "the image holds no task"
 
 
@@ -91,14 +109,15 @@ def test_an_image_directory(tmp_path: Path) -> None:
     (tmp_path / "pstree.img").write_bytes(ci.pstree_img([(10, 0, [10, 11]), (12, 10, [12])]))
     (tmp_path / "core-10.img").write_bytes(ci.core_img(1, good))
     (tmp_path / "core-11.img").write_bytes(ci.core_img(1, good))
-    (tmp_path / "core-12.img").write_bytes(
-        ci.core_img(1, ci.creds((999, 0, 0, 0), (995,) * 4)))
+    (tmp_path / "core-12.img").write_bytes(ci.core_img(1, ci.creds((999, 0, 0, 0), (995,) * 4)))
     assert [c.tid for c in ic.read_cores(tmp_path)] == [10, 11, 12]
     assert ic.image_problem(tmp_path, 999, {995}) == (
-        "task 12 was dumped with uids [999, 0, 0, 0], not only 999")
+        "task 12 was dumped with uids [999, 0, 0, 0], not only 999"
+    )
     (tmp_path / "core-11.img").unlink()
     assert ic.image_problem(tmp_path, 999, {995}) == (
-        "its credentials cannot be read (no readable core-11.img (No such file or directory))")
+        "its credentials cannot be read (no readable core-11.img (No such file or directory))"
+    )
 
 
 @pytest.mark.parametrize(("data", "error"), [

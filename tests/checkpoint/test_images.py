@@ -127,8 +127,10 @@ def test_credentials_problem_refuses_other_uids_and_capabilities(tmp_path, monke
     def proc(pid, uid, cap="0000000000000000"):
         d = tmp_path / str(pid)
         d.mkdir()
-        (d / "status").write_text(f"Name:\tx\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n"
-                                  f"Gid:\t100\t100\t100\t100\nCapEff:\t{cap}\n")
+        (d / "status").write_text(
+            f"Name:\tx\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n"
+            f"Gid:\t100\t100\t100\t100\nCapEff:\t{cap}\n"
+        )
 
     proc(10, 1000)
     proc(11, 1000)
@@ -142,7 +144,8 @@ def test_credentials_problem_refuses_other_uids_and_capabilities(tmp_path, monke
     assert credentials_problem([14], 0, proc=tmp_path) is None  # root's own job
     (tmp_path / "15").mkdir()
     (tmp_path / "15" / "status").write_text(  # setgid: effective group 5 (tty, say)
-        "Uid:\t1000\t1000\t1000\t1000\nGid:\t100\t5\t5\t5\nCapEff:\t0\n")
+        "Uid:\t1000\t1000\t1000\t1000\nGid:\t100\t5\t5\t5\nCapEff:\t0\n"
+    )
     assert "several gids [5, 100]" in credentials_problem([10, 15], 1000, proc=tmp_path)
 
 
@@ -156,11 +159,12 @@ def test_credentials_problem_wants_the_users_own_groups(tmp_path, monkeypatch):
     for pid, gid in ((20, 100), (21, 27), (22, 5)):
         (tmp_path / str(pid)).mkdir()
         (tmp_path / str(pid) / "status").write_text(
-            f"Uid:\t1000\t1000\t1000\t1000\nGid:\t{gid}\t{gid}\t{gid}\t{gid}\nCapEff:\t0\n")
+            f"Uid:\t1000\t1000\t1000\t1000\nGid:\t{gid}\t{gid}\t{gid}\t{gid}\nCapEff:\t0\n"
+        )
     assert credentials.credentials_problem([20, 21], 1000, proc=tmp_path) is None
-    assert "gid [5], not a group of uid 1000" in credentials.credentials_problem([22], 1000,
-                                                                             proc=tmp_path)
-
+    assert "gid [5], not a group of uid 1000" in credentials.credentials_problem(
+        [22], 1000, proc=tmp_path
+    )
 
 
 def test_image_job_ids_give_het_jobs_their_real_id(tmp_path):

@@ -89,8 +89,9 @@ def test_proc_net_address() -> None:
     assert proctree.proc_net_address("127.0.0.1", 0x9C41) == "0100007F:9C41"
     assert proctree.proc_net_address("10.0.0.5", 22) == "0500000A:0016"
     assert proctree.proc_net_address("::1", 80) == "00000000000000000000000001000000:0050"
-    assert proctree.proc_net_address("::ffff:127.0.0.1", 1) == \
-        "0000000000000000FFFF00000100007F:0001"
+    assert (
+        proctree.proc_net_address("::ffff:127.0.0.1", 1) == "0000000000000000FFFF00000100007F:0001"
+    )
 
 
 def test_the_owner_of_a_loopback_peer_is_found() -> None:
@@ -143,6 +144,7 @@ def test_anon_rss_bytes_reads_rssanon(tmp_path: Path) -> None:
     for pid, kb in ((11, 1024), (12, 3)):
         (tmp_path / str(pid)).mkdir()
         (tmp_path / str(pid) / "status").write_text(
-            f"Name:\tpython3\nVmRSS:\t 99999 kB\nRssAnon:\t    {kb} kB\nRssFile:\t 5 kB\n")
+            f"Name:\tpython3\nVmRSS:\t 99999 kB\nRssAnon:\t    {kb} kB\nRssFile:\t 5 kB\n"
+        )
     assert anon_rss_bytes([11, 12, 13], proc=tmp_path) == (1024 + 3) * 1024  # 13: gone
     assert anon_rss_bytes({os.getpid()}) > 1 << 20  # a live Python process

@@ -39,9 +39,12 @@ def _setup(cfg: Config, tmp: Path) -> tuple[Path, list[list[int]]]:
     model = tmp / "model"
     save_checkpoint(preset("small"), model)
     prompts = [[2 + i, 5, 3 * i + 1, 8] for i in range(N_REQ)]
-    (tmp / "req.jsonl").write_text("".join(
-        json.dumps({"id": f"q{i:02d}", "prompt_ids": p, "max_new_tokens": MAX_NEW}) + "\n"
-        for i, p in enumerate(prompts)))
+    (tmp / "req.jsonl").write_text(
+        "".join(
+            json.dumps({"id": f"q{i:02d}", "prompt_ids": p, "max_new_tokens": MAX_NEW}) + "\n"
+            for i, p in enumerate(prompts)
+        )
+    )
     Client(cfg).call("job.register", job_id=JOB, uid=0, user="root")
     return model, prompts
 
@@ -51,10 +54,25 @@ def _serve(cfg: Config, tmp: Path, model: Path, restart: int, log: str) -> subpr
     env.update(SPSWAP_ROOT=str(cfg.root), SLURM_JOB_ID=JOB, SLURM_RESTART_COUNT=str(restart))
     out = open(tmp / log, "w")  # a regular file, as a Slurm job's output is
     return subprocess.Popen(
-        [sys.executable, "-m", "spswap.cli", "serve", str(model), "--state-dir",
-         str(tmp / "state"), "--device", "cpu", "--requests", str(tmp / "req.jsonl"),
-         "--exit-when-idle", "--json"],
-        env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "spswap.cli",
+            "serve",
+            str(model),
+            "--state-dir",
+            str(tmp / "state"),
+            "--device",
+            "cpu",
+            "--requests",
+            str(tmp / "req.jsonl"),
+            "--exit-when-idle",
+            "--json",
+        ],
+        env=env,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
     )
 
 
@@ -78,9 +96,14 @@ def _dump_run0(cfg: Config, tmp: Path, model: Path) -> dict:
     first.send_signal(signal.SIGUSR1)
     first.wait(timeout=120)
     # CRIU ends the process before the daemon has written the image's meta: wait for it
-    status = _wait("the dump to finish", lambda: (
-        st if (st := Client(cfg).call("checkpoint.status", job_id=JOB))["state"] != "dumping"
-        else None))
+    status = _wait(
+        "the dump to finish",
+        lambda: (
+            st
+            if (st := Client(cfg).call("checkpoint.status", job_id=JOB))["state"] != "dumping"
+            else None
+        ),
+    )
     assert status["state"] == "saved", (status, (tmp / "run0.log").read_text())
     assert first.returncode == -signal.SIGKILL  # CRIU ends a dumped process
     assert 0 < len(_answers(tmp)) < N_REQ
@@ -104,13 +127,12 @@ def test_stop_dump_restore_answers_like_cold(node: Config, tmp_path: Path) -> No
     second = _serve(node, tmp_path, model, 1, "run1.log")
     assert second.wait(timeout=300) == 0, (tmp_path / "run1.log").read_text()
     log1 = (tmp_path / "run1.log").read_text()
-    summary = json.loads(log1[log1.index("\n{\n"):])
+    summary = json.loads(log1[log1.index("\n{\n") :])
     assert summary["events"][0]["restored_pid"] == status["pid"], log1
     assert summary["pending_left"] == 0
     answers = _answers(tmp_path)
     assert len(answers) == N_REQ > before
-    assert [answers[f"q{i:02d}"] for i in range(N_REQ)] == cold_answers(model, prompts,
-                                                                         MAX_NEW)
+    assert [answers[f"q{i:02d}"] for i in range(N_REQ)] == cold_answers(model, prompts, MAX_NEW)
     kinds = [e["kind"] for e in Client(node).call("events.tail", n=50)]
     assert "checkpoint.saved" in kinds and "restore.done" in kinds
     # a process image is single use
@@ -118,14 +140,17 @@ def test_stop_dump_restore_answers_like_cold(node: Config, tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize("fault", ["flip-one-byte", "other-identity"])
-def test_a_damaged_or_foreign_image_is_never_restored(node: Config, tmp_path: Path,
-                                                      fault: str) -> None:
+def test_a_damaged_or_foreign_image_is_never_restored(
+    node: Config, tmp_path: Path, fault: str
+) -> None:
     model, prompts = _setup(node, tmp_path)
     _dump_run0(node, tmp_path, model)
     (image,) = [p for p in node.paths.images.iterdir() if p.name.startswith(f"job{JOB}-")]
     if fault == "flip-one-byte":
-        target = max((p for p in image.iterdir() if p.name.startswith("pages")),
-                     key=lambda p: p.stat().st_size)
+        target = max(
+            (p for p in image.iterdir() if p.name.startswith("pages")),
+            key=lambda p: p.stat().st_size,
+        )
         with open(target, "r+b") as f:
             f.seek(target.stat().st_size // 2)
             b = f.read(1)
@@ -143,8 +168,7 @@ def test_a_damaged_or_foreign_image_is_never_restored(node: Config, tmp_path: Pa
     log1 = (tmp_path / "run1.log").read_text()
     assert "cold start" in log1 and needle in log1, log1
     answers = _answers(tmp_path)
-    assert [answers[f"q{i:02d}"] for i in range(N_REQ)] == cold_answers(model, prompts,
-                                                                         MAX_NEW)
+    assert [answers[f"q{i:02d}"] for i in range(N_REQ)] == cold_answers(model, prompts, MAX_NEW)
     assert not image.exists()  # a rejected image is deleted, never retried
     from spswap.status import collect_status
 
@@ -164,22 +188,40 @@ def test_the_socket_front_answers_again_after_a_restore(node: Config, tmp_path: 
 
     def start(restart: int, log: str) -> subprocess.Popen:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-        env.update(SPSWAP_ROOT=str(node.root), SLURM_JOB_ID=JOB,
-                   SLURM_RESTART_COUNT=str(restart))
+        env.update(SPSWAP_ROOT=str(node.root), SLURM_JOB_ID=JOB, SLURM_RESTART_COUNT=str(restart))
         return subprocess.Popen(
-            [sys.executable, "-m", "spswap.cli", "serve", str(model), "--state-dir",
-             str(tmp_path / "state"), "--device", "cpu", "--socket", str(sock)],
-            env=env, stdout=open(tmp_path / log, "w"), stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL)
+            [
+                sys.executable,
+                "-m",
+                "spswap.cli",
+                "serve",
+                str(model),
+                "--state-dir",
+                str(tmp_path / "state"),
+                "--device",
+                "cpu",
+                "--socket",
+                str(sock),
+            ],
+            env=env,
+            stdout=open(tmp_path / log, "w"),
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
 
     first = start(0, "run0.log")
     _wait("the socket", sock.exists, 60)
     a1 = ask(sock, {"id": "s1", "prompt_ids": [9, 8, 7], "max_new_tokens": MAX_NEW})
     first.send_signal(signal.SIGUSR1)
     first.wait(timeout=120)
-    saved = _wait("the dump to finish", lambda: (
-        st if (st := Client(node).call("checkpoint.status", job_id=JOB))["state"] != "dumping"
-        else None))
+    saved = _wait(
+        "the dump to finish",
+        lambda: (
+            st
+            if (st := Client(node).call("checkpoint.status", job_id=JOB))["state"] != "dumping"
+            else None
+        ),
+    )
     assert saved["state"] == "saved", (saved, (tmp_path / "run0.log").read_text())
     assert not sock.exists()  # closed before the dump: no connection may be dumped
 

@@ -83,7 +83,10 @@ def job_cgroup() -> Iterator[Path | None]:
 
 @pytest.mark.parametrize("kept", [False, True], ids=["image", "kept"])
 def test_the_server_tree_is_dumped_and_restored_into_the_next_run(
-    node: Config, tmp_path: Path, kept: bool, request: pytest.FixtureRequest,
+    node: Config,
+    tmp_path: Path,
+    kept: bool,
+    request: pytest.FixtureRequest,
 ) -> None:
     """image: the dump ends the tree and CRIU restores it. kept: run 0 is in a job
     cgroup, so spswapd parks it, leaves it running after the dump (its semaphore's links
@@ -120,8 +123,10 @@ def test_the_server_tree_is_dumped_and_restored_into_the_next_run(
 
     run1 = _serve(node, tmp_path, model, 1, "run1.log")
     try:
-        ep1 = _wait("the restored endpoint", lambda: (
-            e if (e := _endpoint(tmp_path)) and e["pid"] == ep0["pid"] else None))
+        ep1 = _wait(
+            "the restored endpoint",
+            lambda: e if (e := _endpoint(tmp_path)) and e["pid"] == ep0["pid"] else None,
+        )
         assert ep1["server_pid"] == server_pid  # the same server process, restored
         assert ep1["api_key_file"] == ep0["api_key_file"]
         after = [_complete(ep1, p) for p in prompts]
@@ -130,7 +135,7 @@ def test_the_server_tree_is_dumped_and_restored_into_the_next_run(
         run1.send_signal(signal.SIGTERM)  # forwarded by the stand-in run to the restored one
         assert run1.wait(timeout=120) == 0, (tmp_path / "run1.log").read_text()
     log1 = (tmp_path / "run1.log").read_text()
-    summary = json.loads(log1[log1.index("\n{\n"):])
+    summary = json.loads(log1[log1.index("\n{\n") :])
     assert summary["restored_pid"] == status["pid"] and summary["stopped_by"] == "SIGTERM"
     _wait("the restored tree to end", lambda: not Path(f"/proc/{server_pid}").exists(), 30)
     events = Client(node).call("events.tail", n=50)
@@ -173,12 +178,16 @@ def test_a_restored_instance_that_dies_is_replaced_by_a_cold_start(
 
     run1 = _serve(node, tmp_path, model, 1, "run1.log")
     try:
-        _wait("the restored endpoint", lambda: (
-            e if (e := _endpoint(tmp_path)) and e["pid"] == ep0["pid"] else None))
+        _wait(
+            "the restored endpoint",
+            lambda: e if (e := _endpoint(tmp_path)) and e["pid"] == ep0["pid"] else None,
+        )
         assert running(server_pid)  # restored with its instance
         os.kill(ep0["pid"], signal.SIGKILL)  # the instance dies, its server lives on
-        ep2 = _wait("run 1's own endpoint", lambda: (
-            e if (e := _endpoint(tmp_path)) and e["pid"] == run1.pid else None))
+        ep2 = _wait(
+            "run 1's own endpoint",
+            lambda: e if (e := _endpoint(tmp_path)) and e["pid"] == run1.pid else None,
+        )
         assert not running(server_pid) and ep2["server_pid"] != server_pid
         assert [_complete(ep2, p) for p in prompts] == before
     finally:

@@ -115,8 +115,9 @@ def _foreign(image: Path, uid: int, groups: set[int]) -> str | None:
     return image_creds.image_problem(image, uid, groups)
 
 
-def _run_race(programs: dict[str, Path], uid: int, as_user: bool,
-              criu_path: Path | None = None) -> dict[str, int]:
+def _run_race(
+    programs: dict[str, Path], uid: int, as_user: bool, criu_path: Path | None = None
+) -> dict[str, int]:
     """Every program at every delay; returns how the dumps ended. ``criu_path``: the
     stand-in for root's CRIU (no restore then: it makes no restorable image)."""
     groups = set(os.getgrouplist(pwd.getpwuid(uid).pw_name, pwd.getpwuid(uid).pw_gid))
@@ -284,15 +285,18 @@ def test_an_image_that_records_other_rights_is_never_restored(user_uid: int,
     gid = pwd.getpwuid(user_uid).pw_gid
     image = tmp_path / job_image_key("j2", identity)
     image.mkdir(mode=0o700)
-    (image / criu.DUMP_META).write_text(json.dumps(  # as CRIU as the user dumped it
-        {"pid": 4242, "pids": [4242], "run_as": {"uid": user_uid, "gid": gid, "groups": [gid]}}))
+    (image / criu.DUMP_META).write_text(
+        json.dumps(  # as CRIU as the user dumped it
+            {"pid": 4242, "pids": [4242], "run_as": {"uid": user_uid, "gid": gid, "groups": [gid]}}
+        )
+    )
     (image / "pstree.img").write_bytes(ci.pstree_img([(4242, 1, [4242])]))
-    (image / "core-4242.img").write_bytes(
-        ci.core_img(1, ci.creds((user_uid, 0, 0, 0), (gid,) * 4)))
+    (image / "core-4242.img").write_bytes(ci.core_img(1, ci.creds((user_uid, 0, 0, 0), (gid,) * 4)))
     write_meta(image, identity)
     with pytest.raises(ImageRejected) as e:
         restore_instance(tmp_path, job_id="j2", expected=identity)
     assert str(e.value) == (
         f"image {image.name} not restored: its processes' credentials are not the job user's: "
-        f"task 4242 was dumped with uids [{user_uid}, 0, 0, 0], not only {user_uid}")
+        f"task 4242 was dumped with uids [{user_uid}, 0, 0, 0], not only {user_uid}"
+    )
     assert not image.exists()

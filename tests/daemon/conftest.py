@@ -24,7 +24,7 @@ def console_entry() -> tuple[str, str]:
     (read with a pattern: tomllib is not in Python 3.10)."""
     text = (REPO / "pyproject.toml").read_text()
     found = re.search(r'^\[project\.scripts\]\n(?:.*\n)*?spswap\s*=\s*"([\w.]+):(\w+)"', text, re.M)
-    assert found, "no spswap = \"module:function\" under [project.scripts] in pyproject.toml"
+    assert found, 'no spswap = "module:function" under [project.scripts] in pyproject.toml'
     return found[1], found[2]
 
 

@@ -41,7 +41,7 @@ def documented_settings(cfg: Config, spswap_bin: Path) -> str:
 def spswap_script(tmp_path: Path) -> Path:
     """An `spswap` executable running this checkout's code, as the installed one would."""
     exe = tmp_path / "spswap"
-    exe.write_text(f"#!/bin/sh\nexec {sys.executable} -c {shlex.quote(ENTRY_CALL)} \"$@\"\n")
+    exe.write_text(f'#!/bin/sh\nexec {sys.executable} -c {shlex.quote(ENTRY_CALL)} "$@"\n')
     exe.chmod(0o755)
     return exe
 

@@ -57,8 +57,7 @@ def test_a_users_record_goes_through_the_daemon(cfg: Config, daemon: int, user_u
                       _record("root-1").to_json())  # fmt: skip
     assert refused.startswith("PermissionDenied: instance record root-1 belongs to uid 0")
     assert as_user(user_uid, _remove_as_user, str(directory), "root-1") is True
-    assert InstanceRecord.from_json(
-        json.loads((directory / "root-1.json").read_text())).uid == 0
+    assert InstanceRecord.from_json(json.loads((directory / "root-1.json").read_text())).uid == 0
     # a name that is not a plain file name
     bad = as_user(user_uid, _put_raw_as_user, str(cfg.root),
                   _record("../../pool/x").to_json())  # fmt: skip

@@ -164,9 +164,11 @@ def test_prolog_cost_with_daemon_running(cfg: Config, daemon: int) -> None:
     # The 100 ms budget is checked by `spswap bench prolog` (docs/benchmarks.md), not by a
     # timed test on a shared 2-core box; what it rests on is checked here: the prolog, a
     # running daemon's included, loads neither typer, rich, click nor torch.
-    code = (f"import sys\nfrom {_MODULE} import {_FUNC}\n"
-            f"try:\n    {_FUNC}()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
-            "print(' '.join(sorted({'typer', 'rich', 'click', 'torch'} & set(sys.modules))))")
+    code = (
+        f"import sys\nfrom {_MODULE} import {_FUNC}\n"
+        f"try:\n    {_FUNC}()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+        "print(' '.join(sorted({'typer', 'rich', 'click', 'torch'} & set(sys.modules))))"
+    )
     for hook in ("prolog", "epilog"):
         out = subprocess.run([sys.executable, "-c", code, "node", hook],
                              env=prolog_env(cfg, "9100"), capture_output=True, text=True,

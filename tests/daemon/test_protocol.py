@@ -44,11 +44,15 @@ def test_decode_valid_request() -> None:
         (b'{"op":"ping"}\n', "protocol version None"),
         (b'{"v":2,"op":"ping"}\n', "protocol version 2"),
         (b'{"v":true,"op":"ping"}\n', "protocol version True"),
-        (b'{"v":1,"op":"rm -rf"}\n',
-         "unknown op 'rm -rf'; valid ops: checkpoint, checkpoint.status, events.tail"),
+        (
+            b'{"v":1,"op":"rm -rf"}\n',
+            "unknown op 'rm -rf'; valid ops: checkpoint, checkpoint.status, events.tail",
+        ),
         (b'{"v":1,"op":"ping","args":[]}\n', "args of ping must be a JSON object"),
-        (b'{"v":1,"op":"slots.reserve","args":{"model":"m","timeout_s":NaN}}\n',
-         "NaN is not a number the daemon accepts"),
+        (
+            b'{"v":1,"op":"slots.reserve","args":{"model":"m","timeout_s":NaN}}\n',
+            "NaN is not a number the daemon accepts",
+        ),
         (
             b'{"v":1,"op":"ping","args":{"x":1}}\n',
             "unknown argument(s) ['x'] for ping; valid: none",

@@ -43,8 +43,14 @@ def run_as_user(cfg: Config, steps: list, uid: int) -> list[str]:
     return result
 
 
-IDENT = {"engine": "reference", "engine_version": "0", "torch": "0", "python": "3",
-         "model_digest": "ab" * 32, "config_hash": "cd" * 32}
+IDENT = {
+    "engine": "reference",
+    "engine_version": "0",
+    "torch": "0",
+    "python": "3",
+    "model_digest": "ab" * 32,
+    "config_hash": "cd" * 32,
+}
 
 
 def test_user_acts_only_on_own(cfg: Config, daemon: int, user_uid: int) -> None:
@@ -69,8 +75,9 @@ def test_user_acts_only_on_own(cfg: Config, daemon: int, user_uid: int) -> None:
     assert out[1].startswith("PermissionDenied: job 100 belongs to uid 0"), out[1]
     assert out[2].startswith("PermissionDenied: job 100 belongs to uid 0"), out[2]
     # its own job passes authorization, but a user may checkpoint only itself
-    assert out[3] == ("DaemonError: a user may checkpoint only the calling process itself: "
-                      "leave out pid")
+    assert out[3] == (
+        "DaemonError: a user may checkpoint only the calling process itself: leave out pid"
+    )
     assert out[4] == "ok"
     assert out[5].startswith("PermissionDenied: job.register is for the Slurm prolog/epilog")
     assert out[6].startswith("PermissionDenied: job.end is for the Slurm prolog/epilog")

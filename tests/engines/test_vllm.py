@@ -210,7 +210,8 @@ def test_render_bench_swap_shows_every_path() -> None:
 
     assert kv_text(result["settings"]) == f"KV cache {fmt_bytes(4 << 30)}"
     assert kv_text({"gpu_memory_utilization": 0.4}) == (
-        "KV cache: what gpu_memory_utilization=0.4 leaves")
+        "KV cache: what gpu_memory_utilization=0.4 leaves"
+    )
 
 
 def test_qwen2_shapes_have_the_published_sizes() -> None:

@@ -189,7 +189,8 @@ def test_the_real_server_is_dumped_and_restored_into_the_next_run(
         deadline = time.monotonic() + timeout_s
         while not (value := check()):
             assert time.monotonic() < deadline, f"timed out waiting for {what}: " + "".join(
-                p.read_text()[-2000:] for p in tmp_path.glob("run*.log"))
+                p.read_text()[-2000:] for p in tmp_path.glob("run*.log")
+            )
             time.sleep(0.2)
         return value
 
@@ -212,8 +213,10 @@ def test_the_real_server_is_dumped_and_restored_into_the_next_run(
         if status["state"] != "saved":  # all of it: the reason and CRIU's own log
             logs = "".join(f"\n--- {p}\n" + p.read_text()[-6000:]
                            for p in root.rglob("*.log") if "dump" in p.name)  # fmt: skip
-            pytest.fail(f"dump failed: {json.dumps(status, indent=1)}\n--- run0.log\n"
-                        f"{(tmp_path / 'run0.log').read_text()[-3000:]}{logs}")
+            pytest.fail(
+                f"dump failed: {json.dumps(status, indent=1)}\n--- run0.log\n"
+                f"{(tmp_path / 'run0.log').read_text()[-3000:]}{logs}"
+            )
         assert status["kept"] is kept, status
         if not kept:  # the restore needs the dumped pids free (the server's too: init reaps it)
             wait("the dumped server's pid to be free",
@@ -226,8 +229,10 @@ def test_the_real_server_is_dumped_and_restored_into_the_next_run(
             os.kill(ep0["pid"], signal.SIGKILL)  # the instance dies, its server lives on
             ep1 = wait("run 1's own server", lambda: (
                 e if (e := endpoint()) and e["pid"] == run1.pid else None), 420)  # fmt: skip
-            assert not Path(f"/proc/{ep0['server_pid']}").exists() or \
-                Path(f"/proc/{ep0['server_pid']}/stat").read_text().split(") ")[1][0] == "Z"
+            assert (
+                not Path(f"/proc/{ep0['server_pid']}").exists()
+                or Path(f"/proc/{ep0['server_pid']}/stat").read_text().split(") ")[1][0] == "Z"
+            )
             assert ep1["server_pid"] != ep0["server_pid"]
         after = _answers(Path(ep1["uds"]), model)
         # restored: forwarded, the restored run parks and is dumped (the proxy exits 0);

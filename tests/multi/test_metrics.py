@@ -87,8 +87,11 @@ def test_prometheus_client_parses_it():
     assert families["spswap_multi_requests"].type == "counter"
     ttft = families["spswap_multi_time_to_first_token_seconds"]
     assert ttft.type == "histogram"
-    buckets = [(s.labels["le"], s.value) for s in ttft.samples
-               if s.name.endswith("_bucket") and s.labels["model"] == "a"]
+    buckets = [
+        (s.labels["le"], s.value)
+        for s in ttft.samples
+        if s.name.endswith("_bucket") and s.labels["model"] == "a"
+    ]
     assert buckets == [("0.1", 1.0), ("1", 2.0), ("+Inf", 3.0)]
     awake = {s.labels["model"]: s.value for s in families["spswap_multi_awake"].samples}
     assert awake == {"a": 1.0, 'q"x': 0.0}

@@ -94,7 +94,8 @@ def test_budget_reason_is_exact():
     assert budget_refusal(6, 2, 15.0, 4.59) == (
         "6 models cannot meet --latency-target-s 15: with 2 awake and a swap of 4.590 s at "
         "most 5 fit the target; serve fewer models, raise --latency-target-s, or allow more "
-        "awake (--units / --awake)")
+        "awake (--units / --awake)"
+    )
 
 
 def test_vllm_with_models_is_refused_before_any_import(tmp_path):

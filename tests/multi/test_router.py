@@ -28,8 +28,9 @@ def make_models(tmp: Path, n: int) -> list[Path]:
 
 
 def options(tmp: Path, models: list[Path], **kw) -> MultiOptions:
-    return MultiOptions(models=tuple(models), socket_path=tmp / "sock" / "api.sock",
-                        state_dir=tmp / "state", **kw)
+    return MultiOptions(
+        models=tuple(models), socket_path=tmp / "sock" / "api.sock", state_dir=tmp / "state", **kw
+    )
 
 
 @pytest.fixture
@@ -80,8 +81,11 @@ def test_queues_per_model_and_concurrent_swaps_give_cold_answers(tmp_path, cfg):
     cold = {m.name: cold_answers(m, prompts, MAX_NEW) for m in models}
     router = start_router(cfg, options(tmp_path, models), log=lambda _m: None)
     try:
-        futs = [(m.name, i, router.submit(m.name, p, MAX_NEW))
-                for i, p in enumerate(prompts) for m in models]
+        futs = [
+            (m.name, i, router.submit(m.name, p, MAX_NEW))
+            for i, p in enumerate(prompts)
+            for m in models
+        ]
         for name, i, fut in futs:
             assert fut.result(120)["token_ids"] == cold[name][i]
         swaps = sum(sum(router.metrics[n].sleeps.values()) for n in router.specs)
@@ -93,12 +97,12 @@ def test_queues_per_model_and_concurrent_swaps_give_cold_answers(tmp_path, cfg):
 
 def test_idle_models_go_to_sleep(tmp_path, cfg):
     models = make_models(tmp_path, 2)
-    router = start_router(cfg, options(tmp_path, models, idle_timeout_s=0.3),
-                          log=lambda _m: None)
+    router = start_router(cfg, options(tmp_path, models, idle_timeout_s=0.3), log=lambda _m: None)
     try:
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and not all(
-                router.metrics[n].sleeps for n in router.specs):
+            router.metrics[n].sleeps for n in router.specs
+        ):
             time.sleep(0.1)
         assert router.placement.awake() == []
         assert router.metrics["m0"].sleeps == {"idle": 1}
@@ -148,8 +152,9 @@ def test_serve_models_holds_its_awake_units_on_the_slot_table(tmp_path, cfg):
     opts = options(tmp_path, models, slot_gpus=(0,))
     stop = threading.Event()
     done: list[dict] = []
-    t = threading.Thread(target=lambda: done.append(
-        serve_models(cfg, opts, stop=stop, log=lambda _m: None)))
+    t = threading.Thread(
+        target=lambda: done.append(serve_models(cfg, opts, stop=stop, log=lambda _m: None))
+    )
     t.start()
     try:
         deadline = time.monotonic() + 60

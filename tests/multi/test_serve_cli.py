@@ -41,7 +41,10 @@ def test_serve_models_socket_tcp_and_stop(tmp_path):
         assert port is not None, "".join(seen)
         status, raw = http_api.request(sock, "GET", "/v1/models")
         assert [(m["id"], m["state"]) for m in json.loads(raw)["data"]] == [
-            ("m0", "awake"), ("m1", "awake"), ("m2", "asleep")]
+            ("m0", "awake"),
+            ("m1", "awake"),
+            ("m2", "asleep"),
+        ]
         assert (sock.stat().st_mode & 0o777) == 0o600
         key = (tmp_path / "state" / "api_key").read_text().strip()
         body = json.dumps({"model": "m2", "prompt": [5, 6, 7], "max_tokens": 5}).encode()

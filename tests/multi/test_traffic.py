@@ -53,8 +53,10 @@ def test_percentile_nearest_rank():
 
 
 def test_summary_and_table_exact():
-    rows = [summarize(2, 30.0, [0.1, 0.2, 0.3], 0, 0, [0.05], 60.0),
-            summarize(2, 60.0, [0.5, 3.0], 1, 0, [], 60.0)]
+    rows = [
+        summarize(2, 30.0, [0.1, 0.2, 0.3], 0, 0, [0.05], 60.0),
+        summarize(2, 60.0, [0.5, 3.0], 1, 0, [], 60.0),
+    ]
     assert rows[0].per_device_hour == 180.0 and rows[0].dedicated_per_device_hour == 90.0
     assert highest_within(rows, 2.0) == {2: 30.0}
     assert render(rows, 2.0) == (
@@ -64,4 +66,5 @@ def test_summary_and_table_exact():
         "         180         90\n"
         "     2        60         3       1      0  0.500  3.000  3.000      0           -  "
         "         120         60\n"
-        "2 models: highest rate within p95 <= 2 s: 30/min\n")
+        "2 models: highest rate within p95 <= 2 s: 30/min\n"
+    )

@@ -13,8 +13,14 @@ import numpy as np
 
 from spswap.fsutil import read_json
 
-NP_DTYPES = {np.dtype("float32"): "F32", np.dtype("float16"): "F16", np.dtype("int64"): "I64",
-             np.dtype("int32"): "I32", np.dtype("uint8"): "U8", np.dtype("float64"): "F64"}
+NP_DTYPES = {
+    np.dtype("float32"): "F32",
+    np.dtype("float16"): "F16",
+    np.dtype("int64"): "I64",
+    np.dtype("int32"): "I32",
+    np.dtype("uint8"): "U8",
+    np.dtype("float64"): "F64",
+}
 
 
 def tensors(seed: int = 0, *, scale: int = 1) -> dict[str, np.ndarray]:
@@ -34,8 +40,11 @@ def header_and_data(arrays: dict[str, np.ndarray]) -> tuple[dict[str, Any], byte
     data = b""
     for name, a in arrays.items():
         raw = np.ascontiguousarray(a).tobytes()
-        header[name] = {"dtype": NP_DTYPES[a.dtype], "shape": list(a.shape),
-                        "data_offsets": [len(data), len(data) + len(raw)]}
+        header[name] = {
+            "dtype": NP_DTYPES[a.dtype],
+            "shape": list(a.shape),
+            "data_offsets": [len(data), len(data) + len(raw)],
+        }
         data += raw
     return header, data
 
@@ -60,7 +69,8 @@ def write_sharded(dirpath: Path, shards: list[dict[str, np.ndarray]]) -> Path:
         write_st(dirpath / fname, arrays)
         weight_map.update({name: fname for name in arrays})
     (dirpath / "model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {"total_size": 0}, "weight_map": weight_map}))
+        json.dumps({"metadata": {"total_size": 0}, "weight_map": weight_map})
+    )
     return dirpath
 
 
@@ -74,5 +84,9 @@ def pool_snapshot(pool_dir: Path) -> tuple[list[str], Any]:
 
 def spawn_python(code: str, *args: str) -> subprocess.Popen[str]:
     """A real separate Python process running ``code`` with ``args`` in sys.argv[1:]."""
-    return subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )

@@ -13,10 +13,29 @@ from spswap.cli.app import app
 
 from .st_files import tensors, write_st
 
-IMPORT_KEYS = {"name", "digest", "path", "data_size_bytes", "tensor_count", "seconds",
-               "bytes_per_s", "reused"}
-ENTRY_KEYS = {"name", "digest", "path", "size_bytes", "data_size_bytes", "tensor_count",
-              "created", "last_used", "users", "sources", "identity"}
+IMPORT_KEYS = {
+    "name",
+    "digest",
+    "path",
+    "data_size_bytes",
+    "tensor_count",
+    "seconds",
+    "bytes_per_s",
+    "reused",
+}
+ENTRY_KEYS = {
+    "name",
+    "digest",
+    "path",
+    "size_bytes",
+    "data_size_bytes",
+    "tensor_count",
+    "created",
+    "last_used",
+    "users",
+    "sources",
+    "identity",
+}
 
 
 @pytest.fixture
@@ -53,8 +72,13 @@ def test_import_ls_verify_rm(env: Path) -> None:
 
     code, out, _ = _run("pool", "verify", "tiny", "--json")
     assert code == 0
-    assert json.loads(out) == {"name": "tiny", "digest": imported["digest"], "ok": True,
-                               "bad_tensor": None, "error": None}
+    assert json.loads(out) == {
+        "name": "tiny",
+        "digest": imported["digest"],
+        "ok": True,
+        "bad_tensor": None,
+        "error": None,
+    }
     code, out, _ = _run("pool", "rm", imported["digest"][:8])
     assert code == 0 and "removed tiny" in out
     assert json.loads(_run("pool", "ls", "--json")[1])["entries"] == []

@@ -51,7 +51,8 @@ def test_three_processes_import_same_file(tmp_path: Path) -> None:
     pool = Pool(pool_dir)
     assert [e.manifest.digest for e in pool.entries()] == [results[0]["digest"]]
     assert sorted(p.name for p in pool_dir.iterdir()) == sorted(
-        [".locks", "index.json", results[0]["digest"]])
+        [".locks", "index.json", results[0]["digest"]]
+    )
     pool.verify(results[0]["digest"])
 
 
@@ -59,8 +60,9 @@ def test_same_content_two_paths_concurrently(tmp_path: Path) -> None:
     arrays = _big_arrays(1)
     a = write_st(tmp_path / "a.safetensors", arrays)
     names = list(arrays)
-    b = write_sharded(tmp_path / "b", [{k: arrays[k] for k in names[:3]},
-                                       {k: arrays[k] for k in names[3:]}])
+    b = write_sharded(
+        tmp_path / "b", [{k: arrays[k] for k in names[:3]}, {k: arrays[k] for k in names[3:]}]
+    )
     results = _run_all(tmp_path / "pool", [a, b, a])
     assert len({r["digest"] for r in results}) == 1
     entries = Pool(tmp_path / "pool").entries()

@@ -21,27 +21,43 @@ def _hdr(spec: dict) -> bytes:
 
 
 def test_parse_header_sorted_by_offset_with_absolute_offsets() -> None:
-    h = _hdr({"b": {"dtype": "F32", "shape": [2], "data_offsets": [8, 16]},
-              "a": {"dtype": "I64", "shape": [1], "data_offsets": [0, 8]},
-              "__metadata__": {"k": "v"}})
+    h = _hdr(
+        {
+            "b": {"dtype": "F32", "shape": [2], "data_offsets": [8, 16]},
+            "a": {"dtype": "I64", "shape": [1], "data_offsets": [0, 8]},
+            "__metadata__": {"k": "v"},
+        }
+    )
     got, meta = parse_header(h, 8 + len(h) + 16, name="x")
     assert [(t.name, t.file_offset, t.size_bytes) for t in got] == [
-        ("a", 8 + len(h), 8), ("b", 8 + len(h) + 8, 8)]
+        ("a", 8 + len(h), 8),
+        ("b", 8 + len(h) + 8, 8),
+    ]
     assert meta == {"k": "v"}
 
 
 @pytest.mark.parametrize(
     ("spec", "data_bytes", "message"),
     [
-        ({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}, 8,
-         "'a' ends at data byte 16 but the file holds only 8 data bytes"),
-        ({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 12]}}, 16,
-         "span 12 bytes but shape [4] of F32 needs 16 (the header lies)"),
-        ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
-          "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}}, 16,
-         "tensors 'a' and 'b' overlap"),
-        ({"a": {"dtype": "Q4", "shape": [2], "data_offsets": [0, 8]}}, 8,
-         "unknown dtype 'Q4'"),
+        (
+            {"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}},
+            8,
+            "'a' ends at data byte 16 but the file holds only 8 data bytes",
+        ),
+        (
+            {"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 12]}},
+            16,
+            "span 12 bytes but shape [4] of F32 needs 16 (the header lies)",
+        ),
+        (
+            {
+                "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]},
+            },
+            16,
+            "tensors 'a' and 'b' overlap",
+        ),
+        ({"a": {"dtype": "Q4", "shape": [2], "data_offsets": [0, 8]}}, 8, "unknown dtype 'Q4'"),
         ({"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 8]}}, 8, "bad shape"),
         ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [8, 0]}}, 8, "bad data_offsets"),
         ({"a": [1, 2]}, 8, "entry is not a JSON object"),
@@ -102,8 +118,9 @@ def test_resolve_file_dir_and_sharded(tmp_path: Path) -> None:
     assert c.name == "single"
     arrays = tensors()
     names = list(arrays)
-    sh = write_sharded(tmp_path / "sh", [{k: arrays[k] for k in names[:2]},
-                                         {k: arrays[k] for k in names[2:]}])
+    sh = write_sharded(
+        tmp_path / "sh", [{k: arrays[k] for k in names[:2]}, {k: arrays[k] for k in names[2:]}]
+    )
     c = resolve_checkpoint(sh)
     assert c.name == "sh" and len(c.files) == 2
     assert {t.name for _f, t in c.tensors} == set(arrays)

@@ -52,8 +52,10 @@ def test_import_single_file(pool: Pool, tmp_path: Path) -> None:
 def test_import_sharded(pool: Pool, tmp_path: Path) -> None:
     arrays = tensors(scale=3)
     names = list(arrays)
-    sh = write_sharded(tmp_path / "my-model", [{k: arrays[k] for k in names[:3]},
-                                               {k: arrays[k] for k in names[3:]}])
+    sh = write_sharded(
+        tmp_path / "my-model",
+        [{k: arrays[k] for k in names[:3]}, {k: arrays[k] for k in names[3:]}],
+    )
     m = pool.import_checkpoint(sh, name="custom")
     assert m.name == "custom" and len(m.sources) == 3
     _assert_entry_holds(pool, m, arrays)
@@ -77,8 +79,9 @@ def test_reimport_unchanged_source_reads_no_data(pool: Pool, tmp_path: Path) -> 
     # Overwrite the data with other bytes but keep size and mtime: a reuse that read the
     # data would notice; one that trusts (path, size, mtime) returns the old entry.
     st = p.stat()
-    header, data = header_and_data({k: v + 1 if v.dtype != np.int64 else v
-                                    for k, v in arrays.items()})
+    header, data = header_and_data(
+        {k: v + 1 if v.dtype != np.int64 else v for k, v in arrays.items()}
+    )
     write_raw(p, header, data)
     os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
     before = pool_snapshot(pool.pool_dir)

@@ -41,8 +41,19 @@ def test_user_cli_reserves_and_releases_through_the_daemon(
 ) -> None:
     Client(cfg).call("job.register", job_id="300", uid=user_uid, user=TEST_USER)
     _warm_up(cfg)
-    res = _spswap_as(user_uid, cfg, "slots", "reserve", "--model", "m", "--units", "2",
-                     "--job-id", "300", "--json")
+    res = _spswap_as(
+        user_uid,
+        cfg,
+        "slots",
+        "reserve",
+        "--model",
+        "m",
+        "--units",
+        "2",
+        "--job-id",
+        "300",
+        "--json",
+    )
     assert res["code"] == 0, res
     made = json.loads(res["out"])
     assert made["holder"]["uid"] == user_uid and made["holder"]["job_id"] == "300"

@@ -147,8 +147,9 @@ def test_pool_use_is_held_by_the_users_process(cfg: Config, daemon: int, user_ui
     pool = Pool.from_config(cfg)
     with access.use_entry(cfg, "shared"):  # root's own use, which the user cannot drop
         out = as_user(user_uid, _use_and_leave, cfg, "shared")
-        assert sorted(map(tuple, out["during"])) == sorted([(os.getpid(), 0),
-                                                            (out["pid"], user_uid)])
+        assert sorted(map(tuple, out["during"])) == sorted(
+            [(os.getpid(), 0), (out["pid"], user_uid)]
+        )
         assert (out["unuse_own"], out["unuse_again"]) == (True, False)
         assert out["open_index_lock"].startswith("PermissionError: "), out
         assert out["after"] == [[os.getpid(), 0]]
@@ -210,8 +211,9 @@ LAYOUT = {"engine": "vllm", "vllm": "0.26.0", "tp_size": 1, "rank": 0, "dtype": 
 
 
 def _import_with_identity(cfg: Config, path: str, claimed_owner: int) -> dict[str, Any]:
-    m = access.import_model(cfg, path, name="exported",
-                            identity={**LAYOUT, "owner_uid": claimed_owner})
+    m = access.import_model(
+        cfg, path, name="exported", identity={**LAYOUT, "owner_uid": claimed_owner}
+    )
     return m.to_json()
 
 

@@ -73,7 +73,8 @@ def test_user_reserves_through_daemon_only(cfg: Config, daemon: int, user_uid: i
     assert out["ended_job"].startswith("PermissionDenied: job 201 has ended"), out
     assert out["release_root"].startswith("PermissionDenied: "), out
     assert out["direct_reserve"].startswith(
-        "PermissionDenied: cannot reserve a slot: the slot table (")
+        "PermissionDenied: cannot reserve a slot: the slot table ("
+    )
     assert "spswap daemon start" in out["direct_reserve"]
     for key in ("write_state.json", "write_slots.lock", "create_file", "read_slots.lock"):
         assert out[key].startswith("PermissionError: "), (key, out[key])

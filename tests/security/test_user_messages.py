@@ -21,14 +21,23 @@ from tests.security.conftest import as_user
 
 def _cli(cfg: Config, *args: str) -> dict[str, Any]:
     r = CliRunner().invoke(app, [*args, "--root", str(cfg.root)])
-    return {"code": r.exit_code, "out": r.stdout, "err": r.stderr if r.stderr_bytes else "",
-            "error": "" if r.exception is None else str(r.exception)}
+    return {
+        "code": r.exit_code,
+        "out": r.stdout,
+        "err": r.stderr if r.stderr_bytes else "",
+        "error": "" if r.exception is None else str(r.exception),
+    }
 
 
 def _warm_up(cfg: Config) -> None:
     """Import, while still root, what the commands load lazily."""
-    for args in (["pool", "rm", "--help"], ["slots", "reserve", "--help"], ["status"],
-                 ["status", "--json"], ["pool", "rm", "nothing-here"]):
+    for args in (
+        ["pool", "rm", "--help"],
+        ["slots", "reserve", "--help"],
+        ["status"],
+        ["status", "--json"],
+        ["pool", "rm", "nothing-here"],
+    ):
         _cli(cfg, *args)
     import spswap.access  # noqa: F401
     import spswap.daemon.client  # noqa: F401
@@ -65,8 +74,10 @@ def test_asking_another_users_socket_says_whose_it_is(user_uid: int) -> None:
     assert said == (f"{path} belongs to another user (root, uid 0): a serving job's socket "
                     "answers its own user only (and root); ask a job of yours")  # fmt: skip
     # the socket of a run that ended: nothing listens on the file it left
-    assert asks() == (f"nothing listens on {path} any more: the run that opened it has ended "
-                      "(or is stopped for a preemption); ask again once the job runs")
+    assert asks() == (
+        f"nothing listens on {path} any more: the run that opened it has ended "
+        "(or is stopped for a preemption); ask again once the job runs"
+    )
 
 
 def test_pool_rm_as_a_user_says_it_is_roots(cfg: Config, daemon: int, user_uid: int,

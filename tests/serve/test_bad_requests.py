@@ -70,8 +70,10 @@ def test_bad_requests_get_errors_and_the_server_goes_on(tmp_path: Path) -> None:
         for i in range(40):  # random ids, lengths and sizes, some out of range
             ids = [rng.randint(-5, vocab + 5) for _ in range(rng.randint(1, 40))]
             n = rng.choice([rng.randint(1, 6), max_len + rng.randint(0, 9), 5000])
-            lines.append(json.dumps({"id": f"fz{i}", "prompt_ids": ids,
-                                     "max_new_tokens": n}).encode() + b"\n")
+            lines.append(
+                json.dumps({"id": f"fz{i}", "prompt_ids": ids, "max_new_tokens": n}).encode()
+                + b"\n"
+            )
         for line in lines:
             answer = _raw(sock, line)
             assert answer.get("ok") or answer.get("error"), answer
@@ -171,8 +173,21 @@ def test_a_stop_drains_a_long_request_within_the_limit_and_saves_it(tmp_path: Pa
     sock = Path(tempfile.mkdtemp(prefix="spdrain-", dir="/tmp")) / "s.sock"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env["SPSWAP_ROOT"] = str(tmp_path / "root")
-    argv = [sys.executable, "-m", "spswap.cli", "serve", str(model), "--state-dir",
-            str(tmp_path / "state"), "--device", "cpu", "--socket", str(sock), "--drain-s", "0.2"]
+    argv = [
+        sys.executable,
+        "-m",
+        "spswap.cli",
+        "serve",
+        str(model),
+        "--state-dir",
+        str(tmp_path / "state"),
+        "--device",
+        "cpu",
+        "--socket",
+        str(sock),
+        "--drain-s",
+        "0.2",
+    ]
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)  # fmt: skip
     got: dict = {}
@@ -219,8 +234,9 @@ def test_at_a_stop_a_client_whose_answer_came_gets_it_not_saved(tmp_path: Path) 
     front = Front(spool, sock)
     front.open()
     got: dict = {}
-    t = threading.Thread(target=lambda: got.update(
-        ask(sock, {"id": "q", "prompt_ids": [1], "max_new_tokens": 2})))
+    t = threading.Thread(
+        target=lambda: got.update(ask(sock, {"id": "q", "prompt_ids": [1], "max_new_tokens": 2}))
+    )
     t.start()
     deadline = time.monotonic() + 10
     while not list(spool.pending()):

@@ -31,9 +31,25 @@ def test_ask_over_the_socket(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env["SPSWAP_ROOT"] = str(tmp_path / "root")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "spswap.cli", "serve", str(model), "--state-dir",
-         str(tmp_path / "state"), "--device", "cpu", "--socket", str(sock), "--json"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "spswap.cli",
+            "serve",
+            str(model),
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--device",
+            "cpu",
+            "--socket",
+            str(sock),
+            "--json",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 60
         while not sock.exists():
@@ -113,9 +129,25 @@ def test_serve_socket_auto_with_a_foreign_runtime_dir(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env.update(SPSWAP_ROOT=str(tmp_path / "root"), XDG_RUNTIME_DIR=str(theirs))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "spswap.cli", "serve", str(model), "--state-dir", str(state),
-         "--device", "cpu", "--socket", "auto", "--json"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "spswap.cli",
+            "serve",
+            str(model),
+            "--state-dir",
+            str(state),
+            "--device",
+            "cpu",
+            "--socket",
+            "auto",
+            "--json",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     sock = state / "sock" / "serve.sock"
     try:
         deadline = time.monotonic() + 60
@@ -123,8 +155,10 @@ def test_serve_socket_auto_with_a_foreign_runtime_dir(tmp_path: Path) -> None:
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        assert ask(sock, {"prompt_ids": [4, 5], "max_new_tokens": 3})["output_ids"] == cold_answers(
-            model, [[4, 5]], 3)[0]
+        assert (
+            ask(sock, {"prompt_ids": [4, 5], "max_new_tokens": 3})["output_ids"]
+            == cold_answers(model, [[4, 5]], 3)[0]
+        )
         assert not list(theirs.iterdir())
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=60)

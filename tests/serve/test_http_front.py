@@ -76,8 +76,9 @@ def test_upstream_head_drops_the_key_and_hop_by_hop_headers() -> None:
 
 def test_error_response_is_exact() -> None:
     assert error_response(403, "no") == (
-        b'HTTP/1.1 403 Forbidden\r\ncontent-type: application/json\r\ncontent-length: 41\r\n'
-        b'connection: close\r\n\r\n{"error": {"message": "no", "code": 403}}')
+        b"HTTP/1.1 403 Forbidden\r\ncontent-type: application/json\r\ncontent-length: 41\r\n"
+        b'connection: close\r\n\r\n{"error": {"message": "no", "code": 403}}'
+    )
 
 
 def test_new_key_is_private(tmp_path: Path) -> None:

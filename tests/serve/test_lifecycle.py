@@ -44,9 +44,15 @@ def _requeued_run(tmp: Path, restore: RestoreStandIn, *, exit_when_idle: bool = 
     opts = ServeOptions(model=model, state_dir=tmp / "state", requests_file=reqs,
                         exit_when_idle=exit_when_idle)  # fmt: skip
     logs: list[str] = []
-    run = reference_run(Config.from_env({}, root=tmp / "root"), opts,
-                        engine_factory=make_engine, job_id="77", restart_count=1,
-                        checkpointer=restore, log=logs.append)  # type: ignore[arg-type]
+    run = reference_run(
+        Config.from_env({}, root=tmp / "root"),
+        opts,
+        engine_factory=make_engine,
+        job_id="77",
+        restart_count=1,
+        checkpointer=restore,
+        log=logs.append,
+    )  # type: ignore[arg-type]
     try:
         return run.run(), logs
     finally:
@@ -64,7 +70,8 @@ def test_a_restored_instance_that_dies_with_work_left_is_replaced_by_a_cold_star
     reason = result.cold_reason
     assert reason is not None and reason.startswith(
         f"cold start: the restored instance (pid {result.restored_pid}) ended on its own "
-        f"({len(PROMPTS)} request(s) unanswered)"), reason
+        f"({len(PROMPTS)} request(s) unanswered)"
+    ), reason
     assert f"ended what it left running (pid {child})" in reason
     assert not running(child)  # it would have held what the cold start needs
     assert f"spswap serve: {reason}" in logs  # the job's log says why
@@ -78,7 +85,9 @@ def test_a_restored_instance_that_dies_with_work_left_is_replaced_by_a_cold_star
     # runs.jsonl: the restore, then the cold start with its reason
     runs = read_runs(tmp_path / "state")
     assert [(r.restart_count, r.path, r.reason) for r in runs] == [
-        (1, RunPath.IMAGE, None), (1, result.path, reason)]
+        (1, RunPath.IMAGE, None),
+        (1, result.path, reason),
+    ]
 
 
 def test_a_restored_instance_that_finished_its_work_starts_nothing(tmp_path: Path) -> None:

@@ -38,10 +38,12 @@ def _park(monkeypatch: pytest.MonkeyPatch, states: list[str], resume_after_s: fl
     ck = DaemonCheckpointer(Config.from_env({}), wait_s=5.0)
     monkeypatch.setattr(ck, "_client", lambda: answers)
     if resume_after_s is not None:
+
         def resume() -> None:
             answers.states = ["restored"]
             answers.calls = 0
             ck.resumed.set()
+
         threading.Timer(resume_after_s, resume).start()
     return ck.park("7", {}), answers
 

@@ -96,8 +96,9 @@ def test_watch_ends_when_the_instance_left_the_job(monkeypatch: pytest.MonkeyPat
     # a kept instance never exits: the watch must end on spswapd's word, long before it
     pid = _child("time.sleep(30)")
     parked_at = time.monotonic() + 0.3
-    monkeypatch.setattr(run_watch, "_cgroup_text",
-                        lambda p: V2_PARKED if time.monotonic() > parked_at else V2_JOB)
+    monkeypatch.setattr(
+        run_watch, "_cgroup_text", lambda p: V2_PARKED if time.monotonic() > parked_at else V2_JOB
+    )
     try:
         t0 = time.monotonic()
         assert RunWatch(pid, "42", lambda j: {"pid": pid, "left_job": True}).wait() == 0
@@ -112,8 +113,13 @@ def test_watch_ends_when_the_instance_left_the_job(monkeypatch: pytest.MonkeyPat
 
 def test_stand_in_ends_once_its_stopped_instance_left_the_job() -> None:
     # the instance ignores the forwarded SIGTERM, as a parked (frozen) one stays alive
-    proc = subprocess.Popen([sys.executable, "-c", "import signal, time; "
-                             "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(30)"])
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(30)",
+        ]
+    )
     try:
         time.sleep(0.3)  # its handler is in place
         left_at = time.monotonic() + 0.3

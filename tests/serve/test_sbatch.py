@@ -20,10 +20,18 @@ from spswap.serve.sbatch import (
 def test_template_file_matches_renderer(name, text):
     on_disk = (TEMPLATES_DIR / name).read_text()
     if on_disk != text:
-        diff = "".join(difflib.unified_diff(on_disk.splitlines(True), text.splitlines(True),
-                                            f"sbatch_templates/{name}", "rendered"))
-        pytest.fail(f"{name} differs from its renderer:\n{diff}\n"
-                    "accept with: python -m spswap.serve.sbatch --write")
+        diff = "".join(
+            difflib.unified_diff(
+                on_disk.splitlines(True),
+                text.splitlines(True),
+                f"sbatch_templates/{name}",
+                "rendered",
+            )
+        )
+        pytest.fail(
+            f"{name} differs from its renderer:\n{diff}\n"
+            "accept with: python -m spswap.serve.sbatch --write"
+        )
 
 
 @pytest.mark.parametrize(("name", "text"), sorted(templates().items()))
@@ -34,8 +42,10 @@ def test_template_is_valid_bash(name, text):
 def test_handlers_only_forward_signals():
     text = render_serve()
     traps = [line for line in text.splitlines() if line.startswith("trap ")]
-    assert traps == ["trap 'kill -USR1 \"$PID\" 2>/dev/null' USR1",
-                     "trap 'kill -TERM \"$PID\" 2>/dev/null' TERM"]
+    assert traps == [
+        "trap 'kill -USR1 \"$PID\" 2>/dev/null' USR1",
+        "trap 'kill -TERM \"$PID\" 2>/dev/null' TERM",
+    ]
     assert "#SBATCH --requeue" in text and "#SBATCH --signal=B:USR1@120" in text
 
 
@@ -46,8 +56,11 @@ def test_options_are_quoted():
 
 
 def test_vllm_template_passes_vllm_options_after_the_dashes():
-    text = render_serve_vllm(SbatchOptions(engine="vllm", model="/m",
-                                           vllm_args="--max-num-seqs 8 --served-model-name 'a b'"))
+    text = render_serve_vllm(
+        SbatchOptions(
+            engine="vllm", model="/m", vllm_args="--max-num-seqs 8 --served-model-name 'a b'"
+        )
+    )
     assert "VLLM_ARGS=(--max-num-seqs 8 --served-model-name 'a b')" in text
     assert 'spswap serve "$MODEL" --state-dir "$STATE" --units 4 --engine vllm -- ' \
         '"${VLLM_ARGS[@]}" &' in text  # fmt: skip

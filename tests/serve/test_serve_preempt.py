@@ -30,9 +30,23 @@ def _serve(tmp: Path, model: Path, env_extra: dict[str, str], *extra: str) -> su
     env = {**os.environ, "SPSWAP_ROOT": str(tmp / "root"), **env_extra}
     env.pop("SLURM_JOB_ID", None)
     return subprocess.Popen(
-        [sys.executable, "-m", "spswap.cli", "serve", str(model), "--state-dir",
-         str(tmp / "state"), "--device", "cpu", "--json", *extra],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "spswap.cli",
+            "serve",
+            str(model),
+            "--state-dir",
+            str(tmp / "state"),
+            "--device",
+            "cpu",
+            "--json",
+            *extra,
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -42,9 +56,12 @@ def test_usr1_saves_unanswered_requests_and_the_next_run_answers_them(tmp_path):
     save_checkpoint(preset("small"), model)
     prompts = [[1 + i, 7, 3 + 2 * i, 11] for i in range(N_REQUESTS)]
     reqs = tmp_path / "requests.jsonl"
-    reqs.write_text("".join(json.dumps({"id": f"r{i:02d}", "prompt_ids": p,
-                                        "max_new_tokens": MAX_NEW}) + "\n"
-                            for i, p in enumerate(prompts)))
+    reqs.write_text(
+        "".join(
+            json.dumps({"id": f"r{i:02d}", "prompt_ids": p, "max_new_tokens": MAX_NEW}) + "\n"
+            for i, p in enumerate(prompts)
+        )
+    )
     outbox = tmp_path / "state" / "outbox"
 
     first = _serve(tmp_path, model, {}, "--requests", str(reqs))
@@ -64,8 +81,9 @@ def test_usr1_saves_unanswered_requests_and_the_next_run_answers_them(tmp_path):
 
     # The requeued run: same state dir, restart count 1, the same requests file (enqueueing
     # it again must not duplicate anything).
-    second = _serve(tmp_path, model, {"SLURM_RESTART_COUNT": "1"}, "--requests", str(reqs),
-                    "--exit-when-idle")
+    second = _serve(
+        tmp_path, model, {"SLURM_RESTART_COUNT": "1"}, "--requests", str(reqs), "--exit-when-idle"
+    )
     out, err = second.communicate(timeout=300)
     assert second.returncode == 0, err
     summary2 = json.loads(out)

@@ -40,10 +40,14 @@ def _args(engine: str, tmp_path: Path) -> tuple[list[str], dict[str, str]]:
 
 
 @pytest.mark.parametrize("engine", ["vllm", "reference"])
-@pytest.mark.skipif(os.geteuid() != 0, reason="writes the slot table directly (root); the "
-                    "daemon path is the same reserve call, through spswapd")
-def test_a_stop_while_waiting_for_the_slot_ends_the_run_at_once(engine: str,
-                                                                tmp_path: Path) -> None:
+@pytest.mark.skipif(
+    os.geteuid() != 0,
+    reason="writes the slot table directly (root); the "
+    "daemon path is the same reserve call, through spswapd",
+)
+def test_a_stop_while_waiting_for_the_slot_ends_the_run_at_once(
+    engine: str, tmp_path: Path
+) -> None:
     root = tmp_path / "root"
     cfg = Config.from_env({}, root=root)
     table = SlotTable.from_config(cfg, gpus=[0])

@@ -57,8 +57,9 @@ def test_api_server_argv_is_exact(tmp_path: Path) -> None:
     assert argv[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
     assert "auto" in argv and "--enforce-eager" not in argv and "--skip-tokenizer-init" \
         not in argv and argv[-1] == "--enable-prefix-caching"  # fmt: skip
-    sized = api_server_argv(Path("/m"), Path("/s"), VllmSettings(kv_cache_memory_bytes=4 << 30),
-                            dummy=True)
+    sized = api_server_argv(
+        Path("/m"), Path("/s"), VllmSettings(kv_cache_memory_bytes=4 << 30), dummy=True
+    )
     at = sized.index("--kv-cache-memory-bytes")
     assert sized[at + 1] == str(4 << 30) and "--kv-cache-memory-bytes" not in argv
 
@@ -219,12 +220,14 @@ class _DirectPool:
         self.imports.append((path.name, identity))
         assert stat.S_IMODE(path.stat().st_mode) == 0o600  # the export file is private
         assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700  # in a private directory
-        return self.pool.import_checkpoint(path, name=name, identity={**identity,
-                                                                      "owner_uid": 1234})
+        return self.pool.import_checkpoint(
+            path, name=name, identity={**identity, "owner_uid": 1234}
+        )
 
 
-def test_a_users_export_goes_through_a_private_file(tmp_path: Path,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_users_export_goes_through_a_private_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Not root: the worker writes its weights to a 0600 file in the state directory, the
     pool imports it with the layout identity, the file is removed, and the next run of
     the same user starts from that entry."""
@@ -369,7 +372,6 @@ def test_a_state_directory_others_could_swap_is_refused(tmp_path: Path) -> None:
         run.run()
 
 
-
 def test_a_restored_server_that_dies_is_replaced_by_a_cold_start(tmp_path: Path) -> None:
     """A requeued run stands in for its restored instance, which dies (killed) and leaves
     its vLLM server running: the run ends that server (on a GPU it holds the memory the
@@ -402,8 +404,15 @@ time.sleep(1.0)
 os._exit(9)
 """)
     logs: list[str] = []
-    run = vllm_run(cfg, opts, job_id="77", restart_count=1, vllm_version="x",
-                   log=logs.append, checkpointer=restore)  # type: ignore[arg-type]
+    run = vllm_run(
+        cfg,
+        opts,
+        job_id="77",
+        restart_count=1,
+        vllm_version="x",
+        log=logs.append,
+        checkpointer=restore,
+    )  # type: ignore[arg-type]
     try:
         th, out = _run_in_thread(run)
         left_server = int(restore.first_line)
@@ -425,4 +434,6 @@ os._exit(9)
                       f"left running (pid {left_server})")  # fmt: skip
     assert f"spswap serve: {reason}" in logs and result.path is RunPath.POOL
     assert [(r.restart_count, r.path, r.reason) for r in read_runs(state)][-2:] == [
-        (1, RunPath.IMAGE, None), (1, RunPath.POOL, reason)]
+        (1, RunPath.IMAGE, None),
+        (1, RunPath.POOL, reason),
+    ]

@@ -94,8 +94,11 @@ def main() -> None:
     worker = Worker(model)
     # as vLLM's server holds: a named POSIX semaphore (a spawn-context lock), which a
     # dump needs --link-remap for; the lock lives as long as the server
-    sem = multiprocessing.get_context("spawn").Lock() \
-        if os.environ.get("STANDIN_SEMAPHORE") == "1" else None  # noqa: F841
+    sem = (  # noqa: F841
+        multiprocessing.get_context("spawn").Lock()
+        if os.environ.get("STANDIN_SEMAPHORE") == "1"
+        else None
+    )
     state = {"asleep": False, "running": 0}
     lock = threading.Lock()
 

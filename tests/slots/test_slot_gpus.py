@@ -17,8 +17,21 @@ from spswap.slots.gpus import GpuInfo, discover_gpus, gpu_indexes_from_device_na
     [
         ([], []),
         (["nvidia0"], [0]),
-        (["nvidia1", "nvidia0", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-caps",
-          "nvidia-modeset", "nvidia10", "nvidiaX", "null"], [0, 1, 10]),
+        (
+            [
+                "nvidia1",
+                "nvidia0",
+                "nvidiactl",
+                "nvidia-uvm",
+                "nvidia-uvm-tools",
+                "nvidia-caps",
+                "nvidia-modeset",
+                "nvidia10",
+                "nvidiaX",
+                "null",
+            ],
+            [0, 1, 10],
+        ),
     ],
 )
 def test_gpu_indexes_from_device_names(names: list[str], expected: list[int]) -> None:

@@ -42,7 +42,7 @@ def checkout_spswap(root: Path) -> str:
     bin_dir = root.parent / f"{root.name}-bin"
     bin_dir.mkdir(mode=0o755)
     exe = bin_dir / "spswap"
-    exe.write_text(f"#!/bin/sh\nexec {sys.executable} -c {shlex.quote(ENTRY_CALL)} \"$@\"\n")
+    exe.write_text(f'#!/bin/sh\nexec {sys.executable} -c {shlex.quote(ENTRY_CALL)} "$@"\n')
     exe.chmod(0o755)
     return str(exe)
 

@@ -161,7 +161,7 @@ def test_pyslurm_errors_become_slurm_command_errors() -> None:
 # ---------------------------------------------------------------- CLI, argv and failures
 def _shim(bin_dir: Path, name: str, body: str) -> None:
     path = bin_dir / name
-    path.write_text(f"#!/bin/sh\necho \"$0 $*\" >> {bin_dir}/calls\n{body}\n")
+    path.write_text(f'#!/bin/sh\necho "$0 $*" >> {bin_dir}/calls\n{body}\n')
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
 
 
@@ -191,7 +191,11 @@ def test_cli_argv(shim_path: Path) -> None:
     backend.cancel("8")
     assert [j.job_id for j in backend.jobs()] == ["1", "2", "3", "4", "5"]
     assert _calls(shim_path) == [
-        "show job -d 8", "requeue 8", "--batch --signal=USR1 8", "8", "--json",
+        "show job -d 8",
+        "requeue 8",
+        "--batch --signal=USR1 8",
+        "8",
+        "--json",
     ]
 
 

@@ -70,7 +70,8 @@ def test_bench_turns_as_a_normal_user(slurm_cluster: SlurmCluster, user_uid: int
                   / "outbox" / f"turn{t['index']:03d}.json" for t in turns[:3]}  # fmt: skip
         for name, path in outbox.items():
             assert [json.loads(path.read_text())["output_ids"]] == cold_answers(
-                top / "work" / "models" / name, [list(DEFAULT_PROMPT)], max_new), name
+                top / "work" / "models" / name, [list(DEFAULT_PROMPT)], max_new
+            ), name
         _assert_nothing_left(slurm_cluster, list(report["job_ids"].values()), top)
     finally:
         shutil.rmtree(top, ignore_errors=True)
@@ -87,5 +88,8 @@ def _assert_nothing_left(cluster: SlurmCluster, job_ids: list[str], top: Path) -
     wait_for("the images of the cancelled jobs to go", lambda: not [
         p for j in job_ids for p in images_of_job(images, j) + temp_dirs(images, j)],
         timeout_s=60)  # fmt: skip
-    wait_for("no process of the jobs (a kept tree is one)", lambda: subprocess.run(
-        ["pgrep", "-f", str(top)], capture_output=True).returncode == 1, timeout_s=60)
+    wait_for(
+        "no process of the jobs (a kept tree is one)",
+        lambda: subprocess.run(["pgrep", "-f", str(top)], capture_output=True).returncode == 1,
+        timeout_s=60,
+    )

@@ -16,9 +16,9 @@ REPO = Path(__file__).resolve().parents[2]
 HOOKS = ["prolog", "epilog"]
 
 
-def _run_hook(action: str, tmp_path: Path, bin_body: str | None, extra: str = "") -> tuple[
-    subprocess.CompletedProcess[str], str, float
-]:
+def _run_hook(
+    action: str, tmp_path: Path, bin_body: str | None, extra: str = ""
+) -> tuple[subprocess.CompletedProcess[str], str, float]:
     root = tmp_path / "root"
     defaults = tmp_path / "defaults"
     lines = [f"SPSWAP_ROOT={root}"]

@@ -41,7 +41,12 @@ def test_job_environment_has_its_fake_gpu(slurm_cluster: SlurmCluster, backend: 
     env = JobEnv.from_env(_env_file(out))
     assert env is not None
     assert (env.job_id, env.restart_count, env.uid, env.user, env.partition) == (
-        job, 0, 0, "root", "debug")
+        job,
+        0,
+        0,
+        "root",
+        "debug",
+    )
     assert len(env.gpus) == 1 and env.gpus[0] in (0, 1)
     # the prolog ran for this job (spswap's outcome is logged, whatever it was)
     wait_for("the prolog's log line",
@@ -177,9 +182,14 @@ def test_prolog_daemon_outlives_the_job_and_is_reused(
     assert lifecycle.daemon_running(cfg) == pid and lifecycle.ping(cfg)
     jobs = {j["job_id"]: j for j in Client(cfg).call("jobs.list")}
     assert {first, second} <= set(jobs)
-    wait_for("the epilogs", lambda: all(
-        j["state"] != "running" for j in Client(cfg).call("jobs.list")
-        if j["job_id"] in (first, second)))
+    wait_for(
+        "the epilogs",
+        lambda: all(
+            j["state"] != "running"
+            for j in Client(cfg).call("jobs.list")
+            if j["job_id"] in (first, second)
+        ),
+    )
 
 
 def test_images_of_finished_jobs_are_collected(

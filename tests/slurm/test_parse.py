@@ -239,6 +239,7 @@ def test_a_completing_job_is_gone_unless_its_restart_count_went_up() -> None:
 
 # -- requeueable or not (issue 15 item 8) ----------------------------------------------------
 
+
 def test_requeue_flag_from_scontrol_and_squeue() -> None:
     from spswap.slurm.parse import parse_squeue_json
 

@@ -32,19 +32,32 @@ MAX_NEW = 12
 
 def _requests(path: Path, prefix: str, n: int) -> list[list[int]]:
     prompts = [[3 + i, 9, 2 * i + 1, 5] for i in range(n)]
-    path.write_text("".join(json.dumps({"id": f"{prefix}{i:02d}", "prompt_ids": p,
-                                        "max_new_tokens": MAX_NEW}) + "\n"
-                            for i, p in enumerate(prompts)))
+    path.write_text(
+        "".join(
+            json.dumps({"id": f"{prefix}{i:02d}", "prompt_ids": p, "max_new_tokens": MAX_NEW})
+            + "\n"
+            for i, p in enumerate(prompts)
+        )
+    )
     return prompts
 
 
 def _submit(cluster: SlurmCluster, script: str, name: str) -> str:
     path = cluster.work / f"{name}.sbatch"
     path.write_text(script)
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-               SPSWAP_ROOT=str(cluster.spswap_root))
-    out = subprocess.run(["sbatch", "--parsable", f"--chdir={cluster.work}", str(path)],
-                         env=env, capture_output=True, text=True, timeout=30, check=True)
+    env = dict(
+        os.environ,
+        PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        SPSWAP_ROOT=str(cluster.spswap_root),
+    )
+    out = subprocess.run(
+        ["sbatch", "--parsable", f"--chdir={cluster.work}", str(path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
     return out.stdout.strip().split(";")[0]
 
 
@@ -96,7 +109,7 @@ def _assert_parked(cluster: SlurmCluster, job: str, *, early_requeue: bool) -> N
     assert parked and not any(Path(p).exists() for p in parked), parked  # removed after
     # the run ended once its tree had left the job, not at KillWait's SIGKILL (5 s in
     # scripts/slurm_up.sh's slurm.conf): a kept tree never exits (spswap.serve.run_watch)
-    ended = next(e for e in log[kinds.index("checkpoint.parked"):] if e["kind"] == "job.end")
+    ended = next(e for e in log[kinds.index("checkpoint.parked") :] if e["kind"] == "job.end")
     waited_s = ended["ts"] - log[kinds.index("checkpoint.parked")]["ts"]
     assert waited_s < KILL_WAIT_S, f"the job ended {waited_s:.1f} s after its park: {kinds}"
     if early_requeue:
@@ -121,31 +134,56 @@ def test_preempted_job_resumes_its_requests_and_answers_like_cold(
     prompts_a = _requests(work / "a.jsonl", "a", 48)
     prompts_b = _requests(work / "b.jsonl", "b", 4)
 
-    low = _submit(slurm_cluster, render_serve(SbatchOptions(
-        model=str(model_a), job_name="swap-low", partition="low", gpus=2,
-        requests=str(work / "a.jsonl"), time_limit="00:20:00")).replace(
-            " --exit-when-idle", ""), "swap-low")
+    low = _submit(
+        slurm_cluster,
+        render_serve(
+            SbatchOptions(
+                model=str(model_a),
+                job_name="swap-low",
+                partition="low",
+                gpus=2,
+                requests=str(work / "a.jsonl"),
+                time_limit="00:20:00",
+            )
+        ).replace(" --exit-when-idle", ""),
+        "swap-low",
+    )
     state_a = work / ".spswap" / low
     wait_for("job A's first answers", lambda: len(_answers(state_a)) >= 2, timeout_s=120)
 
-    high = _submit(slurm_cluster, render_serve(SbatchOptions(
-        model=str(model_b), job_name="swap-high", partition="high", gpus=1,
-        requests=str(work / "b.jsonl"), time_limit="00:20:00")), "swap-high")
+    high = _submit(
+        slurm_cluster,
+        render_serve(
+            SbatchOptions(
+                model=str(model_b),
+                job_name="swap-high",
+                partition="high",
+                gpus=1,
+                requests=str(work / "b.jsonl"),
+                time_limit="00:20:00",
+            )
+        ),
+        "swap-high",
+    )
     state_b = work / ".spswap" / high
-    wait_for("job B's answers", lambda: len(_answers(state_b)) == len(prompts_b),
-             timeout_s=120)
-    wait_for("job A's requeued run to finish every request",
-             lambda: len(_answers(state_a)) == len(prompts_a), timeout_s=180)
+    wait_for("job B's answers", lambda: len(_answers(state_b)) == len(prompts_b), timeout_s=120)
+    wait_for(
+        "job A's requeued run to finish every request",
+        lambda: len(_answers(state_a)) == len(prompts_a),
+        timeout_s=180,
+    )
 
     log_a = _job_log(slurm_cluster, "swap-low", low)
     answers_a, answers_b = _answers(state_a), _answers(state_b)
     runs = sorted({a["restart_count"] for a in answers_a.values()})
     assert runs == [0, 1], f"A must answer in both runs; log:\n{log_a}"
     _assert_swapped(log_a, "SIGUSR1")
-    assert [answers_a[f"a{i:02d}"]["output_ids"] for i in range(len(prompts_a))] == \
-        cold_answers(model_a, prompts_a, MAX_NEW)
-    assert [answers_b[f"b{i:02d}"]["output_ids"] for i in range(len(prompts_b))] == \
-        cold_answers(model_b, prompts_b, MAX_NEW)
+    assert [answers_a[f"a{i:02d}"]["output_ids"] for i in range(len(prompts_a))] == cold_answers(
+        model_a, prompts_a, MAX_NEW
+    )
+    assert [answers_b[f"b{i:02d}"]["output_ids"] for i in range(len(prompts_b))] == cold_answers(
+        model_b, prompts_b, MAX_NEW
+    )
     assert not list((state_a / "inbox").glob("*.json"))
     from spswap.slurm.backend import CliBackend
 
@@ -154,16 +192,29 @@ def test_preempted_job_resumes_its_requests_and_answers_like_cold(
     wait_for("every slot released", lambda: table.reservations() == [], timeout_s=60)
 
 
-def _serving_job(cluster: SlurmCluster, name: str, n: int, *, exit_when_idle: bool = True,
-                 no_requeue: bool = False) -> tuple[str, Path, Path, list[list[int]]]:
+def _serving_job(
+    cluster: SlurmCluster,
+    name: str,
+    n: int,
+    *,
+    exit_when_idle: bool = True,
+    no_requeue: bool = False,
+) -> tuple[str, Path, Path, list[list[int]]]:
     work = cluster.work
     model = work / f"model-{name}"
     if not model.exists():
         save_checkpoint(preset("small"), model)
     prompts = _requests(work / f"{name}.jsonl", name, n)
-    script = render_serve(SbatchOptions(model=str(model), job_name=name, partition="debug",
-                                        gpus=1, requests=str(work / f"{name}.jsonl"),
-                                        time_limit="00:20:00"))
+    script = render_serve(
+        SbatchOptions(
+            model=str(model),
+            job_name=name,
+            partition="debug",
+            gpus=1,
+            requests=str(work / f"{name}.jsonl"),
+            time_limit="00:20:00",
+        )
+    )
     if not exit_when_idle:
         script = script.replace(" --exit-when-idle", "")
     if no_requeue:
@@ -184,8 +235,7 @@ def test_requeue_and_usr1_take_the_same_path(slurm_cluster: SlurmCluster, how: s
         backend.requeue(job)
     else:
         backend.signal_batch(job, "USR1")
-    wait_for("every request answered", lambda: len(_answers(state)) == len(prompts),
-             timeout_s=180)
+    wait_for("every request answered", lambda: len(_answers(state)) == len(prompts), timeout_s=180)
     log = _job_log(slurm_cluster, f"rq-{how}", job)
     answers = _answers(state)
     assert sorted({a["restart_count"] for a in answers.values()}) == [0, 1], log
@@ -193,8 +243,9 @@ def test_requeue_and_usr1_take_the_same_path(slurm_cluster: SlurmCluster, how: s
     assert "not requeueable" not in log, log  # the template's --requeue: no warning
     if _criu_usable() and slurm_cluster.proctrack == "cgroup":
         _assert_parked(slurm_cluster, job, early_requeue=how != "scontrol-requeue")
-    assert [answers[f"rq-{how}{i:02d}"]["output_ids"] for i in range(len(prompts))] == \
-        cold_answers(model, prompts, MAX_NEW)
+    assert [answers[f"rq-{how}{i:02d}"]["output_ids"] for i in range(len(prompts))] == cold_answers(
+        model, prompts, MAX_NEW
+    )
     table = SlotTable(slurm_cluster.spswap_root / "slots", [0, 1])
     wait_for("every slot released", lambda: table.reservations() == [], timeout_s=30)
 
@@ -202,17 +253,20 @@ def test_requeue_and_usr1_take_the_same_path(slurm_cluster: SlurmCluster, how: s
 def test_sigkilled_server_leaves_no_reservation_behind(slurm_cluster: SlurmCluster) -> None:
     from spswap.slurm.backend import CliBackend
 
-    job, state, _model, _prompts = _serving_job(slurm_cluster, "killed", 4,
-                                                exit_when_idle=False)
+    job, state, _model, _prompts = _serving_job(slurm_cluster, "killed", 4, exit_when_idle=False)
     table = SlotTable(slurm_cluster.spswap_root / "slots", [0, 1])
-    held = wait_for("the job's reservation",
-                    lambda: [r for r in table.reservations() if r.holder.job_id == job],
-                    timeout_s=120)
+    held = wait_for(
+        "the job's reservation",
+        lambda: [r for r in table.reservations() if r.holder.job_id == job],
+        timeout_s=120,
+    )
     wait_for("its answers", lambda: len(_answers(state)) == 4, timeout_s=120)
     os.kill(held[0].holder.pid, 9)  # no handler runs, nothing is released by the job
-    wait_for("the reservation reclaimed",
-             lambda: not [r for r in table.reservations() if r.holder.job_id == job],
-             timeout_s=60)
+    wait_for(
+        "the reservation reclaimed",
+        lambda: not [r for r in table.reservations() if r.holder.job_id == job],
+        timeout_s=60,
+    )
     backend = CliBackend()
     wait_for("the job to end", lambda: backend.job_alive(job) is False, timeout_s=60)
     # the GPU is usable again: a new reservation on it is granted at once
@@ -222,7 +276,8 @@ def test_sigkilled_server_leaves_no_reservation_behind(slurm_cluster: SlurmClust
 
 
 def test_a_dump_that_fails_after_the_early_requeue_ends_the_instance(
-    slurm_cluster: SlurmCluster, tmp_path: Path,
+    slurm_cluster: SlurmCluster,
+    tmp_path: Path,
 ) -> None:
     """USR1, the tree parked outside its job and the job requeued at once, then CRIU
     fails (the images' tmpfs is full): the instance cannot go back into a job that is
@@ -244,8 +299,9 @@ def test_a_dump_that_fails_after_the_early_requeue_ends_the_instance(
         job, state, model, prompts = _serving_job(slurm_cluster, "early-fail", 16)
         wait_for("the first answers", lambda: len(_answers(state)) >= 2, timeout_s=120)
         CliBackend().signal_batch(job, "USR1")
-        wait_for("every request answered", lambda: len(_answers(state)) == len(prompts),
-                 timeout_s=240)
+        wait_for(
+            "every request answered", lambda: len(_answers(state)) == len(prompts), timeout_s=240
+        )
     finally:
         subprocess.run(["umount", "-l", str(images)], check=False)
     log = [e for e in events.tail(Config.from_env({}, root=slurm_cluster.spswap_root)
@@ -253,13 +309,15 @@ def test_a_dump_that_fails_after_the_early_requeue_ends_the_instance(
     kinds = [e["kind"] for e in log]
     requeue = log[kinds.index("job.requeue")]
     failed = log[kinds.index("checkpoint.failed")]
-    assert requeue["detail"]["early"] is True and kinds.index("job.requeue") < \
-        kinds.index("checkpoint.failed"), kinds
+    assert requeue["detail"]["early"] is True and kinds.index("job.requeue") < kinds.index(
+        "checkpoint.failed"
+    ), kinds
     assert "the instance was ended" in failed["detail"]["reason"], failed
     answers = _answers(state)
     assert sorted({a["restart_count"] for a in answers.values()}) == [0, 1]
-    assert [answers[f"early-fail{i:02d}"]["output_ids"] for i in range(len(prompts))] == \
-        cold_answers(model, prompts, MAX_NEW)
+    assert [
+        answers[f"early-fail{i:02d}"]["output_ids"] for i in range(len(prompts))
+    ] == cold_answers(model, prompts, MAX_NEW)
 
 
 def test_scancel_does_not_checkpoint_a_job_that_will_not_come_back(

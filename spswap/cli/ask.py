@@ -1,0 +1,75 @@
+"""``spswap ask``: one generation request to a serving job."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from spswap.cli.common import emit_json
+from spswap.errors import SpswapError
+
+
+def ask(
+    prompt_ids: str = typer.Argument(..., help="Token ids of the prompt, e.g. 1,2,3."),
+    socket: Path = typer.Option(
+        None,
+        "--socket",
+        help="The socket `spswap serve` listens on (on the job's node; from elsewhere use --job).",
+    ),
+    job_id: str = typer.Option(
+        None,
+        "--job",
+        help="The serving job's id: the request goes "
+        "to its state directory's spool (WORKDIR/.spswap/JOB, as the "
+        "templates set it), from the login node or another job.",
+    ),
+    state_dir: Path = typer.Option(
+        None,
+        "--state-dir",
+        help="The serving job's state directory, when it is not WORKDIR/.spswap/JOB.",
+    ),
+    max_new_tokens: int = typer.Option(16, help="Tokens to generate (greedy)."),
+    request_id: str = typer.Option(
+        None,
+        "--id",
+        help="Request id (default: a new one); "
+        "asking again with the same id returns the saved answer.",
+    ),
+    timeout_s: float = typer.Option(600.0, help="How long to wait for the answer."),
+    json: bool = typer.Option(False, "--json", help="Print the whole answer as JSON."),
+) -> None:
+    """Send one generation request to a serving job and print the answer's token ids.
+
+    With --socket, on the job's node; with --job (or --state-dir), anywhere the job's
+    state directory is seen (a shared file system): the request is written to the job's
+    spool and its answer read from there. If the server is stopped meanwhile
+    (preemption), the request is kept and answered by the job's next run: ask again with
+    the same --id to get it.
+    """
+    from spswap.serve.front import ask as send
+
+    try:
+        ids = [int(x) for x in prompt_ids.split(",") if x.strip()]
+    except ValueError:
+        raise typer.BadParameter("prompt ids must be integers, e.g. 1,2,3") from None
+    req: dict[str, Any] = {"prompt_ids": ids, "max_new_tokens": max_new_tokens}
+    if request_id:
+        req["id"] = request_id
+    if sum(x is not None for x in (socket, job_id, state_dir)) != 1:
+        raise typer.BadParameter("give one of --socket, --job or --state-dir")
+    if socket is not None:
+        answer = send(socket, req, timeout_s=timeout_s)
+    else:
+        from spswap.serve.spool_ask import ask_spool, job_state_dir
+
+        answer = ask_spool(state_dir or job_state_dir(job_id), req, timeout_s=timeout_s)
+    if json:
+        emit_json(answer)
+    elif answer.get("ok"):
+        print(",".join(map(str, answer["output_ids"])))
+    elif answer.get("saved"):
+        raise SpswapError(f"{answer.get('error')}: ask again later with --id {answer.get('id')}")
+    else:
+        raise SpswapError(str(answer.get("error")))
