@@ -111,6 +111,16 @@ class ProtocolError(DaemonError):
     """A message on the daemon's socket is malformed, too large or of another version."""
 
 
+class BadRequest(DaemonError):
+    """spswapd refused a request's arguments (malformed, incomplete or out of range); the
+    message names the argument and what it must be."""
+
+
+class RequestRefused(DaemonError):
+    """spswapd refused a well-formed request: a per-user limit is reached, or the job or
+    process it names is not (or no longer) on this node."""
+
+
 class SlurmCommandError(SpswapError):
     """A Slurm command failed; carries the command and its output."""
 
@@ -131,3 +141,8 @@ class CheckpointFailed(SpswapError):
         super().__init__(full)
         self.log_path = log_path
         self.log_tail = list(log_tail)
+
+
+class ImageRejected(CheckpointFailed):
+    """A checkpoint image may not be restored here (identity, integrity, ownership): the
+    run starts cold (from the pool) instead."""

@@ -35,16 +35,12 @@ from spswap.checkpoint.credentials import (  # noqa: F401 - callers use them fro
 from spswap.checkpoint.gpu_map import remap
 from spswap.checkpoint.image_creds import image_problem
 from spswap.checkpoint.images import Identity, image_key, read_meta, verify_before_restore
-from spswap.errors import CheckpointFailed
+from spswap.errors import CheckpointFailed, ImageRejected
 from spswap.fsutil import atomic_write_json, read_json
 from spswap.liveness import pid_alive
 
 CUDA_RECORD = "spswap-cuda.json"
 PREFLIGHT_WAIT_S = 3.0  # the instance closes its daemon connection right after asking
-
-
-class ImageRejected(CheckpointFailed):
-    """The image may not be restored here (identity, integrity, ownership); cold-start."""
 
 
 @dataclass

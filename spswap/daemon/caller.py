@@ -9,7 +9,7 @@ import time
 from spswap.daemon.jobs import check_job_id
 from spswap.daemon.missed_prolog import register_missed_run
 from spswap.daemon.state import ROOT_UID, Context, authorize
-from spswap.errors import DaemonError, PermissionDenied
+from spswap.errors import PermissionDenied, RequestRefused
 from spswap.liveness import Holder, pid_start_time
 
 
@@ -36,7 +36,7 @@ def peer_holder(ctx: Context, job_id: str | None) -> Holder:
         check_job_id(job_id)
     start = pid_start_time(ctx.peer_pid)
     if start is None:
-        raise DaemonError(f"the calling process (pid {ctx.peer_pid}) is gone")
+        raise RequestRefused(f"the calling process (pid {ctx.peer_pid}) is gone")
     return Holder(pid=ctx.peer_pid, pid_start=start, uid=ctx.peer_uid, job_id=job_id,
                   since=time.time())  # fmt: skip
 

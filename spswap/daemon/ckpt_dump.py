@@ -19,7 +19,7 @@ from spswap.daemon.ckpt_status import (
 )
 from spswap.daemon.image_uses import sync_quietly
 from spswap.daemon.kept import Kept
-from spswap.errors import CheckpointFailed, DaemonError
+from spswap.errors import CheckpointFailed, PermissionDenied
 from spswap.liveness import pid_alive, pid_start_time
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ def op_checkpoint(ctx: Context, args: dict[str, Any]) -> Any:
     rec = running_job(ctx, job_id)
     pid = int(args.get("pid") or ctx.peer_pid)
     if ctx.peer_uid != 0 and pid != ctx.peer_pid:
-        raise DaemonError("a user may checkpoint only the calling process itself: leave out "
+        raise PermissionDenied("a user may checkpoint only the calling process itself: leave out "
                           "pid")  # fmt: skip
     pid_start = pid_start_time(pid)
     identity = identity_of(args, rec.uid)

@@ -19,7 +19,7 @@ from spswap.daemon.ckpt_status import (
 )
 from spswap.daemon.image_uses import sync_quietly
 from spswap.daemon.kept import Kept
-from spswap.errors import CheckpointFailed
+from spswap.errors import CheckpointFailed, ImageRejected
 from spswap.liveness import pid_start_time
 
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ def _restore(ctx: Context, st: DaemonState, rec: JobRecord, job_id: str, expecte
     status = st.statuses.read(job_id)
     if status.get("state") != "saved":
         raise CheckpointFailed(no_image_reason(job_id, status))
-    from spswap.checkpoint.service import ImageRejected, restore_instance
+    from spswap.checkpoint.service import restore_instance
 
     kept = st.kept.take(job_id)  # this restore owns it now: nothing else may end it meanwhile
     woken = _wake_kept(st, rec, job_id, expected, kept) if kept is not None else None
@@ -97,7 +97,7 @@ def _wake_kept(st: DaemonState, rec: JobRecord, job_id: str, expected: Identity,
     died as it was thawed (a kill that waited for the thaw): the image then brings it
     back. Any other failure ends the instance and deletes the image (cold start)."""
     from spswap.checkpoint.criu import remove_image
-    from spswap.checkpoint.service import ImageRejected, kept_image, wake_kept
+    from spswap.checkpoint.service import kept_image, wake_kept
 
     t0 = time.monotonic()
     image = None

@@ -32,7 +32,7 @@ import signal
 from typing import TYPE_CHECKING, Any
 
 from spswap.checkpoint.images import Identity, node_identity
-from spswap.errors import CheckpointFailed, DaemonError
+from spswap.errors import BadRequest, CheckpointFailed
 from spswap.liveness import pid_alive
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ def identity_of(args: dict[str, Any], uid: int) -> Identity:
     (:data:`IDENTITY_ARGS`), with the uid of the job and this node's own parts."""
     missing = [a for a in IDENTITY_ARGS if not args.get(a)]
     if missing:
-        raise DaemonError(f"checkpoint identity incomplete: give {', '.join(missing)}")
+        raise BadRequest(f"checkpoint identity incomplete: give {', '.join(missing)}")
     return Identity(uid=uid, **{a: str(args[a]) for a in IDENTITY_ARGS}, **node_identity())
 
 

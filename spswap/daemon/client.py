@@ -9,7 +9,7 @@ from typing import Any
 from spswap import errors
 from spswap.config import Config
 from spswap.daemon import protocol
-from spswap.errors import DaemonError, SpswapError
+from spswap.errors import BadRequest, DaemonError, SpswapError
 
 
 class Client:
@@ -36,7 +36,7 @@ class Client:
         The daemon gets its own copies; the caller still owns (and closes) ``fds``.
         """
         if len(fds) > protocol.MAX_FDS:
-            raise DaemonError(f"{len(fds)} files in one request; at most {protocol.MAX_FDS}")
+            raise BadRequest(f"{len(fds)} files in one request; at most {protocol.MAX_FDS}")
         line = protocol.encode(protocol.request(op, **args))
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:

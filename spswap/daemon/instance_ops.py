@@ -15,7 +15,7 @@ import re
 from typing import Any
 
 from spswap.daemon.state import ROOT_UID, Context, authorize
-from spswap.errors import DaemonError
+from spswap.errors import BadRequest, RequestRefused
 from spswap.instance.registry import InstanceRecord, InstanceRegistry
 
 MAX_RECORDS_PER_UID = 64
@@ -28,7 +28,7 @@ def _registry(ctx: Context) -> InstanceRegistry:
 
 def _checked_id(value: Any) -> str:
     if not isinstance(value, str) or not _ID.fullmatch(value):
-        raise DaemonError(f"instance id {value!r}: use letters, digits, '.', '_' and '-' "
+        raise BadRequest(f"instance id {value!r}: use letters, digits, '.', '_' and '-' "
                           "(at most 128), starting with a letter or digit")  # fmt: skip
     return value
 
@@ -40,9 +40,9 @@ def op_instance_put(ctx: Context, args: dict[str, Any]) -> Any:
     try:
         record = InstanceRecord.from_json(fields)
     except TypeError as e:
-        raise DaemonError(f"not an instance record ({e}); give id, model and state") from None
+        raise BadRequest(f"not an instance record ({e}); give id, model and state") from None
     if not all(isinstance(getattr(record, k), str) for k in ("model", "state")):
-        raise DaemonError("an instance record's model and state are text")
+        raise BadRequest("an instance record's model and state are text")
     registry = _registry(ctx)
     mine = 0
     for other, _alive in registry.list():
@@ -51,7 +51,7 @@ def op_instance_put(ctx: Context, args: dict[str, Any]) -> Any:
         elif other.uid == ctx.peer_uid:
             mine += 1
     if ctx.peer_uid != ROOT_UID and mine >= MAX_RECORDS_PER_UID:
-        raise DaemonError(f"you have {mine} instance records on this node, the most one user "
+        raise RequestRefused(f"you have {mine} instance records on this node, the most one user "
                           "may keep; ask root to remove those of ended instances")  # fmt: skip
     registry.directory.mkdir(mode=0o755, exist_ok=True)
     registry.put(record)

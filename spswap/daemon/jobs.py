@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spswap.errors import DaemonError
+from spswap.errors import BadRequest
 from spswap.fsutil import STATE_VERSION, atomic_write_json, read_json
 
 ENDED_KEEP_S = 24 * 3600.0
@@ -46,7 +46,7 @@ class JobRecord:
 def check_job_id(job_id: str) -> str:
     """Job ids become file names: only ``[A-Za-z0-9_.+-]`` (Slurm's ids and array ids)."""
     if not _JOB_ID.match(job_id) or job_id in (".", ".."):
-        raise DaemonError(f"job id {job_id!r} is not a Slurm job id (digits, e.g. 1234 or 1234_5)")
+        raise BadRequest(f"job id {job_id!r} is not a Slurm job id (digits, e.g. 1234 or 1234_5)")
     return job_id
 
 

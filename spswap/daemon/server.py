@@ -25,7 +25,7 @@ from spswap.daemon import protocol
 from spswap.daemon.budget import Budget
 from spswap.daemon.ops import HANDLERS
 from spswap.daemon.state import Context, DaemonState
-from spswap.errors import DaemonError, ProtocolError, SpswapError
+from spswap.errors import ConfigError, ProtocolError, SpswapError
 
 READ_TIMEOUT_S = 10.0
 """A client that sends no complete line within this time is answered and dropped."""
@@ -150,7 +150,7 @@ class Server:
         """Bind the socket (a stale one from a crashed daemon is removed first)."""
         path = self.cfg.paths.socket
         if len(os.fsencode(str(path))) > 107:
-            raise DaemonError(
+            raise ConfigError(
                 f"socket path {path} is longer than the 107 bytes Unix sockets allow; "
                 "use a shorter SPSWAP_ROOT"
             )

@@ -22,7 +22,7 @@ from spswap.daemon import events
 from spswap.daemon.jobs import JobRecord, JobStore
 from spswap.daemon.kept import KeptTrees
 from spswap.daemon.statuses import CheckpointStatuses
-from spswap.errors import DaemonError, PermissionDenied, SpswapError
+from spswap.errors import PermissionDenied, RequestRefused, SpswapError
 from spswap.liveness import JobProbe
 from spswap.slots.table import SlotTable
 
@@ -179,7 +179,7 @@ class Context:
         root's); refused when no prolog registered it here."""
         rec = self.state.jobs.get(job_id)
         if rec is None:
-            raise DaemonError(
+            raise RequestRefused(
                 f"job {job_id} is not registered on this node (its prolog did not run here); "
                 "see `spswap status`"
             )

@@ -277,7 +277,8 @@ def test_an_image_that_records_other_rights_is_never_restored(user_uid: int,
     job user's (an image from before this check, or one a setuid exec got into) is
     refused before CRIU runs, and deleted."""
     from spswap.checkpoint.images import write_meta
-    from spswap.checkpoint.service import ImageRejected, job_image_key
+    from spswap.checkpoint.service import job_image_key
+    from spswap.errors import ImageRejected
 
     from . import criu_images as ci
 

@@ -9,7 +9,7 @@ import pytest
 
 from spswap.daemon import events
 from spswap.daemon.jobs import JobRecord, JobStore, check_job_id
-from spswap.errors import DaemonError
+from spswap.errors import BadRequest
 
 
 def test_format_event_bytes() -> None:
@@ -74,5 +74,5 @@ def test_job_store_round_trip_and_prune(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("bad", ["../etc/passwd", "a/b", "", ".", "..", "x" * 65, "1 2"])
 def test_job_ids_are_safe_file_names(bad: str) -> None:
-    with pytest.raises(DaemonError, match="is not a Slurm job id"):
+    with pytest.raises(BadRequest, match="is not a Slurm job id"):
         check_job_id(bad)

@@ -61,7 +61,7 @@ def test_a_users_record_goes_through_the_daemon(cfg: Config, daemon: int, user_u
     # a name that is not a plain file name
     bad = as_user(user_uid, _put_raw_as_user, str(cfg.root),
                   _record("../../pool/x").to_json())  # fmt: skip
-    assert bad.startswith("DaemonError: instance id '../../pool/x': use letters")
+    assert bad.startswith("BadRequest: instance id '../../pool/x': use letters")
     # her own: removed through the daemon
     assert as_user(user_uid, _remove_as_user, str(directory), "7-4242") is False
     assert sorted(p.name for p in directory.iterdir()) == ["root-1.json"]

@@ -119,3 +119,13 @@ def test_error_types_map_back() -> None:
     for name in ("PoolFull", "NoSuchThing", "Path", "ValueError"):
         err = error_from_response({"type": name, "message": "boom"})
         assert type(err) is DaemonError and "boom" in str(err)
+
+
+def test_refusals_cross_the_wire_as_what_they_mean() -> None:
+    from spswap.errors import BadRequest, ImageRejected, RequestRefused
+
+    for cls in (BadRequest, RequestRefused, ImageRejected):
+        err = error_from_response({"type": cls.__name__, "message": "m"})
+        assert type(err) is cls and str(err) == "m"
+    # a client that catches DaemonError still catches the daemon's refusals
+    assert issubclass(BadRequest, DaemonError) and issubclass(RequestRefused, DaemonError)

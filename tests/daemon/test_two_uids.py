@@ -76,7 +76,7 @@ def test_user_acts_only_on_own(cfg: Config, daemon: int, user_uid: int) -> None:
     assert out[2].startswith("PermissionDenied: job 100 belongs to uid 0"), out[2]
     # its own job passes authorization, but a user may checkpoint only itself
     assert out[3] == (
-        "DaemonError: a user may checkpoint only the calling process itself: leave out pid"
+        "PermissionDenied: a user may checkpoint only the calling process itself: leave out pid"
     )
     assert out[4] == "ok"
     assert out[5].startswith("PermissionDenied: job.register is for the Slurm prolog/epilog")
