@@ -25,9 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from spswap.config import Config
+from spswap.daemon.client import Client
+from spswap.daemon.lifecycle import prepare_dirs
 from spswap.errors import DaemonError, InvalidCheckpoint
 from spswap.liveness import Holder
 from spswap.pool.manifest import Manifest
+from spswap.pool.safetensors_format import INDEX_FILE, resolve_checkpoint
+from spswap.pool.store import Pool, alias_key
 from spswap.slots.alloc import UNITS_PER_GPU
 from spswap.slots.table import Reservation, SlotTable
 
@@ -48,7 +52,6 @@ def writes_directly(cfg: Config) -> bool:
     links where the pool or slots go), and root must not write into it."""
     if not privileged():
         return False
-    from spswap.daemon.lifecycle import prepare_dirs
 
     prepare_dirs(cfg)
     return True
@@ -60,8 +63,6 @@ def _job_id(job_id: str | None) -> str | None:
 
 
 def _client(cfg: Config, timeout_s: float) -> Any:
-    from spswap.daemon.client import Client
-
     return Client(cfg, timeout_s=timeout_s)
 
 
@@ -124,8 +125,6 @@ def import_model(
     only on the direct (root) path. ``identity`` (an engine's layout, e.g. weights as vLLM
     holds them) is recorded in the entry with ``owner_uid``, the importing user's uid.
     """
-    from spswap.pool.store import Pool
-
     if writes_directly(cfg):
         pool = Pool.from_config(cfg)
         if identity is None:
@@ -133,11 +132,9 @@ def import_model(
         identity = {**identity, "owner_uid": os.getuid()}
         manifest = pool.import_checkpoint(Path(path), name=name, progress=progress,
                                           identity=identity)  # fmt: skip
-        from spswap.pool.store import alias_key
 
         pool.remember_alias(alias_key(identity, os.getuid()), manifest.digest)
         return manifest
-    from spswap.pool.safetensors_format import INDEX_FILE, resolve_checkpoint
 
     ckpt = resolve_checkpoint(Path(path))  # headers checked as the user, before any fd moves
     files = [(f.path, f.path.name) for f in ckpt.files]
@@ -173,8 +170,6 @@ def use_entry(cfg: Config, ref: str, *, job_id: str | None = None) -> Iterator[M
     evicted while this process (or its job) lives. Yields the entry's manifest."""
     job_id = _job_id(job_id)
     if writes_directly(cfg):
-        from spswap.pool.store import Pool
-
         with Pool.from_config(cfg).use(ref, Holder.current(job_id=job_id)) as manifest:
             yield manifest
         return
@@ -199,8 +194,6 @@ class PoolAccess:
     """
 
     def __init__(self, cfg: Config, *, job_id: str | None = None) -> None:
-        from spswap.pool.store import Pool
-
         self.cfg = cfg
         self.job_id = job_id
         self.pool = Pool.from_config(cfg)

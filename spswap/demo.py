@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from spswap import __version__
+from spswap.bench.turns import leftovers
 from spswap.bench.turns_ask import SpoolAsker
 from spswap.bench.turns_plan import (
     PlannedTurn,
@@ -36,7 +37,10 @@ from spswap.bench.turns_plan import (
     plan_turns,
     summarize,
 )
+from spswap.checkpoint import criu
 from spswap.config import Config
+from spswap.daemon import lifecycle
+from spswap.daemon.client import Client
 from spswap.demo_report import DemoMode, choose_mode, explain_slower
 from spswap.errors import ConfigError, SpswapError
 from spswap.serve.run_log import read_runs
@@ -79,8 +83,6 @@ def path_without_slurm(path: str, shadow: Path) -> str:
 
 def detect_mode() -> DemoMode:
     """CRIU where this process is root and a CRIU >= 4.1 is found, else the pool."""
-    from spswap.checkpoint import criu
-
     path = criu.find_criu()
     version = None
     if path is not None:
@@ -133,7 +135,6 @@ class DemoRun:
     path: str = field(default_factory=lambda: os.environ.get("PATH", os.defpath))
 
     def setup(self, models: int) -> None:
-        from spswap.daemon import lifecycle
         from spswap.engines.reference import save_checkpoint
         from spswap.engines.reference_model import preset as make_preset
 
@@ -161,8 +162,6 @@ class DemoRun:
                 os.environ["PATH"] = before
 
     def _client(self):  # noqa: ANN202 - a daemon client, imported late
-        from spswap.daemon.client import Client
-
         return Client(self.cfg, timeout_s=30.0)
 
     def _status(self, job: DemoJob) -> str | None:
@@ -273,16 +272,12 @@ class DemoRun:
     # -- afterwards ------------------------------------------------------------------
     def leftovers(self) -> list[str]:
         """What the node still holds for the demo's jobs once they have ended."""
-        from spswap.bench.turns import leftovers
-
         # the demo plays Slurm itself: no queue to ask
         return leftovers(self.cfg, None, [j.job_id for j in self.jobs])
 
     def close(self) -> list[str]:
         """End every job (the last running one is stopped first), stop the daemon; what
         was left over before the daemon stopped."""
-        from spswap.daemon import lifecycle
-
         left: list[str] = []
         try:
             for job in self.jobs:

@@ -17,8 +17,16 @@ from pathlib import Path
 from typing import Any
 
 from spswap import doctor_criu
+from spswap.checkpoint import criu, cuda_ckpt
+from spswap.checkpoint.cgroups import park_probe
+from spswap.checkpoint.freeze_hold import probe
 from spswap.config import Config
+from spswap.daemon import lifecycle
+from spswap.daemon.trust import unsafe_dir
 from spswap.doctor_check import check
+from spswap.errors import CheckpointFailed
+from spswap.settings_check import settings_problems
+from spswap.settings_file import read_settings_file, settings_file_path
 from spswap.units import fmt_bytes
 
 KERNEL_NEEDS_CRIU_41 = (6, 13)
@@ -85,9 +93,6 @@ def cgroup_mode(sys_fs_cgroup: Path) -> str:
 
 
 def _criu_checks(release: str) -> list[dict[str, Any]]:
-    from spswap.checkpoint import criu
-    from spswap.errors import CheckpointFailed
-
     needs_41 = kernel_version(release) >= KERNEL_NEEDS_CRIU_41
     why = "kernels >= 6.13 need CRIU >= 4.1" if needs_41 else "spswap needs CRIU >= 4.1"
     path = criu.find_criu()
@@ -243,8 +248,6 @@ def _driver() -> dict[str, Any]:
 
 
 def _cuda_checkpoint() -> dict[str, Any]:
-    from spswap.checkpoint import cuda_ckpt
-
     reason = cuda_ckpt.unavailable_reason()
     if reason is None:
         return check("cuCheckpoint API", True, "cuda.bindings.driver")
@@ -272,8 +275,6 @@ def _storage(cfg: Config) -> dict[str, Any]:
 
 
 def _daemon(cfg: Config) -> dict[str, Any]:
-    from spswap.daemon import lifecycle
-
     pid = lifecycle.daemon_running(cfg)
     path = lifecycle.pid_path(cfg)
     if pid is None:
@@ -289,8 +290,6 @@ def _daemon(cfg: Config) -> dict[str, Any]:
 
 def _root_ownership(cfg: Config) -> dict[str, Any]:
     """The state tree must be root's alone (spswapd refuses it otherwise)."""
-    from spswap.daemon.trust import unsafe_dir
-
     if not os.path.lexists(cfg.root):
         return check("state tree", None, f"{cfg.root} does not exist yet",
                      "spswapd makes it at its first start (the Slurm prolog, or `spswap daemon "
@@ -308,8 +307,6 @@ def _root_ownership(cfg: Config) -> dict[str, Any]:
 
 def _parking() -> dict[str, Any]:
     """Whether spswapd can move a tree out of its job's cgroup while dumping it."""
-    from spswap.checkpoint.cgroups import park_probe
-
     ok, found = park_probe()
     if ok:
         return check("dump outside the job", True, f"parked cgroups can be made ({found})")
@@ -321,8 +318,6 @@ def _parking() -> dict[str, Any]:
 
 def _freeze_hold() -> dict[str, Any]:
     """Whether spswapd can freeze a tree from its credential check to CRIU's seize."""
-    from spswap.checkpoint.freeze_hold import probe
-
     ok, found = probe()
     if ok:
         return check("freeze for the credential check", True, found)
@@ -335,8 +330,6 @@ def _freeze_hold() -> dict[str, Any]:
 def keep_check(budget_bytes: int, can_park: bool) -> dict[str, Any]:
     """Whether dumped instances can be kept alive (frozen, parked) for their job's next
     run: a keep budget and parked cgroups are both needed. Pure."""
-    from spswap.units import fmt_bytes
-
     name = "keep dumped instances"
     slower = "each swap back to a dumped job then runs CRIU's restore (about 2 s more)"
     if budget_bytes <= 0:
@@ -351,9 +344,6 @@ def keep_check(budget_bytes: int, can_park: bool) -> dict[str, Any]:
 def _settings(cfg: Config) -> dict[str, Any]:
     """Where the settings came from (the file every command and the daemon read) and
     what of them cannot hold on this node."""
-    from spswap.settings_check import settings_problems
-    from spswap.settings_file import read_settings_file, settings_file_path
-
     read = read_settings_file(settings_file_path(os.environ))
     source = (f"{read.path}, then the environment" if read.exists and not read.problem
               else f"environment only ({read.problem or f'no {read.path}'})")  # fmt: skip

@@ -22,8 +22,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from spswap.checkpoint import criu
+from spswap.checkpoint.credentials import dump_frozen
+from spswap.checkpoint.criu_log import CAP_SYS_RESOURCE_FIX, first_error
 from spswap.config import Config
 from spswap.doctor_check import check
+from spswap.errors import CheckpointFailed, SpswapError
 
 CAP_CHECKPOINT_RESTORE = 40  # Linux >= 5.9
 TEST_USERS = ("nobody", "daemon")  # a uid of the node's own, never a real user's
@@ -77,8 +81,6 @@ def test_dump_check(way: str, uid: int, user: str, error: str | None, seconds: f
 
 def _lacks(error: str) -> str:
     """What the node lacks, judged from the dump's first error."""
-    from spswap.checkpoint.criu_log import CAP_SYS_RESOURCE_FIX
-
     if "Can't get rlimit" in error:
         return CAP_SYS_RESOURCE_FIX
     if "CAP_CHECKPOINT_RESTORE" in error or "unprivileged" in error.lower():
@@ -104,11 +106,6 @@ def _test_user() -> tuple[int, int, str] | None:
 def _dump_and_restore(uid: int, gid: int, as_user: bool) -> tuple[str | None, float]:
     """Dump a sleeping process of ``uid`` by spswapd's own path and restore it; (the
     first line of what failed or None, seconds)."""
-    from spswap.checkpoint import criu
-    from spswap.checkpoint.credentials import dump_frozen
-    from spswap.checkpoint.criu_log import first_error
-    from spswap.errors import CheckpointFailed, SpswapError
-
     top = Path(tempfile.mkdtemp(prefix="spswap-doctor-"))  # root's, 0700
     setpriv = shutil.which("setpriv") or "/usr/bin/setpriv"
     proc = None

@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from spswap.errors import SpswapError
+from spswap.errors import PermissionDenied, SpswapError
 
 STATE_VERSION = 1
 
@@ -134,8 +134,6 @@ def make_private_dirs(path: Path, uid: int) -> None:
     """Create what is missing of ``path`` with mode 0700 (whatever the umask), then check
     the whole existing path with :func:`others_can_replace`; PermissionDenied naming the
     fix when someone else could swap a part of it."""
-    from spswap.errors import PermissionDenied
-
     p = Path(os.path.abspath(path))
     for d in reversed([p, *p.parents]):
         try:

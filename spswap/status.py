@@ -14,6 +14,17 @@ from rich.table import Table
 
 from spswap import __version__
 from spswap.config import Config
+from spswap.daemon.client import Client
+from spswap.daemon.lifecycle import daemon_running
+from spswap.errors import DaemonError
+from spswap.fsutil import read_json
+from spswap.instance.registry import InstanceRegistry
+from spswap.pool.store import Pool
+from spswap.settings_check import settings_problems
+from spswap.settings_file import settings_file_path
+from spswap.slots.gpus import discover_gpus
+from spswap.slots.table import SlotTable
+from spswap.slurm.backend import job_probe
 from spswap.units import fmt_bytes
 
 STATUS_VERSION = 1
@@ -21,12 +32,6 @@ STATUS_VERSION = 1
 
 def collect_status(cfg: Config, *, gpus: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Everything ``spswap status`` shows, as data (what ``--json`` prints)."""
-    from spswap.daemon.lifecycle import daemon_running
-    from spswap.instance.registry import InstanceRegistry
-    from spswap.pool.store import Pool
-    from spswap.slots.gpus import discover_gpus
-    from spswap.slots.table import SlotTable
-
     if gpus is None:
         gpus = [g.to_json() for g in discover_gpus(cfg)]
     pid = daemon_running(cfg)
@@ -38,7 +43,6 @@ def collect_status(cfg: Config, *, gpus: list[dict[str, Any]] | None = None) -> 
                 for i in daemon_gpus]  # fmt: skip
     pool = Pool.from_config(cfg)
     entries = pool.entries()
-    from spswap.slurm.backend import job_probe
 
     # with the job probe: a reservation of a live job outlives the process that made it
     slots = SlotTable(cfg.paths.slots, [g["index"] for g in gpus],
@@ -72,16 +76,11 @@ def _settings(cfg: Config, daemon_up: bool) -> dict[str, Any]:
     differ from the running daemon's own (which it reports in its ``status``)."""
     import os
 
-    from spswap.settings_check import settings_problems
-    from spswap.settings_file import settings_file_path
-
     out: dict[str, Any] = {"file": str(settings_file_path(os.environ)),
                            "problems": settings_problems(cfg), "differs": [],
                            "daemon_gpus": None}  # fmt: skip
     if not daemon_up:
         return out
-    from spswap.daemon.client import Client
-    from spswap.errors import DaemonError
 
     try:
         theirs = Client(cfg, timeout_s=2.0).call("status")
@@ -104,8 +103,6 @@ def settings_differences(here: dict[str, Any], daemon: dict[str, Any]) -> list[s
 def _checkpoints(directory: Any) -> list[dict[str, Any]]:
     """Each job's checkpoint status as the daemon wrote it (readable by everyone: it says
     where a job's image stands and, after a cold start, why)."""
-    from spswap.fsutil import read_json
-
     out = []
     for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
         data = read_json(path)

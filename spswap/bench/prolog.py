@@ -21,6 +21,7 @@ from typing import Any
 from rich.table import Table
 
 from spswap.config import Config
+from spswap.daemon import lifecycle
 
 TARGET_MS = 100.0
 """The prolog's budget when the daemon already runs."""
@@ -63,8 +64,6 @@ def bench_prolog(
     cfg: Config, *, iterations: int = 20, argv: list[str] | None = None
 ) -> dict[str, Any]:
     """Time ``iterations`` runs of ``spswap node prolog`` with spswapd running."""
-    from spswap.daemon import lifecycle
-
     if iterations < 1:
         raise ValueError(f"iterations must be >= 1, got {iterations}")
     argv = argv or [spswap_executable(), "node", "prolog"]

@@ -20,6 +20,9 @@ from typing import Any
 from spswap.bench.traffic_plan import RateRow, arrivals, highest_within, summarize
 from spswap.config import Config
 from spswap.errors import ConfigError
+from spswap.multi import http_api
+from spswap.multi.http_api import ApiServer
+from spswap.multi.serve import MultiOptions, start_router
 
 
 @dataclass(frozen=True)
@@ -69,8 +72,6 @@ def _cold(models: list[Path], prompts: dict[int, set[tuple[int, ...]]],
 def run_rate(socket_path: Path, router: Any, models: list[Path], rate: float,
              opts: TrafficOptions) -> tuple[RateRow, str]:  # fmt: skip
     """One rate's run; the row and the /metrics text read at its end."""
-    from spswap.multi import http_api
-
     plan = arrivals(rate, opts.duration_s, len(models), seed=opts.seed)
     wanted: dict[int, set[tuple[int, ...]]] = {}
     for a in plan:
@@ -121,9 +122,6 @@ def bench_traffic(cfg: Config, opts: TrafficOptions, *,
                   scratch: Path | None = None) -> dict[str, Any]:  # fmt: skip
     """Every (model count, rate) row, the highest rate within the p95 target, and the
     last run's metrics text."""
-    from spswap.multi.http_api import ApiServer
-    from spswap.multi.serve import MultiOptions, start_router
-
     rows: list[RateRow] = []
     metrics = ""
     with tempfile.TemporaryDirectory(prefix="spswap-traffic-") as tmp:

@@ -37,11 +37,16 @@ from spswap.bench.turns_plan import (
     plan_turns,
     summarize,
 )
+from spswap.checkpoint.service import images_of_job, temp_dirs
 from spswap.config import Config
+from spswap.daemon.client import Client
+from spswap.daemon.lifecycle import ping
 from spswap.errors import ConfigError, SpswapError
 from spswap.fsutil import evict_page_cache
+from spswap.pool.store import Pool
 from spswap.serve.run_log import RunRecord, read_runs
 from spswap.serve.sbatch import SbatchOptions, render_serve
+from spswap.slurm.backend import controller_up
 from spswap.slurm.jobctl import JobControl
 from spswap.slurm.parse import job_fate
 
@@ -98,8 +103,6 @@ class TurnsRun:
     # -- before anything is submitted ------------------------------------------------
     def preflight(self) -> None:
         """Clear errors, naming what to run, before any job exists."""
-        from spswap.slurm.backend import controller_up
-
         if not self.slurm.available():
             raise ConfigError("bench turns needs Slurm's commands (sbatch, scontrol, squeue, "
                               "scancel) on PATH: run it on a login or compute node of the "
@@ -120,8 +123,6 @@ class TurnsRun:
 
     def check_daemon(self) -> None:
         """After the first job ran (its prolog starts spswapd where none runs yet)."""
-        from spswap.daemon.lifecycle import ping
-
         if not ping(self.cfg):
             raise ConfigError(f"spswapd does not answer at {self.cfg.paths.socket} although a "
                               "job ran: the Slurm prolog starts it on each node "
@@ -256,9 +257,6 @@ def leftovers(cfg: Config, slurm: JobControl | None, job_ids: list[str]) -> list
     """What the node still holds for these jobs: queued jobs (``slurm`` None: no Slurm
     plays them, as in the demo), GPU slots, pool uses, and (as root, who alone may read
     the image directory) checkpoint images."""
-    from spswap.daemon.client import Client
-    from spswap.pool.store import Pool
-
     ids = set(job_ids)
     out = [f"job {j} still in the queue" for j in job_ids
            if slurm is not None and job_gone(slurm, j) is False]  # fmt: skip
@@ -275,8 +273,6 @@ def leftovers(cfg: Config, slurm: JobControl | None, job_ids: list[str]) -> list
         out += [f"a use of pool entry {entry.manifest.name} by job {h.job_id} (pid {h.pid})"
                 for h in entry.users if h.job_id in ids]  # fmt: skip
     if os.geteuid() == 0:
-        from spswap.checkpoint.service import images_of_job, temp_dirs
-
         out += [
             f"checkpoint image {p.name}"
             for j in job_ids

@@ -19,6 +19,7 @@ from typing import Protocol
 from spswap.errors import SpswapError
 from spswap.serve.spool import Request, Spool
 from spswap.serve.spool_ask import await_answer
+from spswap.serve.vllm_api import uds_request
 
 POLL_S = 0.005
 CHECK_EVERY_S = 1.0  # how often a wait asks whether the job still lives
@@ -113,7 +114,6 @@ class OpenAiAsker:
 
     def wait(self, state_dir: Path, request_id: str, deadline_s: float,
              check: Callable[[], None] = _no_check) -> Answer:  # fmt: skip
-        from spswap.serve.vllm_api import uds_request
 
         last = "no socket yet"
         tick = _Ticker(check)

@@ -25,6 +25,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from spswap import __version__
+from spswap.checkpoint import criu
+from spswap.doctor import parse_nvidia_version
 from spswap.fsutil import atomic_write_json, read_json
 
 META_FILE = "meta.json"
@@ -86,8 +89,6 @@ def process_identity(*, engine: str, engine_version: str, model_digest: str,
                      config_hash: str) -> dict[str, str]:  # fmt: skip
     """The identity fields a model process names itself: its engine, the torch and Python
     it runs on, its model and config (``engine_version`` defaults to spswap's)."""
-    from spswap import __version__
-
     return {
         "engine": engine, "engine_version": engine_version or __version__,
         "torch": package_version("torch"), "python": platform.python_version(),
@@ -99,9 +100,6 @@ def process_identity(*, engine: str, engine_version: str, model_digest: str,
 def node_identity() -> dict[str, str]:
     """Driver version, GPU model and CRIU version of this node, the fields the daemon adds
     itself (read once, from files: no NVML, which costs seconds without persistence mode)."""
-    from spswap.checkpoint import criu
-    from spswap.doctor import parse_nvidia_version
-
     try:
         driver = parse_nvidia_version(Path("/proc/driver/nvidia/version").read_text()) or "none"
     except OSError:

@@ -34,7 +34,13 @@ from spswap.checkpoint.credentials import (  # noqa: F401 - callers use them fro
 )
 from spswap.checkpoint.gpu_map import remap
 from spswap.checkpoint.image_creds import image_problem
-from spswap.checkpoint.images import Identity, image_key, read_meta, verify_before_restore
+from spswap.checkpoint.images import (
+    Identity,
+    image_key,
+    read_meta,
+    verify_before_restore,
+    write_meta,
+)
 from spswap.errors import CheckpointFailed, ImageRejected
 from spswap.fsutil import atomic_write_json, read_json
 from spswap.liveness import pid_alive
@@ -194,7 +200,6 @@ def dump_instance(
             info.path / CUDA_RECORD, {"cuda_pids": cuda, "gpu_uuids": gpu_uuids or []}, mode=0o600
         )
         t0 = time.monotonic()
-        from spswap.checkpoint.images import write_meta
 
         write_meta(info.path, identity)
         timings["meta"] = time.monotonic() - t0

@@ -9,6 +9,8 @@ import typer
 
 from spswap.cli.common import emit_json
 from spswap.errors import SpswapError
+from spswap.serve.front import ask as send
+from spswap.serve.spool_ask import ask_spool, job_state_dir
 
 
 def ask(
@@ -48,8 +50,6 @@ def ask(
     (preemption), the request is kept and answered by the job's next run: ask again with
     the same --id to get it.
     """
-    from spswap.serve.front import ask as send
-
     try:
         ids = [int(x) for x in prompt_ids.split(",") if x.strip()]
     except ValueError:
@@ -62,8 +62,6 @@ def ask(
     if socket is not None:
         answer = send(socket, req, timeout_s=timeout_s)
     else:
-        from spswap.serve.spool_ask import ask_spool, job_state_dir
-
         answer = ask_spool(state_dir or job_state_dir(job_id), req, timeout_s=timeout_s)
     if json:
         emit_json(answer)

@@ -7,8 +7,12 @@ from pathlib import Path
 
 import typer
 
+from spswap.bench.traffic import TrafficOptions, bench_traffic
+from spswap.bench.traffic_plan import RateRow, render
+from spswap.bench.turns import TurnsOptions, run_turns
 from spswap.cli.common import JsonOpt, RootOpt, console, emit, err_console, load_config
 from spswap.config import parse_size
+from spswap.engines.vllm_engine import available
 from spswap.errors import ConfigError
 
 app = typer.Typer(
@@ -119,7 +123,6 @@ def swap(
     greedy outputs after each swap compared to the cold ones."""
     try:
         from spswap.bench.swap import bench_settings, bench_swap, render_bench_swap
-        from spswap.engines.vllm_engine import available
     except ImportError as e:
         raise ConfigError(f"bench swap needs torch ({e}); pip install 'spswap[torch,vllm]'") from e
     if not available():
@@ -197,7 +200,6 @@ def turns(
     import json as json_module
     import time
 
-    from spswap.bench.turns import TurnsOptions, run_turns
     from spswap.bench.turns_report import render_turns
 
     if engine not in ("reference", "vllm"):
@@ -286,9 +288,6 @@ def traffic(
     count: per rate p50/p95/p99 latency, swaps and their latency, failed requests and
     answers that differ from the cold answer, requests per device-hour against one
     device per model, and the highest rate within --p95-target-s."""
-    from spswap.bench.traffic import TrafficOptions, bench_traffic
-    from spswap.bench.traffic_plan import RateRow, render
-
     counts = tuple(int(c) for c in _floats(model_counts, "--model-counts"))
     opts = TrafficOptions(model_counts=counts, rates_per_min=_floats(rates, "--rates"),
                           duration_s=duration_s, max_new_tokens=max_new_tokens,

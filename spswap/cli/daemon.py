@@ -9,7 +9,12 @@ import typer
 
 from spswap.cli.common import JsonOpt, RootOpt, console, emit_json, err_console, load_config
 from spswap.config import Config
+from spswap.daemon import lifecycle
+from spswap.daemon.client import Client
+from spswap.daemon.main import run as run_daemon
 from spswap.errors import DaemonError
+from spswap.settings_check import settings_problems
+from spswap.settings_file import settings_file_path
 
 app = typer.Typer(
     help=(
@@ -28,8 +33,6 @@ def start(root: Path | None = RootOpt, wait_s: float = WaitOpt) -> None:
     environment: the settings only) unless it already runs; waits until it answers on
     its socket. It reads /etc/default/spswap as every command does; the settings this node
     cannot hold are printed as warnings."""
-    from spswap.daemon import lifecycle
-
     cfg = load_config(root)
     before = lifecycle.daemon_running(cfg)
     pid = lifecycle.start(cfg, wait_s=wait_s)
@@ -41,9 +44,6 @@ def start(root: Path | None = RootOpt, wait_s: float = WaitOpt) -> None:
 def _warn_settings(cfg: Config) -> None:
     """Where the settings came from, and those this node cannot hold (with the numbers)."""
     import os
-
-    from spswap.settings_check import settings_problems
-    from spswap.settings_file import settings_file_path
 
     console.print(f"settings: {settings_file_path(os.environ)}, then SPSWAP_* of the "
                   "environment", markup=False, soft_wrap=True)  # fmt: skip
@@ -58,8 +58,6 @@ def stop(
 ) -> None:
     """Stop spswapd (SIGTERM, then SIGKILL after --timeout-s). The pool, slots, jobs and
     images stay on tmpfs; the next start carries on with them."""
-    from spswap.daemon import lifecycle
-
     cfg = load_config(root)
     pid = lifecycle.stop(cfg, timeout_s=timeout_s)
     if pid is None:
@@ -72,8 +70,6 @@ def stop(
 def ensure(root: Path | None = RootOpt, wait_s: float = WaitOpt) -> None:
     """Start spswapd if it is not running; silent and fast (one lock probe and one ping)
     when it is. Idempotent: safe to run from every prolog and cron job."""
-    from spswap.daemon import lifecycle
-
     lifecycle.ensure(load_config(root), wait_s=wait_s)
 
 
@@ -82,9 +78,6 @@ def status(root: Path | None = RootOpt, json: bool = JsonOpt) -> None:
     """Whether spswapd runs, its pid, version, uptime and socket, the settings file it read
     (its own settings are in --json) and the settings it cannot hold. Exits 1 when it is
     not running or does not answer."""
-    from spswap.daemon import lifecycle
-    from spswap.daemon.client import Client
-
     cfg = load_config(root)
     pid = lifecycle.daemon_running(cfg)
     info: dict[str, object] = {"running": False, "pid": pid, "socket": str(cfg.paths.socket),
@@ -122,8 +115,6 @@ def status(root: Path | None = RootOpt, json: bool = JsonOpt) -> None:
 def run(root: Path | None = RootOpt) -> None:
     """Run spswapd in the foreground (for systemd: slurm/spswapd.service). Exits 0 at
     once when another spswapd already serves this root."""
-    from spswap.daemon.main import run as run_daemon
-
     try:
         raise typer.Exit(run_daemon(load_config(root)))
     except DaemonError as e:

@@ -10,6 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from spswap.cli.common import JsonOpt, RootOpt, emit, err_console, load_config
+from spswap.doctor import collect, failed_required
 
 StrictOpt = typer.Option(
     False, "--strict", help="Exit with status 1 when a required check fails (for CI and prologs)."
@@ -32,8 +33,6 @@ def doctor(json: bool = JsonOpt, root: Path | None = RootOpt, strict: bool = Str
     Run it as root for `criu check` and the test dumps. Exits 0 unless --strict and a
     required check fails.
     """
-    from spswap.doctor import collect, failed_required
-
     report = collect(load_config(root))
     emit(report, json, render)
     failed = failed_required(report)

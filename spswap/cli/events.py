@@ -11,6 +11,7 @@ import typer
 from rich.table import Table
 
 from spswap.cli.common import JsonOpt, RootOpt, console, emit_json, load_config
+from spswap.daemon import events as log
 
 
 def _when(ts: float) -> str:
@@ -68,8 +69,6 @@ def events(
     job starts and ends, reservation releases, daemon starts and stops. Reads the file
     directly, so it works while the daemon is down. With --json: a JSON list (or, with
     --follow, one JSON object per line)."""
-    from spswap.daemon import events as log
-
     cfg = load_config(root)
     latest = log.tail(cfg.paths.events, n)
     if json and not follow:

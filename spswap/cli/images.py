@@ -9,7 +9,9 @@ from typing import Any
 import typer
 from rich.table import Table
 
+from spswap.checkpoint.images import read_meta
 from spswap.cli.common import JsonOpt, RootOpt, console, emit_json, load_config
+from spswap.fsutil import dir_size_bytes, read_json
 from spswap.units import fmt_bytes
 
 app = typer.Typer(help="Checkpoint images kept for requeued jobs.", no_args_is_help=True)
@@ -17,9 +19,6 @@ app = typer.Typer(help="Checkpoint images kept for requeued jobs.", no_args_is_h
 
 def collect_images(images_root: Path, statuses_dir: Path) -> list[dict[str, Any]]:
     """One dict per finished image: key, job, size, identity, and its job's status."""
-    from spswap.checkpoint.images import read_meta
-    from spswap.fsutil import dir_size_bytes, read_json
-
     out: list[dict[str, Any]] = []
     if not images_root.is_dir():
         return out

@@ -8,7 +8,9 @@ from pathlib import Path
 import typer
 
 from spswap.cli.common import JsonOpt, console, emit_json
+from spswap.engines.model_check import check_servable
 from spswap.errors import ConfigError
+from spswap.units import fmt_bytes
 
 app = typer.Typer(
     help=(
@@ -67,7 +69,6 @@ def make(
     if json_out:
         emit_json(out)
         return
-    from spswap.units import fmt_bytes
 
     console.print(
         f"made {path}: reference model, preset {preset}, seed {seed}, "
@@ -92,8 +93,6 @@ def check(
     `spswap serve` makes the same check before it imports the model into the node's
     pool. Exits 2, naming the engine that serves the model, when this one cannot.
     """
-    from spswap.engines.model_check import check_servable
-
     if not directory.is_dir():
         raise ConfigError(f"{directory} is not a directory; a model is a directory")
     check_servable(engine, directory)

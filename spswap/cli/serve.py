@@ -10,7 +10,19 @@ import typer
 
 from spswap.cli.common import RootOpt, emit_json, err_console, load_config
 from spswap.config import Config
+from spswap.engines.model_check import check_servable
+from spswap.engines.vllm_engine import VllmSettings, kv_cache_bytes
 from spswap.errors import SpswapError
+from spswap.fsutil import atomic_write_bytes, make_private_dirs
+from spswap.serve.checkpointer import DaemonCheckpointer
+from spswap.serve.factory import make_engine
+from spswap.serve.front import default_socket_path
+from spswap.serve.run_watch import fork_instance
+from spswap.serve.runtime import ServeOptions, reference_run
+from spswap.serve.vllm_run import VllmServeOptions, vllm_run
+from spswap.slurm.backend import get_backend
+from spswap.slurm.env import JobEnv
+from spswap.slurm.requeue import requeue_warning
 
 
 def serve(
@@ -161,9 +173,6 @@ def serve(
     idle one to sleep and wakes it. SIGTERM or USR1 ends the job (queued requests are
     answered with an error: the whole-job checkpoint is not done yet).
     """
-    from spswap.serve.runtime import ServeOptions, reference_run
-    from spswap.slurm.env import JobEnv
-
     cfg = load_config(root)
     job = JobEnv.from_env()
     if job is not None and not job.restart_count:  # a run that came back was requeued
@@ -184,7 +193,6 @@ def serve(
                     json_out=json)  # fmt: skip
         return
     units = units or 4
-    from spswap.engines.model_check import check_servable
 
     if engine == "vllm":
         check_servable(engine, model)  # before the model goes into the pool
@@ -215,7 +223,6 @@ def serve(
     )  # fmt: skip
     if opts.socket_path is not None:
         err_console.print(f"spswap serve: requests on {opts.socket_path}", markup=False)
-    from spswap.serve.factory import make_engine
 
     checkpointer = _checkpointer(cfg, job.job_id) if checkpoint and job is not None else None
 
@@ -252,9 +259,6 @@ def _serve_vllm(
 ) -> None:  # fmt: skip
     import shlex
 
-    from spswap.engines.vllm_engine import VllmSettings, kv_cache_bytes
-    from spswap.serve.vllm_run import VllmServeOptions, vllm_run
-
     if gpu_memory_utilization is None:
         gpu_memory_utilization = round(0.9 * units / 4, 3)
     settings = VllmSettings(gpu_memory_utilization=gpu_memory_utilization,
@@ -288,9 +292,6 @@ def _checkpointer(cfg: Config, job_id: str) -> Any:
     Inside the job's cgroup this process forks here: the child serves on as the instance,
     this one only watches it (spswap.serve.run_watch: a parked instance kept alive must
     not hold the job's end until KillWait)."""
-    from spswap.serve.checkpointer import DaemonCheckpointer
-    from spswap.serve.run_watch import fork_instance
-
     ckpt = DaemonCheckpointer(cfg)
     if not ckpt.available():
         err_console.print("spswap serve: spswapd is not running: stops will not checkpoint",
@@ -305,8 +306,6 @@ def _checkpointer(cfg: Config, job_id: str) -> Any:
 
 
 def _socket_path(given: Path | None, job_id: str | None, state_dir: Path) -> Path | None:
-    from spswap.serve.front import default_socket_path
-
     if given is None:
         return None
     return default_socket_path(job_id, state_dir) if str(given) == "auto" else given
@@ -328,8 +327,6 @@ def _job_device(state_dir: Path) -> str:
         pass
     device = _default_device()
     try:
-        from spswap.fsutil import atomic_write_bytes, make_private_dirs
-
         make_private_dirs(state_dir, os.getuid())
         atomic_write_bytes(path, (device + "\n").encode(), mode=0o600)
     except (OSError, SpswapError):
@@ -347,9 +344,6 @@ def _default_device() -> str:
 
 def _warn_if_not_requeueable(job_id: str) -> None:
     """Say at the start, in the job log, that a preemption would end this job for good."""
-    from spswap.slurm.backend import get_backend
-    from spswap.slurm.requeue import requeue_warning
-
     backend = get_backend(timeout_s=3.0)
     try:
         warning = requeue_warning(backend.job(job_id) if backend is not None else None)
@@ -360,8 +354,6 @@ def _warn_if_not_requeueable(job_id: str) -> None:
 
 
 def _requeue(job_id: str) -> None:
-    from spswap.slurm.backend import get_backend
-
     backend = get_backend()
     if backend is None:
         err_console.print("spswap serve: no Slurm commands here; not requeueing", markup=False)

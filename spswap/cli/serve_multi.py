@@ -9,6 +9,8 @@ import typer
 
 from spswap.cli.common import emit_json, err_console
 from spswap.config import Config
+from spswap.engines.model_check import check_servable
+from spswap.multi.serve import MultiOptions, serve_models
 
 
 def serve_multi(cfg: Config, job: Any, models: list[Path], state_dir: Path, *, engine: str,
@@ -17,9 +19,6 @@ def serve_multi(cfg: Config, job: Any, models: list[Path], state_dir: Path, *, e
                 swap_s: float | None, port: int | None, host: str, socket: Path | None,
                 slot_timeout_s: float, json_out: bool) -> None:  # fmt: skip
     """Check the model directories, then serve them all until SIGTERM or USR1."""
-    from spswap.engines.model_check import check_servable
-    from spswap.multi.serve import MultiOptions, serve_models
-
     paths = []
     for m in models:
         if not m.is_dir():

@@ -10,7 +10,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from spswap.checkpoint import cgroups, link_remap, proctree
+from spswap.checkpoint.criu import find_criu
 from spswap.checkpoint.images import Identity
+from spswap.checkpoint.proctree import anon_rss_bytes
+from spswap.checkpoint.service import dump_instance
 from spswap.daemon.ckpt_status import (
     identity_of,
     resume,
@@ -21,6 +25,7 @@ from spswap.daemon.image_uses import sync_quietly
 from spswap.daemon.kept import Kept
 from spswap.errors import CheckpointFailed, PermissionDenied
 from spswap.liveness import pid_alive, pid_start_time
+from spswap.slurm.backend import get_backend
 
 if TYPE_CHECKING:
     from spswap.checkpoint.cgroups import Parking
@@ -38,7 +43,6 @@ def op_checkpoint(ctx: Context, args: dict[str, Any]) -> Any:
                           "pid")  # fmt: skip
     pid_start = pid_start_time(pid)
     identity = identity_of(args, rec.uid)
-    from spswap.checkpoint.criu import find_criu
 
     if find_criu() is None:
         raise CheckpointFailed("no CRIU on this node: run scripts/build_criu.sh (see doctor)")
@@ -92,9 +96,6 @@ class _LeaveJob:
         """Park. When the dumped tree is to be kept alive (:class:`Kept`: a parked tree
         that fits the keep budget), the writes that freeze its parked cgroup, which CRIU
         makes before it lets the tree go; None otherwise."""
-        from spswap.checkpoint import link_remap
-        from spswap.checkpoint.proctree import anon_rss_bytes
-
         try:
             self.parking = _park_out_of_job(self.st, self.job_id, tree)
             if self.parking is not None and self.requeue:
@@ -178,8 +179,6 @@ class _LeaveJob:
 
 def _park_out_of_job(st: DaemonState, job_id: str, tree: list[int]) -> Parking | None:
     """The tree moved into a parked cgroup of spswapd's (see _LeaveJob), or None."""
-    from spswap.checkpoint import cgroups, proctree
-
     parking = cgroups.Parking.create(f"{cgroups.root_tag(st.cfg.root)}-{job_id}-{tree[0]}",
                                      tree[0])  # fmt: skip
     if parking is None:
@@ -208,9 +207,6 @@ def _dump(st: DaemonState, job_id: str, pid: int, pid_start: int | None, identit
           leave: _LeaveJob) -> bool:  # fmt: skip
     """Dump and record the outcome; True when the instance is gone (dumped, or killed by
     CRIU before a later step failed), False when it runs on."""
-    from spswap.checkpoint import cgroups
-    from spswap.checkpoint.service import dump_instance
-
     try:
         try:
             report = dump_instance(st.cfg.paths.images, job_id=job_id, pid=pid,
@@ -243,8 +239,6 @@ def _requeue(st: DaemonState, job_id: str, *, early: bool = False) -> bool:
     outside the job (``early``), else once the image is complete (a requeue ends the
     job's processes; and the image is worth nothing if the job does not come back).
     False when there is no Slurm to ask or it refused."""
-    from spswap.slurm.backend import get_backend
-
     try:
         backend = get_backend()
         if backend is None:

@@ -9,9 +9,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from spswap.checkpoint.cgroups import root_tag, sweep
+from spswap.checkpoint.criu import remove_image
+from spswap.checkpoint.service import incomplete_images, job_prefix, temp_dirs
 from spswap.daemon.ckpt_status import resume
 from spswap.daemon.image_uses import sync_quietly
 from spswap.fsutil import read_json
+from spswap.liveness import pid_alive
 
 if TYPE_CHECKING:
     from spswap.daemon.state import DaemonState
@@ -39,10 +43,6 @@ def recover(st: DaemonState) -> dict[str, Any]:
     any failed dump, its requests saved. If a CRIU of the dead daemon still holds the
     process, that wait happens in a thread so the daemon answers meanwhile.
     """
-    from spswap.checkpoint.cgroups import root_tag, sweep
-    from spswap.checkpoint.criu import remove_image
-    from spswap.checkpoint.service import incomplete_images, temp_dirs
-
     # first: what a dead daemon left parked outside its job (no home known any more)
     swept = sweep(root_tag(st.cfg.root))
     if swept:
@@ -72,8 +72,6 @@ def recover(st: DaemonState) -> dict[str, Any]:
 
 
 def _of_job(p: Path, job_id: str) -> bool:
-    from spswap.checkpoint.service import job_prefix
-
     return p.name.removeprefix(".tmp-").startswith(job_prefix(job_id))
 
 
@@ -89,10 +87,6 @@ def _traced(pid: int) -> bool:
 
 
 def _recover_dump(st: DaemonState, job_id: str, pid: int, pid_start: int | None) -> None:
-    from spswap.checkpoint.criu import remove_image
-    from spswap.checkpoint.service import incomplete_images, temp_dirs
-    from spswap.liveness import pid_alive
-
     deadline = time.monotonic() + RECOVER_WAIT_S
     while pid > 0 and _traced(pid) and time.monotonic() < deadline:
         time.sleep(0.1)

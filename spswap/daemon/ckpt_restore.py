@@ -9,7 +9,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from spswap.checkpoint import cgroups, proctree
+from spswap.checkpoint.criu import remove_image
 from spswap.checkpoint.images import Identity
+from spswap.checkpoint.proctree import process_tree_pids
+from spswap.checkpoint.service import kept_image, restore_instance, wake_kept
 from spswap.daemon.ckpt_status import (
     RESUME_SIGNAL,
     identity_of,
@@ -20,7 +24,8 @@ from spswap.daemon.ckpt_status import (
 from spswap.daemon.image_uses import sync_quietly
 from spswap.daemon.kept import Kept
 from spswap.errors import CheckpointFailed, ImageRejected
-from spswap.liveness import pid_start_time
+from spswap.liveness import Holder, pid_start_time
+from spswap.pool.store import Pool
 
 if TYPE_CHECKING:
     from spswap.daemon.jobs import JobRecord
@@ -57,7 +62,6 @@ def _restore(ctx: Context, st: DaemonState, rec: JobRecord, job_id: str, expecte
     status = st.statuses.read(job_id)
     if status.get("state") != "saved":
         raise CheckpointFailed(no_image_reason(job_id, status))
-    from spswap.checkpoint.service import restore_instance
 
     kept = st.kept.take(job_id)  # this restore owns it now: nothing else may end it meanwhile
     woken = _wake_kept(st, rec, job_id, expected, kept) if kept is not None else None
@@ -69,7 +73,6 @@ def _restore(ctx: Context, st: DaemonState, rec: JobRecord, job_id: str, expecte
             _clear_parking(st, job_id, kept, pid)
             # stale since the tree ran on; deleted once the instance is woken: freeing a
             # few GB of tmpfs pages takes 0.3-0.4 s, off the swap's path here
-            from spswap.checkpoint.criu import remove_image
 
             remove_image(image)
             sync_quietly(st)
@@ -96,9 +99,6 @@ def _wake_kept(st: DaemonState, rec: JobRecord, job_id: str, expected: Identity,
     (pid, timings, its image for the caller to delete). None when the tree was gone, or
     died as it was thawed (a kill that waited for the thaw): the image then brings it
     back. Any other failure ends the instance and deletes the image (cold start)."""
-    from spswap.checkpoint.criu import remove_image
-    from spswap.checkpoint.service import kept_image, wake_kept
-
     t0 = time.monotonic()
     image = None
     try:
@@ -142,8 +142,6 @@ def _clear_parking(st: DaemonState, job_id: str, kept: Kept, pid: int) -> None:
     """After a kept tree's wake: anything still parked that is not the instance's tree (a
     process that left the tree before the dump) is ended, and the parked cgroups go; a
     tree that could not join its run stays (the start-up sweep ends it)."""
-    from spswap.checkpoint.proctree import process_tree_pids
-
     try:
         leftover = kept.parking.pids() - set(process_tree_pids(pid))
         for p in leftover:
@@ -197,8 +195,6 @@ def _into_job(st: DaemonState, job_id: str, pid: int, proxy_pid: int) -> None:
     it runs on, outside (logged). When the run that asked (``proxy_pid``) is gone by
     then, there is no run to join and no one to serve: the tree is ended
     (:class:`CheckpointFailed`), never left running outside any job."""
-    from spswap.checkpoint import cgroups, proctree
-
     tree = proctree.process_tree_pids(pid)
     try:
         moved = cgroups.join(tree, proxy_pid)
@@ -237,9 +233,6 @@ def _end_tree(pids: list[int], timeout_s: float = 10.0) -> None:
 def _hold_pool_entry(st: DaemonState, digest: str, pid: int, rec: JobRecord) -> None:
     """The restored process maps its pool entry: record its use (its old use died with the
     dumped process), so the entry is not evicted under it."""
-    from spswap.liveness import Holder
-    from spswap.pool.store import Pool
-
     holder = Holder(pid=pid, pid_start=pid_start_time(pid), uid=rec.uid, job_id=rec.job_id)
     try:
         Pool.from_config(st.cfg).acquire_use(digest, holder)

@@ -31,7 +31,9 @@ import os
 import signal
 from typing import TYPE_CHECKING, Any
 
+from spswap.checkpoint.gpu_map import job_gpu_uuids, uuids_by_minor
 from spswap.checkpoint.images import Identity, node_identity
+from spswap.daemon.missed_prolog import register_missed_run
 from spswap.errors import BadRequest, CheckpointFailed
 from spswap.liveness import pid_alive
 
@@ -57,8 +59,6 @@ def running_job(ctx: Context, job_id: str) -> JobRecord:
     """The job's record (see :meth:`Context.job_for`) when its current run runs here: registered
     by its prolog or, where slurmd ran none, now (:mod:`spswap.daemon.missed_prolog`);
     refused otherwise: checkpoints and restores are for the job's running instance."""
-    from spswap.daemon.missed_prolog import register_missed_run
-
     rec = register_missed_run(ctx.state, ctx.job_for(job_id))
     if rec.state != "running":
         raise CheckpointFailed(
@@ -83,8 +83,6 @@ def resume(pid: int, pid_start: int | None) -> None:
 def run_gpu_uuids(st: DaemonState, job_id: str) -> list[str]:
     """The UUIDs of the GPUs the prolog recorded for the job's current run (none without
     a driver): what a restore on other GPUs is remapped against."""
-    from spswap.checkpoint.gpu_map import job_gpu_uuids, uuids_by_minor
-
     rec = st.jobs.get(job_id)
     by_minor = uuids_by_minor()
     if rec is None or not rec.gpus or not by_minor:

@@ -13,14 +13,18 @@ import time
 from collections import Counter
 from typing import TYPE_CHECKING
 
+from spswap.checkpoint.criu import remove_image
+from spswap.checkpoint.service import delete_job_images, image_digests
+from spswap.errors import PoolEntryNotFound
+from spswap.liveness import Holder, pid_start_time
+from spswap.pool.store import Pool
+
 if TYPE_CHECKING:
     from spswap.daemon.state import DaemonState
     from spswap.liveness import Holder
 
 
 def _daemon_holder() -> Holder:
-    from spswap.liveness import Holder, pid_start_time
-
     pid = os.getpid()
     return Holder(pid=pid, pid_start=pid_start_time(pid), uid=os.getuid(), job_id=None,
                   since=time.time())  # fmt: skip
@@ -32,10 +36,6 @@ def sync_image_uses(st: DaemonState) -> dict[str, int]:
     An image whose pool entry is gone can never be restored (the process it holds maps
     the entry's file): it is deleted. Returns digest -> uses now held.
     """
-    from spswap.checkpoint.service import image_digests
-    from spswap.errors import PoolEntryNotFound
-    from spswap.pool.store import Pool
-
     if not st.cfg.paths.pool.is_dir():
         return {}
     me = _daemon_holder()
@@ -66,8 +66,6 @@ def _same_holder(a: Holder, b: Holder) -> bool:
 
 
 def _drop_images_needing(st: DaemonState, by_digest: dict[str, str], digest: str) -> None:
-    from spswap.checkpoint.criu import remove_image
-
     for key, d in by_digest.items():
         if d == digest:
             for job_id in st.kept.jobs_of_image(key):
@@ -92,8 +90,6 @@ def drop_job_images(st: DaemonState, job_id: str,
                     reason: str = "the job ended and will not return") -> list[str]:  # fmt: skip
     """Delete the job's images and unfinished dumps (ending its kept tree) and give back
     their pool uses; ``reason`` goes to the events and the checkpoint status."""
-    from spswap.checkpoint.service import delete_job_images
-
     st.kept.end(job_id, reason)
     gone = delete_job_images(st.cfg.paths.images, job_id)
     if gone:

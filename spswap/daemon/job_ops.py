@@ -9,9 +9,12 @@ import threading
 import time
 from typing import Any
 
+from spswap.checkpoint.service import image_job_ids, images_of_job, temp_dirs
+from spswap.daemon.image_uses import drop_job_images
 from spswap.daemon.jobs import JobRecord
 from spswap.daemon.state import Context, DaemonState, require_root
 from spswap.errors import SpswapError
+from spswap.pool.store import Pool
 from spswap.slurm.parse import job_fate
 
 
@@ -41,9 +44,6 @@ def collect_images(st: DaemonState, current_job: str) -> list[str]:
     the current job's: Slurm says they are gone, or they run on another node now (this
     node's image would roll back what the job does there, and a kept tree holds memory).
     Returns the job ids whose images went."""
-    from spswap.checkpoint.service import image_job_ids
-    from spswap.daemon.image_uses import drop_job_images
-
     gone = []
     for job_id in image_job_ids(st.cfg.paths.images, st.statuses.dir):
         if job_id == current_job:
@@ -85,7 +85,6 @@ def _release_job_reservations(st: DaemonState, job_id: str) -> list[str]:
 def _drop_job_pool_uses(st: DaemonState, job_id: str) -> list[str]:
     if not st.cfg.paths.pool.is_dir():
         return []
-    from spswap.pool.store import Pool
 
     pool = Pool.from_config(st.cfg, job_alive=st.job_probe())
     dropped = []
@@ -122,8 +121,6 @@ def op_job_end(ctx: Context, args: dict[str, Any]) -> Any:
     try:
         fate = _job_fate(st, job_id, requeued)
         if fate == "gone":
-            from spswap.daemon.image_uses import drop_job_images
-
             images_deleted = drop_job_images(st, job_id)
     except Exception as e:
         problems.append(f"images: {e}")
@@ -145,8 +142,6 @@ def op_job_end(ctx: Context, args: dict[str, Any]) -> Any:
 
 def _job_fate(st: DaemonState, job_id: str, requeued: bool | None) -> str:
     """ "back", "gone" or "unknown"; asks Slurm only when the job has images to decide on."""
-    from spswap.checkpoint.service import images_of_job, temp_dirs
-
     if not images_of_job(st.cfg.paths.images, job_id) and not temp_dirs(
         st.cfg.paths.images, job_id
     ):

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from spswap.checkpoint import proctree
 from spswap.liveness import pid_alive
 
 if TYPE_CHECKING:
@@ -37,9 +38,7 @@ class Kept:
         return pid_alive(self.pid, self.pid_start) and self.pid in self.parking.pids()
 
     def size_bytes(self) -> int:
-        from spswap.checkpoint.proctree import anon_rss_bytes
-
-        return anon_rss_bytes(self.parking.pids())
+        return proctree.anon_rss_bytes(self.parking.pids())
 
     def kill(self) -> list[int]:
         """Kill the tree (frozen or not) and remove its cgroups; the pids it had. Only the

@@ -16,7 +16,12 @@ from typing import TYPE_CHECKING
 
 from spswap.config import Config
 from spswap.daemon import lifecycle
+from spswap.daemon.budget import raise_fd_limit
+from spswap.daemon.ckpt_recover import on_daemon_start
+from spswap.daemon.server import Server, install_signal_handlers
+from spswap.daemon.sweeper import Sweeper
 from spswap.errors import DaemonError
+from spswap.settings_check import settings_problems
 
 if TYPE_CHECKING:
     from spswap.daemon.state import DaemonState
@@ -45,8 +50,6 @@ def _take_pid_lock(cfg: Config) -> int | None:
 def _warn_unfit_settings(state: DaemonState) -> None:
     """Settings this node cannot hold, in the daemon's log and event log (a warning: a
     daemon that refused to start would leave every job of the node without spswap)."""
-    from spswap.settings_check import settings_problems
-
     for problem in settings_problems(state.cfg):
         print(f"{time.strftime('%F %T')} spswapd: warning: {problem}", flush=True)
         state.event("settings.unfit", uid=os.getuid(), reason=problem)
@@ -54,9 +57,6 @@ def _warn_unfit_settings(state: DaemonState) -> None:
 
 def run(cfg: Config) -> int:
     """Serve until SIGTERM/SIGINT; 0 on a clean stop, 0 also when one already runs."""
-    from spswap.daemon.budget import raise_fd_limit
-    from spswap.daemon.server import Server, install_signal_handlers
-
     raise_fd_limit()  # before the server sizes each user's share from it
     lifecycle.prepare_dirs(cfg)
     os.umask(0o022)
@@ -71,7 +71,6 @@ def run(cfg: Config) -> int:
         server.bind()
         install_signal_handlers(server)
         server.state.jobs.dir.mkdir(parents=True, exist_ok=True)
-        from spswap.daemon.ckpt_recover import on_daemon_start
 
         on_daemon_start(server.state)  # before the first request is served
         server.state.event("daemon.start", uid=os.getuid(), pid=os.getpid(),
@@ -79,7 +78,6 @@ def run(cfg: Config) -> int:
         print(f"{time.strftime('%F %T')} spswapd: pid {os.getpid()} serving "
               f"{cfg.paths.socket}", flush=True)  # fmt: skip
         _warn_unfit_settings(server.state)
-        from spswap.daemon.sweeper import Sweeper
 
         sweeper = Sweeper(server.state, cfg.sweep_interval_s)
         sweeper.start()

@@ -8,14 +8,14 @@ from typing import TYPE_CHECKING, Any
 from spswap.daemon.caller import peer_holder
 from spswap.daemon.state import Context
 from spswap.errors import ProtocolError
+from spswap.pool.importer import import_from_fds
+from spswap.pool.store import Pool, alias_key
 
 if TYPE_CHECKING:
     from spswap.pool.store import Pool
 
 
 def _pool(ctx: Context) -> Pool:
-    from spswap.pool.store import Pool
-
     return Pool.from_config(ctx.state.cfg, job_alive=ctx.state.job_probe())
 
 
@@ -40,8 +40,6 @@ def op_pool_unuse(ctx: Context, args: dict[str, Any]) -> Any:
 
 def op_pool_import(ctx: Context, args: dict[str, Any]) -> Any:
     """Import from the descriptors the caller opened: only what the caller can read."""
-    from spswap.pool.importer import import_from_fds
-
     names = args["files"]
     if len(names) != len(ctx.fds):
         raise ProtocolError(f"pool.import names {len(names)} file(s) but {len(ctx.fds)} "
@@ -60,7 +58,6 @@ def op_pool_import(ctx: Context, args: dict[str, Any]) -> Any:
     if identity is not None:
         # the caller's bytes are this entry's (same digest), whoever exported them first:
         # the caller finds it under its own uid from now on
-        from spswap.pool.store import alias_key
 
         pool.remember_alias(alias_key(identity, ctx.peer_uid), manifest.digest)
     ctx.state.event("pool.import", uid=ctx.peer_uid, pid=ctx.peer_pid, name=manifest.name,

@@ -25,6 +25,7 @@ from spswap.daemon.statuses import CheckpointStatuses
 from spswap.errors import PermissionDenied, RequestRefused, SpswapError
 from spswap.liveness import JobProbe
 from spswap.slots.table import SlotTable
+from spswap.slurm.backend import get_backend, job_probe
 
 if TYPE_CHECKING:
     from spswap.slurm.parse import JobInfo
@@ -126,7 +127,6 @@ class DaemonState:
         and epilog recorded (a job registered here and not ended is alive)."""
         if not self._probe_loaded:
             self._probe_loaded = True
-            from spswap.slurm.backend import job_probe
 
             slurm = job_probe()
 
@@ -152,8 +152,6 @@ class DaemonState:
     def ask_slurm(self, job_id: str) -> tuple[JobInfo | None, bool]:
         """Slurm's JobInfo of the job (None: not known or not asked) and whether Slurm
         answered at all; an unreachable controller is logged, never raised."""
-        from spswap.slurm.backend import get_backend
-
         try:
             backend = get_backend(timeout_s=ASK_SLURM_TIMEOUT_S)
             if backend is None:

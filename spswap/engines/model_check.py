@@ -12,7 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from spswap.errors import ConfigError
+from spswap.errors import ConfigError, InvalidCheckpoint
+from spswap.pool.safetensors_format import read_safetensors
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -112,8 +113,6 @@ def check_reference(model: Path) -> None:
 
 def _check_weights(model: Path, config: Any) -> None:
     from spswap.engines.reference_model import expected_shapes
-    from spswap.errors import InvalidCheckpoint
-    from spswap.pool.safetensors_format import read_safetensors
 
     path = Path(model) / WEIGHTS_FILE
     if not path.is_file():

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from spswap.engines.vllm_pull import pull_share
 from spswap.errors import EngineError
 from spswap.pool.manifest import Manifest, align_up
 from spswap.pool.store import Pool
@@ -192,8 +193,6 @@ class SpswapWorkerExtension:
             )
         released = None
         if pull is None:
-            from spswap.engines.vllm_pull import pull_share
-
             released = self._spswap_sleep_pool_bytes() if since_sleep_s is not None else None
             pull = pull_share(since_sleep_s, released)
         report = copy_into(mapping, weight_tensors(self._spswap_model()),

@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from spswap.config import Config
+from spswap.daemon.client import Client
 from spswap.fsutil import atomic_write_json, read_json
 from spswap.liveness import pid_alive
 
@@ -91,9 +93,6 @@ class InstanceRegistry:
                 pass  # the next `spswap status` shows it as gone (its process is)
 
     def _daemon_call(self, op: str, **args: Any) -> Any:
-        from spswap.config import Config
-        from spswap.daemon.client import Client
-
         root = self.directory.parent.parent  # <root>/run/instances
         return Client(Config.from_env({}, root=root), timeout_s=5.0).call(op, **args)
 

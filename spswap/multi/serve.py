@@ -15,11 +15,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from spswap.access import PoolAccess
 from spswap.config import Config
-from spswap.errors import ConfigError
+from spswap.errors import ConfigError, StopRequested
+from spswap.multi.http_api import ApiServer
 from spswap.multi.placement import awake_slots, budget_refusal
 from spswap.multi.procs import ModelSpec
 from spswap.multi.router import Router
+from spswap.multi.worker import make_engine
+from spswap.serve.http_front import HttpFront, new_key
+from spswap.serve.slot_hold import RunSlot, StopSignals
 
 
 @dataclass(frozen=True)
@@ -45,8 +50,6 @@ class MultiOptions:
 
 def import_models(cfg: Config, paths: tuple[Path, ...], job_id: str | None) -> list[ModelSpec]:
     """Each model in the pool (read from disk the first time); its spec."""
-    from spswap.access import PoolAccess
-
     if len(paths) < 1:
         raise ConfigError("--models needs at least one model directory")
     names = [p.name for p in paths]
@@ -63,8 +66,6 @@ def start_router(cfg: Config, opts: MultiOptions, *, job_id: str | None = None,
     """The router with every model started and the swap budget checked (a refused set
     ends its engines and raises ConfigError with the reason)."""
     if opts.engine != "reference":  # before any model is read into the pool
-        from spswap.multi.worker import make_engine
-
         make_engine(opts.engine, opts.models[0], opts.device, opts.models[0].name)
     specs = import_models(cfg, opts.models, job_id)
     slots = awake_slots(len(specs), opts.units_per_model, opts.devices, opts.max_awake)
@@ -90,9 +91,6 @@ def serve_models(cfg: Config, opts: MultiOptions, *, job_id: str | None = None,
                  stop: threading.Event | None = None) -> dict[str, Any]:  # fmt: skip
     """Reserve the job's share of its GPU, then serve until SIGTERM/USR1 (or ``stop``
     is set); returns a summary."""
-    from spswap.errors import StopRequested
-    from spswap.serve.slot_hold import RunSlot, StopSignals
-
     n_awake = awake_slots(len(opts.models), opts.units_per_model, opts.devices, opts.max_awake)
     # the job's share of its GPU on the node's slot table: its awake models' units
     slot = RunSlot(cfg, model="+".join(p.name for p in opts.models),
@@ -116,7 +114,6 @@ def serve_models(cfg: Config, opts: MultiOptions, *, job_id: str | None = None,
 
 def _serve_reserved(cfg: Config, opts: MultiOptions, signals: Any, *, job_id: str | None,
                     log: Callable[[str], None]) -> dict[str, Any]:  # fmt: skip
-    from spswap.multi.http_api import ApiServer
 
     opts.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     router = start_router(cfg, opts, job_id=job_id, log=log)
@@ -129,8 +126,6 @@ def _serve_reserved(cfg: Config, opts: MultiOptions, signals: Any, *, job_id: st
             f"({router.placement.slots} awake at once)"
         )
         if opts.port is not None:
-            from spswap.serve.http_front import HttpFront, new_key
-
             key = new_key(opts.state_dir / "api_key")
             front = HttpFront(opts.socket_path, key, opts.host, opts.port)
             log(

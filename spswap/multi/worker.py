@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from spswap.access import PoolAccess
+from spswap.config import Config
 from spswap.errors import ConfigError, RequestRejected, SpswapError
 
 ENGINES = ("reference", "vllm")
@@ -88,8 +90,6 @@ def main(argv: list[str] | None = None) -> int:
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # the engine's own prints must not corrupt the protocol
     sys.stdout = sys.stderr
-    from spswap.access import PoolAccess
-    from spswap.config import Config
 
     try:
         engine = make_engine(args.engine, args.model, args.device, args.name)

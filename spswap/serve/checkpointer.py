@@ -22,7 +22,12 @@ from typing import Any
 
 from spswap.checkpoint.proctree import process_tree_pids
 from spswap.config import Config
+from spswap.daemon.client import Client
+from spswap.daemon.lifecycle import ping
+from spswap.errors import SpswapError
 from spswap.liveness import pid_alive, pid_start_time
+from spswap.slurm.backend import get_backend
+from spswap.slurm.parse import stopped_for_good
 
 RESUME_SIGNAL = signal.SIGUSR2
 PARK_SLICE_S = 300.0  # between status checks while parked (never during a dump's freeze)
@@ -51,9 +56,6 @@ def not_coming_back(job_id: str, stop_signal: str | None, restart_count: int, *,
     is not dumped; a Slurm that cannot be asked means dump."""
     if stop_signal == "SIGUSR1":
         return None
-    from spswap.errors import SpswapError
-    from spswap.slurm.backend import get_backend
-    from spswap.slurm.parse import stopped_for_good
 
     try:
         backend = get_backend(timeout_s=timeout_s)
@@ -93,13 +95,9 @@ class DaemonCheckpointer:
         self.resumed.set()
 
     def available(self) -> bool:
-        from spswap.daemon.lifecycle import ping
-
         return ping(self.cfg)
 
     def _client(self) -> Any:
-        from spswap.daemon.client import Client
-
         return Client(self.cfg)
 
     def park(self, job_id: str, identity: dict[str, str], *, requeue: bool = False
@@ -139,16 +137,12 @@ class DaemonCheckpointer:
 
     def status(self, job_id: str) -> dict[str, Any]:
         """The job's checkpoint status as spswapd has it (``checkpoint.status``)."""
-        from spswap.daemon.client import Client
-
         status: dict[str, Any] = Client(self.cfg, timeout_s=5.0).call("checkpoint.status",
                                                                      job_id=job_id)  # fmt: skip
         return status
 
     def restore(self, job_id: str, identity: dict[str, str], restart_count: int) -> dict[str, Any]:
         """Bring the job's instance back; raises CheckpointFailed (cold start) otherwise."""
-        from spswap.daemon.client import Client
-
         result: dict[str, Any] = Client(self.cfg, timeout_s=RESTORE_TIMEOUT_S).call(
             "restore", job_id=job_id, restart_count=restart_count, **identity
         )

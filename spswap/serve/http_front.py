@@ -35,6 +35,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from spswap.checkpoint import proctree
 from spswap.errors import BadHttpRequest
 
 ALLOWED_PREFIXES = ("/v1/", "/health", "/ping", "/version", "/tokenize", "/detokenize",
@@ -311,15 +312,13 @@ class HttpFront:
     async def _peer(self, writer: asyncio.StreamWriter) -> tuple[str, str]:
         """The peer's kind (:func:`peer_kind`) and group (its user on this node, else its
         address): who an eviction is charged to (:func:`to_evict`)."""
-        from spswap.checkpoint.proctree import tcp_peer_uid
-
         peer, local = writer.get_extra_info("peername"), writer.get_extra_info("sockname")
         if not peer or not local:
             return "foreign", "unknown"
         if peer_kind(peer[0], None, -1, local[0]) == "remote":
             return "remote", f"ip:{peer[0]}"  # no /proc read: its user cannot be known
         uid = await asyncio.get_running_loop().run_in_executor(
-            None, tcp_peer_uid, tuple(peer[:2]), tuple(local[:2])
+            None, proctree.tcp_peer_uid, tuple(peer[:2]), tuple(local[:2])
         )  # /proc read: off the loop
         return peer_kind(peer[0], uid, os.getuid(), local[0]), f"uid:{uid}"
 

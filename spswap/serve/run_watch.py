@@ -24,6 +24,7 @@ from types import FrameType
 from typing import Any
 
 from spswap.checkpoint.cgroups import PREFIX, parse_proc_cgroup
+from spswap.serve.run_log import process_started_s
 
 StatusOf = Callable[[str], dict[str, Any]]
 POLL_S = 0.05
@@ -101,8 +102,6 @@ def fork_instance(job_id: str | None, status_of: StatusOf) -> float | None:
     seconds, for its ``runs.jsonl`` line) and serves on, the parent watches it
     (:class:`RunWatch`) and exits with what the run ends with. Elsewhere (no job, no job
     cgroup: nothing is ever parked) returns None without forking."""
-    from spswap.serve.run_log import process_started_s
-
     if job_id is None or not in_job_cgroup(_cgroup_text(os.getpid()), job_id):
         return None
     started_s = process_started_s()

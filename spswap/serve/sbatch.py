@@ -11,6 +11,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from spswap.serve.vllm_api import RESERVED_ARGS
+
 TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "sbatch_templates"
 
 
@@ -86,8 +88,6 @@ def render_serve(opts: SbatchOptions = SbatchOptions()) -> str:
                          "# CHANGE: one JSON request per line\n")  # fmt: skip
         extra = ' \\\n    --requests "$REQUESTS" --exit-when-idle'
     if vllm:
-        from spswap.serve.vllm_api import RESERVED_ARGS
-
         args = " ".join(shlex.quote(a) for a in shlex.split(opts.vllm_args))
         requests_line = (f"VLLM_ARGS=({args})   # CHANGE: vLLM's own options (not those "
                          f"spswap sets: {'/'.join(RESERVED_ARGS)})\n")  # fmt: skip

@@ -9,6 +9,7 @@ import time
 from types import FrameType
 from typing import Any
 
+from spswap.access import release_slot, reserve_slot
 from spswap.config import Config
 from spswap.errors import StopRequested
 
@@ -40,7 +41,6 @@ class RunSlot:
             return
         if stopped is not None:
             raise StopRequested(f"{stopped} before the GPU slot was asked for")
-        from spswap.access import reserve_slot
 
         self._waiting = True
         try:
@@ -54,8 +54,6 @@ class RunSlot:
     def release(self) -> None:
         """Give the reservation back (once; a no-op without one)."""
         if self.reservation is not None:
-            from spswap.access import release_slot
-
             reservation, self.reservation = self.reservation, None
             release_slot(self.cfg, reservation.id)
 

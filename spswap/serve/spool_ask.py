@@ -12,6 +12,7 @@ from typing import Any
 
 from spswap.errors import SpswapError
 from spswap.serve.spool import Request, Spool, answered, not_answered
+from spswap.slurm.backend import CliBackend
 
 POLL_S = 0.05
 
@@ -24,8 +25,6 @@ def state_dir_of(work_dir: str, job_id: str) -> Path:
 def job_state_dir(job_id: str) -> Path:
     """The state directory of job ``job_id``, from Slurm's record of its working
     directory; SpswapError naming the fix when Slurm does not know it."""
-    from spswap.slurm.backend import CliBackend
-
     info = CliBackend().job(job_id)
     if info is None or not info.work_dir:
         raise SpswapError(f"Slurm does not know job {job_id} (or its working directory): "

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from spswap.access import PoolAccess
 from spswap.checkpoint.images import config_hash, process_identity
 from spswap.config import Config
 from spswap.engines.vllm_engine import VllmSettings, engine_identity
@@ -40,6 +41,7 @@ from spswap.engines.vllm_identity import find_entry
 from spswap.errors import EngineError, PoolEntryNotFound, SpswapError
 from spswap.fsutil import atomic_write_json, make_private_dirs
 from spswap.serve.checkpointer import DaemonCheckpointer
+from spswap.serve.http_front import HttpFront, new_key
 from spswap.serve.lifecycle import Log, ServeResult, ServeRun, run_steps
 from spswap.serve.run_log import RunPath
 from spswap.serve.slot_hold import RunSlot, StopSignals
@@ -81,7 +83,6 @@ class VllmBackend:
     def __init__(self, cfg: Config, opts: VllmServeOptions, *, job_id: str | None,
                  stop: StopSignals, pool: Any, log: Log,
                  vllm_version: str | None) -> None:  # fmt: skip
-        from spswap.access import PoolAccess
 
         self.opts, self.stop, self.log, self.job_id = opts, stop, log, job_id
         self.state_dir = opts.state_dir
@@ -235,7 +236,6 @@ class VllmBackend:
         """The opt-in TCP front, with a fresh API key in STATE_DIR/api_key."""
         if self.opts.http_port is None:
             return
-        from spswap.serve.http_front import HttpFront, new_key
 
         key = new_key(self.opts.state_dir / API_KEY_FILE)
         front = HttpFront(self.server.uds, key, self.opts.http_host, self.opts.http_port)
