@@ -132,6 +132,7 @@ class DemoRun:
     jobs: list[DemoJob] = field(default_factory=list)
     cold_answers: dict[str, list[int]] = field(default_factory=dict)
     last_answer_s: float = 0.0
+    copies_gb_per_s: list[float] = field(default_factory=list)  # each pool -> device start
     path: str = field(default_factory=lambda: os.environ.get("PATH", os.defpath))
 
     def setup(self, models: int) -> None:
@@ -263,9 +264,14 @@ class DemoRun:
                               answered_s=answer.answered_s, path=path,
                               identical=answer.output_ids == self.cold_answers.get(job.name),
                               reason=reason)  # fmt: skip
+        copy = record.copy_gb_per_s if record else None
+        if copy is not None:
+            self.copies_gb_per_s.append(copy)
         self.say(
             f"turn {turn.index + 1} (round {turn.round}) {job.name}: {path} "
-            f"{result.total_s:.2f} s" + ("" if result.identical else " ANSWER DIFFERS")
+            f"{result.total_s:.2f} s"
+            + (f" (weights from the pool at {copy:.1f} GB/s)" if copy is not None else "")
+            + ("" if result.identical else " ANSWER DIFFERS")
         )
         return result
 
@@ -367,6 +373,8 @@ def run_demo(*, models: int = 3, rounds: int = 2, preset: str = "small",
                 "models": models, "max_new_tokens": max_new_tokens, "spswap": __version__,
                 "python": platform.python_version(), "host": platform.node(),
                 "date": time.strftime("%Y-%m-%d")}  # fmt: skip
+    if run.copies_gb_per_s:  # the slowest start from the pool: memory speed, or faults?
+        settings["pool_copy_gb_per_s_min"] = round(min(run.copies_gb_per_s), 2)
     turns = explain_slower(results, mode, cores=os.cpu_count(), load=os.getloadavg()[0])
     return summarize([j.name for j in run.jobs], turns,
                      wall_s=max(0.0, wall_s), settings=settings, leftovers=left,

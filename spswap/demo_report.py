@@ -95,6 +95,26 @@ def demo_ok(summary: TurnsSummary) -> bool:
     return summary.identical == summary.compared
 
 
+CPU_MEMORY_SPEED_GB_S = 5.0  # a copy between two resident buffers on the 2-core CI box
+
+
+def pool_copy_note(slowest_gb_per_s: object, device: str) -> str | None:
+    """What the slowest start from the pool says: on the CPU the weights come from the
+    pool's mapped tmpfs at memory speed, or slower where the copy's new tensors fault
+    their pages in as it writes them (small copies on a small machine); None when no
+    start copied."""
+    if not isinstance(slowest_gb_per_s, (int, float)):
+        return None
+    text = f"starts from the pool: the slowest copied the weights at {slowest_gb_per_s:.1f} GB/s"
+    if device != "cpu" or slowest_gb_per_s >= CPU_MEMORY_SPEED_GB_S:
+        return text
+    return (
+        f"{text}, below memory speed ({CPU_MEMORY_SPEED_GB_S:g} GB/s on CPU): the "
+        "engine's new tensors fault their pages in as the copy writes them; `spswap "
+        "bench transfer --device cpu` sets it beside a plain copy on this machine"
+    )
+
+
 def render_demo(summary: TurnsSummary, mode: DemoMode) -> Group:
     """The turn table and the stats of ``spswap bench turns``, then the demo's notes."""
     table = turn_table(summary)
@@ -107,6 +127,10 @@ def render_demo(summary: TurnsSummary, mode: DemoMode) -> Group:
                           "broken.", style="bold red"))  # fmt: skip
     if mode.note:
         parts.append(Text(mode.note, style="yellow"))
+    copy_note = pool_copy_note(summary.settings.get("pool_copy_gb_per_s_min"),
+                               str(summary.settings.get("device", "")))  # fmt: skip
+    if copy_note:
+        parts.append(Text(copy_note, style="yellow" if "below" in copy_note else "dim"))
     parts.append(
         Text(
             "total = the demo stops the running model (Slurm's share: its stop, and the dump "

@@ -20,6 +20,7 @@ from spswap.demo_report import (
     demo_json,
     demo_ok,
     explain_slower,
+    pool_copy_note,
     render_demo,
 )
 
@@ -71,7 +72,22 @@ def test_the_pool_path_serves_every_later_turn_from_the_pool(tmp_path: Path) -> 
     assert demo_ok(summary) and summary.ok and summary.identical == summary.compared == 2
     text = _text(render_demo(summary, mode))
     assert "through the pool" in text and "forced by the test" in text
+    # each start from the pool recorded its copy; the slowest is in the report
+    slowest = summary.settings["pool_copy_gb_per_s_min"]
+    assert isinstance(slowest, float) and slowest > 0
+    assert f"the slowest copied the weights at {slowest:.1f} GB/s" in text
+    assert sum("weights from the pool at" in m for m in msgs) == 4  # cold ones after import
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_pool_copy_below_memory_speed_says_why() -> None:
+    assert pool_copy_note(None, "cpu") is None
+    assert pool_copy_note(7.5, "cpu") == "starts from the pool: the slowest copied the " \
+        "weights at 7.5 GB/s"  # fmt: skip
+    slow = pool_copy_note(1.2, "cpu")
+    assert slow is not None and "below memory speed (5 GB/s on CPU)" in slow
+    assert "spswap bench transfer --device cpu" in slow
+    assert "below" not in (pool_copy_note(1.2, "cuda") or "")  # the GPU's goal is elsewhere
 
 
 def test_choose_mode_says_why_and_what_to_run() -> None:

@@ -11,6 +11,7 @@ import typer
 from spswap.cli.common import RootOpt, emit_json, err_console, load_config
 from spswap.config import Config
 from spswap.engines.model_check import check_servable
+from spswap.engines.protocol import Engine
 from spswap.engines.vllm_engine import VllmSettings, kv_cache_bytes
 from spswap.errors import SpswapError
 from spswap.fsutil import atomic_write_bytes, make_private_dirs
@@ -226,7 +227,7 @@ def serve(
 
     checkpointer = _checkpointer(cfg, job.job_id) if checkpoint and job is not None else None
 
-    def factory(o: Any) -> Any:
+    def factory(o: ServeOptions) -> Engine:
         if may_restore:  # no restore after all: check the model, then start the engine
             check_servable(engine, model)
         return make_engine(o)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from spswap.daemon.jobs import check_job_id
+from spswap.daemon.jobs import JobState, check_job_id
 from spswap.daemon.missed_prolog import register_missed_run
 from spswap.daemon.state import ROOT_UID, Context, authorize
 from spswap.errors import PermissionDenied, RequestRefused
@@ -29,7 +29,7 @@ def peer_holder(ctx: Context, job_id: str | None) -> Holder:
             )
         authorize(ctx.peer_uid, rec.uid, f"job {job_id}")
         rec = register_missed_run(ctx.state, rec)
-        if rec.state != "running":
+        if rec.state is not JobState.RUNNING:
             raise PermissionDenied(f"job {job_id} has {rec.state}; a reservation or pool use "
                                    "can be bound only to a running job")  # fmt: skip
     elif job_id is not None:

@@ -23,6 +23,8 @@ from spswap.daemon.ckpt_status import (
 )
 from spswap.daemon.image_uses import sync_quietly
 from spswap.daemon.kept import Kept
+from spswap.daemon.protocol import Answer
+from spswap.daemon.statuses import CheckpointState
 from spswap.errors import CheckpointFailed, PermissionDenied
 from spswap.liveness import pid_alive, pid_start_time
 from spswap.slurm.backend import get_backend
@@ -32,7 +34,7 @@ if TYPE_CHECKING:
     from spswap.daemon.state import Context, DaemonState
 
 
-def op_checkpoint(ctx: Context, args: dict[str, Any]) -> Any:
+def op_checkpoint(ctx: Context, args: dict[str, Any]) -> Answer:
     """Dump the caller (its own process; root may name another pid)."""
     st = ctx.state
     job_id = args["job_id"]
@@ -51,7 +53,7 @@ def op_checkpoint(ctx: Context, args: dict[str, Any]) -> Any:
         raise CheckpointFailed(f"job {job_id} is being checkpointed or restored already")
     # the job's earlier kept instance would otherwise outlive the image the dump replaces
     st.kept.end(job_id, "the job dumps again")
-    st.statuses.write(job_id, state="dumping", pid=pid, pid_start=pid_start)
+    st.statuses.write(job_id, state=CheckpointState.DUMPING, pid=pid, pid_start=pid_start)
     st.dumping.hold(job_id, identity.model_digest)  # the entry, while the dump runs
     st.event("checkpoint.start", job_id=job_id, uid=rec.uid, pid=pid)
     requeue = bool(args.get("requeue"))
@@ -219,7 +221,7 @@ def _dump(st: DaemonState, job_id: str, pid: int, pid_start: int | None, identit
     except Exception as e:  # the instance runs on (unless CRIU ended it): tell it, record why
         reason = str(e) + leave.after_failure(tree_kept=bool(getattr(e, "tree_kept", False)))
         try:
-            st.statuses.write(job_id, state="failed", pid=pid, reason=reason)
+            st.statuses.write(job_id, state=CheckpointState.FAILED, pid=pid, reason=reason)
         finally:  # the status first (it reads it when told), but told in any case
             resume(pid, pid_start)
         st.event("checkpoint.failed", job_id=job_id, uid=identity.uid, reason=reason[:2000])
@@ -227,7 +229,7 @@ def _dump(st: DaemonState, job_id: str, pid: int, pid_start: int | None, identit
         return not pid_alive(pid, pid_start)
     kept = report.kept = report.kept and leave.keep(pid, pid_start, report.key)
     sync_quietly(st)  # before "saved": a restore must find the entry held
-    st.statuses.write(job_id, state="saved", pid=pid, key=report.key,
+    st.statuses.write(job_id, state=CheckpointState.SAVED, pid=pid, key=report.key,
                       size_bytes=report.size_bytes, timings_s=report.timings_s,
                       kept=kept)  # fmt: skip
     st.event("checkpoint.saved", job_id=job_id, uid=identity.uid, image=report.to_json())

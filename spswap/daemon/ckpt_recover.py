@@ -14,6 +14,7 @@ from spswap.checkpoint.criu import remove_image
 from spswap.checkpoint.service import incomplete_images, job_prefix, temp_dirs
 from spswap.daemon.ckpt_status import resume
 from spswap.daemon.image_uses import sync_quietly
+from spswap.daemon.statuses import CheckpointState
 from spswap.fsutil import read_json
 from spswap.liveness import pid_alive
 
@@ -53,7 +54,7 @@ def recover(st: DaemonState) -> dict[str, Any]:
         status = read_json(path) or {}
         if status.get("kept"):  # the sweep above ended what the dead daemon kept
             st.statuses.unmark_kept(str(status.get("job_id") or path.stem))
-        if status.get("state") == "dumping":
+        if status.get("state") == CheckpointState.DUMPING:
             stale.append((str(status.get("job_id") or path.stem), int(status.get("pid") or 0),
                           status.get("pid_start")))  # fmt: skip
     dumping = {job for job, _, _ in stale}
@@ -98,7 +99,7 @@ def _recover_dump(st: DaemonState, job_id: str, pid: int, pid_start: int | None)
     fate = "it runs on and was told" if alive else "CRIU had ended it: its requests are saved"
     reason = (f"spswapd died during the dump of job {job_id} (pid {pid}); the unfinished "
               f"image was deleted; {fate}: the next run starts cold")  # fmt: skip
-    st.statuses.write(job_id, state="failed", pid=pid, reason=reason)
+    st.statuses.write(job_id, state=CheckpointState.FAILED, pid=pid, reason=reason)
     st.event("checkpoint.failed", job_id=job_id, reason=reason)
     if alive:
         resume(pid, pid_start)

@@ -23,6 +23,8 @@ from spswap.daemon.ckpt_status import (
 )
 from spswap.daemon.image_uses import sync_quietly
 from spswap.daemon.kept import Kept
+from spswap.daemon.protocol import Answer
+from spswap.daemon.statuses import CheckpointState
 from spswap.errors import CheckpointFailed, ImageRejected
 from spswap.liveness import Holder, pid_start_time
 from spswap.pool.store import Pool
@@ -35,7 +37,7 @@ if TYPE_CHECKING:
 RESTORE_WAITS_DUMP_S = 300.0  # a restore that finds its own job still dumping waits this long
 
 
-def op_restore(ctx: Context, args: dict[str, Any]) -> Any:
+def op_restore(ctx: Context, args: dict[str, Any]) -> Answer:
     """Restore the job's instance for the caller (the new run's proxy)."""
     st = ctx.state
     job_id = args["job_id"]
@@ -44,7 +46,7 @@ def op_restore(ctx: Context, args: dict[str, Any]) -> Any:
     # A job requeued while its dump ran may be back before the dump ends: wait for it
     # (also just after "saved": the dump thread still freezes and records a kept tree).
     state = st.statuses.read(job_id).get("state")
-    dumping = state in ("dumping", "saved")
+    dumping = state in (CheckpointState.DUMPING, CheckpointState.SAVED)
     if not st.job_locks.of(job_id).acquire(timeout=RESTORE_WAITS_DUMP_S if dumping else 1.0):
         if dumping:
             raise CheckpointFailed(f"the previous run's dump of job {job_id} did not end "
@@ -58,9 +60,9 @@ def op_restore(ctx: Context, args: dict[str, Any]) -> Any:
 
 
 def _restore(ctx: Context, st: DaemonState, rec: JobRecord, job_id: str, expected: Identity,
-             args: dict[str, Any]) -> Any:  # fmt: skip
+             args: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
     status = st.statuses.read(job_id)
-    if status.get("state") != "saved":
+    if status.get("state") != CheckpointState.SAVED:
         raise CheckpointFailed(no_image_reason(job_id, status))
 
     kept = st.kept.take(job_id)  # this restore owns it now: nothing else may end it meanwhile
@@ -81,11 +83,11 @@ def _restore(ctx: Context, st: DaemonState, rec: JobRecord, job_id: str, expecte
                                         gpu_uuids=run_gpu_uuids(st, job_id),
                                         criu_as_user=not st.cfg.criu_as_root)  # fmt: skip
     except ImageRejected as e:
-        st.statuses.write(job_id, state="rejected", reason=str(e))
+        st.statuses.write(job_id, state=CheckpointState.REJECTED, reason=str(e))
         st.event("restore.rejected", job_id=job_id, uid=rec.uid, reason=str(e))
         raise
     except Exception as e:
-        st.statuses.write(job_id, state="failed", reason=str(e))
+        st.statuses.write(job_id, state=CheckpointState.FAILED, reason=str(e))
         st.event("restore.failed", job_id=job_id, uid=rec.uid, reason=str(e)[:2000])
         raise
     finally:
@@ -124,7 +126,11 @@ def _wake_kept(st: DaemonState, rec: JobRecord, job_id: str, expected: Identity,
             remove_image(image)
         rejected = isinstance(e, ImageRejected)
         reason = str(e) if rejected else f"{e}; the kept instance was ended: cold start"
-        st.statuses.write(job_id, state="rejected" if rejected else "failed", reason=reason)
+        st.statuses.write(
+            job_id,
+            state=CheckpointState.REJECTED if rejected else CheckpointState.FAILED,
+            reason=reason,
+        )
         st.event("restore.rejected" if rejected else "restore.failed", job_id=job_id,
                  uid=rec.uid, reason=reason[:2000], kept=True)  # fmt: skip
         raise (e if rejected else CheckpointFailed(reason)) from None
@@ -161,16 +167,16 @@ def _clear_parking(st: DaemonState, job_id: str, kept: Kept, pid: int) -> None:
 
 def _restored(ctx: Context, st: DaemonState, rec: JobRecord, job_id: str, expected: Identity,
               args: dict[str, Any], pid: int, timings: dict[str, float], *,
-              kept: bool = False) -> Any:  # fmt: skip
+              kept: bool = False) -> dict[str, Any]:  # fmt: skip
     """A restored (or kept) instance into the new run: its cgroups, its status, woken."""
     try:
         _into_job(st, job_id, pid, ctx.peer_pid)
     except CheckpointFailed as e:
-        st.statuses.write(job_id, state="failed", reason=str(e))
+        st.statuses.write(job_id, state=CheckpointState.FAILED, reason=str(e))
         st.event("restore.failed", job_id=job_id, uid=rec.uid, reason=str(e))
         raise
     # The status first: the woken instance reads it to learn its new run.
-    st.statuses.write(job_id, state="restored", pid=pid, proxy_pid=ctx.peer_pid,
+    st.statuses.write(job_id, state=CheckpointState.RESTORED, pid=pid, proxy_pid=ctx.peer_pid,
                       restart_count=int(args.get("restart_count", 0)), timings_s=timings,
                       kept=kept)  # fmt: skip
     try:
@@ -181,7 +187,7 @@ def _restored(ctx: Context, st: DaemonState, rec: JobRecord, job_id: str, expect
         reason = (f"the restored instance of job {job_id} (pid {pid}) died before it woke; "
                   "its image is gone (single use, or stale once a kept tree ran on): cold "
                   "start")  # fmt: skip
-        st.statuses.write(job_id, state="failed", reason=reason)
+        st.statuses.write(job_id, state=CheckpointState.FAILED, reason=reason)
         st.event("restore.failed", job_id=job_id, uid=rec.uid, reason=reason)
         raise CheckpointFailed(reason) from None
     _hold_pool_entry(st, expected.model_digest, pid, rec)

@@ -33,7 +33,10 @@ from typing import TYPE_CHECKING, Any
 
 from spswap.checkpoint.gpu_map import job_gpu_uuids, uuids_by_minor
 from spswap.checkpoint.images import Identity, node_identity
+from spswap.daemon.jobs import JobState
 from spswap.daemon.missed_prolog import register_missed_run
+from spswap.daemon.protocol import Answer
+from spswap.daemon.statuses import CheckpointState
 from spswap.errors import BadRequest, CheckpointFailed
 from spswap.liveness import pid_alive
 
@@ -60,7 +63,7 @@ def running_job(ctx: Context, job_id: str) -> JobRecord:
     by its prolog or, where slurmd ran none, now (:mod:`spswap.daemon.missed_prolog`);
     refused otherwise: checkpoints and restores are for the job's running instance."""
     rec = register_missed_run(ctx.state, ctx.job_for(job_id))
-    if rec.state != "running":
+    if rec.state is not JobState.RUNNING:
         raise CheckpointFailed(
             f"job {rec.job_id} is {rec.state} on this node, and Slurm does not say a new run "
             "of it runs here: checkpoints and restores are for the job's running instance "
@@ -99,10 +102,10 @@ def no_image_reason(job_id: str, status: dict[str, Any]) -> str:
     state = status.get("state", "none")
     if state == "none":
         return f"job {job_id} has no checkpoint image (never dumped on this node): cold start"
-    if state == "restored":
+    if state == CheckpointState.RESTORED:
         return (f"job {job_id}'s image was restored already (it is single use) and that "
                 "instance has ended: cold start")  # fmt: skip
-    if state == "dumping":
+    if state == CheckpointState.DUMPING:
         return f"job {job_id}'s dump has not finished: cold start"
     why = status.get("reason")
     return (
@@ -112,8 +115,8 @@ def no_image_reason(job_id: str, status: dict[str, Any]) -> str:
     )
 
 
-def op_checkpoint_status(ctx: Context, args: dict[str, Any]) -> Any:
+def op_checkpoint_status(ctx: Context, args: dict[str, Any]) -> Answer:
     """Where the job's checkpoint stands: dumping, saved, failed, rejected or restored."""
     job_id = args["job_id"]
     ctx.job_for(job_id)
-    return ctx.state.statuses.read(job_id) or {"job_id": job_id, "state": "none"}
+    return ctx.state.statuses.read(job_id) or {"job_id": job_id, "state": CheckpointState.NONE}

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from spswap.checkpoint.criu import remove_image
 from spswap.checkpoint.service import delete_job_images, image_digests
+from spswap.daemon.statuses import CheckpointState
 from spswap.errors import PoolEntryNotFound
 from spswap.liveness import Holder, pid_start_time
 from spswap.pool.store import Pool
@@ -94,7 +95,7 @@ def drop_job_images(st: DaemonState, job_id: str,
     gone = delete_job_images(st.cfg.paths.images, job_id)
     if gone:
         status = st.statuses.read(job_id)
-        if status.get("state") in ("saved", "dumping"):
-            st.statuses.write(job_id, state="deleted", reason=reason)
+        if status.get("state") in (CheckpointState.SAVED, CheckpointState.DUMPING):
+            st.statuses.write(job_id, state=CheckpointState.DELETED, reason=reason)
     sync_quietly(st)
     return gone

@@ -9,17 +9,18 @@ from typing import Any
 
 from spswap import __version__
 from spswap.daemon import events
-from spswap.daemon.protocol import PROTOCOL_VERSION
+from spswap.daemon.jobs import JobState
+from spswap.daemon.protocol import PROTOCOL_VERSION, Answer
 from spswap.daemon.state import ROOT_UID, Context
 from spswap.settings_check import settings_problems
 from spswap.settings_file import settings_file_path
 
 
-def op_ping(ctx: Context, args: dict[str, Any]) -> Any:
+def op_ping(ctx: Context, args: dict[str, Any]) -> Answer:
     return {"pong": True, "pid": os.getpid(), "protocol": PROTOCOL_VERSION}
 
 
-def op_status(ctx: Context, args: dict[str, Any]) -> Any:
+def op_status(ctx: Context, args: dict[str, Any]) -> Answer:
     st = ctx.state
     return {
         "pid": os.getpid(),
@@ -29,7 +30,7 @@ def op_status(ctx: Context, args: dict[str, Any]) -> Any:
         "socket": str(st.cfg.paths.socket),
         "started_at": st.started_at,
         "uptime_s": round(time.time() - st.started_at, 3),
-        "jobs": sum(1 for j in st.jobs.all() if j.state == "running"),
+        "jobs": sum(1 for j in st.jobs.all() if j.state is JobState.RUNNING),
         "nodes": sorted(st.node_names),  # Slurm's names of this host's node(s), from prologs
         # its own settings and where they came from: a command that reads others (another
         # environment) can tell, and say so (spswap status)
@@ -40,13 +41,13 @@ def op_status(ctx: Context, args: dict[str, Any]) -> Any:
     }
 
 
-def op_jobs_list(ctx: Context, args: dict[str, Any]) -> Any:
+def op_jobs_list(ctx: Context, args: dict[str, Any]) -> Answer:
     """Root sees every job; a user only their own."""
     return [j.to_json() for j in ctx.state.jobs.all()
             if ctx.peer_uid == ROOT_UID or j.uid == ctx.peer_uid]  # fmt: skip
 
 
-def op_events_tail(ctx: Context, args: dict[str, Any]) -> Any:
+def op_events_tail(ctx: Context, args: dict[str, Any]) -> Answer:
     """Root sees every event; a user only those about their own jobs and processes."""
     tail = events.tail(ctx.state.cfg.paths.events, args.get("n", 50))
     if ctx.peer_uid == ROOT_UID:

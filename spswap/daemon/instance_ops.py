@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from spswap.daemon.protocol import Answer
 from spswap.daemon.state import ROOT_UID, Context, authorize
 from spswap.errors import BadRequest, RequestRefused
 from spswap.instance.registry import InstanceRecord, InstanceRegistry
@@ -33,7 +34,7 @@ def _checked_id(value: Any) -> str:
     return value
 
 
-def op_instance_put(ctx: Context, args: dict[str, Any]) -> Any:
+def op_instance_put(ctx: Context, args: dict[str, Any]) -> Answer:
     fields = dict(args["record"])
     instance_id = _checked_id(fields.get("id"))
     fields.update(uid=ctx.peer_uid, pid=ctx.peer_pid)  # the caller's, as the kernel says
@@ -58,7 +59,7 @@ def op_instance_put(ctx: Context, args: dict[str, Any]) -> Any:
     return {"id": instance_id}
 
 
-def op_instance_remove(ctx: Context, args: dict[str, Any]) -> Any:
+def op_instance_remove(ctx: Context, args: dict[str, Any]) -> Answer:
     instance_id = _checked_id(args["id"])
     registry = _registry(ctx)
     for other, _alive in registry.list():

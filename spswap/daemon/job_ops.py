@@ -11,14 +11,15 @@ from typing import Any
 
 from spswap.checkpoint.service import image_job_ids, images_of_job, temp_dirs
 from spswap.daemon.image_uses import drop_job_images
-from spswap.daemon.jobs import JobRecord
+from spswap.daemon.jobs import JobRecord, JobState
+from spswap.daemon.protocol import Answer
 from spswap.daemon.state import Context, DaemonState, require_root
 from spswap.errors import SpswapError
 from spswap.pool.store import Pool
 from spswap.slurm.parse import job_fate
 
 
-def op_job_register(ctx: Context, args: dict[str, Any]) -> Any:
+def op_job_register(ctx: Context, args: dict[str, Any]) -> Answer:
     require_root(ctx.peer_uid, "job.register")
     st = ctx.state
     with st.lock:
@@ -96,7 +97,7 @@ def _drop_job_pool_uses(st: DaemonState, job_id: str) -> list[str]:
     return dropped
 
 
-def op_job_end(ctx: Context, args: dict[str, Any]) -> Any:
+def op_job_end(ctx: Context, args: dict[str, Any]) -> Answer:
     """The epilog: give back the job's slots and pool uses; keep the pool. The job's
     checkpoint images stay only if it comes back (requeued): Slurm says so, or, where
     Slurm does not know the job, the ``requeued`` argument; when neither can tell they
@@ -126,7 +127,7 @@ def op_job_end(ctx: Context, args: dict[str, Any]) -> Any:
         problems.append(f"images: {e}")
     with st.lock:
         rec = st.jobs.get(job_id) or JobRecord(job_id=job_id, uid=-1)
-        rec.state = "requeued" if requeued or fate == "back" else "ended"
+        rec.state = JobState.REQUEUED if requeued or fate == "back" else JobState.ENDED
         rec.ended_at = time.time()
         st.jobs.put(rec)
     result = {"job_id": job_id, "state": rec.state, "released_reservations": released,

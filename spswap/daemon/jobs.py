@@ -11,6 +11,7 @@ import os
 import re
 import time
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,17 @@ from spswap.fsutil import STATE_VERSION, atomic_write_json, read_json
 
 ENDED_KEEP_S = 24 * 3600.0
 _JOB_ID = re.compile(r"^[A-Za-z0-9_.+-]{1,64}$")
+
+
+class JobState(str, Enum):
+    """A job on this node, as its hooks told the daemon."""
+
+    RUNNING = "running"  # the prolog registered it
+    REQUEUED = "requeued"  # the epilog ran, and Slurm runs it again
+    ENDED = "ended"  # the epilog ran (pruned after ENDED_KEEP_S)
+
+    def __str__(self) -> str:  # messages show "ended", on every Python
+        return self.value
 
 
 @dataclass
@@ -31,7 +43,7 @@ class JobRecord:
     gpus: list[int] = field(default_factory=list)
     restart_count: int = 0
     registered_at: float = 0.0
-    state: str = "running"  # running | ended | requeued
+    state: JobState = JobState.RUNNING
     ended_at: float | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -40,6 +52,8 @@ class JobRecord:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> JobRecord:
         fields = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        if "state" in fields:
+            fields["state"] = JobState(fields["state"])
         return cls(**fields)
 
 
@@ -82,7 +96,11 @@ class JobStore:
         now = time.time() if now is None else now
         gone = []
         for rec in self.all():
-            if rec.state == "ended" and rec.ended_at is not None and now - rec.ended_at > keep_s:
+            if (
+                rec.state is JobState.ENDED
+                and rec.ended_at is not None
+                and now - rec.ended_at > keep_s
+            ):
                 try:
                     os.unlink(self.path(rec.job_id))
                     gone.append(rec.job_id)

@@ -16,7 +16,7 @@ import time
 from collections.abc import Collection
 from typing import TYPE_CHECKING
 
-from spswap.daemon.jobs import JobRecord
+from spswap.daemon.jobs import JobRecord, JobState
 from spswap.slurm.parse import JobInfo, expand_hostlist
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ def missed_run(rec: JobRecord, info: JobInfo | None, node_names: Collection[str]
     another user's, on other nodes, an older run than the one recorded, or no node name
     to tell. GPUs: Slurm's for this node, else the job's when it has one node, else the
     last run's. Pure."""
-    if rec.state == "running" or info is None or not info.running:
+    if rec.state is JobState.RUNNING or info is None or not info.running:
         return None
     if info.uid is None or info.uid != rec.uid or info.restart_count < rec.restart_count:
         return None
@@ -60,7 +60,7 @@ def register_missed_run(st: DaemonState, rec: JobRecord) -> JobRecord:
     """``rec`` while it says running; else the run Slurm says runs here, registered now
     (see the module's text and :func:`missed_run`); else ``rec`` as it was, for the caller
     to refuse. Asks Slurm only for a record that does not say running."""
-    if rec.state == "running":
+    if rec.state is JobState.RUNNING:
         return rec
     info, _ = st.ask_slurm(rec.job_id)
     new = missed_run(rec, info, st.node_names, time.time())
@@ -68,7 +68,7 @@ def register_missed_run(st: DaemonState, rec: JobRecord) -> JobRecord:
         return rec
     with st.lock:
         current = st.jobs.get(rec.job_id)
-        if current is not None and current.state == "running":
+        if current is not None and current.state is JobState.RUNNING:
             return current  # its prolog came meanwhile
         st.jobs.put(new)
     st.event("job.start", job_id=new.job_id, uid=new.uid, user=new.user, gpus=new.gpus,

@@ -20,9 +20,10 @@ from spswap.daemon import (
     pool_ops,
     slot_ops,
 )
+from spswap.daemon.protocol import Answer
 from spswap.daemon.state import Context
 
-Handler = Callable[[Context, dict[str, Any]], Any]
+Handler = Callable[[Context, dict[str, Any]], Answer]
 
 # read-only: nothing adds an op after this module is loaded
 HANDLERS: Mapping[str, Handler] = MappingProxyType(

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from spswap.daemon.caller import peer_holder
+from spswap.daemon.protocol import Answer
 from spswap.daemon.state import Context
 from spswap.errors import ProtocolError
 from spswap.pool.importer import import_from_fds
@@ -19,14 +20,14 @@ def _pool(ctx: Context) -> Pool:
     return Pool.from_config(ctx.state.cfg, job_alive=ctx.state.job_probe())
 
 
-def op_pool_use(ctx: Context, args: dict[str, Any]) -> Any:
+def op_pool_use(ctx: Context, args: dict[str, Any]) -> Answer:
     """Mark a pool entry used by the caller (never evicted while it lives)."""
     holder = peer_holder(ctx, args.get("job_id"))
     manifest = _pool(ctx).acquire_use(args["ref"], holder)
     return manifest.to_json()
 
 
-def op_pool_unuse(ctx: Context, args: dict[str, Any]) -> Any:
+def op_pool_unuse(ctx: Context, args: dict[str, Any]) -> Answer:
     """Drop one of the caller's uses of an entry (other holders' uses are untouchable)."""
     pool = _pool(ctx)
     manifest = pool.find(args["ref"])
@@ -38,7 +39,7 @@ def op_pool_unuse(ctx: Context, args: dict[str, Any]) -> Any:
     return {"digest": manifest.digest, "released": False}
 
 
-def op_pool_import(ctx: Context, args: dict[str, Any]) -> Any:
+def op_pool_import(ctx: Context, args: dict[str, Any]) -> Answer:
     """Import from the descriptors the caller opened: only what the caller can read."""
     names = args["files"]
     if len(names) != len(ctx.fds):

@@ -25,6 +25,9 @@ for a 3B model and megabytes for a many-expert one, so the bound only stops a ru
 MAX_FDS = 256
 """Most file descriptors one request may carry (SCM_RIGHTS); a checkpoint's shards."""
 
+Answer = dict[str, Any] | list[dict[str, Any]]
+"""An op's result: one JSON object, or a list of them (``slots.list``, ``jobs.list``)."""
+
 FD_OPS = frozenset({"pool.import"})
 """Ops whose request carries open file descriptors; any other op's are closed unread."""
 

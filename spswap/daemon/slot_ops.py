@@ -6,17 +6,18 @@ from __future__ import annotations
 from typing import Any
 
 from spswap.daemon.caller import job_gpus_only, peer_holder
+from spswap.daemon.protocol import Answer
 from spswap.daemon.state import Context, authorize
 from spswap.errors import SlotError
 from spswap.liveness import Holder, pid_alive
 from spswap.slots.table import SlotTable
 
 
-def op_slots_list(ctx: Context, args: dict[str, Any]) -> Any:
+def op_slots_list(ctx: Context, args: dict[str, Any]) -> Answer:
     return ctx.state.slot_table().snapshot()
 
 
-def op_slots_release(ctx: Context, args: dict[str, Any]) -> Any:
+def op_slots_release(ctx: Context, args: dict[str, Any]) -> Answer:
     table = ctx.state.slot_table()
     rid = args["reservation_id"]
     for r in table.reservations():
@@ -28,7 +29,7 @@ def op_slots_release(ctx: Context, args: dict[str, Any]) -> Any:
     return released.to_json()
 
 
-def op_slots_reserve(ctx: Context, args: dict[str, Any]) -> Any:
+def op_slots_reserve(ctx: Context, args: dict[str, Any]) -> Answer:
     """Reserve for the caller; the wait happens here (this connection's thread only)."""
     holder = peer_holder(ctx, args.get("job_id"))
     allowed_gpus = job_gpus_only(ctx, holder.job_id, args.get("allowed_gpus"))

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from spswap.config import Config
 from spswap.daemon import events
-from spswap.daemon.jobs import JobRecord, JobStore
+from spswap.daemon.jobs import JobRecord, JobState, JobStore
 from spswap.daemon.kept import KeptTrees
 from spswap.daemon.statuses import CheckpointStatuses
 from spswap.errors import PermissionDenied, RequestRefused, SpswapError
@@ -138,7 +138,7 @@ class DaemonState:
                     rec = self.jobs.get(job_id)
                 except SpswapError:  # not a job id we could have recorded
                     return None
-                return None if rec is None else rec.state == "running"
+                return None if rec is None else rec.state is JobState.RUNNING
 
             self._job_probe = probe
         return self._job_probe

@@ -5,10 +5,26 @@ what the daemon object (:mod:`spswap.daemon.state`) and the kept trees build on.
 
 from __future__ import annotations
 
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from spswap.fsutil import atomic_write_json, read_json
+
+
+class CheckpointState(str, Enum):
+    """Where a job's checkpoint stands: the ``state`` of its status file."""
+
+    NONE = "none"  # no status (never checkpointed here)
+    DUMPING = "dumping"  # the dump runs (the tree may have left its job already)
+    SAVED = "saved"  # the image is complete (and the tree kept alive, when ``kept``)
+    FAILED = "failed"  # the dump or the restore failed: the next run starts cold
+    REJECTED = "rejected"  # the image may not be restored (identity, integrity, owner)
+    RESTORED = "restored"  # brought back into a later run
+    DELETED = "deleted"  # the image was removed (its job is gone, or the tmpfs full)
+
+    def __str__(self) -> str:  # messages show "saved", on every Python
+        return self.value
 
 
 class CheckpointStatuses:
@@ -33,13 +49,13 @@ class CheckpointStatuses:
     def mark_left_job(self, job_id: str) -> None:
         """A dumping job's tree has left its job's cgroup: its run may end without it."""
         status = self.read(job_id)
-        if status.get("state") == "dumping":
+        if status.get("state") == CheckpointState.DUMPING:
             rest = {k: v for k, v in status.items() if k != "job_id"}
             self.write(job_id, **rest, left_job=True)
 
     def unmark_kept(self, job_id: str) -> None:
         """A saved job's status no longer says kept (``spswap status``): its image remains."""
         status = self.read(job_id)
-        if status.get("state") == "saved" and status.get("kept"):
+        if status.get("state") == CheckpointState.SAVED and status.get("kept"):
             rest = {k: v for k, v in status.items() if k not in ("job_id", "kept")}
             self.write(job_id, **rest, kept=False)

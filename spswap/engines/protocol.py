@@ -11,9 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from spswap.instance.state import State
+from spswap.pool.manifest import Manifest
+
+if TYPE_CHECKING:  # the copy module imports torch; this one must not
+    from spswap.transfer.copy import TransferReport
 
 
 @dataclass(frozen=True)
@@ -48,7 +52,7 @@ class Engine(Protocol):
         """Cold path: read the weights from a safetensors checkpoint; returns seconds."""
         ...
 
-    def load_from_pool(self, pool: Any, ref: str) -> Any:
+    def load_from_pool(self, pool: Any, ref: str) -> TransferReport:
         """Read the weights from pool entry ``ref`` (name or digest) through transfer;
         keeps the entry mapped (and in use) for later wakes. Returns a TransferReport."""
         ...
@@ -57,7 +61,7 @@ class Engine(Protocol):
         """Up -> Sleep: free the weights' device memory; returns seconds."""
         ...
 
-    def wake(self) -> Any:
+    def wake(self) -> TransferReport:
         """Sleep -> Up: copy the weights back from the pool; returns a TransferReport."""
         ...
 
@@ -67,7 +71,7 @@ class Engine(Protocol):
         is asked between tokens and raises RequestAborted when it says True."""
         ...
 
-    def export_weights(self, pool: Any, name: str) -> Any:
+    def export_weights(self, pool: Any, name: str) -> Manifest:
         """Write the current weights as pool entry ``name``; returns its Manifest."""
         ...
 

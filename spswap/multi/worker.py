@@ -18,12 +18,13 @@ from typing import Any
 
 from spswap.access import PoolAccess
 from spswap.config import Config
+from spswap.engines.protocol import Engine
 from spswap.errors import ConfigError, RequestRejected, SpswapError
 
 ENGINES = ("reference", "vllm")
 
 
-def make_engine(kind: str, model: Path, device: str, name: str) -> Any:
+def make_engine(kind: str, model: Path, device: str, name: str) -> Engine:
     """A fresh engine of ``kind`` for ``model``; torch (and vLLM) are imported here."""
     if kind == "reference":
         from spswap.engines.reference import ReferenceEngine, load_config

@@ -24,6 +24,7 @@ from spswap.checkpoint.proctree import process_tree_pids
 from spswap.config import Config
 from spswap.daemon.client import Client
 from spswap.daemon.lifecycle import ping
+from spswap.daemon.statuses import CheckpointState
 from spswap.errors import SpswapError
 from spswap.liveness import pid_alive, pid_start_time
 from spswap.slurm.backend import get_backend
@@ -39,7 +40,7 @@ RESEND_S = 1.0  # a forwarded stop is sent again this often until the instance e
 class ParkOutcome:
     """How a park ended: ``restored`` (in a new run) or ``failed`` (dump refused)."""
 
-    state: str
+    state: CheckpointState  # RESTORED or FAILED
     reason: str | None = None
     restart_count: int = 0
     proxy_pid: int | None = None
@@ -119,21 +120,26 @@ class DaemonCheckpointer:
             if self.resumed.wait(PARK_SLICE_S):
                 break
             status = self._client().call("checkpoint.status", job_id=job_id)
-            if status.get("state") not in ("dumping", "saved"):
+            if status.get("state") not in (CheckpointState.DUMPING, CheckpointState.SAVED):
                 break
         else:
             return ParkOutcome(
-                "failed",
+                CheckpointState.FAILED,
                 reason=f"no dump within {self.wait_s:g} s; see "
                 f"`spswap events` and {self.cfg.paths.log / 'spswapd.log'}",
             )
         status = self._client().call("checkpoint.status", job_id=job_id)
-        if status.get("state") == "restored":
-            return ParkOutcome("restored", restart_count=int(status.get("restart_count", 0)),
-                               proxy_pid=status.get("proxy_pid"),
-                               timings_s=status.get("timings_s"),
-                               kept=bool(status.get("kept")))  # fmt: skip
-        return ParkOutcome("failed", reason=str(status.get("reason") or status.get("state")))
+        if status.get("state") == CheckpointState.RESTORED:
+            return ParkOutcome(
+                CheckpointState.RESTORED,
+                restart_count=int(status.get("restart_count", 0)),
+                proxy_pid=status.get("proxy_pid"),
+                timings_s=status.get("timings_s"),
+                kept=bool(status.get("kept")),
+            )
+        return ParkOutcome(
+            CheckpointState.FAILED, reason=str(status.get("reason") or status.get("state"))
+        )
 
     def status(self, job_id: str) -> dict[str, Any]:
         """The job's checkpoint status as spswapd has it (``checkpoint.status``)."""

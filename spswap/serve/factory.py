@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+from spswap.engines.protocol import Engine
 from spswap.errors import ConfigError
 from spswap.serve.runtime import ServeOptions
 
 ENGINES = ("reference",)
 
 
-def make_engine(opts: ServeOptions) -> Any:
+def make_engine(opts: ServeOptions) -> Engine:
     """A fresh, empty engine of kind ``opts.engine`` for the model in ``opts.model``."""
     if opts.engine == "reference":
         try:

@@ -22,6 +22,7 @@ Signal handlers only set a flag (:class:`StopSignals`); the loop does the work.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable
@@ -31,6 +32,7 @@ from types import FrameType
 from typing import Any, Generic, Protocol, TypeVar
 
 from spswap.config import Config
+from spswap.daemon.statuses import CheckpointState
 from spswap.errors import SpswapError, StopRequested
 from spswap.instance.registry import InstanceRecord, InstanceRegistry
 from spswap.serve.checkpointer import (
@@ -65,7 +67,7 @@ class ServeResult:
     answered: int = 0  # (reference) requests answered with tokens
     refused: int = 0  # (reference) requests answered with an error (bad input)
     pending_left: int = 0  # (reference) requests left in the spool for the next run
-    copy: dict[str, Any] | None = None  # (vllm) the start's copy from the pool
+    copy: dict[str, Any] | None = None  # the start's copy from the pool (its gb_per_s)
     drain: dict[str, Any] | None = None  # (vllm) the last stop's drain
     stop_s: float | None = None  # (vllm) how long stopping the server took
     events: list[dict[str, Any]] = field(default_factory=list)  # restores, failed dumps
@@ -195,7 +197,7 @@ class ServeRun(Generic[B]):
             result.path = self.backend.start(result)
             result.start_s = time.perf_counter() - t0
             self._record("up")
-            self._note_run(result.path)
+            self._note_run(result.path, copy=result.copy)
             while True:
                 self.backend.serve(result)
                 if not self.stop.stop_event.is_set():
@@ -233,8 +235,8 @@ class ServeRun(Generic[B]):
             outcome = self.checkpointer.park(self.job_id, self.backend.checkpoint_identity(),
                                              requeue=requeue)  # fmt: skip
         except (SpswapError, OSError) as e:
-            outcome = ParkOutcome("failed", reason=str(e))
-        if outcome.state != "restored":
+            outcome = ParkOutcome(CheckpointState.FAILED, reason=str(e))
+        if outcome.state is not CheckpointState.RESTORED:
             result.events.append({"checkpoint": "failed", "reason": outcome.reason})
             self.log(f"spswap serve: no checkpoint image ({outcome.reason}); the next run "
                      "starts from the pool")  # fmt: skip
@@ -315,9 +317,12 @@ class ServeRun(Generic[B]):
         self.reason = result.cold_reason = reason
         self.log(f"spswap serve: {reason}")
 
-    def _note_run(self, path: RunPath) -> None:
+    def _note_run(self, path: RunPath, copy: dict[str, Any] | None = None) -> None:
+        gb_per_s = copy.get("gb_per_s") if copy else None
         note_run(self.backend.state_dir, self.restart_count, path, started_s=self.started_s,
-                 reason=self.reason, log=self.log)  # fmt: skip
+                 reason=self.reason, log=self.log,
+                 copy_gb_per_s=float(gb_per_s)
+                 if gb_per_s and math.isfinite(gb_per_s) else None)  # fmt: skip
 
     def _record(self, state: str) -> None:
         self.registry.put_best_effort(InstanceRecord(

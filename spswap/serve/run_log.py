@@ -41,17 +41,22 @@ class RunRecord:
     serving_s: float  # it was serving (its front open, or the restore done)
     pid: int
     reason: str | None = None  # why it started cold, when a restore was expected
+    copy_gb_per_s: float | None = None  # its weights' copy from the pool, when it made one
 
     def to_json(self) -> dict[str, Any]:
-        return {"restart_count": self.restart_count, "path": self.path.value,
-                "started_s": round(self.started_s, 6), "serving_s": round(self.serving_s, 6),
-                "pid": self.pid, "reason": self.reason}  # fmt: skip
+        out = {"restart_count": self.restart_count, "path": self.path.value,
+               "started_s": round(self.started_s, 6), "serving_s": round(self.serving_s, 6),
+               "pid": self.pid, "reason": self.reason}  # fmt: skip
+        if self.copy_gb_per_s is not None:
+            out["copy_gb_per_s"] = round(self.copy_gb_per_s, 3)
+        return out
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> RunRecord:
         return cls(restart_count=int(d["restart_count"]), path=RunPath(d["path"]),
                    started_s=float(d["started_s"]), serving_s=float(d["serving_s"]),
-                   pid=int(d["pid"]), reason=d.get("reason"))  # fmt: skip
+                   pid=int(d["pid"]), reason=d.get("reason"),
+                   copy_gb_per_s=d.get("copy_gb_per_s"))  # fmt: skip
 
 
 def run_line(record: RunRecord) -> str:
@@ -105,14 +110,16 @@ def process_started_s(pid: int | None = None) -> float:
 
 
 def note_run(state_dir: Path, restart_count: int, path: RunPath, *, started_s: float,
-             reason: str | None = None, log: Any = print) -> RunRecord | None:  # fmt: skip
+             reason: str | None = None, log: Any = print,
+             copy_gb_per_s: float | None = None) -> RunRecord | None:  # fmt: skip
     """Record that this run serves now (``started_s``: when its process started, see
     :func:`process_started_s`); a failure to write is logged, never fatal (the record is
     for the user's eyes and benchmarks, not for serving)."""
     try:
         record = RunRecord(restart_count=restart_count, path=path,
                            started_s=started_s, serving_s=time.time(),
-                           pid=os.getpid(), reason=reason)  # fmt: skip
+                           pid=os.getpid(), reason=reason,
+                           copy_gb_per_s=copy_gb_per_s)  # fmt: skip
         append_run(state_dir, record)
         return record
     except OSError as e:

@@ -106,11 +106,13 @@ class ReferenceBackend:
         assert self.manifest is not None
         self.model = self.engine_factory(self.opts)
         t0 = time.perf_counter()
-        self.model.load_from_pool(self.pool, self.manifest.digest)
+        report = self.model.load_from_pool(self.pool, self.manifest.digest)
+        result.copy = report.to_json()
         if self.front is not None:
             self.front.open()
         self.log(f"spswap serve: {self.manifest.name} up from the pool in "
-                 f"{time.perf_counter() - t0:.2f} s; restart count {result.restart_count}, "
+                 f"{time.perf_counter() - t0:.2f} s (weights {report.size_bytes / 1e6:.1f} MB "
+                 f"at {report.gb_per_s:.1f} GB/s); restart count {result.restart_count}, "
                  f"{result.resumed} saved request(s) to resume")  # fmt: skip
         # imported by this run (its process started before the entry was made): cold
         return RunPath.COLD if self.manifest.created >= result.started_s else RunPath.POOL

@@ -86,6 +86,13 @@ def _status(pid: int) -> dict[str, list[str]]:
     return {k: v.split() for k, _, v in (line.partition(":") for line in lines)}
 
 
+def _exe(pid: int) -> Path | None:
+    try:
+        return Path(os.readlink(f"/proc/{pid}/exe"))
+    except OSError:
+        return None
+
+
 def _tree_pids(pid: int) -> list[int]:
     from spswap.checkpoint.proctree import process_tree_pids
 
@@ -149,7 +156,7 @@ def _run_race(
                     if criu_path is not None:
                         _check_seen(images, uid, kind, delay)
                     elif outcome == "dumped":
-                        _restore_and_check(images, job, uid, kind, delay)
+                        _restore_and_check(images, job, uid, kind, delay, program)
                 finally:
                     for p in _tree_pids(pid) or [pid]:
                         try:
@@ -175,13 +182,19 @@ def _check_seen(images: Path, uid: int, kind: str, delay: float) -> None:
     seen.unlink()
 
 
-def _restore_and_check(images: Path, job: str, uid: int, kind: str, delay: float) -> None:
-    """A kept image comes back with nothing but the user's rights."""
+def _restore_and_check(images: Path, job: str, uid: int, kind: str, delay: float,
+                       program: Path) -> None:  # fmt: skip
+    """A kept image comes back with nothing but the user's rights. A child the image held
+    between its fork and its exec (the image has it with the user's rights: checked
+    before) goes on to exec the program once restored, and gains what the program gives
+    any user who runs it: that process is skipped, as it would run outside CRIU too."""
     info = criu.read_json(images_of_job(images, job)[0] / criu.DUMP_META) or {}
     criu.wait_pids_free([*info.get("pids", []), *info.get("tids", [])], 10)
     pid, _ = restore_instance(images, job_id=job, expected=_identity(uid), check_integrity=False)
     try:  # the processes the image held (the restored loop may fork the program anew)
         for p in set(_tree_pids(pid)) & set(info.get("pids", [])):
+            if _exe(p) == program:
+                continue
             st = _status(p)
             assert st["Uid"] == [str(uid)] * 4, f"{kind} at {delay} ms restored {p}: {st['Uid']}"
             assert len(set(st["Gid"])) == 1, f"{kind} at {delay} ms restored {p}: {st['Gid']}"

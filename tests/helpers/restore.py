@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from spswap.daemon.statuses import CheckpointState
 from spswap.errors import CheckpointFailed
 from spswap.serve.checkpointer import ParkOutcome
 
@@ -53,7 +54,7 @@ class RestoreStandIn:
              ) -> ParkOutcome:  # fmt: skip
         """A dump at the run's stop is refused (nothing here can take one)."""
         self.parked.append(identity)
-        return ParkOutcome("failed", reason="no dump in this test")
+        return ParkOutcome(CheckpointState.FAILED, reason="no dump in this test")
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -32,6 +32,14 @@ def test_line_exactly() -> None:
                              '"serving_s": 101.5, "started_s": 100.0}\n')  # fmt: skip
 
 
+def test_a_run_that_copied_from_the_pool_says_how_fast() -> None:
+    rec = RunRecord(0, RunPath.POOL, 1.0, 2.0, 7, None, copy_gb_per_s=9.87654)
+    assert run_line(rec) == ('{"copy_gb_per_s": 9.877, "path": "pool", "pid": 7, '
+                             '"reason": null, "restart_count": 0, "serving_s": 2.0, '
+                             '"started_s": 1.0}\n')  # fmt: skip
+    assert parse_runs(run_line(rec))[0].copy_gb_per_s == 9.877
+
+
 def test_round_trip_skips_a_foreign_line_and_stops_at_a_torn_one(tmp_path: Path) -> None:
     text = run_line(REC) + '{"other": 1}\n' + run_line(REC)[:-5]
     assert parse_runs(text) == [REC]
