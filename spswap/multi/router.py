@@ -41,12 +41,14 @@ class Router:
     def __init__(self, specs: list[ModelSpec], *, slots: int, engine: str = "reference",
                  device: str = "cpu", root: Any, job_id: str | None = None,
                  idle_timeout_s: float | None = None,
-                 log: Callable[[str], None] = print) -> None:  # fmt: skip
+                 log: Callable[[str], None] = print,
+                 on_state: Callable[[str, bool], None] | None = None) -> None:  # fmt: skip
         self.specs = {s.name: s for s in specs}
         self.placement = Placement(tuple(self.specs), slots)
         self.engine, self.device, self.root, self.job_id = engine, device, root, job_id
         self.idle_timeout_s = idle_timeout_s
         self.log = log
+        self.on_state = on_state  # (model, awake) after each change: spswap status's rows
         self.procs: dict[str, ModelProc] = {}
         self.metrics = {n: ModelMetrics() for n in self.specs}
         self.queues: dict[str, queue.Queue[tuple[Ask, Future[dict[str, Any]]] | None]] = {
@@ -230,6 +232,8 @@ class Router:
         health = self.procs[name].call("health")
         self.metrics[name].awake = self.placement.states[name] is ModelState.AWAKE
         self.metrics[name].memory_bytes = int(health.get("resident_bytes", 0))
+        if self.on_state is not None:
+            self.on_state(name, self.metrics[name].awake)
 
     # -- views -----------------------------------------------------------------------
     def models(self) -> list[dict[str, Any]]:

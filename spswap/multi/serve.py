@@ -21,6 +21,7 @@ from spswap.errors import ConfigError, StopRequested
 from spswap.multi.http_api import ApiServer
 from spswap.multi.placement import awake_slots, budget_refusal
 from spswap.multi.procs import ModelSpec
+from spswap.multi.records import ModelRecords
 from spswap.multi.router import Router
 from spswap.multi.worker import make_engine
 from spswap.serve.http_front import HttpFront, new_key
@@ -62,7 +63,8 @@ def import_models(cfg: Config, paths: tuple[Path, ...], job_id: str | None) -> l
 
 
 def start_router(cfg: Config, opts: MultiOptions, *, job_id: str | None = None,
-                 log: Callable[[str], None] = print) -> Router:  # fmt: skip
+                 log: Callable[[str], None] = print,
+                 on_state: Callable[[str, bool], None] | None = None) -> Router:  # fmt: skip
     """The router with every model started and the swap budget checked (a refused set
     ends its engines and raises ConfigError with the reason)."""
     if opts.engine != "reference":  # before any model is read into the pool
@@ -71,7 +73,7 @@ def start_router(cfg: Config, opts: MultiOptions, *, job_id: str | None = None,
     slots = awake_slots(len(specs), opts.units_per_model, opts.devices, opts.max_awake)
     router = Router(specs, slots=slots, engine=opts.engine, device=opts.device,
                     root=cfg.root, job_id=job_id, idle_timeout_s=opts.idle_timeout_s,
-                    log=log)  # fmt: skip
+                    log=log, on_state=on_state)  # fmt: skip
     router.start()
     if opts.latency_target_s is not None:
         swap_s = opts.swap_s if opts.swap_s is not None else router.measure_swap_s()
@@ -116,7 +118,13 @@ def _serve_reserved(cfg: Config, opts: MultiOptions, signals: Any, *, job_id: st
                     log: Callable[[str], None]) -> dict[str, Any]:  # fmt: skip
 
     opts.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    router = start_router(cfg, opts, job_id=job_id, log=log)
+    records = ModelRecords(cfg.paths.run, job_id=job_id, engine=opts.engine,
+                           device=opts.device, log=log)  # fmt: skip
+    try:
+        router = start_router(cfg, opts, job_id=job_id, log=log, on_state=records.update)
+    except BaseException:
+        records.remove_all()
+        raise
     api = ApiServer(router, opts.socket_path)
     front = None
     try:
@@ -138,6 +146,7 @@ def _serve_reserved(cfg: Config, opts: MultiOptions, signals: Any, *, job_id: st
             front.stop()
         api.stop()
         router.close()
+        records.remove_all()
     return {
         "models": list(router.specs),
         "stopped_by": signals.stop_signal,

@@ -167,3 +167,34 @@ def test_serve_models_holds_its_awake_units_on_the_slot_table(tmp_path, cfg):
         stop.set()
         t.join(60)
     assert done and SlotTable(cfg.paths.slots, [0]).reservations() == []
+
+
+def test_spswap_status_shows_a_row_per_model_while_the_job_serves(tmp_path, cfg):
+    import threading
+
+    from spswap.multi.serve import serve_models
+    from spswap.status import collect_status, render_instances
+
+    models = make_models(tmp_path, 3)
+    opts = options(tmp_path, models, slot_gpus=(0,))
+    stop = threading.Event()
+    t = threading.Thread(target=lambda: serve_models(cfg, opts, job_id="77", stop=stop,
+                                                     log=lambda _m: None))  # fmt: skip
+    t.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not opts.socket_path.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert http_api.complete(opts.socket_path, "m2", PROMPT, MAX_NEW)["status"] == 200
+        rows = {i["model"]: i for i in collect_status(cfg)["instances"]}
+        assert {m: r["state"] for m, r in rows.items()} == {"m0": "sleep", "m1": "up",
+                                                           "m2": "up"}  # fmt: skip
+        assert all(r["job_id"] == "77" and r["alive"] and r["engine"] == "reference"
+                   for r in rows.values())  # fmt: skip
+        assert rows["m2"]["id"].startswith("77-") and rows["m2"]["id"].endswith("-m2")
+        table = render_instances(list(rows.values()), now=time.time())
+        assert table.row_count == 3
+    finally:
+        stop.set()
+        t.join(60)
+    assert collect_status(cfg)["instances"] == []  # the run's rows went with it
