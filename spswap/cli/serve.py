@@ -20,8 +20,9 @@ from spswap.serve.factory import make_engine
 from spswap.serve.front import default_socket_path
 from spswap.serve.run_watch import fork_instance
 from spswap.serve.runtime import ServeOptions, reference_run
+from spswap.serve.stop_budget import fitted_drain_s
 from spswap.serve.vllm_run import VllmServeOptions, vllm_run
-from spswap.slurm.backend import get_backend
+from spswap.slurm.backend import get_backend, kill_wait_s
 from spswap.slurm.env import JobEnv
 from spswap.slurm.requeue import requeue_warning
 
@@ -76,8 +77,9 @@ def serve(
     drain_s: float = typer.Option(
         5.0,
         help="At a stop: seconds the requests already running get to finish (no new "
-        "ones are taken) before the rest are stopped and saved for the next run. Keep it, "
-        "plus the dump, within the partition's GraceTime.",
+        "ones are taken) before the rest are stopped and saved for the next run. In a job "
+        "it is cut to fit slurm.conf's KillWait (the SIGTERM -> SIGKILL time) less 2 s for "
+        "putting the model away, and the job log says so.",
     ),
     launcher: str = typer.Option(
         None,
@@ -194,6 +196,10 @@ def serve(
                     json_out=json)  # fmt: skip
         return
     units = units or 4
+    if job is not None:
+        drain_s, cut = fitted_drain_s(drain_s, _kill_wait_s(state_dir))
+        if cut:
+            err_console.print(cut, markup=False, soft_wrap=True)
 
     if engine == "vllm":
         check_servable(engine, model)  # before the model goes into the pool
@@ -313,6 +319,25 @@ def _socket_path(given: Path | None, job_id: str | None, state_dir: Path) -> Pat
 
 
 DEVICE_FILE = "device"
+KILL_WAIT_FILE = "kill_wait_s"
+
+
+def _kill_wait_s(state_dir: Path) -> float | None:
+    """slurm.conf's KillWait, asked of Slurm by the job's first run and remembered in its
+    state directory (a restore's start should not wait on scontrol again)."""
+    path = state_dir / KILL_WAIT_FILE
+    try:
+        return float(path.read_text())
+    except (OSError, ValueError):
+        pass
+    found = kill_wait_s(timeout_s=5.0)
+    if found is not None:
+        try:
+            make_private_dirs(state_dir, os.getuid())
+            atomic_write_bytes(path, f"{found:g}\n".encode(), mode=0o600)
+        except OSError:
+            pass  # asked again next run
+    return found
 
 
 def _job_device(state_dir: Path) -> str:

@@ -105,8 +105,12 @@ class _LeaveJob:
                 self.early = _requeue(self.st, self.job_id, early=True)
             if self.parking is not None and (self.early or not self.requeue):
                 # the run may end now (spswap.serve.run_watch): nothing of the job's end
-                # waits on the tree any more, and a requeue it asked for is made
-                self.st.statuses.mark_left_job(self.job_id)
+                # waits on the tree any more, and a requeue it asked for is made. Unmarked
+                # (a full tmpfs), the run just ends at KillWait as it did before
+                try:
+                    self.st.statuses.mark_left_job(self.job_id)
+                except OSError as e:
+                    self._event("checkpoint.left_job_unmarked", reason=str(e)[:500])
             budget = self.st.cfg.keep_budget_bytes()
             if self.parking is None or budget <= 0 or anon_rss_bytes(tree) > budget:
                 return None  # (a tree larger than the whole budget would be ended at once)

@@ -24,7 +24,12 @@ from typing import Any, Protocol, runtime_checkable
 
 from spswap.errors import SlurmCommandError, SpswapError
 from spswap.liveness import JobProbe
-from spswap.slurm.parse import JobInfo, job_info_from_scontrol, parse_squeue_json
+from spswap.slurm.parse import (
+    JobInfo,
+    job_info_from_scontrol,
+    parse_kill_wait_s,
+    parse_squeue_json,
+)
 
 CLI_COMMANDS = ("scontrol", "squeue", "scancel")
 DEFAULT_TIMEOUT_S = 10.0
@@ -289,6 +294,17 @@ class PyslurmBackend:
 
 class _UnknownJob(Exception):
     """Internal: pyslurm said the controller does not know the job."""
+
+
+def kill_wait_s(*, timeout_s: float = DEFAULT_TIMEOUT_S) -> float | None:
+    """slurm.conf's KillWait as the controller has it; None when Slurm cannot be asked."""
+    cli = CliBackend(timeout_s=timeout_s)
+    if not shutil.which("scontrol"):
+        return None
+    try:
+        return parse_kill_wait_s(cli._run(["scontrol", "show", "config"]) or "")
+    except SlurmCommandError:
+        return None
 
 
 def get_backend(*, timeout_s: float = DEFAULT_TIMEOUT_S) -> SlurmBackend | None:

@@ -341,3 +341,17 @@ def parse_squeue_json(text: str, job_id: str | None = None) -> list[JobInfo]:
     if job_id is not None:
         jobs = [job for job in jobs if job.job_id == str(job_id)]
     return jobs
+
+
+def parse_kill_wait_s(config_text: str) -> float | None:
+    """``KillWait`` from ``scontrol show config`` (``KillWait = 30 sec``): the seconds
+    between a job's SIGTERM and its SIGKILL; None when the text has none."""
+    for line in config_text.splitlines():
+        name, sep, value = line.partition("=")
+        if sep and name.strip() == "KillWait":
+            number = value.split()[0] if value.split() else ""
+            try:
+                return float(number)
+            except ValueError:
+                return None
+    return None

@@ -380,3 +380,38 @@ def test_a_job_that_cannot_come_back_is_warned_at_its_start(slurm_cluster: Slurm
     wait_for("the job to end", lambda: backend.job_alive(job) is False, timeout_s=60)
     log = _job_log(slurm_cluster, name, job)
     assert f"warning: job {job} is not requeueable (Slurm shows Requeue=0" in log, log
+
+
+def test_a_requeue_while_a_long_request_runs_loses_nothing(slurm_cluster: SlurmCluster) -> None:
+    """`scontrol requeue` of a batch job in the middle of a long answer: the drain is cut
+    to fit KillWait (5 s here), the unfinished request is saved and the model put away
+    before Slurm's SIGKILL, and the next run answers every request as the cold model
+    would. (With a drain as long as KillWait the job was killed first: the request was
+    quarantined as "a crash or a kill" and the run started cold.)"""
+    from spswap.slurm.backend import CliBackend
+
+    long_new = 220  # the small preset's 256 positions, less the prompt
+    work = slurm_cluster.work
+    model = work / "model-long"
+    if not model.exists():
+        save_checkpoint(preset("small"), model)
+    prompts = [[3 + i, 9, 2 * i + 1, 5] for i in range(4)]
+    (work / "long.jsonl").write_text("".join(
+        json.dumps({"id": f"long{i}", "prompt_ids": p, "max_new_tokens": long_new}) + "\n"
+        for i, p in enumerate(prompts)))  # fmt: skip
+    script = render_serve(SbatchOptions(model=str(model), job_name="long", partition="debug",
+                                        gpus=1, requests=str(work / "long.jsonl"),
+                                        time_limit="00:20:00"))  # fmt: skip
+    job = _submit(slurm_cluster, script, "long")
+    state = work / ".spswap" / job
+    wait_for("the first long answer", lambda: len(_answers(state)) >= 1, timeout_s=180)
+    CliBackend().requeue(job)  # the second request is being answered now
+    wait_for("every long request answered", lambda: len(_answers(state)) == len(prompts),
+             timeout_s=300)  # fmt: skip
+    log = _job_log(slurm_cluster, "long", job)
+    answers = _answers(state)
+    assert all(a.get("ok", True) and "output_ids" in a for a in answers.values()), answers
+    assert "cut to 3 s" in log and "quarantined" not in log, log
+    assert [answers[f"long{i}"]["output_ids"] for i in range(len(prompts))] == cold_answers(
+        model, prompts, long_new
+    ), log
