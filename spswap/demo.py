@@ -264,7 +264,8 @@ class DemoRun:
                               answered_s=answer.answered_s, path=path,
                               identical=answer.output_ids == self.cold_answers.get(job.name),
                               reason=reason)  # fmt: skip
-        copy = record.copy_gb_per_s if record else None
+        # a start from the pool (a cold start's first copy follows its import: not one)
+        copy = record.copy_gb_per_s if record and path == "pool" else None
         if copy is not None:
             self.copies_gb_per_s.append(copy)
         self.say(

@@ -199,15 +199,17 @@ def _io_uring() -> dict[str, Any]:
     )  # fmt: skip
 
 
-def _nvml_checks() -> list[dict[str, Any]]:
+def _nvml_checks(configured: tuple[int, ...] | None) -> list[dict[str, Any]]:
+    # without NVML spswapd uses SPSWAP_GPUS: say so rather than "none" (as status does)
+    told = f"{','.join(map(str, configured))} (SPSWAP_GPUS)" if configured else None
     try:
         import pynvml  # type: ignore[import-not-found]
     except ImportError:
-        return [check("GPUs", None, "NVML not installed", "pip install nvidia-ml-py")]
+        return [check("GPUs", None, told or "NVML not installed", "pip install nvidia-ml-py")]
     try:
         pynvml.nvmlInit()
     except Exception as e:  # noqa: BLE001 - any NVML failure means "no GPU view here"
-        return [check("GPUs", None, "none", f"NVML: {e}")]
+        return [check("GPUs", None, told or "none", f"NVML: {e}")]
     try:
         n = pynvml.nvmlDeviceGetCount()
         names, off = [], []
@@ -366,7 +368,7 @@ def collect(cfg: Config) -> dict[str, Any]:
     checks.append(_kernel_config(release))
     checks.append(_io_uring())
     checks.append(_driver())
-    checks += _nvml_checks()
+    checks += _nvml_checks(cfg.gpus)
     checks.append(_cuda_checkpoint())
     checks.append(_storage(cfg))
     checks.append(check("cgroup mode", True, cgroup_mode(Path("/sys/fs/cgroup"))))

@@ -224,3 +224,11 @@ def test_vllm_check() -> None:
     assert doctor.vllm_check("0.26.0", [])["ok"] is True
     row = doctor.vllm_check("0.26.0", ["uvicorn"])
     assert row["ok"] is False and "uvicorn missing" in row["detail"]
+
+
+def test_gpus_row_names_the_configured_gpus_where_nvml_sees_none(tmp_path: Path) -> None:
+    # doctor said "none" while status (and spswapd) used SPSWAP_GPUS=0,1 (newcomer walk)
+    if doctor._nvml_checks(None)[0]["ok"]:
+        pytest.skip("NVML sees GPUs here: the configured list is not what the row shows")
+    row = doctor._nvml_checks((0, 1))[0]
+    assert row["name"] == "GPUs" and row["value"] == "0,1 (SPSWAP_GPUS)", row

@@ -62,7 +62,8 @@ def ask(
     if socket is not None:
         answer = send(socket, req, timeout_s=timeout_s)
     else:
-        answer = ask_spool(state_dir or job_state_dir(job_id), req, timeout_s=timeout_s)
+        where, ended = (state_dir, None) if state_dir is not None else job_state_dir(job_id)
+        answer = ask_spool(where, req, timeout_s=timeout_s, ended=ended)
     if json:
         emit_json(answer)
     elif answer.get("ok"):

@@ -251,10 +251,13 @@ def serve(
     if json:
         emit_json({**result.to_json(), "state_dir": str(state_dir)})
     else:
-        err_console.print(
-            f"spswap serve: answered {result.answered}, {result.pending_left} left in "
-            f"{state_dir}/inbox" + (f"; stopped by {result.stopped_by}" if result.stopped_by
-                                    else ""), markup=False)  # fmt: skip
+        stopped = f"; stopped by {result.stopped_by}" if result.stopped_by else ""
+        if result.restored_pid is not None:  # the restored instance answered, not this run
+            done = f"stood in for its restored instance (pid {result.restored_pid}){stopped}"
+        else:
+            done = f"answered {result.answered}, {result.pending_left} left in {state_dir}/inbox"
+            done += stopped
+        err_console.print(f"spswap serve: {done}", markup=False, soft_wrap=True)
 
 
 def _serve_vllm(

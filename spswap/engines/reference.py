@@ -215,8 +215,9 @@ class ReferenceEngine:
                 raise RequestRejected("an empty prompt has nothing to continue; give a token")
             if len(prompt) + max_new_tokens > c.max_seq_len:
                 raise RequestRejected(
-                    f"prompt of {len(prompt)} tokens + {max_new_tokens} new exceeds "
-                    f"max_seq_len {c.max_seq_len}; shorten it or use a larger config"
+                    f"prompt of {len(prompt)} tokens + {max_new_tokens} new is more than the "
+                    f"model's {c.max_seq_len} positions; ask for fewer (--max-new-tokens) or "
+                    "serve a model made with more (`spswap models make --preset 1g`: 512)"
                 )
             if min(prompt) < 0 or max(prompt) >= c.vocab_size:
                 raise RequestRejected(

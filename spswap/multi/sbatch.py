@@ -7,7 +7,13 @@ import shlex
 import sys
 from dataclasses import dataclass
 
-from spswap.serve.sbatch import _HANDLER, TEMPLATES_DIR
+from spswap.serve.sbatch import TEMPLATES_DIR, handler_block
+
+# what --models does at a stop today (docs/multi.md "Not yet")
+_ENDS_THE_JOB = """\
+# spswap then stops: requests still queued are answered with an error, the engines end
+# and the job ends (a multi-model job is not checkpointed yet: resubmit it to serve again).
+"""
 
 FILE_NAME = "serve_multi.sbatch"
 
@@ -56,7 +62,7 @@ echo "spswap: job ${{SLURM_JOB_ID}} on $(hostname)"
 spswap serve --models "${{MODELS[@]}}" --state-dir "$STATE" --socket auto \\
     --engine {opts.engine} --units {opts.units} --idle-timeout-s {opts.idle_timeout_s}{target} &
 PID=$!
-{_HANDLER}"""
+{handler_block(_ENDS_THE_JOB)}"""
 
 
 def main(argv: list[str]) -> int:

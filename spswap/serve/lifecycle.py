@@ -35,6 +35,7 @@ from spswap.config import Config
 from spswap.daemon.statuses import CheckpointState
 from spswap.errors import SpswapError, StopRequested
 from spswap.instance.registry import InstanceRecord, InstanceRegistry
+from spswap.liveness import pid_alive
 from spswap.serve.checkpointer import (
     DaemonCheckpointer,
     ParkOutcome,
@@ -145,6 +146,14 @@ def run_steps(steps: list[tuple[str, Callable[[], Any]]], log: Log) -> None:
             log(f"spswap serve: could not {what} ({e})")
 
 
+def timings_text(timings_s: Any) -> str:
+    """``{"thaw": 0.0003, "cuda_restore": 0.42}`` as ``thaw 0.3 ms, cuda_restore 420 ms``."""
+    if not isinstance(timings_s, dict) or not timings_s:
+        return "no timings"
+    return ", ".join(f"{k} {float(v) * 1000:.3g} ms" for k, v in timings_s.items()
+                     if isinstance(v, (int, float)))  # fmt: skip
+
+
 class ServeRun(Generic[B]):
     """One serving run of ``backend``; construct, then :meth:`run` (see the module doc).
     ``stop`` is the run's stop request (with its GPU slot), shared with the backend,
@@ -230,6 +239,10 @@ class ServeRun(Generic[B]):
             return False
         self.slot.release()
         self._record("checkpoint")
+        # the last line this run writes: spswapd parks this process out of the job now
+        self.log(f"spswap serve: stopped by {self.stop.stop_signal}: asleep, handed to spswapd "
+                 "for the job's next run (kept alive or dumped to an image: `spswap events` "
+                 "says which)")  # fmt: skip
         requeue = self.stop.stop_signal == "SIGUSR1"  # the daemon's, once the image is whole
         try:
             outcome = self.checkpointer.park(self.job_id, self.backend.checkpoint_identity(),
@@ -269,7 +282,7 @@ class ServeRun(Generic[B]):
             return False
         pid, kept = int(info["pid"]), bool(info.get("kept"))
         self.log(f"spswap serve: job {self.job_id} restored {restored_how(kept)} as pid {pid} "
-                 f"({info.get('timings_s')}); standing in for it")  # fmt: skip
+                 f"({timings_text(info.get('timings_s'))}); standing in for it")  # fmt: skip
         result.restored_pid = pid
         result.events.append({"restored_pid": pid, "timings_s": info.get("timings_s")})
         self._note_run(RunPath.KEPT if kept else RunPath.IMAGE)
@@ -281,6 +294,9 @@ class ServeRun(Generic[B]):
             left_job(pid, job_id, checkpointer.status)))  # fmt: skip
         left = self.backend.left_undone() if result.stopped_by is None else None
         if left is None:
+            if result.stopped_by is not None and pid_alive(pid):
+                self.log(f"spswap serve: stopped by {result.stopped_by}: the restored instance "
+                         f"(pid {pid}) went to spswapd for the job's next run")  # fmt: skip
             return True
         # It ended on its own before its work was done (a crash, a kill): serve on from
         # the pool in this run rather than leave the job idle; what it left running (a

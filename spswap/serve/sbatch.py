@@ -39,11 +39,24 @@ _STATE_COMMENT = """\
 #   spswap ask 1,2,3 --job <job id>
 """
 
-_HANDLER = """\
-# The handlers only forward the signal to spswap (kill is a shell builtin: no fork in a
-# handler; a forking handler can lose a SIGTERM that follows SIGCONT within a millisecond).
+SAVES_AND_REQUEUES = """\
 # spswap then stops admitting, saves the unanswered requests, puts the model away,
 # releases its GPU slot and exits; Slurm requeues the job (on USR1 spswap asks for it).
+"""
+
+
+def handler_block(after_stop: str = SAVES_AND_REQUEUES) -> str:
+    """The traps and the wait loop every template ends with; ``after_stop``: the comment
+    lines that say what spswap does at a stop."""
+    return _FORWARD + after_stop + _TRAPS
+
+
+_FORWARD = """\
+# The handlers only forward the signal to spswap (kill is a shell builtin: no fork in a
+# handler; a forking handler can lose a SIGTERM that follows SIGCONT within a millisecond).
+"""
+
+_TRAPS = """\
 trap 'kill -USR1 "$PID" 2>/dev/null' USR1
 trap 'kill -TERM "$PID" 2>/dev/null' TERM
 # wait returns when a trapped signal arrives: keep waiting until spswap has exited, then
@@ -116,7 +129,7 @@ STATE="$PWD/.spswap/${{SLURM_JOB_ID}}"
 echo "spswap: job ${{SLURM_JOB_ID}} run ${{SLURM_RESTART_COUNT:-0}} on $(hostname)"
 spswap serve "$MODEL" --state-dir "$STATE" --units {opts.units}{extra} &
 PID=$!
-{_HANDLER}"""
+{handler_block()}"""
 
 
 def render_batch(opts: SbatchOptions | None = None) -> str:

@@ -13,6 +13,7 @@ from typing import Any
 from spswap.errors import SpswapError
 from spswap.serve.spool import Request, Spool, answered, not_answered
 from spswap.slurm.backend import CliBackend
+from spswap.slurm.parse import stopped_for_good
 
 POLL_S = 0.05
 
@@ -22,9 +23,11 @@ def state_dir_of(work_dir: str, job_id: str) -> Path:
     return Path(work_dir) / ".spswap" / job_id
 
 
-def job_state_dir(job_id: str) -> Path:
+def job_state_dir(job_id: str) -> tuple[Path, str | None]:
     """The state directory of job ``job_id``, from Slurm's record of its working
-    directory; SpswapError naming the fix when Slurm does not know it."""
+    directory, and the job's state when it has ended for good (no run will answer a new
+    request; None while it runs or will run again); SpswapError naming the fix when Slurm
+    does not know it."""
     info = CliBackend().job(job_id)
     if info is None or not info.work_dir:
         raise SpswapError(f"Slurm does not know job {job_id} (or its working directory): "
@@ -33,7 +36,7 @@ def job_state_dir(job_id: str) -> Path:
     if not (path / "inbox").is_dir():
         raise SpswapError(f"{path} has no spool (inbox/): the job's server has not started "
                           "yet, or its state directory is elsewhere: give --state-dir")  # fmt: skip
-    return path
+    return path, (info.state if stopped_for_good(info.state) else None)
 
 
 def await_answer(spool: Spool, request_id: str, deadline_s: float,
@@ -53,15 +56,24 @@ def await_answer(spool: Spool, request_id: str, deadline_s: float,
         time.sleep(poll_s)
 
 
-def ask_spool(state_dir: Path, request: dict[str, Any], *, timeout_s: float) -> dict[str, Any]:
+def ask_spool(state_dir: Path, request: dict[str, Any], *, timeout_s: float,
+              ended: str | None = None) -> dict[str, Any]:  # fmt: skip
     """Put ``request`` in the job's inbox and wait for its answer in the outbox: the same
     answer dicts as the socket's (``ok``; ``saved`` with the id when it is still waiting
-    at the timeout: the job answers it later, ask again with the same id)."""
+    at the timeout: the job answers it later, ask again with the same id). ``ended``: the
+    job's state when it has ended for good: only an answer already given is returned."""
     spool = Spool(state_dir)
     req = Request.from_json({"id": request.get("id") or uuid.uuid4().hex, **request})
     if not (spool.inbox.is_dir() and spool.outbox.is_dir()):
         raise SpswapError(f"{state_dir} has no spool (inbox/, outbox/): is it the state "
                           "directory of a serving job?")  # fmt: skip
+    if ended is not None:
+        given = await_answer(spool, req.id, time.monotonic())
+        if given is not None:
+            return answered(given)
+        raise SpswapError(f"the job has ended ({ended}) and will not run again: no run will "
+                          "answer this request; submit the job again (its saved answers "
+                          "are in " + str(spool.outbox) + ")")  # fmt: skip
     spool.submit(req)
     answer = await_answer(spool, req.id, time.monotonic() + timeout_s)
     if answer is not None:

@@ -63,7 +63,7 @@ def test_bad_requests_get_errors_and_the_server_goes_on(tmp_path: Path) -> None:
         far = ask(sock, {"id": "far", "prompt_ids": [99999], "max_new_tokens": 4})
         assert not far["ok"] and f"token ids must lie in [0, {vocab})" in far["error"]
         long = ask(sock, {"id": "long", "prompt_ids": [1, 2], "max_new_tokens": max_len})
-        assert not long["ok"] and "exceeds max_seq_len" in long["error"]
+        assert not long["ok"] and "more than the model's 256 positions" in long["error"]
         rng = random.Random(7)
         lines = [b"not json\n", b"{}\n", b'{"prompt_ids": "x"}\n', b"[1, 2]\n",
                  b'{"prompt_ids": [1], "max_new_tokens": -3}\n']  # fmt: skip

@@ -68,3 +68,22 @@ def test_ask_needs_exactly_one_target() -> None:
     both = subprocess.run([sys.executable, "-m", "spswap.cli", "ask", "1", "--job", "3",
                            "--socket", "/tmp/x.sock"], capture_output=True, text=True)  # fmt: skip
     assert both.returncode != 0 and "give one of --socket, --job or --state-dir" in both.stderr
+
+
+def test_an_ended_job_gives_back_its_answers_and_takes_no_new_request(tmp_path: Path) -> None:
+    # `spswap ask --job N` after job N COMPLETED: a new request waited 600 s for a run
+    # that never comes (newcomer walk); an answer it gave stays readable by its id
+    from spswap.serve.spool import Request
+
+    spool = Spool(tmp_path / "state")
+    spool.create()
+    spool.complete(Request.from_json({"id": "q1", "prompt_ids": [1], "max_new_tokens": 2}),
+                   [7, 8])  # fmt: skip
+    old = ask_spool(spool.state_dir, {"id": "q1", "prompt_ids": [1], "max_new_tokens": 2},
+                    timeout_s=5, ended="COMPLETED")  # fmt: skip
+    assert old["ok"] and old["output_ids"] == [7, 8]
+    t0 = time.monotonic()
+    with pytest.raises(SpswapError, match=r"has ended \(COMPLETED\) and will not run again"):
+        ask_spool(spool.state_dir, {"id": "q2", "prompt_ids": [1], "max_new_tokens": 2},
+                  timeout_s=600, ended="COMPLETED")  # fmt: skip
+    assert time.monotonic() - t0 < 5 and list(spool.inbox.iterdir()) == []
