@@ -165,7 +165,7 @@ def test_prompt_validation(ckpt: Path) -> None:
 
     eng = ReferenceEngine(CFG, "cpu")
     eng.load_from_checkpoint(ckpt)
-    with pytest.raises(RequestRejected, match="max_seq_len 64"):
+    with pytest.raises(RequestRejected, match="more than the model's 64 positions"):
         eng.generate([[1] * 60], 5)
     with pytest.raises(RequestRejected, match=r"\[0, 97\)"):
         eng.generate([[97]], 1)
