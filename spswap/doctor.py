@@ -205,11 +205,15 @@ def _nvml_checks(configured: tuple[int, ...] | None) -> list[dict[str, Any]]:
     try:
         import pynvml  # type: ignore[import-not-found]
     except ImportError:
-        return [check("GPUs", None, told or "NVML not installed", "pip install nvidia-ml-py")]
+        if told:
+            return [check("GPUs", True, told, "no NVML here (nvidia-ml-py): as configured")]
+        return [check("GPUs", None, "NVML not installed", "pip install nvidia-ml-py")]
     try:
         pynvml.nvmlInit()
     except Exception as e:  # noqa: BLE001 - any NVML failure means "no GPU view here"
-        return [check("GPUs", None, told or "none", f"NVML: {e}")]
+        if told:
+            return [check("GPUs", True, told, f"NVML: {e}; as configured")]
+        return [check("GPUs", None, "none", f"NVML: {e}")]
     try:
         n = pynvml.nvmlDeviceGetCount()
         names, off = [], []

@@ -231,4 +231,4 @@ def test_gpus_row_names_the_configured_gpus_where_nvml_sees_none(tmp_path: Path)
     if doctor._nvml_checks(None)[0]["ok"]:
         pytest.skip("NVML sees GPUs here: the configured list is not what the row shows")
     row = doctor._nvml_checks((0, 1))[0]
-    assert row["name"] == "GPUs" and row["value"] == "0,1 (SPSWAP_GPUS)", row
+    assert row["name"] == "GPUs" and row["value"] == "0,1 (SPSWAP_GPUS)" and row["ok"], row

@@ -35,7 +35,6 @@ from spswap.config import Config
 from spswap.daemon.statuses import CheckpointState
 from spswap.errors import SpswapError, StopRequested
 from spswap.instance.registry import InstanceRecord, InstanceRegistry
-from spswap.liveness import pid_alive
 from spswap.serve.checkpointer import (
     DaemonCheckpointer,
     ParkOutcome,
@@ -293,10 +292,7 @@ class ServeRun(Generic[B]):
         result.stopped_by = stand_in_for(pid, lambda: self.stop.stop_signal, left_job=lambda: (
             left_job(pid, job_id, checkpointer.status)))  # fmt: skip
         left = self.backend.left_undone() if result.stopped_by is None else None
-        if left is None:
-            if result.stopped_by is not None and pid_alive(pid):
-                self.log(f"spswap serve: stopped by {result.stopped_by}: the restored instance "
-                         f"(pid {pid}) went to spswapd for the job's next run")  # fmt: skip
+        if left is None:  # (the instance logged where it went at the stop)
             return True
         # It ended on its own before its work was done (a crash, a kill): serve on from
         # the pool in this run rather than leave the job idle; what it left running (a
