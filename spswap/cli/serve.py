@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import typer
 
@@ -325,41 +326,42 @@ DEVICE_FILE = "device"
 KILL_WAIT_FILE = "kill_wait_s"
 
 
-def _kill_wait_s(state_dir: Path) -> float | None:
-    """slurm.conf's KillWait, asked of Slurm by the job's first run and remembered in its
-    state directory (a restore's start should not wait on scontrol again)."""
-    path = state_dir / KILL_WAIT_FILE
+T = TypeVar("T", str, float)
+
+
+def _remembered(state_dir: Path, name: str, parse: Callable[[str], T | None],
+                find: Callable[[], T | None]) -> T | None:  # fmt: skip
+    """A fact of the job that its first run finds out (``find``) and its state directory
+    remembers in file ``name``, so later runs (a restore's start) need not find it again;
+    None when it cannot be found (and nothing is written: asked again next run)."""
+    path = state_dir / name
     try:
-        return float(path.read_text())
+        saved = parse(path.read_text().strip())
+        if saved is not None:
+            return saved
     except (OSError, ValueError):
         pass
-    found = kill_wait_s(timeout_s=5.0)
-    if found is not None:
+    value = find()
+    if value is not None:
         try:
             make_private_dirs(state_dir, os.getuid())
-            atomic_write_bytes(path, f"{found:g}\n".encode(), mode=0o600)
-        except OSError:
-            pass  # asked again next run
-    return found
+            atomic_write_bytes(path, f"{value}\n".encode(), mode=0o600)
+        except (OSError, SpswapError):
+            pass  # the run itself says what is wrong with the state directory
+    return value
+
+
+def _kill_wait_s(state_dir: Path) -> float | None:
+    """slurm.conf's KillWait, asked of Slurm by the job's first run."""
+    return _remembered(state_dir, KILL_WAIT_FILE, float, lambda: kill_wait_s(timeout_s=5.0))
 
 
 def _job_device(state_dir: Path) -> str:
-    """The device the job's first run chose (its state directory remembers it): a later
-    run names the same one in the identity it restores by, without importing torch
-    (seconds on the restore's path) to ask again."""
-    path = state_dir / DEVICE_FILE
-    try:
-        saved = path.read_text().strip()
-        if saved in ("cpu", "cuda"):
-            return saved
-    except OSError:
-        pass
-    device = _default_device()
-    try:
-        make_private_dirs(state_dir, os.getuid())
-        atomic_write_bytes(path, (device + "\n").encode(), mode=0o600)
-    except (OSError, SpswapError):
-        pass  # the run itself says what is wrong with the state directory
+    """The device the job's first run chose: a later run names the same one in the
+    identity it restores by, without importing torch (seconds on the restore's path)."""
+    device = _remembered(state_dir, DEVICE_FILE, lambda s: s if s in ("cpu", "cuda") else None,
+                         _default_device)  # fmt: skip
+    assert device is not None  # _default_device always answers
     return device
 
 

@@ -48,14 +48,16 @@ class CheckpointStatuses:
 
     def mark_left_job(self, job_id: str) -> None:
         """A dumping job's tree has left its job's cgroup: its run may end without it."""
-        status = self.read(job_id)
-        if status.get("state") == CheckpointState.DUMPING:
-            rest = {k: v for k, v in status.items() if k != "job_id"}
-            self.write(job_id, **rest, left_job=True)
+        self._amend(job_id, CheckpointState.DUMPING, left_job=True)
 
     def unmark_kept(self, job_id: str) -> None:
         """A saved job's status no longer says kept (``spswap status``): its image remains."""
+        if self.read(job_id).get("kept"):
+            self._amend(job_id, CheckpointState.SAVED, kept=False)
+
+    def _amend(self, job_id: str, only_in: CheckpointState, **fields: Any) -> None:
+        """Set ``fields`` in the job's status while it is ``only_in`` (else leave it)."""
         status = self.read(job_id)
-        if status.get("state") == CheckpointState.SAVED and status.get("kept"):
-            rest = {k: v for k, v in status.items() if k not in ("job_id", "kept")}
-            self.write(job_id, **rest, kept=False)
+        if status.get("state") == only_in:
+            rest = {k: v for k, v in status.items() if k != "job_id"}
+            self.write(job_id, **{**rest, **fields})

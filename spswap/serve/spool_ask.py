@@ -68,7 +68,7 @@ def ask_spool(state_dir: Path, request: dict[str, Any], *, timeout_s: float,
         raise SpswapError(f"{state_dir} has no spool (inbox/, outbox/): is it the state "
                           "directory of a serving job?")  # fmt: skip
     if ended is not None:
-        given = await_answer(spool, req.id, time.monotonic())
+        given = spool.answer(req.id)
         if given is not None:
             return answered(given)
         raise SpswapError(f"the job has ended ({ended}) and will not run again: no run will "

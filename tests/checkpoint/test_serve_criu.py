@@ -14,7 +14,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ torch = pytest.importorskip("torch")
 from spswap.engines.reference import save_checkpoint  # noqa: E402
 from spswap.engines.reference_model import preset  # noqa: E402
 from tests.helpers.reference import cold_answers  # noqa: E402
+from tests.helpers.serve import cpu_serve_argv  # noqa: E402
 
 pytestmark = [pytest.mark.criu, pytest.mark.slow]
 MAX_NEW = 12
@@ -54,21 +54,14 @@ def _serve(cfg: Config, tmp: Path, model: Path, restart: int, log: str) -> subpr
     env.update(SPSWAP_ROOT=str(cfg.root), SLURM_JOB_ID=JOB, SLURM_RESTART_COUNT=str(restart))
     out = open(tmp / log, "w")  # a regular file, as a Slurm job's output is
     return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "spswap.cli",
-            "serve",
-            str(model),
-            "--state-dir",
-            str(tmp / "state"),
-            "--device",
-            "cpu",
+        cpu_serve_argv(
+            model,
+            tmp / "state",
             "--requests",
             str(tmp / "req.jsonl"),
             "--exit-when-idle",
             "--json",
-        ],
+        ),
         env=env,
         stdout=out,
         stderr=subprocess.STDOUT,
@@ -190,19 +183,7 @@ def test_the_socket_front_answers_again_after_a_restore(node: Config, tmp_path: 
         env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
         env.update(SPSWAP_ROOT=str(node.root), SLURM_JOB_ID=JOB, SLURM_RESTART_COUNT=str(restart))
         return subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "spswap.cli",
-                "serve",
-                str(model),
-                "--state-dir",
-                str(tmp_path / "state"),
-                "--device",
-                "cpu",
-                "--socket",
-                str(sock),
-            ],
+            cpu_serve_argv(model, tmp_path / "state", "--socket", str(sock)),
             env=env,
             stdout=open(tmp_path / log, "w"),
             stderr=subprocess.STDOUT,

@@ -26,6 +26,7 @@ torch = pytest.importorskip("torch")
 from spswap.engines.reference import save_checkpoint  # noqa: E402
 from spswap.engines.reference_model import preset  # noqa: E402
 from tests.helpers.reference import cold_answers  # noqa: E402
+from tests.helpers.serve import cpu_serve_argv  # noqa: E402
 
 
 def _serve(model: Path, state: Path, sock: Path, root: Path) -> subprocess.Popen[str]:
@@ -173,21 +174,7 @@ def test_a_stop_drains_a_long_request_within_the_limit_and_saves_it(tmp_path: Pa
     sock = Path(tempfile.mkdtemp(prefix="spdrain-", dir="/tmp")) / "s.sock"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env["SPSWAP_ROOT"] = str(tmp_path / "root")
-    argv = [
-        sys.executable,
-        "-m",
-        "spswap.cli",
-        "serve",
-        str(model),
-        "--state-dir",
-        str(tmp_path / "state"),
-        "--device",
-        "cpu",
-        "--socket",
-        str(sock),
-        "--drain-s",
-        "0.2",
-    ]
+    argv = cpu_serve_argv(model, tmp_path / "state", "--socket", str(sock), "--drain-s", "0.2")
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)  # fmt: skip
     got: dict = {}

@@ -8,7 +8,6 @@ import signal
 import socket
 import stat
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ torch = pytest.importorskip("torch")
 from spswap.engines.reference import save_checkpoint  # noqa: E402
 from spswap.engines.reference_model import preset  # noqa: E402
 from tests.helpers.reference import cold_answers  # noqa: E402
+from tests.helpers.serve import cpu_serve_argv  # noqa: E402
 
 
 def test_ask_over_the_socket(tmp_path: Path) -> None:
@@ -31,20 +31,7 @@ def test_ask_over_the_socket(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env["SPSWAP_ROOT"] = str(tmp_path / "root")
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "spswap.cli",
-            "serve",
-            str(model),
-            "--state-dir",
-            str(tmp_path / "state"),
-            "--device",
-            "cpu",
-            "--socket",
-            str(sock),
-            "--json",
-        ],
+        cpu_serve_argv(model, tmp_path / "state", "--socket", str(sock), "--json"),
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -129,20 +116,7 @@ def test_serve_socket_auto_with_a_foreign_runtime_dir(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env.update(SPSWAP_ROOT=str(tmp_path / "root"), XDG_RUNTIME_DIR=str(theirs))
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "spswap.cli",
-            "serve",
-            str(model),
-            "--state-dir",
-            str(state),
-            "--device",
-            "cpu",
-            "--socket",
-            "auto",
-            "--json",
-        ],
+        cpu_serve_argv(model, state, "--socket", "auto", "--json"),
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,6 +20,7 @@ torch = pytest.importorskip("torch")
 from spswap.engines.reference import save_checkpoint  # noqa: E402
 from spswap.engines.reference_model import preset  # noqa: E402
 from tests.helpers.reference import cold_answers  # noqa: E402
+from tests.helpers.serve import cpu_serve_argv  # noqa: E402
 
 N_REQUESTS = 12
 MAX_NEW = 12
@@ -30,19 +30,7 @@ def _serve(tmp: Path, model: Path, env_extra: dict[str, str], *extra: str) -> su
     env = {**os.environ, "SPSWAP_ROOT": str(tmp / "root"), **env_extra}
     env.pop("SLURM_JOB_ID", None)
     return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "spswap.cli",
-            "serve",
-            str(model),
-            "--state-dir",
-            str(tmp / "state"),
-            "--device",
-            "cpu",
-            "--json",
-            *extra,
-        ],
+        cpu_serve_argv(model, tmp / "state", "--json", *extra),
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
