@@ -99,19 +99,23 @@ CPU_MEMORY_SPEED_GB_S = 5.0  # a copy between two resident buffers on the 2-core
 
 
 def pool_copy_note(slowest_gb_per_s: object, device: str) -> str | None:
-    """What the slowest start from the pool says: on the CPU the weights come from the
-    pool's mapped tmpfs at memory speed, or slower where the copy's new tensors fault
-    their pages in as it writes them (small copies on a small machine); None when no
-    start copied."""
+    """What the slowest start from the pool says. On the CPU the engine's weights are the
+    pool's own tmpfs pages, mapped with every page present (no copy, no page faults
+    later): that runs at memory speed or faster, and slower only on a machine short of
+    memory or CPU; None when no start came from the pool."""
     if not isinstance(slowest_gb_per_s, (int, float)):
         return None
-    text = f"starts from the pool: the slowest copied the weights at {slowest_gb_per_s:.1f} GB/s"
-    if device != "cpu" or slowest_gb_per_s >= CPU_MEMORY_SPEED_GB_S:
+    rate = f"{slowest_gb_per_s:.1f} GB/s"
+    if device != "cpu":
+        return f"starts from the pool: the slowest copied the weights at {rate}"
+    text = (f"starts from the pool: the slowest mapped the weights at {rate} (on the CPU "
+            "the weights are the pool's own pages, not a copy)")  # fmt: skip
+    if slowest_gb_per_s >= CPU_MEMORY_SPEED_GB_S:
         return text
     return (
-        f"{text}, below memory speed ({CPU_MEMORY_SPEED_GB_S:g} GB/s on CPU): the "
-        "engine's new tensors fault their pages in as the copy writes them; `spswap "
-        "bench transfer --device cpu` sets it beside a plain copy on this machine"
+        f"{text}, below memory speed ({CPU_MEMORY_SPEED_GB_S:g} GB/s on CPU): the machine "
+        "was short of memory or CPU while it mapped them (`free -g`, `uptime`); `spswap "
+        "bench transfer --device cpu` sets a plain copy on this machine beside it"
     )
 
 

@@ -75,14 +75,18 @@ def test_the_pool_path_serves_every_later_turn_from_the_pool(tmp_path: Path) -> 
     # each start from the pool recorded its copy; the slowest is in the report
     slowest = summary.settings["pool_copy_gb_per_s_min"]
     assert isinstance(slowest, float) and slowest > 0
-    assert f"the slowest copied the weights at {slowest:.1f} GB/s" in text
+    assert f"the slowest mapped the weights at {slowest:.1f} GB/s" in text
     assert sum("weights from the pool at" in m for m in msgs) == 2  # the pool starts
     assert list(tmp_path.iterdir()) == []
 
 
 def test_a_pool_copy_below_memory_speed_says_why() -> None:
     assert pool_copy_note(None, "cpu") is None
-    assert pool_copy_note(7.5, "cpu") == "starts from the pool: the slowest copied the " \
+    assert (
+        pool_copy_note(7.5, "cpu") == "starts from the pool: the slowest mapped the "
+        "weights at 7.5 GB/s (on the CPU the weights are the pool's own pages, not a copy)"
+    )
+    assert pool_copy_note(7.5, "cuda") == "starts from the pool: the slowest copied the " \
         "weights at 7.5 GB/s"  # fmt: skip
     slow = pool_copy_note(1.2, "cpu")
     assert slow is not None and "below memory speed (5 GB/s on CPU)" in slow

@@ -5,7 +5,9 @@ Cold path: :meth:`ReferenceEngine.load_from_checkpoint` reads ``model.safetensor
 Pool path: :meth:`ReferenceEngine.load_from_pool` maps the pool entry (kept mapped and in
 use for the engine's life, registered with CUDA once) and copies from it. ``sleep`` frees
 every weight's storage (device memory really returned); ``wake`` re-allocates it and
-copies back from the mapping.
+copies back from the mapping. On the CPU nothing is copied: the weights are the pool's own
+pages, mapped read-only (:mod:`spswap.transfer.bind`), and ``sleep`` / ``wake`` unbind and
+bind them again.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from spswap.engines.reference_model import Decoder, ReferenceConfig, build, init
 from spswap.errors import EngineError, RequestAborted, RequestRejected
 from spswap.instance.state import Instance, Primitive, State
 from spswap.pool.manifest import Manifest, padded_size_bytes
+from spswap.transfer.bind import bind_views, unbind
 from spswap.transfer.copy import TransferReport, copy_into
 from spswap.transfer.dtypes import to_safetensors, to_torch
 from spswap.transfer.mapping import MappedEntry
@@ -149,10 +152,13 @@ class ReferenceEngine:
         stack = contextlib.ExitStack()
         try:
             manifest: Manifest = stack.enter_context(pool.use(ref))
-            mapping = MappedEntry(manifest, pool.data_path(manifest))
+            on_cpu = self.device.type == "cpu"
+            t0 = time.perf_counter()
+            mapping = MappedEntry(manifest, pool.data_path(manifest), populate=on_cpu)
             stack.callback(mapping.close)
             model = build(self.config, self.device)
-            report = copy_into(mapping, dict(model.named_parameters()))
+            report = (bind_views(mapping, model, since_s=t0) if on_cpu
+                      else copy_into(mapping, dict(model.named_parameters())))  # fmt: skip
         except BaseException:
             stack.close()
             raise
@@ -163,7 +169,8 @@ class ReferenceEngine:
 
     # -- Sleep <-> Up -----------------------------------------------------------------
     def sleep(self) -> float:
-        """Up -> Sleep: free every weight's storage (the pool keeps the bytes)."""
+        """Up -> Sleep: free every weight's storage (the pool keeps the bytes); on the CPU
+        drop the weights' binding to the pool's pages."""
         model = self._loaded()
         if self._mapping is None:
             raise EngineError(
@@ -172,17 +179,23 @@ class ReferenceEngine:
             )
         with self.instance.step(Primitive.SLEEP):
             self._sync()
-            for p in model.parameters():
-                p.untyped_storage().resize_(0)
+            if self.device.type == "cpu":
+                unbind(model)  # the pages are the pool's: nothing of the engine's to free
+            else:
+                for p in model.parameters():
+                    p.untyped_storage().resize_(0)
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()  # hand the memory back to the driver
         return self.instance.last_duration_s
 
     def wake(self) -> TransferReport:
-        """Sleep -> Up: re-allocate the weights and copy them back from the pool mapping."""
+        """Sleep -> Up: re-allocate the weights and copy them back from the pool mapping (on
+        the CPU: bind them to its pages again)."""
         model = self._loaded()
         assert self._mapping is not None  # sleep() refuses without one
         with self.instance.step(Primitive.WAKE):
+            if self.device.type == "cpu":
+                return bind_views(self._mapping, model)
             for p in model.parameters():
                 p.untyped_storage().resize_(p.numel() * p.element_size())
             report = copy_into(self._mapping, dict(model.named_parameters()))
@@ -261,12 +274,16 @@ class ReferenceEngine:
     def health(self) -> EngineInfo:
         """State, device and footprint now."""
         params = list(self._model.parameters()) if self._model is not None else []
+        weight_bytes = sum(p.numel() * p.element_size() for p in params)
+        mapped = self.device.type == "cpu" and self._mapping is not None
+        if mapped:  # views of the pool's pages (each one's storage is the whole mapping)
+            resident_bytes = weight_bytes if self.state is State.UP else 0
+        else:
+            resident_bytes = sum(p.untyped_storage().nbytes() for p in params)
         return EngineInfo(
             name=self.name, kind=ENGINE_KIND, device=str(self.device), state=self.state,
-            weight_bytes=sum(p.numel() * p.element_size() for p in params),
-            resident_bytes=sum(p.untyped_storage().nbytes() for p in params),
-            source=self._source,
-            details={"loaded": self._model is not None,
+            weight_bytes=weight_bytes, resident_bytes=resident_bytes, source=self._source,
+            details={"loaded": self._model is not None, "mapped": mapped,
                      "registered": bool(self._mapping and self._mapping.registered)},
         )  # fmt: skip
 

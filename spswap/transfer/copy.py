@@ -35,6 +35,7 @@ class TransferReport:
     tensors: int
     registered: bool  # whether the source was page-locked (full DMA speed on CUDA)
     register_s: float = 0.0  # time spent registering during this call (0 when reused)
+    mapped: bool = False  # no copy: the weights are views of the pool's mapping (CPU)
 
     @property
     def gb_per_s(self) -> float:

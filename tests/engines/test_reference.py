@@ -98,7 +98,9 @@ def test_pool_load_equals_cold_load_and_sleep_wake_keeps_answers(
         info = eng.health()
         assert info.state is State.SLEEP and info.resident_bytes == 0
         assert info.weight_bytes == CFG.weight_bytes
-        assert all(p.untyped_storage().nbytes() == 0 for p in eng._loaded().parameters())
+        # nothing of the weights held: freed (CUDA) or no longer bound to the pool (CPU)
+        assert all(p.untyped_storage().nbytes() <= p.element_size()
+                   for p in eng._loaded().parameters())  # fmt: skip
         with pytest.raises(EngineError, match="wake it first"):
             eng.generate(PROMPTS, 1)
         rep = eng.wake()
@@ -109,6 +111,28 @@ def test_pool_load_equals_cold_load_and_sleep_wake_keeps_answers(
     assert hist == ["sleep", "wake"] * 3
     eng.close()
     assert not any(e.users for e in pool.entries() if e.manifest.digest == m.digest)
+
+
+def test_on_cpu_the_weights_are_the_pools_pages_not_a_copy(ckpt: Path, pool: Pool) -> None:
+    pool.import_checkpoint(ckpt, name="m")
+    eng = ReferenceEngine(CFG, "cpu", name="m")
+    report = eng.load_from_pool(pool, "m")
+    assert report.mapped and report.size_bytes == CFG.weight_bytes
+    mapping = eng._mapping
+    assert mapping is not None
+    lo, hi = mapping.address, mapping.address + mapping.size_bytes
+
+    def inside() -> list[bool]:
+        return [lo <= p.data_ptr() < hi for p in eng._loaded().parameters()]
+
+    assert all(inside())
+    assert eng.health().resident_bytes == CFG.weight_bytes and eng.health().details["mapped"]
+    eng.sleep()
+    assert not any(inside()) and eng.health().resident_bytes == 0
+    assert eng.wake().mapped and all(inside())
+    assert eng.generate(PROMPTS, 4) == eng.generate(PROMPTS, 4)
+    eng.close()
+    assert not any(e.users for e in pool.entries())
 
 
 def test_illegal_transitions_raise(ckpt: Path, pool: Pool) -> None:
