@@ -153,10 +153,11 @@ class ReferenceEngine:
         try:
             manifest: Manifest = stack.enter_context(pool.use(ref))
             on_cpu = self.device.type == "cpu"
-            t0 = time.perf_counter()
+            # on the CPU the mapping's views become the weights: nothing to allocate
+            model = build(self.config, "meta" if on_cpu else self.device)
+            t0 = time.perf_counter()  # the weights' own time: mapped (CPU) or copied
             mapping = MappedEntry(manifest, pool.data_path(manifest), populate=on_cpu)
             stack.callback(mapping.close)
-            model = build(self.config, self.device)
             report = (bind_views(mapping, model, since_s=t0) if on_cpu
                       else copy_into(mapping, dict(model.named_parameters())))  # fmt: skip
         except BaseException:
