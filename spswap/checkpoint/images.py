@@ -67,6 +67,15 @@ class Identity:
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
 
 
+DIGEST_SEP = "+"
+
+
+def pool_digests(model_digest: str) -> list[str]:
+    """The pool entries an image needs at restore (its processes map their files): one
+    digest, or for a multi-model job each of its models' digests joined by ``+``."""
+    return [d for d in model_digest.split(DIGEST_SEP) if d]
+
+
 def config_hash(engine_config: dict[str, Any]) -> str:
     """sha256 of an engine config (canonical JSON: key order does not matter)."""
     return hashlib.sha256(json.dumps(engine_config, sort_keys=True).encode()).hexdigest()

@@ -174,8 +174,9 @@ def serve(
     with each model's state, POST /v1/completions routed by "model", GET /metrics in
     Prometheus text; --port adds TCP with the key). As many models stay awake as --units
     allows, the rest asleep; a request for an asleep model puts the least recently used
-    idle one to sleep and wakes it. SIGTERM or USR1 ends the job (queued requests are
-    answered with an error: the whole-job checkpoint is not done yet).
+    idle one to sleep and wakes it. At a stop every model sleeps and spswapd checkpoints
+    the whole job; its requeued run restores them and answers the queued requests (a
+    request with an X-Request-Id header is kept across the stop: ask again with the id).
     """
     cfg = load_config(root)
     job = JobEnv.from_env()
@@ -185,6 +186,10 @@ def serve(
         if job is None:
             raise typer.BadParameter("outside a Slurm job, give --state-dir")
         state_dir = Path(os.getcwd()) / ".spswap" / job.job_id
+    if job is not None:
+        drain_s, cut = fitted_drain_s(drain_s, _kill_wait_s(state_dir))
+        if cut:
+            err_console.print(cut, markup=False, soft_wrap=True)
     if models:
         from spswap.cli.serve_multi import serve_multi
 
@@ -194,13 +199,11 @@ def serve(
                     latency_target_s=latency_target_s, swap_s=swap_s, port=port, host=host,
                     socket=_socket_path(socket or Path("auto"), job.job_id if job else None,
                                         state_dir), slot_timeout_s=slot_timeout_s,
-                    json_out=json)  # fmt: skip
+                    json_out=json, drain_s=drain_s, requeue=_requeue if requeue else None,
+                    checkpointer=lambda: _checkpointer(cfg, job.job_id)
+                    if checkpoint and job is not None else None)  # fmt: skip
         return
     units = units or 4
-    if job is not None:
-        drain_s, cut = fitted_drain_s(drain_s, _kill_wait_s(state_dir))
-        if cut:
-            err_console.print(cut, markup=False, soft_wrap=True)
 
     if engine == "vllm":
         check_servable(engine, model)  # before the model goes into the pool

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -10,15 +11,20 @@ import typer
 from spswap.cli.common import emit_json, err_console
 from spswap.config import Config
 from spswap.engines.model_check import check_servable
-from spswap.multi.serve import MultiOptions, serve_models
+from spswap.multi.backend import serve_models
+from spswap.multi.serve import MultiOptions
 
 
 def serve_multi(cfg: Config, job: Any, models: list[Path], state_dir: Path, *, engine: str,
                 device: str | None, units: int, awake: int | None,
                 idle_timeout_s: float | None, latency_target_s: float | None,
                 swap_s: float | None, port: int | None, host: str, socket: Path | None,
-                slot_timeout_s: float, json_out: bool) -> None:  # fmt: skip
-    """Check the model directories, then serve them all until SIGTERM or USR1."""
+                slot_timeout_s: float, json_out: bool, drain_s: float,
+                requeue: Callable[[str], None] | None,
+                checkpointer: Callable[[], Any]) -> None:  # fmt: skip
+    """Check the model directories, then serve them all until SIGTERM or USR1 (with
+    spswapd, a stop of a job that comes back checkpoints all of them, and its next run
+    restores them). ``checkpointer``: made after the checks (it forks the instance)."""
     paths = []
     for m in models:
         if not m.is_dir():
@@ -35,14 +41,20 @@ def serve_multi(cfg: Config, job: Any, models: list[Path], state_dir: Path, *, e
         device=device or "cpu", units_per_model=units, max_awake=awake,
         slot_gpus=tuple(job.gpus) if job else (), slot_timeout_s=slot_timeout_s,
         idle_timeout_s=idle_timeout_s, latency_target_s=latency_target_s, swap_s=swap_s,
-        port=port, host=host,
+        port=port, host=host, drain_s=drain_s,
     )  # fmt: skip
     summary = serve_models(
         cfg, opts, job_id=job.job_id if job else None,
+        restart_count=job.restart_count if job else 0, requeue=requeue,
+        checkpointer=checkpointer(),
         log=lambda msg: err_console.print(msg, markup=False, highlight=False, soft_wrap=True),
     )  # fmt: skip
     if json_out:
         emit_json({k: v for k, v in summary.items() if k != "metrics"})
+    elif summary.get("restored_pid") is not None:
+        err_console.print(f"spswap serve: stood in for the job's restored models (pid "
+                          f"{summary['restored_pid']}); stopped "
+                          f"({summary['stopped_by'] or 'ended'})", markup=False)  # fmt: skip
     else:
         err_console.print(f"spswap serve: stopped ({summary['stopped_by'] or 'ended'})",
                           markup=False)  # fmt: skip

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from spswap.checkpoint import cgroups, proctree
 from spswap.checkpoint.criu import remove_image
-from spswap.checkpoint.images import Identity
+from spswap.checkpoint.images import Identity, pool_digests
 from spswap.checkpoint.proctree import process_tree_pids
 from spswap.checkpoint.service import kept_image, restore_instance, wake_kept
 from spswap.daemon.ckpt_status import (
@@ -240,7 +240,8 @@ def _hold_pool_entry(st: DaemonState, digest: str, pid: int, rec: JobRecord) -> 
     """The restored process maps its pool entry: record its use (its old use died with the
     dumped process), so the entry is not evicted under it."""
     holder = Holder(pid=pid, pid_start=pid_start_time(pid), uid=rec.uid, job_id=rec.job_id)
-    try:
-        Pool.from_config(st.cfg).acquire_use(digest, holder)
-    except Exception as e:  # the restore stands; only eviction protection is missing
-        st.event("restore.pool_use_failed", job_id=rec.job_id, reason=str(e)[:500])
+    for entry in pool_digests(digest):  # (each model's, for a multi-model job)
+        try:
+            Pool.from_config(st.cfg).acquire_use(entry, holder)
+        except Exception as e:  # the restore stands; only eviction protection is missing
+            st.event("restore.pool_use_failed", job_id=rec.job_id, reason=str(e)[:500])

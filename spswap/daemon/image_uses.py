@@ -1,5 +1,7 @@
 """Image lifecycle: while an image exists its pool entry must stay (the restored process
-maps the entry's file by path), so the daemon holds one pool use per image on disk
+maps the entry's file by path; a multi-model job's image needs each of its models'
+entries: :func:`~spswap.checkpoint.images.pool_digests`), so the daemon holds one pool
+use per image on disk and entry
 (holder: the daemon process itself, no job; see :func:`sync_image_uses`), and one per dump
 in progress. The uses are re-counted after every dump, restore and job end and at
 start-up, so a daemon killed with ``-9`` (its uses die with it) takes them back when it
@@ -14,6 +16,7 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from spswap.checkpoint.criu import remove_image
+from spswap.checkpoint.images import pool_digests
 from spswap.checkpoint.service import delete_job_images, image_digests
 from spswap.daemon.statuses import CheckpointState
 from spswap.errors import PoolEntryNotFound
@@ -43,7 +46,7 @@ def sync_image_uses(st: DaemonState) -> dict[str, int]:
     with st.dumping.lock:
         pool = Pool.from_config(st.cfg, job_alive=st.job_probe())
         by_digest = image_digests(st.cfg.paths.images)
-        want = Counter(d for d in by_digest.values() if d)
+        want = Counter(d for needed in by_digest.values() for d in pool_digests(needed))
         # dumps in progress in this daemon: an early-requeued job's epilog drops the job's
         # own use while CRIU still reads the process that maps the entry
         want.update(st.dumping.digests())
@@ -67,8 +70,8 @@ def _same_holder(a: Holder, b: Holder) -> bool:
 
 
 def _drop_images_needing(st: DaemonState, by_digest: dict[str, str], digest: str) -> None:
-    for key, d in by_digest.items():
-        if d == digest:
+    for key, needed in by_digest.items():
+        if digest in pool_digests(needed):
             for job_id in st.kept.jobs_of_image(key):
                 st.kept.end(job_id, "its image was dropped", image_key=key)
             remove_image(st.cfg.paths.images / key)

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from spswap.checkpoint.images import pool_digests
 from spswap.config import Config
 from spswap.daemon import events
 from spswap.daemon.jobs import JobRecord, JobState, JobStore
@@ -87,9 +88,9 @@ class DumpsInProgress:
             self._digests.pop(job_id, None)
 
     def digests(self) -> list[str]:
-        """The entries held for dumps in progress (one per dump)."""
+        """The entries held for dumps in progress (one per dump and entry it needs)."""
         with self.lock:
-            return [d for d in self._digests.values() if d]
+            return [d for needed in self._digests.values() for d in pool_digests(needed)]
 
 
 @dataclass

@@ -5,17 +5,25 @@
 is Prometheus text. TCP with the job's key is :class:`spswap.serve.http_front.HttpFront`
 in front of this socket. A bad request gets a 4xx answer naming the fix; nothing a
 request does ends the server.
+
+A request with an ``X-Request-Id`` header is kept by that id: asked again with the same
+id it gets the same answer, also after the job was preempted while it waited (the stop
+answers 503 and keeps it queued; the restored job answers it). One without an id that
+is still queued at a stop is dropped with a 503 that says to ask again.
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import re
 import socket
 import socketserver
 import threading
 import time
 import uuid
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
@@ -26,6 +34,10 @@ from spswap.serve.front import bind_private_socket
 
 MAX_BODY_BYTES = 1 << 20
 REQUEST_TIMEOUT_S = 600.0
+WAIT_STEP_S = 0.1  # how often a waiting request looks whether the job is stopping
+CLOSE_WAIT_S = 2.0  # at a stop: how long the answers being written may take
+REQUEST_ID_HEADER = "X-Request-Id"
+_REQUEST_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 
 
 def parse_completion(body: bytes) -> tuple[str, list[int], int]:
@@ -60,9 +72,55 @@ def completion_body(model: str, prompt: list[int], answer: dict[str, Any]) -> di
                       "total_tokens": len(prompt) + len(ids)}}  # fmt: skip
 
 
+def stopping_message(request_id: str | None) -> str:
+    """The 503 of a request that was still queued when the job began to stop."""
+    if request_id is None:
+        return ("the job is stopping (preempted, requeued or cancelled) before your request "
+                "was answered; ask again once it runs again (with an X-Request-Id header "
+                "the request is kept across the stop)")  # fmt: skip
+    return (f"the job is stopping (preempted, requeued or cancelled); request {request_id} "
+            "is kept and answered when the job runs again: ask again then with the same "
+            "X-Request-Id")  # fmt: skip
+
+
 class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
     router: Router
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.connections: set[socket.socket] = set()
+        self.answering: set[socket.socket] = set()  # those inside a request now
+        self.connections_lock = threading.Lock()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self.connections_lock:
+            self.connections.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self.connections_lock:
+            self.connections.discard(request)
+        super().shutdown_request(request)
+
+    def close_connections(self, wait_s: float) -> int:
+        """Give the answers being written ``wait_s``, then cut every connection left (a
+        checkpoint cannot keep them; an idle keep-alive one is cut at once). Returns how
+        many were cut."""
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            with self.connections_lock:
+                if not self.answering:
+                    break
+            time.sleep(0.02)
+        with self.connections_lock:
+            left = list(self.connections)
+        for conn in left:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        return len(left)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -99,6 +157,15 @@ class _Handler(BaseHTTPRequestHandler):
                              "POST /v1/completions)")  # fmt: skip
 
     def do_POST(self) -> None:  # noqa: N802
+        with self.server.connections_lock:
+            self.server.answering.add(self.connection)
+        try:
+            self._post()
+        finally:
+            with self.server.connections_lock:
+                self.server.answering.discard(self.connection)
+
+    def _post(self) -> None:
         path = self.path.split("?", 1)[0]
         length = self.headers.get("content-length", "0")
         if not length.isdigit() or int(length) > MAX_BODY_BYTES:
@@ -118,7 +185,14 @@ class _Handler(BaseHTTPRequestHandler):
                 self._error(404, f"no model {model!r} in this job; it serves: "
                                  f"{', '.join(router.specs)} (GET /v1/models)")  # fmt: skip
                 return
-            answer = router.submit(model, prompt, max_tokens).result(REQUEST_TIMEOUT_S)
+            request_id = self.headers.get(REQUEST_ID_HEADER)
+            if request_id is not None and not _REQUEST_ID.fullmatch(request_id):
+                raise RequestRejected(f"{REQUEST_ID_HEADER} {request_id!r}: use letters, "
+                                      "digits, '.', '_', ':' and '-' (at most 128)")  # fmt: skip
+            fut = router.submit(model, prompt, max_tokens, request_id)
+            answer = self._wait(fut, request_id)
+            if answer is None:
+                return
         except RequestRejected as e:
             self._error(400, str(e))
             return
@@ -129,6 +203,28 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(500, f"{type(e).__name__}: {e}")
             return
         self._json(200, completion_body(model, prompt, answer))
+
+    def _wait(self, fut: Future[dict[str, Any]], request_id: str | None) -> dict[str, Any] | None:
+        """The answer; None when the job began to stop before it was started (answered
+        here with a 503: kept by its id, or dropped) or it took too long (504)."""
+        router = self.server.router
+        deadline = time.monotonic() + REQUEST_TIMEOUT_S
+        while True:
+            try:
+                return fut.result(WAIT_STEP_S)
+            except FutureTimeout:
+                pass
+            if router.paused and not fut.running() and (request_id is not None or fut.cancel()):
+                self.close_connection = True  # the job is stopping: no keep-alive
+                self._error(503, stopping_message(request_id))
+                return None
+            if time.monotonic() > deadline:
+                self._error(
+                    504,
+                    f"no answer within {REQUEST_TIMEOUT_S:g} s; ask again"
+                    + (" with the same X-Request-Id" if request_id else ""),
+                )
+                return None
 
 
 class ApiServer:
@@ -150,10 +246,14 @@ class ApiServer:
                          name="spswap-multi-api").start()  # fmt: skip
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+        """No new connection; the answers being written get a moment, then every
+        connection left is cut (a checkpoint of the job cannot keep them)."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
             self.path.unlink(missing_ok=True)
+            server.close_connections(CLOSE_WAIT_S)
 
 
 class _UnixConnection(http.client.HTTPConnection):
@@ -169,14 +269,14 @@ class _UnixConnection(http.client.HTTPConnection):
 
 
 def request(path: Path, method: str, target: str, body: dict[str, Any] | None = None,
-            *, timeout_s: float = REQUEST_TIMEOUT_S) -> tuple[int, bytes]:  # fmt: skip
+            *, timeout_s: float = REQUEST_TIMEOUT_S,
+            headers: dict[str, str] | None = None) -> tuple[int, bytes]:  # fmt: skip
     """One HTTP request to the job's socket: (status, body)."""
     conn = _UnixConnection(path, timeout_s)
     try:
         data = json.dumps(body).encode() if body is not None else None
-        conn.request(
-            method, target, body=data, headers={"content-type": "application/json"} if data else {}
-        )
+        sent = {**({"content-type": "application/json"} if data else {}), **(headers or {})}
+        conn.request(method, target, body=data, headers=sent)
         resp = conn.getresponse()
         return resp.status, resp.read()
     finally:
@@ -184,11 +284,13 @@ def request(path: Path, method: str, target: str, body: dict[str, Any] | None = 
 
 
 def complete(path: Path, model: str, prompt: list[int], max_tokens: int,
-             *, timeout_s: float = REQUEST_TIMEOUT_S) -> dict[str, Any]:  # fmt: skip
+             *, timeout_s: float = REQUEST_TIMEOUT_S,
+             request_id: str | None = None) -> dict[str, Any]:  # fmt: skip
     """POST /v1/completions; the answer's JSON (``error`` on a refusal)."""
+    headers = {REQUEST_ID_HEADER: request_id} if request_id else None
     status, raw = request(path, "POST", "/v1/completions",
                           {"model": model, "prompt": prompt, "max_tokens": max_tokens},
-                          timeout_s=timeout_s)  # fmt: skip
+                          timeout_s=timeout_s, headers=headers)  # fmt: skip
     answer: dict[str, Any] = json.loads(raw)
     answer["status"] = status
     return answer

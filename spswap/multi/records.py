@@ -28,8 +28,11 @@ class ModelRecords:
 
     def update(self, model: str, awake: bool) -> None:
         """The model is up (awake) or asleep now."""
-        record = InstanceRecord(id=self.record_id(model), model=model,
-                                state=(State.UP if awake else State.SLEEP).value,
+        self.mark(model, (State.UP if awake else State.SLEEP).value)
+
+    def mark(self, model: str, state: str) -> None:
+        """The model's row says ``state`` (e.g. "checkpoint" while the job is parked)."""
+        record = InstanceRecord(id=self.record_id(model), model=model, state=state,
                                 pid=os.getpid(), uid=os.getuid(), job_id=self.job_id,
                                 device=self.device, engine=self.engine)  # fmt: skip
         self.registry.put_best_effort(record, self.log)

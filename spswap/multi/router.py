@@ -5,6 +5,12 @@ Each model has its own queue and its own thread that answers it in order, so a m
 being woken holds up only its own requests (no head-of-line blocking). Swaps are made
 one at a time under one condition (a device's copies do not overlap usefully); a model
 that is answering is never put to sleep: a wake that needs its slot waits for the answer.
+
+At a stop of the job (:meth:`Router.pause`): the answers being made finish, the queued
+requests stay queued (in the process: a checkpoint of the job carries them) and are
+answered once the restored job :meth:`Router.resume` s. A request asked with an id is
+found again by that id (:meth:`Router.submit`): its client, whose connection a stop
+cuts, asks again with the same id and gets the answer made after the restore.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -23,6 +30,7 @@ from spswap.multi.placement import ModelState, Placement, SwapCause
 from spswap.multi.procs import ModelProc, ModelSpec
 
 IDLE_CHECK_S = 0.2
+MAX_KEPT_BY_ID = 4096  # requests findable by their id (the oldest forgotten first)
 
 
 @dataclass(frozen=True)
@@ -32,6 +40,7 @@ class Ask:
     prompt_ids: tuple[int, ...]
     max_new_tokens: int
     arrived_s: float
+    model: str = ""
 
 
 class Router:
@@ -58,6 +67,10 @@ class Router:
         self._swap_lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._running = threading.Event()  # clear while the job is stopping (paused)
+        self._running.set()
+        self._busy = 0  # answers being made now (under _cond)
+        self._by_id: OrderedDict[str, tuple[Ask, Future[dict[str, Any]]]] = OrderedDict()
         self.swap_log_s: list[float] = []  # every demand swap's seconds (bench traffic)
 
     # -- life ------------------------------------------------------------------------
@@ -104,6 +117,7 @@ class Router:
         """Stop the model threads (queued requests are answered with an error) and end
         every engine process."""
         self._stop.set()
+        self._running.set()  # paused threads go on, to answer their requests with the error
         for q in self.queues.values():
             q.put(None)
         for t in self._threads:
@@ -119,18 +133,85 @@ class Router:
         for proc in self.procs.values():
             proc.close()
 
+    # -- a stop of the job -------------------------------------------------------------
+    @property
+    def paused(self) -> bool:
+        return not self._running.is_set()
+
+    def pause(self, timeout_s: float) -> int:
+        """Take no new request and start no queued one; wait up to ``timeout_s`` for the
+        answers being made. Returns how many were still being made."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            self._running.clear()
+            while self._busy and time.monotonic() < deadline:
+                self._cond.wait(min(IDLE_CHECK_S, max(0.0, deadline - time.monotonic())))
+            return self._busy
+
+    def sleep_all(self) -> list[str]:
+        """Before a checkpoint (paused): every awake model to sleep (each after the answer
+        it is making), the placement unchanged; returns the models put to sleep."""
+        slept = []
+        with self._swap_lock:
+            for name in self.specs:
+                if self.placement.states[name] is ModelState.AWAKE:
+                    self.procs[name].call("sleep")
+                    slept.append(name)
+        return slept
+
+    def wake_all(self) -> list[str]:
+        """Restored: the models placed awake are woken again; returns them."""
+        woken = []
+        with self._swap_lock:
+            for name in self.specs:
+                if self.placement.states[name] is ModelState.AWAKE:
+                    self.procs[name].call("wake")
+                    woken.append(name)
+        for name in woken:
+            self._refresh(name)
+        return woken
+
+    def resume(self) -> None:
+        """Serve again: the queued requests are answered in their order."""
+        with self._cond:
+            self._running.set()
+            self._cond.notify_all()
+
+    def queued(self) -> int:
+        """Requests waiting in the models' queues."""
+        return sum(q.qsize() for q in self.queues.values())
+
     # -- requests --------------------------------------------------------------------
-    def submit(self, model: str, prompt_ids: list[int],
-               max_new_tokens: int) -> Future[dict[str, Any]]:  # fmt: skip
+    def submit(self, model: str, prompt_ids: list[int], max_new_tokens: int,
+               request_id: str | None = None) -> Future[dict[str, Any]]:  # fmt: skip
         """Queue a request for ``model``; the future's result is the worker's answer
-        (``token_ids``, timings). Unknown models raise RequestRejected at once."""
+        (``token_ids``, timings). Unknown models raise RequestRejected at once. A
+        ``request_id`` asked before gives that request's future again (pending, or with
+        its answer), also across a stop and restore of the job."""
         if model not in self.specs:
             raise RequestRejected(f"no model {model!r} in this job; it serves: "
                                   f"{', '.join(self.specs)} (GET /v1/models)")  # fmt: skip
-        if self._stop.is_set():
-            raise SpswapError("the server is stopping; ask again once the job runs")
+        ask = Ask(tuple(prompt_ids), int(max_new_tokens), time.monotonic(), model)
+        if request_id is not None:
+            with self._cond:
+                known = self._by_id.get(request_id)
+                if known is not None:
+                    if (known[0].model, known[0].prompt_ids, known[0].max_new_tokens) != \
+                            (ask.model, ask.prompt_ids, ask.max_new_tokens):  # fmt: skip
+                        raise RequestRejected(f"request id {request_id!r} was asked before "
+                                              "with another model, prompt or max_tokens; "
+                                              "give a new id for a new request")  # fmt: skip
+                    self._by_id.move_to_end(request_id)
+                    return known[1]
+        if self._stop.is_set() or self.paused:
+            raise SpswapError("the job is stopping (preempted, requeued or cancelled); ask "
+                              "again once it runs again")  # fmt: skip
         fut: Future[dict[str, Any]] = Future()
-        ask = Ask(tuple(prompt_ids), int(max_new_tokens), time.monotonic())
+        if request_id is not None:
+            with self._cond:
+                self._by_id[request_id] = (ask, fut)
+                while len(self._by_id) > MAX_KEPT_BY_ID:
+                    self._by_id.popitem(last=False)
         self.queues[model].put((ask, fut))
         self.metrics[model].queue_length = self.queues[model].qsize()
         return fut
@@ -142,14 +223,26 @@ class Router:
             if item is None:
                 return
             ask, fut = item
+            with self._cond:  # a stop holds it here: a checkpoint keeps it queued
+                while self.paused and not self._stop.is_set():
+                    self._cond.wait(IDLE_CHECK_S)
+                self._busy += 1  # with the check: pause() then waits for this answer
             self.metrics[name].queue_length = q.qsize()
             try:
-                fut.set_result(self._answer(name, ask))
+                if self._stop.is_set():
+                    if not fut.done():
+                        fut.set_exception(SpswapError("the server is stopping"))
+                elif fut.set_running_or_notify_cancel():  # else its client left at a stop
+                    fut.set_result(self._answer(name, ask))
             except Exception as e:  # noqa: BLE001 - a request never ends the router
                 self.metrics[name].requests["error"] = (
                     self.metrics[name].requests.get("error", 0) + 1
                 )
                 fut.set_exception(e)
+            finally:
+                with self._cond:
+                    self._busy -= 1
+                    self._cond.notify_all()
 
     def _answer(self, name: str, ask: Ask) -> dict[str, Any]:
         self._bring_up(name)
@@ -211,6 +304,8 @@ class Router:
 
     def _idle_loop(self) -> None:
         while not self._stop.wait(IDLE_CHECK_S):
+            if self.paused:  # a stop's sleep_all owns the engines now
+                continue
             with self._cond:
                 idle = tuple(self.placement.idle_too_long(time.monotonic(),
                                                           self.idle_timeout_s))  # fmt: skip

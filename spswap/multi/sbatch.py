@@ -9,10 +9,12 @@ from dataclasses import dataclass
 
 from spswap.serve.sbatch import TEMPLATES_DIR, handler_block
 
-# what --models does at a stop today (docs/multi.md "Not yet")
-_ENDS_THE_JOB = """\
-# spswap then stops: requests still queued are answered with an error, the engines end
-# and the job ends (a multi-model job is not checkpointed yet: resubmit it to serve again).
+# what --models does at a stop (docs/multi.md "Preemption")
+_CHECKPOINTS_ALL = """\
+# spswap then takes no new request (a waiting client gets a 503 that says to ask again;
+# one asked with an X-Request-Id header stays queued), puts every model to sleep and hands
+# the job to spswapd, which checkpoints all of them at once; Slurm requeues the job and
+# its next run restores them and answers the queued requests.
 """
 
 FILE_NAME = "serve_multi.sbatch"
@@ -30,6 +32,7 @@ class MultiSbatchOptions:
     units: int = 2  # quarter units per awake model: 2 = two awake at half the GPU each
     idle_timeout_s: int = 600
     latency_target_s: float | None = None
+    signal_lead_s: int = 120  # USR1 this long before the time limit
 
 
 def render_serve_multi(opts: MultiSbatchOptions = MultiSbatchOptions()) -> str:
@@ -45,6 +48,8 @@ def render_serve_multi(opts: MultiSbatchOptions = MultiSbatchOptions()) -> str:
 #SBATCH --partition={opts.partition}
 #SBATCH --gres=gpu:1
 #SBATCH --time={opts.time_limit}
+#SBATCH --requeue
+#SBATCH --signal=B:USR1@{opts.signal_lead_s}
 #SBATCH --open-mode=append
 #SBATCH --output=%x-%j.log
 
@@ -58,11 +63,11 @@ STATE="$PWD/.spswap/${{SLURM_JOB_ID}}"
 #   curl --unix-socket SOCKET http://localhost/metrics
 # Add --port 8000 for TCP on 127.0.0.1, every request with the key in $STATE/api_key.
 
-echo "spswap: job ${{SLURM_JOB_ID}} on $(hostname)"
+echo "spswap: job ${{SLURM_JOB_ID}} run ${{SLURM_RESTART_COUNT:-0}} on $(hostname)"
 spswap serve --models "${{MODELS[@]}}" --state-dir "$STATE" --socket auto \\
     --engine {opts.engine} --units {opts.units} --idle-timeout-s {opts.idle_timeout_s}{target} &
 PID=$!
-{handler_block(_ENDS_THE_JOB)}"""
+{handler_block(_CHECKPOINTS_ALL)}"""
 
 
 def main(argv: list[str]) -> int:

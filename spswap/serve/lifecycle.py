@@ -164,6 +164,7 @@ class ServeRun(Generic[B]):
         job_id: str | None = None, restart_count: int = 0,
         requeue: Callable[[str], None] | None = None,
         checkpointer: DaemonCheckpointer | None = None, log: Log = print,
+        record_state: Callable[[str], None] | None = None,
     ) -> None:  # fmt: skip
         self.stop = stop
         self.slot: RunSlot = stop.slot
@@ -175,6 +176,8 @@ class ServeRun(Generic[B]):
         self.requeue = requeue
         self.checkpointer = checkpointer  # spswapd: a stop dumps, a requeued run restores
         self.log = log
+        # None: the run's one row in `spswap status`; else the backend keeps its own rows
+        self.record_state = record_state
         self.registry = InstanceRegistry(cfg.paths.run / "instances")
         self.instance_id = f"{job_id or 'local'}-{os.getpid()}"
         self.reason: str | None = None  # why this run started cold, when it did
@@ -311,7 +314,7 @@ class ServeRun(Generic[B]):
         steps: list[tuple[str, Callable[[], Any]]] = [
             ("give the engine back", lambda: self.backend.close(result, served=not proxied)),
         ]
-        if not proxied:  # the restored process keeps its own record
+        if not proxied and self.record_state is None:  # a restored process keeps its own
             steps.append(("drop the instance record",
                           lambda: self.registry.remove(self.instance_id)))  # fmt: skip
         steps.append(("release the GPU slot", self.slot.release))
@@ -337,6 +340,9 @@ class ServeRun(Generic[B]):
                  if gb_per_s and math.isfinite(gb_per_s) else None)  # fmt: skip
 
     def _record(self, state: str) -> None:
+        if self.record_state is not None:
+            self.record_state(state)
+            return
         self.registry.put_best_effort(InstanceRecord(
             id=self.instance_id, model=self.model_name, state=state, pid=os.getpid(),
             uid=os.getuid(), job_id=self.job_id, device=self.backend.device,

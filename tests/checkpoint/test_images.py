@@ -177,3 +177,11 @@ def test_image_job_ids_give_het_jobs_their_real_id(tmp_path):
     (statuses / "123+0.json").write_text('{"job_id": "123+0", "state": "saved"}')
     assert image_job_ids(images, statuses) == ["123+0", "77"]
     assert image_job_ids(images) == ["123_0", "77"]  # without the status files: the key
+
+
+def test_an_image_needs_each_pool_entry_its_digest_names() -> None:
+    from spswap.checkpoint.images import DIGEST_SEP, pool_digests
+
+    assert pool_digests("ab12") == ["ab12"]
+    assert pool_digests(DIGEST_SEP.join(["ab12", "cd34", "ef56"])) == ["ab12", "cd34", "ef56"]
+    assert pool_digests("") == []

@@ -5,37 +5,16 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torch")
 
-from spswap.config import Config  # noqa: E402
-from spswap.engines.reference import save_checkpoint  # noqa: E402
-from spswap.engines.reference_model import preset  # noqa: E402
 from spswap.errors import ConfigError  # noqa: E402
 from spswap.multi import http_api  # noqa: E402
-from spswap.multi.serve import MultiOptions, start_router  # noqa: E402
+from spswap.multi.serve import start_router  # noqa: E402
+from tests.helpers.multi import MAX_NEW, PROMPT, make_models, options  # noqa: E402
 from tests.helpers.reference import cold_answers  # noqa: E402
-
-MAX_NEW = 6
-PROMPT = [3, 1, 4, 1, 5]
-
-
-def make_models(tmp: Path, n: int) -> list[Path]:
-    return [save_checkpoint(preset("tiny", seed=100 + i), tmp / f"m{i}") for i in range(n)]
-
-
-def options(tmp: Path, models: list[Path], **kw) -> MultiOptions:
-    return MultiOptions(
-        models=tuple(models), socket_path=tmp / "sock" / "api.sock", state_dir=tmp / "state", **kw
-    )
-
-
-@pytest.fixture
-def cfg(tmp_path: Path) -> Config:
-    return Config.from_env({}, root=tmp_path / "root")
 
 
 def test_three_models_two_awake_route_swap_and_report(tmp_path, cfg):
@@ -145,7 +124,7 @@ def test_a_running_request_finishes_before_its_model_is_put_to_sleep(tmp_path, c
 def test_serve_models_holds_its_awake_units_on_the_slot_table(tmp_path, cfg):
     import threading
 
-    from spswap.multi.serve import serve_models
+    from spswap.multi.backend import serve_models
     from spswap.slots.table import SlotTable
 
     models = make_models(tmp_path, 3)
@@ -172,7 +151,7 @@ def test_serve_models_holds_its_awake_units_on_the_slot_table(tmp_path, cfg):
 def test_spswap_status_shows_a_row_per_model_while_the_job_serves(tmp_path, cfg):
     import threading
 
-    from spswap.multi.serve import serve_models
+    from spswap.multi.backend import serve_models
     from spswap.status import collect_status, render_instances
 
     models = make_models(tmp_path, 3)

@@ -1,0 +1,202 @@
+"""A multi-model job's run through the one serve lifecycle
+(:class:`spswap.serve.lifecycle.ServeRun`), so that a preemption of the whole job parks
+and checkpoints every model at once, as it does a single model's:
+
+  - prepare: the state directory, every model into the pool;
+  - start: one engine process per model from the pool (the router), the endpoint on the
+    job's socket, TCP with the key where asked;
+  - serve: until the run's stop;
+  - drain: the router takes no new request and starts no queued one; the answers being
+    made get the run's drain time; a waiting client is told to ask again (by its
+    ``X-Request-Id``, which keeps its request queued across the stop);
+  - sleep: every awake model to sleep and every connection cut (a dump keeps none); the
+    router process and its engine processes are one process tree, which spswapd parks
+    and checkpoints whole (kept alive, or to an image);
+  - wake: restored into the job's next run, the models placed awake wake, the endpoint
+    opens again and the queued requests are answered in their order.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from spswap.access import PoolAccess
+from spswap.checkpoint.images import DIGEST_SEP, config_hash, process_identity
+from spswap.config import Config
+from spswap.errors import SpswapError
+from spswap.multi.http_api import ApiServer
+from spswap.multi.placement import awake_slots
+from spswap.multi.procs import ModelSpec
+from spswap.multi.records import ModelRecords
+from spswap.multi.router import Router
+from spswap.multi.serve import MultiOptions, check_names, start_router
+from spswap.multi.worker import make_engine
+from spswap.serve.checkpointer import DaemonCheckpointer
+from spswap.serve.http_front import HttpFront, new_key
+from spswap.serve.lifecycle import Log, ServeResult, ServeRun
+from spswap.serve.run_log import RunPath
+from spswap.serve.slot_hold import RunSlot, StopSignals
+
+
+class MultiBackend:
+    """The models of one job behind one endpoint (see the module doc)."""
+
+    def __init__(self, cfg: Config, opts: MultiOptions, *, job_id: str | None,
+                 stop: StopSignals, log: Log) -> None:  # fmt: skip
+        self.cfg, self.opts, self.job_id, self.stop, self.log = cfg, opts, job_id, stop, log
+        self.engine = f"multi-{opts.engine}"
+        self.device, self.state_dir = opts.device, opts.state_dir
+        self.records = ModelRecords(cfg.paths.run, job_id=job_id, engine=opts.engine,
+                                    device=opts.device, log=log)  # fmt: skip
+        self.specs: list[ModelSpec] = []
+        self.imported_s = 0.0  # the newest of the models' pool entries (epoch seconds)
+        self.router: Router | None = None
+        self.api: ApiServer | None = None
+        self.front: HttpFront | None = None
+        self.last_summary: dict[str, Any] = {}
+
+    # -- before the slot ----------------------------------------------------------------
+    def prepare(self, result: ServeResult) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        check_names(self.opts.models)
+        first = self.opts.models[0]
+        if self.opts.engine != "reference":  # refused before any model is read
+            make_engine(self.opts.engine, first, self.opts.device, first.name)
+        pool = PoolAccess(self.cfg, job_id=self.job_id)
+        manifests = {p: pool.import_checkpoint(p) for p in self.opts.models}
+        self.specs = [ModelSpec(p.name, p, m.digest) for p, m in manifests.items()]
+        self.imported_s = max(m.created for m in manifests.values())
+        result.digest = self._digest()
+
+    def _digest(self) -> str:
+        """The models' pool entries, in their order, joined by ``+``: spswapd holds each
+        of them while the job's image exists (its processes map them all)."""
+        return DIGEST_SEP.join(s.digest for s in self.specs)
+
+    def checkpoint_identity(self) -> dict[str, str]:
+        o = self.opts
+        cfg_hash = config_hash({"engine": self.engine, "device": o.device,
+                                "units_per_model": o.units_per_model, "devices": o.devices,
+                                "max_awake": o.max_awake,
+                                "models": [s.name for s in self.specs]})  # fmt: skip
+        return process_identity(engine=self.engine, engine_version="",
+                                model_digest=self._digest(), config_hash=cfg_hash)  # fmt: skip
+
+    # -- serving ------------------------------------------------------------------------
+    def start(self, result: ServeResult) -> RunPath:
+        self.router = start_router(self.cfg, self.opts, job_id=self.job_id, log=self.log,
+                                   on_state=self.records.update, specs=self.specs)  # fmt: skip
+        self._open()
+        # imported by this run (its process started before the entries were made): cold
+        return RunPath.COLD if self.imported_s >= result.started_s else RunPath.POOL
+
+    def _open(self) -> None:
+        assert self.router is not None
+        self.api = ApiServer(self.router, self.opts.socket_path)
+        self.api.start()
+        self.log(f"spswap serve: {len(self.router.specs)} models on {self.opts.socket_path} "
+                 f"({self.router.placement.slots} awake at once)")  # fmt: skip
+        if self.opts.port is not None:
+            key = new_key(self.state_dir / "api_key")
+            self.front = HttpFront(self.opts.socket_path, key, self.opts.host, self.opts.port)
+            self.log(f"spswap serve: also on {self.opts.host}:{self.front.start()} with the "
+                     f"key in {self.state_dir / 'api_key'}")  # fmt: skip
+
+    def _close_ways_in(self) -> None:
+        front, self.front = self.front, None
+        if front is not None:
+            front.stop()
+        api, self.api = self.api, None
+        if api is not None:
+            api.stop()
+
+    def serve(self, result: ServeResult) -> None:
+        self.stop.stop_event.wait()
+
+    def drain(self, result: ServeResult) -> None:
+        assert self.router is not None
+        running = self.router.pause(self.opts.drain_s)
+        result.drain = {"queued": self.router.queued(), "still_answering": running}
+        if running:
+            self.log(f"spswap serve: {running} answer(s) still being made after the drain "
+                     f"time ({self.opts.drain_s:g} s); the stop waits for them")  # fmt: skip
+
+    def sleep(self) -> None:
+        assert self.router is not None
+        self.router.sleep_all()  # after the answers being made: their clients get them
+        self._close_ways_in()
+
+    def wake(self, result: ServeResult) -> dict[str, Any]:
+        assert self.router is not None
+        woken = self.router.wake_all()
+        self._open()
+        self.router.resume()
+        return {"woken": woken, "queued": self.router.queued()}
+
+    def left_undone(self) -> str | None:
+        return f"its {len(self.specs)} models were to be served until stopped"
+
+    def note_state(self, state: str) -> None:
+        """The lifecycle's instance state: each model's row says it ("checkpoint" while
+        parked; at "up" each is up or asleep as placed)."""
+        if self.router is None:
+            return
+        for name in self.router.specs:
+            if state == "up":
+                self.records.update(name, self.router.metrics[name].awake)
+            else:
+                self.records.mark(name, state)
+
+    def close(self, result: ServeResult, *, served: bool) -> None:
+        steps: list[tuple[str, Callable[[], Any]]] = []
+        if served:
+            steps.append(("close the endpoint", self._close_ways_in))
+            if self.router is not None:
+                router = self.router
+                steps.append(("end the models' engines", router.close))
+        steps.append(("remove the models' rows", self.records.remove_all))
+        for what, step in steps:
+            try:
+                step()
+            except (SpswapError, OSError) as e:
+                self.log(f"spswap serve: could not {what} ({e})")
+        if self.router is not None:
+            self.last_summary = {"metrics": self.router.metrics_text()}
+
+
+def multi_run(cfg: Config, opts: MultiOptions, *, job_id: str | None = None,
+              restart_count: int = 0, requeue: Callable[[str], None] | None = None,
+              checkpointer: DaemonCheckpointer | None = None,
+              log: Log = print) -> ServeRun[MultiBackend]:  # fmt: skip
+    """A run of a multi-model job; then ``install_signal_handlers()`` and ``run()``. The
+    job holds its awake models' share of its GPU on the node's slot table."""
+    n_awake = awake_slots(len(opts.models), opts.units_per_model, opts.devices, opts.max_awake)
+    slot = RunSlot(cfg, model="+".join(p.name for p in opts.models),
+                   units=min(4, n_awake * opts.units_per_model), gpus=opts.slot_gpus,
+                   job_id=job_id, timeout_s=opts.slot_timeout_s)  # fmt: skip
+    stop = StopSignals(slot)
+    backend = MultiBackend(cfg, opts, job_id=job_id, stop=stop, log=log)
+    return ServeRun(cfg, backend, stop, model_name=slot.model, job_id=job_id,
+                    restart_count=restart_count, requeue=requeue, checkpointer=checkpointer,
+                    log=log, record_state=backend.note_state)  # fmt: skip
+
+
+def serve_models(cfg: Config, opts: MultiOptions, *, job_id: str | None = None,
+                 restart_count: int = 0, requeue: Callable[[str], None] | None = None,
+                 checkpointer: DaemonCheckpointer | None = None, log: Log = print,
+                 stop: threading.Event | None = None) -> dict[str, Any]:  # fmt: skip
+    """Serve the models until SIGTERM/USR1 (or ``stop`` is set; signals are handled only
+    on the main thread); returns a summary (the models, the stop, the last metrics)."""
+    run = multi_run(cfg, opts, job_id=job_id, restart_count=restart_count, requeue=requeue,
+                    checkpointer=checkpointer, log=log)  # fmt: skip
+    if stop is not None:
+        run.stop.stop_event = stop
+    if threading.current_thread() is threading.main_thread():
+        run.install_signal_handlers()
+    result = run.run()
+    return {"models": [p.name for p in opts.models], "stopped_by": result.stopped_by,
+            "restored_pid": result.restored_pid, "cold_reason": result.cold_reason,
+            "events": result.events,
+            "metrics": run.backend.last_summary.get("metrics", "")}  # fmt: skip

@@ -1,0 +1,111 @@
+"""A stop of a multi-model job, in one process with real reference engine processes: the
+router pauses (the answer being made finishes, queued requests stay queued), a client
+that waits is told to ask again (kept by its X-Request-Id, dropped without one), every
+model sleeps and every connection is cut, then the restored side wakes and answers the
+kept request: the same answer as the cold model's. (The checkpoint of the process tree
+in between is spswapd's: tests/slurm/test_multi_preempt.py.)"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("torch")
+
+from spswap.errors import RequestRejected  # noqa: E402
+from spswap.multi import http_api  # noqa: E402
+from spswap.multi.serve import start_router  # noqa: E402
+from tests.helpers.multi import MAX_NEW, PROMPT, make_models, options  # noqa: E402
+from tests.helpers.reference import cold_answers  # noqa: E402
+
+
+def _wait(what: str, check, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def test_a_stop_keeps_the_queue_and_an_id_finds_its_answer_after_the_wake(tmp_path, cfg):
+    models = make_models(tmp_path, 2)
+    cold = {m.name: cold_answers(m, [PROMPT], MAX_NEW)[0] for m in models}
+    opts = options(tmp_path, models)
+    router = start_router(cfg, opts, log=lambda _m: None)
+    api = http_api.ApiServer(router, opts.socket_path)
+    api.start()
+    try:
+        assert router.pause(5.0) == 0 and router.paused
+        answers: dict[str, dict] = {}
+
+        def ask(key: str, request_id: str | None) -> None:
+            answers[key] = http_api.complete(opts.socket_path, "m1", PROMPT, MAX_NEW,
+                                             request_id=request_id)  # fmt: skip
+
+        # paused: a new request is refused with what to do
+        ask("new", None)
+        assert answers["new"]["status"] == 503 and "ask again" in answers["new"]["error"]["message"]
+        router.resume()
+        # two requests queued behind the one m1 is answering when the stop comes
+        busy = threading.Thread(target=ask, args=("busy", None))
+        threads = [threading.Thread(target=ask, args=(k, rid))
+                   for k, rid in (("kept", "job-req-1"), ("dropped", None))]  # fmt: skip
+        with router.procs["m1"]._lock:  # m1's engine held: its answer cannot finish
+            busy.start()
+            _wait("m1 answering", lambda: router._busy == 1)
+            for t in threads:
+                t.start()
+            _wait("two queued", lambda: router.queued() == 2)
+            router._running.clear()  # the stop (pause() would wait for m1's answer)
+            for t in threads:
+                t.join(10)
+            assert "busy" not in answers  # the answer being made is not cut off
+        busy.join(30)
+        assert answers["busy"]["status"] == 200
+        assert answers["busy"]["choices"][0]["token_ids"] == cold["m1"]
+        kept, dropped = answers["kept"], answers["dropped"]
+        assert kept["status"] == 503 and "request job-req-1 is kept" in kept["error"]["message"]
+        assert dropped["status"] == 503 and "X-Request-Id" in dropped["error"]["message"]
+        assert router.pause(5.0) == 0
+        assert sorted(router.sleep_all()) == ["m0", "m1"]
+        api.stop()
+        assert not opts.socket_path.exists()
+        # ... spswapd checkpoints the tree here; the job's next run restores it ...
+        assert sorted(router.wake_all()) == ["m0", "m1"]
+        api.start()
+        router.resume()
+        again = http_api.complete(opts.socket_path, "m1", PROMPT, MAX_NEW,
+                                  request_id="job-req-1")  # fmt: skip
+        assert again["status"] == 200 and again["choices"][0]["token_ids"] == cold["m1"]
+        # the dropped one was not answered in the dark: two answers made (busy, kept)
+        assert router.metrics["m1"].requests == {"ok": 2}
+        # the same id for another request is refused, saying what to do
+        with pytest.raises(RequestRejected, match="give a new id"):
+            router.submit("m0", PROMPT, MAX_NEW, "job-req-1")
+        bad = http_api.complete(opts.socket_path, "m0", PROMPT, MAX_NEW, request_id="no spaces")
+        assert bad["status"] == 400 and "X-Request-Id" in bad["error"]["message"]
+    finally:
+        api.stop()
+        router.close()
+
+
+def test_a_stop_cuts_idle_keep_alive_connections_at_once(tmp_path, cfg):
+    models = make_models(tmp_path, 1)
+    opts = options(tmp_path, models)
+    router = start_router(cfg, opts, log=lambda _m: None)
+    api = http_api.ApiServer(router, opts.socket_path)
+    api.start()
+    conn = http_api._UnixConnection(opts.socket_path, 10.0)
+    try:
+        conn.request("GET", "/v1/models")
+        assert conn.getresponse().read()  # the connection stays open (HTTP/1.1)
+        t0 = time.monotonic()
+        api.stop()
+        assert time.monotonic() - t0 < http_api.CLOSE_WAIT_S  # not held by the idle one
+        with pytest.raises((ConnectionError, OSError, http_api.http.client.HTTPException)):
+            conn.request("GET", "/v1/models")
+            conn.getresponse()
+    finally:
+        conn.close()
+        router.close()
