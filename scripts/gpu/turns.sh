@@ -57,5 +57,7 @@ done
 SPSWAP_ROOT=${SPSWAP_ROOT:-/dev/shm/spswap} /opt/spswap/bin/spswap events -n 400 --json > "$c/events.json" 2>&1
 cp /dev/shm/spswap/log/*.log /dev/shm/spswap/images/.logs/*.log "$c/" 2>/dev/null
 tail -n 300 /tmp/spswap-slurm/log/slurmctld.log > "$c/slurmctld.log" 2>/dev/null
+# slurmd's side of each turn's end (the step's end, the epilog, the requeue)
+tail -n 600 /tmp/spswap-slurm/log/slurmd.log > "$c/slurmd.log" 2>/dev/null
 tar -C "$OUT" -czf "$OUT/logs.tgz" collect && rm -rf "$c"
 exit $rc
