@@ -139,11 +139,13 @@ fi
 
 if want tests && [ "$(left)" -gt 60 ]; then
   step tests
+  criu_on  # test_vllm_serve_gpu.py dumps and restores the real server (else it skips)
   SPSWAP_TEST_VLLM_MODEL="$MODELS/qwen2-0.5b" SPSWAP_TEST_POOL="$POOL-tests" \
     timeout -k 5 $(( $(left) - 5 )) python3 -m pytest ${TESTS:-tests/engines/test_vllm.py \
     tests/engines/test_vllm_serve_gpu.py} -q -rs -x -s \
     -p no:cacheprovider --junitxml="$OUT/tests.xml"
   echo "tests rc=$?"
+  criu_off
   rm -rf "$POOL-tests"
 fi
 

@@ -33,6 +33,8 @@ from spswap.multi.records import ModelRecords
 from spswap.multi.router import Router
 from spswap.multi.serve import MultiOptions, check_names, start_router
 from spswap.multi.worker import make_engine
+from spswap.pool.manifest import Manifest
+from spswap.serve import restore_check
 from spswap.serve.checkpointer import DaemonCheckpointer
 from spswap.serve.http_front import HttpFront, new_key
 from spswap.serve.lifecycle import Log, ServeResult, ServeRun
@@ -56,6 +58,8 @@ class MultiBackend:
         self.api: ApiServer | None = None
         self.front: HttpFront | None = None
         self.last_summary: dict[str, Any] = {}
+        self.manifests: list[Manifest] = []
+        self.damaged: str | None = None  # what check_pool found wrong with an entry
 
     # -- before the slot ----------------------------------------------------------------
     def prepare(self, result: ServeResult) -> None:
@@ -66,6 +70,7 @@ class MultiBackend:
             make_engine(self.opts.engine, first, self.opts.device, first.name)
         pool = PoolAccess(self.cfg, job_id=self.job_id)
         manifests = {p: pool.import_checkpoint(p) for p in self.opts.models}
+        self.manifests = list(manifests.values())
         self.specs = [ModelSpec(p.name, p, m.digest) for p, m in manifests.items()]
         self.imported_s = max(m.created for m in manifests.values())
         result.digest = self._digest()
@@ -86,6 +91,8 @@ class MultiBackend:
 
     # -- serving ------------------------------------------------------------------------
     def start(self, result: ServeResult) -> RunPath:
+        if self.damaged is not None:  # never serve from it
+            raise SpswapError(f"not started: {self.damaged}")
         self.router = start_router(self.cfg, self.opts, job_id=self.job_id, log=self.log,
                                    on_state=self.records.update, specs=self.specs)  # fmt: skip
         self._open()
@@ -134,6 +141,18 @@ class MultiBackend:
         self._open()
         self.router.resume()
         return {"woken": woken, "queued": self.router.queued()}
+
+    def probe(self) -> list[int] | None:
+        return None  # (each model's own check is to come; the pool entries are checked)
+
+    def check_pool(self) -> str | None:
+        pool = PoolAccess(self.cfg, job_id=self.job_id)
+        for manifest in self.manifests:
+            problem = restore_check.damaged(pool, manifest)
+            if problem is not None:
+                self.damaged = problem
+                return problem
+        return None
 
     def left_undone(self) -> str | None:
         return f"its {len(self.specs)} models were to be served until stopped"

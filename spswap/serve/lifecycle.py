@@ -35,6 +35,7 @@ from spswap.config import Config
 from spswap.daemon.statuses import CheckpointState
 from spswap.errors import SpswapError, StopRequested
 from spswap.instance.registry import InstanceRecord, InstanceRegistry
+from spswap.serve import restore_check
 from spswap.serve.checkpointer import (
     DaemonCheckpointer,
     ParkOutcome,
@@ -124,6 +125,18 @@ class Backend(Protocol):
     def left_undone(self) -> str | None:
         """What a serving instance of this run would still have to do, in words (e.g.
         "3 request(s) unanswered"), or None when its work is done."""
+        ...
+
+    def probe(self) -> list[int] | None:
+        """The engine's greedy answer to a fixed check prompt, asked before a dump and
+        again after the restore's wake (they must be equal); None where this engine has
+        no such check yet (the restore is then trusted as it is)."""
+        ...
+
+    def check_pool(self) -> str | None:
+        """A restored instance failed (its check, or it died): before the cold start that
+        follows, make sure the pool entry it would read is whole; returns what was found
+        wrong and what the start does instead (in words), or None."""
         ...
 
     def close(self, result: ServeResult, *, served: bool) -> None:
@@ -233,6 +246,7 @@ class ServeRun(Generic[B]):
             return False
         if not_coming_back(self.job_id, self.stop.stop_signal, self.restart_count, log=self.log):
             return False
+        expected = self._probe("before its checkpoint")
         try:
             self.backend.sleep()
         except (SpswapError, OSError) as e:  # the engine is given back by close()
@@ -263,10 +277,16 @@ class ServeRun(Generic[B]):
         t0 = time.perf_counter()
         woken = self.backend.wake(result)
         wake_s = time.perf_counter() - t0
+        failed = self._check_restored(expected)
+        if failed is not None:
+            result.events.append({"restored": True, "restart_count": self.restart_count,
+                                  "probe": "mismatch", "reason": failed})  # fmt: skip
+            self.log(f"spswap serve: {failed}")
+            return False  # ends here; the job's run (its stand-in) starts cold
         self._record("up")
         result.events.append({"restored": True, "restart_count": self.restart_count,
                               "timings_s": outcome.timings_s, "wake_s": wake_s,
-                              **woken})  # fmt: skip
+                              "probed": expected is not None, **woken})  # fmt: skip
         self.log(f"spswap serve: restored {restored_how(outcome.kept)} into run "
                  f"{self.restart_count}; weights back in {wake_s:.3f} s")  # fmt: skip
         return True
@@ -304,6 +324,9 @@ class ServeRun(Generic[B]):
         ended = end_left_behind(tree)
         if ended:
             reason += f"; ended what it left running (pid {', '.join(map(str, ended))})"
+        found = self.backend.check_pool()  # its weights may be why: read them only if whole
+        if found:
+            reason += f"; {found}"
         self._cold(result, reason)
         return False
 
@@ -324,6 +347,20 @@ class ServeRun(Generic[B]):
             job_id, requeue = self.job_id, self.requeue
             steps.append(("ask for the requeue", lambda: requeue(job_id)))
         run_steps(steps, self.log)
+
+    # -- the check of a restore ---------------------------------------------------------
+    def _probe(self, when: str) -> list[int] | None:
+        try:
+            return self.backend.probe()
+        except Exception as e:  # noqa: BLE001 - no check then, but the dump goes on
+            self.log(f"spswap serve: the check prompt got no answer {when} ({e}); the "
+                     "restore will not be checked")  # fmt: skip
+            return None
+
+    def _check_restored(self, expected: list[int] | None) -> str | None:
+        """None when the restored instance answers the check prompt as it did before its
+        checkpoint (or there is no check); else why it must not serve."""
+        return restore_check.refusal(expected, self.backend.probe)
 
     # -- records ------------------------------------------------------------------------
     def _cold(self, result: ServeResult, reason: str) -> None:

@@ -30,6 +30,7 @@ from spswap.checkpoint.images import config_hash, process_identity
 from spswap.config import Config
 from spswap.errors import RequestAborted, RequestRejected, SpswapError
 from spswap.pool.manifest import Manifest
+from spswap.serve import restore_check
 from spswap.serve.checkpointer import DaemonCheckpointer
 from spswap.serve.front import Front
 from spswap.serve.lifecycle import Log, ServeResult, ServeRun
@@ -74,6 +75,7 @@ class ReferenceBackend:
         self.manifest: Manifest | None = None
         self.model: Any = None  # the engine, once started
         self.restart_count = 0
+        self.from_files = False  # the pool entry is damaged: the model's own files serve
 
     def prepare(self, result: ServeResult) -> None:
         self.restart_count = result.restart_count
@@ -106,6 +108,14 @@ class ReferenceBackend:
         assert self.manifest is not None
         self.model = self.engine_factory(self.opts)
         t0 = time.perf_counter()
+        if self.from_files:  # (check_pool found the entry damaged)
+            self.model.load_from_checkpoint(self.opts.model)
+            if self.front is not None:
+                self.front.open()
+            self.log(f"spswap serve: {self.manifest.name} up from its files in "
+                     f"{time.perf_counter() - t0:.2f} s, not from its damaged pool entry; "
+                     "a stop of this run is not checkpointed")  # fmt: skip
+            return RunPath.COLD
         report = self.model.load_from_pool(self.pool, self.manifest.digest)
         result.copy = report.to_json()
         if self.front is not None:
@@ -175,6 +185,22 @@ class ReferenceBackend:
         if self.front is not None:
             self.front.open()
         return {}
+
+    def probe(self) -> list[int] | None:
+        if self.model is None:
+            return None
+        prompt = list(restore_check.PROBE_PROMPT)
+        out: list[int] = self.model.generate([prompt], restore_check.PROBE_TOKENS)[0]
+        return out
+
+    def check_pool(self) -> str | None:
+        if self.manifest is None:
+            return None
+        problem = restore_check.damaged(self.pool, self.manifest)
+        if problem is None:
+            return None
+        self.from_files = True
+        return f"{problem}; this run reads the model from its files ({self.opts.model})"
 
     def left_undone(self) -> str | None:
         n = self._pending()

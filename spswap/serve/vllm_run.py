@@ -40,6 +40,7 @@ from spswap.engines.vllm_engine import VllmSettings, engine_identity
 from spswap.engines.vllm_identity import find_entry
 from spswap.errors import EngineError, PoolEntryNotFound, SpswapError
 from spswap.fsutil import atomic_write_json, make_private_dirs
+from spswap.serve import restore_check
 from spswap.serve.checkpointer import DaemonCheckpointer
 from spswap.serve.http_front import HttpFront, new_key
 from spswap.serve.lifecycle import Log, ServeResult, ServeRun, run_steps
@@ -102,6 +103,7 @@ class VllmBackend:
         self.http_url: str | None = None
         self._digest = ""  # the pool entry the server's weights came from
         self.restart_count = 0
+        self.damaged: str | None = None  # what check_pool found wrong with the entry
 
     @functools.cached_property
     def version(self) -> str:
@@ -138,6 +140,8 @@ class VllmBackend:
     def start(self, result: ServeResult) -> RunPath:
         """From the pool when an entry fits, else from disk and export once."""
         server, pool, opts = self.server, self.pool, self.opts
+        if self.damaged is not None:  # never serve from it, nor export over it
+            raise SpswapError(f"not started: {self.damaged}")
         identity = self.identity()
         entry = find_entry(pool, identity)
         t0 = time.perf_counter()
@@ -209,6 +213,22 @@ class VllmBackend:
         self._open_front()
         self._write_endpoint()
         return {"copy": copy}
+
+    def probe(self) -> list[int] | None:
+        """vLLM's greedy answer to the check prompt, through its socket (the server is up,
+        its fronts aside, before a sleep and after a wake)."""
+        body = {"model": str(self.opts.model), "prompt": list(restore_check.PROBE_PROMPT),
+                "max_tokens": restore_check.PROBE_TOKENS, "temperature": 0.0,
+                "ignore_eos": True, "return_token_ids": True}  # fmt: skip
+        data = self.server.call("POST", "/v1/completions", body, timeout_s=60.0)
+        return [int(t) for t in data["choices"][0]["token_ids"]]
+
+    def check_pool(self) -> str | None:
+        entry = find_entry(self.pool, self.identity())
+        problem = restore_check.damaged(self.pool, entry) if entry is not None else None
+        if problem is not None:
+            self.damaged = problem
+        return problem
 
     def left_undone(self) -> str | None:
         return "its server was to serve until stopped"

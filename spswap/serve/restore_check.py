@@ -1,0 +1,53 @@
+"""The check of a restore: a restored instance answers a fixed prompt after its wake and
+serves only if the answer is the one it gave before its checkpoint (greedy decoding:
+the same weights and state give the same tokens). vLLM's own ``snapshot`` refuses to
+serve on such a mismatch; spswap does too: a damaged pool entry (the restored process
+maps it), GPU state that did not come back, a wrong GPU mapping all show here, before a
+single request is answered."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from spswap.errors import PoolCorrupt
+from spswap.pool.manifest import Manifest
+from spswap.pool.verify import verify_entry
+
+PROBE_PROMPT = (3, 1, 4, 1, 5, 9, 2, 6)  # token ids every engine and model accept
+PROBE_TOKENS = 8
+
+
+def tokens_text(ids: list[int] | None, shown: int = 8) -> str:
+    """``[5, 9, 2, ...]``: the first token ids of a check answer."""
+    if ids is None:
+        return "nothing"
+    return "[" + ", ".join(map(str, ids[:shown])) + (", ..." if len(ids) > shown else "") + "]"
+
+
+def refusal(expected: list[int] | None, probe: Callable[[], list[int] | None]) -> str | None:
+    """None when ``probe()`` answers ``expected`` (or nothing was expected: no check);
+    else why the restored instance must not serve, in the job log's words."""
+    if expected is None:
+        return None
+    try:
+        got = probe()
+    except Exception as e:  # noqa: BLE001 - an instance that cannot answer must not serve
+        problem = f"it could not answer the check prompt ({e})"
+    else:
+        if got == expected:
+            return None
+        problem = (f"it answered the check prompt with {tokens_text(got)} where it answered "
+                   f"{tokens_text(expected)} before its checkpoint")  # fmt: skip
+    return (f"the restored instance does not serve: {problem}: its weights or state did not "
+            "come back whole; it ends, and the job's run starts cold")  # fmt: skip
+
+
+def damaged(pool: Any, manifest: Manifest) -> str | None:
+    """What is wrong with the pool entry ``manifest`` (its data read and checked against
+    every checksum), or None when it is whole. ``pool``: anything with ``data_path``."""
+    try:
+        verify_entry(manifest, pool.data_path(manifest))
+    except PoolCorrupt as e:
+        return str(e)
+    return None

@@ -1,0 +1,31 @@
+"""The check of a restore, as text: what the job log says when a restored instance answers
+the check prompt otherwise than before its checkpoint, or cannot answer it."""
+
+from __future__ import annotations
+
+from spswap.serve.restore_check import refusal, tokens_text
+
+
+def test_the_same_answer_serves_and_no_expectation_means_no_check() -> None:
+    assert refusal([5, 6, 7], lambda: [5, 6, 7]) is None
+    assert refusal(None, lambda: [1]) is None
+
+
+def test_another_answer_is_refused_with_both_answers() -> None:
+    assert refusal(list(range(10)), lambda: [9, 9]) == (
+        "the restored instance does not serve: it answered the check prompt with [9, 9] "
+        "where it answered [0, 1, 2, 3, 4, 5, 6, 7, ...] before its checkpoint: its weights "
+        "or state did not come back whole; it ends, and the job's run starts cold"
+    )
+
+
+def test_no_answer_is_refused_with_the_error() -> None:
+    def broken() -> list[int]:
+        raise ConnectionRefusedError("the server is gone")
+
+    assert refusal([1], broken) == (
+        "the restored instance does not serve: it could not answer the check prompt (the "
+        "server is gone): its weights or state did not come back whole; it ends, and the "
+        "job's run starts cold"
+    )
+    assert tokens_text(None) == "nothing"
