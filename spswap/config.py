@@ -61,6 +61,9 @@ def _parse_gpus(text: str) -> tuple[int, ...]:
         raise ConfigError(f"cannot read {text!r} as a GPU list: use e.g. 0,1,2,3") from None
 
 
+IMAGE_CHECKS = ("quick", "full")
+
+
 @dataclass(frozen=True)
 class Config:
     """spswap settings. Every field can be set as ``SPSWAP_<FIELD>`` (upper case)."""
@@ -87,6 +90,13 @@ class Config:
     opens with that user's rights (a kept instance's freeze is still root's, asked for by
     CRIU's post-dump script). Root's CRIU cannot dump another uid where root lacks
     CAP_SYS_RESOURCE."""
+    image_check: str = "quick"
+    """How a restore checks a process image's files (``SPSWAP_IMAGE_CHECK``): ``quick``
+    (default): every file there with its recorded size (none missing, added or cut short);
+    ``full``: every byte hashed as recorded (it reads the whole image, a few GB, on the
+    swap's path). Either way the restored instance answers a check prompt as it did before
+    its checkpoint before it serves (spswap.serve.restore_check), which catches damage to
+    what it computes with; images live in a root-only folder."""
     sweep_interval_s: float = 30.0
     """How often spswapd asks Slurm whether the jobs it holds images or kept instances
     of will come back, and frees those of jobs that will not: a job cancelled while it
@@ -149,6 +159,8 @@ class Config:
             raise ConfigError("SPSWAP_SLOT_POLL_INTERVAL_S must be positive")
         if self.slot_timeout_s < 0:
             raise ConfigError("SPSWAP_SLOT_TIMEOUT_S must be >= 0")
+        if self.image_check not in IMAGE_CHECKS:
+            raise ConfigError(f"SPSWAP_IMAGE_CHECK={self.image_check!r}: use quick or full")
         if self.keep_bytes is not None and self.keep_bytes < 0:
             raise ConfigError("SPSWAP_KEEP_BYTES must be >= 0 (0: no instance is kept alive)")
         if self.sweep_interval_s <= 0:
@@ -215,6 +227,11 @@ def _convert(name: str, raw: str) -> object:
         return _parse_size(raw)
     if name == "gpus":
         return _parse_gpus(raw)
+    if name == "image_check":
+        if raw.strip().lower() in IMAGE_CHECKS:
+            return raw.strip().lower()
+        raise ConfigError(f"{ENV_PREFIX}IMAGE_CHECK={raw!r}: use quick (the files' names and "
+                          "sizes) or full (every byte hashed)")  # fmt: skip
     if name == "criu_as_root":
         if raw.strip().lower() in ("1", "yes", "true", "on"):
             return True

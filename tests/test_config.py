@@ -158,3 +158,10 @@ def test_sweep_interval_is_positive_seconds() -> None:
     assert Config.from_env({}).sweep_interval_s == 30.0
     with pytest.raises(ConfigError, match="SPSWAP_SWEEP_INTERVAL_S must be positive"):
         Config.from_env({"SPSWAP_SWEEP_INTERVAL_S": "0"})
+
+
+def test_image_check_is_quick_by_default_and_full_on_request() -> None:
+    assert Config.from_env({}).image_check == "quick"
+    assert Config.from_env({"SPSWAP_IMAGE_CHECK": "FULL"}).image_check == "full"
+    with pytest.raises(ConfigError, match="use quick .* or full"):
+        Config.from_env({"SPSWAP_IMAGE_CHECK": "fast"})

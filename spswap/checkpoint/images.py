@@ -183,11 +183,24 @@ def integrity_hash(image_dir: Path, *, threads: int | None = None) -> str:
     return h.hexdigest()
 
 
+def layout_hash(image_dir: Path) -> str:
+    """sha256 over every image file's relative name and size (no content: cheap)."""
+    h = hashlib.sha256()
+    for p in sorted(p for p in image_dir.rglob("*") if p.is_file()):
+        rel = p.relative_to(image_dir).as_posix()
+        if rel not in NOT_HASHED:
+            h.update(len(rel).to_bytes(4, "little") + rel.encode()
+                     + p.stat().st_size.to_bytes(8, "little"))  # fmt: skip
+    return h.hexdigest()
+
+
 def write_meta(image_dir: Path, identity: Identity) -> dict[str, Any]:
-    """Write ``meta.json`` (identity + integrity hash) into a finished image; returns it."""
+    """Write ``meta.json`` (identity, integrity hash, layout hash) into a finished image;
+    returns it."""
     meta = {
         "version": META_VERSION, "key": image_dir.name, "identity": identity.to_json(),
-        "sha256": integrity_hash(image_dir), "created_at": time.time(),
+        "sha256": integrity_hash(image_dir), "layout": layout_hash(image_dir),
+        "created_at": time.time(),
     }  # fmt: skip
     atomic_write_json(image_dir / META_FILE, meta, mode=0o600)
     return meta
@@ -200,13 +213,17 @@ def read_meta(image_dir: Path) -> dict[str, Any] | None:
 
 
 def verify_before_restore(
-    image_dir: Path, expected: Identity, *, check_integrity: bool = True
-) -> str | None:
+    image_dir: Path, expected: Identity, *, check_integrity: bool = True,
+    read_content: bool = True,
+) -> str | None:  # fmt: skip
     """None when the image may be restored here; otherwise the reason it may not.
 
     Checks, in order: the image exists and (when we are root) is owned by root and writable
     by nobody else; meta.json is there; every identity field matches; and, unless
-    ``check_integrity`` is off (it reads the whole image), the files hash as recorded.
+    ``check_integrity`` is off, its files: with ``read_content`` every byte hashes as
+    recorded (it reads the whole image), without it every file is there with its recorded
+    size (no file missing, added or cut short; an image recorded before the layout hash
+    existed is read whole).
     """
     try:
         st = image_dir.stat()
@@ -229,7 +246,11 @@ def verify_before_restore(
     ]  # fmt: skip
     if diffs:
         return "the image was made under another identity (" + "; ".join(diffs) + ")"
-    if check_integrity:
+    if check_integrity and not read_content and meta.get("layout"):
+        if layout_hash(image_dir) != meta["layout"]:
+            return (f"{image_dir} changed since it was dumped (a file is missing, added or "
+                    "of another size)")  # fmt: skip
+    elif check_integrity:
         actual = integrity_hash(image_dir)
         if actual != meta.get("sha256"):
             return f"{image_dir} changed since it was dumped (sha256 {actual[:12]} != recorded)"

@@ -215,7 +215,7 @@ def dump_instance(
 def restore_instance(
     images_root: Path, *, job_id: str, expected: Identity, criu_path: Path | None = None,
     gpu_uuids: list[str] | None = None, check_integrity: bool = True,
-    criu_as_user: bool = True,
+    read_content: bool = True, criu_as_user: bool = True,
 ) -> tuple[int, dict[str, float]]:  # fmt: skip
     """Restore the job's image if it matches ``expected``; returns (pid, timings).
 
@@ -224,6 +224,8 @@ def restore_instance(
 
     A mismatching or damaged image raises :class:`ImageRejected` with the reason and is
     deleted (it can never become restorable again); the caller cold-starts instead.
+    ``read_content``: hash every byte of the image (else its files' names and sizes only;
+    see :func:`~spswap.checkpoint.images.verify_before_restore`).
     ``criu_as_user``: an image that a user's CRIU dumped is restored by CRIU as that user.
     """
     images = images_of_job(images_root, job_id)
@@ -232,7 +234,8 @@ def restore_instance(
     image = images[-1]
     timings: dict[str, float] = {}
     t0 = time.monotonic()
-    reason = verify_before_restore(image, expected, check_integrity=check_integrity)
+    reason = verify_before_restore(image, expected, check_integrity=check_integrity,
+                                   read_content=read_content)  # fmt: skip
     if reason is None:  # what the restore would give back, read from the image itself
         problem = image_problem(image, expected.uid, user_groups(expected.uid))
         reason = (

@@ -185,3 +185,34 @@ def test_an_image_needs_each_pool_entry_its_digest_names() -> None:
     assert pool_digests("ab12") == ["ab12"]
     assert pool_digests(DIGEST_SEP.join(["ab12", "cd34", "ef56"])) == ["ab12", "cd34", "ef56"]
     assert pool_digests("") == []
+
+
+def test_the_quick_check_sees_a_file_missing_added_or_cut_but_not_a_byte_changed(
+    tmp_path: Path,
+) -> None:
+    d = _image(tmp_path)
+    images.write_meta(d, ID)
+    assert images.verify_before_restore(d, ID, read_content=False) is None
+    with open(d / "pages-1.img", "r+b") as f:
+        f.write(b"X")  # in place, same size: only the full check reads it
+    assert images.verify_before_restore(d, ID, read_content=False) is None
+    assert "changed since it was dumped" in (images.verify_before_restore(d, ID) or "")
+    (d / "extra.img").write_bytes(b"1")
+    assert "a file is missing, added or of another size" in (
+        images.verify_before_restore(d, ID, read_content=False) or "")  # fmt: skip
+    (d / "extra.img").unlink()
+    with open(d / "pages-1.img", "r+b") as f:
+        f.truncate(1)
+    assert "of another size" in (images.verify_before_restore(d, ID, read_content=False) or "")
+
+
+def test_an_image_recorded_without_a_layout_is_read_whole(tmp_path: Path) -> None:
+    import json
+
+    d = _image(tmp_path)
+    meta = images.write_meta(d, ID)
+    del meta["layout"]
+    (d / "meta.json").write_text(json.dumps(meta))
+    with open(d / "pages-1.img", "r+b") as f:
+        f.write(b"X")
+    assert "changed since" in (images.verify_before_restore(d, ID, read_content=False) or "")
