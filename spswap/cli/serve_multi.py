@@ -25,17 +25,20 @@ def serve_multi(cfg: Config, job: Any, models: list[Path], state_dir: Path, *, e
     """Check the model directories, then serve them all until SIGTERM or USR1 (with
     spswapd, a stop of a job that comes back checkpoints all of them, and its next run
     restores them). ``checkpointer``: made after the checks (it forks the instance)."""
+    # A requeued run that may restore its models checks none of them: the check imports
+    # torch (seconds), which a restore does not need; the first run checked them.
+    may_restore = job is not None and job.restart_count > 0
     paths = []
     for m in models:
         if not m.is_dir():
             raise typer.BadParameter(f"{m} is not a model directory (every argument after "
                                      "--models is one)")  # fmt: skip
-        if engine == "reference":
+        if engine == "reference" and not may_restore:
             check_servable(engine, m)
         paths.append(m.resolve())
     assert socket is not None
     err_console.print(f"spswap serve: {len(paths)} models; OpenAI API on {socket}",
-                      markup=False)  # fmt: skip
+                      markup=False, soft_wrap=True)  # fmt: skip
     opts = MultiOptions(
         models=tuple(paths), socket_path=socket, state_dir=state_dir, engine=engine,
         device=device or "cpu", units_per_model=units, max_awake=awake,
@@ -54,7 +57,8 @@ def serve_multi(cfg: Config, job: Any, models: list[Path], state_dir: Path, *, e
     elif summary.get("restored_pid") is not None:
         err_console.print(f"spswap serve: stood in for the job's restored models (pid "
                           f"{summary['restored_pid']}); stopped "
-                          f"({summary['stopped_by'] or 'ended'})", markup=False)  # fmt: skip
+                          f"({summary['stopped_by'] or 'ended'})", markup=False,
+                          soft_wrap=True)  # fmt: skip
     else:
         err_console.print(f"spswap serve: stopped ({summary['stopped_by'] or 'ended'})",
-                          markup=False)  # fmt: skip
+                          markup=False, soft_wrap=True)  # fmt: skip

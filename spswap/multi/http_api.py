@@ -61,11 +61,14 @@ def parse_completion(body: bytes) -> tuple[str, list[int], int]:
     return req["model"], prompt, max_tokens
 
 
-def completion_body(model: str, prompt: list[int], answer: dict[str, Any]) -> dict[str, Any]:
-    """An OpenAI text_completion object for ``answer`` (the ids, as text and as ids)."""
+def completion_body(model: str, prompt: list[int], answer: dict[str, Any],
+                    request_id: str | None = None) -> dict[str, Any]:  # fmt: skip
+    """An OpenAI text_completion object for ``answer`` (the ids, as text and as ids); a
+    request asked again by its id gets the same object (its id and time too)."""
     ids = answer["token_ids"]
-    return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
-            "created": int(time.time()), "model": model,
+    return {"id": f"cmpl-{request_id}" if request_id else f"cmpl-{uuid.uuid4().hex}",
+            "object": "text_completion",
+            "created": int(answer.get("answered_s") or time.time()), "model": model,
             "choices": [{"index": 0, "text": " ".join(map(str, ids)), "token_ids": ids,
                          "finish_reason": "length", "logprobs": None}],
             "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(ids),
@@ -202,7 +205,7 @@ class _Handler(BaseHTTPRequestHandler):
         except Exception as e:  # noqa: BLE001 - a request never ends the server
             self._error(500, f"{type(e).__name__}: {e}")
             return
-        self._json(200, completion_body(model, prompt, answer))
+        self._json(200, completion_body(model, prompt, answer, request_id))
 
     def _wait(self, fut: Future[dict[str, Any]], request_id: str | None) -> dict[str, Any] | None:
         """The answer; None when the job began to stop before it was started (answered

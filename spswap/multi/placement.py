@@ -112,6 +112,13 @@ class Placement:
         victim = min(idle, key=lambda n: (self.last_used_s[n], self.names.index(n)))
         return WakePlan(sleep=(victim,), wake=True)
 
+    def touch_all(self, now_s: float) -> None:
+        """Every model counts as used at ``now_s``: at the start (a model nobody asked yet
+        is idle from then, not since the clock's zero) and after a restore (the stop's
+        time is nobody's idleness)."""
+        for name in self.names:
+            self.last_used_s[name] = now_s
+
     def idle_too_long(self, now_s: float, idle_timeout_s: float | None) -> list[str]:
         """Awake, not answering, and unused for ``idle_timeout_s``: to be put to sleep."""
         if idle_timeout_s is None:

@@ -89,6 +89,8 @@ class Router:
         except BaseException:
             self.close()
             raise
+        with self._cond:
+            self.placement.touch_all(time.monotonic())
         for name in self.specs:
             t = threading.Thread(target=self._serve_model, args=(name,), daemon=True,
                                  name=f"spswap-model-{name}")  # fmt: skip
@@ -169,6 +171,8 @@ class Router:
                     woken.append(name)
         for name in woken:
             self._refresh(name)
+        with self._cond:
+            self.placement.touch_all(time.monotonic())
         return woken
 
     def resume(self) -> None:
@@ -259,7 +263,7 @@ class Router:
         mm.latency_s.observe(latency_s)
         mm.ttft_s.observe(latency_s - out["generate_s"] + out["first_token_s"])
         mm.requests["ok"] = mm.requests.get("ok", 0) + 1
-        return {**out, "latency_s": latency_s}
+        return {**out, "latency_s": latency_s, "answered_s": time.time()}
 
     def _bring_up(self, name: str) -> None:
         """Make ``name`` awake and busy: sleep the LRU idle awake model when needed. The

@@ -65,6 +65,15 @@ def test_free_slot_wakes_without_a_victim():
     assert p.plan_wake("a") == WakePlan(wake=True)
 
 
+def test_a_model_nobody_asked_is_idle_from_the_start_not_from_the_clocks_zero():
+    p = Placement(("a", "b"), slots=2)
+    p.touch_all(1000.0)  # the router's start, on a monotonic clock long past zero
+    assert p.idle_too_long(1005.0, 10.0) == []
+    assert p.idle_too_long(1010.0, 10.0) == ["a", "b"]
+    p.touch_all(5000.0)  # restored after a long stop: not idle because of the stop
+    assert p.idle_too_long(5001.0, 10.0) == []
+
+
 def test_idle_timeout():
     p = Placement(("a", "b", "c"), 2)
     p.begin("a", 10.0), p.end("a", 10.0)

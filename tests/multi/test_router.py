@@ -177,3 +177,16 @@ def test_spswap_status_shows_a_row_per_model_while_the_job_serves(tmp_path, cfg)
         stop.set()
         t.join(60)
     assert collect_status(cfg)["instances"] == []  # the run's rows went with it
+
+
+def test_a_long_idle_timeout_keeps_the_first_models_awake_at_the_start(tmp_path, cfg):
+    """A model nobody asked yet is idle from the router's start, not since the clock's
+    zero (the monotonic clock is the machine's uptime)."""
+    router = start_router(cfg, options(tmp_path, make_models(tmp_path, 3), idle_timeout_s=60.0),
+                          log=lambda _m: None)  # fmt: skip
+    try:
+        time.sleep(1.0)  # five rounds of the idle check
+        assert {m["id"]: m["state"] for m in router.models()} == {
+            "m0": "awake", "m1": "awake", "m2": "asleep"}  # fmt: skip
+    finally:
+        router.close()

@@ -78,6 +78,9 @@ def test_a_stop_keeps_the_queue_and_an_id_finds_its_answer_after_the_wake(tmp_pa
         again = http_api.complete(opts.socket_path, "m1", PROMPT, MAX_NEW,
                                   request_id="job-req-1")  # fmt: skip
         assert again["status"] == 200 and again["choices"][0]["token_ids"] == cold["m1"]
+        once_more = http_api.complete(opts.socket_path, "m1", PROMPT, MAX_NEW,
+                                      request_id="job-req-1")  # fmt: skip
+        assert once_more == again and again["id"] == "cmpl-job-req-1"  # the same answer
         # the dropped one was not answered in the dark: two answers made (busy, kept)
         assert router.metrics["m1"].requests == {"ok": 2}
         # the same id for another request is refused, saying what to do
