@@ -324,7 +324,10 @@ class ServeRun(Generic[B]):
         ended = end_left_behind(tree)
         if ended:
             reason += f"; ended what it left running (pid {', '.join(map(str, ended))})"
-        found = self.backend.check_pool()  # its weights may be why: read them only if whole
+        try:  # its weights may be why: read them only if whole
+            found = self.backend.check_pool()
+        except Exception as e:  # noqa: BLE001 - the start that follows says what it finds
+            found = f"the pool entry could not be checked ({e})"
         if found:
             reason += f"; {found}"
         self._cold(result, reason)
