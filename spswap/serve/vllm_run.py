@@ -50,6 +50,7 @@ from spswap.serve.vllm_api import VllmApiServer, installed_vllm_version, rpc_dir
 from spswap.serve.vllm_export import export_weights
 
 ENDPOINT_FILE = "endpoint.json"
+PROBE_TIMEOUT_S = 5.0
 API_KEY_FILE = "api_key"
 
 
@@ -220,7 +221,8 @@ class VllmBackend:
         body = {"model": str(self.opts.model), "prompt": list(restore_check.PROBE_PROMPT),
                 "max_tokens": restore_check.PROBE_TOKENS, "temperature": 0.0,
                 "ignore_eos": True, "return_token_ids": True}  # fmt: skip
-        data = self.server.call("POST", "/v1/completions", body, timeout_s=60.0)
+        # a few tens of ms on a GPU; bounded: at a stop it runs inside KillWait's budget
+        data = self.server.call("POST", "/v1/completions", body, timeout_s=PROBE_TIMEOUT_S)
         return [int(t) for t in data["choices"][0]["token_ids"]]
 
     def check_pool(self) -> str | None:

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from spswap.config import Config
+from spswap.daemon import lifecycle
 from spswap.daemon.client import Client
 
 torch = pytest.importorskip("torch")
@@ -132,24 +133,33 @@ def test_stop_dump_restore_answers_like_cold(node: Config, tmp_path: Path) -> No
     assert not any(p.name.startswith(f"job{JOB}-") for p in node.paths.images.iterdir())
 
 
-@pytest.mark.parametrize("fault", ["flip-one-byte", "other-identity"])
+@pytest.mark.parametrize("fault", ["flip-one-byte", "cut-short", "other-identity"])
 def test_a_damaged_or_foreign_image_is_never_restored(
-    node: Config, tmp_path: Path, fault: str
+    node: Config, tmp_path: Path, fault: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A byte changed in place is found by the full check (SPSWAP_IMAGE_CHECK=full: every
+    byte hashed); the default quick check finds a file cut short (names and sizes), and
+    leaves a byte changed in place to the restored instance's check prompt
+    (tests/checkpoint/test_faults.py: a damaged pool entry)."""
     model, prompts = _setup(node, tmp_path)
     _dump_run0(node, tmp_path, model)
     (image,) = [p for p in node.paths.images.iterdir() if p.name.startswith(f"job{JOB}-")]
+    target = max((p for p in image.iterdir() if p.name.startswith("pages")),
+                 key=lambda p: p.stat().st_size)  # fmt: skip
     if fault == "flip-one-byte":
-        target = max(
-            (p for p in image.iterdir() if p.name.startswith("pages")),
-            key=lambda p: p.stat().st_size,
-        )
         with open(target, "r+b") as f:
             f.seek(target.stat().st_size // 2)
             b = f.read(1)
             f.seek(-1, os.SEEK_CUR)
             f.write(bytes([b[0] ^ 1]))
-        needle = "changed since it was dumped"
+        needle = "changed since it was dumped (sha256"
+        lifecycle.stop(node, timeout_s=5.0)  # the node's admin asks for the full check
+        monkeypatch.setenv("SPSWAP_IMAGE_CHECK", "full")
+        lifecycle.start(node, wait_s=15.0)
+    elif fault == "cut-short":
+        with open(target, "r+b") as f:
+            f.truncate(target.stat().st_size - 4096)
+        needle = "a file is missing, added or of another size"
     else:
         meta = json.loads((image / "meta.json").read_text())
         meta["identity"]["torch"] = "0.0.1"
