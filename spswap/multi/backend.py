@@ -52,6 +52,7 @@ class MultiBackend:
         self.device, self.state_dir = opts.device, opts.state_dir
         self.records = ModelRecords(cfg.paths.run, job_id=job_id, engine=opts.engine,
                                     device=opts.device, log=log)  # fmt: skip
+        self.pool = PoolAccess(cfg, job_id=job_id)  # through spswapd unless root
         self.specs: list[ModelSpec] = []
         self.imported_s = 0.0  # the newest of the models' pool entries (epoch seconds)
         self.router: Router | None = None
@@ -68,8 +69,7 @@ class MultiBackend:
         first = self.opts.models[0]
         if self.opts.engine != "reference":  # refused before any model is read
             make_engine(self.opts.engine, first, self.opts.device, first.name)
-        pool = PoolAccess(self.cfg, job_id=self.job_id)
-        manifests = {p: pool.import_checkpoint(p) for p in self.opts.models}
+        manifests = {p: self.pool.import_checkpoint(p) for p in self.opts.models}
         self.manifests = list(manifests.values())
         self.specs = [ModelSpec(p.name, p, m.digest) for p, m in manifests.items()]
         self.imported_s = max(m.created for m in manifests.values())
@@ -146,9 +146,8 @@ class MultiBackend:
         return None  # (each model's own check is to come; the pool entries are checked)
 
     def check_pool(self) -> str | None:
-        pool = PoolAccess(self.cfg, job_id=self.job_id)
         for manifest in self.manifests:
-            problem = restore_check.damaged(pool, manifest)
+            problem = restore_check.damaged(self.pool, manifest)
             if problem is not None:
                 self.damaged = problem
                 return problem

@@ -153,27 +153,27 @@ class Router:
     def sleep_all(self) -> list[str]:
         """Before a checkpoint (paused): every awake model to sleep (each after the answer
         it is making), the placement unchanged; returns the models put to sleep."""
-        slept = []
-        with self._swap_lock:
-            for name in self.specs:
-                if self.placement.states[name] is ModelState.AWAKE:
-                    self.procs[name].call("sleep")
-                    slept.append(name)
-        return slept
+        return self._call_awake("sleep")
 
     def wake_all(self) -> list[str]:
         """Restored: the models placed awake are woken again; returns them."""
-        woken = []
-        with self._swap_lock:
-            for name in self.specs:
-                if self.placement.states[name] is ModelState.AWAKE:
-                    self.procs[name].call("wake")
-                    woken.append(name)
+        woken = self._call_awake("wake")
         for name in woken:
             self._refresh(name)
         with self._cond:
             self.placement.touch_all(time.monotonic())
         return woken
+
+    def _call_awake(self, op: str) -> list[str]:
+        """``op`` on every model the placement has awake, one at a time (the swap lock);
+        returns those models."""
+        done = []
+        with self._swap_lock:
+            for name in self.specs:
+                if self.placement.states[name] is ModelState.AWAKE:
+                    self.procs[name].call(op)
+                    done.append(name)
+        return done
 
     def resume(self) -> None:
         """Serve again: the queued requests are answered in their order."""

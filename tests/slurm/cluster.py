@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pwd
 import subprocess
 import time
 from collections.abc import Callable
@@ -46,6 +47,30 @@ class SlurmCluster:
     def hook_log(self, action: str) -> str:
         path = self.spswap_root / "log" / f"{action}.log"
         return path.read_text() if path.exists() else ""
+
+
+def as_user(uid: int) -> list[str]:
+    """The ``setpriv`` prefix that runs a command as ``uid`` with its own groups."""
+    return ["setpriv", f"--reuid={uid}", f"--regid={pwd.getpwuid(uid).pw_gid}", "--init-groups"]
+
+
+@dataclass
+class UserShell:
+    """A normal user's commands on the test node, as a user's login shell runs them: the
+    cluster's spswap on PATH, the user's HOME and name, the node's SPSWAP_ROOT."""
+
+    cluster: SlurmCluster
+    uid: int
+    home: Path  # also the working directory
+
+    def env(self) -> dict[str, str]:
+        return {"PATH": f"{Path(self.cluster.spswap_bin).parent}:/usr/bin:/bin",
+                "HOME": str(self.home), "USER": pwd.getpwuid(self.uid).pw_name,
+                "SPSWAP_ROOT": str(self.cluster.spswap_root)}  # fmt: skip
+
+    def run(self, *argv: str, timeout_s: float = 180.0) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*as_user(self.uid), *argv], env=self.env(), cwd=self.home,
+                              capture_output=True, text=True, timeout=timeout_s)  # fmt: skip
 
 
 def wait_for(what: str, check: Callable[[], object], timeout_s: float = 30.0) -> object:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from spswap.bench.turns import DEFAULT_PROMPT
+from tests.slurm.cluster import UserShell, as_user
 from tests.slurm.conftest import SlurmCluster, wait_for
 
 torch = pytest.importorskip("torch")
@@ -24,17 +25,12 @@ from tests.helpers.reference import cold_answers  # noqa: E402
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 
-def _as_user(uid: int) -> list[str]:
-    gid = pwd.getpwuid(uid).pw_gid
-    return ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--init-groups"]
-
-
 def test_bench_turns_as_a_normal_user(slurm_cluster: SlurmCluster, user_uid: int) -> None:
     from tests.checkpoint.criu_helpers import criu_skip_reason
 
     if (why := criu_skip_reason()) is not None:
         pytest.skip(f"the turns restore through CRIU: {why}")
-    probe = subprocess.run([*_as_user(user_uid), slurm_cluster.spswap_bin, "--version"],
+    probe = subprocess.run([*as_user(user_uid), slurm_cluster.spswap_bin, "--version"],
                            capture_output=True, text=True)  # fmt: skip
     if probe.returncode != 0:
         pytest.fail(f"{slurm_cluster.spswap_bin} cannot be run by a normal user "
@@ -44,14 +40,10 @@ def test_bench_turns_as_a_normal_user(slurm_cluster: SlurmCluster, user_uid: int
     os.chown(top, user_uid, pwd.getpwuid(user_uid).pw_gid)
     top.chmod(0o700)
     try:
-        env = {"PATH": f"{Path(slurm_cluster.spswap_bin).parent}:/usr/bin:/bin",
-               "HOME": str(top), "USER": pwd.getpwuid(user_uid).pw_name,
-               "SPSWAP_ROOT": str(slurm_cluster.spswap_root)}  # fmt: skip
-        proc = subprocess.run(
-            [*_as_user(user_uid), slurm_cluster.spswap_bin, "bench", "turns",
-             "--partition", "low", "--gpus", "2", "--rounds", "2", "--work-dir",
-             str(top / "work"), "--json", "--out", str(top / "turns.json")],
-            env=env, cwd=top, capture_output=True, text=True, timeout=1200,
+        proc = UserShell(slurm_cluster, user_uid, top).run(
+            slurm_cluster.spswap_bin, "bench", "turns", "--partition", "low", "--gpus", "2",
+            "--rounds", "2", "--work-dir", str(top / "work"), "--json", "--out",
+            str(top / "turns.json"), timeout_s=1200,
         )  # fmt: skip
         assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
         report = json.loads(proc.stdout)

@@ -11,7 +11,6 @@ import os
 import pwd
 import re
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import pytest
 
 from spswap.multi.sbatch import MultiSbatchOptions, render_serve_multi
 from spswap.serve.run_log import read_runs
+from tests.slurm.cluster import UserShell
 from tests.slurm.conftest import SlurmCluster, wait_for
 
 torch = pytest.importorskip("torch")
@@ -30,10 +30,6 @@ from tests.helpers.reference import cold_answers  # noqa: E402
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 MAX_NEW = 6
 PROMPT = [4, 8, 15, 16]
-
-
-def _as_user(uid: int) -> list[str]:
-    return ["setpriv", f"--reuid={uid}", f"--regid={pwd.getpwuid(uid).pw_gid}", "--init-groups"]
 
 
 def test_a_preempted_multi_model_job_comes_back_with_every_model(
@@ -56,13 +52,7 @@ def test_a_preempted_multi_model_job_comes_back_with_every_model(
     # the node's two GPUs: the high job below (both) can only run by preempting this one
     script.write_text(text)
     os.chown(script, user_uid, -1)
-    env = {"PATH": f"{Path(slurm_cluster.spswap_bin).parent}:/usr/bin:/bin", "HOME": str(top),
-           "USER": pwd.getpwuid(user_uid).pw_name,
-           "SPSWAP_ROOT": str(slurm_cluster.spswap_root)}  # fmt: skip
-
-    def run(*argv: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*_as_user(user_uid), *argv], env=env, cwd=top,
-                              capture_output=True, text=True, timeout=180)  # fmt: skip
+    run = UserShell(slurm_cluster, user_uid, top).run
 
     sub = run("sbatch", "--parsable", str(script))
     assert sub.returncode == 0, sub.stderr

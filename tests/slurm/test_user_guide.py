@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pytest
 
 from spswap.serve.run_log import read_runs
 from spswap.serve.sbatch import SbatchOptions, render_serve
+from tests.slurm.cluster import UserShell
 from tests.slurm.conftest import SlurmCluster, wait_for
 
 torch = pytest.importorskip("torch")
@@ -26,10 +26,6 @@ from tests.helpers.reference import cold_answers  # noqa: E402
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 MAX_NEW = 8
-
-
-def _as_user(uid: int) -> list[str]:
-    return ["setpriv", f"--reuid={uid}", f"--regid={pwd.getpwuid(uid).pw_gid}", "--init-groups"]
 
 
 def test_the_user_guide_as_written(slurm_cluster: SlurmCluster, user_uid: int) -> None:
@@ -49,13 +45,7 @@ def test_the_user_guide_as_written(slurm_cluster: SlurmCluster, user_uid: int) -
     script.write_text(render_serve(SbatchOptions(model=str(model), partition="low",
                                                  job_name="guide", gpus=2)))  # fmt: skip
     os.chown(script, user_uid, -1)
-    env = {"PATH": f"{Path(slurm_cluster.spswap_bin).parent}:/usr/bin:/bin", "HOME": str(top),
-           "USER": pwd.getpwuid(user_uid).pw_name,
-           "SPSWAP_ROOT": str(slurm_cluster.spswap_root)}  # fmt: skip
-
-    def run(*argv: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*_as_user(user_uid), *argv], env=env, cwd=top,
-                              capture_output=True, text=True, timeout=180)  # fmt: skip
+    run = UserShell(slurm_cluster, user_uid, top).run
 
     sub = run("sbatch", "--parsable", str(script))
     assert sub.returncode == 0, sub.stderr
