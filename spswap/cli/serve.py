@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -10,6 +11,8 @@ from typing import Any, TypeVar
 import typer
 
 from spswap.cli.common import RootOpt, emit_json, err_console, load_config
+from spswap.cli.serve_slurm import requeue as _requeue
+from spswap.cli.serve_slurm import warn_if_not_requeueable
 from spswap.config import Config
 from spswap.engines.model_check import check_servable
 from spswap.engines.protocol import Engine
@@ -23,9 +26,8 @@ from spswap.serve.run_watch import fork_instance
 from spswap.serve.runtime import ServeOptions, reference_run
 from spswap.serve.stop_budget import fitted_drain_s
 from spswap.serve.vllm_run import VllmServeOptions, vllm_run
-from spswap.slurm.backend import get_backend, kill_wait_s
+from spswap.slurm.backend import kill_wait_s
 from spswap.slurm.env import JobEnv
-from spswap.slurm.requeue import requeue_warning
 
 
 def serve(
@@ -67,6 +69,11 @@ def serve(
         True,
         help="(vllm) No CUDA graphs or compilation: the fastest start (--no-eager for "
         "peak throughput).",
+    ),
+    vllm_args: str = typer.Option(
+        None,
+        help="(vllm) vLLM's own options as one string, e.g. '--max-num-seqs 8' (with "
+        "--models: for every model; else the same as giving them after --).",
     ),
     port: int = typer.Option(
         None,
@@ -181,7 +188,7 @@ def serve(
     cfg = load_config(root)
     job = JobEnv.from_env()
     if job is not None and not job.restart_count:  # a run that came back was requeued
-        _warn_if_not_requeueable(job.job_id)
+        warn_if_not_requeueable(job.job_id)
     if state_dir is None:
         if job is None:
             raise typer.BadParameter("outside a Slurm job, give --state-dir")
@@ -193,8 +200,11 @@ def serve(
     if models:
         from spswap.cli.serve_multi import serve_multi
 
+        vllm = {"gpu_memory_utilization": gpu_memory_utilization, "eager": eager,
+                "kv_cache_gib": kv_cache_gib, "max_model_len": max_model_len}  # fmt: skip
         serve_multi(cfg, job, [model, *map(Path, ctx.args)], state_dir, engine=engine,
-                    device=device or _default_device(), units=units or 2, awake=awake,
+                    device=device or ("cuda" if engine == "vllm" else _default_device()),
+                    vllm=vllm, vllm_args=vllm_args or "", units=units or 2, awake=awake,
                     idle_timeout_s=idle_timeout_s,
                     latency_target_s=latency_target_s, swap_s=swap_s, port=port, host=host,
                     socket=_socket_path(socket or Path("auto"), job.job_id if job else None,
@@ -207,7 +217,8 @@ def serve(
 
     if engine == "vllm":
         check_servable(engine, model)  # before the model goes into the pool
-        _serve_vllm(cfg, job, model, state_dir, list(ctx.args), units=units,
+        _serve_vllm(cfg, job, model, state_dir, [*ctx.args, *shlex.split(vllm_args or "")],
+                    units=units,
                     slot_timeout_s=slot_timeout_s, requeue=requeue, json_out=json,
                     gpu_memory_utilization=gpu_memory_utilization, kv_cache_gib=kv_cache_gib,
                     max_model_len=max_model_len, eager=eager, port=port, host=host,
@@ -271,8 +282,6 @@ def _serve_vllm(
     eager: bool,
     port: int | None, host: str, launcher: str | None, checkpoint: bool, drain_s: float,
 ) -> None:  # fmt: skip
-    import shlex
-
     if gpu_memory_utilization is None:
         gpu_memory_utilization = round(0.9 * units / 4, 3)
     settings = VllmSettings(gpu_memory_utilization=gpu_memory_utilization,
@@ -374,26 +383,3 @@ def _default_device() -> str:
     except ImportError:
         return "cpu"
     return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _warn_if_not_requeueable(job_id: str) -> None:
-    """Say at the start, in the job log, that a preemption would end this job for good."""
-    backend = get_backend(timeout_s=3.0)
-    try:
-        warning = requeue_warning(backend.job(job_id) if backend is not None else None)
-    except SpswapError:
-        return  # Slurm could not say: the run goes on, as it would have
-    if warning:
-        err_console.print(warning, markup=False, soft_wrap=True)
-
-
-def _requeue(job_id: str) -> None:
-    backend = get_backend()
-    if backend is None:
-        err_console.print("spswap serve: no Slurm commands here; not requeueing", markup=False)
-        return
-    try:
-        backend.requeue(job_id)
-    except SpswapError as e:
-        # Preemption requeues the job by itself; a refused second request changes nothing.
-        err_console.print(f"spswap serve: requeue request refused ({e})", markup=False)

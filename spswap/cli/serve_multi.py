@@ -12,11 +12,13 @@ from spswap.cli.common import emit_json, err_console
 from spswap.config import Config
 from spswap.engines.model_check import check_servable
 from spswap.multi.backend import serve_models
+from spswap.multi.engine_settings import model_settings
 from spswap.multi.serve import MultiOptions
 
 
 def serve_multi(cfg: Config, job: Any, models: list[Path], state_dir: Path, *, engine: str,
                 device: str | None, units: int, awake: int | None,
+                vllm: dict[str, Any], vllm_args: str,
                 idle_timeout_s: float | None, latency_target_s: float | None,
                 swap_s: float | None, port: int | None, host: str, socket: Path | None,
                 slot_timeout_s: float, json_out: bool, drain_s: float,
@@ -24,7 +26,8 @@ def serve_multi(cfg: Config, job: Any, models: list[Path], state_dir: Path, *, e
                 checkpointer: Callable[[], Any]) -> None:  # fmt: skip
     """Check the model directories, then serve them all until SIGTERM or USR1 (with
     spswapd, a stop of a job that comes back checkpoints all of them, and its next run
-    restores them). ``checkpointer``: made after the checks (it forks the instance)."""
+    restores them). ``checkpointer``: made after the checks (it forks the instance).
+    ``vllm``: ``spswap serve``'s vLLM options (each model's share from ``units``)."""
     # A requeued run that may restore its models checks none of them: the check imports
     # torch (seconds), which a restore does not need; the first run checked them.
     may_restore = job is not None and job.restart_count > 0
@@ -32,8 +35,9 @@ def serve_multi(cfg: Config, job: Any, models: list[Path], state_dir: Path, *, e
     for m in models:
         if not m.is_dir():
             raise typer.BadParameter(f"{m} is not a model directory (every argument after "
-                                     "--models is one)")  # fmt: skip
-        if engine == "reference" and not may_restore:
+                                     "--models is one; vLLM's own options go in "
+                                     "--vllm-args)")  # fmt: skip
+        if not may_restore:
             check_servable(engine, m)
         paths.append(m.resolve())
     assert socket is not None
@@ -44,7 +48,8 @@ def serve_multi(cfg: Config, job: Any, models: list[Path], state_dir: Path, *, e
         device=device or "cpu", units_per_model=units, max_awake=awake,
         slot_gpus=tuple(job.gpus) if job else (), slot_timeout_s=slot_timeout_s,
         idle_timeout_s=idle_timeout_s, latency_target_s=latency_target_s, swap_s=swap_s,
-        port=port, host=host, drain_s=drain_s,
+        port=port, host=host, drain_s=drain_s, vllm_args=vllm_args,
+        vllm=model_settings(units, **vllm) if engine == "vllm" else None,
     )  # fmt: skip
     summary = serve_models(
         cfg, opts, job_id=job.job_id if job else None,

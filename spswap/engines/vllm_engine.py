@@ -78,6 +78,9 @@ class VllmSettings:
     seed: int = 0
     multiprocessing: bool = True  # engine core in its own process (clean teardown)
     v2_model_runner: bool = False
+    # more ``vllm.LLM`` keyword arguments, e.g. from vLLM's own command-line options
+    # (``spswap serve --models ... --vllm-args``); they override the ones above
+    llm_overrides: tuple[tuple[str, Any], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -119,6 +122,7 @@ def llm_kwargs(model_dir: Path, settings: VllmSettings, *, dummy: bool) -> dict[
         "enforce_eager": settings.enforce_eager,
         "enable_prefix_caching": settings.enable_prefix_caching,
         "attention_config": {"backend": settings.attention_backend},
+        **dict(settings.llm_overrides),
     }  # fmt: skip
 
 

@@ -25,14 +25,15 @@ from typing import Any
 from spswap.access import PoolAccess
 from spswap.checkpoint.images import DIGEST_SEP, config_hash, process_identity
 from spswap.config import Config
-from spswap.errors import SpswapError
+from spswap.errors import PoolEntryNotFound, SpswapError
+from spswap.multi.engine_settings import check_engine
 from spswap.multi.http_api import ApiServer
 from spswap.multi.placement import awake_slots
 from spswap.multi.procs import ModelSpec
 from spswap.multi.records import ModelRecords
 from spswap.multi.router import Router
 from spswap.multi.serve import MultiOptions, check_names, start_router
-from spswap.multi.worker import make_engine
+from spswap.multi.vllm_start import vllm_specs
 from spswap.pool.manifest import Manifest
 from spswap.serve import restore_check
 from spswap.serve.checkpointer import DaemonCheckpointer
@@ -66,13 +67,16 @@ class MultiBackend:
     def prepare(self, result: ServeResult) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         check_names(self.opts.models)
-        first = self.opts.models[0]
-        if self.opts.engine != "reference":  # refused before any model is read
-            make_engine(self.opts.engine, first, self.opts.device, first.name)
-        manifests = {p: self.pool.import_checkpoint(p) for p in self.opts.models}
-        self.manifests = list(manifests.values())
-        self.specs = [ModelSpec(p.name, p, m.digest) for p, m in manifests.items()]
-        self.imported_s = max(m.created for m in manifests.values())
+        check_engine(self.opts.engine, self.opts.device)  # refused before any model is read
+        if self.opts.engine == "vllm":  # the entries of vLLM's identity, where exported
+            self.specs, self.manifests = vllm_specs(self.pool, self.opts.models,
+                                                    self.opts.vllm_settings())  # fmt: skip
+            self.imported_s = max((m.created for m in self.manifests), default=0.0)
+        else:
+            manifests = {p: self.pool.import_checkpoint(p) for p in self.opts.models}
+            self.manifests = list(manifests.values())
+            self.specs = [ModelSpec(p.name, p, m.digest) for p, m in manifests.items()]
+            self.imported_s = max(m.created for m in manifests.values())
         result.digest = self._digest()
 
     def _digest(self) -> str:
@@ -81,11 +85,18 @@ class MultiBackend:
         return DIGEST_SEP.join(s.digest for s in self.specs)
 
     def checkpoint_identity(self) -> dict[str, str]:
+        missing = [s.name for s in self.specs if not s.digest]
+        if missing:  # a vLLM model never exported: no image can hold its weights' entry
+            raise PoolEntryNotFound(f"the weights of {', '.join(missing)} are not in the "
+                                    "pool as vLLM holds them")  # fmt: skip
         o = self.opts
-        cfg_hash = config_hash({"engine": self.engine, "device": o.device,
-                                "units_per_model": o.units_per_model, "devices": o.devices,
-                                "max_awake": o.max_awake,
-                                "models": [s.name for s in self.specs]})  # fmt: skip
+        fields: dict[str, Any] = {"engine": self.engine, "device": o.device,
+                                  "units_per_model": o.units_per_model, "devices": o.devices,
+                                  "max_awake": o.max_awake,
+                                  "models": [s.name for s in self.specs]}  # fmt: skip
+        if o.engine == "vllm":
+            fields |= {"vllm": o.vllm_settings().to_json(), "vllm_args": o.vllm_args}
+        cfg_hash = config_hash(fields)
         return process_identity(engine=self.engine, engine_version="",
                                 model_digest=self._digest(), config_hash=cfg_hash)  # fmt: skip
 
@@ -95,6 +106,10 @@ class MultiBackend:
             raise SpswapError(f"not started: {self.damaged}")
         self.router = start_router(self.cfg, self.opts, job_id=self.job_id, log=self.log,
                                    on_state=self.records.update, specs=self.specs)  # fmt: skip
+        # a vLLM model's first start exported its entry: the image's and the check's now
+        self.specs = list(self.router.specs.values())
+        self.manifests = [self.pool.find(s.digest) for s in self.specs]
+        result.digest = self._digest()
         self._open()
         # imported by this run (its process started before the entries were made): cold
         return RunPath.COLD if self.imported_s >= result.started_s else RunPath.POOL
@@ -134,6 +149,10 @@ class MultiBackend:
         assert self.router is not None
         self.router.sleep_all()  # after the answers being made: their clients get them
         self._close_ways_in()
+        try:
+            self.router.trim_all()
+        except SpswapError as e:  # only a smaller image is lost
+            self.log(f"spswap serve: could not trim the GPU memory before the dump ({e})")
 
     def wake(self, result: ServeResult) -> dict[str, Any]:
         assert self.router is not None

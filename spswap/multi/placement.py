@@ -112,6 +112,19 @@ class Placement:
         victim = min(idle, key=lambda n: (self.last_used_s[n], self.names.index(n)))
         return WakePlan(sleep=(victim,), wake=True)
 
+    def resize(self, slots: int) -> list[str]:
+        """At most ``slots`` awake from now on: the least recently used awake models
+        beyond count as asleep (returned: the caller puts them to sleep). Call it with
+        no model answering (a busy one is never put to sleep)."""
+        if slots < 1:
+            raise ConfigError(f"--awake {slots}: at least one model must be awake")
+        self.slots = min(slots, len(self.names))
+        awake = sorted(self.awake(), key=lambda n: (self.last_used_s[n], self.names.index(n)))
+        victims = [n for n in awake if n not in self.busy][: max(0, len(awake) - self.slots)]
+        for name in victims:
+            self.states[name] = ModelState.ASLEEP
+        return victims
+
     def touch_all(self, now_s: float) -> None:
         """Every model counts as used at ``now_s``: at the start (a model nobody asked yet
         is idle from then, not since the clock's zero) and after a restore (the stop's

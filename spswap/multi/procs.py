@@ -25,11 +25,26 @@ class ModelSpec:
     digest: str
 
 
+def start_hint(error: str) -> str:
+    """What to change when a vLLM engine did not start for lack of device memory."""
+    if "memory" not in error.lower():
+        return ""
+    return (
+        "; the awake models' shares must fit the device together: lower --kv-cache-gib "
+        "or --gpu-memory-utilization, or serve fewer awake (--awake, --units)"
+    )
+
+
 class ModelProc:
     """One model's engine process."""
 
     def __init__(self, spec: ModelSpec, *, engine: str, device: str, root: Path,
-                 job_id: str | None = None) -> None:  # fmt: skip
+                 job_id: str | None = None, settings: dict[str, Any] | None = None,
+                 vllm_args: str = "", wait_go: bool = False,
+                 cold: bool = False) -> None:  # fmt: skip
+        """``settings``/``vllm_args``: the vLLM engine's; ``wait_go``: the process
+        imports its engine, then loads only at :meth:`go`; ``cold``: from the model's
+        files, not the pool (a cold answer to compare with)."""
         self.spec = spec
         self._lock = threading.Lock()
         argv = [sys.executable, "-m", "spswap.multi.worker", "--name", spec.name,
@@ -37,22 +52,41 @@ class ModelProc:
                 "--device", device, "--root", str(root)]  # fmt: skip
         if job_id:
             argv += ["--job-id", job_id]
+        if settings is not None:
+            argv += ["--settings", json.dumps(settings)]
+        if vllm_args:
+            argv += ["--vllm-args", vllm_args]
+        argv += ["--wait-go"] if wait_go else []
+        argv += ["--cold"] if cold else []
         env = dict(os.environ)
         env.setdefault("SPSWAP_CPU_THREADS", "1")
         self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       text=True, env=env, bufsize=1)  # fmt: skip
         self.load_s: float | None = None
+        self.hello: dict[str, Any] = {}  # the start's answer: load_s, from, digest
 
     @property
     def pid(self) -> int:
         return self._proc.pid
 
+    def go(self) -> None:
+        """A process started with ``wait_go``: load the model now."""
+        assert self._proc.stdin is not None
+        try:
+            self._proc.stdin.write('{"op": "go"}\n')
+            self._proc.stdin.flush()
+        except OSError as e:
+            raise EngineError(self._gone(f"({e})")) from None
+
     def wait_ready(self) -> float:
-        """Wait for the model to be up from the pool; returns its load seconds."""
+        """Wait for the model to be up (from the pool, or cold and exported); returns its
+        load seconds (:attr:`hello` has where it came from)."""
         hello = self._read()
         if not hello.get("ok"):
+            error = str(hello.get("error"))
             raise EngineError(f"model {self.spec.name} ({self.spec.path}) did not start: "
-                              f"{hello.get('error')}")  # fmt: skip
+                              f"{error}{start_hint(error)}")  # fmt: skip
+        self.hello = hello
         self.load_s = float(hello["load_s"])
         return self.load_s
 

@@ -28,6 +28,7 @@ from spswap.errors import RequestRejected, SpswapError
 from spswap.multi.metrics import ModelMetrics, render
 from spswap.multi.placement import ModelState, Placement, SwapCause
 from spswap.multi.procs import ModelProc, ModelSpec
+from spswap.multi.startup import Started, close_timeout_s, spec_with, start_procs
 
 IDLE_CHECK_S = 0.2
 MAX_KEPT_BY_ID = 4096  # requests findable by their id (the oldest forgotten first)
@@ -51,13 +52,17 @@ class Router:
                  device: str = "cpu", root: Any, job_id: str | None = None,
                  idle_timeout_s: float | None = None,
                  log: Callable[[str], None] = print,
-                 on_state: Callable[[str, bool], None] | None = None) -> None:  # fmt: skip
+                 on_state: Callable[[str, bool], None] | None = None,
+                 engine_settings: dict[str, Any] | None = None, vllm_args: str = "",
+                 on_started: Started | None = None) -> None:  # fmt: skip
         self.specs = {s.name: s for s in specs}
         self.placement = Placement(tuple(self.specs), slots)
         self.engine, self.device, self.root, self.job_id = engine, device, root, job_id
         self.idle_timeout_s = idle_timeout_s
         self.log = log
         self.on_state = on_state  # (model, awake) after each change: spswap status's rows
+        self.engine_settings, self.vllm_args = engine_settings, vllm_args  # (vllm)
+        self.on_started = on_started  # each model up, before it is placed (bench traffic)
         self.procs: dict[str, ModelProc] = {}
         self.metrics = {n: ModelMetrics() for n in self.specs}
         self.queues: dict[str, queue.Queue[tuple[Ask, Future[dict[str, Any]]] | None]] = {
@@ -75,16 +80,19 @@ class Router:
 
     # -- life ------------------------------------------------------------------------
     def start(self) -> None:
-        """Start every engine process (all at once), then put those placed asleep to sleep."""
-        for name, spec in self.specs.items():
-            self.procs[name] = ModelProc(spec, engine=self.engine, device=self.device,
-                                         root=self.root, job_id=self.job_id)  # fmt: skip
+        """Start every engine process (vLLM's one at a time: :func:`start_procs`), those
+        placed asleep put to sleep."""
+
+        def make(spec: ModelSpec, wait_go: bool) -> ModelProc:
+            return ModelProc(spec, engine=self.engine, device=self.device, root=self.root,
+                             job_id=self.job_id, settings=self.engine_settings,
+                             vllm_args=self.vllm_args, wait_go=wait_go)  # fmt: skip
+
+        self.procs = start_procs(self.specs, self.placement.states, engine=self.engine,
+                                 make=make, log=self.log, on_started=self.on_started)  # fmt: skip
         try:
             for name, proc in self.procs.items():
-                self.log(f"spswap serve: {name} up from the pool in {proc.wait_ready():.2f} s")
-            for name in self.specs:
-                if self.placement.states[name] is ModelState.ASLEEP:
-                    self.procs[name].call("sleep")
+                self.specs[name] = spec_with(self.specs[name], proc.hello)
                 self._refresh(name)
         except BaseException:
             self.close()
@@ -133,7 +141,31 @@ class Router:
                 if item is not None and not item[1].done():
                     item[1].set_exception(SpswapError("the server is stopping"))
         for proc in self.procs.values():
-            proc.close()
+            proc.close(close_timeout_s(self.engine))
+
+    def set_awake(self, slots: int) -> list[str]:
+        """At most ``slots`` models awake from now on (bench traffic's one- vs
+        two-resident, between its runs): the least recently used idle ones beyond go to
+        sleep; returns them."""
+        with self._cond:
+            victims = self.placement.resize(slots)
+            self.placement.swapping.update(victims)
+        try:
+            with self._swap_lock:
+                for name in victims:
+                    self._sleep(name, SwapCause.IDLE)
+        finally:
+            with self._cond:
+                self.placement.end_swap(tuple(victims))
+                self._cond.notify_all()
+        return victims
+
+    def trim_all(self) -> None:
+        """Every model asleep (before a checkpoint): cached device blocks given back to
+        the driver, a smaller image (vLLM; the reference engine has none)."""
+        if self.engine == "vllm":
+            for proc in self.procs.values():
+                proc.call("trim")
 
     # -- a stop of the job -------------------------------------------------------------
     @property

@@ -12,11 +12,14 @@ from pathlib import Path
 
 from spswap.access import PoolAccess
 from spswap.config import Config
+from spswap.engines.vllm_engine import VllmSettings
 from spswap.errors import ConfigError
+from spswap.multi.engine_settings import check_engine, model_settings
 from spswap.multi.placement import awake_slots, budget_refusal
 from spswap.multi.procs import ModelSpec
 from spswap.multi.router import Router
-from spswap.multi.worker import make_engine
+from spswap.multi.startup import Started
+from spswap.multi.vllm_start import vllm_specs
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,14 @@ class MultiOptions:
     port: int | None = None
     host: str = "127.0.0.1"
     drain_s: float = 5.0  # at a stop: how long the answers being made may still run
+    vllm: VllmSettings | None = None  # (vllm) each model's: engine_settings.model_settings
+    vllm_args: str = ""  # (vllm) vLLM's own options for every model, one string
+
+    def vllm_settings(self) -> VllmSettings:
+        """The vLLM models' settings (given, else those of ``units_per_model``)."""
+        if self.vllm is not None:
+            return self.vllm
+        return model_settings(self.units_per_model)
 
 
 def check_names(paths: tuple[Path, ...]) -> None:
@@ -53,28 +64,36 @@ def check_names(paths: tuple[Path, ...]) -> None:
                           "requests name a model by its directory's name; rename one")  # fmt: skip
 
 
-def import_models(cfg: Config, paths: tuple[Path, ...], job_id: str | None) -> list[ModelSpec]:
-    """Each model in the pool (read from disk the first time); its spec."""
-    check_names(paths)
+def import_models(cfg: Config, opts: MultiOptions, job_id: str | None) -> list[ModelSpec]:
+    """Each model's spec with its pool entry: the reference engine's imported from the
+    model's files the first time; vLLM's found by its identity ("" where its first start
+    is to export it)."""
+    check_names(opts.models)
     pool = PoolAccess(cfg, job_id=job_id)
-    return [ModelSpec(p.name, p, pool.import_checkpoint(p).digest) for p in paths]
+    if opts.engine == "vllm":
+        return vllm_specs(pool, opts.models, opts.vllm_settings())[0]
+    return [ModelSpec(p.name, p, pool.import_checkpoint(p).digest) for p in opts.models]
 
 
 def start_router(cfg: Config, opts: MultiOptions, *, job_id: str | None = None,
                  log: Callable[[str], None] = print,
                  on_state: Callable[[str, bool], None] | None = None,
-                 specs: list[ModelSpec] | None = None) -> Router:  # fmt: skip
+                 specs: list[ModelSpec] | None = None,
+                 on_started: Started | None = None) -> Router:  # fmt: skip
     """The router with every model started and the swap budget checked (a refused set
     ends its engines and raises ConfigError with the reason). ``specs``: the models
-    already in the pool (else they are imported here)."""
-    if opts.engine != "reference":  # before any model is read into the pool
-        make_engine(opts.engine, opts.models[0], opts.device, opts.models[0].name)
+    with their pool entries (else found, or imported, here). ``on_started``: each model
+    up, before it is placed."""
+    check_engine(opts.engine, opts.device)  # before any model is read into the pool
     if specs is None:
-        specs = import_models(cfg, opts.models, job_id)
+        specs = import_models(cfg, opts, job_id)
     slots = awake_slots(len(specs), opts.units_per_model, opts.devices, opts.max_awake)
+    vllm = opts.engine == "vllm"
     router = Router(specs, slots=slots, engine=opts.engine, device=opts.device,
                     root=cfg.root, job_id=job_id, idle_timeout_s=opts.idle_timeout_s,
-                    log=log, on_state=on_state)  # fmt: skip
+                    log=log, on_state=on_state, on_started=on_started,
+                    engine_settings=opts.vllm_settings().to_json() if vllm else None,
+                    vllm_args=opts.vllm_args if vllm else "")  # fmt: skip
     router.start()
     if opts.latency_target_s is not None:
         swap_s = opts.swap_s if opts.swap_s is not None else router.measure_swap_s()

@@ -1,7 +1,10 @@
 """One model's engine process of a multi-model job: ``python -m spswap.multi.worker``.
 
-It loads its model from the pool once, then obeys one JSON request per line on stdin
-(``sleep``, ``wake``, ``generate``, ``health``, ``close``) with one JSON answer per line
+It loads its model once (from the pool; a vLLM model with no pool entry of its identity
+yet from its files, then exported: :mod:`spswap.multi.vllm_start`; with ``--wait-go``
+only once the router says so, after importing its engine), then obeys one JSON request
+per line on stdin (``sleep``, ``wake``, ``generate``, ``health``, ``trim``, ``close``)
+with one JSON answer per line
 on the stdout it started with (anything else the engine prints goes to stderr). An
 error in a request is an answer (``{"ok": false, "error": ...}``), never an exit.
 """
@@ -9,8 +12,10 @@ error in a request is an answer (``{"ok": false, "error": ...}``), never an exit
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -19,24 +24,40 @@ from typing import Any
 from spswap.access import PoolAccess
 from spswap.config import Config
 from spswap.engines.protocol import Engine
-from spswap.errors import ConfigError, RequestRejected, SpswapError
+from spswap.engines.vllm_engine import VllmEngine, VllmSettings
+from spswap.errors import RequestRejected, SpswapError
+from spswap.multi.engine_settings import check_engine, settings_from_json
+from spswap.multi.vllm_start import llm_overrides, start_engine
 
-ENGINES = ("reference", "vllm")
 
-
-def make_engine(kind: str, model: Path, device: str, name: str) -> Engine:
+def make_engine(kind: str, model: Path, device: str, name: str,
+                settings: VllmSettings | None = None) -> Engine:  # fmt: skip
     """A fresh engine of ``kind`` for ``model``; torch (and vLLM) are imported here."""
+    check_engine(kind, device)
     if kind == "reference":
         from spswap.engines.reference import ReferenceEngine, load_config
 
         return ReferenceEngine(load_config(model), device, name=name)
-    if kind == "vllm":
-        # VllmEngine has the same load_from_pool/sleep/wake/generate; what it still needs
-        # here is the serve lifecycle's settings (memory share, KV cache) per model.
-        raise ConfigError("--engine vllm with --models is not wired yet: the vLLM engine "
-                          "plugs in here once the serve lifecycle gives per-model settings; "
-                          "use --engine reference")  # fmt: skip
-    raise ConfigError(f"unknown engine {kind!r}; valid engines: {', '.join(ENGINES)}")
+    import vllm  # noqa: F401 - before the router's go: engines import at once, start in turn
+
+    return VllmEngine(model, settings or VllmSettings(), name=name)
+
+
+def start(engine: Any, kind: str, model: Path, pool: PoolAccess, digest: str, *,
+          cold: bool, uses: contextlib.ExitStack) -> dict[str, Any]:  # fmt: skip
+    """Load the engine: ``cold`` from its model's files (a cold answer, nothing into the
+    pool); else the reference engine from pool entry ``digest``, vLLM from the entry of
+    its identity (exported first when there is none). Returns the hello's fields."""
+    t0 = time.perf_counter()
+    if cold:
+        engine.load_from_checkpoint(model)
+        out: dict[str, Any] = {"from": "checkpoint", "digest": ""}
+    elif kind == "vllm":
+        out = start_engine(engine, pool, uses)
+    else:
+        engine.load_from_pool(pool, digest)
+        out = {"from": "pool", "digest": digest}
+    return {"ok": True, "load_s": time.perf_counter() - t0, **out}
 
 
 def _generate(engine: Any, req: dict[str, Any]) -> dict[str, Any]:
@@ -69,6 +90,8 @@ def handle(engine: Any, req: dict[str, Any]) -> dict[str, Any]:
             return {"ok": True, **_generate(engine, req)}
         if op == "health":
             return {"ok": True, **engine.health().to_json()}
+        if op == "trim":  # asleep, before a checkpoint: cached device blocks given back
+            return {"ok": True, **(engine.trim() if hasattr(engine, "trim") else {})}
         return {"ok": False, "error": f"unknown op {op!r}"}
     except RequestRejected as e:  # the request's own fault: the client fixes it
         return {"ok": False, "error": str(e), "rejected": True}
@@ -78,42 +101,68 @@ def handle(engine: Any, req: dict[str, Any]) -> dict[str, Any]:
         return {"ok": False, "error": f"the engine failed ({type(e).__name__}: {e})"}
 
 
+def _write(proto: Any, answer: dict[str, Any]) -> None:
+    proto.write(json.dumps(answer, default=str) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="spswap.multi.worker")
     ap.add_argument("--name", required=True)
     ap.add_argument("--model", required=True, type=Path)
-    ap.add_argument("--digest", required=True, help="the model's pool entry")
+    ap.add_argument("--digest", default="", help="the model's pool entry (reference engine)")
     ap.add_argument("--engine", default="reference")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--job-id", default=None)
     ap.add_argument("--root", required=True, type=Path, help="the node's SPSWAP_ROOT")
-    args = ap.parse_args(argv)
+    ap.add_argument("--settings", default=None, help="(vllm) VllmSettings as JSON")
+    ap.add_argument("--vllm-args", default="", help="(vllm) vLLM's own options, one string")
+    ap.add_argument(
+        "--wait-go",
+        action="store_true",
+        help="import the engine, then wait for a line on stdin before loading",
+    )
+    ap.add_argument(
+        "--cold",
+        action="store_true",
+        help="load from the model's files, not the pool (a cold answer)",
+    )
+    args = ap.parse_args(argv)  # fmt: skip
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # the engine's own prints must not corrupt the protocol
     sys.stdout = sys.stderr
-
+    uses = contextlib.ExitStack()  # the pool entry the engine maps, held while it runs
     try:
-        engine = make_engine(args.engine, args.model, args.device, args.name)
-        t0 = time.perf_counter()
+        settings = None
+        if args.engine == "vllm":
+            settings = settings_from_json(json.loads(args.settings or "{}"))
+            extra = llm_overrides(args.model, shlex.split(args.vllm_args))
+            if extra:
+                both = [*settings.llm_overrides, *extra.items()]
+                settings = settings_from_json({**settings.to_json(), "llm_overrides": both})
+        engine = make_engine(args.engine, args.model, args.device, args.name, settings)
+        if args.wait_go and not sys.stdin.readline():
+            return 0  # the router ended before this model's turn to start
         # the router's pool, not a fresh reading of SPSWAP_* (which holds the engine's too)
         cfg = Config.from_env({}, root=args.root)
-        engine.load_from_pool(PoolAccess(cfg, job_id=args.job_id), args.digest)
-        hello: dict[str, Any] = {"ok": True, "load_s": time.perf_counter() - t0}
+        hello = start(engine, args.engine, args.model, PoolAccess(cfg, job_id=args.job_id),
+                      args.digest, cold=args.cold, uses=uses)  # fmt: skip
     except Exception as e:  # noqa: BLE001 - reported to the router, which names the model
-        proto.write(json.dumps({"ok": False, "error": f"{type(e).__name__}: {e}"}) + "\n")
+        _write(proto, {"ok": False, "error": f"{type(e).__name__}: {e}"})
+        uses.close()
         return 1
-    proto.write(json.dumps(hello) + "\n")
+    _write(proto, hello)
     for line in sys.stdin:
         try:
             req = json.loads(line)
         except ValueError as e:
-            proto.write(json.dumps({"ok": False, "error": f"bad request: {e}"}) + "\n")
+            _write(proto, {"ok": False, "error": f"bad request: {e}"})
             continue
         if req.get("op") == "close":
             break
-        proto.write(json.dumps(handle(engine, req)) + "\n")
+        _write(proto, handle(engine, req))
     engine.close()
-    proto.write(json.dumps({"ok": True, "closed": True}) + "\n")
+    uses.close()
+    _write(proto, {"ok": True, "closed": True})
     return 0
 
 

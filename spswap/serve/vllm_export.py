@@ -11,15 +11,21 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from spswap import access
 from spswap.errors import EngineError
 from spswap.pool.store import alias_key
-from spswap.serve.vllm_api import VllmApiServer
 
 
-def export_weights(server: VllmApiServer, pool: Any, identity: dict[str, Any], model_name: str,
+class RpcTarget(Protocol):
+    """What holds the weights: vLLM's server (:class:`spswap.serve.vllm_api.VllmApiServer`)
+    or an engine in this process (:class:`spswap.engines.vllm_engine.VllmEngine`)."""
+
+    def rpc(self, method: str, *args: Any) -> dict[str, Any]: ...
+
+
+def export_weights(server: RpcTarget, pool: Any, identity: dict[str, Any], model_name: str,
                    tensor_parallel_size: int) -> str:  # fmt: skip
     """Export ``server``'s weights (as vLLM holds them) to ``pool`` as ``vllm-MODEL``;
     returns the entry's digest."""

@@ -107,12 +107,24 @@ def test_budget_reason_is_exact():
     )
 
 
-def test_vllm_with_models_is_refused_before_any_import(tmp_path):
+def test_vllm_on_cpu_is_refused_before_any_import(tmp_path):
     from spswap.config import Config
     from spswap.multi.serve import MultiOptions, start_router
 
     opts = MultiOptions(models=(tmp_path / "a",), socket_path=tmp_path / "s", engine="vllm",
                         state_dir=tmp_path / "st")  # fmt: skip
-    with pytest.raises(ConfigError, match="--engine vllm with --models is not wired yet"):
+    with pytest.raises(ConfigError, match="--engine vllm runs on a GPU, not on 'cpu'"):
         start_router(Config.from_env({}, root=tmp_path / "root"), opts)
     assert not (tmp_path / "root").exists()
+
+
+def test_resize_puts_the_least_recently_used_idle_ones_to_sleep():
+    p = Placement(("a", "b", "c"), slots=2)
+    p.last_used_s.update(a=5.0, b=1.0)
+    assert p.resize(1) == ["b"]
+    assert p.awake() == ["a"] and p.slots == 1
+    assert p.resize(3) == [] and p.slots == 3
+    p.busy.add("a")
+    assert p.resize(1) == [] and p.awake() == ["a"]  # a busy model is never put to sleep
+    with pytest.raises(ConfigError, match="--awake 0: at least one"):
+        p.resize(0)

@@ -66,3 +66,32 @@ def test_serve_models_socket_tcp_and_stop(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def _vllm_model(d):
+    """A Hugging Face-style directory (config.json only: refused before any read)."""
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    return d
+
+
+@pytest.mark.parametrize(("device", "said"), [
+    ("cpu", "--engine vllm runs on a GPU, not on 'cpu'"),
+    ("cuda", "vLLM is not installed here"),
+])  # fmt: skip
+def test_serve_models_vllm_is_refused_with_the_fix_before_the_pool(tmp_path, device, said):
+    from spswap.engines.vllm_engine import available
+
+    if device == "cuda" and available():
+        pytest.skip("vLLM is installed here: it would start")
+    models = [_vllm_model(tmp_path / n) for n in ("a", "b")]
+    env = {**os.environ, "SPSWAP_ROOT": str(tmp_path / "root")}
+    env.pop("SLURM_JOB_ID", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "spswap.cli", "serve", "--models", *map(str, models),
+         "--engine", "vllm", "--device", device, "--kv-cache-gib", "1",
+         "--state-dir", str(tmp_path / "state"), "--socket", str(tmp_path / "s.sock")],
+        env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode != 0
+    assert said in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert not list((tmp_path / "root").glob("pool/*/manifest.json"))
