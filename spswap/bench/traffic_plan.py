@@ -7,6 +7,8 @@ import random
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from spswap.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class Arrival:
@@ -15,10 +17,44 @@ class Arrival:
     prompt_ids: tuple[int, ...]
 
 
+def prompt_set(count: int, *, seed: int = 0, vocab: int = 64,
+               prompt_len: int = 4) -> list[tuple[int, ...]]:  # fmt: skip
+    """``count`` fixed prompts (token ids from 1 below ``vocab``): a vLLM run asks only
+    these, so each model's cold answers are made once, at its first start."""
+    rng = random.Random(f"prompts-{seed}")
+    return [tuple(rng.randrange(1, vocab) for _ in range(prompt_len)) for _ in range(count)]
+
+
+def parse_rates(text: str) -> tuple[tuple[float, ...], dict[int, tuple[float, ...]]]:
+    """``--rates``: ``30,60`` (every model count) and ``4:64,6:48`` (a rate for one model
+    count) mixed; returns the rates for every count and those per count."""
+    every: list[float] = []
+    per: dict[int, list[float]] = {}
+    for item in (t.strip() for t in text.split(",")):
+        if not item:
+            continue
+        count, _, rate = item.rpartition(":")
+        try:
+            value = float(rate)
+            n = int(count) if count else None
+        except ValueError:
+            raise ConfigError(f"--rates {text!r}: {item!r} is neither a rate per minute (60) "
+                              "nor MODELS:RATE (4:64)") from None  # fmt: skip
+        if value <= 0 or (n is not None and n < 1):
+            raise ConfigError(f"--rates {text!r}: {item!r}: rates and model counts are "
+                              "positive")  # fmt: skip
+        (every if n is None else per.setdefault(n, [])).append(value)
+    if not every and not per:
+        raise ConfigError("--rates needs at least one rate per minute, e.g. 30,60 or 4:64,6:48")
+    return tuple(every), {n: tuple(r) for n, r in per.items()}
+
+
 def arrivals(rate_per_min: float, duration_s: float, n_models: int, *, seed: int = 0,
-             vocab: int = 64, prompt_len: int = 4) -> list[Arrival]:  # fmt: skip
+             vocab: int = 64, prompt_len: int = 4,
+             prompts: list[tuple[int, ...]] | None = None) -> list[Arrival]:  # fmt: skip
     """A Poisson process of ``rate_per_min`` over ``duration_s``, each request for a model
-    drawn uniformly, with a random prompt of ``prompt_len`` ids below ``vocab``."""
+    drawn uniformly, with a random prompt of ``prompt_len`` ids below ``vocab`` (or one
+    of ``prompts``)."""
     rng = random.Random(f"{seed}-{rate_per_min}-{n_models}")
     out: list[Arrival] = []
     t = 0.0
@@ -26,13 +62,12 @@ def arrivals(rate_per_min: float, duration_s: float, n_models: int, *, seed: int
         t += rng.expovariate(rate_per_min / 60.0)
         if t >= duration_s:
             return out
-        out.append(
-            Arrival(
-                t,
-                rng.randrange(n_models),
-                tuple(rng.randrange(1, vocab) for _ in range(prompt_len)),
-            )
-        )
+        model = rng.randrange(n_models)
+        if prompts:
+            prompt = prompts[rng.randrange(len(prompts))]
+        else:
+            prompt = tuple(rng.randrange(1, vocab) for _ in range(prompt_len))
+        out.append(Arrival(t, model, prompt))
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -61,13 +96,15 @@ class RateRow:
     swap_p95_s: float | None
     per_device_hour: float  # answered requests per device-hour, all models on one device
     dedicated_per_device_hour: float  # the same answers with one device per model
+    awake: int = 0  # models awake at once (0: as the units allow)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
 def summarize(n_models: int, rate_per_min: float, latencies_s: list[float], failed: int,
-              wrong: int, swap_s: list[float], duration_s: float) -> RateRow:  # fmt: skip
+              wrong: int, swap_s: list[float], duration_s: float,
+              awake: int = 0) -> RateRow:  # fmt: skip
     """The row for one rate: latency percentiles of the answered requests, swaps, and
     throughput per device-hour (shared device vs one device per model)."""
     hours = duration_s / 3600.0
@@ -78,17 +115,25 @@ def summarize(n_models: int, rate_per_min: float, latencies_s: list[float], fail
         p95_s=percentile(latencies_s, 95), p99_s=percentile(latencies_s, 99),
         swaps=len(swap_s), swap_p50_s=percentile(swap_s, 50), swap_p95_s=percentile(swap_s, 95),
         per_device_hour=answered / hours, dedicated_per_device_hour=answered / hours / n_models,
+        awake=awake,
     )  # fmt: skip
 
 
-def highest_within(rows: list[RateRow], p95_target_s: float) -> dict[int, float | None]:
-    """Per model count, the highest rate whose p95 met the target with nothing failed."""
-    best: dict[int, float | None] = {}
+def setup(row: RateRow) -> str:
+    """A row's model count and awake models, as the report names them."""
+    return f"{row.n_models} models" + (f", {row.awake} awake" if row.awake else "")
+
+
+def highest_within(rows: list[RateRow], p95_target_s: float) -> dict[str, float | None]:
+    """Per model count (and awake models), the highest rate whose p95 met the target
+    with nothing failed."""
+    best: dict[str, float | None] = {}
     for row in rows:
-        best.setdefault(row.n_models, None)
+        key = setup(row)
+        best.setdefault(key, None)
         ok = row.failed == 0 and row.p95_s is not None and row.p95_s <= p95_target_s
-        if ok and (best[row.n_models] is None or row.rate_per_min > (best[row.n_models] or 0)):
-            best[row.n_models] = row.rate_per_min
+        if ok and (best[key] is None or row.rate_per_min > (best[key] or 0)):
+            best[key] = row.rate_per_min
     return best
 
 
@@ -99,16 +144,17 @@ def _s(v: float | None) -> str:
 def render(rows: list[RateRow], p95_target_s: float) -> str:
     """The table ``spswap bench traffic`` prints."""
     head = (
-        "models  rate/min  requests  failed  wrong  p50_s  p95_s  p99_s  swaps  "
-        "swap_p50_s  req/device-h  dedicated"
+        "models  awake  rate/min  requests  failed  wrong  p50_s  p95_s  p99_s  swaps  "
+        "swap_p50_s  swap_p95_s  req/device-h  dedicated"
     )
     lines = [head]
     for r in rows:
-        lines.append(f"{r.n_models:>6}  {r.rate_per_min:>8g}  {r.requests:>8}  {r.failed:>6}  "
-                     f"{r.wrong:>5}  {_s(r.p50_s):>5}  {_s(r.p95_s):>5}  {_s(r.p99_s):>5}  "
-                     f"{r.swaps:>5}  {_s(r.swap_p50_s):>10}  {r.per_device_hour:>12.0f}  "
-                     f"{r.dedicated_per_device_hour:>9.0f}")  # fmt: skip
-    for n, rate in highest_within(rows, p95_target_s).items():
-        lines.append(f"{n} models: highest rate within p95 <= {p95_target_s:g} s: "
+        hourly = f"{r.per_device_hour:>12.0f}  {r.dedicated_per_device_hour:>9.0f}"
+        lines.append(f"{r.n_models:>6}  {r.awake or '-':>5}  {r.rate_per_min:>8g}  "
+                     f"{r.requests:>8}  {r.failed:>6}  {r.wrong:>5}  {_s(r.p50_s):>5}  "
+                     f"{_s(r.p95_s):>5}  {_s(r.p99_s):>5}  {r.swaps:>5}  "
+                     f"{_s(r.swap_p50_s):>10}  {_s(r.swap_p95_s):>10}  {hourly}")  # fmt: skip
+    for key, rate in highest_within(rows, p95_target_s).items():
+        lines.append(f"{key}: highest rate within p95 <= {p95_target_s:g} s: "
                      f"{'none' if rate is None else f'{rate:g}/min'}")  # fmt: skip
     return "\n".join(lines) + "\n"

@@ -8,12 +8,13 @@ from pathlib import Path
 import typer
 
 from spswap.bench.traffic import TrafficOptions, bench_traffic
-from spswap.bench.traffic_plan import RateRow, render
+from spswap.bench.traffic_plan import RateRow, parse_rates, render
 from spswap.bench.turns import TurnsOptions, run_turns
 from spswap.cli.common import JsonOpt, RootOpt, console, emit, err_console, load_config
 from spswap.config import parse_size
 from spswap.engines.vllm_engine import available
 from spswap.errors import ConfigError
+from spswap.multi.engine_settings import model_settings
 
 app = typer.Typer(
     help="Benchmarks: transfer throughput, slot reservation latency, prolog cost, vLLM swap paths.",
@@ -266,34 +267,65 @@ def traffic(
     ),
     rates: str = typer.Option(
         "30,60",
-        help="Comma-separated request rates (per minute, all models together; Poisson arrivals).",
+        help="Comma-separated request rates per minute (all models together; Poisson "
+        "arrivals): R for every model count, N:R for N models only (4:64,6:48).",
     ),
     duration_s: float = typer.Option(30.0, min=0.1, help="Seconds of traffic per rate."),
     max_new_tokens: int = typer.Option(8, min=1, help="Greedy tokens per answer."),
     p95_target_s: float = typer.Option(2.0, min=0.0, help="The p95 latency a rate must meet."),
     units: int = typer.Option(2, help="Quarter units per awake model (2: two awake)."),
+    awake: str = typer.Option(
+        None,
+        help="Comma-separated numbers of models awake at once, run after run on the same "
+        "engines (2,1: two-resident, then one-resident); default: as --units allows.",
+    ),
+    engine: str = typer.Option("reference", help="reference (CPU) or vllm (a GPU)."),
+    kv_cache_gib: float = typer.Option(
+        None, min=0.01, help="(vllm) Each model's KV cache, GiB (default: its share's rest)."
+    ),
+    eager: bool = typer.Option(
+        True, help="(vllm) No CUDA graphs or compilation (the fastest starts)."
+    ),
+    max_model_len: int = typer.Option(1024, help="(vllm) Longest prompt + answer, tokens."),
+    vllm_args: str = typer.Option(None, help="(vllm) vLLM's own options, one string."),
     preset: str = typer.Option(
         "tiny", help="Reference models made for the run (seeds differ) when no --models are given."
     ),
     models: list[Path] = typer.Option(
         None,
         "--models",
-        help="Model directories to serve instead (repeat the flag; the first N are used).",
+        help="Model directories to serve instead (repeat the flag; the first N are used); "
+        "needed with --engine vllm.",
     ),
     check: bool = typer.Option(True, help="Compare every answer with the model's cold answer."),
+    out: Path = typer.Option(
+        None, help="Also write the JSON report here, after every rate (a cut run keeps its rows)."
+    ),
     root: Path = RootOpt,
     json: bool = JsonOpt,
 ) -> None:
     """Poisson traffic against one multi-model job (`spswap serve --models`) per model
     count: per rate p50/p95/p99 latency, swaps and their latency, failed requests and
     answers that differ from the cold answer, requests per device-hour against one
-    device per model, and the highest rate within --p95-target-s."""
+    device per model, and the highest rate within --p95-target-s. --engine vllm runs on
+    the GPU with model directories given by --models (token-id prompts: no tokenizer
+    needed), each model's cold answers made at its first start from its files."""
     counts = tuple(int(c) for c in _floats(model_counts, "--model-counts"))
-    opts = TrafficOptions(model_counts=counts, rates_per_min=_floats(rates, "--rates"),
-                          duration_s=duration_s, max_new_tokens=max_new_tokens,
-                          p95_target_s=p95_target_s, units_per_model=units, preset=preset,
-                          models=tuple(models or ()), check=check)  # fmt: skip
-    result = bench_traffic(load_config(root), opts)
+    every, per = parse_rates(rates)
+    vllm = model_settings(units, kv_cache_gib=kv_cache_gib, eager=eager,
+                          max_model_len=max_model_len) if engine == "vllm" else None  # fmt: skip
+    opts = TrafficOptions(model_counts=counts, rates_per_min=every,
+                          rates_by_count=tuple(per.items()), duration_s=duration_s,
+                          max_new_tokens=max_new_tokens, p95_target_s=p95_target_s,
+                          units_per_model=units, preset=preset, models=tuple(models or ()),
+                          check=check, engine=engine, vllm=vllm, vllm_args=vllm_args or "",
+                          awake=tuple(int(a) for a in _floats(awake, "--awake")) if awake
+                          else (), out=out)  # fmt: skip
+
+    def log(msg: str) -> None:
+        err_console.print(msg, markup=False, highlight=False, soft_wrap=True)
+
+    result = bench_traffic(load_config(root), opts, log=log)
     emit(
         {k: v for k, v in result.items() if k != "metrics"},
         json,

@@ -3,6 +3,8 @@ nothing failed, every answer the model's cold answer, swaps counted, metrics par
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 pytest.importorskip("torch")
@@ -11,11 +13,14 @@ from spswap.bench.traffic import TrafficOptions, bench_traffic  # noqa: E402
 from spswap.bench.traffic_plan import (  # noqa: E402
     arrivals,
     highest_within,
+    parse_rates,
     percentile,
+    prompt_set,
     render,
     summarize,
 )
 from spswap.config import Config  # noqa: E402
+from spswap.errors import ConfigError  # noqa: E402
 
 
 def test_three_models_short_poisson_run(tmp_path):
@@ -56,15 +61,60 @@ def test_summary_and_table_exact():
     rows = [
         summarize(2, 30.0, [0.1, 0.2, 0.3], 0, 0, [0.05], 60.0),
         summarize(2, 60.0, [0.5, 3.0], 1, 0, [], 60.0),
+        summarize(2, 30.0, [0.1], 0, 0, [0.05, 0.07], 60.0, awake=1),
     ]
     assert rows[0].per_device_hour == 180.0 and rows[0].dedicated_per_device_hour == 90.0
-    assert highest_within(rows, 2.0) == {2: 30.0}
+    assert highest_within(rows, 2.0) == {"2 models": 30.0, "2 models, 1 awake": 30.0}
     assert render(rows, 2.0) == (
-        "models  rate/min  requests  failed  wrong  p50_s  p95_s  p99_s  swaps  swap_p50_s  "
-        "req/device-h  dedicated\n"
-        "     2        30         3       0      0  0.200  0.300  0.300      1       0.050  "
-        "         180         90\n"
-        "     2        60         3       1      0  0.500  3.000  3.000      0           -  "
-        "         120         60\n"
+        "models  awake  rate/min  requests  failed  wrong  p50_s  p95_s  p99_s  swaps  "
+        "swap_p50_s  swap_p95_s  req/device-h  dedicated\n"
+        "     2      -        30         3       0      0  0.200  0.300  0.300      1       "
+        "0.050       0.050           180         90\n"
+        "     2      -        60         3       1      0  0.500  3.000  3.000      0       "
+        "    -           -           120         60\n"
+        "     2      1        30         1       0      0  0.100  0.100  0.100      2       "
+        "0.050       0.070            60         30\n"
         "2 models: highest rate within p95 <= 2 s: 30/min\n"
+        "2 models, 1 awake: highest rate within p95 <= 2 s: 30/min\n"
     )
+
+
+def test_rates_for_every_count_and_for_one():
+    assert parse_rates("30,60") == ((30.0, 60.0), {})
+    assert parse_rates("4:64, 6:48,10") == ((10.0,), {4: (64.0,), 6: (48.0,)})
+    opts = TrafficOptions(rates_per_min=(10.0,), rates_by_count=((4, (64.0,)),))
+    assert opts.rates(4) == (10.0, 64.0) and opts.rates(6) == (10.0,)
+    with pytest.raises(ConfigError, match="neither a rate per minute"):
+        parse_rates("4:x")
+    with pytest.raises(ConfigError, match="positive"):
+        parse_rates("0:5")
+    with pytest.raises(ConfigError, match="at least one rate"):
+        parse_rates(" , ")
+
+
+def test_a_vllm_run_asks_a_fixed_set_of_prompts():
+    prompts = prompt_set(16, seed=3)
+    assert prompts == prompt_set(16, seed=3) and len(set(prompts)) == 16
+    plan = arrivals(120.0, 120.0, 4, prompts=prompts)
+    assert {a.prompt_ids for a in plan} <= set(prompts)
+    assert len({a.prompt_ids for a in plan}) > 8
+
+
+def test_vllm_needs_model_directories(tmp_path):
+    cfg = Config.from_env({}, root=tmp_path / "root")
+    with pytest.raises(ConfigError, match="--models DIR"):
+        bench_traffic(cfg, TrafficOptions(model_counts=(2,), engine="vllm"))
+
+
+def test_two_then_one_awake_on_the_same_engines(tmp_path):
+    cfg = Config.from_env({}, root=tmp_path / "root")
+    out = tmp_path / "report.json"
+    opts = TrafficOptions(model_counts=(3,), rates_per_min=(), rates_by_count=((3, (300.0,)),),
+                          duration_s=3.0, max_new_tokens=3, awake=(2, 1), out=out)  # fmt: skip
+    result = bench_traffic(cfg, opts, scratch=tmp_path)
+    assert [(r["awake"], r["rate_per_min"]) for r in result["rows"]] == [(2, 300.0), (1, 300.0)]
+    assert all(r["failed"] == 0 and r["wrong"] == 0 for r in result["rows"])
+    assert result["rows"][1]["swaps"] > 0
+    assert set(result["highest_rate_within_target"]) == {"3 models, 2 awake", "3 models, 1 awake"}
+    assert [s["from"] for s in result["starts"]] == ["pool"] * 3
+    assert json.loads(out.read_text())["rows"] == result["rows"]

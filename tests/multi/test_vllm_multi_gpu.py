@@ -1,0 +1,91 @@
+"""``spswap serve --models --engine vllm`` on a GPU (skipped with a reason elsewhere): two
+small Qwen2-shaped vLLM models behind one router, one awake at a time. The first router
+starts both cold from their files (exporting them to the pool) and asks each its cold
+answers right after its start; requests then swap them back and forth, and every answer
+must equal the cold one. A second router starts both from the pool (no disk) and answers
+the same. Models: SPSWAP_TEST_VLLM_MODELS (two directories), else two 0.5B ones made
+here by scripts/gpu/make_models.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from spswap.config import Config  # noqa: E402
+from spswap.engines.vllm_engine import available  # noqa: E402
+from spswap.multi.engine_settings import model_settings  # noqa: E402
+from spswap.multi.serve import MultiOptions, start_router  # noqa: E402
+
+pytestmark = [
+    pytest.mark.skipif(not available(), reason="vLLM is not installed (put a vLLM kit on "
+                       "PYTHONPATH: scripts/gpu/run_vllm.sh)"),
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU visible"),
+]  # fmt: skip
+
+ROOT = Path(__file__).resolve().parents[2]
+PROMPTS = [[11, 23, 5, 42], [1, 2, 3], [7] * 8]
+MAX_NEW = 16
+
+
+def _models(tmp_path: Path) -> list[Path]:
+    given = os.environ.get("SPSWAP_TEST_VLLM_MODELS", "").split()
+    if given:
+        assert len(given) >= 2, "SPSWAP_TEST_VLLM_MODELS: give two model directories"
+        return [Path(p) for p in given[:2]]
+    spec = importlib.util.spec_from_file_location("make_models",
+                                                  ROOT / "scripts/gpu/make_models.py")  # fmt: skip
+    assert spec and spec.loader
+    mm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mm)
+    return [Path(mm.write_model(tmp_path / "models", "0.5b", seed=seed,
+                                shard_bytes=4 << 30)["dir"]) for seed in (0, 7)]  # fmt: skip
+
+
+def test_two_vllm_models_swap_through_the_router_with_cold_answers(tmp_path: Path) -> None:
+    models = _models(tmp_path)
+    cfg = Config.from_env({}, root=Path(os.environ.get("SPSWAP_TEST_ROOT", tmp_path / "root")))
+    opts = MultiOptions(models=tuple(models), socket_path=tmp_path / "s.sock",
+                        state_dir=tmp_path / "state", engine="vllm", device="cuda",
+                        units_per_model=2, max_awake=1,
+                        vllm=model_settings(2, kv_cache_gib=1, max_model_len=512))  # fmt: skip
+    cold: dict[str, list[list[int]]] = {}
+
+    def started(name: str, proc: Any) -> None:
+        if proc.hello.get("from") == "checkpoint":
+            cold[name] = [proc.call("generate", prompt_ids=p, max_new_tokens=MAX_NEW)["token_ids"]
+                          for p in PROMPTS]  # fmt: skip
+
+    lines: list[str] = []
+    a, b = (m.name for m in models)
+    router = start_router(cfg, opts, log=lines.append, on_started=started)
+    try:
+        starts = {n: p.hello["from"] for n, p in router.procs.items()}
+        if set(starts.values()) != {"checkpoint"}:
+            pytest.skip(f"the pool at {cfg.root} holds these models already ({starts}): "
+                        "give a fresh SPSWAP_TEST_ROOT")  # fmt: skip
+        assert set(cold) == {a, b} and cold[a] != cold[b], cold  # the seeds answer apart
+        assert [router.placement.states[n].value for n in (a, b)] == ["awake", "asleep"]
+        for name in (b, a, b, a):
+            got = [router.submit(name, p, MAX_NEW).result(300)["token_ids"] for p in PROMPTS]
+            assert got == cold[name], (name, lines)
+        assert len(router.swap_log_s) == 4, router.swap_log_s
+        swaps = list(router.swap_log_s)
+    finally:
+        router.close()
+
+    again = start_router(cfg, opts, log=lines.append)  # both from the pool now: no disk
+    try:
+        assert {p.hello["from"] for p in again.procs.values()} == {"pool"}, lines
+        for name in (b, a):
+            got = [again.submit(name, p, MAX_NEW).result(300)["token_ids"] for p in PROMPTS]
+            assert got == cold[name], (name, lines)
+    finally:
+        again.close()
+    print(f"vllm multi: swaps {[round(s, 3) for s in swaps]} s; " + "; ".join(lines))
