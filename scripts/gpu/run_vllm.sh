@@ -16,6 +16,9 @@
 #             PROBE_ARGS: other options, e.g. "--first-only --kv-gib 4")
 #   release   scripts/gpu/release_probe.py (are copies slow after memory goes back to the driver?)
 #   sleepprobe scripts/gpu/sleep_probe.py on 1.5B (where a cycle's time goes inside vLLM)
+#   asleep    scripts/gpu/asleep_probe.py on 0.5B, compiled then eager (what a sleeping vLLM
+#             leaves on the GPU, what each trim saves, CUDA checkpoint/restore times;
+#             ASLEEP_MODES: "compiled eager" by default)
 #   servecriu spswap serve --engine vllm preempted, dumped and restored with a real spswapd
 #             (root, CRIU bundle, .device/serveaddon; test_vllm_serve_gpu.py), from its image
 #             and kept alive (SERVECRIU_K: a pytest -k to run one of them)
@@ -123,6 +126,16 @@ if want sleepprobe; then
     | grep "START\|INSTALL\|CYCLE\|TIMELINE\|VERIFY\|Error\|error"
 fi
 
+if want asleep; then
+  step asleep
+  for mode in ${ASLEEP_MODES:-compiled eager}; do
+    [ "$(left)" -gt 150 ] || break
+    flag=""; [ "$mode" = eager ] && flag=--eager
+    timeout -k 5 150 python3 scripts/gpu/asleep_probe.py "$MODELS/qwen2-0.5b" $flag 2>&1 \
+      | grep "START\|MEM\|TREE\|CKPT\|Error\|error" | tee -a "$OUT/asleep.jsonl"
+  done
+fi
+
 if want probe; then
   step probe
   timeout -k 5 150 python3 scripts/gpu/vllm_copy_probe.py "$MODELS/qwen2-1.5b" ${PROBE_ARGS:---first} \
@@ -142,7 +155,7 @@ if want tests && [ "$(left)" -gt 60 ]; then
   criu_on  # test_vllm_serve_gpu.py dumps and restores the real server (else it skips)
   SPSWAP_TEST_VLLM_MODEL="$MODELS/qwen2-0.5b" SPSWAP_TEST_POOL="$POOL-tests" \
     timeout -k 5 $(( $(left) - 5 )) python3 -m pytest ${TESTS:-tests/engines/test_vllm.py \
-    tests/engines/test_vllm_serve_gpu.py} -q -rs -x -s \
+    tests/engines/test_vllm_serve_gpu.py} ${TEST_FLAGS:--q} -rs -x -s \
     -p no:cacheprovider --junitxml="$OUT/tests.xml"
   echo "tests rc=$?"
   criu_off

@@ -149,6 +149,7 @@ def test_the_real_server_is_dumped_and_restored_into_the_next_run(
     from spswap.daemon import lifecycle
     from spswap.daemon.client import Client
     from tests.checkpoint.test_cgroups import stand_in_job_cgroup
+    from tests.helpers.leftovers import end_all_under
 
     reason = _criu_ready()
     if reason:
@@ -264,4 +265,6 @@ def test_the_real_server_is_dumped_and_restored_into_the_next_run(
             os.kill(int(ep["server_pid"]), signal.SIGKILL)
         lifecycle.stop(cfg, timeout_s=10.0)
         cgroups.close()  # ends whatever is left in the stand-in job cgroup
+        # a restored or kept server is nobody's child here (its own session, maybe frozen)
+        end_all_under(root)
         shutil.rmtree(root, ignore_errors=True)

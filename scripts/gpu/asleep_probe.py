@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""What does a sleeping vLLM leave on the GPU, and what does each trim save from the CUDA
+checkpoint? GPU machine, root, vLLM kit on PYTHONPATH:
+
+    python3 scripts/gpu/asleep_probe.py MODEL_DIR [--eager] [--kv-gib 4]
+
+Starts the engine (from the pool, exported on first use), answers once, then measures
+the device memory (NVML, the whole device: nothing else may run on it; torch's caching
+allocator by memory pool: the default pool and CUDA graphs' private pools) at each step:
+up, after ``sleep(level=2)``, after spswap's trim (``spswap_trim``), and after each extra
+trim tried here. Then it CUDA-checkpoints and restores the engine's process tree (timed),
+wakes it and checks the answer is the same. Prints ``MEM`` and ``CKPT`` JSON lines.
+
+Diagnostics only: it sends functions to the worker, so it sets
+``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` for its own engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+MiB = 1 << 20
+
+
+def _torch_pools(worker: Any) -> dict[str, Any]:
+    """In the worker: torch's reserved and allocated bytes by memory pool."""
+    import torch
+
+    pools: dict[str, dict[str, int]] = {}
+    for seg in torch.cuda.memory_snapshot():
+        key = "default" if tuple(seg.get("segment_pool_id", (0, 0))) == (0, 0) else "private"
+        p = pools.setdefault(key, {"segments": 0, "reserved": 0, "allocated": 0})
+        p["segments"] += 1
+        p["reserved"] += int(seg["total_size"])
+        p["allocated"] += int(seg["allocated_size"])
+    return {k: {kk: (vv // MiB if kk != "segments" else vv) for kk, vv in v.items()}
+            for k, v in pools.items()}  # fmt: skip
+
+
+def _clear_cublas(worker: Any) -> dict[str, Any]:
+    """In the worker: drop cuBLAS's workspaces (re-made at the next matmul)."""
+    import torch
+
+    torch._C._cuda_clearCublasWorkspaces()
+    torch.cuda.empty_cache()
+    return {"cleared": True}
+
+
+def _device_used_mib() -> int:
+    import pynvml
+
+    pynvml.nvmlInit()
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    return int(pynvml.nvmlDeviceGetMemoryInfo(h).used) // MiB
+
+
+def _procs_mib() -> dict[int, int]:
+    import pynvml
+
+    pynvml.nvmlInit()
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    out = {}
+    for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
+        out[int(p.pid)] = int(p.usedGpuMemory or 0) // MiB
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model", type=Path)
+    ap.add_argument("--eager", action="store_true", help="eager mode (default: compiled)")
+    ap.add_argument("--kv-gib", type=float, default=4.0)
+    ap.add_argument("--pool", type=Path, default=Path("/dev/shm/spswap-probe/pool"))
+    args = ap.parse_args()
+    os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+
+    from spswap.checkpoint import cuda_ckpt
+    from spswap.engines.vllm_engine import VllmEngine, VllmSettings, kv_cache_bytes
+    from spswap.pool.store import Pool
+
+    args.pool.mkdir(parents=True, exist_ok=True)
+    pool = Pool(args.pool)
+    settings = VllmSettings(enforce_eager=args.eager, kv_cache_memory_bytes=kv_cache_bytes(args.kv_gib))
+    base = _device_used_mib()
+    eng = VllmEngine(args.model, settings)
+    t0 = time.perf_counter()
+    started = eng.start(pool, f"probe-{args.model.name}")
+    mode = "eager" if args.eager else "compiled"
+    print("START", json.dumps({"model": args.model.name, "mode": mode, "from": started["from"],
+                               "start_s": round(time.perf_counter() - t0, 2)}), flush=True)  # fmt: skip
+    prompt = [[11, 23, 5, 42, 7, 19, 3, 31]]
+    cold = eng.generate(prompt, 16)
+    llm = eng.llm
+
+    def mem(step: str) -> None:
+        pools = llm.collective_rpc(_torch_pools)[0]
+        print("MEM", json.dumps({"model": args.model.name, "mode": mode, "step": step,
+                                 "device_used_mib": _device_used_mib() - base,
+                                 "procs_mib": _procs_mib(), "torch": pools}), flush=True)  # fmt: skip
+
+    mem("up")
+    eng.sleep()
+    mem("asleep")
+    trim = eng.trim()
+    mem("trim")
+    llm.collective_rpc(_clear_cublas)
+    mem("trim+cublas")
+
+    core = llm.llm_engine.engine_core
+    proc = getattr(getattr(core, "resources", None), "engine_manager", None)
+    root = os.getpid()
+    pids = cuda_ckpt.cuda_pids(cuda_ckpt.process_tree_pids(root))
+    print("TREE", json.dumps({"root": root, "cuda_pids": pids, "core": str(type(proc))}), flush=True)
+    ck: dict[str, Any] = {"model": args.model.name, "mode": mode, "trim": trim}
+    others = [p for p in pids if p != root]
+    try:
+        t = time.perf_counter()
+        for p in others:
+            cuda_ckpt.lock(p)
+        ck["lock_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        for p in others:
+            cuda_ckpt.checkpoint(p)
+        ck["checkpoint_s"] = time.perf_counter() - t
+        ck["device_used_ckpt_mib"] = _device_used_mib() - base
+        t = time.perf_counter()
+        for p in others:
+            cuda_ckpt.restore(p)
+        ck["restore_s"] = time.perf_counter() - t
+        for p in others:
+            cuda_ckpt.unlock(p)
+    except Exception as e:  # noqa: BLE001 - a probe reports what failed
+        ck["error"] = f"{type(e).__name__}: {e}"
+    eng.wake()
+    again = eng.generate(prompt, 16)
+    ck["identical"] = again == cold
+    print("CKPT", json.dumps(ck), flush=True)
+    eng.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
