@@ -28,7 +28,8 @@ class MultiSbatchOptions:
     job_name: str = "spswap-multi"
     partition: str = "low"
     time_limit: str = "1-00:00:00"
-    engine: str = "reference"
+    engine: str = "vllm"  # or "reference" (spswap's CPU test models)
+    engine_args: tuple[str, ...] = ("--kv-cache-gib", "4")  # every model's engine settings
     units: int = 2  # quarter units per awake model: 2 = two awake at half the GPU each
     idle_timeout_s: int = 600
     latency_target_s: float | None = None
@@ -38,6 +39,7 @@ class MultiSbatchOptions:
 def render_serve_multi(opts: MultiSbatchOptions = MultiSbatchOptions()) -> str:
     """One job serving every model of ``opts.models`` behind one endpoint."""
     models = " ".join(shlex.quote(m) for m in opts.models)
+    engine_args = " ".join(shlex.quote(a) for a in opts.engine_args)
     target = f" --latency-target-s {opts.latency_target_s:g}" \
         if opts.latency_target_s is not None else ""  # fmt: skip
     return f"""#!/bin/bash
@@ -54,6 +56,8 @@ def render_serve_multi(opts: MultiSbatchOptions = MultiSbatchOptions()) -> str:
 #SBATCH --output=%x-%j.log
 
 MODELS=({models})   # CHANGE: the models; a request's "model" is its directory's name
+ENGINE={opts.engine}   # CHANGE: vllm (Hugging Face-style directories, on the job's GPU) or reference
+ENGINE_ARGS=({engine_args})   # CHANGE: each model's settings (docs/multi.md "vLLM models"); () for reference
 STATE="$PWD/.spswap/${{SLURM_JOB_ID}}"
 # The endpoint is a Unix socket only you (and root) can reach; its path is printed at the
 # start of the log. From the job or another job of yours on the node:
@@ -65,7 +69,8 @@ STATE="$PWD/.spswap/${{SLURM_JOB_ID}}"
 
 echo "spswap: job ${{SLURM_JOB_ID}} run ${{SLURM_RESTART_COUNT:-0}} on $(hostname)"
 spswap serve --models "${{MODELS[@]}}" --state-dir "$STATE" --socket auto \\
-    --engine {opts.engine} --units {opts.units} --idle-timeout-s {opts.idle_timeout_s}{target} &
+    --engine "$ENGINE" "${{ENGINE_ARGS[@]}}" --units {opts.units} \\
+    --idle-timeout-s {opts.idle_timeout_s}{target} &
 PID=$!
 {handler_block(_CHECKPOINTS_ALL)}"""
 

@@ -27,5 +27,18 @@ def test_valid_bash_and_models_quoted():
                          capture_output=True, text=True, check=True).stdout  # fmt: skip
     assert out == "/m/a b|/m/c'd|"
     assert ('spswap serve --models "${MODELS[@]}" --state-dir "$STATE" --socket auto \\\n'
-            "    --engine reference --units 2 --idle-timeout-s 600 --latency-target-s 2 &"
-            ) in text  # fmt: skip
+            '    --engine "$ENGINE" "${ENGINE_ARGS[@]}" --units 2 \\\n'
+            "    --idle-timeout-s 600 --latency-target-s 2 &") in text  # fmt: skip
+
+
+def test_engine_lines_are_what_the_run_gets():
+    text = render_serve_multi(MultiSbatchOptions(engine="reference", engine_args=()))
+    head = text.split("\nSTATE=")[0]
+    out = subprocess.run(["bash", "-c", head + '\nprintf "%s|" "$ENGINE" "${ENGINE_ARGS[@]}"'],
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert out == "reference|"
+    default = render_serve_multi()
+    head = default.split("\nSTATE=")[0]
+    out = subprocess.run(["bash", "-c", head + '\nprintf "%s|" "$ENGINE" "${ENGINE_ARGS[@]}"'],
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert out == "vllm|--kv-cache-gib|4|"

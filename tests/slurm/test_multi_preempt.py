@@ -48,7 +48,8 @@ def test_a_preempted_multi_model_job_comes_back_with_every_model(
     top.chmod(0o700)
     script = top / "serve_multi.sbatch"
     text = render_serve_multi(MultiSbatchOptions(models=tuple(map(str, models)),
-                                                 job_name="multi"))  # fmt: skip
+                                                 job_name="multi", engine="reference",
+                                                 engine_args=()))  # fmt: skip
     # the node's two GPUs: the high job below (both) can only run by preempting this one
     script.write_text(text)
     os.chown(script, user_uid, -1)
