@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING
 from spswap.checkpoint.criu import remove_image
 from spswap.checkpoint.images import pool_digests
 from spswap.checkpoint.service import delete_job_images, image_digests
-from spswap.daemon.statuses import CheckpointState
 from spswap.errors import PoolEntryNotFound
 from spswap.liveness import Holder, pid_start_time
 from spswap.pool.store import Pool
@@ -93,12 +92,10 @@ def sync_quietly(st: DaemonState) -> None:
 def drop_job_images(st: DaemonState, job_id: str,
                     reason: str = "the job ended and will not return") -> list[str]:  # fmt: skip
     """Delete the job's images and unfinished dumps (ending its kept tree) and give back
-    their pool uses; ``reason`` goes to the events and the checkpoint status."""
+    their pool uses; ``reason`` goes to the events and the checkpoint status (a restored
+    instance's status says deleted too: its image went at the restore)."""
     st.kept.end(job_id, reason)
     gone = delete_job_images(st.cfg.paths.images, job_id)
-    if gone:
-        status = st.statuses.read(job_id)
-        if status.get("state") in (CheckpointState.SAVED, CheckpointState.DUMPING):
-            st.statuses.write(job_id, state=CheckpointState.DELETED, reason=reason)
+    st.statuses.mark_gone(job_id, reason, images_deleted=bool(gone))
     sync_quietly(st)
     return gone

@@ -14,6 +14,7 @@ from spswap.daemon.image_uses import drop_job_images
 from spswap.daemon.jobs import JobRecord, JobState
 from spswap.daemon.protocol import Answer
 from spswap.daemon.state import Context, DaemonState, require_root
+from spswap.daemon.statuses import CheckpointState
 from spswap.errors import SpswapError
 from spswap.pool.store import Pool
 from spswap.slurm.parse import job_fate
@@ -44,9 +45,13 @@ def collect_images(st: DaemonState, current_job: str) -> list[str]:
     """Delete the images (and kept trees) of jobs that will not be restored here, never
     the current job's: Slurm says they are gone, or they run on another node now (this
     node's image would roll back what the job does there, and a kept tree holds memory).
-    Returns the job ids whose images went."""
+    A restored instance's job is looked at too (its image went at the restore): when it
+    will not come back its status says so instead of "restored" for ever. Returns the job
+    ids whose images (or restored status) went."""
     gone = []
-    for job_id in image_job_ids(st.cfg.paths.images, st.statuses.dir):
+    jobs = set(image_job_ids(st.cfg.paths.images, st.statuses.dir))
+    jobs.update(st.statuses.jobs_in(CheckpointState.RESTORED))
+    for job_id in sorted(jobs):
         if job_id == current_job:
             continue
         reason = _not_coming_back(st, job_id)

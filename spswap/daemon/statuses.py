@@ -21,7 +21,8 @@ class CheckpointState(str, Enum):
     FAILED = "failed"  # the dump or the restore failed: the next run starts cold
     REJECTED = "rejected"  # the image may not be restored (identity, integrity, owner)
     RESTORED = "restored"  # brought back into a later run
-    DELETED = "deleted"  # the image was removed (its job is gone, or the tmpfs full)
+    DELETED = "deleted"  # the image was removed (its job is gone, or the tmpfs full), or
+    # the job of a restored instance ended for good: nothing of it is kept here
 
     def __str__(self) -> str:  # messages show "saved", on every Python
         return self.value
@@ -45,6 +46,24 @@ class CheckpointStatuses:
         """Replace the job's checkpoint status (atomically: the instance may read it now)."""
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o755)
         atomic_write_json(self.path(job_id), {"job_id": job_id, **status})
+
+    def jobs_in(self, state: CheckpointState) -> list[str]:
+        """The jobs whose status is ``state`` now."""
+        found = []
+        for path in sorted(self.dir.glob("*.json")) if self.dir.is_dir() else []:
+            status = read_json(path)
+            if isinstance(status, dict) and status.get("state") == state:
+                found.append(str(status.get("job_id") or path.stem))
+        return found
+
+    def mark_gone(self, job_id: str, reason: str, *, images_deleted: bool) -> None:
+        """The job will not run here again: a status that still says it has an image
+        (saved, dumping; when its images were deleted) or a restored instance says
+        deleted, with ``reason``. Failed and rejected keep theirs (why it started cold)."""
+        state = self.read(job_id).get("state")
+        holds = (CheckpointState.SAVED, CheckpointState.DUMPING) if images_deleted else ()
+        if state == CheckpointState.RESTORED or state in holds:
+            self.write(job_id, state=CheckpointState.DELETED, reason=reason)
 
     def mark_left_job(self, job_id: str) -> None:
         """A dumping job's tree has left its job's cgroup: its run may end without it."""

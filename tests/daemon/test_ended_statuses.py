@@ -1,0 +1,81 @@
+"""An ended job's checkpoint status: what `spswap status` shows once the job will not come
+back (job_ops.collect_images at a prolog, job.end with the job gone)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from spswap.config import Config
+from spswap.daemon import lifecycle
+from spswap.daemon.job_ops import collect_images
+from spswap.daemon.state import DaemonState
+from spswap.daemon.statuses import CheckpointState, CheckpointStatuses
+from spswap.slurm.parse import JobInfo
+
+
+@pytest.mark.parametrize(("before", "images_deleted", "after"), [
+    (CheckpointState.RESTORED, False, CheckpointState.DELETED),  # its image went at the restore
+    (CheckpointState.SAVED, True, CheckpointState.DELETED),
+    (CheckpointState.DUMPING, True, CheckpointState.DELETED),
+    (CheckpointState.SAVED, False, CheckpointState.SAVED),  # no image deleted: as it was
+    (CheckpointState.FAILED, True, CheckpointState.FAILED),  # keeps why it started cold
+    (CheckpointState.REJECTED, False, CheckpointState.REJECTED),
+])  # fmt: skip
+def test_a_gone_job_says_deleted_where_it_still_said_image_or_restored(
+    tmp_path: Path, before: CheckpointState, images_deleted: bool, after: CheckpointState
+) -> None:
+    statuses = CheckpointStatuses(tmp_path)
+    statuses.write("5", state=before, reason="earlier")
+    statuses.mark_gone("5", "the job ended (CANCELLED)", images_deleted=images_deleted)
+    status = statuses.read("5")
+    assert status["state"] == after
+    assert status["reason"] == ("the job ended (CANCELLED)" if after != before else "earlier")
+
+
+def test_jobs_in_lists_the_jobs_of_one_state(tmp_path: Path) -> None:
+    statuses = CheckpointStatuses(tmp_path / "none")
+    assert statuses.jobs_in(CheckpointState.RESTORED) == []
+    statuses = CheckpointStatuses(tmp_path)
+    statuses.write("12+0", state=CheckpointState.RESTORED)
+    statuses.write("13", state=CheckpointState.SAVED)
+    assert statuses.jobs_in(CheckpointState.RESTORED) == ["12+0"]
+
+
+def _state(tmp_path: Path, slurm: dict[str, str | None]) -> DaemonState:
+    cfg = Config.from_env({}, root=tmp_path / "root")
+    lifecycle.prepare_dirs(cfg)
+    st = DaemonState(cfg)
+
+    def ask_slurm(job_id: str) -> tuple[JobInfo | None, bool]:
+        state = slurm.get(job_id)
+        return (JobInfo(job_id=job_id, state=state) if state else None), True
+
+    st.ask_slurm = ask_slurm  # type: ignore[method-assign]
+    return st
+
+
+def test_a_cancelled_jobs_restored_status_does_not_stay_restored(tmp_path: Path) -> None:
+    st = _state(tmp_path, {"7": "CANCELLED", "8": "RUNNING", "9": None})
+    for job in ("7", "8", "9", "10"):
+        st.statuses.write(job, state=CheckpointState.RESTORED, pid=1)
+    # 7 was scancel'ed for good, 8 still runs, Slurm no longer knows 9, 10 is the prolog's
+    assert collect_images(st, "10") == ["7", "9"]
+    assert st.statuses.read("7")["state"] == CheckpointState.DELETED
+    assert st.statuses.read("7")["reason"] == "the job ended (CANCELLED)"
+    assert st.statuses.read("9")["reason"] == "Slurm no longer knows the job"
+    assert st.statuses.read("8")["state"] == CheckpointState.RESTORED
+    assert st.statuses.read("10")["state"] == CheckpointState.RESTORED
+
+
+def test_job_end_of_a_gone_job_ends_its_restored_status(tmp_path: Path) -> None:
+    from spswap.daemon.job_ops import op_job_end
+    from spswap.daemon.state import Context
+
+    st = _state(tmp_path, {})
+    st.statuses.write("7", state=CheckpointState.RESTORED, pid=1)
+    answer = op_job_end(Context(peer_uid=0, peer_pid=1, state=st),
+                        {"job_id": "7", "requeued": False})  # fmt: skip
+    assert answer["fate"] == "gone"
+    assert st.statuses.read("7")["state"] == CheckpointState.DELETED
