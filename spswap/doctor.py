@@ -206,13 +206,13 @@ def _nvml_checks(configured: tuple[int, ...] | None) -> list[dict[str, Any]]:
         import pynvml  # type: ignore[import-not-found]
     except ImportError:
         if told:
-            return [check("GPUs", True, told, "no NVML here (nvidia-ml-py): as configured")]
+            return [check("GPUs", True, told)]  # as configured, as spswapd uses them
         return [check("GPUs", None, "NVML not installed", "pip install nvidia-ml-py")]
     try:
         pynvml.nvmlInit()
     except Exception as e:  # noqa: BLE001 - any NVML failure means "no GPU view here"
         if told:
-            return [check("GPUs", True, told, f"NVML: {e}; as configured")]
+            return [check("GPUs", True, told)]
         return [check("GPUs", None, "none", f"NVML: {e}")]
     try:
         n = pynvml.nvmlDeviceGetCount()
@@ -365,10 +365,8 @@ def collect(cfg: Config) -> dict[str, Any]:
     checks += criu_rows
     usable = all(c["ok"] for c in criu_rows if c["name"] in ("criu", "criu check"))
     checks += doctor_criu.checks(cfg, usable)
-    new_kernel = kernel_version(release) >= KERNEL_NEEDS_CRIU_41
-    checks.append(
-        check("kernel", True, release, "CRIU >= 4.1 needed (>= 6.13)" if new_kernel else "")
-    )
+    # an ok row carries no detail: what a kernel >= 6.13 needs of CRIU is the criu row's
+    checks.append(check("kernel", True, release))
     checks.append(_kernel_config(release))
     checks.append(_io_uring())
     checks.append(_driver())

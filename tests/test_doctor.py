@@ -95,11 +95,25 @@ def test_collect_on_this_machine(tmp_path: Path) -> None:
         assert c["ok"] in (True, False, None)
         if c["ok"] is False:
             assert c["detail"], f"{c['name']} fails without saying what to do"
+        if c["ok"] is True:  # details are what to do: only a warn or fail row has them
+            assert not c["detail"], f"{c['name']} is ok but says {c['detail']!r}"
     by_name = {c["name"]: c for c in report["checks"]}
     assert by_name["daemon"]["ok"] is None  # nothing runs under this fresh root
     release = os.uname().release
     assert by_name["kernel"]["value"] == release
     json.dumps(report)  # plain data
+
+
+@pytest.mark.parametrize("release", ["5.15.0-91-generic", "6.16.3"])
+def test_the_kernel_row_is_clean_when_ok(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                         release: str) -> None:  # fmt: skip
+    # an ok kernel row said "CRIU >= 4.1 needed (>= 6.13)" (newcomer walk): the criu row
+    # says that when CRIU is too old for the kernel
+    monkeypatch.setattr(doctor, "_criu_checks", lambda release: [])
+    monkeypatch.setattr(doctor.doctor_criu, "checks", lambda cfg, usable: [])
+    monkeypatch.setattr(doctor.platform, "release", lambda: release)
+    rows = {c["name"]: c for c in doctor.collect(Config(root=tmp_path / "root"))["checks"]}
+    assert rows["kernel"] == doctor.check("kernel", True, release)
 
 
 def test_daemon_seen_through_its_locked_pid_file(tmp_path: Path) -> None:
@@ -232,3 +246,4 @@ def test_gpus_row_names_the_configured_gpus_where_nvml_sees_none(tmp_path: Path)
         pytest.skip("NVML sees GPUs here: the configured list is not what the row shows")
     row = doctor._nvml_checks((0, 1))[0]
     assert row["name"] == "GPUs" and row["value"] == "0,1 (SPSWAP_GPUS)" and row["ok"], row
+    assert row["detail"] == "", row  # ok: nothing to do
