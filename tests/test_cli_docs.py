@@ -1,6 +1,8 @@
 """docs/cli.md is generated from the commands: it must match them exactly."""
 
 import difflib
+import itertools
+import re
 
 import pytest
 
@@ -23,8 +25,27 @@ def test_cli_reference_is_current():
         )
 
 
+def _sections(text):
+    """(heading level, command path, body) of each command's and group's section."""
+    parts = re.split(r"^(#+) `(spswap[^`]*)`$", text, flags=re.M)
+    return [(len(parts[i]), parts[i + 1], parts[i + 2]) for i in range(1, len(parts), 3)]
+
+
 def test_every_command_has_help():
+    sections = _sections(render_cli_md(app))
+    assert len(sections) > 20
+    for _, path, body in sections:
+        assert body.strip(), f"{path} has no help text"
+
+
+def test_heading_levels_follow_the_command_tree():
+    # top-level commands were ### right under the title (and under the group before them:
+    # `spswap demo` read as part of `spswap daemon`), groups ## (newcomer walk)
     text = render_cli_md(app)
-    for block in text.split("### ")[1:]:
-        title, _, body = block.partition("\n")
-        assert body.strip(), f"{title} has no help text"
+    levels = [len(h) for h in re.findall(r"^(#+) ", text, flags=re.M)]
+    assert levels[0] == 1 and levels.count(1) == 1  # the title
+    assert all(b <= a + 1 for a, b in itertools.pairwise(levels)), "a level skipped"
+    for level, path, _ in _sections(text):
+        assert level == len(path.split()), f"{path} is a level-{level} heading"
+    assert ("## `spswap doctor`\n" in text and "## `spswap pool`\n" in text
+            and "### `spswap pool ls`\n" in text)  # fmt: skip

@@ -30,9 +30,15 @@ def _param_line(p: Any) -> str:
     return f"- {names}: {help_text}{default}".rstrip(": ")
 
 
+def heading(path: str) -> str:
+    """A command's (or group's) heading, one level per word of its path below the page's
+    title: ``## `spswap ask```, ``## `spswap pool```, ``### `spswap pool ls```."""
+    return f"{'#' * len(path.split())} `{path}`"
+
+
 def _command_md(path: str, cmd: Any) -> list[str]:
     doc = inspect.cleandoc(cmd.help or "")
-    lines = [f"### `{path}`", ""]
+    lines = [heading(path), ""]
     if doc:
         lines += [" ".join(para.split()) + "\n" for para in doc.split("\n\n")]
     params = [p for p in cmd.params if p.name not in ("help",)]
@@ -50,7 +56,7 @@ def render_cli_md(app: typer.Typer) -> str:
     def walk(prefix: str, cmd: Any) -> None:
         if hasattr(cmd, "commands"):
             if prefix != "spswap":
-                out.extend([f"## `{prefix}`", "", " ".join((cmd.help or "").split()), ""])
+                out.extend([heading(prefix), "", " ".join((cmd.help or "").split()), ""])
             for name in sorted(cmd.commands):
                 walk(f"{prefix} {name}", cmd.commands[name])
         else:
