@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rich.console import Group
+from rich.table import Table
 from rich.text import Text
 
 from spswap.bench.turns_plan import RESTORED_PATHS, TurnKind, TurnResult, TurnsSummary
@@ -119,13 +120,47 @@ def pool_copy_note(slowest_gb_per_s: object, device: str) -> str | None:
     )
 
 
+# The stats table's headers, narrow enough for 80 columns (what a console that is not a
+# terminal has): "restored" counts the restored turns, "cold/restored" (mean cold turn /
+# mean restored turn) is how many times faster, two-word headers on two lines.
+STATS_HEADERS = {"restored": "turns", "Slurm mean": "Slurm\nmean", "spswap mean": "spswap\nmean",
+                 "spswap max": "spswap\nmax", "cold/restored": "faster"}  # fmt: skip
+STATS_TITLE = "restored turns against cold starts (s; faster = cold mean / restored mean)"
+
+
+def readable(table: Table, headers: dict[str, str] | None = None) -> Table:
+    """``table`` with no value cut short in a narrow console: a cell too wide for its
+    column folds onto the next line instead of ending in an ellipsis; ``headers`` renames
+    columns (old header -> new) to take less room."""
+    for column in table.columns:
+        column.overflow = "fold"
+        if headers and str(column.header) in headers:
+            column.header = headers[str(column.header)]
+    return table
+
+
+def turn_reasons(turns: list[TurnResult]) -> Text | None:
+    """The reasons of the turns that have one, a line each under the turn table (in the
+    table's path column they squeezed every other column at 80 columns)."""
+    lines = [f"turn {t.index + 1} ({t.model}, {t.path}): {t.reason}" for t in turns if t.reason]
+    return Text("\n".join(lines)) if lines else None
+
+
 def render_demo(summary: TurnsSummary, mode: DemoMode) -> Group:
-    """The turn table and the stats of ``spswap bench turns``, then the demo's notes."""
-    table = turn_table(summary)
+    """The turn table and the stats of ``spswap bench turns``, then the demo's notes;
+    every value whole at 80 columns (:func:`readable`), the turns' reasons below."""
+    plain = [dataclasses.replace(t, reason=None) for t in summary.turns]
+    table = readable(turn_table(dataclasses.replace(summary, turns=plain)))
     table.title = (f"spswap demo: {len(summary.models)} models take turns on "
                    f"{summary.settings.get('device', '?')}, through "
                    f"{'CRIU (spswapd)' if mode.checkpoint else 'the pool'}")  # fmt: skip
-    parts: list[Any] = [table, stats_table(summary), verdict(summary)]
+    parts: list[Any] = [table]
+    reasons = turn_reasons(summary.turns)
+    if reasons:
+        parts.append(reasons)
+    stats = readable(stats_table(summary), STATS_HEADERS)
+    stats.title = STATS_TITLE
+    parts += [stats, verdict(summary)]
     if not demo_ok(summary):
         parts.append(Text("Some answers differ from the cold answers: the swap path is "
                           "broken.", style="bold red"))  # fmt: skip

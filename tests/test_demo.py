@@ -161,6 +161,33 @@ def test_path_without_slurm_hides_only_slurms_commands(tmp_path: Path) -> None:
     assert (Path(first) / "criu").resolve() == bin_dir / "criu"
 
 
+def test_the_report_keeps_every_value_at_80_columns() -> None:
+    # the stats table cut model names and headers short ("model…", "cold/…") in an
+    # 80-column console, which is what a pipe or a log gets (newcomer walk)
+    turns = [
+        _turn(0, "model-0", TurnKind.COLD, "cold", 123.456, 0.1),
+        _turn(1, "model-10", TurnKind.COLD, "cold", 11.2, 0.1),
+        _turn(2, "model-0", TurnKind.RESTORE, "kept", 1.234, 0.5),
+        _turn(3, "model-10", TurnKind.RESTORE, "image", 13.5, 12.0),
+    ]
+    mode = DemoMode(True)
+    turns = explain_slower(turns, mode)
+    summary = summarize(["model-0", "model-10"], turns, wall_s=50.0,
+                        settings={"device": "cpu"}, restored_paths=mode.restored_paths)  # fmt: skip
+    console = Console(width=80, record=True, force_terminal=False)
+    console.print(render_demo(summary, mode))
+    text = console.export_text()
+    assert "…" not in text, text
+    assert all(len(line) <= 80 for line in text.splitlines())
+    cells = {word for line in text.splitlines() for word in line.split()}
+    for value in ("model-0", "model-10", "123.46", "(reference)", "100.0x", "0.8x", "turns",
+                  "faster", "Slurm", "spswap"):  # fmt: skip
+        assert value in cells, f"{value!r} not whole in:\n{text}"
+    # a turn's reason is said in full under the turn table
+    assert "turn 4 (model-10, image): slower than cold: the displaced model's dump took " \
+        "12.00 s of it (cold turn: 0.10 s)" in " ".join(text.split()), text  # fmt: skip
+
+
 def test_cli_demo_bad_preset_is_a_clear_error(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     proc = subprocess.run(
