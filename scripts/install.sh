@@ -35,6 +35,7 @@ done
 # The first directory on the way to $1 (or $1 itself) that other users cannot pass.
 private_step() {
     local p=$1 mode
+    case "$p" in /*) ;; *) p=$PWD/$p ;; esac  # dirname of a relative path ends at ".", not /
     while :; do
         mode=$(stat -L -c '%a' -- "$p" 2>/dev/null) || { echo "$p"; return 0; }
         (( 8#$mode & 8#001 )) || { echo "$p (mode $mode)"; return 0; }

@@ -21,10 +21,10 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+def _run(*args: str, cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:
     base = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/root"}
     return subprocess.run(["bash", str(INSTALL), *args], capture_output=True, text=True,
-                          timeout=120, env={**base, **env})  # fmt: skip
+                          timeout=120, env={**base, **env}, cwd=cwd)  # fmt: skip
 
 
 @pytest.fixture
@@ -94,3 +94,14 @@ def test_warns_of_a_shared_venv_built_on_roots_python(private_python: Path,
         f"with 'bad interpreter'. For an install the node's users run: rm -rf "
         f"{shared_dir / 'venv'}, then run install.sh again"
     )
+
+
+def test_a_second_run_with_the_default_relative_venv_ends(shared_dir: Path) -> None:
+    """The README's test command run a second time: the venv (``.venv``, relative) exists and
+    its python is checked. A relative path's parents end at ".", never at "/": the check
+    looped forever (the whole `bash scripts/test.sh` hung in install.sh)."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(shared_dir / ".venv")],
+                   check=True, timeout=120)  # fmt: skip
+    proc = _run("--check-python", cwd=shared_dir, SPSWAP_VENV=".venv")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("install.sh: .venv exists (built on "), proc.stdout
