@@ -18,12 +18,19 @@ so no one but CRIU can thaw the tree between the check and the seize.
 
 Without a cgroup v2 hierarchy (a v1-only host) there is no hold: the image's credentials,
 checked after the dump (:mod:`image_creds`), are then the only guard.
+
+spswapd's start-up sweep (:func:`cgroups.sweep`) ends what a dead spswapd left in the
+holds of its root's tag. A hold made without a tag (``spswap-parked-hold-<random>``: a
+dump outside spswapd, a test's or a script's, whose process died before its release)
+is nobody's: the sweep removes those too, only when empty and made a while ago
+(:func:`sweep_untagged`), never a process in them.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import re
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -61,8 +68,7 @@ class FreezeHold:
         if own is None or where is None:
             return None
         base = where if where.name.startswith(cgroups.PREFIX) else own
-        name = f"{cgroups.PREFIX}{tag + '-' if tag else ''}hold-{secrets.token_hex(4)}"
-        top = base / name
+        top = base / hold_name(tag, secrets.token_hex(4))
         try:
             top.mkdir(mode=0o700)
             os.chmod(top, 0o700)  # cgroupfs ignores mkdir's mode
@@ -171,6 +177,59 @@ class FreezeHold:
 
 
 RMDIR_WAIT_S = 5.0
+UNTAGGED_STALE_S = 60.0  # a hold in use is empty only for the moments of its making
+
+
+def hold_name(tag: str, token: str) -> str:
+    """A hold's cgroup name: ``spswap-parked-<tag>-hold-<token>``, and without a tag
+    ``spswap-parked-hold-<token>``. Pure."""
+    return f"{cgroups.PREFIX}{tag + '-' if tag else ''}hold-{token}"
+
+
+def untagged_hold(name: str) -> bool:
+    """Whether ``name`` is a hold made without a tag (of no spswapd's root). Pure: a
+    daemon's tag is hex (:func:`cgroups.root_tag`), never "hold"."""
+    return re.fullmatch(re.escape(hold_name("", "")) + r"[0-9a-f]{8}", name) is not None
+
+
+def sweepable(name: str, age_s: float, pids: int) -> bool:
+    """Whether the start-up sweep removes the cgroup ``name``, made ``age_s`` ago and
+    holding ``pids`` processes: an untagged hold, empty, older than
+    :data:`UNTAGGED_STALE_S` (one being made right now is empty for a moment). Pure."""
+    return untagged_hold(name) and pids == 0 and age_s > UNTAGGED_STALE_S
+
+
+def sweep_untagged(proc: Path = cgroups.PROC, now_s: float | None = None) -> list[str]:
+    """At spswapd's start: remove the empty untagged holds (:func:`sweepable`) in its own
+    v2 cgroup, where a process makes its holds (and where :func:`cgroups.sweep` looks);
+    returns their paths. Never raises."""
+    try:
+        own = cgroups.own_dirs(cgroups.mounts(proc), proc).get("")
+        found = [d for d in own.iterdir() if untagged_hold(d.name)] if own else []
+    except OSError:
+        return []
+    now_s = time.time() if now_s is None else now_s
+    swept = []
+    for top in found:
+        try:
+            age_s = now_s - top.stat().st_mtime
+        except OSError:
+            continue
+        parts = [top / "tree", top]
+        pids = sum(len(_procs(d)) for d in parts)
+        if sweepable(top.name, age_s, pids):
+            for d in parts:
+                _rmdir(d)
+            if not top.exists():
+                swept.append(str(top))
+    return swept
+
+
+def _procs(d: Path) -> set[int]:
+    try:
+        return {int(x) for x in (d / "cgroup.procs").read_text().split()}
+    except OSError:
+        return set()
 
 
 def _rmdir(d: Path, wait_s: float = 0.0) -> None:

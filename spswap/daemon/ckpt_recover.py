@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from spswap.checkpoint.cgroups import root_tag, sweep
 from spswap.checkpoint.criu import remove_image
+from spswap.checkpoint.freeze_hold import sweep_untagged
 from spswap.checkpoint.service import incomplete_images, job_prefix, temp_dirs
 from spswap.daemon.ckpt_status import resume
 from spswap.daemon.image_uses import sync_quietly
@@ -45,7 +46,7 @@ def recover(st: DaemonState) -> dict[str, Any]:
     process, that wait happens in a thread so the daemon answers meanwhile.
     """
     # first: what a dead daemon left parked outside its job (no home known any more)
-    swept = sweep(root_tag(st.cfg.root))
+    swept = sweep(root_tag(st.cfg.root)) + sweep_untagged()
     if swept:
         st.event("checkpoint.parked_swept", cgroups=swept)
     stale = []

@@ -1,0 +1,83 @@
+"""The freeze holds' names and which of them spswapd's start-up sweep takes: a hold
+made without a tag (a test's or a script's dump, no spswapd's root) was left behind
+empty by a test run and no sweep ever took it. No real cgroups here: the sweep runs on
+a stand-in hierarchy (a mountinfo naming a plain directory as cgroup2)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from spswap.checkpoint import cgroups
+from spswap.checkpoint.freeze_hold import (
+    UNTAGGED_STALE_S,
+    hold_name,
+    sweep_untagged,
+    sweepable,
+    untagged_hold,
+)
+
+TAG = cgroups.root_tag(Path("/dev/shm/spswap"))
+
+
+def test_hold_names() -> None:
+    assert hold_name(TAG, "0123abcd") == f"spswap-parked-{TAG}-hold-0123abcd"
+    assert hold_name("", "0123abcd") == "spswap-parked-hold-0123abcd"
+
+
+@pytest.mark.parametrize(("name", "untagged"), [
+    ("spswap-parked-hold-0123abcd", True),
+    (f"spswap-parked-{TAG}-hold-0123abcd", False),  # its root's spswapd sweeps it
+    ("spswap-parked-doctor-hold-0123abcd", False),
+    (f"spswap-parked-{TAG}-7-4242", False),  # a parked cgroup
+    ("spswap-parked-probe-hold-4242", False),  # doctor's probe, removed at once
+    ("spswap-parked-hold-0123abcd/tree", False),
+    ("spswap-parked-hold-0123abc", False),
+    ("spswap-parked-hold-0123abcde", False),
+    ("spswap-parked-hold-0123ABCD", False),
+    ("other-parked-hold-0123abcd", False),  # not spswap's
+    ("spswap-parked-hold-", False),
+])  # fmt: skip
+def test_untagged_hold(name: str, untagged: bool) -> None:
+    assert untagged_hold(name) is untagged
+
+
+@pytest.mark.parametrize(("name", "age_s", "pids", "taken"), [
+    ("spswap-parked-hold-0123abcd", UNTAGGED_STALE_S + 1, 0, True),
+    ("spswap-parked-hold-0123abcd", 0.5, 0, False),  # being made right now
+    ("spswap-parked-hold-0123abcd", 3600.0, 1, False),  # a process in it: never
+    (f"spswap-parked-{TAG}-hold-0123abcd", 3600.0, 0, False),  # tagged: cgroups.sweep's
+])  # fmt: skip
+def test_sweepable(name: str, age_s: float, pids: int, taken: bool) -> None:
+    assert sweepable(name, age_s, pids) is taken
+
+
+def test_start_up_sweep_takes_only_old_empty_untagged_holds(tmp_path: Path) -> None:
+    proc, hierarchy = tmp_path / "proc", tmp_path / "cgroup"
+    (proc / "self").mkdir(parents=True)
+    hierarchy.mkdir()
+    (proc / "self" / "mountinfo").write_text(
+        f"36 25 0:31 / {hierarchy} rw,nosuid,nodev,noexec - cgroup2 cgroup2 rw,nsdelegate\n"
+    )
+    (proc / "self" / "cgroup").write_text("0::/\n")
+    old_s = time.time() - 2 * UNTAGGED_STALE_S
+
+    def hold(name: str, *, made_s: float, pids: str = "") -> Path:
+        top = hierarchy / name
+        (top / "tree").mkdir(parents=True)
+        if pids:
+            (top / "tree" / "cgroup.procs").write_text(pids)
+        os.utime(top, (made_s, made_s))
+        return top
+
+    left = hold("spswap-parked-hold-0123abcd", made_s=old_s)
+    new = hold("spswap-parked-hold-89abcdef", made_s=time.time())
+    busy = hold("spswap-parked-hold-deadbeef", made_s=old_s, pids="4242\n")
+    tagged = hold(f"spswap-parked-{TAG}-hold-00112233", made_s=old_s)
+    assert sweep_untagged(proc) == [str(left)]
+    assert not left.exists()
+    assert new.exists() and busy.exists() and tagged.exists()
+    assert sweep_untagged(tmp_path / "no-proc") == []  # no mountinfo: nothing, no error
