@@ -56,8 +56,8 @@ def render_serve_multi(opts: MultiSbatchOptions = MultiSbatchOptions()) -> str:
 #SBATCH --output=%x-%j.log
 
 MODELS=({models})   # CHANGE: the models; a request's "model" is its directory's name
-ENGINE={opts.engine}   # CHANGE: vllm (Hugging Face-style directories, on the job's GPU) or reference
-ENGINE_ARGS=({engine_args})   # CHANGE: each model's settings (docs/multi.md "vLLM models"); () for reference
+ENGINE={opts.engine}   # CHANGE: vllm (Hugging Face-style models on the GPU) or reference
+ENGINE_ARGS=({engine_args})   # CHANGE: each model's settings (docs/multi.md); () for reference
 STATE="$PWD/.spswap/${{SLURM_JOB_ID}}"
 # The endpoint is a Unix socket only you (and root) can reach; its path is printed at the
 # start of the log. From the job or another job of yours on the node:
