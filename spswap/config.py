@@ -212,6 +212,8 @@ _NON_CONFIG_VARS = frozenset(
         "accept_golden",
         "test_pool",
         "test_vllm_model",
+        "test_vllm_models",
+        "test_root",
         "cpu_threads",
         "user",
         "prefix",

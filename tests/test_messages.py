@@ -103,8 +103,8 @@ def test_help_names_arguments_in_capitals_and_flags_without_a_type() -> None:
 
 def test_cli_reference_marks_required_options() -> None:
     text = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
-    ask = text.split("### `spswap ask`", 1)[1].split("###", 1)[0]
+    ask = text.split("## `spswap ask`", 1)[1].split("\n#", 1)[0]
     # ask takes one of --socket, --job, --state-dir: none of them is required alone
     assert "- `--socket`: The socket `spswap serve` listens on" in ask and "- `--job`:" in ask
-    reserve = text.split("### `spswap slots reserve`", 1)[1].split("###", 1)[0]
+    reserve = text.split("### `spswap slots reserve`", 1)[1].split("\n#", 1)[0]
     assert "- `--model` (required): Model the reservation is for (shown to others)." in reserve

@@ -263,7 +263,8 @@ def _set_frozen(dirs: dict[str, Path], frozen: bool, timeout_s: float) -> bool:
     return True
 
 
-def _procs(d: Path) -> set[int]:
+def procs_of(d: Path) -> set[int]:
+    """The pids in cgroup ``d`` (none when it cannot be read)."""
     try:
         return {int(x) for x in (d / "cgroup.procs").read_text().split()}
     except OSError:
@@ -277,7 +278,7 @@ def kill_cgroups(dirs: list[Path], timeout_s: float = 30.0) -> list[int]:
     seen: set[int] = set()
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        left = set().union(*(_procs(d) for d in dirs)) if dirs else set()
+        left = set().union(*(procs_of(d) for d in dirs)) if dirs else set()
         if not left:
             break
         seen |= left
@@ -286,11 +287,11 @@ def kill_cgroups(dirs: list[Path], timeout_s: float = 30.0) -> list[int]:
                 _write_quietly(d / "cgroup.kill", "1")
             elif (d / "freezer.state").exists():
                 _write_quietly(d / "freezer.state", "FROZEN")
-                for pid in _procs(d):
+                for pid in procs_of(d):
                     _kill_quietly(pid)
                 _write_quietly(d / "freezer.state", "THAWED")  # a frozen task cannot die
             else:
-                for pid in _procs(d):
+                for pid in procs_of(d):
                     _kill_quietly(pid)
         for pid in left:  # spswapd's own children (a restore's) need reaping
             try:

@@ -216,20 +216,13 @@ def sweep_untagged(proc: Path = cgroups.PROC, now_s: float | None = None) -> lis
         except OSError:
             continue
         parts = [top / "tree", top]
-        pids = sum(len(_procs(d)) for d in parts)
+        pids = sum(len(cgroups.procs_of(d)) for d in parts)
         if sweepable(top.name, age_s, pids):
             for d in parts:
                 _rmdir(d)
             if not top.exists():
                 swept.append(str(top))
     return swept
-
-
-def _procs(d: Path) -> set[int]:
-    try:
-        return {int(x) for x in (d / "cgroup.procs").read_text().split()}
-    except OSError:
-        return set()
 
 
 def _rmdir(d: Path, wait_s: float = 0.0) -> None:

@@ -112,6 +112,40 @@ while :; do sleep 1 & wait $!; done
     wait_for("the high job to finish", lambda: backend.job_alive(high) is False, timeout_s=30)
 
 
+def test_a_preempted_job_that_ends_in_its_grace_time_is_not_requeued_by_slurm(
+    slurm_cluster: SlurmCluster, backend: CliBackend
+) -> None:
+    """Why spswapd requeues a preempted job itself (once its tree has left the job): Slurm
+    22.05 does not requeue a job selected for preemption that ends by itself within its
+    GraceTime; it completes, and is gone. (slurm.conf(5) suggests otherwise; tried here,
+    2026-12-03. That requeue of the running job is a kill, and slurmd checks a killed
+    job's end once a second: part of every preemption's time is Slurm's.)"""
+    marks = slurm_cluster.work / "grace-marks"
+    script = f"""
+echo "start ${{SLURM_RESTART_COUNT:-0}}" >> {marks}
+on_usr1() {{
+    echo usr1 >> {marks}; touch {marks}.usr1
+    while [ -e {marks}.usr1 ]; do sleep 0.1; done
+}}
+trap 'on_usr1; exit 0' USR1
+trap 'echo term >> {marks}; exit 0' TERM
+while :; do sleep 1 & wait $!; done
+"""
+    low = slurm_cluster.sbatch(script, "--partition=low", "--gres=gpu:2", "--requeue",
+                               "--signal=B:USR1@60")  # fmt: skip
+    wait_for("the low job to run", lambda: marks.exists() and "start 0" in marks.read_text())
+    high = slurm_cluster.sbatch("sleep 1", "--partition=high", "--gres=gpu:1")
+    flag = Path(f"{marks}.usr1")
+    wait_for("USR1 at preemption", flag.exists, timeout_s=15)
+    flag.unlink()  # the job ends now, by itself, in its GraceTime
+    wait_for("the low job's end", lambda: backend.job_alive(low) is False, timeout_s=30)
+    wait_for("the high job to finish", lambda: backend.job_alive(high) is False, timeout_s=30)
+    time.sleep(3)  # a requeued job would be pending again by now
+    info = backend.job(low)
+    assert info is not None and info.state == "COMPLETED" and info.restart_count == 0, info
+    assert [x.split(" ")[0] for x in marks.read_text().split("\n") if x] == ["start", "usr1"]
+
+
 def test_signal_batch_reaches_the_batch_shell(
     slurm_cluster: SlurmCluster, backend: CliBackend
 ) -> None:
