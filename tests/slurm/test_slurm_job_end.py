@@ -1,0 +1,75 @@
+"""Facts of Slurm 22.05 that the time of a stop rests on (the CI's real Slurm): a finished
+batch job can be requeued with ``scontrol requeue`` and runs again; a requeued job ends
+at once when its batch script exits with nothing left in its cgroup, a second or two
+later when something is left."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from spswap.slurm.backend import CliBackend
+from tests.slurm.conftest import SlurmCluster, wait_for
+
+
+def _left_running(backend: CliBackend, job: str, t0: float, timeout_s: float = 30.0) -> float:
+    """Seconds from ``t0`` until Slurm no longer shows ``job`` running or completing."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        info = backend.job(job)
+        if info is None or info.state not in ("RUNNING", "COMPLETING"):
+            return time.monotonic() - t0
+        time.sleep(0.02)
+    raise AssertionError(f"job {job} still running after {timeout_s} s")
+
+
+def test_a_finished_batch_job_can_be_requeued(slurm_cluster: SlurmCluster) -> None:
+    backend = CliBackend()
+    marks = slurm_cluster.work / "finished-marks"
+    job = slurm_cluster.sbatch(f'echo "start ${{SLURM_RESTART_COUNT:-0}}" >> {marks}',
+                               "--requeue")  # fmt: skip
+    wait_for("the job to finish", lambda: (i := backend.job(job)) is not None
+             and i.state == "COMPLETED", timeout_s=60)  # fmt: skip
+    backend.requeue(job)
+    wait_for("its second run", lambda: "start 1" in marks.read_text(), timeout_s=90)
+    info = backend.job(job)
+    assert info is not None and info.restart_count == 1, info
+
+
+@pytest.mark.parametrize("left", ["nothing", "a child"])
+def test_a_requeued_job_ends_at_once_unless_something_stays_in_its_cgroup(
+    slurm_cluster: SlurmCluster, left: str
+) -> None:
+    """``scontrol requeuehold`` (a turn of ``spswap bench turns``): a batch script that
+    exits on the signal with nothing left in the job's cgroup ends the job within a few
+    tenths of a second (0.24-0.30 s measured); one whose child is still there when it
+    exits (here ``sleep 1 &``) ends the job only after 1.9 s (slurmstepd waits for the
+    cgroup to empty in steps of a second). So a parked run must leave nothing behind in
+    its job: the tree goes out whole, and the run ends last."""
+    backend = CliBackend()
+    marks = slurm_cluster.work / f"end-marks-{left.replace(' ', '-')}"
+    wait_line = ("while :; do read -t 1 -u 9; done" if left == "nothing"
+                 else "while :; do sleep 1 & wait $!; done")  # fmt: skip
+    script = f"""
+trap 'exit 0' TERM
+fifo=$(mktemp -u); mkfifo "$fifo"; exec 9<>"$fifo"; rm "$fifo"
+echo ready >> {marks}.$SLURM_JOB_ID
+{wait_line}
+"""
+    ends = []
+    for _ in range(2):
+        job = slurm_cluster.sbatch(script, "--requeue")
+        wait_for("the job to run", Path(f"{marks}.{job}").exists, timeout_s=60)
+        t0 = time.monotonic()
+        subprocess.run(["scontrol", "requeuehold", job], check=True)
+        ends.append(_left_running(backend, job, t0))
+        subprocess.run(["scancel", job], check=False)
+        wait_for("the job's end", lambda j=job: backend.job_alive(j) is False, timeout_s=60)
+    print(f"requeued job's end with {left} left behind: {[f'{s:.2f}' for s in ends]} s")
+    if left == "nothing":
+        assert min(ends) < 1.0, ends
+    else:
+        assert min(ends) >= 1.0, ends
