@@ -23,7 +23,16 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from spswap.checkpoint.cgroups import PREFIX, parse_proc_cgroup
+from spswap.checkpoint.cgroups import (
+    PREFIX,
+    PROC,
+    TRACKING,
+    fs_path,
+    memberships,
+    mounts,
+    parse_proc_cgroup,
+    procs_of,
+)
 from spswap.serve.run_log import process_started_s
 
 StatusOf = Callable[[str], dict[str, Any]]
@@ -65,6 +74,56 @@ def left_job(pid: int, job_id: str, status_of: StatusOf) -> bool:
     return bool(status.get("left_job")) and status.get("pid") == pid
 
 
+def job_dirs(own: Path, job_id: str) -> Path | None:
+    """The job's cgroup directory above ``own`` (a process's cgroup directory inside it:
+    ``.../job_<id>/step_batch/...``), None when ``own`` is not inside job ``job_id``."""
+    parts = own.parts
+    component = f"job_{job_id}"
+    return Path(*parts[: parts.index(component) + 1]) if component in parts else None
+
+
+def left_in_job(job_id: str, keep: set[int], proc: Path = PROC) -> list[tuple[int, str]]:
+    """The processes still in job ``job_id``'s cgroup (the hierarchies Slurm tracks a
+    job by), but ``keep`` and Slurm's own slurmstepd, as (pid, command name). Slurm ends a
+    job only once its cgroup is empty, waiting in steps of a second
+    (tests/slurm/test_slurm_job_end.py): anything here when the run ends costs that."""
+    found = mounts(proc)
+    pids: set[int] = set()
+    for m in memberships("self", proc):
+        own = fs_path(m, found) if m.controllers in TRACKING else None
+        top = job_dirs(own, job_id) if own is not None else None
+        if top is not None:
+            pids |= set().union(*(procs_of(d) for d in [top, *top.rglob("*")] if d.is_dir()))
+    left = []
+    for pid in sorted(pids - keep):
+        try:
+            comm = (proc / str(pid) / "comm").read_text().strip()
+        except OSError:
+            continue  # gone meanwhile
+        if comm != "slurmstepd":
+            left.append((pid, comm))
+    return left
+
+
+def say_left_in_job(job_id: str) -> None:
+    """One line in the job log when the run ends with something of the job left in its
+    cgroup (the run itself and the batch shell aside). Never raises: a diagnostic."""
+    try:
+        left = left_in_job(job_id, {os.getpid(), os.getppid()})
+    except Exception:  # noqa: BLE001 - the run's end must not fail for a diagnostic
+        return
+    if left:
+        print(left_message(left), file=sys.stderr, flush=True)
+
+
+def left_message(left: list[tuple[int, str]], shown: int = 8) -> str:
+    """The job log's line for what :func:`left_in_job` found. Pure."""
+    names = ", ".join(f"pid {pid} ({comm})" for pid, comm in left[:shown])
+    more = f" and {len(left) - shown} more" if len(left) > shown else ""
+    return (f"spswap serve: the run ends with {len(left)} process(es) of the job still in its "
+            f"cgroup: {names}{more}; Slurm ends the job once they are gone")  # fmt: skip
+
+
 class RunWatch:
     """The parent's side of the fork (see the module doc)."""
 
@@ -93,6 +152,7 @@ class RunWatch:
                 return 128 - code if code < 0 else code  # killed by a signal: 128 + its number
             if left_job(self.child_pid, self.job_id, self.status_of):
                 self.gone = True
+                say_left_in_job(self.job_id)
                 return 0
             time.sleep(POLL_S)
 

@@ -140,3 +140,48 @@ def test_fork_instance_does_not_fork_outside_a_job_cgroup() -> None:
         pytest.skip("this test runs inside Slurm job 42")
     assert run_watch.fork_instance(None, lambda j: {}) is None
     assert run_watch.fork_instance("42", lambda j: {}) is None
+
+
+def _fake_job(tmp_path: Any, procs: dict[str, list[int]], comms: dict[int, str]) -> Any:
+    """A /proc of this process inside job 42's v2 cgroup, on a stand-in cgroupfs whose
+    job directories hold ``procs`` (relative dir -> pids); ``comms``: each pid's name."""
+    cg, proc = tmp_path / "cg", tmp_path / "proc"
+    (proc / "self").mkdir(parents=True)
+    (proc / "self" / "cgroup").write_text(V2_JOB)
+    (proc / "self" / "mountinfo").write_text(
+        f"41 31 0:38 / {cg} rw,relatime - cgroup2 cgroup2 rw\n"
+    )
+    job = cg / "system.slice/slurmstepd.scope/job_42"
+    for rel, pids in procs.items():
+        (job / rel).mkdir(parents=True, exist_ok=True)
+        (job / rel / "cgroup.procs").write_text("".join(f"{p}\n" for p in pids))
+    for pid, comm in comms.items():
+        (proc / str(pid)).mkdir()
+        (proc / str(pid) / "comm").write_text(comm + "\n")
+    return proc
+
+
+def test_left_in_job_names_what_stays_in_the_jobs_cgroup(tmp_path: Any) -> None:
+    """What makes Slurm wait at a run's end: every process of the job's cgroup, in any
+    of its sub-cgroups, but the run, the batch shell and slurmstepd."""
+    proc = _fake_job(
+        tmp_path,
+        {"step_batch/slurm": [10], "step_batch/user/task_0": [20, 21, 30], "step_extern": [40]},
+        {10: "slurmstepd", 20: "spswap", 21: "bash", 30: "pt_main_thread", 40: "sleep"},
+    )
+    left = run_watch.left_in_job("42", {20, 21}, proc)
+    assert left == [(30, "pt_main_thread"), (40, "sleep")]
+    assert run_watch.left_in_job("42", {20, 21, 30, 40}, proc) == []
+    assert run_watch.left_in_job("7", {20}, proc) == []  # not this job's
+
+
+def test_left_message_exact_text() -> None:
+    assert run_watch.left_message([(30, "pt_main_thread"), (40, "sleep")]) == (
+        "spswap serve: the run ends with 2 process(es) of the job still in its cgroup: "
+        "pid 30 (pt_main_thread), pid 40 (sleep); Slurm ends the job once they are gone"
+    )
+    many = [(i, "x") for i in range(10)]
+    assert run_watch.left_message(many, shown=2) == (
+        "spswap serve: the run ends with 10 process(es) of the job still in its cgroup: "
+        "pid 0 (x), pid 1 (x) and 8 more; Slurm ends the job once they are gone"
+    )
