@@ -80,6 +80,15 @@ def test_requeue_increments_restart_count(slurm_cluster: SlurmCluster, backend: 
     backend.cancel(job)
 
 
+def _preemptable_running(cluster: SlurmCluster, script: str, marks: Path) -> str:
+    """A requeueable job on ``low`` holding both GPUs (a ``high`` job preempts it), with
+    USR1 at preemption; returns its id once its script wrote ``start 0`` to ``marks``."""
+    job = cluster.sbatch(script, "--partition=low", "--gres=gpu:2", "--requeue",
+                         "--signal=B:USR1@60")  # fmt: skip
+    wait_for("the low job to run", lambda: marks.exists() and "start 0" in marks.read_text())
+    return job
+
+
 def test_preemption_sends_usr1_then_requeues(
     slurm_cluster: SlurmCluster, backend: CliBackend
 ) -> None:
@@ -92,9 +101,7 @@ trap 'echo usr1 >> {marks}' USR1
 trap 'echo term >> {marks}; exit 0' TERM
 while :; do sleep 1 & wait $!; done
 """
-    low = slurm_cluster.sbatch(script, "--partition=low", "--gres=gpu:2", "--requeue",
-                               "--signal=B:USR1@60")  # fmt: skip
-    wait_for("the low job to run", lambda: marks.exists() and "start 0" in marks.read_text())
+    low = _preemptable_running(slurm_cluster, script, marks)
     submitted = time.monotonic()
     high = slurm_cluster.sbatch("sleep 3", "--partition=high", "--gres=gpu:1")
     wait_for("USR1 at preemption", lambda: "usr1" in marks.read_text(), timeout_s=15)
@@ -131,9 +138,7 @@ trap 'on_usr1; exit 0' USR1
 trap 'echo term >> {marks}; exit 0' TERM
 while :; do sleep 1 & wait $!; done
 """
-    low = slurm_cluster.sbatch(script, "--partition=low", "--gres=gpu:2", "--requeue",
-                               "--signal=B:USR1@60")  # fmt: skip
-    wait_for("the low job to run", lambda: marks.exists() and "start 0" in marks.read_text())
+    low = _preemptable_running(slurm_cluster, script, marks)
     high = slurm_cluster.sbatch("sleep 1", "--partition=high", "--gres=gpu:1")
     flag = Path(f"{marks}.usr1")
     wait_for("USR1 at preemption", flag.exists, timeout_s=15)
