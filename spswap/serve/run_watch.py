@@ -26,10 +26,8 @@ from typing import Any
 from spswap.checkpoint.cgroups import (
     PREFIX,
     PROC,
-    TRACKING,
-    fs_path,
-    memberships,
     mounts,
+    own_dirs,
     parse_proc_cgroup,
     procs_of,
 )
@@ -74,7 +72,7 @@ def left_job(pid: int, job_id: str, status_of: StatusOf) -> bool:
     return bool(status.get("left_job")) and status.get("pid") == pid
 
 
-def job_dirs(own: Path, job_id: str) -> Path | None:
+def job_dir(own: Path, job_id: str) -> Path | None:
     """The job's cgroup directory above ``own`` (a process's cgroup directory inside it:
     ``.../job_<id>/step_batch/...``), None when ``own`` is not inside job ``job_id``."""
     parts = own.parts
@@ -87,11 +85,9 @@ def left_in_job(job_id: str, keep: set[int], proc: Path = PROC) -> list[tuple[in
     job by), but ``keep`` and Slurm's own slurmstepd, as (pid, command name). Slurm ends a
     job only once its cgroup is empty, waiting in steps of a second
     (tests/slurm/test_slurm_job_end.py): anything here when the run ends costs that."""
-    found = mounts(proc)
     pids: set[int] = set()
-    for m in memberships("self", proc):
-        own = fs_path(m, found) if m.controllers in TRACKING else None
-        top = job_dirs(own, job_id) if own is not None else None
+    for own in own_dirs(mounts(proc), proc).values():
+        top = job_dir(own, job_id)
         if top is not None:
             pids |= set().union(*(procs_of(d) for d in [top, *top.rglob("*")] if d.is_dir()))
     left = []
