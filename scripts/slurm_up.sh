@@ -29,6 +29,8 @@
 #                  /etc/default/spswap (spswapd finds real ones by NVML or /dev/nvidiaN)
 #   GRACE_TIME     GraceTime in seconds of the preemptable "low" partition (default 10)
 #   IDLE_TIMEOUT_S seconds to wait for the node to become idle   (default 60)
+#   SLURMD_DEBUG   slurmd's log level (default info; debug shows each job's end and
+#                  epilog steps with their times)
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -230,7 +232,7 @@ SlurmdPidFile=$SLURM_CI_DIR/slurmd.pid
 SlurmctldLogFile=$SLURM_CI_DIR/log/slurmctld.log
 SlurmdLogFile=$SLURM_CI_DIR/log/slurmd.log
 SlurmctldDebug=info
-SlurmdDebug=info
+SlurmdDebug=${SLURMD_DEBUG:-info}
 ProctrackType=proctrack/$PROCTRACK
 TaskPlugin=$TASK_PLUGIN
 SchedulerType=sched/backfill

@@ -238,6 +238,15 @@ class TurnsRun:
                 "date": time.strftime("%Y-%m-%d")}  # fmt: skip
 
 
+def turns_serve_args(engine: str, kv_cache_gib: float | None, eager: bool) -> str:
+    """The `spswap serve` options the bench adds to the template's line: vLLM's KV cache
+    size, and --no-eager unless eager was asked (serve's default is eager)."""
+    args = [f"--kv-cache-gib {kv_cache_gib:g}"] if kv_cache_gib else []
+    if engine == "vllm" and not eager:
+        args.append("--no-eager")
+    return " ".join(args)
+
+
 def job_script(opts: TurnsOptions, job: TurnJob, index: int) -> str:
     """The template users submit, for this model, with spswap's extra options."""
     script = render_serve(SbatchOptions(

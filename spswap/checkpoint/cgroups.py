@@ -24,6 +24,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from spswap.checkpoint import device_rules
+from spswap.checkpoint.device_rules import Carried
 from spswap.errors import CheckpointFailed
 
 PROC = Path("/proc")
@@ -124,6 +126,10 @@ class Parking:
     name: str
     dirs: dict[str, Path] = field(default_factory=dict)  # controllers -> parked dir
     homes: dict[int, dict[str, Path]] = field(default_factory=dict)  # pid -> controllers -> dir
+    # the job's device rules (cgroup v2's BPF programs) in the parked v2 cgroup: only
+    # then may the tree run there with its GPUs open (see device_rules)
+    devices: Carried = Carried.NOT_NEEDED
+    devices_reason: str = ""
 
     @classmethod
     def create(cls, name: str, tree_pid: int, proc: Path = PROC) -> Parking | None:
@@ -148,7 +154,26 @@ class Parking:
                 parking.remove()
                 raise CheckpointFailed(f"cannot make the parked cgroup {target}: {e}") from None
             parking.dirs[theirs.controllers] = target
+            if theirs.controllers == "":
+                parking.devices, parking.devices_reason = device_rules.carry(where, target)
         return parking if parking.dirs else None
+
+    @property
+    def holds_device_rules(self) -> bool:
+        """Whether the parked tree meets the same device rules as in its job."""
+        return self.devices is not Carried.FAILED
+
+    def take_device_rules_of(self, pid: int, proc: Path = PROC) -> Carried:
+        """Give the parked v2 cgroup the device rules in force for ``pid`` (the run that
+        takes the tree back) instead of its old job's; the outcome (also in
+        :attr:`devices`, the reason of a failure in :attr:`devices_reason`)."""
+        target = self.dirs.get("")
+        source = next((fs_path(m, mounts(proc)) for m in memberships(pid, proc)
+                       if m.controllers == ""), None)  # fmt: skip
+        if target is None or source is None:
+            return self.devices
+        self.devices, self.devices_reason = device_rules.replace(source, target)
+        return self.devices
 
     def adopt(self, pids: list[int], proc: Path = PROC) -> None:
         """Move ``pids`` (whole processes) into the parked cgroups, remembering their

@@ -49,7 +49,7 @@ from spswap.checkpoint.criu_find import (  # noqa: F401 - callers use them from 
     find_criu,
 )
 from spswap.checkpoint.criu_log import first_error, hint_for, log_tail, write_log
-from spswap.checkpoint.criu_user import RunAs, as_user_dir, root_post_dump
+from spswap.checkpoint.criu_user import RunAs, as_user_dir, root_post_dump, root_prefix
 from spswap.checkpoint.image_creds import image_problem
 from spswap.checkpoint.proctree import wait_pids_free
 from spswap.errors import CheckpointFailed
@@ -215,7 +215,7 @@ def dump(
                     root_fifos=(str(root_hook.request), str(root_hook.answer)) if root_hook
                     else None))  # fmt: skip
                 script.chmod(0o755 if root_hook else 0o700)
-            argv = (run_as.prefix() if run_as else []) + criu_argv.dump_argv(
+            argv = (run_as.prefix() if run_as else root_prefix()) + criu_argv.dump_argv(
                 str(path), pid=pid, images_dir=Path(images_arg), log_file="-",
                 leave_running=leave_running, shell_job=shell_job, tcp_close=tcp_close,
                 ghost_limit_bytes=ghost_limit_bytes, link_remap=bool(linked),

@@ -32,9 +32,25 @@ _VERSION_RE = re.compile(r"^\s*Version:\s*(\d+)\.(\d+)(?:\.(\d+))?", re.MULTILIN
 UNPRIVILEGED_CAPS = "+checkpoint_restore,+sys_ptrace,+setpcap"
 
 
+# The kernel kills CRIU when the thread that started it ends (spswapd killed mid-dump):
+# an orphaned CRIU would hold the tree seized. Last of setpriv's options: a change of
+# credentials clears it, and setpriv sets it after its own.
+DIE_WITH_CALLER = "--pdeathsig=KILL"
+
+
+def as_root_argv(setpriv: str) -> list[str]:
+    """The ``setpriv`` prefix of root's CRIU dump: it dies with its caller.
+
+    >>> as_root_argv("setpriv")
+    ['setpriv', '--pdeathsig=KILL']
+    """
+    return [setpriv, DIE_WITH_CALLER]
+
+
 def as_user_argv(setpriv: str, *, uid: int, gid: int, groups: list[int]) -> list[str]:
     """The ``setpriv`` prefix that starts CRIU as ``uid``/``gid`` with ``groups`` and
-    ambient :data:`UNPRIVILEGED_CAPS` (inheritable too: ambient needs them there).
+    ambient :data:`UNPRIVILEGED_CAPS` (inheritable too: ambient needs them there); it
+    dies with its caller (:data:`DIE_WITH_CALLER`).
 
     >>> as_user_argv("setpriv", uid=1001, gid=1001, groups=[])[:4]
     ['setpriv', '--reuid=1001', '--regid=1001', '--clear-groups']
@@ -43,7 +59,8 @@ def as_user_argv(setpriv: str, *, uid: int, gid: int, groups: list[int]) -> list
         raise ValueError(f"CRIU as a user needs a non-root uid, got {uid}")
     argv = [setpriv, f"--reuid={uid}", f"--regid={gid}"]
     argv.append(f"--groups={','.join(str(g) for g in groups)}" if groups else "--clear-groups")
-    return argv + [f"--inh-caps={UNPRIVILEGED_CAPS}", f"--ambient-caps={UNPRIVILEGED_CAPS}"]
+    return argv + [f"--inh-caps={UNPRIVILEGED_CAPS}", f"--ambient-caps={UNPRIVILEGED_CAPS}",
+                   DIE_WITH_CALLER]  # fmt: skip
 
 
 def check_argv(criu: str) -> list[str]:

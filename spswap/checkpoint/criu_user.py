@@ -58,6 +58,13 @@ class RunAs:
                                       groups=list(self.groups))  # fmt: skip
 
 
+def root_prefix() -> list[str]:
+    """The command line that starts root's CRIU dump so that it dies with spswapd
+    (:data:`criu_argv.DIE_WITH_CALLER`); none where setpriv is missing."""
+    setpriv = shutil.which("setpriv")
+    return criu_argv.as_root_argv(setpriv) if setpriv else []
+
+
 def chown_tree(top: Path, uid: int, gid: int, file_mode: int | None = None) -> None:
     """Give ``top`` and everything in it (no symlink followed) to ``uid``:``gid``."""
     os.lchown(top, uid, gid)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import re
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -215,11 +216,13 @@ def _states(pids: Iterable[int]) -> dict[int, str]:
     return out
 
 
-def checkpoint_tree(root_pid: int, timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS) -> list[int]:
+def checkpoint_tree(root_pid: int, timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS,
+                    spent_s: dict[str, float] | None = None) -> list[int]:  # fmt: skip
     """Lock, then checkpoint, every CUDA process of the tree; returns their pids.
 
     All are locked before any is checkpointed, so no process waits on a peer that is
     already gone. On failure the locked ones are unlocked again (best effort).
+    ``spent_s`` gets each process's checkpoint time (``checkpoint_pid<N>``).
     """
     _driver()  # a clear reason first when CUDA checkpoint cannot run here
     pids = [p for p, s in _states(cuda_pids(process_tree_pids(root_pid))).items() if s == "RUNNING"]
@@ -229,7 +232,10 @@ def checkpoint_tree(root_pid: int, timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS) ->
             lock(pid, timeout_ms)
             locked.append(pid)
         for pid in pids:
+            t0 = time.monotonic()
             checkpoint(pid)
+            if spent_s is not None:
+                spent_s[f"checkpoint_pid{pid}"] = time.monotonic() - t0
     except CheckpointFailed:
         for pid in locked:
             try:
@@ -242,20 +248,25 @@ def checkpoint_tree(root_pid: int, timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS) ->
 
 
 def restore_tree(
-    root_pid: int, gpu_map: Mapping[str, str] | None = None, pids: list[int] | None = None
-) -> list[int]:
+    root_pid: int, gpu_map: Mapping[str, str] | None = None, pids: list[int] | None = None,
+    spent_s: dict[str, float] | None = None,
+) -> list[int]:  # fmt: skip
     """Restore every CHECKPOINTED CUDA process of the tree (they stay LOCKED); returns pids.
 
     ``gpu_map`` (old UUID -> new UUID) moves them onto other GPUs; pairs are built for every
     GPU the driver sees. ``pids`` defaults to the tree's processes in CHECKPOINTED state
     (after a checkpoint they hold no /dev/nvidia* file, so the state is the only sign).
+    ``spent_s`` gets each process's restore time (``restore_pid<N>``).
     """
     _driver()
     candidates = pids if pids is not None else process_tree_pids(root_pid)
     todo = [p for p, s in _states(candidates).items() if s == "CHECKPOINTED"]
     pairs = gpu_pairs(visible_gpu_uuids(), gpu_map) if gpu_map else None
     for pid in todo:
+        t0 = time.monotonic()
         restore(pid, pairs)
+        if spent_s is not None:
+            spent_s[f"restore_pid{pid}"] = time.monotonic() - t0
     return todo
 
 

@@ -128,6 +128,7 @@ def dump_instance(
     pid_start: int | None = None,
     before_criu: Callable[[list[int]], list[tuple[Path, str]] | None] | None = None,
     criu_as_user: bool = True, freeze_tag: str = "",
+    before_cuda: Callable[[list[int]], bool] | None = None,
 ) -> DumpReport:  # fmt: skip
     """CUDA-checkpoint (when the tree uses CUDA) and CRIU-dump the tree of ``pid``.
 
@@ -145,6 +146,11 @@ def dump_instance(
     ``kept``. A failure after such a CRIU run deletes the image and raises with
     ``tree_kept`` set: the tree is alive, frozen and without its GPU state, and the
     caller ends it.
+
+    ``before_cuda`` gets the tree's pids once it passed every check, before the CUDA
+    checkpoint; True when it took the tree out of its job already (spswapd parks it
+    first where the parked cgroup keeps the job's device rules: the CUDA checkpoint then
+    runs after the job could end). It must not raise.
 
     ``criu_as_user``: a tree of a user other than root is dumped by CRIU started as that
     user (``--unprivileged``, see :class:`criu.RunAs`); a kept tree's post-dump freeze is
@@ -170,10 +176,16 @@ def dump_instance(
             "only processes of the job's own user are dumped"
         )
     cuda = cuda_ckpt.cuda_pids(tree) if cuda_ckpt.available() else []
+    if before_cuda is not None:
+        t0 = time.monotonic()
+        if before_cuda(tree):
+            timings["park"] = time.monotonic() - t0
     if cuda:
         t0 = time.monotonic()
-        cuda = cuda_ckpt.checkpoint_tree(pid)
+        per_process: dict[str, float] = {}
+        cuda = cuda_ckpt.checkpoint_tree(pid, spent_s=per_process)
         timings["cuda_checkpoint"] = time.monotonic() - t0
+        timings.update({f"cuda_{k}": v for k, v in per_process.items()})
     try:
         writes = before_criu(tree) if before_criu is not None else None
         run_as = criu.RunAs.for_uid(identity.uid) if criu_as_user and identity.uid != 0 else None
@@ -324,8 +336,10 @@ def _cuda_back(pid: int, cuda: list[int], gpu_map: dict[str, str] | None) -> dic
     timings: dict[str, float] = {}
     if cuda:
         t0 = time.monotonic()
-        cuda_ckpt.restore_tree(pid, gpu_map=gpu_map, pids=cuda)
+        per_process: dict[str, float] = {}
+        cuda_ckpt.restore_tree(pid, gpu_map=gpu_map, pids=cuda, spent_s=per_process)
         timings["cuda_restore"] = time.monotonic() - t0
+        timings.update({f"cuda_{k}": v for k, v in per_process.items()})
         t0 = time.monotonic()
         cuda_ckpt.unlock_tree(pid, pids=cuda)
         timings["cuda_unlock"] = time.monotonic() - t0

@@ -9,7 +9,7 @@ import typer
 
 from spswap.bench.traffic import TrafficOptions, bench_traffic
 from spswap.bench.traffic_plan import RateRow, parse_rates, render
-from spswap.bench.turns import TurnsOptions, run_turns
+from spswap.bench.turns import TurnsOptions, run_turns, turns_serve_args
 from spswap.cli.common import JsonOpt, RootOpt, console, emit, err_console, load_config
 from spswap.config import parse_size
 from spswap.engines.vllm_engine import available
@@ -181,6 +181,11 @@ def turns(
         "",
         help="vLLM's own options for every job, e.g. '--max-model-len 2048'.",
     ),
+    eager: bool = typer.Option(
+        False,
+        help="vLLM: serve eager (spswap serve's default, the fastest cold start); the "
+        "default --no-eager measures vLLM's own default, CUDA graphs and torch.compile.",
+    ),
     turn_timeout_s: float = typer.Option(
         600.0, min=1.0, help="How long one turn may take before the bench gives up."
     ),
@@ -212,7 +217,7 @@ def turns(
             raise ConfigError("--engine vllm needs MODELS: vLLM model directories "
                               "(e.g. written by scripts/gpu/make_models.py)")  # fmt: skip
         paths = make_reference_models(presets, work / "models")
-    serve_args = f"--kv-cache-gib {kv_cache_gib:g}" if kv_cache_gib else ""
+    serve_args = turns_serve_args(engine, kv_cache_gib, eager)
     opts = TurnsOptions(models=tuple(paths), work_dir=work, rounds=rounds, engine=engine,
                         partition=partition, gpus=gpus, max_new_tokens=max_new_tokens,
                         vllm_args=vllm_args, serve_args=serve_args, time_limit=time_limit,

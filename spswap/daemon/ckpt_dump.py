@@ -94,23 +94,24 @@ class _LeaveJob:
         self.early = False
         self.kept = False  # the dumped tree is kept alive (see :class:`Kept`)
 
-    def __call__(self, tree: list[int]) -> list[tuple[Path, str]] | None:  # before_criu
-        """Park. When the dumped tree is to be kept alive (:class:`Kept`: a parked tree
-        that fits the keep budget), the writes that freeze its parked cgroup, which CRIU
-        makes before it lets the tree go; None otherwise."""
+    def before_cuda(self, tree: list[int]) -> bool:
+        """Park before the CUDA checkpoint when the parked cgroup keeps the job's device
+        rules: the job may then end (and the next one start) while the GPU state is
+        saved. True when parked."""
         try:
-            self.parking = _park_out_of_job(self.st, self.job_id, tree)
-            if self.parking is not None and self.requeue:
-                sync_quietly(self.st)  # the entry held for the dump before the epilog runs
-                self.early = _requeue(self.st, self.job_id, early=True)
-            if self.parking is not None and (self.early or not self.requeue):
-                # the run may end now (spswap.serve.run_watch): nothing of the job's end
-                # waits on the tree any more, and a requeue it asked for is made. Unmarked
-                # (a full tmpfs), the run just ends at KillWait as it did before
-                try:
-                    self.st.statuses.mark_left_job(self.job_id)
-                except OSError as e:
-                    self._event("checkpoint.left_job_unmarked", reason=str(e)[:500])
+            self._leave(tree, need_device_rules=True)
+        except Exception as e:  # noqa: BLE001 - must not raise: parked after it instead
+            self._event("checkpoint.stays_in_job", reason=str(e)[:500])
+        return self.parking is not None
+
+    def __call__(self, tree: list[int]) -> list[tuple[Path, str]] | None:  # before_criu
+        """Park (unless :meth:`before_cuda` did). When the dumped tree is to be kept
+        alive (:class:`Kept`: a parked tree that fits the keep budget), the writes that
+        freeze its parked cgroup, which CRIU makes before it lets the tree go; None
+        otherwise."""
+        try:
+            if self.parking is None:
+                self._leave(tree, need_device_rules=False)
             budget = self.st.cfg.keep_budget_bytes()
             if self.parking is None or budget <= 0 or anon_rss_bytes(tree) > budget:
                 return None  # (a tree larger than the whole budget would be ended at once)
@@ -121,6 +122,20 @@ class _LeaveJob:
         except Exception as e:  # noqa: BLE001 - must not raise: the dump goes on regardless
             self._event("checkpoint.stays_in_job", reason=str(e)[:500])
             return None
+
+    def _leave(self, tree: list[int], *, need_device_rules: bool) -> None:
+        self.parking = _park_out_of_job(self.st, self.job_id, tree, need_device_rules)
+        if self.parking is not None and self.requeue:
+            sync_quietly(self.st)  # the entry held for the dump before the epilog runs
+            self.early = _requeue(self.st, self.job_id, early=True)
+        if self.parking is not None and (self.early or not self.requeue):
+            # the run may end now (spswap.serve.run_watch): nothing of the job's end
+            # waits on the tree any more, and a requeue it asked for is made. Unmarked
+            # (a full tmpfs), the run just ends at KillWait as it did before
+            try:
+                self.st.statuses.mark_left_job(self.job_id)
+            except OSError as e:
+                self._event("checkpoint.left_job_unmarked", reason=str(e)[:500])
 
     def after_failure(self, tree_kept: bool = False) -> str:
         """A failed dump: the instance back into its job, where it runs on; ended when
@@ -183,11 +198,19 @@ class _LeaveJob:
             pass
 
 
-def _park_out_of_job(st: DaemonState, job_id: str, tree: list[int]) -> Parking | None:
-    """The tree moved into a parked cgroup of spswapd's (see _LeaveJob), or None."""
+def _park_out_of_job(st: DaemonState, job_id: str, tree: list[int],
+                     need_device_rules: bool) -> Parking | None:  # fmt: skip
+    """The tree moved into a parked cgroup of spswapd's (see _LeaveJob), or None; with
+    ``need_device_rules``, None also when the parked cgroup could not get the job's
+    device rules (it is parked later, after the CUDA checkpoint closed its GPUs)."""
     parking = cgroups.Parking.create(f"{cgroups.root_tag(st.cfg.root)}-{job_id}-{tree[0]}",
                                      tree[0])  # fmt: skip
     if parking is None:
+        return None
+    if need_device_rules and not parking.holds_device_rules:
+        st.event("checkpoint.device_rules_not_carried", job_id=job_id,
+                 reason=parking.devices_reason[:500])  # fmt: skip
+        parking.remove()
         return None
     try:
         new = tree
@@ -219,7 +242,8 @@ def _dump(st: DaemonState, job_id: str, pid: int, pid_start: int | None, identit
                                    identity=identity, gpu_uuids=run_gpu_uuids(st, job_id),
                                    pid_start=pid_start, before_criu=leave,
                                    criu_as_user=not st.cfg.criu_as_root,
-                                   freeze_tag=cgroups.root_tag(st.cfg.root))  # fmt: skip
+                                   freeze_tag=cgroups.root_tag(st.cfg.root),
+                                   before_cuda=leave.before_cuda)  # fmt: skip
         finally:
             st.dumping.end(job_id)  # counted as an image from now on, or not at all
     except Exception as e:  # the instance runs on (unless CRIU ended it): tell it, record why

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from spswap.checkpoint import cgroups, proctree
 from spswap.checkpoint.criu import remove_image
+from spswap.checkpoint.device_rules import Carried
 from spswap.checkpoint.images import Identity, pool_digests
 from spswap.checkpoint.proctree import process_tree_pids
 from spswap.checkpoint.service import kept_image, restore_instance, wake_kept
@@ -66,7 +67,7 @@ def _restore(ctx: Context, st: DaemonState, rec: JobRecord, job_id: str, expecte
         raise CheckpointFailed(no_image_reason(job_id, status))
 
     kept = st.kept.take(job_id)  # this restore owns it now: nothing else may end it meanwhile
-    woken = _wake_kept(st, rec, job_id, expected, kept) if kept is not None else None
+    woken = _wake_kept(st, rec, job_id, expected, kept, ctx.peer_pid) if kept else None
     if kept is not None and woken is not None:
         pid, timings, image = woken
         try:
@@ -97,11 +98,12 @@ def _restore(ctx: Context, st: DaemonState, rec: JobRecord, job_id: str, expecte
 
 
 def _wake_kept(st: DaemonState, rec: JobRecord, job_id: str, expected: Identity,
-               kept: Kept) -> tuple[int, dict[str, float], Path] | None:  # fmt: skip
-    """The job's kept instance back: identity check, thaw, CUDA restore and unlock;
-    (pid, timings, its image for the caller to delete). None when the tree was gone, or
-    died as it was thawed (a kill that waited for the thaw): the image then brings it
-    back. Any other failure ends the instance and deletes the image (cold start)."""
+               kept: Kept, run_pid: int) -> tuple[int, dict[str, float], Path] | None:  # fmt: skip
+    """The job's kept instance back: identity check, the new run's device rules (of
+    ``run_pid``) for its parked cgroup, thaw, CUDA restore and unlock; (pid, timings, its
+    image for the caller to delete). None when the tree was gone, or died as it was
+    thawed (a kill that waited for the thaw): the image then brings it back. Any other
+    failure ends the instance and deletes the image (cold start)."""
     t0 = time.monotonic()
     image = None
     try:
@@ -111,6 +113,10 @@ def _wake_kept(st: DaemonState, rec: JobRecord, job_id: str, expected: Identity,
         timings = {"verify": time.monotonic() - t0}
         t0 = time.monotonic()
         tree = kept.parking.pids()
+        if kept.parking.take_device_rules_of(run_pid) is Carried.FAILED:
+            # as without rules: the thawed tree waits there only for its CUDA restore
+            st.event("restore.device_rules_not_carried", job_id=job_id,
+                     reason=kept.parking.devices_reason[:500])  # fmt: skip
         if not kept.parking.thaw():
             raise CheckpointFailed(f"the kept instance of job {job_id} could not be thawed")
         timings["thaw"] = time.monotonic() - t0

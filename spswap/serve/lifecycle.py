@@ -197,6 +197,7 @@ class ServeRun(Generic[B]):
         # the run's start, for its runs.jsonl line
         forked_s = checkpointer.run_started_s if checkpointer is not None else None
         self.started_s = forked_s if forked_s is not None else process_started_s()
+        self.marks_s: dict[str, float] = {}  # step -> epoch seconds, for runs.jsonl
 
     def handle_signal(self, signum: int, frame: FrameType | None = None) -> None:
         """A stop signal (see :meth:`StopSignals.handle_signal`)."""
@@ -211,8 +212,11 @@ class ServeRun(Generic[B]):
         result = ServeResult(restart_count=self.restart_count, started_s=self.started_s)
         proxied = False
         try:
+            self.marks_s["run"] = time.time()
             self.backend.prepare(result)
+            self.marks_s["prepared"] = time.time()
             self.slot.reserve(self.stop.stop_signal)
+            self.marks_s["reserved"] = time.time()
             if self.restart_count and self.checkpointer is not None and self.job_id:
                 proxied = self._restore_and_proxy(result)
                 if proxied:
@@ -302,6 +306,7 @@ class ServeRun(Generic[B]):
         except SpswapError as e:
             self._cold(result, f"cold start: {e}")
             return False
+        self.marks_s["restored"] = time.time()
         pid, kept = int(info["pid"]), bool(info.get("kept"))
         self.log(f"spswap serve: job {self.job_id} restored {restored_how(kept)} as pid {pid} "
                  f"({timings_text(info.get('timings_s'))}); standing in for it")  # fmt: skip
@@ -375,7 +380,7 @@ class ServeRun(Generic[B]):
     def _note_run(self, path: RunPath, copy: dict[str, Any] | None = None) -> None:
         gb_per_s = copy.get("gb_per_s") if copy else None
         note_run(self.backend.state_dir, self.restart_count, path, started_s=self.started_s,
-                 reason=self.reason, log=self.log,
+                 reason=self.reason, log=self.log, marks_s=self.marks_s,
                  copy_gb_per_s=float(gb_per_s)
                  if gb_per_s and math.isfinite(gb_per_s) else None)  # fmt: skip
 

@@ -42,6 +42,8 @@ class RunRecord:
     pid: int
     reason: str | None = None  # why it started cold, when a restore was expected
     copy_gb_per_s: float | None = None  # its weights' copy from the pool, when it made one
+    # seconds from started_s to each step of the run's start (where its time goes)
+    marks_s: dict[str, float] | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = {"restart_count": self.restart_count, "path": self.path.value,
@@ -49,6 +51,8 @@ class RunRecord:
                "pid": self.pid, "reason": self.reason}  # fmt: skip
         if self.copy_gb_per_s is not None:
             out["copy_gb_per_s"] = round(self.copy_gb_per_s, 3)
+        if self.marks_s:
+            out["marks_s"] = {k: round(v, 4) for k, v in self.marks_s.items()}
         return out
 
     @classmethod
@@ -56,7 +60,8 @@ class RunRecord:
         return cls(restart_count=int(d["restart_count"]), path=RunPath(d["path"]),
                    started_s=float(d["started_s"]), serving_s=float(d["serving_s"]),
                    pid=int(d["pid"]), reason=d.get("reason"),
-                   copy_gb_per_s=d.get("copy_gb_per_s"))  # fmt: skip
+                   copy_gb_per_s=d.get("copy_gb_per_s"),
+                   marks_s=d.get("marks_s") or None)  # fmt: skip
 
 
 def run_line(record: RunRecord) -> str:
@@ -111,15 +116,18 @@ def process_started_s(pid: int | None = None) -> float:
 
 def note_run(state_dir: Path, restart_count: int, path: RunPath, *, started_s: float,
              reason: str | None = None, log: Any = print,
-             copy_gb_per_s: float | None = None) -> RunRecord | None:  # fmt: skip
+             copy_gb_per_s: float | None = None,
+             marks_s: dict[str, float] | None = None) -> RunRecord | None:  # fmt: skip
     """Record that this run serves now (``started_s``: when its process started, see
-    :func:`process_started_s`); a failure to write is logged, never fatal (the record is
-    for the user's eyes and benchmarks, not for serving)."""
+    :func:`process_started_s`; ``marks_s``: epoch seconds of its steps, recorded as
+    seconds after ``started_s``); a failure to write is logged, never fatal (the record
+    is for the user's eyes and benchmarks, not for serving)."""
     try:
+        marks = {k: v - started_s for k, v in (marks_s or {}).items()}
         record = RunRecord(restart_count=restart_count, path=path,
                            started_s=started_s, serving_s=time.time(),
                            pid=os.getpid(), reason=reason,
-                           copy_gb_per_s=copy_gb_per_s)  # fmt: skip
+                           copy_gb_per_s=copy_gb_per_s, marks_s=marks or None)  # fmt: skip
         append_run(state_dir, record)
         return record
     except OSError as e:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from spswap.bench.turns import TurnJob, TurnsOptions, TurnsRun, job_script
+from spswap.bench.turns import TurnJob, TurnsOptions, TurnsRun, job_script, turns_serve_args
 from spswap.bench.turns_ask import SpoolAsker, completion_body, socket_of
 from spswap.bench.turns_plan import PlannedTurn, TurnKind, measure_turn, plan_turns, summarize
 from spswap.bench.turns_report import render_turns
@@ -117,6 +117,13 @@ def test_job_script_is_the_template_with_the_model_and_the_bench_options(tmp_pat
         'spswap serve "$MODEL" --state-dir "$STATE" --units 4 --kv-cache-gib 4 --socket auto &'
     ) in script
     assert script.count("export PATH=") == 1 and f"MODEL={tmp_path / 'm'}" in script
+
+
+def test_serve_args_name_the_kv_cache_and_compiled_vllm_unless_eager() -> None:
+    assert turns_serve_args("vllm", 4.0, eager=False) == "--kv-cache-gib 4 --no-eager"
+    assert turns_serve_args("vllm", None, eager=True) == ""
+    assert turns_serve_args("vllm", 0.5, eager=True) == "--kv-cache-gib 0.5"
+    assert turns_serve_args("reference", None, eager=False) == ""
 
 
 def test_slurm_argv_exactly(tmp_path: Path) -> None:

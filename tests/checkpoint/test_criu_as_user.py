@@ -160,7 +160,8 @@ def test_the_setpriv_prefix() -> None:
     assert criu_argv.as_user_argv("/usr/bin/setpriv", uid=1001, gid=100, groups=[100, 27]) == [
         "/usr/bin/setpriv", "--reuid=1001", "--regid=100", "--groups=100,27",
         "--inh-caps=+checkpoint_restore,+sys_ptrace,+setpcap",
-        "--ambient-caps=+checkpoint_restore,+sys_ptrace,+setpcap",
+        "--ambient-caps=+checkpoint_restore,+sys_ptrace,+setpcap", "--pdeathsig=KILL",
     ]  # fmt: skip
+    assert criu_argv.as_root_argv("/usr/bin/setpriv") == ["/usr/bin/setpriv", "--pdeathsig=KILL"]
     with pytest.raises(ValueError):
         criu_argv.as_user_argv("setpriv", uid=0, gid=0, groups=[])
