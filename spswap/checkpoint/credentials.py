@@ -6,6 +6,7 @@ capabilities, in the tree would come back with its owner's rights)."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from spswap.checkpoint import criu, freeze_hold, proctree
@@ -52,11 +53,16 @@ def credentials_problem(pids: list[int], uid: int, proc: Path = Path("/proc")) -
 
 def dump_frozen(pid: int, key: str, images_root: Path, uid: int, *, criu_path: Path | None,
                  keep: bool, writes: list[tuple[Path, str]] | None, run_as: criu.RunAs | None,
-                 freeze_tag: str) -> criu.ImageInfo:  # fmt: skip
+                 freeze_tag: str, timings: dict[str, float] | None = None,
+                 ) -> criu.ImageInfo:  # fmt: skip
     """CRIU's dump of the tree frozen since its last credential check (see
     :mod:`freeze_hold`), the image's own credentials checked before it gets its name
-    (:mod:`image_creds`)."""
+    (:mod:`image_creds`). ``timings`` gets the hold's making and release, and the whole
+    dump's seconds (``freeze_hold``, ``hold_release``, ``dump_total``)."""
+    t0 = time.monotonic()
     hold = freeze_hold.FreezeHold.create(pid, freeze_tag)
+    spent = timings if timings is not None else {}
+    spent["freeze_hold"] = time.monotonic() - t0
     try:
         problem = credentials_problem(sorted(hold.pids()) if hold else
                                       proctree.process_tree_pids(pid), uid)  # fmt: skip
@@ -69,5 +75,8 @@ def dump_frozen(pid: int, key: str, images_root: Path, uid: int, *, criu_path: P
                          post_dump_writes=writes if keep else None, run_as=run_as,
                          freeze_cgroup=freeze, owner=(uid, user_groups(uid)))  # fmt: skip
     finally:
+        t1 = time.monotonic()
         if hold is not None:
             hold.release()
+        spent["hold_release"] = time.monotonic() - t1
+        spent["dump_total"] = time.monotonic() - t0

@@ -200,6 +200,7 @@ def dump_instance(
             writes=writes,
             run_as=run_as,
             freeze_tag=freeze_tag,
+            timings=timings,
         )
     except CheckpointFailed as e:
         if cuda and not getattr(e, "tree_kept", False):  # CRIU resumed the tree: give it

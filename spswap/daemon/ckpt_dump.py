@@ -178,6 +178,7 @@ class _LeaveJob:
         """After a dump that left the tree running: check it is frozen where it is parked
         (CRIU's post-dump step froze it) and record it; False (:meth:`close` then ends it,
         the image stays) when it is gone or not frozen: it must not run outside a job."""
+        t0 = time.monotonic()
         if not pid_alive(pid, pid_start) or not self.parking.freeze():
             self._event(
                 "checkpoint.not_kept",
@@ -188,7 +189,8 @@ class _LeaveJob:
         kept = Kept(self.job_id, pid, pid_start, self.parking, key, time.time())
         self.st.kept.add(kept)
         self.kept = True
-        self._event("checkpoint.kept", pid=pid, size_bytes=kept.size_bytes())
+        self._event("checkpoint.kept", pid=pid, size_bytes=kept.size_bytes(),
+                    freeze_s=round(time.monotonic() - t0, 4))  # fmt: skip
         return True
 
     def _event(self, kind: str, **fields: Any) -> None:

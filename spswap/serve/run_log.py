@@ -46,7 +46,7 @@ class RunRecord:
     marks_s: dict[str, float] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        out = {"restart_count": self.restart_count, "path": self.path.value,
+        out: dict[str, Any] = {"restart_count": self.restart_count, "path": self.path.value,
                "started_s": round(self.started_s, 6), "serving_s": round(self.serving_s, 6),
                "pid": self.pid, "reason": self.reason}  # fmt: skip
         if self.copy_gb_per_s is not None:
