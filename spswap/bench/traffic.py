@@ -178,7 +178,7 @@ def bench_traffic(cfg: Config, opts: TrafficOptions, *, scratch: Path | None = N
                                                           plan, cold, rate=rate, opts=opts,
                                                           awake=awake)  # fmt: skip
                         rows.append(row)
-                        log(f"bench traffic: {row.to_json()}")
+                        log(f"bench traffic: {row.line()}")
                         _save(report, rows, opts)
             finally:
                 api.stop()

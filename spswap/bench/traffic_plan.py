@@ -49,6 +49,16 @@ def parse_rates(text: str) -> tuple[tuple[float, ...], dict[int, tuple[float, ..
     return tuple(every), {n: tuple(r) for n, r in per.items()}
 
 
+def check_rates(counts: tuple[int, ...], every: tuple[float, ...],
+                per: dict[int, tuple[float, ...]]) -> None:  # fmt: skip
+    """Refuse a model count that --rates gives no rate (it would run nothing)."""
+    missing = [n for n in counts if not every and not per.get(n)]
+    if missing:
+        raise ConfigError(f"--rates gives no rate for {', '.join(map(str, missing))} models: "
+                          "add one (e.g. 30 for every model count, or "
+                          f"{missing[0]}:30 for that one)")  # fmt: skip
+
+
 def arrivals(rate_per_min: float, duration_s: float, n_models: int, *, seed: int = 0,
              vocab: int = 64, prompt_len: int = 4,
              prompts: list[tuple[int, ...]] | None = None) -> list[Arrival]:  # fmt: skip
@@ -100,6 +110,17 @@ class RateRow:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    def line(self) -> str:
+        """The row as one log line, as the table says it."""
+
+        def s(v: float | None) -> str:
+            return "-" if v is None else f"{v:.3f} s"
+
+        return (f"{self.n_models} models, {self.awake or 'all'} awake, {self.rate_per_min:g}/min: "
+                f"{self.requests} requests, {self.failed} failed, {self.wrong} wrong, p50 "
+                f"{s(self.p50_s)}, p95 {s(self.p95_s)}, p99 {s(self.p99_s)}; {self.swaps} swaps, "
+                f"p50 {s(self.swap_p50_s)}, p95 {s(self.swap_p95_s)}")  # fmt: skip
 
 
 def summarize(n_models: int, rate_per_min: float, latencies_s: list[float], failed: int,

@@ -13,7 +13,8 @@ there is killed, or, when the dump failed and the job is still there, moved back
 a tree the dump left running (a kept instance) waits there frozen until its job's next
 run takes it.
 A spswapd that starts ends what a dead one left parked (:func:`sweep`). The parsing
-of /proc/<pid>/cgroup and /proc/self/mountinfo is pure and tested on exact text.
+of /proc/<pid>/cgroup and /proc/self/mountinfo (:mod:`cgroup_paths`) is pure and tested
+on exact text.
 """
 
 from __future__ import annotations
@@ -25,98 +26,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from spswap.checkpoint import device_rules
+from spswap.checkpoint.cgroup_paths import (  # noqa: F401 - re-exported: callers use cgroups.X
+    PROC,
+    TRACKING,
+    Membership,
+    Mount,
+    fs_path,
+    memberships,
+    mounts,
+    own_dirs,
+    parse_mountinfo,
+    parse_proc_cgroup,
+)
 from spswap.checkpoint.device_rules import Carried
 from spswap.errors import CheckpointFailed
 
-PROC = Path("/proc")
 PREFIX = "spswap-parked-"
-TRACKING = ("", "freezer")  # the hierarchies proctrack/cgroup signals a job through
-
-
-@dataclass(frozen=True)
-class Membership:
-    """One line of /proc/<pid>/cgroup: ``controllers`` is "" for cgroup v2."""
-
-    controllers: str
-    path: str
-
-
-def parse_proc_cgroup(text: str) -> list[Membership]:
-    """``4:memory:/a/b`` lines -> memberships (v2's ``0::/x`` has no controllers)."""
-    out = []
-    for line in text.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) == 3 and parts[2].startswith("/"):
-            out.append(Membership(parts[1], parts[2]))
-    return out
-
-
-@dataclass(frozen=True)
-class Mount:
-    """A mounted cgroup hierarchy: where it is and which part of it (``root``)."""
-
-    controllers: str
-    root: str
-    mountpoint: str
-
-
-def parse_mountinfo(text: str) -> list[Mount]:
-    """The cgroup and cgroup2 mounts of a /proc/<pid>/mountinfo. A v1 mount's controllers
-    are the super options that name one (``rw,cpu,cpuacct`` -> ``cpu,cpuacct``)."""
-    mounts = []
-    for line in text.splitlines():
-        pre, sep, post = line.partition(" - ")
-        if not sep:
-            continue
-        fields, tail = pre.split(), post.split()
-        if len(fields) < 5 or len(tail) < 3:
-            continue
-        root, mountpoint = fields[3], fields[4].replace("\\040", " ")
-        if tail[0] == "cgroup2":
-            mounts.append(Mount("", root, mountpoint))
-        elif tail[0] == "cgroup":
-            opts = [o for o in tail[2].split(",") if o not in ("rw", "ro")]
-            names = [o for o in opts if o.startswith("name=") or "=" not in o]
-            mounts.append(Mount(",".join(n for n in names if n not in _MOUNT_FLAGS), root,
-                                mountpoint))  # fmt: skip
-    return mounts
-
-
-# v1 super options that are flags, not controllers
-_MOUNT_FLAGS = {"noprefix", "clone_children", "xattr", "cpuset_v2_mode", "nsdelegate",
-                "favordynmods", "memory_recursiveprot", "memory_localevents"}  # fmt: skip
-
-
-def fs_path(m: Membership, mounts: list[Mount]) -> Path | None:
-    """Where membership ``m``'s cgroup is in the file system, None when not mounted."""
-    want = set(m.controllers.split(",")) if m.controllers else set()
-    for mount in mounts:
-        have = set(mount.controllers.split(",")) if mount.controllers else set()
-        if have != want:
-            continue
-        root = mount.root.rstrip("/")
-        if m.path == root or m.path.startswith(root + "/"):
-            return Path(mount.mountpoint) / m.path[len(root) :].lstrip("/")
-    return None
-
-
-def memberships(pid: int | str, proc: Path = PROC) -> list[Membership]:
-    try:
-        return parse_proc_cgroup((proc / str(pid) / "cgroup").read_text())
-    except OSError:
-        return []
-
-
-def mounts(proc: Path = PROC) -> list[Mount]:
-    """This process's cgroup mounts (raises OSError when mountinfo cannot be read)."""
-    return parse_mountinfo((proc / "self" / "mountinfo").read_text())
-
-
-def own_dirs(found: list[Mount], proc: Path = PROC) -> dict[str, Path]:
-    """This process's own cgroup directory in each hierarchy Slurm tracks jobs by
-    (:data:`TRACKING`): where parked cgroups are made, probed and swept."""
-    return {m.controllers: d for m in memberships("self", proc)
-            if m.controllers in TRACKING and (d := fs_path(m, found)) is not None}  # fmt: skip
 
 
 @dataclass

@@ -187,7 +187,9 @@ def dump_instance(
         timings["cuda_checkpoint"] = time.monotonic() - t0
         timings.update({f"cuda_{k}": v for k, v in per_process.items()})
     try:
+        t0 = time.monotonic()
         writes = before_criu(tree) if before_criu is not None else None
+        timings["before_criu"] = time.monotonic() - t0
         run_as = criu.RunAs.for_uid(identity.uid) if criu_as_user and identity.uid != 0 else None
         keep = writes is not None
         info = dump_frozen(

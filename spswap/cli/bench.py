@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from spswap.bench.traffic import TrafficOptions, bench_traffic
-from spswap.bench.traffic_plan import RateRow, parse_rates, render
+from spswap.bench.traffic_plan import RateRow, check_rates, parse_rates, render
 from spswap.bench.turns import TurnsOptions, run_turns, turns_serve_args
 from spswap.cli.common import JsonOpt, RootOpt, console, emit, err_console, load_config
 from spswap.config import parse_size
@@ -317,6 +317,7 @@ def traffic(
     needed), each model's cold answers made at its first start from its files."""
     counts = tuple(int(c) for c in _floats(model_counts, "--model-counts"))
     every, per = parse_rates(rates)
+    check_rates(counts, every, per)
     vllm = model_settings(units, kv_cache_gib=kv_cache_gib, eager=eager,
                           max_model_len=max_model_len) if engine == "vllm" else None  # fmt: skip
     opts = TrafficOptions(model_counts=counts, rates_per_min=every,

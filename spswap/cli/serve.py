@@ -77,11 +77,11 @@ def serve(
     ),
     port: int = typer.Option(
         None,
-        help="(vllm) Also serve the OpenAI API on this TCP port (0: any free one), "
+        help="(vllm, --models) Also serve the OpenAI API on this TCP port (0: any free one), "
         "every request authenticated with the key in STATE_DIR/api_key; off by default "
         "(the API is on the private Unix socket only).",
     ),
-    host: str = typer.Option("127.0.0.1", help="(vllm) Address for --port."),
+    host: str = typer.Option("127.0.0.1", help="(vllm, --models) Address for --port."),
     drain_s: float = typer.Option(
         5.0,
         help="At a stop: seconds the requests already running get to finish (no new "
@@ -151,8 +151,9 @@ def serve(
     socket: Path = typer.Option(
         None,
         "--socket",
-        help="Also answer requests on this Unix socket (mode 0600; `spswap ask`); default: "
-        "none. `auto`: $XDG_RUNTIME_DIR/serve-$SLURM_JOB_ID.sock when that is a "
+        help="Also answer requests on this Unix socket (mode 0600, in a directory only you "
+        "may open; `spswap ask`, or with --models the OpenAI API); default: none (with "
+        "--models: auto). `auto`: $XDG_RUNTIME_DIR/serve-$SLURM_JOB_ID.sock when that is a "
         "directory of yours on the node, else STATE_DIR/sock/serve.sock (or "
         "/tmp/spswap-$UID/ when that path is too long for a socket).",
     ),
@@ -199,6 +200,17 @@ def serve(
             err_console.print(cut, markup=False, soft_wrap=True)
     if models:
         from spswap.cli.serve_multi import serve_multi
+        from spswap.multi.engine_settings import vllm_only_given
+
+        if requests is not None or exit_when_idle:
+            raise typer.BadParameter("--requests and --exit-when-idle are a single model's "
+                                     "batch job's; a job of --models is asked through its "
+                                     "endpoint (docs/multi.md)")  # fmt: skip
+        ignored = vllm_only_given(engine, kv_cache_gib=kv_cache_gib, vllm_args=vllm_args,
+                                  gpu_memory_utilization=gpu_memory_utilization)  # fmt: skip
+        if ignored:
+            err_console.print(f"spswap serve: {', '.join(ignored)} ignored: they are for "
+                              "--engine vllm", markup=False)  # fmt: skip
 
         vllm = {"gpu_memory_utilization": gpu_memory_utilization, "eager": eager,
                 "kv_cache_gib": kv_cache_gib, "max_model_len": max_model_len}  # fmt: skip

@@ -230,7 +230,8 @@ def _park_out_of_job(st: DaemonState, job_id: str, tree: list[int],
         st.event("checkpoint.stays_in_job", job_id=job_id, reason=str(e)[:500])
         return None
     st.event("checkpoint.parked", job_id=job_id, pids=sorted(parking.homes),
-             cgroups=[str(d) for d in parking.dirs.values()])  # fmt: skip
+             cgroups=[str(d) for d in parking.dirs.values()],
+             device_rules=parking.devices.value)  # fmt: skip
     return parking
 
 

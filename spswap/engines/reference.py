@@ -230,8 +230,9 @@ class ReferenceEngine:
             if len(prompt) + max_new_tokens > c.max_seq_len:
                 raise RequestRejected(
                     f"prompt of {len(prompt)} tokens + {max_new_tokens} new is more than the "
-                    f"model's {c.max_seq_len} positions; ask for fewer (--max-new-tokens) or "
-                    "serve a model made with more (`spswap models make --preset 1g`: 512)"
+                    f"model's {c.max_seq_len} positions; ask for fewer (`spswap ask "
+                    "--max-new-tokens`, max_tokens in an OpenAI request) or serve a model "
+                    "made with more (`spswap models make --preset 1g`: 512)"
                 )
             if min(prompt) < 0 or max(prompt) >= c.vocab_size:
                 raise RequestRejected(

@@ -143,7 +143,8 @@ class MultiBackend:
         result.drain = {"queued": self.router.queued(), "still_answering": running}
         if running:
             self.log(f"spswap serve: {running} answer(s) still being made after the drain "
-                     f"time ({self.opts.drain_s:g} s); the stop waits for them")  # fmt: skip
+                     f"time ({self.opts.drain_s:g} s): a checkpoint of the job waits for "
+                     "them; a stop without one cuts them")  # fmt: skip
 
     def sleep(self) -> None:
         assert self.router is not None

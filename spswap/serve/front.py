@@ -67,7 +67,8 @@ def bind_private_socket(path: Path) -> socket.socket:
         raise SpswapError(
             f"{path.parent} is not a private directory of yours (owner uid "
             f"{st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}): another user could take "
-            "over the socket; remove it or give --socket a path in a directory of yours"
+            "over the socket; give --socket a path in a directory of yours that only you "
+            "may open (mode 0700: `mkdir -m 700 DIR`), or a new one (it is made so)"
         )
     try:
         path.unlink()
@@ -232,11 +233,30 @@ def ask(path: Path, request: dict[str, Any], *, timeout_s: float = 600.0) -> dic
                     f"request may be saved: ask again with --id {request['id']}"
                 )
             buf += chunk
-        answer: dict[str, Any] = json.loads(buf.split(b"\n", 1)[0])
+        first = buf.split(b"\n", 1)[0]
+        try:
+            answer: dict[str, Any] = json.loads(first)
+        except ValueError:
+            raise SpswapError(_not_a_front(path, first)) from None
+        if not isinstance(answer, dict):
+            raise SpswapError(_not_a_front(path, first))
         answer.setdefault("id", request["id"])
         return answer
     finally:
         sock.close()
+
+
+def _not_a_front(path: Path, first_line: bytes) -> str:
+    """What ``spswap ask`` says when ``path`` answers but not as `spswap serve`'s front
+    (a multi-model job's OpenAI endpoint answers HTTP)."""
+    # (an HTTP server takes a JSON line for an HTTP/0.9 request: its error page comes back)
+    if first_line.startswith((b"HTTP/", b"<")):
+        return (f"{path} is an OpenAI endpoint (a multi-model job, `spswap serve --models`), "
+                "not a single model's: ask it with POST /v1/completions naming the model, "
+                f"e.g. curl --unix-socket {path} http://localhost/v1/completions -H "
+                "'content-type: application/json' -d '{\"model\": \"NAME\", \"prompt\": "
+                "[1, 2, 3], \"max_tokens\": 8}' (docs/multi.md)")  # fmt: skip
+    return f"{path} answered something that is not spswap serve's answer: {first_line[:80]!r}"
 
 
 def _connect_error(path: Path, e: OSError) -> str:

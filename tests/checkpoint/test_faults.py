@@ -498,6 +498,8 @@ def test_with_no_keep_a_parked_run_is_dumped_and_restored_into_the_next(
     first.wait(timeout=60)  # CRIU ended it: reaped, its pid is free for the restore
     parked = [e for e in _job_events(cfg) if e["kind"] == "checkpoint.parked"]
     assert parked and parked[0]["detail"]["pids"] == [status["pid"]], _job_events(cfg)
+    # a stand-in job cgroup has no device rules (Slurm's ConstrainDevices would)
+    assert parked[0]["detail"]["device_rules"] == "not needed", parked
     second = runs.start(1)
     assert second.wait(timeout=300) == 0, runs.log(1)
     _assert_joined(cfg, status["pid"])

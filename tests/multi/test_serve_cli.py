@@ -95,3 +95,17 @@ def test_serve_models_vllm_is_refused_with_the_fix_before_the_pool(tmp_path, dev
     assert proc.returncode != 0
     assert said in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert not list((tmp_path / "root").glob("pool/*/manifest.json"))
+
+
+def test_serve_models_refuses_the_batch_options_before_anything_starts(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    env = {**os.environ, "SPSWAP_ROOT": str(tmp_path / "root"), "COLUMNS": "300"}
+    env.pop("SLURM_JOB_ID", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "spswap.cli", "serve", "--models", str(tmp_path / "a"),
+         str(tmp_path / "b"), "--exit-when-idle", "--state-dir", str(tmp_path / "state")],
+        env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "--requests and --exit-when-idle are a single model's batch job's" in proc.stderr
+    assert not (tmp_path / "root").exists()

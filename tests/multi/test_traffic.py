@@ -12,6 +12,7 @@ pytest.importorskip("torch")
 from spswap.bench.traffic import TrafficOptions, bench_traffic  # noqa: E402
 from spswap.bench.traffic_plan import (  # noqa: E402
     arrivals,
+    check_rates,
     highest_within,
     parse_rates,
     percentile,
@@ -90,6 +91,22 @@ def test_rates_for_every_count_and_for_one():
         parse_rates("0:5")
     with pytest.raises(ConfigError, match="at least one rate"):
         parse_rates(" , ")
+
+
+def test_a_model_count_without_a_rate_is_refused():
+    check_rates((2, 4), (30.0,), {})
+    check_rates((4,), (), {4: (64.0,)})
+    with pytest.raises(ConfigError, match=r"--rates gives no rate for 2 models: .* 2:30"):
+        check_rates((2, 4), (), {4: (64.0,)})
+
+
+def test_a_rows_log_line_exactly():
+    row = summarize(2, 30.0, [0.1, 0.2, 0.3], 0, 0, [0.05], 60.0, awake=1)
+    assert row.line() == (
+        "2 models, 1 awake, 30/min: 3 requests, 0 failed, 0 wrong, p50 0.200 s, p95 0.300 s, "
+        "p99 0.300 s; 1 swaps, p50 0.050 s, p95 0.050 s"
+    )
+    assert summarize(2, 60.0, [], 1, 0, [], 60.0).line().endswith("p50 -, p95 -")
 
 
 def test_a_vllm_run_asks_a_fixed_set_of_prompts():

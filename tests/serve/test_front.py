@@ -140,3 +140,28 @@ def test_serve_socket_auto_with_a_foreign_runtime_dir(tmp_path: Path) -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_ask_at_an_openai_endpoint_says_how_to_ask_it(tmp_path: Path) -> None:
+    """A multi-model job's socket answers HTTP (the same handler class as its endpoint):
+    `spswap ask` names the way to ask it instead of a JSON traceback."""
+    import http.server
+    import socketserver
+    import threading
+
+    class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+        daemon_threads = True
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+            pass
+
+    path = tmp_path / "multi.sock"
+    server = Server(str(path), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(SpswapError, match=r"is an OpenAI endpoint .*POST /v1/completions"):
+            ask(path, {"prompt_ids": [1, 2, 3], "max_new_tokens": 2}, timeout_s=10)
+    finally:
+        server.shutdown()
+        server.server_close()
