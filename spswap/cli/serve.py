@@ -19,6 +19,7 @@ from spswap.engines.protocol import Engine
 from spswap.engines.vllm_engine import VllmSettings, kv_cache_bytes
 from spswap.errors import SpswapError
 from spswap.fsutil import atomic_write_bytes, make_private_dirs
+from spswap.multi.engine_settings import vllm_only_given
 from spswap.serve.checkpointer import DaemonCheckpointer
 from spswap.serve.factory import make_engine
 from spswap.serve.front import default_socket_path
@@ -200,7 +201,6 @@ def serve(
             err_console.print(cut, markup=False, soft_wrap=True)
     if models:
         from spswap.cli.serve_multi import serve_multi
-        from spswap.multi.engine_settings import vllm_only_given
 
         if requests is not None or exit_when_idle:
             raise typer.BadParameter("--requests and --exit-when-idle are a single model's "
