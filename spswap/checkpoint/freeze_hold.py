@@ -80,7 +80,7 @@ class FreezeHold:
         hold = cls(top, top / "tree")
         try:
             hold._adopt(root_pid, found, proc)
-            if not hold._freeze(True):
+            if not hold._freeze():
                 raise CheckpointFailed(f"the tree did not freeze in {hold.tree}")
             missing = set(proctree.process_tree_pids(root_pid)) - hold.pids()
             if missing:
@@ -113,18 +113,23 @@ class FreezeHold:
                 return
         raise CheckpointFailed(f"the tree keeps forking ({len(new)} new processes)")
 
-    def _freeze(self, frozen: bool) -> bool:
-        want = "1" if frozen else "0"
+    def _freeze(self) -> bool:
         deadline = time.monotonic() + FREEZE_WAIT_S
         try:
-            (self.tree / "cgroup.freeze").write_text(want)
-            while f"frozen {want}" not in (self.tree / "cgroup.events").read_text().split("\n"):
+            (self.tree / "cgroup.freeze").write_text("1")
+            while "frozen 1" not in (self.tree / "cgroup.events").read_text().split("\n"):
                 if time.monotonic() > deadline:
                     return False
                 time.sleep(0.002)
         except OSError:
             return False
         return True
+
+    def _clear_freeze(self) -> None:
+        try:
+            (self.tree / "cgroup.freeze").write_text("0")
+        except OSError:
+            pass
 
     def pids(self) -> set[int]:
         """Every process in the hold."""
@@ -170,7 +175,11 @@ class FreezeHold:
                 stranded.append(pid)
         if stranded:
             cgroups.kill_cgroups([self.tree])
-        self._freeze(False)
+        # Cleared, not waited for: the hold is empty by now, and one inside a parked
+        # cgroup that is frozen (a kept tree, frozen by CRIU's post-dump step) stays
+        # "frozen 1" whatever it is told, so a wait would run to its end (it cost every
+        # kept dump 10 s).
+        self._clear_freeze()
         _rmdir(self.tree, wait_s=RMDIR_WAIT_S)  # a task CRIU just killed is still leaving
         _rmdir(self.top)
         return stranded

@@ -78,3 +78,34 @@ def test_a_hold_a_dead_spswapd_left_is_swept(user_counter: tuple[int, Path]) -> 
     while Path(f"/proc/{pid}").exists() and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z":
         assert time.monotonic() < deadline, "the held process was not ended"
         time.sleep(0.01)
+
+
+def test_a_hold_inside_a_frozen_parked_cgroup_is_released_at_once(
+    user_counter: tuple[int, Path],  # noqa: F811
+) -> None:
+    """A kept tree's hold is made in its parked cgroup, which CRIU's post-dump step
+    freezes before it lets the tree go: the empty hold then stays "frozen 1" whatever
+    it is told, and a release that waited for its thaw ran out its whole wait (10 s of
+    every kept dump on the H200)."""
+    from spswap.checkpoint import cgroups
+
+    pid, _ = user_counter
+    own = cgroups.own_dirs(cgroups.mounts()).get("")
+    assert own is not None
+    parked = own / f"{cgroups.PREFIX}heldtest"
+    parked.mkdir()
+    try:
+        (parked / "cgroup.procs").write_text(str(pid))
+        h = freeze_hold.FreezeHold.create(pid, "heldtest")
+        assert h is not None and h.top.parent == parked, "the hold is made in the parked cgroup"
+        (parked / "cgroup.freeze").write_text("1")  # as CRIU's post-dump writes do
+        t0 = time.monotonic()
+        assert h.release() == []
+        assert time.monotonic() - t0 < freeze_hold.FREEZE_WAIT_S / 2, "the release waited"
+        assert not h.top.exists()
+        assert (parked / "cgroup.procs").read_text().split() == [str(pid)]
+        assert "frozen 1" in (parked / "cgroup.events").read_text().split("\n"), "it stays frozen"
+    finally:
+        (parked / "cgroup.freeze").write_text("0")
+        (own / "cgroup.procs").write_text(str(pid))
+        freeze_hold._rmdir(parked, wait_s=2)
