@@ -53,3 +53,18 @@ def test_serve_options_after_the_dashes_are_for_vllm(tmp_path):
     )
     assert proc.returncode != 0 and "set by spswap serve" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_an_empty_state_dir_is_refused_not_taken_as_the_current_directory(tmp_path):
+    """`--state-dir "$STATE"` with STATE unset: the job's state would land in its working
+    directory; refused, with what to do, and nothing written there."""
+    for cmd in (["serve", str(tmp_path)], ["ask", "1,2"]):
+        proc = subprocess.run(
+            [sys.executable, "-m", "spswap.cli", *cmd, "--state-dir", ""],
+            capture_output=True, text=True, timeout=120, cwd=tmp_path,
+            env={"PATH": "/usr/bin:/bin", "SPSWAP_ROOT": str(tmp_path / "root"),
+                 "COLUMNS": "200"},
+        )  # fmt: skip
+        assert proc.returncode == 2, (cmd, proc.stderr)
+        assert "'--state-dir': is empty (an unset shell variable?)" in proc.stderr, proc.stderr
+        assert sorted(p.name for p in tmp_path.iterdir()) == [], cmd

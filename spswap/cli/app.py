@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-
 import typer
-from rich.markup import escape
 
 from spswap import __version__
 from spswap.cli import (
@@ -20,23 +17,16 @@ from spswap.cli import (
     models,
     node,
     pool,
-    serve,
+    serve_app,
     slots,
     status,
 )
-from spswap.cli.common import err_console
-from spswap.errors import SpswapError
 
-app = typer.Typer(
-    name="spswap",
+app = serve_app.make_app(
     help=(
         "Slurm-native model swapping for vLLM on shared GPU nodes: a node-wide weight "
         "pool on tmpfs, GPU slot reservations, and checkpoint/restore of model processes."
     ),
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
-    rich_markup_mode="markdown",
 )
 app.add_typer(pool.app, name="pool")
 app.add_typer(models.app, name="models")
@@ -47,9 +37,7 @@ app.add_typer(node.app, name="node")
 app.add_typer(images.app, name="images")
 app.command("status")(status.status)
 app.command("demo")(demo.demo)
-app.command("serve", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
-    serve.serve
-)
+serve_app.register(app)
 app.command("ask")(ask.ask)
 app.command("doctor")(doctor.doctor)
 app.command("events")(events.events)
@@ -73,9 +61,4 @@ def _root(
 
 def main() -> None:
     """Console-script entry point: spswap's own errors print as one clear message."""
-    try:
-        app()
-    except SpswapError as e:
-        # the message is text, not markup: "spswap[torch]" must print as written
-        err_console.print(f"[bold red]error:[/] {escape(str(e))}", markup=True, soft_wrap=True)
-        sys.exit(e.exit_code)
+    serve_app.run_app(app)

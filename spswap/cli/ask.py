@@ -7,7 +7,7 @@ from typing import Any
 
 import typer
 
-from spswap.cli.common import emit_json
+from spswap.cli.common import emit_json, nonempty_path
 from spswap.errors import SpswapError
 from spswap.serve.front import ask as send
 from spswap.serve.spool_ask import ask_spool, job_state_dir
@@ -30,6 +30,8 @@ def ask(
     state_dir: Path = typer.Option(
         None,
         "--state-dir",
+        parser=nonempty_path,
+        metavar="PATH",
         help="The serving job's state directory, when it is not WORKDIR/.spswap/JOB.",
     ),
     max_new_tokens: int = typer.Option(16, help="Tokens to generate (greedy)."),

@@ -41,3 +41,12 @@ def emit(result: Any, as_json: bool, render: Callable[[Any], Any]) -> None:
         emit_json(result)
     else:
         console.print(render(result))
+
+
+def nonempty_path(text: str) -> Path:
+    """A path option's value; an empty one (``--state-dir "$STATE"`` with STATE unset) is
+    refused rather than taken as the current directory."""
+    if not text.strip():
+        raise typer.BadParameter("is empty (an unset shell variable?): name a directory, or "
+                                 "leave the option out")  # fmt: skip
+    return Path(text)

@@ -4,21 +4,24 @@ from __future__ import annotations
 
 import os
 import shlex
-from collections.abc import Callable
+import time
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import typer
 
-from spswap.cli.common import RootOpt, emit_json, err_console, load_config
+from spswap.cli.common import RootOpt, emit_json, err_console, load_config, nonempty_path
+from spswap.cli.serve_slurm import (
+    default_device,
+    job_device,
+    job_kill_wait_s,
+    warn_if_not_requeueable,
+)
 from spswap.cli.serve_slurm import requeue as _requeue
-from spswap.cli.serve_slurm import warn_if_not_requeueable
 from spswap.config import Config
 from spswap.engines.model_check import check_servable
 from spswap.engines.protocol import Engine
 from spswap.engines.vllm_engine import VllmSettings, kv_cache_bytes
-from spswap.errors import SpswapError
-from spswap.fsutil import atomic_write_bytes, make_private_dirs
 from spswap.multi.engine_settings import vllm_only_given
 from spswap.serve.checkpointer import DaemonCheckpointer
 from spswap.serve.factory import make_engine
@@ -27,7 +30,6 @@ from spswap.serve.run_watch import fork_instance
 from spswap.serve.runtime import ServeOptions, reference_run
 from spswap.serve.stop_budget import fitted_drain_s
 from spswap.serve.vllm_run import VllmServeOptions, vllm_run
-from spswap.slurm.backend import kill_wait_s
 from spswap.slurm.env import JobEnv
 
 
@@ -44,6 +46,8 @@ def serve(
     state_dir: Path = typer.Option(
         None,
         "--state-dir",
+        parser=nonempty_path,
+        metavar="PATH",
         help="Where unanswered requests are kept across preemption and requeue "
         "(default: ./.spswap/$SLURM_JOB_ID in the job's working directory).",
     ),
@@ -187,6 +191,7 @@ def serve(
     the whole job; its requeued run restores them and answers the queued requests (a
     request with an X-Request-Id header is kept across the stop: ask again with the id).
     """
+    cli_s = time.time()  # Python's start and the imports lie before: runs.jsonl's marks
     cfg = load_config(root)
     job = JobEnv.from_env()
     if job is not None and not job.restart_count:  # a run that came back was requeued
@@ -196,7 +201,7 @@ def serve(
             raise typer.BadParameter("outside a Slurm job, give --state-dir")
         state_dir = Path(os.getcwd()) / ".spswap" / job.job_id
     if job is not None:
-        drain_s, cut = fitted_drain_s(drain_s, _kill_wait_s(state_dir))
+        drain_s, cut = fitted_drain_s(drain_s, job_kill_wait_s(state_dir))
         if cut:
             err_console.print(cut, markup=False, soft_wrap=True)
     if models:
@@ -215,7 +220,7 @@ def serve(
         vllm = {"gpu_memory_utilization": gpu_memory_utilization, "eager": eager,
                 "kv_cache_gib": kv_cache_gib, "max_model_len": max_model_len}  # fmt: skip
         serve_multi(cfg, job, [model, *map(Path, ctx.args)], state_dir, engine=engine,
-                    device=device or ("cuda" if engine == "vllm" else _default_device()),
+                    device=device or ("cuda" if engine == "vllm" else default_device()),
                     vllm=vllm, vllm_args=vllm_args or "", units=units or 2, awake=awake,
                     idle_timeout_s=idle_timeout_s,
                     latency_target_s=latency_target_s, swap_s=swap_s, port=port, host=host,
@@ -234,7 +239,8 @@ def serve(
                     slot_timeout_s=slot_timeout_s, requeue=requeue, json_out=json,
                     gpu_memory_utilization=gpu_memory_utilization, kv_cache_gib=kv_cache_gib,
                     max_model_len=max_model_len, eager=eager, port=port, host=host,
-                    launcher=launcher, checkpoint=checkpoint, drain_s=drain_s)  # fmt: skip
+                    launcher=launcher, checkpoint=checkpoint, drain_s=drain_s,
+                    cli_s=cli_s)  # fmt: skip
         return
     if ctx.args:
         raise typer.BadParameter(f"unexpected arguments {' '.join(ctx.args)}: options after "
@@ -246,7 +252,7 @@ def serve(
     if not may_restore:
         check_servable(engine, model)  # before the model goes into the pool
     if device is None:
-        device = _job_device(state_dir)
+        device = job_device(state_dir)
     opts = ServeOptions(
         model=model, state_dir=state_dir, engine=engine, device=device, units=units,
         slot_timeout_s=slot_timeout_s, requests_file=requests,
@@ -293,6 +299,7 @@ def _serve_vllm(
     gpu_memory_utilization: float | None, kv_cache_gib: float | None, max_model_len: int,
     eager: bool,
     port: int | None, host: str, launcher: str | None, checkpoint: bool, drain_s: float,
+    cli_s: float,
 ) -> None:  # fmt: skip
     if gpu_memory_utilization is None:
         gpu_memory_utilization = round(0.9 * units / 4, 3)
@@ -306,13 +313,19 @@ def _serve_vllm(
         http_port=port, http_host=host, launcher=tuple(shlex.split(launcher or "")),
         drain_s=drain_s,
     )  # fmt: skip
+    # runs.jsonl's marks of a run's first half second ("run": ServeRun.run's start): the
+    # command's start, its checks done, the fork into the instance (with spswapd's answer)
+    marks_s = {"cli": cli_s, "checked": time.time()}
+    checkpointer = _checkpointer(cfg, job.job_id) if checkpoint and job is not None else None
+    marks_s["forked"] = time.time()
     run = vllm_run(
         cfg, opts, job_id=job.job_id if job else None,
         restart_count=job.restart_count if job else 0,
         requeue=_requeue if requeue else None,
         log=lambda msg: err_console.print(msg, markup=False, highlight=False, soft_wrap=True),
-        checkpointer=_checkpointer(cfg, job.job_id) if checkpoint and job is not None else None,
+        checkpointer=checkpointer,
     )  # fmt: skip
+    run.marks_s.update(marks_s)
     run.install_signal_handlers()
     result = run.run()
     if json_out:
@@ -344,54 +357,3 @@ def _socket_path(given: Path | None, job_id: str | None, state_dir: Path) -> Pat
     if given is None:
         return None
     return default_socket_path(job_id, state_dir) if str(given) == "auto" else given
-
-
-DEVICE_FILE = "device"
-KILL_WAIT_FILE = "kill_wait_s"
-
-
-T = TypeVar("T", str, float)
-
-
-def _remembered(state_dir: Path, name: str, parse: Callable[[str], T | None],
-                find: Callable[[], T | None]) -> T | None:  # fmt: skip
-    """A fact of the job that its first run finds out (``find``) and its state directory
-    remembers in file ``name``, so later runs (a restore's start) need not find it again;
-    None when it cannot be found (and nothing is written: asked again next run)."""
-    path = state_dir / name
-    try:
-        saved = parse(path.read_text().strip())
-        if saved is not None:
-            return saved
-    except (OSError, ValueError):
-        pass
-    value = find()
-    if value is not None:
-        try:
-            make_private_dirs(state_dir, os.getuid())
-            atomic_write_bytes(path, f"{value}\n".encode(), mode=0o600)
-        except (OSError, SpswapError):
-            pass  # the run itself says what is wrong with the state directory
-    return value
-
-
-def _kill_wait_s(state_dir: Path) -> float | None:
-    """slurm.conf's KillWait, asked of Slurm by the job's first run."""
-    return _remembered(state_dir, KILL_WAIT_FILE, float, lambda: kill_wait_s(timeout_s=5.0))
-
-
-def _job_device(state_dir: Path) -> str:
-    """The device the job's first run chose: a later run names the same one in the
-    identity it restores by, without importing torch (seconds on the restore's path)."""
-    device = _remembered(state_dir, DEVICE_FILE, lambda s: s if s in ("cpu", "cuda") else None,
-                         _default_device)  # fmt: skip
-    assert device is not None  # _default_device always answers
-    return device
-
-
-def _default_device() -> str:
-    try:
-        import torch
-    except ImportError:
-        return "cpu"
-    return "cuda" if torch.cuda.is_available() else "cpu"

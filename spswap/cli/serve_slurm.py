@@ -1,11 +1,18 @@
-"""``spswap serve``'s word with Slurm about its job: the requeue warning at the start and
-the requeue asked at a preemption's end."""
+"""``spswap serve``'s word with Slurm about its job: the requeue warning at the start, the
+requeue asked at a preemption's end, and the job's facts its first run finds out and its
+state directory remembers for the later runs (KillWait, the device)."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
 from spswap.cli.common import err_console
 from spswap.errors import SpswapError
-from spswap.slurm.backend import get_backend
+from spswap.fsutil import atomic_write_bytes, make_private_dirs
+from spswap.slurm.backend import get_backend, kill_wait_s
 from spswap.slurm.requeue import requeue_warning
 
 
@@ -31,3 +38,55 @@ def requeue(job_id: str) -> None:
     except SpswapError as e:
         # Preemption requeues the job by itself; a refused second request changes nothing.
         err_console.print(f"spswap serve: requeue request refused ({e})", markup=False)
+
+
+DEVICE_FILE = "device"
+KILL_WAIT_FILE = "kill_wait_s"
+
+
+T = TypeVar("T", str, float)
+
+
+def _remembered(state_dir: Path, name: str, parse: Callable[[str], T | None],
+                find: Callable[[], T | None]) -> T | None:  # fmt: skip
+    """A fact of the job that its first run finds out (``find``) and its state directory
+    remembers in file ``name``, so later runs (a restore's start) need not find it again;
+    None when it cannot be found (and nothing is written: asked again next run)."""
+    path = state_dir / name
+    try:
+        saved = parse(path.read_text().strip())
+        if saved is not None:
+            return saved
+    except (OSError, ValueError):
+        pass
+    value = find()
+    if value is not None:
+        try:
+            make_private_dirs(state_dir, os.getuid())
+            atomic_write_bytes(path, f"{value}\n".encode(), mode=0o600)
+        except (OSError, SpswapError):
+            pass  # the run itself says what is wrong with the state directory
+    return value
+
+
+def job_kill_wait_s(state_dir: Path) -> float | None:
+    """slurm.conf's KillWait, asked of Slurm by the job's first run."""
+    return _remembered(state_dir, KILL_WAIT_FILE, float, lambda: kill_wait_s(timeout_s=5.0))
+
+
+def job_device(state_dir: Path) -> str:
+    """The device the job's first run chose: a later run names the same one in the
+    identity it restores by, without importing torch (seconds on the restore's path)."""
+    device = _remembered(state_dir, DEVICE_FILE, lambda s: s if s in ("cpu", "cuda") else None,
+                         default_device)  # fmt: skip
+    assert device is not None  # default_device always answers
+    return device
+
+
+def default_device() -> str:
+    """ "cuda" where torch sees a GPU, else "cpu" (also without torch)."""
+    try:
+        import torch
+    except ImportError:
+        return "cpu"
+    return "cuda" if torch.cuda.is_available() else "cpu"

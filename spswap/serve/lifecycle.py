@@ -282,6 +282,7 @@ class ServeRun(Generic[B]):
         woken = self.backend.wake(result)
         wake_s = time.perf_counter() - t0
         failed = self._check_restored(expected)
+        check_s = time.perf_counter() - t0 - wake_s
         if failed is not None:
             result.events.append({"restored": True, "restart_count": self.restart_count,
                                   "probe": "mismatch", "reason": failed})  # fmt: skip
@@ -290,9 +291,11 @@ class ServeRun(Generic[B]):
         self._record("up")
         result.events.append({"restored": True, "restart_count": self.restart_count,
                               "timings_s": outcome.timings_s, "wake_s": wake_s,
-                              "probed": expected is not None, **woken})  # fmt: skip
+                              "check_s": check_s, "probed": expected is not None,
+                              **woken})  # fmt: skip
+        checked = f", checked in {check_s:.3f} s" if expected is not None else ""
         self.log(f"spswap serve: restored {restored_how(outcome.kept)} into run "
-                 f"{self.restart_count}; weights back in {wake_s:.3f} s")  # fmt: skip
+                 f"{self.restart_count}; weights back in {wake_s:.3f} s{checked}")  # fmt: skip
         return True
 
     def _restore_and_proxy(self, result: ServeResult) -> bool:

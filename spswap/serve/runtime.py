@@ -120,12 +120,15 @@ class ReferenceBackend:
         result.copy = report.to_json()
         if self.front is not None:
             self.front.open()
-        self.log(f"spswap serve: {self.manifest.name} up from the pool in "
+        # imported by this run (its process started before the entry was made): cold
+        path = RunPath.COLD if self.manifest.created >= result.started_s else RunPath.POOL
+        how = ("(cold: read from its files into the pool by this run, then loaded from it)"
+               if path is RunPath.COLD else "from the pool")  # fmt: skip
+        self.log(f"spswap serve: {self.manifest.name} up {how} in "
                  f"{time.perf_counter() - t0:.2f} s (weights {report.size_bytes / 1e6:.1f} MB "
                  f"at {report.gb_per_s:.1f} GB/s); restart count {result.restart_count}, "
                  f"{result.resumed} saved request(s) to resume")  # fmt: skip
-        # imported by this run (its process started before the entry was made): cold
-        return RunPath.COLD if self.manifest.created >= result.started_s else RunPath.POOL
+        return path
 
     def serve(self, result: ServeResult) -> None:
         self.restart_count = result.restart_count

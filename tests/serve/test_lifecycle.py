@@ -12,6 +12,7 @@ engine; a refused restore starts cold with the reason."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -106,3 +107,28 @@ def test_a_refused_restore_starts_cold_and_says_why(tmp_path: Path) -> None:
     assert result.cold_reason == reason and f"spswap serve: {reason}" in logs
     assert result.restored_pid is None and result.answered == len(PROMPTS)
     assert [(r.path, r.reason) for r in read_runs(tmp_path / "state")] == [(result.path, reason)]
+
+
+def test_the_log_says_cold_where_runs_jsonl_does(tmp_path: Path) -> None:
+    """The first run reads the model into the pool: cold in its log as in runs.jsonl (its
+    log said "up from the pool"); the next run is up from the pool in both."""
+    model = tmp_path / "model"
+    save_checkpoint(preset("tiny"), model)
+    cfg = Config.from_env({}, root=tmp_path / "root")
+    said = []
+    for restart in (0, 1):
+        logs: list[str] = []
+        opts = ServeOptions(model=model, state_dir=tmp_path / "state", exit_when_idle=True)
+        run = reference_run(cfg, opts, engine_factory=make_engine, job_id=None,
+                            restart_count=restart, log=logs.append)  # fmt: skip
+        if restart:  # its own process, started after the first run made the pool entry
+            run.started_s = time.time()
+        result = run.run()
+        up = [line for line in logs if " up " in line]
+        said.append((result.path, up[0].split(" in ")[0] if up else logs))
+    assert said == [
+        (RunPath.COLD, "spswap serve: model up (cold: read from its files into the pool by "
+                       "this run, then loaded from it)"),
+        (RunPath.POOL, "spswap serve: model up from the pool"),
+    ]  # fmt: skip
+    assert [r.path for r in read_runs(tmp_path / "state")] == [RunPath.COLD, RunPath.POOL]

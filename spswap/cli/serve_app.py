@@ -1,0 +1,68 @@
+"""``spswap serve`` without the rest of the CLI.
+
+A requeued run's start is on every swap's path (a kept turn waits for it), and the full
+app (:mod:`spswap.cli.app`) imports every command's modules first: the benchmarks, the
+daemon, the images, the doctor (about 0.2 s on the H200, a sixth of a kept turn's
+spswap share). :mod:`spswap.cli.main` sends ``spswap serve ...`` here. The command is
+the same function, registered the same way (:func:`register`, used by the full app too),
+so its options, ``--help`` and errors are the full app's.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from rich.markup import escape
+
+from spswap.cli import help_style, serve
+from spswap.cli.common import err_console
+from spswap.errors import SpswapError
+
+# vLLM's own options follow `--`: they reach the command as ctx.args
+SERVE_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``serve`` to ``app``."""
+    app.command("serve", context_settings=SERVE_CONTEXT)(serve.serve)
+
+
+def make_app(**typer_kwargs: object) -> typer.Typer:
+    """A typer app as spswap's commands need it (no completion, no pretty tracebacks,
+    markdown help); ``typer_kwargs`` add to or replace those settings."""
+    settings: dict[str, object] = {"name": "spswap", "no_args_is_help": True,
+                                   "pretty_exceptions_enable": False, "add_completion": False,
+                                   "rich_markup_mode": "markdown"}  # fmt: skip
+    settings.update(typer_kwargs)
+    return typer.Typer(**settings)  # type: ignore[arg-type]
+
+
+def run_app(app: typer.Typer) -> None:
+    """Run ``app``; spswap's own errors print as one clear message and exit with their
+    code."""
+    try:
+        app()
+    except SpswapError as e:
+        # the message is text, not markup: "spswap[torch]" must print as written
+        err_console.print(f"[bold red]error:[/] {escape(str(e))}", markup=True, soft_wrap=True)
+        sys.exit(e.exit_code)
+
+
+def build() -> typer.Typer:
+    """The ``spswap`` group with ``serve`` alone in it (so the usage line reads
+    ``spswap serve``, as in the full app)."""
+    app = make_app()
+    register(app)
+
+    @app.callback()
+    def _root() -> None:
+        """spswap: swap models on shared GPU nodes in seconds, not minutes."""
+
+    help_style.apply(app)  # --help: "[OPTIONS] MODEL", no "<bool>" after a flag
+    return app
+
+
+def main() -> None:
+    """``spswap serve ...``, as the full app runs it."""
+    run_app(build())

@@ -1,0 +1,38 @@
+"""``spswap serve`` runs without the rest of the CLI (a requeued run's start is on the
+swap's path), and is the same command there as in the full app."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from typer.testing import CliRunner
+
+from spswap.cli import app as full
+from spswap.cli import serve_app
+
+
+def test_serve_alone_says_the_same_as_in_the_full_app() -> None:
+    runner = CliRunner()
+    for args in (["serve", "--help"], ["serve"], ["serve", "/nonexistent/model"]):
+        alone = runner.invoke(serve_app.build(), args, prog_name="spswap")
+        whole = runner.invoke(full.app, args, prog_name="spswap")
+        assert (alone.exit_code, alone.output) == (whole.exit_code, whole.output), args
+    assert "Usage: spswap serve [OPTIONS] MODEL" in runner.invoke(
+        serve_app.build(), ["serve", "--help"], prog_name="spswap").output  # fmt: skip
+
+
+def test_the_console_script_loads_serve_alone() -> None:
+    code = (
+        "import sys\nsys.argv = ['spswap', 'serve', '--help']\n"
+        "from spswap.cli.main import main\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "print('LOADED', sorted(m for m in sys.modules if m.startswith('spswap.cli.')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True).stdout  # fmt: skip
+    assert "Usage: spswap serve" in out
+    loaded = out.split("LOADED", 1)[1]
+    assert "spswap.cli.serve'" in loaded
+    for other in ("spswap.cli.app", "spswap.cli.bench", "spswap.cli.daemon", "spswap.cli.pool"):
+        assert f"'{other}'" not in loaded, other
