@@ -32,7 +32,7 @@ from spswap.checkpoint.credentials import (  # noqa: F401 - callers use them fro
     dump_frozen,
     user_groups,
 )
-from spswap.checkpoint.gpu_map import remap
+from spswap.checkpoint.cuda_back import CUDA_RECORD, cuda_back, gpu_map_for
 from spswap.checkpoint.image_creds import image_problem
 from spswap.checkpoint.images import (
     Identity,
@@ -45,7 +45,6 @@ from spswap.errors import CheckpointFailed, ImageRejected
 from spswap.fsutil import atomic_write_json, read_json
 from spswap.liveness import pid_alive
 
-CUDA_RECORD = "spswap-cuda.json"
 PREFLIGHT_WAIT_S = 3.0  # the instance closes its daemon connection right after asking
 
 
@@ -267,7 +266,7 @@ def restore_instance(
     try:
         record = read_json(image / CUDA_RECORD) or {}
         cuda = list(record.get("cuda_pids", []))
-        gpu_map = _gpu_map(record, gpu_uuids)  # before CRIU: refuses a different count
+        gpu_map = gpu_map_for(record, gpu_uuids)  # before CRIU: refuses a different count
         t0 = time.monotonic()
         # --auto-dedup frees the image's pages as they are restored (faster, less tmpfs at
         # the peak); fine here: an image is single use and deleted below in any case
@@ -275,7 +274,7 @@ def restore_instance(
                   if criu_as_user and expected.uid != 0 else None)  # fmt: skip
         pid = criu.restore(image.name, images_root, criu=criu_path, auto_dedup=True, run_as=run_as)
         timings["criu_restore"] = time.monotonic() - t0
-        timings.update(_cuda_back(pid, cuda, gpu_map))
+        timings.update(cuda_back(pid, cuda, gpu_map))
     except BaseException as e:
         if pid is not None:  # half restored (GPU state missing): it must not run on
             _kill_quietly(pid)
@@ -298,55 +297,6 @@ def kept_image(images_root: Path, *, job_id: str, expected: Identity) -> Path:
         criu.remove_image(image)
         raise ImageRejected(f"image {image.name} not restored: {reason}")
     return image
-
-
-def wake_kept(image: Path, pid: int, *, gpu_uuids: list[str] | None = None,
-              tree: set[int] | None = None) -> dict[str, float]:  # fmt: skip
-    """Give a kept tree (rooted at ``pid``, thawed) its GPU state back: CUDA restore
-    (remapped when ``gpu_uuids`` differ from the dump's) and unlock, by the CUDA record of
-    ``image``. The caller deletes the image in any case (the tree ran on from it), best
-    after waking the instance: freeing its pages takes a few tenths of a second. On
-    failure the caller ends the tree (its GPU state may be half back). ``tree``: the kept
-    tree's processes as the caller found them (its parked cgroup): every CUDA process the
-    dump recorded must be among them, so that no process that took over a pid since is
-    ever restored onto this job's GPUs."""
-    timings: dict[str, float] = {}
-    try:
-        record = read_json(image / CUDA_RECORD) or {}
-        cuda = list(record.get("cuda_pids", []))
-        missing = [p for p in cuda if tree is not None and p not in tree]
-        if missing:
-            raise CheckpointFailed(f"the kept instance lost its CUDA process(es) {missing}")
-        timings.update(_cuda_back(pid, cuda, _gpu_map(record, gpu_uuids)))
-    except CheckpointFailed:
-        raise
-    except Exception as e:
-        raise CheckpointFailed(f"the kept instance (pid {pid}) could not get its GPU state "
-                               f"back: {e}") from None  # fmt: skip
-    return timings
-
-
-def _gpu_map(record: dict[str, Any], gpu_uuids: list[str] | None) -> dict[str, str] | None:
-    """Old GPU UUID -> new, when the tree had CUDA processes and the run that takes it
-    back is on other GPUs than the dump recorded (:func:`remap` refuses another count)."""
-    if record.get("cuda_pids") and gpu_uuids and record.get("gpu_uuids"):
-        return remap(record["gpu_uuids"], gpu_uuids)
-    return None
-
-
-def _cuda_back(pid: int, cuda: list[int], gpu_map: dict[str, str] | None) -> dict[str, float]:
-    """CUDA restore then unlock of the tree's ``cuda`` processes; their timings."""
-    timings: dict[str, float] = {}
-    if cuda:
-        t0 = time.monotonic()
-        per_process: dict[str, float] = {}
-        cuda_ckpt.restore_tree(pid, gpu_map=gpu_map, pids=cuda, spent_s=per_process)
-        timings["cuda_restore"] = time.monotonic() - t0
-        timings.update({f"cuda_{k}": v for k, v in per_process.items()})
-        t0 = time.monotonic()
-        cuda_ckpt.unlock_tree(pid, pids=cuda)
-        timings["cuda_unlock"] = time.monotonic() - t0
-    return timings
 
 
 def _kill_quietly(pid: int) -> None:

@@ -11,10 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 from spswap.checkpoint import cgroups, proctree
 from spswap.checkpoint.criu import remove_image
+from spswap.checkpoint.cuda_back import unlock_kept, wake_kept
 from spswap.checkpoint.device_rules import Carried
 from spswap.checkpoint.images import Identity, pool_digests
 from spswap.checkpoint.proctree import process_tree_pids
-from spswap.checkpoint.service import kept_image, restore_instance, wake_kept
+from spswap.checkpoint.service import kept_image, restore_instance
 from spswap.daemon.ckpt_status import (
     RESUME_SIGNAL,
     identity_of,
@@ -122,8 +123,12 @@ def _wake_kept(st: DaemonState, rec: JobRecord, job_id: str, expected: Identity,
         timings["thaw"] = time.monotonic() - t0
         if not kept.alive():
             raise _KeptGone
-        timings.update(wake_kept(image, kept.pid, gpu_uuids=run_gpu_uuids(st, job_id),
-                                 tree=tree))  # fmt: skip
+        if kept.gpu_back_s is not None:  # its GPU state came back at the prolog
+            timings.update({f"early_{k}": v for k, v in (kept.early_timings or {}).items()})
+            timings.update(unlock_kept(image, kept.pid))
+        else:
+            timings.update(wake_kept(image, kept.pid, gpu_uuids=run_gpu_uuids(st, job_id),
+                                     tree=tree))  # fmt: skip
     except _KeptGone:
         st.kept.end_taken(kept, "it was gone when its job came back: restored from its image")
         return None

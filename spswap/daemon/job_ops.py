@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from spswap.checkpoint.service import image_job_ids, images_of_job, temp_dirs
+from spswap.daemon import prewake
 from spswap.daemon.image_uses import drop_job_images
 from spswap.daemon.jobs import JobRecord, JobState
 from spswap.daemon.protocol import Answer
@@ -38,6 +39,8 @@ def op_job_register(ctx: Context, args: dict[str, Any]) -> Answer:
     # Off the prolog's path: the epilog cannot tell a requeued job from a finished one
     # (both COMPLETING), so each prolog looks again at the jobs that left images behind.
     threading.Thread(target=collect_images, args=(st, rec.job_id), daemon=True).start()
+    if st.kept.has(rec.job_id):  # back on its GPUs: its GPU state before its run asks
+        prewake.start(st, rec.job_id)
     return rec.to_json()
 
 
@@ -123,6 +126,10 @@ def op_job_end(ctx: Context, args: dict[str, Any]) -> Answer:
         dropped = _drop_job_pool_uses(st, job_id)
     except Exception as e:
         problems.append(f"pool: {e}")
+    try:  # woken early for this run, never taken: it holds GPU memory past the job
+        prewake.end_if_untaken(st, job_id)
+    except Exception as e:
+        problems.append(f"kept tree: {e}")
     fate = "unknown"
     try:
         fate = _job_fate(st, job_id, requeued)

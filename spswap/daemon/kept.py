@@ -33,6 +33,9 @@ class Kept:
     parking: Any
     key: str  # its image
     since: float
+    # its GPU state restored early (LOCKED, frozen again: spswap.daemon.prewake): when
+    gpu_back_s: float | None = None
+    early_timings: dict[str, float] | None = None
 
     def alive(self) -> bool:
         return pid_alive(self.pid, self.pid_start) and self.pid in self.parking.pids()
@@ -71,6 +74,11 @@ class KeptTrees:
         meanwhile; None when there is none."""
         with self._lock:
             return self._by_job.pop(job_id, None)
+
+    def has(self, job_id: str) -> bool:
+        """Whether the job has a kept tree here now."""
+        with self._lock:
+            return job_id in self._by_job
 
     def jobs_of_image(self, key: str) -> list[str]:
         """The jobs whose kept tree belongs to image ``key``."""

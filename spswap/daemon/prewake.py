@@ -1,0 +1,141 @@
+"""A kept tree's GPU state back early: at its job's prolog, before its run asks.
+
+A kept turn's run spends about half a second starting (Python, the CLI, the fork of its
+instance) before it asks spswapd for its instance, and the CUDA restore of a sleeping
+vLLM engine takes another 0.4-0.7 s after that (H200, 0.5B-3B). When the job comes back
+on the very GPUs its tree was dumped on, nothing in the restore needs the run: at the
+job's ``job.register`` (its prolog) the daemon thaws the kept tree in its parked cgroup
+(whose device rules, carried from the job's last run, allow exactly those GPUs),
+restores its CUDA state, which stays LOCKED (no CUDA call of the tree runs), and freezes
+it again. The run's restore then only unlocks it (milliseconds) after the rest of the
+usual steps (identity check, the new run's device rules, the thaw, the move into the
+job).
+
+It is done only where it is safe and cheap to undo:
+- the job's GPUs are known and are the dump's, in the same order (no remap: the carried
+  device rules name the dump's GPUs);
+- no other job holds a slot on them (the early restore takes GPU memory before the
+  run's slot is granted: on a GPU shared with another job's model it would take memory
+  that job was granted);
+- the job's dump is done (status saved) and its tree alive.
+A tree woken early that its run does not take (the run starts cold, or never asks) holds
+GPU memory outside any slot: it is ended :data:`HOLD_S` after the wake and at its job's
+end; the image stays, so a later run still restores from it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from spswap.checkpoint.cuda_back import cuda_record, wake_kept
+from spswap.daemon.ckpt_status import run_gpu_uuids
+from spswap.daemon.statuses import CheckpointState
+
+if TYPE_CHECKING:
+    from spswap.daemon.kept import Kept
+    from spswap.daemon.state import DaemonState
+
+HOLD_S = 120.0  # a tree woken early that its run has not taken by then is ended
+
+
+def refusal(*, dumped_gpus: list[str], cuda_pids: list[int], job_gpus: list[str],
+            shared_with: list[str]) -> str | None:  # fmt: skip
+    """Why a kept tree is not woken early, or None. ``dumped_gpus``: the GPU UUIDs its
+    dump recorded; ``cuda_pids``: its processes with GPU state; ``job_gpus``: the UUIDs of
+    the job's GPUs now; ``shared_with``: other jobs holding slots on them. Pure."""
+    if not cuda_pids:
+        return "no GPU state to restore"
+    if not job_gpus or not dumped_gpus:
+        return "the job's GPUs are not known"
+    if job_gpus != dumped_gpus:
+        return "the job is on other GPUs than its dump (the restore remaps them)"
+    if shared_with:
+        return f"job(s) {', '.join(sorted(shared_with))} hold slots on its GPUs"
+    return None
+
+
+def start(st: DaemonState, job_id: str) -> None:
+    """At the job's prolog: wake its kept tree's GPU state early, off the prolog's path."""
+    threading.Thread(target=wake_early, args=(st, job_id), daemon=True).start()
+
+
+def wake_early(st: DaemonState, job_id: str) -> bool:
+    """The job's kept tree: thawed, its GPU state restored (LOCKED) and frozen again, for
+    its run's restore to unlock; True when done. Never raises: a failure ends the tree
+    (its image stays: the run restores from it)."""
+    lock = st.job_locks.of(job_id)
+    if not lock.acquire(blocking=False):  # a dump or the run's restore: not now
+        return False
+    kept = None
+    try:
+        if st.statuses.read(job_id).get("state") != CheckpointState.SAVED:
+            return False
+        kept = st.kept.take(job_id)
+        if kept is None:
+            return False
+        woken = _wake(st, job_id, kept)
+        st.kept.add(kept)
+        kept = None
+        return woken
+    except Exception as e:  # noqa: BLE001 - never into the prolog's daemon thread
+        if kept is not None:
+            st.kept.end_taken(kept, f"its early wake failed ({e}): its next run restores "
+                                    "from the image")  # fmt: skip
+        return False
+    finally:
+        lock.release()
+
+
+def _wake(st: DaemonState, job_id: str, kept: Kept) -> bool:
+    image = st.cfg.paths.images / kept.key
+    record = cuda_record(image)
+    job_gpus = run_gpu_uuids(st, job_id)
+    rec = st.jobs.get(job_id)
+    mine = set(rec.gpus) if rec is not None else set()
+    shared = sorted({r.holder.job_id or "?" for r in st.slot_table().reservations()
+                     if r.holder.job_id != job_id and mine & set(r.gpus)})  # fmt: skip
+    why_not = refusal(dumped_gpus=list(record.get("gpu_uuids", [])),
+                      cuda_pids=list(record.get("cuda_pids", [])), job_gpus=job_gpus,
+                      shared_with=shared)  # fmt: skip
+    if why_not is None and not (image.is_dir() and kept.alive()):
+        why_not = "its image or its tree is gone"
+    if why_not is not None:
+        if record.get("cuda_pids"):  # (a tree without GPU state has nothing to wake)
+            st.event("restore.not_woken_early", job_id=job_id, reason=why_not)
+        return False
+    t0 = time.monotonic()
+    tree = kept.parking.pids()
+    if not kept.parking.thaw():
+        raise RuntimeError("the tree could not be thawed")
+    timings = wake_kept(image, kept.pid, tree=tree, unlock=False)
+    if not kept.parking.freeze():
+        raise RuntimeError("the tree could not be frozen again")
+    kept.gpu_back_s = time.time()
+    kept.early_timings = {**timings, "early_total": time.monotonic() - t0}
+    st.event("restore.woken_early", job_id=job_id, pid=kept.pid, timings_s=kept.early_timings)
+    timer = threading.Timer(HOLD_S, end_if_untaken, args=(st, job_id, kept.gpu_back_s))
+    timer.daemon = True  # never holds spswapd's exit
+    timer.start()
+    return True
+
+
+def end_if_untaken(st: DaemonState, job_id: str, woken_s: float | None = None) -> bool:
+    """End the job's kept tree if its GPU state was woken early (at ``woken_s`` when
+    given) and no run took it: it holds GPU memory outside any slot. True when ended."""
+    lock = st.job_locks.of(job_id)
+    if not lock.acquire(blocking=False):  # a restore is taking it now
+        return False
+    try:
+        kept = st.kept.take(job_id)
+        if kept is None:
+            return False
+        if kept.gpu_back_s is None or (woken_s is not None and kept.gpu_back_s != woken_s):
+            st.kept.add(kept)
+            return False
+        st.kept.end_taken(kept, "its GPU state was restored early for its job's run, "
+                                "which did not take it: ended; its image stays")  # fmt: skip
+        return True
+    finally:
+        lock.release()

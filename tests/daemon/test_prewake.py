@@ -1,0 +1,175 @@
+"""A kept tree's GPU state woken early, at its job's prolog (spswap.daemon.prewake): when
+it is done and when not, the order of its steps, the restore that then only unlocks, and
+the end of a tree its run never took. The CUDA calls are stand-ins here (no GPU: they
+run on the H200, tests/engines/test_vllm_serve_gpu.py and `scripts/gpu/turns.sh`); the
+daemon state, its locks, statuses, kept trees and events are the real ones."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spswap.config import Config
+from spswap.daemon import job_ops, lifecycle, prewake
+from spswap.daemon.kept import Kept
+from spswap.daemon.state import DaemonState
+from spswap.daemon.statuses import CheckpointState
+from spswap.fsutil import atomic_write_json
+
+
+def test_refusal_says_why_not() -> None:
+    ok = {"dumped_gpus": ["GPU-a"], "cuda_pids": [5], "job_gpus": ["GPU-a"], "shared_with": []}
+    assert prewake.refusal(**ok) is None  # type: ignore[arg-type]
+    cases = [
+        ({"cuda_pids": []}, "no GPU state to restore"),
+        ({"job_gpus": []}, "the job's GPUs are not known"),
+        ({"dumped_gpus": []}, "the job's GPUs are not known"),
+        ({"job_gpus": ["GPU-b"]},
+         "the job is on other GPUs than its dump (the restore remaps them)"),
+        ({"dumped_gpus": ["GPU-a", "GPU-b"], "job_gpus": ["GPU-b", "GPU-a"]},
+         "the job is on other GPUs than its dump (the restore remaps them)"),
+        ({"shared_with": ["12", "9"]}, "job(s) 12, 9 hold slots on its GPUs"),
+    ]  # fmt: skip
+    for change, why in cases:
+        assert prewake.refusal(**{**ok, **change}) == why, change  # type: ignore[arg-type]
+
+
+class Parking:
+    """The parked cgroups' calls, recorded (the real ones: tests/checkpoint/)."""
+
+    def __init__(self, pid: int, calls: list[str]) -> None:
+        self._pids = {pid}
+        self.calls = calls
+
+    def pids(self) -> set[int]:
+        return set(self._pids)
+
+    def thaw(self) -> bool:
+        self.calls.append("thaw")
+        return True
+
+    def freeze(self) -> bool:
+        self.calls.append("freeze")
+        return True
+
+    def kill_all(self) -> list[int]:
+        self.calls.append("kill")
+        killed, self._pids = sorted(self._pids), set()
+        return killed
+
+    def remove(self) -> None:
+        self.calls.append("remove")
+
+
+@pytest.fixture
+def setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    cfg = Config.from_env({}, root=tmp_path / "root")
+    lifecycle.prepare_dirs(cfg)
+    st = DaemonState(cfg)
+    proc = subprocess.Popen(["sleep", "300"])
+    calls: list[str] = []
+    image = cfg.paths.images / "job-7-img"
+    image.mkdir(parents=True)
+    atomic_write_json(image / "spswap-cuda.json", {"cuda_pids": [proc.pid],
+                                                   "gpu_uuids": ["GPU-a"]})  # fmt: skip
+    st.statuses.write("7", state=CheckpointState.SAVED, pid=proc.pid, key=image.name, kept=True)
+    kept = Kept("7", proc.pid, None, Parking(proc.pid, calls), image.name, 0.0)
+    st.kept.add(kept)
+    gpus = {"now": ["GPU-a"]}
+    monkeypatch.setattr(prewake, "run_gpu_uuids", lambda st, job_id: gpus["now"])
+
+    def wake_kept(image: Path, pid: int, **kw: Any) -> dict[str, float]:
+        calls.append(f"cuda_restore unlock={kw['unlock']}")
+        assert kw["tree"] == {proc.pid}
+        return {"cuda_restore": 0.5}
+
+    monkeypatch.setattr(prewake, "wake_kept", wake_kept)
+    events: list[tuple[str, dict[str, Any]]] = []
+    real_event = st.event
+
+    def event(kind: str, **fields: Any) -> None:
+        events.append((kind, fields))
+        real_event(kind, **fields)
+
+    monkeypatch.setattr(st, "event", event)
+    monkeypatch.setattr(st.kept, "_event", event)  # it holds the daemon's own
+    yield st, kept, calls, gpus, events
+    proc.kill()
+    proc.wait()
+
+
+def test_woken_early_then_the_restore_only_unlocks(
+    setup: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    st, kept, calls, _, events = setup
+    assert prewake.wake_early(st, "7")
+    assert calls == ["thaw", "cuda_restore unlock=False", "freeze"]
+    assert kept.gpu_back_s is not None and kept.early_timings["cuda_restore"] == 0.5
+    assert st.kept.has("7"), "back among the kept trees, for the run's restore"
+    assert [k for k, _ in events] == ["restore.woken_early"]
+    # the run's restore: the CUDA restore is not done again, only the unlock
+    from spswap.daemon import ckpt_restore
+
+    monkeypatch.setattr(ckpt_restore, "kept_image", lambda root, **kw: root / kept.key)
+    monkeypatch.setattr(ckpt_restore, "wake_kept", lambda *a, **kw: calls.append("again"))
+    monkeypatch.setattr(
+        ckpt_restore,
+        "unlock_kept",
+        lambda image, pid: (calls.append("unlock"), {"cuda_unlock": 0.001})[1],
+    )
+    monkeypatch.setattr(type(kept.parking), "take_device_rules_of", lambda self, pid: None,
+                        raising=False)  # fmt: skip
+    rec = st.jobs.get("7")
+    woken = ckpt_restore._wake_kept(st, rec, "7", None, st.kept.take("7"), 1)  # type: ignore[arg-type]
+    assert woken is not None and calls[3:] == ["thaw", "unlock"]
+    assert woken[1]["early_cuda_restore"] == 0.5 and woken[1]["cuda_unlock"] == 0.001
+
+
+def test_not_woken_on_other_gpus_or_while_its_job_is_locked(setup: Any) -> None:
+    st, kept, calls, gpus, _ = setup
+    gpus["now"] = ["GPU-b"]
+    assert not prewake.wake_early(st, "7")
+    gpus["now"] = ["GPU-a"]
+    with st.job_locks.of("7"):  # a dump or the run's restore
+        assert not prewake.wake_early(st, "7")
+    assert calls == [] and kept.gpu_back_s is None and st.kept.has("7")
+
+
+def test_a_tree_woken_early_and_never_taken_is_ended_at_its_jobs_end(setup: Any) -> None:
+    st, kept, calls, _, events = setup
+    assert not prewake.end_if_untaken(st, "7"), "not woken early: it stays kept"
+    assert st.kept.has("7")
+    assert prewake.wake_early(st, "7")
+    assert not prewake.end_if_untaken(st, "7", woken_s=kept.gpu_back_s - 1), "another wake's"
+    job_ops.op_job_end(_root_ctx(st), {"job_id": "7", "requeued": True})
+    assert not st.kept.has("7") and calls[-2:] == ["kill", "remove"]
+    ended = [f for k, f in events if k == "kept.ended"]
+    assert ended and "restored early for its job's run, which did not take it" in \
+        ended[0]["reason"]  # fmt: skip
+    assert st.statuses.read("7")["kept"] is False
+
+
+def test_a_failed_early_wake_ends_the_tree_its_image_stays(
+    setup: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    st, kept, calls, _, events = setup
+
+    def fails(*a: Any, **kw: Any) -> dict[str, float]:
+        raise RuntimeError("cuda-checkpoint said no")
+
+    monkeypatch.setattr(prewake, "wake_kept", fails)
+    assert not prewake.wake_early(st, "7")
+    assert not st.kept.has("7") and "kill" in calls
+    assert (st.cfg.paths.images / kept.key).is_dir()
+    ended = [f for k, f in events if k == "kept.ended"]
+    assert ended[0]["reason"] == ("its early wake failed (cuda-checkpoint said no): its next "
+                                  "run restores from the image")  # fmt: skip
+
+
+def _root_ctx(st: DaemonState) -> Any:
+    from spswap.daemon.state import Context
+
+    return Context(state=st, peer_uid=0, peer_pid=1)
