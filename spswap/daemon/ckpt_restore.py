@@ -16,6 +16,7 @@ from spswap.checkpoint.device_rules import Carried
 from spswap.checkpoint.images import Identity, pool_digests
 from spswap.checkpoint.proctree import process_tree_pids
 from spswap.checkpoint.service import kept_image, restore_instance
+from spswap.daemon import prewake
 from spswap.daemon.ckpt_status import (
     RESUME_SIGNAL,
     identity_of,
@@ -43,7 +44,17 @@ def op_restore(ctx: Context, args: dict[str, Any]) -> Answer:
     """Restore the job's instance for the caller (the new run's proxy)."""
     st = ctx.state
     job_id = args["job_id"]
-    rec = running_job(ctx, job_id)
+    rec = running_job(ctx, job_id)  # the job's own run only, from here on
+    try:
+        return _locked_restore(ctx, st, rec, job_id, args)
+    finally:
+        # a restore that failed before it took the tree: one woken early would hold GPU
+        # memory the run's cold start needs
+        prewake.end_if_untaken(st, job_id)
+
+
+def _locked_restore(ctx: Context, st: DaemonState, rec: JobRecord, job_id: str,
+                    args: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
     expected = identity_of(args, rec.uid)
     # A job requeued while its dump ran may be back before the dump ends: wait for it
     # (also just after "saved": the dump thread still freezes and records a kept tree).
@@ -124,6 +135,9 @@ def _wake_kept(st: DaemonState, rec: JobRecord, job_id: str, expected: Identity,
         if not kept.alive():
             raise _KeptGone
         if kept.gpu_back_s is not None:  # its GPU state came back at the prolog
+            if not prewake.matches_gpus(st, job_id, kept):
+                raise _NotWoken("its GPU state was restored early on GPUs its run does not "
+                                "have: restored from its image")  # fmt: skip
             timings.update({f"early_{k}": v for k, v in (kept.early_timings or {}).items()})
             timings.update(unlock_kept(image, kept.pid))
         else:
@@ -131,6 +145,9 @@ def _wake_kept(st: DaemonState, rec: JobRecord, job_id: str, expected: Identity,
                                      tree=tree))  # fmt: skip
     except _KeptGone:
         st.kept.end_taken(kept, "it was gone when its job came back: restored from its image")
+        return None
+    except _NotWoken as e:
+        st.kept.end_taken(kept, str(e))
         return None
     except BaseException as e:
         kept.kill()
@@ -154,6 +171,11 @@ def _wake_kept(st: DaemonState, rec: JobRecord, job_id: str, expected: Identity,
 
 class _KeptGone(Exception):
     """The kept tree is not there to wake: its image brings it back instead."""
+
+
+class _NotWoken(Exception):
+    """The kept tree may not be woken for this run (the message says why): it is ended and
+    its image brings it back instead."""
 
 
 def _clear_parking(st: DaemonState, job_id: str, kept: Kept, pid: int) -> None:

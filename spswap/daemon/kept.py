@@ -75,6 +75,11 @@ class KeptTrees:
         with self._lock:
             return self._by_job.pop(job_id, None)
 
+    def get(self, job_id: str) -> Kept | None:
+        """The job's kept tree, to look at (it stays here: :meth:`take` to own it)."""
+        with self._lock:
+            return self._by_job.get(job_id)
+
     def has(self, job_id: str) -> bool:
         """Whether the job has a kept tree here now."""
         with self._lock:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from spswap.checkpoint.cuda_back import cuda_record, wake_kept
@@ -37,7 +38,8 @@ if TYPE_CHECKING:
     from spswap.daemon.kept import Kept
     from spswap.daemon.state import DaemonState
 
-HOLD_S = 120.0  # a tree woken early that its run has not taken by then is ended
+HOLD_S = 60.0  # a tree woken early that its run has not taken by then is ended
+END_WAIT_S = 15.0  # how long an end waits for an early wake in progress
 
 
 def refusal(*, dumped_gpus: list[str], cuda_pids: list[int], job_gpus: list[str],
@@ -63,48 +65,69 @@ def start(st: DaemonState, job_id: str) -> None:
 
 def wake_early(st: DaemonState, job_id: str) -> bool:
     """The job's kept tree: thawed, its GPU state restored (LOCKED) and frozen again, for
-    its run's restore to unlock; True when done. Never raises: a failure ends the tree
-    (its image stays: the run restores from it)."""
+    its run's restore to unlock; True when done. Never raises. A failure before the thaw
+    leaves the tree kept as it was; one after it ends the tree (its GPU state may be half
+    back; its image stays: the run restores from it)."""
     lock = st.job_locks.of(job_id)
     if not lock.acquire(blocking=False):  # a dump or the run's restore: not now
         return False
-    kept = None
     try:
         if st.statuses.read(job_id).get("state") != CheckpointState.SAVED:
             return False
         kept = st.kept.take(job_id)
         if kept is None:
             return False
-        woken = _wake(st, job_id, kept)
-        st.kept.add(kept)
-        kept = None
-        return woken
-    except Exception as e:  # noqa: BLE001 - never into the prolog's daemon thread
-        if kept is not None:
+        try:
+            ready = _ready(st, job_id, kept)
+        except Exception:  # noqa: BLE001 - nothing was touched: it stays kept
+            ready = None
+        if ready is None:
+            st.kept.add(kept)
+            return False
+        try:
+            _wake(kept, ready)
+        except Exception as e:  # noqa: BLE001 - never into the prolog's daemon thread
             st.kept.end_taken(kept, f"its early wake failed ({e}): its next run restores "
                                     "from the image")  # fmt: skip
-        return False
+            return False
+        # the job may have ended meanwhile (its images collected without this tree)
+        if st.statuses.read(job_id).get("state") != CheckpointState.SAVED or not ready.is_dir():
+            st.kept.end_taken(kept, "its job's image went while its GPU state was restored "
+                                    "early")  # fmt: skip
+            return False
+        st.kept.add(kept)
     finally:
         lock.release()
+    _said(st, "restore.woken_early", job_id=job_id, pid=kept.pid, timings_s=kept.early_timings)
+    timer = threading.Timer(HOLD_S, end_if_untaken, args=(st, job_id, kept.gpu_back_s),
+                            kwargs={"wait_s": END_WAIT_S})  # fmt: skip
+    timer.daemon = True  # never holds spswapd's exit
+    timer.start()
+    return True
 
 
-def _wake(st: DaemonState, job_id: str, kept: Kept) -> bool:
+def _ready(st: DaemonState, job_id: str, kept: Kept) -> Path | None:
+    """The kept tree's image when its GPU state may be woken early, else None (and why
+    not, in the event log, for a tree that has GPU state)."""
     image = st.cfg.paths.images / kept.key
     record = cuda_record(image)
-    job_gpus = run_gpu_uuids(st, job_id)
     rec = st.jobs.get(job_id)
     mine = set(rec.gpus) if rec is not None else set()
     shared = sorted({r.holder.job_id or "?" for r in st.slot_table().reservations()
                      if r.holder.job_id != job_id and mine & set(r.gpus)})  # fmt: skip
     why_not = refusal(dumped_gpus=list(record.get("gpu_uuids", [])),
-                      cuda_pids=list(record.get("cuda_pids", [])), job_gpus=job_gpus,
-                      shared_with=shared)  # fmt: skip
+                      cuda_pids=list(record.get("cuda_pids", [])),
+                      job_gpus=run_gpu_uuids(st, job_id), shared_with=shared)  # fmt: skip
     if why_not is None and not (image.is_dir() and kept.alive()):
         why_not = "its image or its tree is gone"
-    if why_not is not None:
-        if record.get("cuda_pids"):  # (a tree without GPU state has nothing to wake)
-            st.event("restore.not_woken_early", job_id=job_id, reason=why_not)
-        return False
+    if why_not is None:
+        return image
+    if record.get("cuda_pids"):  # (a tree without GPU state has nothing to wake)
+        _said(st, "restore.not_woken_early", job_id=job_id, reason=why_not)
+    return None
+
+
+def _wake(kept: Kept, image: Path) -> None:
     t0 = time.monotonic()
     tree = kept.parking.pids()
     if not kept.parking.thaw():
@@ -114,18 +137,34 @@ def _wake(st: DaemonState, job_id: str, kept: Kept) -> bool:
         raise RuntimeError("the tree could not be frozen again")
     kept.gpu_back_s = time.time()
     kept.early_timings = {**timings, "early_total": time.monotonic() - t0}
-    st.event("restore.woken_early", job_id=job_id, pid=kept.pid, timings_s=kept.early_timings)
-    timer = threading.Timer(HOLD_S, end_if_untaken, args=(st, job_id, kept.gpu_back_s))
-    timer.daemon = True  # never holds spswapd's exit
-    timer.start()
-    return True
 
 
-def end_if_untaken(st: DaemonState, job_id: str, woken_s: float | None = None) -> bool:
+def _said(st: DaemonState, kind: str, **fields: object) -> None:
+    try:
+        st.event(kind, **fields)
+    except OSError:  # a full event log changes nothing here
+        pass
+
+
+def matches_gpus(st: DaemonState, job_id: str, kept: Kept) -> bool:
+    """Whether a tree woken early may be unlocked in the job's run: the run is on the GPUs
+    its dump recorded (the wake restored it there, without a remap)."""
+    recorded = list(cuda_record(st.cfg.paths.images / kept.key).get("gpu_uuids", []))
+    return recorded == run_gpu_uuids(st, job_id)
+
+
+def end_if_untaken(st: DaemonState, job_id: str, woken_s: float | None = None, *,
+                   wait_s: float = 0.0) -> bool:  # fmt: skip
     """End the job's kept tree if its GPU state was woken early (at ``woken_s`` when
-    given) and no run took it: it holds GPU memory outside any slot. True when ended."""
+    given) and no run took it: it holds GPU memory outside any slot. True when ended.
+    ``wait_s``: how long to wait for the job's lock (an early wake in progress); without
+    it, nothing is waited for (the epilog's path: the job's dump may hold the lock)."""
+    found = st.kept.get(job_id)
+    if found is None or found.gpu_back_s is None:
+        return False
     lock = st.job_locks.of(job_id)
-    if not lock.acquire(blocking=False):  # a restore is taking it now
+    got = lock.acquire(timeout=wait_s) if wait_s else lock.acquire(blocking=False)
+    if not got:  # a restore holds it: it owns the tree (takes or ends it)
         return False
     try:
         kept = st.kept.take(job_id)

@@ -173,3 +173,65 @@ def _root_ctx(st: DaemonState) -> Any:
     from spswap.daemon.state import Context
 
     return Context(state=st, peer_uid=0, peer_pid=1)
+
+
+def test_a_failure_before_the_thaw_leaves_the_tree_kept(
+    setup: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    st, kept, calls, _, events = setup
+
+    def no_driver(st: Any, job_id: str) -> list[str]:
+        raise OSError("NVML is not answering")
+
+    monkeypatch.setattr(prewake, "run_gpu_uuids", no_driver)
+    assert not prewake.wake_early(st, "7")
+    assert calls == [] and st.kept.has("7") and kept.gpu_back_s is None
+    assert [k for k, _ in events] == []
+
+
+def test_a_run_on_other_gpus_gets_the_image_not_the_early_tree(
+    setup: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Registered again on other GPUs (no epilog between): the tree woken early on the old
+    ones is ended, and the restore goes on from the image (never unlocked there)."""
+    from spswap.daemon import ckpt_restore
+
+    st, kept, calls, gpus, events = setup
+    assert prewake.wake_early(st, "7")
+    gpus["now"] = ["GPU-b"]
+    monkeypatch.setattr(ckpt_restore, "kept_image", lambda root, **kw: root / kept.key)
+    monkeypatch.setattr(ckpt_restore, "unlock_kept", lambda *a: calls.append("unlock"))
+    monkeypatch.setattr(type(kept.parking), "take_device_rules_of", lambda self, pid: None,
+                        raising=False)  # fmt: skip
+    woken = ckpt_restore._wake_kept(st, st.jobs.get("7"), "7", None,  # type: ignore[arg-type]
+                                    st.kept.take("7"), 1)  # fmt: skip
+    assert woken is None and "unlock" not in calls and calls[-2:] == ["kill", "remove"]
+    ended = [f["reason"] for k, f in events if k == "kept.ended"]
+    assert ended == ["its GPU state was restored early on GPUs its run does not have: "
+                     "restored from its image"]  # fmt: skip
+    assert (st.cfg.paths.images / kept.key).is_dir(), "the image is the way back"
+
+
+def test_a_restore_that_fails_before_taking_the_tree_ends_it_only_for_its_own_job(
+    setup: Any,
+) -> None:
+    """Its run starts cold then, and needs the GPU memory the early tree holds; another
+    user's failed call for the job (refused) must not end it."""
+    import os
+
+    from spswap.daemon.ckpt_restore import op_restore
+    from spswap.daemon.jobs import JobRecord
+    from spswap.daemon.state import Context
+    from spswap.errors import SpswapError
+
+    st, kept, calls, _, events = setup
+    st.jobs.put(JobRecord(job_id="7", uid=os.getuid(), user="u", gpus=[0]))
+    assert prewake.wake_early(st, "7")
+    with pytest.raises(SpswapError):  # someone else's call: refused, the tree stays
+        op_restore(Context(peer_uid=os.getuid() + 1, peer_pid=os.getpid(), state=st),
+                   {"job_id": "7"})  # fmt: skip
+    assert st.kept.has("7")
+    with pytest.raises(SpswapError, match="identity incomplete"):  # the job's own, failing
+        op_restore(Context(peer_uid=os.getuid(), peer_pid=os.getpid(), state=st),
+                   {"job_id": "7"})  # fmt: skip
+    assert not st.kept.has("7") and calls[-2:] == ["kill", "remove"]
