@@ -264,7 +264,7 @@ def serve(
     if opts.socket_path is not None:
         err_console.print(f"spswap serve: requests on {opts.socket_path}", markup=False)
 
-    checkpointer = _checkpointer(cfg, job.job_id) if checkpoint and job is not None else None
+    checkpointer, marks_s = _checkpointer_marked(cfg, job, checkpoint, cli_s)
 
     def factory(o: ServeOptions) -> Engine:
         if may_restore:  # no restore after all: check the model, then start the engine
@@ -279,6 +279,7 @@ def serve(
         checkpointer=checkpointer,
         log=lambda msg: err_console.print(msg, markup=False, highlight=False, soft_wrap=True),
     )  # fmt: skip
+    server.marks_s.update(marks_s)
     server.install_signal_handlers()
     result = server.run()
     if json:
@@ -313,11 +314,7 @@ def _serve_vllm(
         http_port=port, http_host=host, launcher=tuple(shlex.split(launcher or "")),
         drain_s=drain_s,
     )  # fmt: skip
-    # runs.jsonl's marks of a run's first half second ("run": ServeRun.run's start): the
-    # command's start, its checks done, the fork into the instance (with spswapd's answer)
-    marks_s = {"cli": cli_s, "checked": time.time()}
-    checkpointer = _checkpointer(cfg, job.job_id) if checkpoint and job is not None else None
-    marks_s["forked"] = time.time()
+    checkpointer, marks_s = _checkpointer_marked(cfg, job, checkpoint, cli_s)
     run = vllm_run(
         cfg, opts, job_id=job.job_id if job else None,
         restart_count=job.restart_count if job else 0,
@@ -333,6 +330,18 @@ def _serve_vllm(
     else:
         err_console.print(f"spswap serve: stopped ({result.stopped_by or 'server ended'})",
                           markup=False)  # fmt: skip
+
+
+def _checkpointer_marked(cfg: Config, job: Any, checkpoint: bool,
+                         cli_s: float) -> tuple[Any, dict[str, float]]:  # fmt: skip
+    """The run's checkpointer (:func:`_checkpointer`, or None), and runs.jsonl's marks of
+    the run's first half second ("run" is ServeRun.run's start): the command's start
+    (``cli_s``), its checks done, the fork into the instance (with spswapd's answer)."""
+    marks_s = {"cli": cli_s, "checked": time.time()}
+    ckpt = _checkpointer(cfg, job.job_id) if checkpoint and job is not None else None
+    if ckpt is not None:
+        marks_s["forked"] = time.time()
+    return ckpt, marks_s
 
 
 def _checkpointer(cfg: Config, job_id: str) -> Any:
