@@ -20,6 +20,7 @@ from spswap import doctor_criu
 from spswap.checkpoint import criu, cuda_ckpt
 from spswap.checkpoint.cgroups import park_probe
 from spswap.checkpoint.freeze_hold import probe
+from spswap.checkpoint.images import parse_nvidia_version
 from spswap.config import Config
 from spswap.daemon import lifecycle
 from spswap.daemon.trust import unsafe_dir
@@ -53,12 +54,6 @@ def kernel_config_value(config_text: str, key: str) -> str | None:
         if line.strip() == f"# {key} is not set":
             return "n"
     return None
-
-
-def parse_nvidia_version(text: str) -> str | None:
-    """The driver version from ``/proc/driver/nvidia/version`` (e.g. ``"580.159.04"``)."""
-    m = re.search(r"Kernel Module(?: for [\w-]+)?\s+(\d+\.\d+(?:\.\d+)?)", text)
-    return m.group(1) if m else None
 
 
 def driver_major(version: str) -> int:

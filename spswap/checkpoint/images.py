@@ -17,17 +17,16 @@ import hashlib
 import json
 import os
 import platform
+import re
 import stat
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, fields
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from spswap import __version__
 from spswap.checkpoint import criu
-from spswap.doctor import parse_nvidia_version
 from spswap.fsutil import atomic_write_json, read_json
 
 META_FILE = "meta.json"
@@ -70,6 +69,12 @@ class Identity:
 DIGEST_SEP = "+"
 
 
+def parse_nvidia_version(text: str) -> str | None:
+    """The driver version from ``/proc/driver/nvidia/version`` (e.g. ``"580.159.04"``)."""
+    m = re.search(r"Kernel Module(?: for [\w-]+)?\s+(\d+\.\d+(?:\.\d+)?)", text)
+    return m.group(1) if m else None
+
+
 def pool_digests(model_digest: str) -> list[str]:
     """The pool entries an image needs at restore (its processes map their files): one
     digest, or for a multi-model job each of its models' digests joined by ``+``."""
@@ -88,6 +93,8 @@ def image_key(identity: Identity) -> str:
 
 def package_version(name: str) -> str:
     """Installed version of a distribution, without importing it (torch imports slowly)."""
+    from importlib import metadata  # here: 10 ms that `spswap serve`'s start need not pay
+
     try:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
