@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from spswap.checkpoint.criu import remove_image
 from spswap.config import Config
 from spswap.daemon import lifecycle
 
@@ -94,4 +95,9 @@ def node_root(prefix: str, env: dict[str, str] | None = None) -> Iterator[Config
         yield cfg
     finally:
         lifecycle.stop(cfg, timeout_s=5.0)
+        # an image left behind keeps links outside the root (link_remap: /dev/shm's)
+        images = cfg.paths.images
+        for image in images.iterdir() if images.is_dir() else []:
+            if image.is_dir():
+                remove_image(image)
         shutil.rmtree(root, ignore_errors=True)

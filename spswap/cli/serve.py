@@ -289,7 +289,8 @@ def serve(
         if result.restored_pid is not None:  # the restored instance answered, not this run
             done = f"stood in for its restored instance (pid {result.restored_pid}){stopped}"
         else:
-            done = f"answered {result.answered}, {result.pending_left} left in {state_dir}/inbox"
+            done = (f"answered {result.answered} (answers in {state_dir}/outbox), "
+                    f"{result.pending_left} left in {state_dir}/inbox")  # fmt: skip
             done += stopped
         err_console.print(f"spswap serve: {done}", markup=False, soft_wrap=True)
 

@@ -81,7 +81,11 @@ class ReferenceBackend:
         self.restart_count = result.restart_count
         self.spool.create()
         if self.opts.requests_file is not None:
-            self._enqueue_file(self.opts.requests_file)
+            added, lines = self._enqueue_file(self.opts.requests_file)
+            if added < lines:  # ids asked before: their answers stand (idempotent)
+                self.log(f"spswap serve: {lines - added} of the {lines} request(s) in "
+                         f"{self.opts.requests_file} were asked before (the same id): not "
+                         f"asked again; their answers are in {self.spool.outbox}")  # fmt: skip
         quarantined = self.spool.quarantine_crashed()
         if quarantined:
             self.log(f"spswap serve: request {quarantined} was being answered when an "
@@ -222,17 +226,19 @@ class ReferenceBackend:
     def _pending(self) -> int:
         return sum(1 for _ in self.spool.pending())
 
-    def _enqueue_file(self, path: Path) -> int:
-        added = 0
+    def _enqueue_file(self, path: Path) -> tuple[int, int]:
+        """(requests newly accepted, requests in the file)."""
+        added = lines = 0
         for n, line in enumerate(path.read_text().splitlines(), 1):
             if not line.strip():
                 continue
+            lines += 1
             try:
                 data = json.loads(line)
             except json.JSONDecodeError as e:
                 raise SpswapError(f"{path}:{n}: not JSON ({e}); one request per line") from None
             added += self.spool.submit(Request.from_json(data))
-        return added
+        return added, lines
 
 
 def reference_run(

@@ -111,14 +111,18 @@ def test_a_refused_restore_starts_cold_and_says_why(tmp_path: Path) -> None:
 
 def test_the_log_says_cold_where_runs_jsonl_does(tmp_path: Path) -> None:
     """The first run reads the model into the pool: cold in its log as in runs.jsonl (its
-    log said "up from the pool"); the next run is up from the pool in both."""
+    log said "up from the pool"); the next run is up from the pool in both. The same
+    requests given again are not asked again, and the log says so (it said nothing)."""
     model = tmp_path / "model"
     save_checkpoint(preset("tiny"), model)
     cfg = Config.from_env({}, root=tmp_path / "root")
+    reqs = tmp_path / "req.jsonl"
+    reqs.write_text('{"id": "a", "prompt_ids": [1, 2], "max_new_tokens": 2}\n')
     said = []
     for restart in (0, 1):
         logs: list[str] = []
-        opts = ServeOptions(model=model, state_dir=tmp_path / "state", exit_when_idle=True)
+        opts = ServeOptions(model=model, state_dir=tmp_path / "state", exit_when_idle=True,
+                            requests_file=reqs)  # fmt: skip
         run = reference_run(cfg, opts, engine_factory=make_engine, job_id=None,
                             restart_count=restart, log=logs.append)  # fmt: skip
         if restart:  # its own process, started after the first run made the pool entry
@@ -126,6 +130,10 @@ def test_the_log_says_cold_where_runs_jsonl_does(tmp_path: Path) -> None:
         result = run.run()
         up = [line for line in logs if " up " in line]
         said.append((result.path, up[0].split(" in ")[0] if up else logs))
+        again = [line for line in logs if "asked before" in line]
+        assert (result.answered, again) == ((1, []) if not restart else (0, [
+            f"spswap serve: 1 of the 1 request(s) in {reqs} were asked before (the same id): "
+            f"not asked again; their answers are in {tmp_path / 'state' / 'outbox'}"]))  # fmt: skip
     assert said == [
         (RunPath.COLD, "spswap serve: model up (cold: read from its files into the pool by "
                        "this run, then loaded from it)"),

@@ -46,9 +46,9 @@ def test_a_requeued_job_ends_at_once_unless_something_stays_in_its_cgroup(
     """``scontrol requeuehold`` (a turn of ``spswap bench turns``): a batch script that
     exits on the signal with nothing left in the job's cgroup ends the job within a few
     tenths of a second (0.24-0.30 s measured); one whose child is still there when it
-    exits (here ``sleep 1 &``, deaf to SIGTERM) ends the job only after 1.9 s (slurmstepd waits for the
-    cgroup to empty in steps of a second). So a parked run must leave nothing behind in
-    its job: the tree goes out whole, and the run ends last."""
+    exits (here ``sleep 1 &``, deaf to SIGTERM) ends the job only after 1.9 s (slurmstepd
+    waits for the cgroup to empty in steps of a second). So a parked run must leave
+    nothing behind in its job: the tree goes out whole, and the run ends last."""
     backend = CliBackend()
     marks = slurm_cluster.work / f"end-marks-{left.replace(' ', '-')}"
     # the child ignores SIGTERM: slurmstepd signals the whole step, and a child that
