@@ -184,7 +184,8 @@ def render_status(data: dict[str, Any], *, now: float | None = None) -> Group:
         ", ".join(
             f"{g['index']}" + (f" {g['name']}" if g.get("name") else "") for g in data["gpus"]
         )
-        or "none found (set SPSWAP_GPUS, e.g. 0,1)"
+        or "none found (no NVIDIA GPU seen here; on a GPU node that NVML cannot read, set "
+        "SPSWAP_GPUS, e.g. 0,1)"
     )
     head.add_row("GPUs", gpus)  # fmt: skip
     settings = data.get("settings") or {}

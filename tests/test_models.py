@@ -120,3 +120,16 @@ def test_models_check_command(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "--engine vllm" in proc.stderr
     proc = spswap("models", "check", str(model), "--engine", "vllm")
     assert proc.returncode == 0 and "can serve it" in proc.stdout
+
+
+def test_a_made_model_is_as_readable_as_the_umask_allows(tmp_path: Path) -> None:
+    """safetensors writes its file 0600: a model one user makes for the group's jobs was
+    unreadable to them while its config.json was not."""
+    old = os.umask(0o022)
+    try:
+        proc = spswap("models", "make", str(tmp_path / "m"), "--preset", "tiny")
+    finally:
+        os.umask(old)
+    assert proc.returncode == 0, proc.stderr
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "m").iterdir()}
+    assert modes == {"config.json": 0o644, "model.safetensors": 0o644}

@@ -44,8 +44,12 @@ def save_checkpoint(config: ReferenceConfig, directory: Path) -> Path:
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    save_file(init_weights(config), str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
     (directory / CONFIG_FILE).write_text(json.dumps(config.to_json(), indent=2) + "\n")
+    weights = directory / WEIGHTS_FILE
+    save_file(init_weights(config), str(weights), metadata={"format": "pt"})
+    # safetensors writes 0600 whatever the umask: the weights as readable as their config
+    # (a model one user makes, the group's jobs serve)
+    os.chmod(weights, (directory / CONFIG_FILE).stat().st_mode & 0o777)
     return directory
 
 
