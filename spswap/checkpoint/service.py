@@ -84,7 +84,8 @@ def images_of_job(images_root: Path, job_id: str) -> list[Path]:
 
 
 def temp_dirs(images_root: Path, job_id: str | None = None) -> list[Path]:
-    """Directories of unfinished dumps (``.tmp-<key>-<random>``), all or of one job."""
+    """Directories of unfinished dumps (``.tmp-<key>-<random>``) and of images being
+    removed (``.tmp-<key>-gone-<random>``), all or of one job."""
     if not images_root.is_dir():
         return []
     prefix = ".tmp-" + (job_prefix(job_id) if job_id is not None else "")
@@ -280,7 +281,7 @@ def restore_instance(
             _kill_quietly(pid)
         raise CheckpointFailed(f"{e}\nthe image {image.name} was deleted: cold start") from None
     finally:
-        criu.remove_image(image)
+        criu.remove_image_soon(image)
     return pid, timings
 
 

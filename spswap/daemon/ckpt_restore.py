@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spswap.checkpoint import cgroups, proctree
-from spswap.checkpoint.criu import remove_image
+from spswap.checkpoint.criu import remove_image, remove_image_soon
 from spswap.checkpoint.cuda_back import unlock_kept, wake_kept
 from spswap.checkpoint.device_rules import Carried
 from spswap.checkpoint.images import Identity, pool_digests
@@ -86,10 +86,9 @@ def _restore(ctx: Context, st: DaemonState, rec: JobRecord, job_id: str, expecte
             return _restored(ctx, st, rec, job_id, expected, args, pid, timings, kept=True)
         finally:
             _clear_parking(st, job_id, kept, pid)
-            # stale since the tree ran on; deleted once the instance is woken: freeing a
-            # few GB of tmpfs pages takes 0.3-0.4 s, off the swap's path here
-
-            remove_image(image)
+            # stale since the tree ran on; its pages are freed after the reply (a few
+            # GB of tmpfs: 0.3-0.4 s that the run's restore waited for)
+            remove_image_soon(image)
             sync_quietly(st)
     try:
         pid, timings = restore_instance(st.cfg.paths.images, job_id=job_id, expected=expected,

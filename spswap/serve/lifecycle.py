@@ -158,14 +158,6 @@ def run_steps(steps: list[tuple[str, Callable[[], Any]]], log: Log) -> None:
             log(f"spswap serve: could not {what} ({e})")
 
 
-def timings_text(timings_s: Any) -> str:
-    """``{"thaw": 0.0003, "cuda_restore": 0.42}`` as ``thaw 0.3 ms, cuda_restore 420 ms``."""
-    if not isinstance(timings_s, dict) or not timings_s:
-        return "no timings"
-    return ", ".join(f"{k} {float(v) * 1000:.3g} ms" for k, v in timings_s.items()
-                     if isinstance(v, (int, float)))  # fmt: skip
-
-
 class ServeRun(Generic[B]):
     """One serving run of ``backend``; construct, then :meth:`run` (see the module doc).
     ``stop`` is the run's stop request (with its GPU slot), shared with the backend,
@@ -198,6 +190,7 @@ class ServeRun(Generic[B]):
         forked_s = checkpointer.run_started_s if checkpointer is not None else None
         self.started_s = forked_s if forked_s is not None else process_started_s()
         self.marks_s: dict[str, float] = {}  # step -> epoch seconds, for runs.jsonl
+        self.probe_s: float | None = None  # the check prompt's time before the checkpoint
 
     def handle_signal(self, signum: int, frame: FrameType | None = None) -> None:
         """A stop signal (see :meth:`StopSignals.handle_signal`)."""
@@ -293,7 +286,8 @@ class ServeRun(Generic[B]):
                               "timings_s": outcome.timings_s, "wake_s": wake_s,
                               "check_s": check_s, "probed": expected is not None,
                               **woken})  # fmt: skip
-        checked = f", checked in {check_s:.3f} s" if expected is not None else ""
+        checked = (f", checked in {check_s:.3f} s ({self.probe_s or 0:.3f} s before its "
+                   "checkpoint)" if expected is not None else "")  # fmt: skip
         self.log(f"spswap serve: restored {restored_how(outcome.kept)} into run "
                  f"{self.restart_count}; weights back in {wake_s:.3f} s{checked}")  # fmt: skip
         return True
@@ -311,8 +305,9 @@ class ServeRun(Generic[B]):
             return False
         self.marks_s["restored"] = time.time()
         pid, kept = int(info["pid"]), bool(info.get("kept"))
+        timings = restore_check.timings_text(info.get("timings_s"))
         self.log(f"spswap serve: job {self.job_id} restored {restored_how(kept)} as pid {pid} "
-                 f"({timings_text(info.get('timings_s'))}); standing in for it")  # fmt: skip
+                 f"({timings}); standing in for it")  # fmt: skip
         result.restored_pid = pid
         result.events.append({"restored_pid": pid, "timings_s": info.get("timings_s")})
         self._note_run(RunPath.KEPT if kept else RunPath.IMAGE)
@@ -361,12 +356,15 @@ class ServeRun(Generic[B]):
 
     # -- the check of a restore ---------------------------------------------------------
     def _probe(self, when: str) -> list[int] | None:
+        t0 = time.perf_counter()
         try:
             return self.backend.probe()
         except Exception as e:  # noqa: BLE001 - no check then, but the dump goes on
             self.log(f"spswap serve: the check prompt got no answer {when} ({e}); the "
                      "restore will not be checked")  # fmt: skip
             return None
+        finally:
+            self.probe_s = time.perf_counter() - t0
 
     def _check_restored(self, expected: list[int] | None) -> str | None:
         """None when the restored instance answers the check prompt as it did before its

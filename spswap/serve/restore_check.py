@@ -25,6 +25,15 @@ def tokens_text(ids: list[int] | None, shown: int = 8) -> str:
     return "[" + ", ".join(map(str, ids[:shown])) + (", ..." if len(ids) > shown else "") + "]"
 
 
+def timings_text(timings_s: Any) -> str:
+    """``{"thaw": 0.0003, "cuda_restore": 0.42}`` as ``thaw 0.3 ms, cuda_restore 420 ms``
+    (a restore's steps, in the job's log)."""
+    if not isinstance(timings_s, dict) or not timings_s:
+        return "no timings"
+    return ", ".join(f"{k} {float(v) * 1000:.3g} ms" for k, v in timings_s.items()
+                     if isinstance(v, (int, float)) and not isinstance(v, bool))  # fmt: skip
+
+
 def refusal(expected: list[int] | None, probe: Callable[[], list[int] | None]) -> str | None:
     """None when ``probe()`` answers ``expected`` (or nothing was expected: no check);
     else why the restored instance must not serve, in the job log's words."""

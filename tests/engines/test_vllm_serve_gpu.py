@@ -51,15 +51,20 @@ def _model(tmp_path: Path) -> Path:
     return Path(mm.write_model(tmp_path / "models", "0.5b", seed=0, shard_bytes=4 << 30)["dir"])
 
 
-def _answers(uds: Path, model: Path) -> list[list[int]]:
+def _answers(uds: Path, model: Path, times_s: list[float] | None = None) -> list[list[int]]:
+    """The greedy answers to PROMPTS; ``times_s`` gets each request's seconds (the first
+    one after a restore against the ones before: what a restore leaves slow)."""
     out = []
     for p in PROMPTS:
+        t0 = time.monotonic()
         status, data = uds_request(uds, "POST", "/v1/completions", {
             "model": str(model), "prompt": p, "max_tokens": 12, "temperature": 0.0,
             "ignore_eos": True, "return_token_ids": True,
         }, timeout_s=120)  # fmt: skip
         assert status == 200, data
         out.append(list(data["choices"][0]["token_ids"]))
+        if times_s is not None:
+            times_s.append(round(time.monotonic() - t0, 4))
     return out
 
 
@@ -202,7 +207,8 @@ def test_the_real_server_is_dumped_and_restored_into_the_next_run(
         ep0 = wait("run 0's server", endpoint, 420)
         ipc = [p.name for p in (state / "sock").iterdir() if p.name != "vllm.sock"]
         assert ipc, "vLLM's IPC sockets belong in the private socket directory"
-        before = _answers(Path(ep0["uds"]), model)
+        before_s: list[float] = []
+        before = _answers(Path(ep0["uds"]), model, before_s)
         t0 = time.monotonic()
         run0.send_signal(signal.SIGUSR1)
         if not kept:  # a kept run 0 stays, frozen, with its tree
@@ -235,7 +241,8 @@ def test_the_real_server_is_dumped_and_restored_into_the_next_run(
                 or Path(f"/proc/{ep0['server_pid']}/stat").read_text().split(") ")[1][0] == "Z"
             )
             assert ep1["server_pid"] != ep0["server_pid"]
-        after = _answers(Path(ep1["uds"]), model)
+        after_s: list[float] = []
+        after = _answers(Path(ep1["uds"]), model, after_s)
         # restored: forwarded, the restored run parks and is dumped (the proxy exits 0);
         # dies: run 1 serves itself, parks and is dumped (CRIU ends it)
         run1.send_signal(signal.SIGTERM)
@@ -245,6 +252,7 @@ def test_the_real_server_is_dumped_and_restored_into_the_next_run(
         done = [e for e in events if e["kind"] == "restore.done"]
         print(json.dumps({"kept": kept, "stop_to_saved_s": dump_s,
                           "run1_start_to_serving_s": restore_s,
+                          "answers_s": {"before": before_s, "after": after_s},
                           "image_bytes": status.get("size_bytes"),
                           "timings_s": status.get("timings_s"),
                           "restore": done[0]["detail"] if done else None}))  # fmt: skip

@@ -3,7 +3,7 @@ the check prompt otherwise than before its checkpoint, or cannot answer it."""
 
 from __future__ import annotations
 
-from spswap.serve.restore_check import refusal, tokens_text
+from spswap.serve.restore_check import refusal, timings_text, tokens_text
 
 
 def test_the_same_answer_serves_and_no_expectation_means_no_check() -> None:
@@ -29,3 +29,9 @@ def test_no_answer_is_refused_with_the_error() -> None:
         "job's run starts cold"
     )
     assert tokens_text(None) == "nothing"
+
+
+def test_a_restore_s_timings_read_in_milliseconds() -> None:
+    assert timings_text({"thaw": 0.0003, "cuda_restore": 0.42, "kept": True, "n": "x"}) == \
+        "thaw 0.3 ms, cuda_restore 420 ms"  # fmt: skip
+    assert timings_text({}) == timings_text(None) == "no timings"
