@@ -31,6 +31,8 @@
 #   IDLE_TIMEOUT_S seconds to wait for the node to become idle   (default 60)
 #   SLURMD_DEBUG   slurmd's log level (default info; debug shows each job's end and
 #                  epilog steps with their times)
+#   SLURMCTLD_DEBUG slurmctld's log level (default info; debug2 shows why the main
+#                  scheduler passed a pending job by)
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -231,7 +233,7 @@ SlurmctldPidFile=$SLURM_CI_DIR/slurmctld.pid
 SlurmdPidFile=$SLURM_CI_DIR/slurmd.pid
 SlurmctldLogFile=$SLURM_CI_DIR/log/slurmctld.log
 SlurmdLogFile=$SLURM_CI_DIR/log/slurmd.log
-SlurmctldDebug=info
+SlurmctldDebug=${SLURMCTLD_DEBUG:-info}
 SlurmdDebug=${SLURMD_DEBUG:-info}
 ProctrackType=proctrack/$PROCTRACK
 TaskPlugin=$TASK_PLUGIN

@@ -181,11 +181,21 @@ class TurnsRun:
         result = measure_turn(turn, job.name, action_s=action_s,
                               run_started_s=run.started_s if run else action_s,
                               answered_s=answer.answered_s, path=path, identical=identical,
-                              reason=reason)  # fmt: skip
+                              reason=reason, eligible_s=self._eligible_s(job))  # fmt: skip
+        waited = f" of which requeue wait {result.requeue_wait_s:.2f}" \
+            if result.requeue_wait_s else ""  # fmt: skip
         self.log(f"bench turns: turn {turn.index + 1} round {turn.round} {job.name}: {path} "
-                 f"{result.total_s:.2f} s (Slurm {result.slurm_s:.2f}, spswap "
+                 f"{result.total_s:.2f} s (Slurm {result.slurm_s:.2f}{waited}, spswap "
                  f"{result.spswap_s:.2f})" + ("" if identical else " ANSWER DIFFERS"))  # fmt: skip
         return result
+
+    def _eligible_s(self, job: TurnJob) -> float | None:
+        """When Slurm let the job start this run (None: Slurm did not say)."""
+        try:
+            info = self.slurm.job(job.job_id)
+        except SpswapError:
+            return None
+        return info.eligible_s if info is not None else None
 
     def _still_queued(self, job: TurnJob) -> None:
         """Give up at once when the job has ended (it failed, or was cancelled): no answer

@@ -76,6 +76,9 @@ class TurnResult:
     spswap_s: float  # the run started -> its first answer
     identical: bool  # the answer equals the model's cold answer (token ids, greedy)
     reason: str | None = None  # why a turn meant to restore did not
+    # of Slurm's share: the incoming job not yet allowed to start (a requeued job may
+    # start again only AuthInfo=cred_expire + 1 s after its requeue), to Slurm's second
+    requeue_wait_s: float = 0.0
 
     @property
     def restored(self) -> bool:
@@ -83,15 +86,19 @@ class TurnResult:
 
 
 def measure_turn(turn: PlannedTurn, model: str, *, action_s: float, run_started_s: float,
-                 answered_s: float, path: str, identical: bool,
-                 reason: str | None = None) -> TurnResult:  # fmt: skip
+                 answered_s: float, path: str, identical: bool, reason: str | None = None,
+                 eligible_s: float | None = None) -> TurnResult:  # fmt: skip
     """One turn's shares from its three moments (epoch seconds). A run start before the
-    action (clock steps of the tick-resolution start time) counts as 0 s of Slurm's."""
+    action (clock steps of the tick-resolution start time) counts as 0 s of Slurm's.
+    ``eligible_s``: when Slurm allowed the incoming job to start (its ``EligibleTime``);
+    the part of Slurm's share before it is the turn's requeue wait."""
     run_started_s = min(max(run_started_s, action_s), answered_s)
+    slurm_s = run_started_s - action_s
+    wait_s = min(max(eligible_s - action_s, 0.0), slurm_s) if eligible_s is not None else 0.0
     return TurnResult(index=turn.index, round=turn.round, model=model, kind=turn.kind,
-                      path=path, total_s=answered_s - action_s,
-                      slurm_s=run_started_s - action_s, spswap_s=answered_s - run_started_s,
-                      identical=identical, reason=reason)  # fmt: skip
+                      path=path, total_s=answered_s - action_s, slurm_s=slurm_s,
+                      spswap_s=answered_s - run_started_s, identical=identical,
+                      reason=reason, requeue_wait_s=wait_s)  # fmt: skip
 
 
 @dataclass

@@ -15,16 +15,20 @@ def _s(value: float | None) -> str:
 
 
 def turn_table(summary: TurnsSummary) -> Table:
-    """Every turn: the path it came up by and its time, split into Slurm's and spswap's."""
+    """Every turn: the path it came up by and its time, split into Slurm's and spswap's
+    (and, where a turn waited for Slurm's requeue delay, that part of Slurm's share)."""
+    waited = any(t.requeue_wait_s > 0 for t in summary.turns)
     table = Table(title="spswap bench turns: every turn, action -> first answer")
-    for col in ("turn", "round", "model", "path", "total s", "Slurm s", "spswap s", "answer"):
+    for col in ("turn", "round", "model", "path", "total s", "Slurm s",
+                *(("of it wait s",) if waited else ()), "spswap s", "answer"):  # fmt: skip
         table.add_column(col, justify="right" if col.endswith(" s") else "left")
     for t in summary.turns:
         answer = "cold (reference)" if t.kind.value == "cold" else \
             "identical" if t.identical else "DIFFERS"  # fmt: skip
         path = t.path if t.reason is None else f"{t.path} ({t.reason})"
+        wait = (_s(t.requeue_wait_s),) if waited else ()
         table.add_row(str(t.index + 1), str(t.round), t.model, path, _s(t.total_s),
-                      _s(t.slurm_s), _s(t.spswap_s), answer)  # fmt: skip
+                      _s(t.slurm_s), *wait, _s(t.spswap_s), answer)  # fmt: skip
     return table
 
 
@@ -55,6 +59,11 @@ def verdict(summary: TurnsSummary) -> Text:
         f"device time {summary.device_s:.0f} s on one device against "
         f"{summary.dedicated_device_s:.0f} s for {len(summary.models)} dedicated ones",
     ]
+    waits = [t.requeue_wait_s for t in summary.turns if t.requeue_wait_s > 0]
+    if waits:
+        parts.append(f"{len(waits)} turn(s) waited {sum(waits):.2f} s in all for Slurm's "
+                     "requeue delay (a requeued job may start again only "
+                     "AuthInfo=cred_expire + 1 s after its requeue)")  # fmt: skip
     if summary.leftovers:
         parts.append("left over: " + "; ".join(summary.leftovers))
     style = "green" if summary.ok else "red"

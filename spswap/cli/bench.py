@@ -200,9 +200,11 @@ def turns(
     held (`scontrol requeuehold`), spswapd parks and dumps it (kept or to an image), and
     the next job's run restores its model and answers. Each model starts cold once
     first. Per turn: the path, the seconds from the Slurm action to the first answer
-    split into Slurm's share and spswap's, and whether the answer equals the model's
-    cold answer. Exits 1 unless every later turn restored with an identical answer and
-    nothing was left behind. Needs Slurm, spswapd and CRIU on the node."""
+    split into Slurm's share (with the part of it the job waited for Slurm's requeue
+    delay: a requeued job may start again only `AuthInfo=cred_expire` + 1 s after its
+    requeue) and spswap's, and whether the answer equals the model's cold answer. Exits
+    1 unless every later turn restored with an identical answer and nothing was left
+    behind. Needs Slurm, spswapd and CRIU on the node."""
     import json as json_module
     import time
 

@@ -266,7 +266,9 @@ class PyslurmBackend:
             comment=getattr(job, "comment", None) or None,
             nodes=getattr(job, "nodes", None) or None,
             requeue=requeue if isinstance(requeue := getattr(job, "requeue", None), bool) else None,
-        )
+            eligible_s=float(t) if isinstance(t := getattr(job, "eligible_time", None), int)
+            and t > 0 else None,
+        )  # fmt: skip
 
     def job_alive(self, job_id: str) -> bool | None:
         return _liveness(self, job_id)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,6 +78,9 @@ class JobInfo:
     requeue: bool | None = None
     """Whether Slurm may requeue the job (``Requeue=1``: ``--requeue``, or slurm.conf's
     ``JobRequeue=1``, the default, without ``--no-requeue``); None when not shown."""
+    eligible_s: float | None = None
+    """When the job may start (``EligibleTime``, epoch seconds, to Slurm's second): a
+    requeued job's is its requeue + ``AuthInfo=cred_expire`` + 1 s; None when not shown."""
 
     @property
     def allocated(self) -> bool:
@@ -265,6 +269,23 @@ def _union(by_node: dict[str, tuple[int, ...]]) -> tuple[int, ...]:
     return tuple(sorted({gpu for gpus in by_node.values() for gpu in gpus}))
 
 
+def parse_slurm_time(text: str | None) -> float | None:
+    """Slurm's ``2026-12-04T02:33:28`` (the controller's local time, which is this
+    machine's on a node) as epoch seconds; None for ``Unknown``, ``None``, ``N/A``."""
+    try:
+        return time.mktime(time.strptime(text or "", "%Y-%m-%dT%H:%M:%S"))
+    except (ValueError, OverflowError):
+        return None
+
+
+def _epoch(raw: Any) -> float | None:
+    """squeue --json's time: an int (22.05) or ``{"set": ..., "number": ...}`` (later);
+    0 or unset: None."""
+    if isinstance(raw, dict):
+        raw = raw.get("number") if raw.get("set", True) else None
+    return float(raw) if isinstance(raw, int) and raw > 0 else None
+
+
 def _null(value: str | None) -> str | None:
     return None if value in (None, "", "(null)", "None") else value
 
@@ -291,6 +312,7 @@ def job_info_from_scontrol(text: str) -> JobInfo:
         nodes=_null(fields.get("NodeList")),
         work_dir=_null(fields.get("WorkDir")),
         requeue={"1": True, "0": False}.get(fields.get("Requeue", "")),
+        eligible_s=parse_slurm_time(fields.get("EligibleTime")),
     )
 
 
@@ -323,6 +345,7 @@ def _job_info_from_json(job: dict[str, Any]) -> JobInfo:
         comment=_null(job.get("comment")),
         nodes=_null(nodes),
         requeue=job["requeue"] if isinstance(job.get("requeue"), bool) else None,
+        eligible_s=_epoch(job.get("eligible_time")),
     )
 
 

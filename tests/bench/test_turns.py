@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,17 @@ def test_a_turn_splits_at_the_run_start() -> None:
     assert (early.slurm_s, early.spswap_s) == (0.0, 0.5)
 
 
+def test_a_turn_s_requeue_wait_is_slurm_s_share_before_the_job_was_allowed_to_start() -> None:
+    turn = PlannedTurn(index=7, round=1, model=3, displaced=2, kind=TurnKind.RESTORE)
+    at = {"action_s": 100.0, "run_started_s": 101.9, "answered_s": 102.7, "path": "kept",
+          "identical": True}  # fmt: skip
+    assert measure_turn(turn, "m3", **at, eligible_s=101.0).requeue_wait_s == 1.0
+    assert measure_turn(turn, "m3", **at, eligible_s=95.0).requeue_wait_s == 0.0  # before
+    assert measure_turn(turn, "m3", **at, eligible_s=None).requeue_wait_s == 0.0  # not said
+    assert measure_turn(turn, "m3", **at, eligible_s=103.0).requeue_wait_s == \
+        pytest.approx(1.9)  # never more than Slurm's share  # fmt: skip
+
+
 def _results(paths: list[str], same: list[bool]) -> list:
     plan = plan_turns(2, 2)
     out = []
@@ -95,6 +107,7 @@ def test_summary_is_not_ok_for_a_differing_answer_a_cold_turn_or_a_leftover() ->
 def test_report_names_every_turn_and_the_verdict() -> None:
     results = _results(["cold", "cold", "kept", "image", "kept", "pool"],
                        [True, True, True, True, False, True])  # fmt: skip
+    results[4] = replace(results[4], requeue_wait_s=0.25)
     s = summarize(["m0", "m1"], results, wall_s=8.0)
     console = Console(width=200, record=True)
     console.print(render_turns(s))
@@ -102,8 +115,11 @@ def test_report_names_every_turn_and_the_verdict() -> None:
     assert "cold (reference)" in text and "DIFFERS" in text and "image" in text
     assert (
         "NOT ok: 3 of 4 answers identical to cold, 3 of 4 turns restored, device time "
-        "8 s on one device against 16 s for 2 dedicated ones"
-    ) in text
+        "8 s on one device against 16 s for 2 dedicated ones, 1 turn(s) waited 0.25 s in "
+        "all for Slurm's requeue delay (a requeued job may start again only "
+        "AuthInfo=cred_expire + 1 s after its requeue)"
+    ) in " ".join(text.split())  # (the verdict wraps)
+    assert "of it wait s" in text
 
 
 def test_job_script_is_the_template_with_the_model_and_the_bench_options(tmp_path: Path) -> None:

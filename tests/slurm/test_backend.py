@@ -66,7 +66,8 @@ class FakePyslurm:
         self.calls: list[tuple[Any, ...]] = []
         self.known = {
             7: SimpleNamespace(id=7, state="RUNNING", requeue_count=1, user_id=1000,
-                               partition="low", state_reason="None", comment="m"),
+                               partition="low", state_reason="None", comment="m",
+                               eligible_time=1796351608),
         }  # fmt: skip
         fake = self
 
@@ -119,7 +120,7 @@ def test_pyslurm_job() -> None:
     assert isinstance(backend, SlurmBackend)
     assert backend.job("7") == JobInfo(
         job_id="7", state="RUNNING", restart_count=1, uid=1000, partition="low",
-        reason="None", comment="m",
+        reason="None", comment="m", eligible_s=1796351608.0,
     )  # fmt: skip
     assert backend.job("8") is None
     assert backend.job_alive("7") is True

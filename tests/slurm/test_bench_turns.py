@@ -56,6 +56,10 @@ def test_bench_turns_as_a_normal_user(slurm_cluster: SlurmCluster, user_uid: int
         assert report["settings"]["user"] == pwd.getpwuid(user_uid).pw_name
         for t in turns:
             assert t["total_s"] == pytest.approx(t["slurm_s"] + t["spswap_s"], abs=1e-6)
+            assert 0 <= t["requeue_wait_s"] <= t["slurm_s"], t
+        print("turns (model, path, Slurm s, of it requeue wait s):",
+              [(t["model"], t["path"], round(t["slurm_s"], 2), round(t["requeue_wait_s"], 2))
+               for t in turns])  # fmt: skip
         # the product's cold answer is the engine's own
         max_new = report["settings"]["max_new_tokens"]
         outbox = {t["model"]: top / "work" / ".spswap" / report["job_ids"][t["model"]]

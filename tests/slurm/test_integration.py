@@ -73,10 +73,16 @@ def test_requeue_increments_restart_count(slurm_cluster: SlurmCluster, backend: 
         f'echo "run ${{SLURM_RESTART_COUNT:-0}}" >> {marks}; sleep 60', "--requeue"
     )
     wait_for("the first run", lambda: marks.exists() and "run 0" in marks.read_text())
+    requeued_s = time.time()
     backend.requeue(job)
     wait_for("the rerun", lambda: "run 1" in marks.read_text(), timeout_s=40)
+    rerun_seen_s = time.time()
     info = backend.job(job)
     assert info is not None and info.restart_count == 1 and info.state == "RUNNING"
+    # the rerun waited for its EligibleTime: its requeue + cred_expire (5 here) + 1 s, the
+    # floor under every requeued run's start that `spswap bench turns` reports as a wait
+    assert info.eligible_s is not None and info.eligible_s >= int(requeued_s) + 5, info
+    assert rerun_seen_s >= info.eligible_s
     backend.cancel(job)
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from spswap.slurm.parse import (
     parse_node_gres,
     parse_scontrol_show_job,
     parse_scontrol_show_jobs,
+    parse_slurm_time,
     parse_squeue_json,
 )
 
@@ -151,6 +153,7 @@ def test_squeue_json_fields() -> None:
     assert job == JobInfo(
         job_id="1", state="RUNNING", restart_count=0, uid=0, partition="debug", reason=None,
         gpus=(0,), gpus_by_node={"vm": (0,)}, comment="keep me, a=b", nodes="vm", requeue=True,
+        eligible_s=1795940625.0,
     )  # fmt: skip
     assert job.allocated
 
@@ -266,3 +269,37 @@ def test_requeue_warning_exact_text() -> None:
     assert requeue_warning(job_info_from_scontrol(text)) is None
     assert requeue_warning(job_info_from_scontrol(text.replace("Requeue=1", ""))) is None
     assert requeue_warning(None) is None
+
+
+def test_a_requeued_job_may_start_again_cred_expire_plus_1_s_after_its_requeue() -> None:
+    info = job_info_from_scontrol(_text("scontrol_show_job_requeued_pending.txt"))
+    requeued_s = parse_slurm_time("2026-11-29T08:23:59")  # its SubmitTime: the requeue
+    assert info.eligible_s is not None and requeued_s is not None
+    assert info.eligible_s - requeued_s == 6  # that Slurm's AuthInfo=cred_expire=5, + 1
+    (job,) = parse_squeue_json(_text("squeue_requeued.json"), "3")
+    assert job.eligible_s == 1795940645.0  # (submit_time 1795940639: 6 s before)
+    assert job_info_from_scontrol(_text("scontrol_show_job_pending.txt")).eligible_s == \
+        parse_slurm_time("2026-11-29T08:23:45")  # fmt: skip
+
+
+@pytest.mark.parametrize("text", ["Unknown", "None", "N/A", "", None, "2026-13-01T00:00:00"])
+def test_slurm_time_that_is_no_time(text: str | None) -> None:
+    assert parse_slurm_time(text) is None
+
+
+def test_slurm_time_is_this_machine_s_local_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    try:
+        assert parse_slurm_time("2026-12-04T02:33:28") == 1796351608.0
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+
+
+def test_later_squeue_json_times() -> None:
+    text = ('{"jobs": [{"job_id": 9, "job_state": "PENDING", '
+            '"eligible_time": {"set": true, "infinite": false, "number": 1796351608}}, '
+            '{"job_id": 10, "job_state": "PENDING", "eligible_time": {"set": false, "number": 0}}, '
+            '{"job_id": 11, "job_state": "PENDING", "eligible_time": 0}]}')  # fmt: skip
+    assert [j.eligible_s for j in parse_squeue_json(text)] == [1796351608.0, None, None]
