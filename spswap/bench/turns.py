@@ -37,6 +37,7 @@ from spswap.bench.turns_plan import (
     plan_turns,
     summarize,
 )
+from spswap.bench.turns_report import turn_line
 from spswap.checkpoint.service import images_of_job, temp_dirs
 from spswap.config import Config
 from spswap.daemon.client import Client
@@ -182,11 +183,7 @@ class TurnsRun:
                               run_started_s=run.started_s if run else action_s,
                               answered_s=answer.answered_s, path=path, identical=identical,
                               reason=reason, eligible_s=self._eligible_s(job))  # fmt: skip
-        waited = f" of which requeue wait {result.requeue_wait_s:.2f}" \
-            if result.requeue_wait_s else ""  # fmt: skip
-        self.log(f"bench turns: turn {turn.index + 1} round {turn.round} {job.name}: {path} "
-                 f"{result.total_s:.2f} s (Slurm {result.slurm_s:.2f}{waited}, spswap "
-                 f"{result.spswap_s:.2f})" + ("" if identical else " ANSWER DIFFERS"))  # fmt: skip
+        self.log(turn_line(result))
         return result
 
     def _eligible_s(self, job: TurnJob) -> float | None:

@@ -7,11 +7,19 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from spswap.bench.turns_plan import Stats, TurnsSummary
+from spswap.bench.turns_plan import Stats, TurnResult, TurnsSummary
 
 
 def _s(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
+
+
+def turn_line(t: TurnResult) -> str:
+    """A turn's line in the bench's progress log."""
+    waited = f" of which requeue wait {t.requeue_wait_s:.2f}" if t.requeue_wait_s else ""
+    return (f"bench turns: turn {t.index + 1} round {t.round} {t.model}: {t.path} "
+            f"{t.total_s:.2f} s (Slurm {t.slurm_s:.2f}{waited}, spswap {t.spswap_s:.2f})"
+            + ("" if t.identical else " ANSWER DIFFERS"))  # fmt: skip
 
 
 def turn_table(summary: TurnsSummary) -> Table:
@@ -63,7 +71,9 @@ def verdict(summary: TurnsSummary) -> Text:
     if waits:
         parts.append(f"{len(waits)} turn(s) waited {sum(waits):.2f} s in all for Slurm's "
                      "requeue delay (a requeued job may start again only "
-                     "AuthInfo=cred_expire + 1 s after its requeue)")  # fmt: skip
+                     "AuthInfo=cred_expire + 1 s after its requeue: lower cred_expire, 5 at "
+                     "least, to shorten it; a preempted job that comes back after the "
+                     "preemptor's work does not wait)")  # fmt: skip
     if summary.leftovers:
         parts.append("left over: " + "; ".join(summary.leftovers))
     style = "green" if summary.ok else "red"

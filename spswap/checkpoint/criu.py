@@ -56,6 +56,7 @@ from spswap.errors import CheckpointFailed
 from spswap.fsutil import atomic_write_json, dir_size_bytes, read_json
 
 DUMP_META = "spswap-dump.json"
+GONE_PREFIX = ".gone-"  # an image being deleted (see remove_image_soon)
 # CRIU's link_remap.<id> names are per directory, its ids per dump: dumps and restores
 # of trees with such files run one at a time on the node (see link_remap and
 # _links_lock): a lock for this process's threads, and a file lock in root's /run for
@@ -369,20 +370,26 @@ def remove_image(image_dir: Path) -> str:
 
 def remove_image_soon(image_dir: Path) -> str:
     """:func:`remove_image` with its slow part off the caller's path: the image stops
-    being one at once (its outside links go, its directory takes an unfinished dump's
-    name, which the next dump of the job and spswapd's start also sweep) and a thread
-    frees its pages (a few GB of tmpfs: 0.3-0.4 s, which a restore's reply waited for)."""
-    meta_path = image_dir / DUMP_META
-    meta = read_json(meta_path) or {}
+    being one at once (its directory takes a ``.gone-`` name, which nothing but
+    spswapd's start-up sweep looks at; its outside links go) and a thread frees its
+    pages (a few GB of tmpfs: 0.3-0.4 s, which a restore's reply waited for)."""
+    gone = image_dir.with_name(f"{GONE_PREFIX}{image_dir.name}-{secrets.token_hex(4)}")
+    try:
+        image_dir.rename(gone)  # first: no longer an image, whatever happens next
+    except OSError:  # (gone already, or a read-only root): the slow way
+        return remove_image(image_dir)
+    meta = read_json(gone / DUMP_META) or {}
     # now, not later: the job's next image (same key) takes the same link names
     link_remap.discard(list(meta.get("link_remaps", [])))
-    meta_path.unlink(missing_ok=True)  # so no sweep discards those names again
-    gone = image_dir.with_name(f".tmp-{image_dir.name}-gone-{secrets.token_hex(4)}")
-    try:
-        image_dir.rename(gone)
-    except OSError:  # (gone already, or a read-only root): the slow way
-        shutil.rmtree(image_dir, ignore_errors=True)
-        return image_dir.name
-    threading.Thread(target=shutil.rmtree, args=(gone,), kwargs={"ignore_errors": True},
-                     name="image-removal", daemon=True).start()  # fmt: skip
+    (gone / DUMP_META).unlink(missing_ok=True)  # so no sweep discards those names again
+    free_soon(gone)
     return image_dir.name
+
+
+def free_soon(path: Path) -> None:
+    """Delete the directory ``path`` in a thread (at once where no thread can start)."""
+    try:
+        threading.Thread(target=shutil.rmtree, args=(path,), kwargs={"ignore_errors": True},
+                         name="image-removal", daemon=True).start()  # fmt: skip
+    except RuntimeError:  # no thread to be had (a thread limit): the caller waits instead
+        shutil.rmtree(path, ignore_errors=True)

@@ -84,12 +84,19 @@ def images_of_job(images_root: Path, job_id: str) -> list[Path]:
 
 
 def temp_dirs(images_root: Path, job_id: str | None = None) -> list[Path]:
-    """Directories of unfinished dumps (``.tmp-<key>-<random>``) and of images being
-    removed (``.tmp-<key>-gone-<random>``), all or of one job."""
+    """Directories of unfinished dumps (``.tmp-<key>-<random>``), all or of one job."""
     if not images_root.is_dir():
         return []
     prefix = ".tmp-" + (job_prefix(job_id) if job_id is not None else "")
     return sorted(p for p in images_root.iterdir() if p.name.startswith(prefix) and p.is_dir())
+
+
+def removing_dirs(images_root: Path) -> list[Path]:
+    """Images being deleted (:func:`criu.remove_image_soon`; left by a daemon that died)."""
+    if not images_root.is_dir():
+        return []
+    return sorted(p for p in images_root.iterdir()
+                  if p.name.startswith(criu.GONE_PREFIX) and p.is_dir())  # fmt: skip
 
 
 def incomplete_images(images_root: Path) -> list[Path]:

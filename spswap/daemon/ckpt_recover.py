@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from spswap.checkpoint.cgroups import root_tag, sweep
 from spswap.checkpoint.criu import remove_image
 from spswap.checkpoint.freeze_hold import sweep_untagged
-from spswap.checkpoint.service import incomplete_images, job_prefix, temp_dirs
+from spswap.checkpoint.service import incomplete_images, job_prefix, removing_dirs, temp_dirs
 from spswap.daemon.ckpt_status import resume
 from spswap.daemon.image_uses import sync_quietly
 from spswap.daemon.statuses import CheckpointState
@@ -64,6 +64,8 @@ def recover(st: DaemonState) -> dict[str, Any]:
     for p in temp_dirs(images) + incomplete_images(images):
         if not any(_of_job(p, j) for j in dumping):  # those wait for their CRIU to end
             removed.append(remove_image(p))
+    for p in removing_dirs(images):  # deletions the dead daemon left undone (at start:
+        remove_image(p)  # no newer image of the job has its link names yet)
     for job_id, pid, pid_start in stale:
         threading.Thread(target=_recover_dump, args=(st, job_id, pid, pid_start),
                          daemon=True).start()  # fmt: skip

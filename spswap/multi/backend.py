@@ -135,6 +135,9 @@ class MultiBackend:
             api.stop()
 
     def serve(self, result: ServeResult) -> None:
+        assert self.router is not None
+        if self.router.paused:  # restored: answering again once the check has passed
+            self.router.resume()
         self.stop.stop_event.wait()
 
     def drain(self, result: ServeResult) -> None:
@@ -158,12 +161,15 @@ class MultiBackend:
     def wake(self, result: ServeResult) -> dict[str, Any]:
         assert self.router is not None
         woken = self.router.wake_all()
-        self._open()
-        self.router.resume()
+        self._open()  # (a request waits in its queue: serve() resumes after the check)
         return {"woken": woken, "queued": self.router.queued()}
 
     def probe(self) -> list[int] | None:
-        return None  # (each model's own check is to come; the pool entries are checked)
+        """The awake models' answers to the check prompt (the asleep ones come back from
+        their pool entries, which :meth:`check_pool` reads against their checksums)."""
+        assert self.router is not None
+        return self.router.probe_awake(list(restore_check.PROBE_PROMPT),
+                                       restore_check.PROBE_TOKENS)  # fmt: skip
 
     def check_pool(self) -> str | None:
         for manifest in self.manifests:

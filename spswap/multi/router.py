@@ -207,6 +207,20 @@ class Router:
                     done.append(name)
         return done
 
+    def probe_awake(self, prompt_ids: list[int], max_new_tokens: int) -> list[int] | None:
+        """Every awake model's greedy answer to ``prompt_ids``, in the job's order, as one
+        list (None: none awake); no request, no metrics. Asked before a checkpoint and
+        after the restore's :meth:`wake_all` (which wakes the same models), the two must
+        be equal (:mod:`spswap.serve.restore_check`)."""
+        out: list[int] = []
+        with self._swap_lock:
+            awake = [n for n in self.specs if self.placement.states[n] is ModelState.AWAKE]
+            for name in awake:
+                answer = self.procs[name].call("generate", prompt_ids=list(prompt_ids),
+                                               max_new_tokens=max_new_tokens)  # fmt: skip
+                out += [int(t) for t in answer["token_ids"]]
+        return out if awake else None
+
     def resume(self) -> None:
         """Serve again: the queued requests are answered in their order."""
         with self._cond:

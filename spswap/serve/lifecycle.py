@@ -282,14 +282,14 @@ class ServeRun(Generic[B]):
             self.log(f"spswap serve: {failed}")
             return False  # ends here; the job's run (its stand-in) starts cold
         self._record("up")
+        probe_s = self.probe_s if expected is not None else None
         result.events.append({"restored": True, "restart_count": self.restart_count,
                               "timings_s": outcome.timings_s, "wake_s": wake_s,
                               "check_s": check_s, "probed": expected is not None,
-                              **woken})  # fmt: skip
-        checked = (f", checked in {check_s:.3f} s ({self.probe_s or 0:.3f} s before its "
-                   "checkpoint)" if expected is not None else "")  # fmt: skip
-        self.log(f"spswap serve: restored {restored_how(outcome.kept)} into run "
-                 f"{self.restart_count}; weights back in {wake_s:.3f} s{checked}")  # fmt: skip
+                              "probe_before_s": probe_s, **woken})  # fmt: skip
+        self.log(restore_check.restored_text(restored_how(outcome.kept), self.restart_count,
+                                             wake_s=wake_s, check_s=check_s,
+                                             check_before_s=probe_s))  # fmt: skip
         return True
 
     def _restore_and_proxy(self, result: ServeResult) -> bool:

@@ -34,6 +34,17 @@ def timings_text(timings_s: Any) -> str:
                      if isinstance(v, (int, float)) and not isinstance(v, bool))  # fmt: skip
 
 
+def restored_text(how: str, run: int, *, wake_s: float, check_s: float,
+                  check_before_s: float | None) -> str:  # fmt: skip
+    """The restored instance's line in the job's log: how it came back, into which run,
+    its wake's time and its check's (beside the same check before the checkpoint, which
+    says what a restore leaves slow); ``check_before_s`` None: there was no check."""
+    checked = "" if check_before_s is None else (
+        f", checked in {check_s:.3f} s (the same prompt took {check_before_s:.3f} s before "
+        "its checkpoint)")  # fmt: skip
+    return f"spswap serve: restored {how} into run {run}; weights back in {wake_s:.3f} s{checked}"
+
+
 def refusal(expected: list[int] | None, probe: Callable[[], list[int] | None]) -> str | None:
     """None when ``probe()`` answers ``expected`` (or nothing was expected: no check);
     else why the restored instance must not serve, in the job log's words."""

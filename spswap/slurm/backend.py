@@ -13,12 +13,13 @@ command missing): callers must never reclaim on None.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import signal as signal_module
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import ModuleType
 from typing import Any, Protocol, runtime_checkable
 
@@ -74,6 +75,13 @@ class SlurmBackend(Protocol):
         ...
 
 
+def slurm_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment of spswap's Slurm commands: the caller's, with times in Slurm's
+    standard form (``2026-12-04T02:33:28``, what :func:`~spswap.slurm.parse.parse_slurm_time`
+    reads) whatever ``SLURM_TIME_FORMAT`` the user set."""
+    return {**environ, "SLURM_TIME_FORMAT": "standard"}
+
+
 def signal_name(signal: str | int) -> str:
     """``"SIGUSR1"``, ``"usr1"``, ``10`` -> ``"USR1"``; ValueError for an unknown signal."""
     try:
@@ -108,9 +116,9 @@ class CliBackend:
         """stdout of ``argv``; None when it failed with ``ok_if`` in its output."""
         argv = list(argv)
         try:
-            proc = subprocess.run(
-                argv, capture_output=True, text=True, timeout=self.timeout_s, check=False
-            )
+            # times as parse_slurm_time reads them, whatever the user's SLURM_TIME_FORMAT
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=self.timeout_s,
+                                  check=False, env=slurm_env(os.environ))  # fmt: skip
         except FileNotFoundError:
             raise SlurmCommandError(
                 f"{argv[0]} not found: install Slurm's client commands (Debian: slurm-client) "

@@ -270,8 +270,9 @@ def _union(by_node: dict[str, tuple[int, ...]]) -> tuple[int, ...]:
 
 
 def parse_slurm_time(text: str | None) -> float | None:
-    """Slurm's ``2026-12-04T02:33:28`` (the controller's local time, which is this
-    machine's on a node) as epoch seconds; None for ``Unknown``, ``None``, ``N/A``."""
+    """Slurm's ``2026-12-04T02:33:28`` (scontrol prints it in its own time zone, which a
+    command spswap runs shares) as epoch seconds; None for ``Unknown``, ``None``, ``N/A``
+    (and any other form: spswap runs Slurm's commands with ``SLURM_TIME_FORMAT=standard``)."""
     try:
         return time.mktime(time.strptime(text or "", "%Y-%m-%dT%H:%M:%S"))
     except (ValueError, OverflowError):

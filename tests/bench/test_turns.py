@@ -14,7 +14,7 @@ from rich.console import Console
 from spswap.bench.turns import TurnJob, TurnsOptions, TurnsRun, job_script, turns_serve_args
 from spswap.bench.turns_ask import SpoolAsker, completion_body, socket_of
 from spswap.bench.turns_plan import PlannedTurn, TurnKind, measure_turn, plan_turns, summarize
-from spswap.bench.turns_report import render_turns
+from spswap.bench.turns_report import render_turns, turn_line, turn_table
 from spswap.config import Config
 from spswap.errors import ConfigError, SlurmCommandError, SpswapError
 from spswap.serve.spool import Spool
@@ -117,9 +117,28 @@ def test_report_names_every_turn_and_the_verdict() -> None:
         "NOT ok: 3 of 4 answers identical to cold, 3 of 4 turns restored, device time "
         "8 s on one device against 16 s for 2 dedicated ones, 1 turn(s) waited 0.25 s in "
         "all for Slurm's requeue delay (a requeued job may start again only "
-        "AuthInfo=cred_expire + 1 s after its requeue)"
+        "AuthInfo=cred_expire + 1 s after its requeue: lower cred_expire, 5 at least, to "
+        "shorten it; a preempted job that comes back after the preemptor's work does not "
+        "wait)"
     ) in " ".join(text.split())  # (the verdict wraps)
     assert "of it wait s" in text
+    # no turn waited: no such column
+    plain = Console(width=200, record=True)
+    plain.print(turn_table(summarize(["m0", "m1"], _results(["cold"] * 2 + ["kept"] * 4,
+                                                            [True] * 6), wall_s=1.0)))  # fmt: skip
+    assert "wait" not in plain.export_text()
+
+
+def test_a_turn_s_log_line() -> None:
+    turn = PlannedTurn(index=7, round=1, model=3, displaced=2, kind=TurnKind.RESTORE)
+    r = measure_turn(turn, "qwen2-1.5b-s7", action_s=100.0, run_started_s=102.01,
+                     answered_s=103.25, path="kept", identical=True, eligible_s=101.0)  # fmt: skip
+    assert turn_line(r) == ("bench turns: turn 8 round 1 qwen2-1.5b-s7: kept 3.25 s (Slurm "
+                            "2.01 of which requeue wait 1.00, spswap 1.24)")  # fmt: skip
+    r = measure_turn(turn, "m1", action_s=100.0, run_started_s=101.0, answered_s=102.5,
+                     path="image", identical=False)  # fmt: skip
+    assert turn_line(r) == ("bench turns: turn 8 round 1 m1: image 2.50 s (Slurm 1.00, spswap "
+                            "1.50) ANSWER DIFFERS")  # fmt: skip
 
 
 def test_job_script_is_the_template_with_the_model_and_the_bench_options(tmp_path: Path) -> None:

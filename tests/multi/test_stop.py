@@ -17,6 +17,8 @@ pytest.importorskip("torch")
 from spswap.errors import RequestRejected  # noqa: E402
 from spswap.multi import http_api  # noqa: E402
 from spswap.multi.serve import start_router  # noqa: E402
+from spswap.pool.store import Pool  # noqa: E402
+from spswap.serve import restore_check  # noqa: E402
 from tests.helpers.multi import MAX_NEW, PROMPT, make_models, options  # noqa: E402
 from tests.helpers.reference import cold_answers  # noqa: E402
 
@@ -111,4 +113,46 @@ def test_a_stop_cuts_idle_keep_alive_connections_at_once(tmp_path, cfg):
             conn.getresponse()
     finally:
         conn.close()
+        router.close()
+
+
+def _reverse_largest_tensor(cfg, model: str) -> None:
+    """A whole tensor of ``model``'s pool entry overwritten: its values in reverse order."""
+    import numpy as np
+
+    pool = Pool.from_config(cfg)
+    (entry,) = [e for e in pool.entries() if e.manifest.name == model]
+    tensor = max(entry.manifest.tensors, key=lambda t: t.size_bytes)
+    assert tensor.dtype == "F32"
+    with open(pool.data_path(entry.manifest), "r+b") as f:
+        f.seek(tensor.offset)
+        values = np.frombuffer(f.read(tensor.size_bytes), dtype=np.float32)
+        f.seek(tensor.offset)
+        f.write(values[::-1].tobytes())
+
+
+def test_the_restore_check_asks_every_awake_model_and_sees_a_damaged_entry(tmp_path, cfg):
+    """The check a restored multi-model job passes before it answers again (its lifecycle
+    asks it before the checkpoint and after the wake): every awake model's greedy answer
+    to the check prompt, the same after a sleep and a wake, and not the same once a whole
+    tensor of one model's pool entry was overwritten while it slept."""
+    models = make_models(tmp_path, 3)
+    router = start_router(cfg, options(tmp_path, models), log=lambda _m: None)
+    prompt, n = list(restore_check.PROBE_PROMPT), restore_check.PROBE_TOKENS
+    probe = lambda: router.probe_awake(prompt, n)  # noqa: E731
+    try:
+        cold = {m.name: cold_answers(m, [prompt], n)[0] for m in models}
+        before = probe()
+        assert before == cold["m0"] + cold["m1"]  # the awake two (m2 asleep), in order
+        assert router.pause(5.0) == 0
+        assert sorted(router.sleep_all()) == ["m0", "m1"]
+        router.wake_all()
+        assert restore_check.refusal(before, probe) is None
+        router.sleep_all()
+        _reverse_largest_tensor(cfg, "m1")
+        router.wake_all()
+        why = restore_check.refusal(before, probe)
+        assert why is not None and "the restored instance does not serve" in why, why
+        assert router.metrics["m0"].requests == {}  # the checks are no requests
+    finally:
         router.close()

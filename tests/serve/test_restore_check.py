@@ -3,7 +3,7 @@ the check prompt otherwise than before its checkpoint, or cannot answer it."""
 
 from __future__ import annotations
 
-from spswap.serve.restore_check import refusal, timings_text, tokens_text
+from spswap.serve.restore_check import refusal, restored_text, timings_text, tokens_text
 
 
 def test_the_same_answer_serves_and_no_expectation_means_no_check() -> None:
@@ -35,3 +35,14 @@ def test_a_restore_s_timings_read_in_milliseconds() -> None:
     assert timings_text({"thaw": 0.0003, "cuda_restore": 0.42, "kept": True, "n": "x"}) == \
         "thaw 0.3 ms, cuda_restore 420 ms"  # fmt: skip
     assert timings_text({}) == timings_text(None) == "no timings"
+
+
+def test_the_restored_line_sets_the_check_beside_the_one_before_the_checkpoint() -> None:
+    assert restored_text(
+        "from its image", 2, wake_s=0.1234, check_s=0.15, check_before_s=0.05
+    ) == (  # fmt: skip
+        "spswap serve: restored from its image into run 2; weights back in 0.123 s, checked "
+        "in 0.150 s (the same prompt took 0.050 s before its checkpoint)"
+    )
+    assert restored_text("from its image", 1, wake_s=0.2, check_s=0.0, check_before_s=None) \
+        == "spswap serve: restored from its image into run 1; weights back in 0.200 s"  # fmt: skip

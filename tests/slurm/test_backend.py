@@ -20,6 +20,7 @@ from spswap.slurm.backend import (
     get_backend,
     parse_version,
     signal_name,
+    slurm_env,
 )
 from spswap.slurm.parse import JobInfo
 
@@ -250,3 +251,9 @@ def test_get_backend_is_cli_without_pyslurm(shim_path: Path) -> None:
     backend = get_backend()
     assert backend is not None and backend.name == "cli"
     assert os.environ["PATH"].startswith(str(shim_path))
+
+
+def test_slurm_commands_print_times_in_the_form_spswap_reads() -> None:
+    mine = {"PATH": "/usr/bin", "SLURM_TIME_FORMAT": "relative"}
+    assert slurm_env(mine) == {"PATH": "/usr/bin", "SLURM_TIME_FORMAT": "standard"}
+    assert mine["SLURM_TIME_FORMAT"] == "relative"  # the caller's own is left as it was
