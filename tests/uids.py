@@ -95,9 +95,10 @@ def node_root(prefix: str, env: dict[str, str] | None = None) -> Iterator[Config
         yield cfg
     finally:
         lifecycle.stop(cfg, timeout_s=5.0)
-        # an image left behind keeps links outside the root (link_remap: /dev/shm's)
+        # an image left behind keeps links outside the root (link_remap: /dev/shm's) and
+        # its dead tree's semaphore names: its job is over, as at a job's end for good
         images = cfg.paths.images
         for image in images.iterdir() if images.is_dir() else []:
             if image.is_dir():
-                remove_image(image)
+                remove_image(image, tree_gone=True)
         shutil.rmtree(root, ignore_errors=True)

@@ -93,7 +93,8 @@ class Parking:
         takes the tree back) instead of its old job's; the outcome (also in
         :attr:`devices`, the reason of a failure in :attr:`devices_reason`)."""
         target = self.dirs.get("")
-        source = next((fs_path(m, mounts(proc)) for m in memberships(pid, proc)
+        found = mounts(proc)  # once, not per membership (a restore's path)
+        source = next((fs_path(m, found) for m in memberships(pid, proc)
                        if m.controllers == ""), None)  # fmt: skip
         if target is None or source is None:
             return self.devices

@@ -359,10 +359,14 @@ def _what(log: str) -> str:
     return f"{first}; {hint_for(log)}" if first else hint_for(log)
 
 
-def remove_image(image_dir: Path) -> str:
+def remove_image(image_dir: Path, *, tree_gone: bool = False) -> str:
     """Delete an image (or an unfinished dump) with what it keeps outside its directory
-    (its parked links, see link_remap); returns its name."""
+    (its parked links, see link_remap); returns its name. ``tree_gone``: its tree will
+    never run again (its job ended, the image was refused, its kept tree was ended), so
+    the names of the semaphores it held go too (see link_remap.drop_semaphore_names)."""
     meta = read_json(image_dir / DUMP_META) or {}
+    if tree_gone:
+        link_remap.drop_semaphore_names(list(meta.get("link_remaps", [])))
     link_remap.discard(list(meta.get("link_remaps", [])))
     shutil.rmtree(image_dir, ignore_errors=True)
     return image_dir.name

@@ -35,6 +35,7 @@ DELETED = " (deleted)"
 CRIU_PREFIX = "link_remap."
 PARKED_PREFIX = ".spswap-remap-"
 ASIDE_PREFIX = ".spswap-aside-"
+SEMAPHORE_PREFIX = "sem."  # glibc's names of named POSIX semaphores in /dev/shm
 PROC = Path("/proc")
 
 
@@ -274,3 +275,34 @@ def discard(records: list[dict[str, Any]]) -> None:
             os.unlink(os.path.join(str(r["dir"]), name))
         except OSError:
             continue
+
+
+def drop_semaphore_names(records: list[dict[str, Any]]) -> list[str]:
+    """With the image of a tree that will never run again: the other names of its
+    re-linked files that are named POSIX semaphores (``sem.*`` of the same inode in the
+    same directory). Their creator's resource tracker unlinks them when the tree exits;
+    a dump ends the tree, tracker and all, so an image never restored would leave them
+    for good. Only in root's directories (no path component swapped under the unlink);
+    returns the paths removed."""
+    removed = []
+    for r in records:
+        directory = str(r.get("dir", ""))
+        if not _root_chain(directory):
+            continue
+        try:
+            names = [n for n in os.listdir(directory) if n.startswith(SEMAPHORE_PREFIX)]
+        except OSError:
+            continue
+        for name in names:
+            path = os.path.join(directory, name)
+            try:
+                st = os.lstat(path)
+                if stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) == (
+                    r.get("dev"),
+                    r.get("ino"),
+                ):
+                    os.unlink(path)
+                    removed.append(path)
+            except OSError:
+                continue
+    return removed

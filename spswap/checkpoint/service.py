@@ -108,11 +108,12 @@ def incomplete_images(images_root: Path) -> list[Path]:
                   if p.is_dir() and p.name.startswith("job") and read_meta(p) is None)  # fmt: skip
 
 
-def delete_job_images(images_root: Path, job_id: str) -> list[str]:
-    """Delete every image and unfinished dump of ``job_id``; the names deleted."""
+def delete_job_images(images_root: Path, job_id: str, *, tree_gone: bool = False) -> list[str]:
+    """Delete every image and unfinished dump of ``job_id``; the names deleted.
+    ``tree_gone``: as :func:`criu.remove_image`'s (the job will not come back)."""
     gone = []
     for p in images_of_job(images_root, job_id) + temp_dirs(images_root, job_id):
-        gone.append(criu.remove_image(p))
+        gone.append(criu.remove_image(p, tree_gone=tree_gone))
     return gone
 
 
@@ -265,7 +266,7 @@ def restore_instance(
         )
     timings["verify"] = time.monotonic() - t0
     if reason is not None:
-        criu.remove_image(image)
+        criu.remove_image(image, tree_gone=True)
         raise ImageRejected(f"image {image.name} not restored: {reason}")
     # A process image is single use: once a restore began, the process may have run on
     # from it, so it is deleted whether the restore succeeded or not (a failed restore
@@ -302,7 +303,7 @@ def kept_image(images_root: Path, *, job_id: str, expected: Identity) -> Path:
     image = images[-1]
     reason = verify_before_restore(image, expected, check_integrity=False)
     if reason is not None:
-        criu.remove_image(image)
+        criu.remove_image(image, tree_gone=True)  # (the caller ends the tree)
         raise ImageRejected(f"image {image.name} not restored: {reason}")
     return image
 

@@ -151,7 +151,7 @@ def _wake_kept(st: DaemonState, rec: JobRecord, job_id: str, expected: Identity,
     except BaseException as e:
         kept.kill()
         if image is not None:
-            remove_image(image)
+            remove_image(image, tree_gone=True)
         rejected = isinstance(e, ImageRejected)
         reason = str(e) if rejected else f"{e}; the kept instance was ended: cold start"
         st.statuses.write(

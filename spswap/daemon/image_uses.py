@@ -73,7 +73,7 @@ def _drop_images_needing(st: DaemonState, by_digest: dict[str, str], digest: str
         if digest in pool_digests(needed):
             for job_id in st.kept.jobs_of_image(key):
                 st.kept.end(job_id, "its image was dropped", image_key=key)
-            remove_image(st.cfg.paths.images / key)
+            remove_image(st.cfg.paths.images / key, tree_gone=True)
             st.event(
                 "image.dropped",
                 image=key,
@@ -95,7 +95,7 @@ def drop_job_images(st: DaemonState, job_id: str,
     their pool uses; ``reason`` goes to the events and the checkpoint status (a restored
     instance's status says deleted too: its image went at the restore)."""
     st.kept.end(job_id, reason)
-    gone = delete_job_images(st.cfg.paths.images, job_id)
+    gone = delete_job_images(st.cfg.paths.images, job_id, tree_gone=True)
     st.statuses.mark_gone(job_id, reason, images_deleted=bool(gone))
     sync_quietly(st)
     return gone

@@ -136,8 +136,11 @@ class MultiBackend:
 
     def serve(self, result: ServeResult) -> None:
         assert self.router is not None
-        if self.router.paused:  # restored: answering again once the check has passed
+        # restored: answering again, and reachable, only once the check has passed
+        if self.router.paused:
             self.router.resume()
+        if self.api is None:
+            self._open()
         self.stop.stop_event.wait()
 
     def drain(self, result: ServeResult) -> None:
@@ -160,8 +163,7 @@ class MultiBackend:
 
     def wake(self, result: ServeResult) -> dict[str, Any]:
         assert self.router is not None
-        woken = self.router.wake_all()
-        self._open()  # (a request waits in its queue: serve() resumes after the check)
+        woken = self.router.wake_all()  # (its ways in open in serve(), after the check)
         return {"woken": woken, "queued": self.router.queued()}
 
     def probe(self) -> list[int] | None:

@@ -75,3 +75,24 @@ def test_a_link_left_under_criu_s_name_restores_from_there(shm: Path) -> None:
         link_remap.unpark([record])
     link_remap.discard([record])
     assert path.read_text() == "someone else's"
+
+
+def test_a_dead_tree_s_semaphore_names_go_with_its_image(shm: Path, tmp_path: Path) -> None:
+    (shm / "sem.mp-a").write_text("a")  # the tree's semaphore, by its creator's name
+    os.link(shm / "sem.mp-a", shm / ".spswap-remap-k-1")  # the image's parked link
+    os.link(shm / "sem.mp-a", shm / "not-a-semaphore-name")
+    (shm / "sem.mp-b").write_text("b")  # somebody else's
+    st = os.stat(shm / "sem.mp-a")
+    record = {"dir": str(shm), "name": "link_remap.1", "parked": ".spswap-remap-k-1",
+              "dev": st.st_dev, "ino": st.st_ino}  # fmt: skip
+    assert link_remap.drop_semaphore_names([record]) == [str(shm / "sem.mp-a")]
+    assert sorted(p.name for p in shm.iterdir()) == [
+        ".spswap-remap-k-1", "not-a-semaphore-name", "sem.mp-b"]  # fmt: skip
+    # where a user may rename entries, nothing is unlinked by root
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    os.chmod(open_dir, 0o777)
+    (open_dir / "sem.mp-c").write_text("c")
+    st = os.stat(open_dir / "sem.mp-c")
+    mine = {"dir": str(open_dir), "dev": st.st_dev, "ino": st.st_ino}
+    assert link_remap.drop_semaphore_names([mine]) == [] and (open_dir / "sem.mp-c").exists()

@@ -148,6 +148,26 @@ def test_the_server_tree_is_dumped_and_restored_into_the_next_run(
         # process is in no job cgroup here: that dump is not kept, and CRIU ended it
         assert run0.wait(timeout=30) == -signal.SIGKILL
         assert kinds.count("checkpoint.saved") == 2, kinds
+    # the job ends for good: its last image goes, and with it the name of the semaphore
+    # its dead tree held (the tree's resource tracker, which unlinks it, died in the dump)
+    (last,) = node.paths.images.glob(f"job{JOB}-*")
+    records = json.loads((last / "spswap-dump.json").read_text())["link_remaps"]
+    assert any(n.startswith("sem.") for r in records for n in _names_of(r)), records
+    assert Client(node).call("job.end", job_id=JOB, requeued=False)["fate"] == "gone"
+    assert [n for r in records for n in _names_of(r)] == [], records
+
+
+def _names_of(record: dict) -> list[str]:
+    """The names in the record's directory of the file it re-linked (its dev and inode)."""
+    names = []
+    for p in Path(record["dir"]).iterdir():
+        try:
+            st = p.lstat()
+        except OSError:  # (somebody's file, gone meanwhile)
+            continue
+        if (st.st_dev, st.st_ino) == (record["dev"], record["ino"]):
+            names.append(p.name)
+    return names
 
 
 def test_a_restored_instance_that_dies_is_replaced_by_a_cold_start(
