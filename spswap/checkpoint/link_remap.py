@@ -282,27 +282,42 @@ def drop_semaphore_names(records: list[dict[str, Any]]) -> list[str]:
     re-linked files that are named POSIX semaphores (``sem.*`` of the same inode in the
     same directory). Their creator's resource tracker unlinks them when the tree exits;
     a dump ends the tree, tracker and all, so an image never restored would leave them
-    for good. Only in root's directories (no path component swapped under the unlink);
-    returns the paths removed."""
+    for good. Only in root's directories (no path component swapped under the unlink),
+    and only while the image's own link holds the inode open here (a number matched
+    after its inode was freed could be somebody else's file); the paths removed."""
     removed = []
     for r in records:
         directory = str(r.get("dir", ""))
-        if not _root_chain(directory):
+        own = str(r.get("parked") or r.get("name") or "")
+        if not own or "/" in own or not _root_chain(directory):
             continue
-        try:
-            names = [n for n in os.listdir(directory) if n.startswith(SEMAPHORE_PREFIX)]
+        try:  # held open while the names are matched: its number cannot be reused
+            held = os.open(os.path.join(directory, own), os.O_PATH | os.O_NOFOLLOW)
         except OSError:
             continue
-        for name in names:
-            path = os.path.join(directory, name)
-            try:
-                st = os.lstat(path)
-                if stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) == (
-                    r.get("dev"),
-                    r.get("ino"),
-                ):
-                    os.unlink(path)
-                    removed.append(path)
-            except OSError:
-                continue
+        try:
+            st = os.fstat(held)
+            if (st.st_dev, st.st_ino) == (r.get("dev"), r.get("ino")):
+                removed += _unlink_names_of(directory, st)
+        finally:
+            os.close(held)
+    return removed
+
+
+def _unlink_names_of(directory: str, held: os.stat_result) -> list[str]:
+    """Unlink the ``sem.*`` names in ``directory`` of the inode ``held``."""
+    removed: list[str] = []
+    try:
+        names = [n for n in os.listdir(directory) if n.startswith(SEMAPHORE_PREFIX)]
+    except OSError:
+        return removed
+    for name in names:
+        path = os.path.join(directory, name)
+        try:
+            st = os.lstat(path)
+            if stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino):
+                os.unlink(path)
+                removed.append(path)
+        except OSError:
+            continue
     return removed

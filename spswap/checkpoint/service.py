@@ -272,6 +272,7 @@ def restore_instance(
     # from it, so it is deleted whether the restore succeeded or not (a failed restore
     # is not retried: the caller cold-starts).
     pid: int | None = None
+    restored = False
     try:
         record = read_json(image / CUDA_RECORD) or {}
         cuda = list(record.get("cuda_pids", []))
@@ -284,12 +285,16 @@ def restore_instance(
         pid = criu.restore(image.name, images_root, criu=criu_path, auto_dedup=True, run_as=run_as)
         timings["criu_restore"] = time.monotonic() - t0
         timings.update(cuda_back(pid, cuda, gpu_map))
+        restored = True
     except BaseException as e:
         if pid is not None:  # half restored (GPU state missing): it must not run on
             _kill_quietly(pid)
         raise CheckpointFailed(f"{e}\nthe image {image.name} was deleted: cold start") from None
     finally:
-        criu.remove_image_soon(image)
+        if restored:
+            criu.remove_image_soon(image)
+        else:  # its tree will not run again: its semaphores' names go too
+            criu.remove_image(image, tree_gone=True)
     return pid, timings
 
 

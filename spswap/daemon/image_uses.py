@@ -73,7 +73,8 @@ def _drop_images_needing(st: DaemonState, by_digest: dict[str, str], digest: str
         if digest in pool_digests(needed):
             for job_id in st.kept.jobs_of_image(key):
                 st.kept.end(job_id, "its image was dropped", image_key=key)
-            remove_image(st.cfg.paths.images / key, tree_gone=True)
+            # (names kept: a restore of the job may hold the tree now, out of st.kept)
+            remove_image(st.cfg.paths.images / key)
             st.event(
                 "image.dropped",
                 image=key,

@@ -12,8 +12,9 @@ and checkpoints every model at once, as it does a single model's:
   - sleep: every awake model to sleep and every connection cut (a dump keeps none); the
     router process and its engine processes are one process tree, which spswapd parks
     and checkpoints whole (kept alive, or to an image);
-  - wake: restored into the job's next run, the models placed awake wake, the endpoint
-    opens again and the queued requests are answered in their order.
+  - wake: restored into the job's next run, the models placed awake wake; once the
+    restore's check passed (serve), the endpoint opens again and the queued requests are
+    answered in their order.
 """
 
 from __future__ import annotations
@@ -136,11 +137,14 @@ class MultiBackend:
 
     def serve(self, result: ServeResult) -> None:
         assert self.router is not None
-        # restored: answering again, and reachable, only once the check has passed
-        if self.router.paused:
-            self.router.resume()
-        if self.api is None:
-            self._open()
+        # restored: answering again, and reachable, only once the check has passed (and
+        # not at all when the next stop came meanwhile: the drain that follows expects
+        # the router paused and the ways in closed)
+        if not self.stop.stop_event.is_set():
+            if self.router.paused:
+                self.router.resume()
+            if self.api is None:
+                self._open()
         self.stop.stop_event.wait()
 
     def drain(self, result: ServeResult) -> None:

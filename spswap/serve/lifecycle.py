@@ -118,8 +118,9 @@ class Backend(Protocol):
         ...
 
     def wake(self, result: ServeResult) -> dict[str, Any]:
-        """Restored into a later run: weights back from the pool and the ways in open
-        again; returns what to add to the restore's event."""
+        """Restored into a later run: weights back from the pool; returns what to add to
+        the restore's event. Nothing is answered before the restore's check passed: the
+        ways in that answer at once open again in :meth:`serve`."""
         ...
 
     def left_undone(self) -> str | None:

@@ -105,6 +105,7 @@ class VllmBackend:
         self._digest = ""  # the pool entry the server's weights came from
         self.restart_count = 0
         self.damaged: str | None = None  # what check_pool found wrong with the entry
+        self.reachable = False  # the TCP front and endpoint.json are there (see serve)
 
     @functools.cached_property
     def version(self) -> str:
@@ -159,8 +160,7 @@ class VllmBackend:
             server.rpc("spswap_attach", str(pool.pool_dir), self._digest, False)
             path = RunPath.COLD
         result.digest = self._digest
-        self._open_front()
-        self._write_endpoint()
+        self._reach()
         self.log(
             f"spswap serve: {opts.model.name} up ({path.value}) in "
             f"{time.perf_counter() - t0:.1f} s; OpenAI API on unix:{server.uds}"
@@ -168,6 +168,8 @@ class VllmBackend:
         return path
 
     def serve(self, result: ServeResult) -> None:
+        if not self.reachable and not self.stop.stop_event.is_set():
+            self._reach()  # restored: reachable again only once the check has passed
         while not self.stop.stop_event.wait(self.opts.poll_interval_s):
             proc = self.server.proc
             if proc is not None and proc.poll() is not None:
@@ -202,6 +204,7 @@ class VllmBackend:
             self.front = None
         # endpoint.json exists while the run serves: not while parked or dumped
         (self.opts.state_dir / ENDPOINT_FILE).unlink(missing_ok=True)
+        self.reachable = False
         self.server.sleep()
         try:
             self.server.rpc("spswap_trim")
@@ -210,9 +213,7 @@ class VllmBackend:
 
     def wake(self, result: ServeResult) -> dict[str, Any]:
         self.restart_count = result.restart_count
-        copy = self.server.wake()
-        self._open_front()
-        self._write_endpoint()
+        copy = self.server.wake()  # (reachable again in serve(), after the check)
         return {"copy": copy}
 
     def probe(self) -> list[int] | None:
@@ -254,6 +255,12 @@ class VllmBackend:
         run_steps(steps, self.log)
 
     # -- the ways in --------------------------------------------------------------------
+    def _reach(self) -> None:
+        """The TCP front (if asked for) and endpoint.json: how clients find the run."""
+        self._open_front()
+        self._write_endpoint()
+        self.reachable = True
+
     def _open_front(self) -> None:
         """The opt-in TCP front, with a fresh API key in STATE_DIR/api_key."""
         if self.opts.http_port is None:

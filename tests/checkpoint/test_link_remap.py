@@ -88,11 +88,17 @@ def test_a_dead_tree_s_semaphore_names_go_with_its_image(shm: Path, tmp_path: Pa
     assert link_remap.drop_semaphore_names([record]) == [str(shm / "sem.mp-a")]
     assert sorted(p.name for p in shm.iterdir()) == [
         ".spswap-remap-k-1", "not-a-semaphore-name", "sem.mp-b"]  # fmt: skip
+    # the image's own link gone (its inode may be freed, its number reused): nothing
+    os.link(shm / "not-a-semaphore-name", shm / "sem.mp-a")
+    (shm / ".spswap-remap-k-1").unlink()
+    assert link_remap.drop_semaphore_names([record]) == [] and (shm / "sem.mp-a").exists()
     # where a user may rename entries, nothing is unlinked by root
     open_dir = tmp_path / "open"
     open_dir.mkdir()
     os.chmod(open_dir, 0o777)
     (open_dir / "sem.mp-c").write_text("c")
+    os.link(open_dir / "sem.mp-c", open_dir / "link_remap.3")
     st = os.stat(open_dir / "sem.mp-c")
-    mine = {"dir": str(open_dir), "dev": st.st_dev, "ino": st.st_ino}
+    mine = {"dir": str(open_dir), "name": "link_remap.3", "parked": None, "dev": st.st_dev,
+            "ino": st.st_ino}  # fmt: skip
     assert link_remap.drop_semaphore_names([mine]) == [] and (open_dir / "sem.mp-c").exists()
