@@ -303,7 +303,7 @@ def test_a_damaged_pool_entry_after_the_dump_is_never_served(runs: Runs) -> None
     maps the entry): its check prompt answers otherwise than before the checkpoint, so it
     ends without answering, and the run starts cold from the model's files (the entry
     checked and found damaged); every answer is the cold model's."""
-    import numpy as np
+    from tests.helpers.damage import reverse_largest_tensor
 
     cfg = runs.cfg
     first = runs.stop_run0()
@@ -311,13 +311,7 @@ def test_a_damaged_pool_entry_after_the_dump_is_never_served(runs: Runs) -> None
     assert _settled(cfg)["state"] == "saved", runs.log(0)
     pool = Pool.from_config(cfg)
     (entry,) = pool.entries()
-    tensor = max(entry.manifest.tensors, key=lambda t: t.size_bytes)
-    assert tensor.dtype == "F32"
-    with open(pool.data_path(entry.manifest), "r+b") as f:
-        f.seek(tensor.offset)
-        values = np.frombuffer(f.read(tensor.size_bytes), dtype=np.float32)
-        f.seek(tensor.offset)
-        f.write(values[::-1].tobytes())  # the same values, in the wrong places
+    tensor = reverse_largest_tensor(pool, entry.manifest)
     runs.finish_cold(1, "this run reads the model from its files")
     log1 = runs.log(1)
     assert f"tensor {tensor.name!r}" in log1 and "spswap pool rm" in log1, log1  # the fix

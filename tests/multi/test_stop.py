@@ -19,6 +19,7 @@ from spswap.multi import http_api  # noqa: E402
 from spswap.multi.serve import start_router  # noqa: E402
 from spswap.pool.store import Pool  # noqa: E402
 from spswap.serve import restore_check  # noqa: E402
+from tests.helpers.damage import reverse_largest_tensor  # noqa: E402
 from tests.helpers.multi import MAX_NEW, PROMPT, make_models, options  # noqa: E402
 from tests.helpers.reference import cold_answers  # noqa: E402
 
@@ -116,21 +117,6 @@ def test_a_stop_cuts_idle_keep_alive_connections_at_once(tmp_path, cfg):
         router.close()
 
 
-def _reverse_largest_tensor(cfg, model: str) -> None:
-    """A whole tensor of ``model``'s pool entry overwritten: its values in reverse order."""
-    import numpy as np
-
-    pool = Pool.from_config(cfg)
-    (entry,) = [e for e in pool.entries() if e.manifest.name == model]
-    tensor = max(entry.manifest.tensors, key=lambda t: t.size_bytes)
-    assert tensor.dtype == "F32"
-    with open(pool.data_path(entry.manifest), "r+b") as f:
-        f.seek(tensor.offset)
-        values = np.frombuffer(f.read(tensor.size_bytes), dtype=np.float32)
-        f.seek(tensor.offset)
-        f.write(values[::-1].tobytes())
-
-
 def test_the_restore_check_asks_every_awake_model_and_sees_a_damaged_entry(tmp_path, cfg):
     """The check a restored multi-model job passes before it answers again (its lifecycle
     asks it before the checkpoint and after the wake): every awake model's greedy answer
@@ -149,7 +135,9 @@ def test_the_restore_check_asks_every_awake_model_and_sees_a_damaged_entry(tmp_p
         router.wake_all()
         assert restore_check.refusal(before, probe) is None
         router.sleep_all()
-        _reverse_largest_tensor(cfg, "m1")
+        pool = Pool.from_config(cfg)
+        (m1,) = [e for e in pool.entries() if e.manifest.name == "m1"]
+        reverse_largest_tensor(pool, m1.manifest)
         router.wake_all()
         why = restore_check.refusal(before, probe)
         assert why is not None and "the restored instance does not serve" in why, why
