@@ -75,28 +75,26 @@ def job_prefix(job_id: str) -> str:
     return f"job{job_id.replace('+', '_')}-"
 
 
-def images_of_job(images_root: Path, job_id: str) -> list[Path]:
-    """The finished images of ``job_id`` (temp dirs of unfinished dumps excluded)."""
+def _dirs_named(images_root: Path, prefix: str) -> list[Path]:
+    """The directories in ``images_root`` whose names start with ``prefix``, sorted."""
     if not images_root.is_dir():
         return []
-    prefix = job_prefix(job_id)
     return sorted(p for p in images_root.iterdir() if p.name.startswith(prefix) and p.is_dir())
+
+
+def images_of_job(images_root: Path, job_id: str) -> list[Path]:
+    """The finished images of ``job_id`` (temp dirs of unfinished dumps excluded)."""
+    return _dirs_named(images_root, job_prefix(job_id))
 
 
 def temp_dirs(images_root: Path, job_id: str | None = None) -> list[Path]:
     """Directories of unfinished dumps (``.tmp-<key>-<random>``), all or of one job."""
-    if not images_root.is_dir():
-        return []
-    prefix = ".tmp-" + (job_prefix(job_id) if job_id is not None else "")
-    return sorted(p for p in images_root.iterdir() if p.name.startswith(prefix) and p.is_dir())
+    return _dirs_named(images_root, ".tmp-" + (job_prefix(job_id) if job_id is not None else ""))
 
 
 def removing_dirs(images_root: Path) -> list[Path]:
     """Images being deleted (:func:`criu.remove_image_soon`; left by a daemon that died)."""
-    if not images_root.is_dir():
-        return []
-    return sorted(p for p in images_root.iterdir()
-                  if p.name.startswith(criu.GONE_PREFIX) and p.is_dir())  # fmt: skip
+    return _dirs_named(images_root, criu.GONE_PREFIX)
 
 
 def incomplete_images(images_root: Path) -> list[Path]:

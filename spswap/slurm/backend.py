@@ -27,6 +27,7 @@ from spswap.errors import SlurmCommandError, SpswapError
 from spswap.liveness import JobProbe
 from spswap.slurm.parse import (
     JobInfo,
+    epoch_seconds,
     job_info_from_scontrol,
     parse_kill_wait_s,
     parse_squeue_json,
@@ -274,9 +275,8 @@ class PyslurmBackend:
             comment=getattr(job, "comment", None) or None,
             nodes=getattr(job, "nodes", None) or None,
             requeue=requeue if isinstance(requeue := getattr(job, "requeue", None), bool) else None,
-            eligible_s=float(t) if isinstance(t := getattr(job, "eligible_time", None), int)
-            and t > 0 else None,
-        )  # fmt: skip
+            eligible_s=epoch_seconds(getattr(job, "eligible_time", None)),
+        )
 
     def job_alive(self, job_id: str) -> bool | None:
         return _liveness(self, job_id)

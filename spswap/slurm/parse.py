@@ -279,9 +279,9 @@ def parse_slurm_time(text: str | None) -> float | None:
         return None
 
 
-def _epoch(raw: Any) -> float | None:
-    """squeue --json's time: an int (22.05) or ``{"set": ..., "number": ...}`` (later);
-    0 or unset: None."""
+def epoch_seconds(raw: Any) -> float | None:
+    """A time as Slurm's APIs give it: an int (squeue --json of 22.05, pyslurm) or
+    ``{"set": ..., "number": ...}`` (later squeue --json); 0 or unset: None."""
     if isinstance(raw, dict):
         raw = raw.get("number") if raw.get("set", True) else None
     return float(raw) if isinstance(raw, int) and raw > 0 else None
@@ -346,7 +346,7 @@ def _job_info_from_json(job: dict[str, Any]) -> JobInfo:
         comment=_null(job.get("comment")),
         nodes=_null(nodes),
         requeue=job["requeue"] if isinstance(job.get("requeue"), bool) else None,
-        eligible_s=_epoch(job.get("eligible_time")),
+        eligible_s=epoch_seconds(job.get("eligible_time")),
     )
 
 
