@@ -60,12 +60,16 @@ def _locked_restore(ctx: Context, st: DaemonState, rec: JobRecord, job_id: str,
     # (also just after "saved": the dump thread still freezes and records a kept tree).
     state = st.statuses.read(job_id).get("state")
     dumping = state in (CheckpointState.DUMPING, CheckpointState.SAVED)
-    if not st.job_locks.of(job_id).acquire(timeout=RESTORE_WAITS_DUMP_S if dumping else 1.0):
+    # else an early wake under way may hold the lock (0.4-0.9 s on the H200, 0.5B-3B)
+    wait_s = RESTORE_WAITS_DUMP_S if dumping else prewake.END_WAIT_S
+    if not st.job_locks.of(job_id).acquire(timeout=wait_s):
         if dumping:
             raise CheckpointFailed(f"the previous run's dump of job {job_id} did not end "
                                    f"within {RESTORE_WAITS_DUMP_S:g} s: this run starts "
                                    "without it (see `spswap events`)")  # fmt: skip
-        raise CheckpointFailed(f"job {job_id} is being checkpointed or restored already")
+        raise CheckpointFailed(
+            f"job {job_id} is being checkpointed or restored already (waited {wait_s:g} s)"
+        )
     try:
         return _restore(ctx, st, rec, job_id, expected, args)
     finally:

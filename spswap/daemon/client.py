@@ -38,22 +38,8 @@ class Client:
         if len(fds) > protocol.MAX_FDS:
             raise BadRequest(f"{len(fds)} files in one request; at most {protocol.MAX_FDS}")
         line = protocol.encode(protocol.request(op, **args))
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock = self._connect()
         try:
-            sock.settimeout(self.timeout_s)
-            try:
-                sock.connect(str(self.cfg.paths.socket))
-            except (FileNotFoundError, ConnectionRefusedError) as e:
-                raise self._unreachable(e.strerror or type(e).__name__) from None
-            except PermissionError:
-                raise self._unreachable("permission denied on the socket") from None
-            except TimeoutError:
-                raise self._unreachable("connect timed out") from None
-            except OSError as e:  # e.g. "AF_UNIX path too long"
-                raise self._unreachable(str(e)) from None
-            from spswap.daemon.trust import check_server
-
-            check_server(sock, self.cfg.paths.socket)  # before a byte (or a file) goes out
             try:
                 if fds:
                     # the descriptors ride on the first bytes; the rest follows plainly
@@ -76,6 +62,42 @@ class Client:
         if response["ok"]:
             return response["result"]
         raise error_from_response(response["error"])
+
+    def notify(self, op: str, **args: Any) -> None:
+        """Send ``op`` and go on without waiting for its answer (which is dropped): for a
+        hint whose outcome changes nothing for the caller. Raises as :meth:`call` does
+        when the daemon cannot be reached or its socket is not root's."""
+        line = protocol.encode(protocol.request(op, **args))
+        sock = self._connect()
+        try:
+            sock.sendall(line)
+        except OSError as e:
+            raise self._unreachable(f"connection failed: {e}") from None
+        finally:
+            sock.close()
+
+    def _connect(self) -> socket.socket:
+        """A connection to the daemon, checked to be root's before a byte goes out."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(self.timeout_s)
+            try:
+                sock.connect(str(self.cfg.paths.socket))
+            except (FileNotFoundError, ConnectionRefusedError) as e:
+                raise self._unreachable(e.strerror or type(e).__name__) from None
+            except PermissionError:
+                raise self._unreachable("permission denied on the socket") from None
+            except TimeoutError:
+                raise self._unreachable("connect timed out") from None
+            except OSError as e:  # e.g. "AF_UNIX path too long"
+                raise self._unreachable(str(e)) from None
+            from spswap.daemon.trust import check_server
+
+            check_server(sock, self.cfg.paths.socket)  # before a byte (or a file) goes out
+        except BaseException:
+            sock.close()
+            raise
+        return sock
 
 
 def _read_line(sock: socket.socket) -> bytes:

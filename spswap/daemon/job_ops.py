@@ -1,7 +1,7 @@
-"""A job's runs on this node: its prolog's ``job.register`` and its epilog's ``job.end``
-(the job's slots and pool uses given back; its checkpoint images kept only when the job
-comes back), and the images of other jobs that will not come back, collected at each
-prolog."""
+"""A job's runs on this node: its prolog's ``job.register``, its run's ``job.starting``,
+and its epilog's ``job.end`` (the job's slots and pool uses given back; its checkpoint
+images kept only when the job comes back), and the images of other jobs that will not come
+back, collected at each prolog."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 
 from spswap.checkpoint.service import image_job_ids, images_of_job, temp_dirs
 from spswap.daemon import prewake
+from spswap.daemon.ckpt_status import running_job
 from spswap.daemon.image_uses import drop_job_images
 from spswap.daemon.jobs import JobRecord, JobState
 from spswap.daemon.protocol import Answer
@@ -42,6 +43,22 @@ def op_job_register(ctx: Context, args: dict[str, Any]) -> Answer:
     if st.kept.has(rec.job_id):  # back on its GPUs: its GPU state before its run asks
         prewake.start(st, rec.job_id)
     return rec.to_json()
+
+
+def op_job_starting(ctx: Context, args: dict[str, Any]) -> Answer:
+    """A run of the caller's job starts here (``spswap serve`` sends it before its imports,
+    a few hundredths of a second into the run): its kept tree's GPU state is woken early
+    now where no prolog did it (slurmd ran none for this run: :mod:`spswap.daemon.missed_prolog`
+    registers the run here). The prolog's wake, done or under way, is never done twice."""
+    st = ctx.state
+    rec = running_job(ctx, args["job_id"])  # the caller's own job, running here
+    kept = st.kept.get(rec.job_id)
+    waking = kept is not None and kept.early_timings is None  # (the prolog's wake is done)
+    if waking:
+        prewake.start(st, rec.job_id)
+    st.event("job.starting", job_id=rec.job_id, uid=rec.uid, pid=ctx.peer_pid,
+             restart_count=rec.restart_count, waking=waking)  # fmt: skip
+    return {"job_id": rec.job_id, "restart_count": rec.restart_count, "waking": waking}
 
 
 def collect_images(st: DaemonState, current_job: str) -> list[str]:

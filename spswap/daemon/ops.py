@@ -38,6 +38,7 @@ HANDLERS: Mapping[str, Handler] = MappingProxyType(
         "pool.import": pool_ops.op_pool_import,
         "job.register": job_ops.op_job_register,
         "job.end": job_ops.op_job_end,
+        "job.starting": job_ops.op_job_starting,
         "jobs.list": info_ops.op_jobs_list,
         "events.tail": info_ops.op_events_tail,
         "checkpoint": ckpt_dump.op_checkpoint,

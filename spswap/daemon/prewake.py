@@ -9,7 +9,9 @@ job's ``job.register`` (its prolog) the daemon thaws the kept tree in its parked
 restores its CUDA state, which stays LOCKED (no CUDA call of the tree runs), and freezes
 it again. The run's restore then only unlocks it (milliseconds) after the rest of the
 usual steps (identity check, the new run's device rules, the thaw, the move into the
-job).
+job). Where slurmd ran no prolog for the run (:mod:`spswap.daemon.missed_prolog`), the
+run's own ``job.starting``, sent by ``spswap serve`` before its imports, starts the wake
+instead; a wake done or under way is never done twice.
 
 It is done only where it is safe and cheap to undo:
 - the job's GPUs are known and are the dump's, in the same order (no remap: the carried
@@ -59,7 +61,8 @@ def refusal(*, dumped_gpus: list[str], cuda_pids: list[int], job_gpus: list[str]
 
 
 def start(st: DaemonState, job_id: str) -> None:
-    """At the job's prolog: wake its kept tree's GPU state early, off the prolog's path."""
+    """At the job's prolog (or its run's ``job.starting``): wake its kept tree's GPU state
+    early, off the caller's path."""
     threading.Thread(target=wake_early, args=(st, job_id), daemon=True).start()
 
 
@@ -76,6 +79,9 @@ def wake_early(st: DaemonState, job_id: str) -> bool:
             return False
         kept = st.kept.take(job_id)
         if kept is None:
+            return False
+        if kept.early_timings is not None:  # woken already (the prolog's, then the run's)
+            st.kept.add(kept)
             return False
         try:
             ready = _ready(st, job_id, kept)

@@ -73,6 +73,9 @@ OPS: dict[str, ArgSpec] = {
         "node": ("str", False),
     },
     "job.end": {"job_id": ("str", True), "requeued": ("bool", False)},
+    # a run of the job starts (sent by `spswap serve` before its imports): the caller's own
+    # job only, running on this node
+    "job.starting": {"job_id": ("str", True)},
     "jobs.list": {},
     "events.tail": {"n": ("int", False)},
     # The instance names its engine, versions, model and config; the daemon adds the uid,

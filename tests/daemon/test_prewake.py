@@ -235,3 +235,71 @@ def test_a_restore_that_fails_before_taking_the_tree_ends_it_only_for_its_own_jo
         op_restore(Context(peer_uid=os.getuid(), peer_pid=os.getpid(), state=st),
                    {"job_id": "7"})  # fmt: skip
     assert not st.kept.has("7") and calls[-2:] == ["kill", "remove"]
+
+
+def _wait_woken(kept: Kept, timeout_s: float = 10.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while kept.early_timings is None:
+        assert time.monotonic() < deadline, "the wake did not come"
+        time.sleep(0.01)
+
+
+def test_a_runs_start_wakes_its_kept_tree_once(setup: Any) -> None:
+    """``job.starting`` (sent by `spswap serve` before its imports): the kept tree wakes
+    early where nothing woke it; a second start, or the prolog's wake after it, does
+    nothing (a second CUDA restore of a restored tree would fail and end it)."""
+    import os
+
+    from spswap.daemon.jobs import JobRecord
+    from spswap.daemon.state import Context
+
+    st, kept, calls, _, events = setup
+    st.jobs.put(JobRecord(job_id="7", uid=os.getuid(), user="u", gpus=[0]))
+    ctx = Context(peer_uid=os.getuid(), peer_pid=os.getpid(), state=st)
+    assert job_ops.op_job_starting(ctx, {"job_id": "7"})["waking"] is True
+    _wait_woken(kept)
+    assert calls == ["thaw", "cuda_restore unlock=False", "freeze"]
+    assert job_ops.op_job_starting(ctx, {"job_id": "7"})["waking"] is False
+    assert not prewake.wake_early(st, "7"), "woken already"
+    assert calls == ["thaw", "cuda_restore unlock=False", "freeze"] and st.kept.has("7")
+    starts = [f for k, f in events if k == "job.starting"]
+    assert [f["waking"] for f in starts] == [True, False] and starts[0]["pid"] == os.getpid()
+
+
+def test_a_runs_start_registers_a_run_no_prolog_registered(
+    setup: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """slurmd ran no prolog for the requeued run (the record says its last run ended):
+    its start registers it, once Slurm says it runs here as its user, and wakes it."""
+    import os
+
+    from spswap.daemon.jobs import JobRecord, JobState
+    from spswap.daemon.state import Context
+    from spswap.errors import CheckpointFailed, PermissionDenied, RequestRefused
+    from spswap.slurm.parse import JobInfo
+
+    st, kept, calls, _, events = setup
+    ctx = Context(peer_uid=os.getuid(), peer_pid=os.getpid(), state=st)
+    with pytest.raises(RequestRefused, match="job 7 is not registered on this node"):
+        job_ops.op_job_starting(ctx, {"job_id": "7"})
+    st.jobs.put(JobRecord(job_id="7", uid=os.getuid(), user="u", gpus=[0], restart_count=0,
+                          state=JobState.REQUEUED))  # fmt: skip
+    st.node_names.add("gpu07")
+    slurm: dict[str, Any] = {"info": None}
+    monkeypatch.setattr(st, "ask_slurm", lambda job_id: (slurm["info"], True))
+    with pytest.raises(CheckpointFailed, match="Slurm does not say a new run of it runs here"):
+        job_ops.op_job_starting(ctx, {"job_id": "7"})
+    with pytest.raises(PermissionDenied):
+        job_ops.op_job_starting(Context(peer_uid=os.getuid() + 1, peer_pid=1, state=st),
+                                {"job_id": "7"})  # fmt: skip
+    assert calls == [] and kept.early_timings is None
+    slurm["info"] = JobInfo(job_id="7", state="RUNNING", restart_count=1, uid=os.getuid(),
+                            nodes="gpu07", gpus=(0,))  # fmt: skip
+    assert job_ops.op_job_starting(ctx, {"job_id": "7"}) == {
+        "job_id": "7", "restart_count": 1, "waking": True}  # fmt: skip
+    _wait_woken(kept)
+    assert calls == ["thaw", "cuda_restore unlock=False", "freeze"]
+    started = [f for k, f in events if k == "job.start"]
+    assert started and started[0]["registered_by"].startswith("first request")

@@ -70,6 +70,8 @@ def test_user_acts_only_on_own(cfg: Config, daemon: int, user_uid: int) -> None:
         ["job.end", {"job_id": "100"}],
         ["ping", {}],
         ["slots.list", {}],
+        ["job.starting", {"job_id": "100"}],
+        ["job.starting", {"job_id": "200"}],
     ], user_uid)  # fmt: skip
     assert out[0].startswith("PermissionDenied: ") and f"uid {user_uid}" in out[0], out[0]
     assert out[1].startswith("PermissionDenied: job 100 belongs to uid 0"), out[1]
@@ -81,7 +83,10 @@ def test_user_acts_only_on_own(cfg: Config, daemon: int, user_uid: int) -> None:
     assert out[4] == "ok"
     assert out[5].startswith("PermissionDenied: job.register is for the Slurm prolog/epilog")
     assert out[6].startswith("PermissionDenied: job.end is for the Slurm prolog/epilog")
-    assert out[7:] == ["ok", "ok"]
+    assert out[7:9] == ["ok", "ok"]
+    # a run's start wakes only the caller's own job's kept instance
+    assert out[9].startswith("PermissionDenied: job 100 belongs to uid 0"), out[9]
+    assert out[10] == "ok"
     # root's reservation and job are untouched; root may release anyone's
     assert [r.id for r in table.reservations()] == [rootres.id]
     assert {j["job_id"]: j["state"] for j in root.call("jobs.list")} == {

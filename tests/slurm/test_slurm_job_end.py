@@ -46,20 +46,23 @@ def test_a_requeued_job_ends_at_once_unless_something_stays_in_its_cgroup(
     """``scontrol requeuehold`` (a turn of ``spswap bench turns``): a batch script that
     exits on the signal with nothing left in the job's cgroup ends the job within a few
     tenths of a second (0.24-0.30 s measured); one whose child is still there when it
-    exits (here ``sleep 1 &``, deaf to SIGTERM) ends the job only after 1.9 s (slurmstepd
-    waits for the cgroup to empty in steps of a second). So a parked run must leave
-    nothing behind in its job: the tree goes out whole, and the run ends last."""
+    exits (here ``sleep 3 &``, deaf to SIGTERM) ends the job only when the child has gone,
+    1.9 s and more (slurmstepd waits for the cgroup to empty in steps of a second). So a
+    parked run must leave nothing behind in its job: the tree goes out whole, and the run
+    ends last."""
     backend = CliBackend()
     marks = slurm_cluster.work / f"end-marks-{left.replace(' ', '-')}"
-    # the child ignores SIGTERM: slurmstepd signals the whole step, and a child that
-    # died of it with the script would leave nothing behind (a CI run measured 0.16 s)
-    wait_line = ("while :; do read -t 1 -u 9; done" if left == "nothing"
-                 else "while :; do (trap '' TERM; exec sleep 1) & wait $!; done")  # fmt: skip
+    # The child left behind is one `sleep 3` that ignores SIGTERM from its start (it is
+    # forked while the script itself ignores TERM: slurmstepd signals the whole step, and a
+    # child forked anew each second died of it in the instant before its own trap, which
+    # left nothing behind: a CI run measured 0.17 s).
+    child = "" if left == "nothing" else "trap '' TERM; sleep 3 &"
     script = f"""
+{child}
 trap 'exit 0' TERM
 fifo=$(mktemp -u); mkfifo "$fifo"; exec 9<>"$fifo"; rm "$fifo"
 echo ready >> {marks}.$SLURM_JOB_ID
-{wait_line}
+while :; do read -t 1 -u 9; done
 """
     ends = []
     for _ in range(2):
