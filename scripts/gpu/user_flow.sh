@@ -9,7 +9,8 @@
 #
 #   MODEL=/opt/spswap-models/qwen2-0.5b OUT=/tmp/flow bash scripts/gpu/user_flow.sh
 #
-# Environment: MODEL (a model directory the user can read), SPSWAP_USER (spuser),
+# Environment: MODEL (a model directory the user can read; a missing qwen2-SIZE[-sSEED]
+# is made by make_models.py first), SPSWAP_USER (spuser),
 # VLLM_ARGS (the template's vLLM options), HIGH_S (how long the high job holds the GPU,
 # default 15), TIMEOUT_S (per wait, default 300).
 set -uo pipefail
@@ -27,6 +28,17 @@ now() { date +%s.%N; }
 flow() { echo "FLOW $1"; echo "$1" >> "$OUT/flow.jsonl"; }
 as_user() { su - "$U" -c "$1"; }
 die() { echo "user_flow: $*" >&2; collect; exit 1; }
+# A fresh machine has no test models: make one named qwen2-SIZE[-sSEED] (as turns.sh
+# does); any other missing directory is the caller's mistake, said before a job runs.
+if [ ! -f "$MODEL/config.json" ]; then
+    name=$(basename "$MODEL"); size=${name#qwen2-}; size=${size%-s*}; seed=0
+    [[ "$name" == *-s* ]] && seed=${name##*-s}
+    [[ "$name" == qwen2-* ]] || { echo "user_flow: no model at $MODEL (config.json): give MODEL=/opt/spswap-models/qwen2-0.5b to have one made" >&2; exit 2; }
+    PY=/opt/spswap/venv/bin/python; [ -x "$PY" ] || PY=python3
+    "$PY" "$REPO/scripts/gpu/make_models.py" --out "$(dirname "$MODEL")" --sizes "$size" \
+        --seed "$seed" >> "$OUT/models.jsonl" || { echo "user_flow: make_models failed for $name" >&2; exit 2; }
+    chmod -R a+rX "$(dirname "$MODEL")"
+fi
 collect() {  # everything into one archive (a device call brings back few files)
     local c="$OUT/collect"; mkdir -p "$c"
     cp "$WORK"/*.log "$c/" 2>/dev/null
