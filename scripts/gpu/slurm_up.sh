@@ -20,7 +20,8 @@
 #     shards each), proctrack/cgroup + task/cgroup + ConstrainDevices on cgroup v2, the
 #     project's prolog and epilog, partitions low (preemptable, REQUEUE, GraceTime) and
 #     high, preempt_send_user_signal.
-# Environment: SPSWAP_USER, GRACE_TIME (default 30), SPSWAP_PREFIX (default /opt/spswap).
+# Environment: SPSWAP_USER, GRACE_TIME (default 30), SPSWAP_PREFIX (default /opt/spswap),
+# KEEP_BYTES (spswapd's SPSWAP_KEEP_BYTES; 0: every restore from its image).
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 PREFIX=${SPSWAP_PREFIX:-/opt/spswap}
@@ -119,4 +120,7 @@ SPSWAP_BIN="$PREFIX/bin/spswap" SLURM_PROLOG="$PREFIX/src/slurm/prolog.sh" \
     bash "$PREFIX/src/scripts/slurm_up.sh" up
 # Where the prolog-started spswapd finds CRIU (it runs with almost no PATH).
 command -v criu >/dev/null && echo "SPSWAP_CRIU=$(command -v criu)" >> /etc/default/spswap
+# KEEP_BYTES=0: no instance kept alive, every restore from its image (user_flow.sh's image
+# path); the prolog starts spswapd after this, so the setting holds from the first job.
+[ -n "${KEEP_BYTES:-}" ] && echo "SPSWAP_KEEP_BYTES=$KEEP_BYTES" >> /etc/default/spswap
 say "up: user $USER_NAME, spswap $PREFIX/bin/spswap, $(cat /etc/slurm/gres.conf | wc -l) gres lines"

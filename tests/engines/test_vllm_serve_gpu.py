@@ -10,7 +10,6 @@ and a wake from the pool driven through the server's development endpoints.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -29,6 +28,8 @@ from spswap.serve.lifecycle import ServeRun  # noqa: E402
 from spswap.serve.run_log import RunPath  # noqa: E402
 from spswap.serve.vllm_api import uds_request  # noqa: E402
 from spswap.serve.vllm_run import ENDPOINT_FILE, VllmBackend, VllmServeOptions, vllm_run  # noqa: E402
+from tests.helpers.gpu_criu import criu_ready  # noqa: E402
+from tests.helpers.vllm_models import vllm_test_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [
@@ -38,17 +39,6 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU visible"),
 ]  # fmt: skip
 PROMPTS = [[(7 * i + 13 * j) % 30000 + 100 for j in range(n)] for i, n in enumerate((8, 17, 33))]
-
-
-def _model(tmp_path: Path) -> Path:
-    given = os.environ.get("SPSWAP_TEST_VLLM_MODEL")
-    if given:
-        return Path(given)
-    spec = importlib.util.spec_from_file_location("mm", ROOT / "scripts/gpu/make_models.py")
-    assert spec and spec.loader
-    mm = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mm)
-    return Path(mm.write_model(tmp_path / "models", "0.5b", seed=0, shard_bytes=4 << 30)["dir"])
 
 
 def _answers(uds: Path, model: Path, times_s: list[float] | None = None) -> list[list[int]]:
@@ -92,7 +82,7 @@ def _run(cfg: Config, model: Path, state: Path, during: Any = None) -> dict[str,
 
 
 def test_two_runs_of_a_job_and_a_swap_through_the_server(tmp_path: Path) -> None:
-    model = _model(tmp_path)
+    model = vllm_test_model(tmp_path)
     cfg = Config.from_env({}, root=Path(os.environ.get("SPSWAP_TEST_ROOT", tmp_path / "root")))
     first = _run(cfg, model, tmp_path / "s1")
     assert first["result"].path is RunPath.COLD
@@ -114,23 +104,6 @@ def test_two_runs_of_a_job_and_a_swap_through_the_server(tmp_path: Path) -> None
     assert second["answers"] == first["answers"]
     assert second["during"]["answers"] == first["answers"]
     assert second["during"]["copy"]["size_bytes"] > 0
-
-
-def _criu_ready() -> str | None:
-    """Why the checkpoint path of the real server cannot run here, or None."""
-    from spswap.checkpoint import criu, cuda_ckpt
-
-    if os.geteuid() != 0:
-        return "CRIU dumps need root"
-    path = criu.find_criu()
-    if path is None or criu.criu_version(path) < criu.MIN_VERSION:
-        return "needs CRIU >= 4.1 (scripts/build_criu.sh, or SPSWAP_CRIU=.criu-build/bundle/criu)"
-    if not cuda_ckpt.available():
-        return f"no CUDA checkpoint: {cuda_ckpt.unavailable_reason()}"
-    sysctl = Path("/proc/sys/kernel/io_uring_disabled")
-    if not sysctl.exists() or sysctl.read_text().strip() != "2":
-        return "needs sysctl kernel.io_uring_disabled=2 (vLLM's process holds an io_uring)"
-    return None
 
 
 @pytest.mark.parametrize("fate", ["image", "kept", "dies"])
@@ -156,13 +129,13 @@ def test_the_real_server_is_dumped_and_restored_into_the_next_run(
     from tests.checkpoint.test_cgroups import stand_in_job_cgroup
     from tests.helpers.leftovers import end_all_under
 
-    reason = _criu_ready()
+    reason = criu_ready()
     if reason:
         pytest.skip(reason)
     kept = fate == "kept"
     cgroups = contextlib.ExitStack()
     cgroup = cgroups.enter_context(stand_in_job_cgroup("spswap-gpu-job")) if kept else None
-    model = _model(tmp_path)
+    model = vllm_test_model(tmp_path)
     root = Path(tempfile.mkdtemp(prefix="spsg-", dir="/tmp"))
     os.chmod(root, 0o755)
     cfg = Config.from_env({}, root=root)

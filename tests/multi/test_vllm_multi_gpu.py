@@ -9,7 +9,6 @@ here by scripts/gpu/make_models.py.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from spswap.config import Config  # noqa: E402
 from spswap.engines.vllm_engine import available  # noqa: E402
 from spswap.multi.engine_settings import model_settings  # noqa: E402
 from spswap.multi.serve import MultiOptions, start_router  # noqa: E402
+from tests.helpers.vllm_models import vllm_test_models  # noqa: E402
 
 pytestmark = [
     pytest.mark.skipif(not available(), reason="vLLM is not installed (put a vLLM kit on "
@@ -34,22 +34,8 @@ PROMPTS = [[11, 23, 5, 42], [1, 2, 3], [7] * 8]
 MAX_NEW = 16
 
 
-def _models(tmp_path: Path) -> list[Path]:
-    given = os.environ.get("SPSWAP_TEST_VLLM_MODELS", "").split()
-    if given:
-        assert len(given) >= 2, "SPSWAP_TEST_VLLM_MODELS: give two model directories"
-        return [Path(p) for p in given[:2]]
-    spec = importlib.util.spec_from_file_location("make_models",
-                                                  ROOT / "scripts/gpu/make_models.py")  # fmt: skip
-    assert spec and spec.loader
-    mm = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mm)
-    return [Path(mm.write_model(tmp_path / "models", "0.5b", seed=seed,
-                                shard_bytes=4 << 30)["dir"]) for seed in (0, 7)]  # fmt: skip
-
-
 def test_two_vllm_models_swap_through_the_router_with_cold_answers(tmp_path: Path) -> None:
-    models = _models(tmp_path)
+    models = vllm_test_models(tmp_path, 2)
     cfg = Config.from_env({}, root=Path(os.environ.get("SPSWAP_TEST_ROOT", tmp_path / "root")))
     opts = MultiOptions(models=tuple(models), socket_path=tmp_path / "s.sock",
                         state_dir=tmp_path / "state", engine="vllm", device="cuda",

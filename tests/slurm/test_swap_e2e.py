@@ -103,6 +103,10 @@ def _assert_parked(cluster: SlurmCluster, job: str, *, early_requeue: bool) -> N
     # kept alive (frozen, parked) between the dump and the next run: no CRIU restore
     assert "checkpoint.kept" in kinds, kinds
     assert log[kinds.index("restore.done")]["detail"]["kept"] is True, kinds
+    # each run's `spswap serve` told spswapd it starts, before it loaded its own code
+    starts = [i for i, k in enumerate(kinds) if k == "job.starting"]
+    assert [log[i]["detail"]["restart_count"] for i in starts] == [0, 1], kinds
+    assert starts[1] < kinds.index("restore.done"), kinds
     saved = kinds.index("checkpoint.saved")
     assert kinds.index("checkpoint.parked") < saved, kinds
     parked = log[kinds.index("checkpoint.parked")]["detail"]["cgroups"]
