@@ -28,7 +28,7 @@ from spswap.serve.lifecycle import ServeRun  # noqa: E402
 from spswap.serve.run_log import RunPath  # noqa: E402
 from spswap.serve.vllm_api import uds_request  # noqa: E402
 from spswap.serve.vllm_run import ENDPOINT_FILE, VllmBackend, VllmServeOptions, vllm_run  # noqa: E402
-from tests.helpers.gpu_criu import criu_ready  # noqa: E402
+from tests.helpers.gpu_criu import criu_ready, job_env, wait_logged, wait_saved  # noqa: E402
 from tests.helpers.vllm_models import vllm_test_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -144,9 +144,7 @@ def test_the_real_server_is_dumped_and_restored_into_the_next_run(
     state = root / "state"  # short: vLLM's IPC sockets fit under it (VLLM_RPC_BASE_PATH)
 
     def serve(restart: int) -> subprocess.Popen:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-        env.update(SPSWAP_ROOT=str(root), SLURM_JOB_ID=job,
-                   SLURM_RESTART_COUNT=str(restart))  # fmt: skip
+        env = job_env(root, job, restart)
         log = open(tmp_path / f"run{restart}.log", "w")
         return subprocess.Popen(
             [sys.executable, "-m", "spswap.cli", "serve", str(model), "--engine", "vllm",
@@ -165,13 +163,7 @@ def test_the_real_server_is_dumped_and_restored_into_the_next_run(
         return ep if pid is None or ep["pid"] == pid else None
 
     def wait(what: str, check: Any, timeout_s: float) -> Any:
-        deadline = time.monotonic() + timeout_s
-        while not (value := check()):
-            assert time.monotonic() < deadline, f"timed out waiting for {what}: " + "".join(
-                p.read_text()[-2000:] for p in tmp_path.glob("run*.log")
-            )
-            time.sleep(0.2)
-        return value
+        return wait_logged(what, check, timeout_s, tmp_path)
 
     run0 = run1 = None
     try:
@@ -186,17 +178,8 @@ def test_the_real_server_is_dumped_and_restored_into_the_next_run(
         run0.send_signal(signal.SIGUSR1)
         if not kept:  # a kept run 0 stays, frozen, with its tree
             run0.wait(timeout=300)
-        status = wait("the dump", lambda: (
-            st if (st := Client(cfg).call("checkpoint.status", job_id=job))["state"]
-            not in ("none", "dumping") else None), 300)  # fmt: skip
+        status = wait_saved(cfg, job, tmp_path)
         dump_s = time.monotonic() - t0
-        if status["state"] != "saved":  # all of it: the reason and CRIU's own log
-            logs = "".join(f"\n--- {p}\n" + p.read_text()[-6000:]
-                           for p in root.rglob("*.log") if "dump" in p.name)  # fmt: skip
-            pytest.fail(
-                f"dump failed: {json.dumps(status, indent=1)}\n--- run0.log\n"
-                f"{(tmp_path / 'run0.log').read_text()[-3000:]}{logs}"
-            )
         assert status["kept"] is kept, status
         if not kept:  # the restore needs the dumped pids free (the server's too: init reaps it)
             wait("the dumped server's pid to be free",

@@ -35,7 +35,7 @@ from spswap.config import Config  # noqa: E402
 from spswap.engines.vllm_engine import available  # noqa: E402
 from spswap.multi import http_api  # noqa: E402
 from spswap.serve.run_log import read_runs  # noqa: E402
-from tests.helpers.gpu_criu import criu_ready  # noqa: E402
+from tests.helpers.gpu_criu import criu_ready, job_env, wait_logged, wait_saved  # noqa: E402
 from tests.helpers.vllm_models import vllm_test_models  # noqa: E402
 
 pytestmark = [
@@ -84,9 +84,7 @@ def test_a_preempted_vllm_multi_model_job_comes_back_whole(tmp_path: Path, fate:
     sock = root / "api.sock"
 
     def serve(restart: int) -> subprocess.Popen:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-        env.update(SPSWAP_ROOT=str(root), SLURM_JOB_ID=job,
-                   SLURM_RESTART_COUNT=str(restart))  # fmt: skip
+        env = job_env(root, job, restart)
         log = open(tmp_path / f"run{restart}.log", "w")
         return subprocess.Popen(
             [sys.executable, "-m", "spswap.cli", "serve", "--models", *map(str, models),
@@ -102,13 +100,7 @@ def test_a_preempted_vllm_multi_model_job_comes_back_whole(tmp_path: Path, fate:
         return bool(re.search(r"2 models on \S+ \(", log)) and sock.exists()
 
     def wait(what: str, check: Any, timeout_s: float) -> Any:
-        deadline = time.monotonic() + timeout_s
-        while not (value := check()):
-            assert time.monotonic() < deadline, f"timed out waiting for {what}: " + "".join(
-                p.read_text()[-3000:] for p in tmp_path.glob("run*.log")
-            )
-            time.sleep(0.2)
-        return value
+        return wait_logged(what, check, timeout_s, tmp_path)
 
     run0 = run1 = None
     try:
@@ -119,15 +111,8 @@ def test_a_preempted_vllm_multi_model_job_comes_back_whole(tmp_path: Path, fate:
         tree = process_tree_pids(run0.pid)
         t0 = time.monotonic()
         run0.send_signal(signal.SIGUSR1)
-        status = wait("the dump", lambda: (
-            st if (st := Client(cfg).call("checkpoint.status", job_id=job))["state"]
-            not in ("none", "dumping") else None), 300)  # fmt: skip
+        status = wait_saved(cfg, job, tmp_path)
         dump_s = time.monotonic() - t0
-        if status["state"] != "saved":
-            logs = "".join(f"\n--- {p}\n" + p.read_text()[-6000:]
-                           for p in root.rglob("*.log") if "dump" in p.name)  # fmt: skip
-            pytest.fail(f"dump failed: {json.dumps(status, indent=1)}\n--- run0.log\n"
-                        f"{(tmp_path / 'run0.log').read_text()[-3000:]}{logs}")  # fmt: skip
         assert status["kept"] is kept, status
         if not kept:  # the restore needs the dumped pids free
             run0.wait(timeout=300)
