@@ -123,4 +123,6 @@ command -v criu >/dev/null && echo "SPSWAP_CRIU=$(command -v criu)" >> /etc/defa
 # KEEP_BYTES=0: no instance kept alive, every restore from its image (user_flow.sh's image
 # path); the prolog starts spswapd after this, so the setting holds from the first job.
 [ -n "${KEEP_BYTES:-}" ] && echo "SPSWAP_KEEP_BYTES=$KEEP_BYTES" >> /etc/default/spswap
+# a spswapd of an earlier `up` keeps the settings it read: the next prolog starts it anew
+"$PREFIX/bin/spswap" daemon stop >/dev/null 2>&1 || true
 say "up: user $USER_NAME, spswap $PREFIX/bin/spswap, $(cat /etc/slurm/gres.conf | wc -l) gres lines"

@@ -132,7 +132,9 @@ A1=$(as_user "python3 '$WORK/ask.py' '$UDS' '$MODEL'") || die "run 1 did not ans
 # the first answer's own clock (ask.py's), not the end of all three answers
 t_ans1=$(python3 -c "import json,sys; print(json.loads(sys.argv[1])['first_answer_at'])" "$A1")
 same=$(python3 -c "import json,sys; print(str(json.loads(sys.argv[1])['answers'] == json.loads(sys.argv[2])['answers']).lower())" "$A0" "$A1")
-flow "{\"step\": \"restored\", \"high_end_to_serving_s\": $(python3 -c "print(round($t_up1-$t_hend,2))"), \"high_end_to_first_answer_s\": $(python3 -c "print(round($t_ans1-$t_hend,2))"), \"identical\": $same, \"ask\": $A1}"
+# how run 1 came back (kept, image, pool, cold): its line in the state dir's runs.jsonl
+HOW=$(python3 -c "import json,sys; print([json.loads(l)['path'] for l in open(sys.argv[1]) if json.loads(l)['restart_count'] == 1][-1])" "$WORK/.spswap/$JOB/runs.jsonl" 2>/dev/null || echo unknown)
+flow "{\"step\": \"restored\", \"path\": \"$HOW\", \"high_end_to_serving_s\": $(python3 -c "print(round($t_up1-$t_hend,2))"), \"high_end_to_first_answer_s\": $(python3 -c "print(round($t_ans1-$t_hend,2))"), \"identical\": $same, \"ask\": $A1}"
 collect
 grep -h "restore\|checkpoint\|cold\|run 1" "$WORK"/spswap-vllm-"$JOB".log | tail -n 20
 as_user "scancel $JOB"
