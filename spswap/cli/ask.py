@@ -59,8 +59,13 @@ def ask(
     req: dict[str, Any] = {"prompt_ids": ids, "max_new_tokens": max_new_tokens}
     if request_id:
         req["id"] = request_id
-    if sum(x is not None for x in (socket, job_id, state_dir)) != 1:
+    given = [name for name, x in (("--socket", socket), ("--job", job_id),
+                                  ("--state-dir", state_dir)) if x is not None]  # fmt: skip
+    if not given:
         raise typer.BadParameter("give one of --socket, --job or --state-dir")
+    if len(given) > 1:
+        raise typer.BadParameter(f"give only one of {', '.join(given)}: --job N alone finds "
+                                 "the job's server wherever its directory is seen")  # fmt: skip
     if socket is not None:
         answer = send(socket, req, timeout_s=timeout_s)
     else:

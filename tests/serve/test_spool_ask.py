@@ -67,7 +67,10 @@ def test_a_directory_without_a_spool_is_refused(tmp_path: Path) -> None:
 def test_ask_needs_exactly_one_target() -> None:
     both = subprocess.run([sys.executable, "-m", "spswap.cli", "ask", "1", "--job", "3",
                            "--socket", "/tmp/x.sock"], capture_output=True, text=True)  # fmt: skip
-    assert both.returncode != 0 and "give one of --socket, --job or --state-dir" in both.stderr
+    assert both.returncode != 0 and "give only one of --socket, --job" in both.stderr
+    none = subprocess.run([sys.executable, "-m", "spswap.cli", "ask", "1"],
+                          capture_output=True, text=True)  # fmt: skip
+    assert none.returncode != 0 and "give one of --socket, --job or --state-dir" in none.stderr
 
 
 def test_an_ended_job_gives_back_its_answers_and_takes_no_new_request(tmp_path: Path) -> None:
