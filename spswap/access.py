@@ -116,7 +116,7 @@ def import_model(
     cfg: Config, path: Path | str, name: str | None = None, *,
     timeout_s: float = DEFAULT_IMPORT_TIMEOUT_S,
     progress: Callable[[int, int], None] | None = None,
-    identity: dict[str, Any] | None = None,
+    identity: dict[str, Any] | None = None, job_id: str | None = None,
 ) -> Manifest:  # fmt: skip
     """Import a safetensors checkpoint (file or directory) into the node's pool.
 
@@ -124,6 +124,7 @@ def import_model(
     caller, and the daemon reads them through those descriptors. ``progress`` is called
     only on the direct (root) path. ``identity`` (an engine's layout, e.g. weights as vLLM
     holds them) is recorded in the entry with ``owner_uid``, the importing user's uid.
+    ``job_id`` (default ``$SLURM_JOB_ID``) names the job in spswapd's event log.
     """
     if writes_directly(cfg):
         pool = Pool.from_config(cfg)
@@ -145,7 +146,9 @@ def import_model(
         for file_path, _ in files:
             fds.append(_open_for_import(file_path))
             stack.callback(os.close, fds[-1])
-        extra = {"identity": identity} if identity is not None else {}
+        extra: dict[str, Any] = {"identity": identity} if identity is not None else {}
+        if (job := _job_id(job_id)) is not None:
+            extra["job_id"] = job
         result = _client(cfg, timeout_s).call_with_fds(
             "pool.import", fds, files=[n for _, n in files], name=name or ckpt.name, **extra
         )
@@ -228,4 +231,4 @@ class PoolAccess:
         self, path: Path | str, *, name: str | None = None,
         identity: dict[str, Any] | None = None,
     ) -> Manifest:  # fmt: skip
-        return import_model(self.cfg, path, name=name, identity=identity)
+        return import_model(self.cfg, path, name=name, identity=identity, job_id=self.job_id)

@@ -108,3 +108,16 @@ def test_cli_reference_marks_required_options() -> None:
     assert "- `--socket`: The socket `spswap serve` listens on" in ask and "- `--job`:" in ask
     reserve = text.split("### `spswap slots reserve`", 1)[1].split("\n#", 1)[0]
     assert "- `--model` (required): Model the reservation is for (shown to others)." in reserve
+
+
+def test_a_saved_images_report_is_one_short_line_in_the_events_table() -> None:
+    """checkpoint.saved carries the whole image report (every timing): the table shows its
+    plain fields and says where the rest is."""
+    image = {"key": "job7-m", "path": "/dev/shm/spswap/images/job7-m", "size_bytes": 2_300_000_000,
+             "cuda_pids": [11, 12], "timings_s": {f"step{i}": 0.1 for i in range(20)},
+             "kept": False}  # fmt: skip
+    event = {"ts": 0, "kind": "checkpoint.saved", "job_id": "7", "uid": 1001,
+             "detail": {"image": image, "pids": list(range(10))}}  # fmt: skip
+    assert event_line(event).endswith(
+        "image={kept=False key=job7-m path=/dev/shm/spswap/images/job7-m size=2.1 GiB "
+        "(+2 more: spswap events --json)} pids=[0,1,2,3,4,5,...] (+4 more)")  # fmt: skip

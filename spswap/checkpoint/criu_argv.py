@@ -37,22 +37,44 @@ UNPRIVILEGED_CAPS = "+checkpoint_restore,+sys_ptrace,+setpcap"
 # credentials clears it, and setpriv sets it after its own.
 DIE_WITH_CALLER = "--pdeathsig=KILL"
 
+# setpriv sets the death signal only after its fork: a caller killed before that leaves
+# CRIU orphaned all the same (a CI run: spswapd killed just as its dump began, CRIU held
+# the tree for minutes). So, once the signal is set, a shell goes on to CRIU only while
+# its parent is still the caller ($0 here); else it ends. The exec keeps the pid and the
+# signal (no new credentials).
+ONLY_UNDER_CALLER = (
+    '[ "$PPID" = "$0" ] && exec "$@"; '
+    'echo "spswap: the caller ended before CRIU started" >&2; exit 1'
+)
+SHELL = "/bin/sh"
 
-def as_root_argv(setpriv: str) -> list[str]:
-    """The ``setpriv`` prefix of root's CRIU dump: it dies with its caller.
 
-    >>> as_root_argv("setpriv")
-    ['setpriv', '--pdeathsig=KILL']
+def caller_guard(caller_pid: int) -> list[str]:
+    """What comes after ``setpriv``'s options: CRIU starts only under ``caller_pid``.
+
+    >>> caller_guard(42)[:2] + caller_guard(42)[3:]
+    ['/bin/sh', '-c', '42']
     """
-    return [setpriv, DIE_WITH_CALLER]
+    return [SHELL, "-c", ONLY_UNDER_CALLER, str(caller_pid)]
 
 
-def as_user_argv(setpriv: str, *, uid: int, gid: int, groups: list[int]) -> list[str]:
+def as_root_argv(setpriv: str, caller_pid: int) -> list[str]:
+    """The ``setpriv`` prefix of root's CRIU dump: it dies with its caller, ``caller_pid``
+    (:func:`caller_guard`).
+
+    >>> as_root_argv("setpriv", 42)[:3]
+    ['setpriv', '--pdeathsig=KILL', '/bin/sh']
+    """
+    return [setpriv, DIE_WITH_CALLER, *caller_guard(caller_pid)]
+
+
+def as_user_argv(setpriv: str, *, uid: int, gid: int, groups: list[int],
+                 caller_pid: int) -> list[str]:  # fmt: skip
     """The ``setpriv`` prefix that starts CRIU as ``uid``/``gid`` with ``groups`` and
     ambient :data:`UNPRIVILEGED_CAPS` (inheritable too: ambient needs them there); it
-    dies with its caller (:data:`DIE_WITH_CALLER`).
+    dies with its caller, ``caller_pid`` (:data:`DIE_WITH_CALLER`, :func:`caller_guard`).
 
-    >>> as_user_argv("setpriv", uid=1001, gid=1001, groups=[])[:4]
+    >>> as_user_argv("setpriv", uid=1001, gid=1001, groups=[], caller_pid=42)[:4]
     ['setpriv', '--reuid=1001', '--regid=1001', '--clear-groups']
     """
     if uid <= 0:
@@ -60,7 +82,7 @@ def as_user_argv(setpriv: str, *, uid: int, gid: int, groups: list[int]) -> list
     argv = [setpriv, f"--reuid={uid}", f"--regid={gid}"]
     argv.append(f"--groups={','.join(str(g) for g in groups)}" if groups else "--clear-groups")
     return argv + [f"--inh-caps={UNPRIVILEGED_CAPS}", f"--ambient-caps={UNPRIVILEGED_CAPS}",
-                   DIE_WITH_CALLER]  # fmt: skip
+                   DIE_WITH_CALLER, *caller_guard(caller_pid)]  # fmt: skip
 
 
 def check_argv(criu: str) -> list[str]:

@@ -55,14 +55,14 @@ class RunAs:
         """The ``setpriv`` command line that starts CRIU as this user."""
         setpriv = shutil.which("setpriv") or "/usr/bin/setpriv"
         return criu_argv.as_user_argv(setpriv, uid=self.uid, gid=self.gid,
-                                      groups=list(self.groups))  # fmt: skip
+                                      groups=list(self.groups), caller_pid=os.getpid())  # fmt: skip
 
 
 def root_prefix() -> list[str]:
     """The command line that starts root's CRIU dump so that it dies with spswapd
     (:data:`criu_argv.DIE_WITH_CALLER`); none where setpriv is missing."""
     setpriv = shutil.which("setpriv")
-    return criu_argv.as_root_argv(setpriv) if setpriv else []
+    return criu_argv.as_root_argv(setpriv, os.getpid()) if setpriv else []
 
 
 def chown_tree(top: Path, uid: int, gid: int, file_mode: int | None = None) -> None:

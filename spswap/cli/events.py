@@ -12,6 +12,7 @@ from rich.table import Table
 
 from spswap.cli.common import JsonOpt, RootOpt, console, emit_json, load_config
 from spswap.daemon import events as log
+from spswap.units import fmt_bytes
 
 
 def _when(ts: float) -> str:
@@ -21,15 +22,39 @@ def _when(ts: float) -> str:
 DETAIL_ERROR_LINES = 2
 
 
+DETAIL_LIST_ITEMS = 6
+
+
 def short_value(value: Any, sep: str = "\n") -> str:
     """A detail value as shown: a many-line one (a failed checkpoint's reason carries
-    CRIU's log) cut to its first line and its first error lines, with a count of the rest."""
+    CRIU's log) cut to its first line and its first error lines, with a count of the rest;
+    an object (a saved image's report) as its plain fields, sizes in bytes made readable,
+    with a count of the nested ones left out; a long list cut with a count."""
+    if isinstance(value, dict):
+        return _short_object(value)
+    if isinstance(value, list) and len(value) > DETAIL_LIST_ITEMS:
+        shown = ",".join(str(v) for v in value[:DETAIL_LIST_ITEMS])
+        return f"[{shown},...] (+{len(value) - DETAIL_LIST_ITEMS} more)"
     lines = [line for line in str(value).splitlines() if line.strip()]
     if len(lines) <= 1 + DETAIL_ERROR_LINES:
         return sep.join(lines)
     errors = [line.strip() for line in lines[1:] if "rror" in line][:DETAIL_ERROR_LINES]
     rest = len(lines) - 1 - len(errors)
     return sep.join([lines[0], *errors, f"(+{rest} more lines: spswap events --json)"])
+
+
+def _short_object(value: dict[str, Any]) -> str:
+    plain = []
+    nested = 0
+    for k, v in sorted(value.items()):
+        if isinstance(v, dict | list):
+            nested += 1 if v else 0
+        elif k.endswith("_bytes") and isinstance(v, int | float):
+            plain.append(f"{k.removesuffix('_bytes')}={fmt_bytes(v)}")
+        else:
+            plain.append(f"{k}={str(v).splitlines()[0] if str(v) else ''}")
+    more = [f"(+{nested} more: spswap events --json)"] if nested else []
+    return "{" + " ".join(plain + more) + "}"
 
 
 def _details(event: dict[str, Any], sep: str) -> str:

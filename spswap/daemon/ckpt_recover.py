@@ -4,6 +4,8 @@ uses of the images on disk are taken back."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -42,8 +44,9 @@ def recover(st: DaemonState) -> dict[str, Any]:
 
     A status left "dumping" is failed with the reason; when its instance still runs (CRIU
     died with the daemon and let the process go) it is told (SIGUSR2) and exits as after
-    any failed dump, its requests saved. If a CRIU of the dead daemon still holds the
-    process, that wait happens in a thread so the daemon answers meanwhile.
+    any failed dump, its requests saved. A CRIU of the dead daemon that still holds the
+    process is killed (:func:`end_dead_daemons_criu`), in a thread that then waits for it
+    to let go, so the daemon answers meanwhile.
     """
     # first: what a dead daemon left parked outside its job (no home known any more)
     swept = sweep(root_tag(st.cfg.root)) + sweep_untagged()
@@ -79,18 +82,39 @@ def _of_job(p: Path, job_id: str) -> bool:
     return p.name.removeprefix(".tmp-").startswith(job_prefix(job_id))
 
 
-def _traced(pid: int) -> bool:
-    """True while a tracer (a CRIU still dumping) holds ``pid``."""
+def _tracer(pid: int, proc: Path = Path("/proc")) -> int:
+    """The pid of what traces ``pid`` (a CRIU still dumping it); 0 for none."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        for line in (proc / str(pid) / "status").read_text().splitlines():
             if line.startswith("TracerPid:"):
-                return int(line.split()[1]) != 0
+                return int(line.split()[1])
     except (OSError, ValueError):
         pass
-    return False
+    return 0
+
+
+def _traced(pid: int) -> bool:
+    """True while a tracer (a CRIU still dumping) holds ``pid``."""
+    return _tracer(pid) != 0
+
+
+def end_dead_daemons_criu(pid: int, proc: Path = Path("/proc")) -> int | None:
+    """SIGKILL the CRIU that still holds ``pid`` for a dead daemon (at start-up no CRIU is
+    this daemon's): its image is deleted anyway, and one that hangs would hold the
+    process seized for good. Returns the CRIU's pid, None when no CRIU holds it."""
+    tracer = _tracer(pid, proc)
+    try:
+        if tracer <= 0 or (proc / str(tracer) / "comm").read_text().strip() != "criu":
+            return None
+        os.kill(tracer, signal.SIGKILL)
+    except (OSError, ProcessLookupError):
+        return None
+    return tracer
 
 
 def _recover_dump(st: DaemonState, job_id: str, pid: int, pid_start: int | None) -> None:
+    if pid > 0 and (criu := end_dead_daemons_criu(pid)) is not None:
+        st.event("checkpoint.criu_ended", job_id=job_id, criu_pid=criu, pid=pid)
     deadline = time.monotonic() + RECOVER_WAIT_S
     while pid > 0 and _traced(pid) and time.monotonic() < deadline:
         time.sleep(0.1)

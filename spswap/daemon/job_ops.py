@@ -163,7 +163,8 @@ def op_job_end(ctx: Context, args: dict[str, Any]) -> Answer:
               "dropped_pool_uses": dropped, "fate": fate, "images_deleted": images_deleted,
               "problems": problems}  # fmt: skip
     st.event(
-        "job.end", job_id=job_id, uid=rec.uid, state=rec.state, fate=fate,
+        "job.end", job_id=job_id, uid=rec.uid if rec.uid >= 0 else None, state=rec.state,
+        fate=fate,
         released_reservations=released, dropped_pool_uses=dropped,
         images_deleted=images_deleted, problems=problems,
     )  # fmt: skip
@@ -171,10 +172,11 @@ def op_job_end(ctx: Context, args: dict[str, Any]) -> Answer:
 
 
 def _job_fate(st: DaemonState, job_id: str, requeued: bool | None) -> str:
-    """ "back", "gone" or "unknown"; asks Slurm only when the job has images to decide on."""
+    """ "back", "gone" or "unknown"; asks Slurm only when the job has images to decide on
+    (the epilog is on the next job's path), else "no-images" where the caller did not say."""
     if not images_of_job(st.cfg.paths.images, job_id) and not temp_dirs(
         st.cfg.paths.images, job_id
     ):
-        return job_fate(None, requeued)
+        return "no-images" if requeued is None else job_fate(None, requeued)
     info, _ = st.ask_slurm(job_id)
     return job_fate(info.state if info is not None else None, requeued)

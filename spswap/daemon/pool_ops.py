@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 from spswap.daemon.caller import peer_holder
 from spswap.daemon.protocol import Answer
 from spswap.daemon.state import Context
-from spswap.errors import ProtocolError
+from spswap.errors import ProtocolError, SpswapError
 from spswap.pool.importer import import_from_fds
 from spswap.pool.store import Pool, alias_key
 
@@ -54,6 +55,7 @@ def op_pool_import(ctx: Context, args: dict[str, Any]) -> Answer:
         # root's) exports, so no user can plant weights under another's identity
         identity = {**identity, "owner_uid": ctx.peer_uid}
     pool = _pool(ctx)
+    started = time.time()
     manifest = import_from_fds(pool, files, name=args.get("name"), owner_uid=ctx.peer_uid,
                                identity=identity)  # fmt: skip
     if identity is not None:
@@ -61,6 +63,20 @@ def op_pool_import(ctx: Context, args: dict[str, Any]) -> Answer:
         # the caller finds it under its own uid from now on
 
         pool.remember_alias(alias_key(identity, ctx.peer_uid), manifest.digest)
-    ctx.state.event("pool.import", uid=ctx.peer_uid, pid=ctx.peer_pid, name=manifest.name,
-                    digest=manifest.digest)  # fmt: skip
+    if manifest.created >= started:  # a new entry; a run that finds its weights is no news
+        ctx.state.event("pool.import", job_id=_callers_job(ctx, args.get("job_id")),
+                        uid=ctx.peer_uid, pid=ctx.peer_pid, name=manifest.name,
+                        digest=manifest.digest)  # fmt: skip
     return manifest.to_json()
+
+
+def _callers_job(ctx: Context, job_id: str | None) -> str | None:
+    """``job_id`` where it names a job of the caller's registered here (the log names
+    only a job the caller owns), else None."""
+    if job_id is None:
+        return None
+    try:
+        rec = ctx.state.jobs.get(job_id)
+    except SpswapError:
+        return None
+    return job_id if rec is not None and rec.uid == ctx.peer_uid else None

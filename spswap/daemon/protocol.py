@@ -63,6 +63,7 @@ OPS: dict[str, ArgSpec] = {
         "files": ("str_list", True),
         "name": ("str", False),
         "identity": ("flat_dict", False),
+        "job_id": ("str", False),
     },
     "job.register": {
         "job_id": ("str", True),

@@ -121,7 +121,19 @@ class DaemonState:
         return JobStore(self.cfg.paths.run / "jobs")
 
     def event(self, kind: str, **fields: Any) -> None:
+        """Append an event; one about a job carries its owner's uid (the job's record)
+        unless the caller gave one, so ``spswap events`` shows whose job each line is."""
+        job_id = fields.get("job_id")
+        if fields.get("uid") is None and job_id:
+            fields["uid"] = self._job_uid(str(job_id))
         events.append(self.cfg.paths.events, kind, **fields)
+
+    def _job_uid(self, job_id: str) -> int | None:
+        try:
+            rec = self.jobs.get(job_id)
+        except (SpswapError, OSError, ValueError):  # an event is never lost for this
+            return None
+        return rec.uid if rec is not None and rec.uid >= 0 else None
 
     def job_probe(self) -> JobProbe | None:
         """Is this job alive: Slurm's answer when it can give one, else what the prolog

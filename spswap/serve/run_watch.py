@@ -83,8 +83,9 @@ def job_dir(own: Path, job_id: str) -> Path | None:
 def left_in_job(job_id: str, keep: set[int], proc: Path = PROC) -> list[tuple[int, str]]:
     """The processes still in job ``job_id``'s cgroup (the hierarchies Slurm tracks a
     job by), but ``keep`` and Slurm's own slurmstepd, as (pid, command name). Slurm ends a
-    job only once its cgroup is empty, waiting in steps of a second
-    (tests/slurm/test_slurm_job_end.py): anything here when the run ends costs that."""
+    job only once its cgroup is empty: it SIGKILLs what is left and looks again in steps
+    of a second (tests/slurm/test_slurm_job_end.py), so anything here when the run ends
+    dies and may cost that second."""
     pids: set[int] = set()
     for own in own_dirs(mounts(proc), proc).values():
         top = job_dir(own, job_id)

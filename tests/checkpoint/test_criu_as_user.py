@@ -7,7 +7,9 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -156,12 +158,43 @@ def test_an_image_root_dumped_is_not_restored_as_a_user(tmp_path: Path, user_uid
         criu.restore("img", tmp_path / "images", run_as=criu.RunAs.for_uid(user_uid))
 
 
+GUARD = ["/bin/sh", "-c", '[ "$PPID" = "$0" ] && exec "$@"; echo "spswap: the caller ended '
+         'before CRIU started" >&2; exit 1', "4242"]  # fmt: skip
+
+
 def test_the_setpriv_prefix() -> None:
-    assert criu_argv.as_user_argv("/usr/bin/setpriv", uid=1001, gid=100, groups=[100, 27]) == [
+    assert criu_argv.as_user_argv("/usr/bin/setpriv", uid=1001, gid=100, groups=[100, 27],
+                                  caller_pid=4242) == [
         "/usr/bin/setpriv", "--reuid=1001", "--regid=100", "--groups=100,27",
         "--inh-caps=+checkpoint_restore,+sys_ptrace,+setpcap",
-        "--ambient-caps=+checkpoint_restore,+sys_ptrace,+setpcap", "--pdeathsig=KILL",
+        "--ambient-caps=+checkpoint_restore,+sys_ptrace,+setpcap", "--pdeathsig=KILL", *GUARD,
     ]  # fmt: skip
-    assert criu_argv.as_root_argv("/usr/bin/setpriv") == ["/usr/bin/setpriv", "--pdeathsig=KILL"]
+    assert criu_argv.as_root_argv("/usr/bin/setpriv", 4242) == [
+        "/usr/bin/setpriv", "--pdeathsig=KILL", *GUARD]  # fmt: skip
     with pytest.raises(ValueError):
-        criu_argv.as_user_argv("setpriv", uid=0, gid=0, groups=[])
+        criu_argv.as_user_argv("setpriv", uid=0, gid=0, groups=[], caller_pid=1)
+
+
+@pytest.mark.parametrize("caller", ["alive", "ended"])
+def test_criu_starts_only_while_its_caller_lives(tmp_path: Path, caller: str) -> None:
+    """The guard after setpriv's death signal: a caller that ended before it was set
+    (here: a pid that is not the parent) gets no CRIU at all; the real parent gets its
+    command run with its own pid (exec) and the death signal kept."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("setpriv is not installed (util-linux)")
+    parent = os.getpid() if caller == "alive" else 1
+    # stands in for CRIU: its pid, its parent's and its death signal (PR_GET_PDEATHSIG)
+    probe = ("import ctypes, os; sig = ctypes.c_int(); "
+             "ctypes.CDLL(None).prctl(2, ctypes.byref(sig)); "
+             "print(os.getpid(), os.getppid(), sig.value)")  # fmt: skip
+    proc = subprocess.Popen([*criu_argv.as_root_argv(setpriv, parent), sys.executable, "-c",
+                             probe], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    out, err = proc.communicate(timeout=30)
+    if caller == "ended":
+        assert (proc.returncode, out) == (1, ""), (proc.returncode, out, err)
+        assert err == "spswap: the caller ended before CRIU started\n"
+    else:
+        assert proc.returncode == 0, err
+        assert out.split() == [str(proc.pid), str(os.getpid()), str(int(signal.SIGKILL))]

@@ -79,3 +79,21 @@ def test_job_end_of_a_gone_job_ends_its_restored_status(tmp_path: Path) -> None:
                         {"job_id": "7", "requeued": False})  # fmt: skip
     assert answer["fate"] == "gone"
     assert st.statuses.read("7")["state"] == CheckpointState.DELETED
+
+
+def test_the_epilog_of_a_job_without_images_says_so_and_names_its_owner(tmp_path: Path) -> None:
+    """The epilog does not ask Slurm about a job with no image to keep or drop (it is on
+    the next job's path): the event says "no-images", not "unknown", with the job's uid."""
+    from spswap.daemon import events
+    from spswap.daemon.job_ops import op_job_end
+    from spswap.daemon.jobs import JobRecord
+    from spswap.daemon.state import Context
+
+    st = _state(tmp_path, {"7": "COMPLETED"})
+    st.jobs.put(JobRecord(job_id="7", uid=1234, user="ann"))
+    ctx = Context(peer_uid=0, peer_pid=1, state=st)
+    assert op_job_end(ctx, {"job_id": "7"})["fate"] == "no-images"
+    assert op_job_end(ctx, {"job_id": "8"})["fate"] == "no-images"  # no prolog registered it
+    logged = events.tail(st.cfg.paths.events, 9)
+    ends = [(e["job_id"], e["uid"], e["detail"]["fate"]) for e in logged if e["kind"] == "job.end"]
+    assert ends == [("7", 1234, "no-images"), ("8", None, "no-images")]

@@ -76,3 +76,21 @@ def test_job_store_round_trip_and_prune(tmp_path: Path) -> None:
 def test_job_ids_are_safe_file_names(bad: str) -> None:
     with pytest.raises(BadRequest, match="is not a Slurm job id"):
         check_job_id(bad)
+
+
+def test_an_event_about_a_job_carries_its_owners_uid(tmp_path: Path) -> None:
+    """spswapd's events name whose job each is, also where the caller gave no uid."""
+    from spswap.config import Config
+    from spswap.daemon import lifecycle
+    from spswap.daemon.state import DaemonState
+
+    cfg = Config.from_env({}, root=tmp_path / "root")
+    lifecycle.prepare_dirs(cfg)
+    st = DaemonState(cfg)
+    st.jobs.put(JobRecord(job_id="7", uid=1234, user="ann"))
+    st.event("checkpoint.parked", job_id="7", pids=[1])
+    st.event("checkpoint.parked", job_id="8", pids=[1])  # not registered here
+    st.event("job.start", job_id="7", uid=0)  # the caller's uid stands
+    st.event("sweep.failed", reason="x")
+    got = [(e["job_id"], e["uid"]) for e in events.tail(cfg.paths.events, 9)]
+    assert got == [("7", 1234), ("8", None), ("7", 0), (None, None)]

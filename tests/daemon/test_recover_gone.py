@@ -3,7 +3,13 @@ aside after its restore (``.gone-``) whose freeing thread died with the daemon."
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from spswap.checkpoint import criu, link_remap
 from spswap.config import Config
@@ -29,3 +35,38 @@ def test_start_up_frees_what_a_dead_daemon_was_deleting(tmp_path: Path) -> None:
     ckpt_recover.recover(st)
     assert not gone.exists() and not parked.exists()
     assert list(cfg.paths.images.iterdir()) == []
+
+
+TRACER = """
+import ctypes, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+libc.prctl(15, sys.argv[2].encode())  # PR_SET_NAME: what /proc/PID/comm shows
+if libc.ptrace(0x4206, int(sys.argv[1]), None, None) != 0:  # PTRACE_SEIZE
+    sys.exit(f"seize: errno {ctypes.get_errno()}")
+print("seized", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("name", ["criu", "gdb"])
+def test_start_up_ends_a_dead_daemons_criu_that_still_holds_the_process(
+    tmp_path: Path, name: str
+) -> None:
+    """A CRIU that outlived its daemon (it hung, or was orphaned) would hold the dumped
+    process seized for good: the next daemon kills it, never another tracer."""
+    target = subprocess.Popen(["sleep", "600"])
+    tracer = subprocess.Popen([sys.executable, "-c", TRACER, str(target.pid), name],
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert tracer.stdout is not None and tracer.stdout.readline() == "seized\n"
+        ended = ckpt_recover.end_dead_daemons_criu(target.pid)
+        if name == "criu":
+            assert ended == tracer.pid
+            assert tracer.wait(timeout=10) == -signal.SIGKILL
+        else:
+            assert ended is None and tracer.poll() is None
+        assert ckpt_recover.end_dead_daemons_criu(os.getpid()) is None  # traced by none
+    finally:
+        for p in (tracer, target):
+            p.kill()
+            p.wait()

@@ -16,10 +16,11 @@ import pytest
 
 from spswap import access
 from spswap.config import Config
+from spswap.daemon import events
 from spswap.daemon.client import Client
 from spswap.pool.store import Pool
 from tests.pool.st_files import tensors, write_sharded, write_st
-from tests.security.conftest import as_user, outcome, spawn_as
+from tests.security.conftest import TEST_USER, as_user, outcome, spawn_as
 
 
 def _user_dir(cfg: Config, uid: int) -> Path:
@@ -43,9 +44,10 @@ def _data(pool: Pool, digest: str) -> dict[str, bytes]:
 
 def _user_imports(cfg: Config, own: str, sharded: str, root_only: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    out["own"] = access.import_model(cfg, own).to_json()
-    out["own_again"] = access.import_model(cfg, own).digest
-    out["sharded"] = access.import_model(cfg, sharded, name="shardy").to_json()
+    # a job id the caller does not own (root's job 100) is not written into the event log
+    out["own"] = access.import_model(cfg, own, job_id="100").to_json()
+    out["own_again"] = access.import_model(cfg, own, job_id="200").digest
+    out["sharded"] = access.import_model(cfg, sharded, name="shardy", job_id="200").to_json()
     out["root_only"] = outcome(access.import_model, cfg, root_only)
     # an O_PATH descriptor needs no read permission: the daemon must not accept one
     fd = os.open(root_only, os.O_PATH)
@@ -85,6 +87,9 @@ def test_user_imports_what_it_can_read(cfg: Config, daemon: int, user_uid: int) 
     root_only = write_st(secret_dir / "model.safetensors", tensors(3))
     os.chmod(root_only, 0o600)
 
+    Client(cfg).call("job.register", job_id="100", uid=0, user="root")
+    Client(cfg).call("job.register", job_id="200", uid=user_uid, user=TEST_USER)
+
     out = as_user(user_uid, _user_imports, cfg, str(own), str(sharded), str(root_only))
 
     pool = Pool.from_config(cfg)
@@ -111,6 +116,11 @@ def test_user_imports_what_it_can_read(cfg: Config, daemon: int, user_uid: int) 
     # nothing of the root-only file got in; everything in the pool is root's, 0644/0755,
     # but the locks (root's alone: a user's flock on one would stop the pool's writers)
     assert sorted(e.manifest.name for e in pool.entries()) == ["own", "shardy"]
+    # the event log: one line per new entry (not the import that found "own" there), in
+    # the caller's name, with its job only where the job is the caller's
+    imports = [e for e in events.tail(cfg.paths.events, 100) if e["kind"] == "pool.import"]
+    assert [(e["detail"]["name"], e["job_id"], e["uid"]) for e in imports] == [
+        ("own", None, user_uid), ("shardy", "200", user_uid)]  # fmt: skip
     locks = pool.pool_dir / ".locks"
     for p in [pool.pool_dir, *pool.pool_dir.rglob("*")]:
         st = os.lstat(p)
