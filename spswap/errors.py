@@ -75,6 +75,11 @@ class RequestRejected(SpswapError):
     long for the model): that request is answered with this error, the server goes on."""
 
 
+class RequestIdTaken(SpswapError):
+    """A request id was asked before with another prompt (or length): the answer saved
+    under it is not this prompt's, so the request is refused rather than answered."""
+
+
 class RequestAborted(SpswapError):
     """A request was stopped unfinished because the server is stopping (its drain time
     ran out): it stays saved in the spool and the job's next run answers it."""

@@ -92,7 +92,7 @@ def test_help_names_arguments_in_capitals_and_flags_without_a_type() -> None:
     serve = _help("serve")
     assert "Usage: spswap serve [OPTIONS] MODEL" in serve
     assert "<bool>" not in serve and "{model}" not in serve
-    assert "Usage: spswap ask [OPTIONS] PROMPT_IDS" in _help("ask")
+    assert "Usage: spswap ask [OPTIONS] [PROMPT_IDS]" in _help("ask")  # optional: --id alone
     assert "Usage: spswap pool rm [OPTIONS] REF" in _help("pool", "rm")
     assert "Usage: spswap pool [OPTIONS] COMMAND [ARGS]..." in _help("pool")
     assert "<int>" in _help("slots", "reserve")  # options that take a value keep their type
@@ -121,3 +121,18 @@ def test_a_saved_images_report_is_one_short_line_in_the_events_table() -> None:
     assert event_line(event).endswith(
         "image={kept=False key=job7-m path=/dev/shm/spswap/images/job7-m size=2.1 GiB "
         "(+2 more: spswap events --json)} pids=[0,1,2,3,4,5,...] (+4 more)")  # fmt: skip
+
+
+def test_the_events_table_wraps_a_long_detail_instead_of_cutting_it() -> None:
+    """Piped, rich prints 80 columns: a detail was cut with an ellipsis (a cgroup path, a
+    socket path); now it wraps, and seconds are shown to 4 digits."""
+    path = "/sys/fs/cgroup/freezer/spswap-parked-b11caf3f-6-13484"
+    event = {"ts": 0, "kind": "restore.done", "job_id": "6", "uid": 1001,
+             "detail": {"cgroups": [path],
+                        "timings_s": {"thaw": 0.0003939660000469303}}}  # fmt: skip
+    console = Console(width=80, record=True)
+    console.print(events_table([event]))
+    cells = "".join(ln.split("│")[-2].strip() for ln in console.export_text().splitlines()
+                    if ln.startswith("│"))  # fmt: skip
+    assert "…" not in cells and f"cgroups=['{path}']" in cells and "timings_s={thaw=0.000394}" \
+        in cells, cells  # fmt: skip

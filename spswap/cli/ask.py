@@ -14,7 +14,11 @@ from spswap.serve.spool_ask import ask_spool, job_state_dir
 
 
 def ask(
-    prompt_ids: str = typer.Argument(..., help="Token ids of the prompt, e.g. 1,2,3."),
+    prompt_ids: str | None = typer.Argument(
+        None,
+        help="Token ids of the prompt, e.g. 1,2,3; leave it out with --id to fetch "
+        "the answer of a request asked before.",
+    ),
     socket: Path = typer.Option(
         None,
         "--socket",
@@ -39,7 +43,7 @@ def ask(
         None,
         "--id",
         help="Request id (default: a new one); "
-        "asking again with the same id returns the saved answer.",
+        "asking again with the same id (and prompt, or no prompt) returns the saved answer.",
     ),
     timeout_s: float = typer.Option(600.0, help="How long to wait for the answer."),
     json: bool = typer.Option(False, "--json", help="Print the whole answer as JSON."),
@@ -50,13 +54,18 @@ def ask(
     state directory is seen (a shared file system): the request is written to the job's
     spool and its answer read from there. If the server is stopped meanwhile
     (preemption), the request is kept and answered by the job's next run: ask again with
-    the same --id to get it.
+    the same --id to get it (with the same prompt, or with --id alone).
     """
-    try:
-        ids = [int(x) for x in prompt_ids.split(",") if x.strip()]
-    except ValueError:
-        raise typer.BadParameter("prompt ids must be integers, e.g. 1,2,3") from None
-    req: dict[str, Any] = {"prompt_ids": ids, "max_new_tokens": max_new_tokens}
+    req: dict[str, Any] = {}
+    if prompt_ids is None and not request_id:
+        raise typer.BadParameter("give the prompt's token ids (e.g. 1,2,3), or --id ID alone "
+                                 "to fetch the answer of a request asked before")  # fmt: skip
+    if prompt_ids is not None:
+        try:
+            ids = [int(x) for x in prompt_ids.split(",") if x.strip()]
+        except ValueError:
+            raise typer.BadParameter("prompt ids must be integers, e.g. 1,2,3") from None
+        req = {"prompt_ids": ids, "max_new_tokens": max_new_tokens}
     if request_id:
         req["id"] = request_id
     given = [name for name, x in (("--socket", socket), ("--job", job_id),

@@ -32,6 +32,8 @@ def short_value(value: Any, sep: str = "\n") -> str:
     with a count of the nested ones left out; a long list cut with a count."""
     if isinstance(value, dict):
         return _short_object(value)
+    if isinstance(value, float):
+        return f"{value:.4g}"
     if isinstance(value, list) and len(value) > DETAIL_LIST_ITEMS:
         shown = ",".join(str(v) for v in value[:DETAIL_LIST_ITEMS])
         return f"[{shown},...] (+{len(value) - DETAIL_LIST_ITEMS} more)"
@@ -51,6 +53,8 @@ def _short_object(value: dict[str, Any]) -> str:
             nested += 1 if v else 0
         elif k.endswith("_bytes") and isinstance(v, int | float):
             plain.append(f"{k.removesuffix('_bytes')}={fmt_bytes(v)}")
+        elif isinstance(v, float):
+            plain.append(f"{k}={v:.4g}")
         else:
             plain.append(f"{k}={str(v).splitlines()[0] if str(v) else ''}")
     more = [f"(+{nested} more: spswap events --json)"] if nested else []
@@ -74,8 +78,9 @@ def event_line(event: dict[str, Any]) -> str:
 
 def events_table(events: list[dict[str, Any]]) -> Table:
     table = Table(title="events", title_justify="left")
-    for col in ("time", "kind", "job", "uid", "detail"):
-        table.add_column(col)
+    for col in ("time", "kind", "job", "uid"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("detail", overflow="fold")  # wrapped, never cut (a pipe is 80 wide)
     for e in events:
         detail = _details(e, "\n")
         uid = e.get("uid")

@@ -26,6 +26,7 @@ from spswap.multi.engine_settings import vllm_only_given
 from spswap.serve.checkpointer import DaemonCheckpointer
 from spswap.serve.factory import make_engine
 from spswap.serve.front import default_socket_path
+from spswap.serve.run_end import run_end_text
 from spswap.serve.run_watch import fork_instance
 from spswap.serve.runtime import ServeOptions, reference_run
 from spswap.serve.stop_budget import fitted_drain_s
@@ -285,14 +286,8 @@ def serve(
     if json:
         emit_json({**result.to_json(), "state_dir": str(state_dir)})
     else:
-        stopped = f"; stopped by {result.stopped_by}" if result.stopped_by else ""
-        if result.restored_pid is not None:  # the restored instance answered, not this run
-            done = f"stood in for its restored instance (pid {result.restored_pid}){stopped}"
-        else:
-            done = (f"answered {result.answered} (answers in {state_dir}/outbox), "
-                    f"{result.pending_left} left in {state_dir}/inbox")  # fmt: skip
-            done += stopped
-        err_console.print(f"spswap serve: {done}", markup=False, soft_wrap=True)
+        err_console.print(f"spswap serve: {run_end_text(result, state_dir, spool=True)}",
+                          markup=False, soft_wrap=True)  # fmt: skip
 
 
 def _serve_vllm(
@@ -329,7 +324,7 @@ def _serve_vllm(
     if json_out:
         emit_json({**result.to_json(), "state_dir": str(state_dir)})
     else:
-        err_console.print(f"spswap serve: stopped ({result.stopped_by or 'server ended'})",
+        err_console.print(f"spswap serve: {run_end_text(result, state_dir, spool=False)}",
                           markup=False)  # fmt: skip
 
 

@@ -179,4 +179,8 @@ def _job_fate(st: DaemonState, job_id: str, requeued: bool | None) -> str:
     ):
         return "no-images" if requeued is None else job_fate(None, requeued)
     info, _ = st.ask_slurm(job_id)
-    return job_fate(info.state if info is not None else None, requeued)
+    if info is None:
+        return job_fate(None, requeued)
+    rec = st.jobs.get(job_id)  # the run that ends: a requeue has raised Slurm's count past it
+    return job_fate(info.state, requeued, info.restart_count,
+                    rec.restart_count if rec is not None else None)  # fmt: skip

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from spswap.errors import SpswapError
-from spswap.serve.spool import Request, Spool, answered, not_answered, refused
+from spswap.serve.spool import Request, Spool, answered, fetch_id, not_answered, refused
 
 MAX_LINE_BYTES = 1 << 20
 ANSWER_POLL_S = 0.01
@@ -173,20 +173,26 @@ class Front:
 
     def _answer(self, line: bytes) -> dict[str, Any]:
         try:
-            req = Request.from_json(json.loads(line))
+            data = json.loads(line)
+            rid = fetch_id(data)  # an id alone: the answer of a request asked before
+            if rid is not None:
+                self.spool.check_asked(rid)
+            else:
+                req = Request.from_json(data)
+                self.spool.submit(req)
+                rid = req.id
         except (ValueError, SpswapError) as e:
             return refused(f"bad request: {e}")
-        self.spool.submit(req)
         while True:
             # asked once more after a stop began: an answer given meanwhile is the truth
             closing = self._closing.is_set()
-            answer = self.spool.answer(req.id)
+            answer = self.spool.answer(rid)
             if answer is not None:
                 return answered(answer)
             if closing:
                 break
             time.sleep(ANSWER_POLL_S)
-        return not_answered(req.id, f"{self._reason} (see the outbox of the state directory)")
+        return not_answered(rid, f"{self._reason} (see the outbox of the state directory)")
 
 
 def _lines(conn: socket.socket) -> Any:

@@ -66,6 +66,7 @@ class ServeResult:
     cold_reason: str | None = None  # why a run that could have restored started cold
     resumed: int = 0  # (reference) requests found saved by an earlier run
     answered: int = 0  # (reference) requests answered with tokens
+    answered_before: int = 0  # (reference) of answered: those of earlier runs (a restored one)
     refused: int = 0  # (reference) requests answered with an error (bad input)
     pending_left: int = 0  # (reference) requests left in the spool for the next run
     copy: dict[str, Any] | None = None  # the start's copy from the pool (its gb_per_s)
@@ -290,7 +291,8 @@ class ServeRun(Generic[B]):
                               "probe_before_s": probe_s, **woken})  # fmt: skip
         self.log(restore_check.restored_text(restored_how(outcome.kept), self.restart_count,
                                              wake_s=wake_s, check_s=check_s,
-                                             check_before_s=probe_s))  # fmt: skip
+                                             check_before_s=probe_s,
+                                             saved=woken.get("saved_requests")))  # fmt: skip
         return True
 
     def _restore_and_proxy(self, result: ServeResult) -> bool:

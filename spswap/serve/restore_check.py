@@ -35,14 +35,17 @@ def timings_text(timings_s: Any) -> str:
 
 
 def restored_text(how: str, run: int, *, wake_s: float, check_s: float,
-                  check_before_s: float | None) -> str:  # fmt: skip
+                  check_before_s: float | None, saved: int | None = None) -> str:  # fmt: skip
     """The restored instance's line in the job's log: how it came back, into which run,
     its wake's time and its check's (beside the same check before the checkpoint, which
-    says what a restore leaves slow); ``check_before_s`` None: there was no check."""
+    says what a restore leaves slow; ``check_before_s`` None: there was no check), and
+    the saved requests it now answers (``saved``; None where the engine keeps none)."""
     checked = "" if check_before_s is None else (
         f", checked in {check_s:.3f} s (the same prompt took {check_before_s:.3f} s before "
         "its checkpoint)")  # fmt: skip
-    return f"spswap serve: restored {how} into run {run}; weights back in {wake_s:.3f} s{checked}"
+    resumed = "" if saved is None else f"; {saved} saved request(s) to resume"
+    return (f"spswap serve: restored {how} into run {run}; weights back in {wake_s:.3f} s"
+            f"{checked}{resumed}")  # fmt: skip
 
 
 def refusal(expected: list[int] | None, probe: Callable[[], list[int] | None]) -> str | None:

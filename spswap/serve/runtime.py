@@ -28,7 +28,7 @@ from typing import Any
 from spswap.access import PoolAccess
 from spswap.checkpoint.images import config_hash, process_identity
 from spswap.config import Config
-from spswap.errors import RequestAborted, RequestRejected, SpswapError
+from spswap.errors import RequestAborted, RequestIdTaken, RequestRejected, SpswapError
 from spswap.pool.manifest import Manifest
 from spswap.serve import restore_check
 from spswap.serve.checkpointer import DaemonCheckpointer
@@ -191,7 +191,9 @@ class ReferenceBackend:
         self.model.wake()
         if self.front is not None:
             self.front.open()
-        return {}
+        # a new run of the same process: its counts from here on are this run's
+        result.resumed, result.answered_before = self._pending(), result.answered
+        return {"saved_requests": result.resumed}
 
     def probe(self) -> list[int] | None:
         if self.model is None:
@@ -237,7 +239,10 @@ class ReferenceBackend:
                 data = json.loads(line)
             except json.JSONDecodeError as e:
                 raise SpswapError(f"{path}:{n}: not JSON ({e}); one request per line") from None
-            added += self.spool.submit(Request.from_json(data))
+            try:
+                added += self.spool.submit(Request.from_json(data))
+            except RequestIdTaken as e:  # the rest of the file still counts
+                self.log(f"spswap serve: {path}:{n}: {e}; that line is not asked")
         return added, lines
 
 

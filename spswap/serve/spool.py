@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spswap.errors import SpswapError
+from spswap.errors import RequestIdTaken, SpswapError
 from spswap.fsutil import atomic_write_json, make_private_dirs, read_json
 from spswap.liveness import pid_alive, pid_start_time
 
@@ -42,6 +42,33 @@ def not_answered(request_id: str, why: str) -> dict[str, Any]:
 def refused(why: str) -> dict[str, Any]:
     """The answer to a request that was never taken (bad input): nothing is saved."""
     return {"ok": False, "error": why}
+
+
+def fetch_id(d: Any) -> str | None:
+    """The id of a fetch: a request of an id alone (no prompt), which asks for the answer
+    of the request asked before under that id; None for an ordinary request."""
+    if not isinstance(d, dict) or "prompt_ids" in d or not d.get("id"):
+        return None
+    rid = str(d["id"])
+    if not _ID_RE.match(rid):
+        raise SpswapError(f"request id {rid!r} must be 1-128 characters of [A-Za-z0-9._-]")
+    return rid
+
+
+def _check_same(request: Request, earlier: Any) -> None:
+    """Refuse ``request`` when the one asked before under its id (an answer, or a request
+    still waiting) had another prompt or, where recorded, another length."""
+    if not isinstance(earlier, dict):
+        return
+    prompt, length = earlier.get("prompt_ids"), earlier.get("max_new_tokens")
+    if prompt == request.prompt_ids and length in (None, request.max_new_tokens):
+        return
+    shown = ",".join(map(str, prompt)) if isinstance(prompt, list) else prompt
+    raise RequestIdTaken(
+        f"request {request.id} was asked before with the prompt {shown}"
+        + (f" and {length} new tokens" if length is not None else "")
+        + ": ask with that prompt (and --max-new-tokens) to get its answer, or use a new --id"
+    )
 
 
 @dataclass(frozen=True)
@@ -97,8 +124,12 @@ class Spool:
             box.chmod(0o700)  # whatever the umask, and boxes an older run made 0755
 
     def submit(self, request: Request) -> bool:
-        """Accept ``request``; False when it was accepted or answered before (idempotent)."""
-        if self.answer(request.id) is not None or (self.inbox / f"{request.id}.json").exists():
+        """Accept ``request``; False when it was accepted or answered before (idempotent).
+        RequestIdTaken when its id was asked before with another prompt or length."""
+        earlier = self.answer(request.id)
+        asked = read_json(self.inbox / f"{request.id}.json") if earlier is None else None
+        if earlier is not None or asked is not None or (self.inbox / f"{request.id}.json").exists():
+            _check_same(request, earlier if earlier is not None else asked)
             return False
         atomic_write_json(self.inbox / f"{request.id}.json", request.to_json(), mode=0o600)
         return True
@@ -160,6 +191,14 @@ class Spool:
                   "ended while answering this request (a crash or a kill); it is not asked "
                   "again: check the request, or the job's log", quarantined=True)  # fmt: skip
         return rid
+
+    def check_asked(self, request_id: str) -> None:
+        """For a fetch: SpswapError unless a request of this id was asked here (answered,
+        or waiting for its answer)."""
+        if self.answer(request_id) is None and not (self.inbox / f"{request_id}.json").exists():
+            raise SpswapError(f"no request {request_id} was asked of this job (none waits in "
+                              f"{self.inbox}, none is answered in {self.outbox}): give its "
+                              "prompt to ask it")  # fmt: skip
 
     def answer(self, request_id: str) -> dict[str, Any] | None:
         data = read_json(self.outbox / f"{request_id}.json")

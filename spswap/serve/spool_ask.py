@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from spswap.errors import SpswapError
-from spswap.serve.spool import Request, Spool, answered, not_answered
+from spswap.serve.spool import Request, Spool, answered, fetch_id, not_answered
 from spswap.slurm.backend import CliBackend
 from spswap.slurm.parse import stopped_for_good
 
@@ -63,20 +63,27 @@ def ask_spool(state_dir: Path, request: dict[str, Any], *, timeout_s: float,
     at the timeout: the job answers it later, ask again with the same id). ``ended``: the
     job's state when it has ended for good: only an answer already given is returned."""
     spool = Spool(state_dir)
-    req = Request.from_json({"id": request.get("id") or uuid.uuid4().hex, **request})
+    req: Request | None = None
+    rid = fetch_id(request)  # an id alone: the answer of a request asked before
+    if rid is None:
+        req = Request.from_json({"id": request.get("id") or uuid.uuid4().hex, **request})
+        rid = req.id
     if not (spool.inbox.is_dir() and spool.outbox.is_dir()):
         raise SpswapError(f"{state_dir} has no spool (inbox/, outbox/): is it the state "
                           "directory of a serving job?")  # fmt: skip
     if ended is not None:
-        given = spool.answer(req.id)
+        given = spool.answer(rid)
         if given is not None:
             return answered(given)
         raise SpswapError(f"the job has ended ({ended}) and will not run again: no run will "
                           "answer this request; submit the job again (its saved answers "
                           "are in " + str(spool.outbox) + ")")  # fmt: skip
-    spool.submit(req)
-    answer = await_answer(spool, req.id, time.monotonic() + timeout_s)
+    if req is None:
+        spool.check_asked(rid)
+    else:
+        spool.submit(req)
+    answer = await_answer(spool, rid, time.monotonic() + timeout_s)
     if answer is not None:
         return answered(answer)
-    return not_answered(req.id, f"no answer within {timeout_s:g} s; the request waits in "
+    return not_answered(rid, f"no answer within {timeout_s:g} s; the request waits in "
                         f"{spool.inbox}")  # fmt: skip

@@ -105,17 +105,23 @@ class JobInfo:
         return bool(held) and not set(held) & set(here)
 
 
-def job_fate(slurm_state: str | None, requeued: bool | None) -> str:
+def job_fate(slurm_state: str | None, requeued: bool | None, slurm_restarts: int | None = None,
+             run_restart_count: int | None = None) -> str:  # fmt: skip
     """Whether an ended job will run again: "back", "gone" or "unknown".
 
     ``slurm_state``: the controller's state name (None when Slurm does not know the job
-    or cannot be asked); ``requeued``: what the epilog was told, when it was.
+    or cannot be asked); ``requeued``: what the epilog was told, when it was. A job still
+    COMPLETING whose restart count Slurm already raised past the run's
+    (``run_restart_count``) was requeued (see :func:`stopped_for_good`).
     """
     state = (slurm_state or "").upper().split()[0] if slurm_state else ""
     if state in COMING_BACK_STATES:
         return "back"
     if state in GONE_STATES:
         return "gone"
+    if (state == "COMPLETING" and slurm_restarts is not None and run_restart_count is not None
+            and slurm_restarts > run_restart_count):  # fmt: skip
+        return "back"
     # not known to Slurm, or still COMPLETING (a requeued job looks the same then)
     if requeued is None:
         return "unknown"

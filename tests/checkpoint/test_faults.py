@@ -367,6 +367,19 @@ def test_job_fate(state: str | None, requeued: bool | None, fate: str) -> None:
     assert job_fate(state, requeued) == fate
 
 
+@pytest.mark.parametrize(("slurm_restarts", "run_restart_count", "fate"), [
+    (1, 0, "back"), (3, 2, "back"), (0, 0, "unknown"), (2, 2, "unknown"), (1, None, "unknown"),
+])  # fmt: skip
+def test_a_completing_job_whose_restart_count_went_up_comes_back(
+    slurm_restarts: int, run_restart_count: int | None, fate: str
+) -> None:
+    """At the epilog of a requeued job Slurm 22.05 still says COMPLETING, as for an end for
+    good; only its restart count, raised at the requeue, tells them apart."""
+    from spswap.slurm.parse import job_fate
+
+    assert job_fate("COMPLETING", None, slurm_restarts, run_restart_count) == fate
+
+
 @pytest.fixture
 def job_cgroup() -> Iterator[Path]:
     """A stand-in for Slurm's job cgroup, beside this test's own (and spswapd's)."""

@@ -127,6 +127,14 @@ def test_stop_dump_restore_answers_like_cold(node: Config, tmp_path: Path) -> No
     answers = _answers(tmp_path)
     assert len(answers) == N_REQ > before
     assert [answers[f"q{i:02d}"] for i in range(N_REQ)] == cold_answers(model, prompts, MAX_NEW)
+    # the restored process writes on in run 0's output: how many saved requests it took
+    # up, and at its end what it answered in run 1 alone (its count of run 0 apart)
+    log0 = (tmp_path / "run0.log").read_text()
+    assert "into run 1; weights back in" in log0 and \
+        f"; {N_REQ - before} saved request(s) to resume" in log0, log0  # fmt: skip
+    summary0 = json.loads(log0[log0.rindex("\n{\n") :])
+    assert (summary0["resumed"], summary0["answered_before"], summary0["answered"]) == (
+        N_REQ - before, before, N_REQ), log0  # fmt: skip
     kinds = [e["kind"] for e in Client(node).call("events.tail", n=50)]
     assert "checkpoint.saved" in kinds and "restore.done" in kinds
     # a process image is single use

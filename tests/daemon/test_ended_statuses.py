@@ -97,3 +97,26 @@ def test_the_epilog_of_a_job_without_images_says_so_and_names_its_owner(tmp_path
     logged = events.tail(st.cfg.paths.events, 9)
     ends = [(e["job_id"], e["uid"], e["detail"]["fate"]) for e in logged if e["kind"] == "job.end"]
     assert ends == [("7", 1234, "no-images"), ("8", None, "no-images")]
+
+
+@pytest.mark.parametrize(
+    ("slurm_restarts", "fate", "images_left"), [(1, "back", 1), (0, "unknown", 1)]
+)
+def test_the_epilog_of_a_requeued_job_keeps_its_image_and_says_it_comes_back(
+    tmp_path: Path, slurm_restarts: int, fate: str, images_left: int
+) -> None:
+    """A requeue's epilog runs while Slurm says COMPLETING; the restart count Slurm raised
+    past the run's says the job comes back (the events said "unknown", "ended")."""
+    from spswap.daemon.job_ops import op_job_end
+    from spswap.daemon.jobs import JobRecord, JobState
+    from spswap.daemon.state import Context
+
+    st = _state(tmp_path, {})
+    st.ask_slurm = lambda job_id: (JobInfo(job_id=job_id, state="COMPLETING",  # type: ignore[method-assign]
+                                           restart_count=slurm_restarts), True)  # fmt: skip
+    st.jobs.put(JobRecord(job_id="7", uid=1234, user="ann", restart_count=0))
+    (st.cfg.paths.images / "job7-m-abc-1").mkdir(parents=True)
+    answer = op_job_end(Context(peer_uid=0, peer_pid=1, state=st), {"job_id": "7"})
+    assert answer["fate"] == fate
+    assert answer["state"] == (JobState.REQUEUED if fate == "back" else JobState.ENDED)
+    assert len(list(st.cfg.paths.images.iterdir())) == images_left

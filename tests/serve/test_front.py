@@ -48,6 +48,13 @@ def test_ask_over_the_socket(tmp_path: Path) -> None:
         assert a["ok"] and a["output_ids"] == cold_answers(model, [[4, 5, 6]], 6)[0]
         again = ask(sock, {"id": "q1", "prompt_ids": [4, 5, 6], "max_new_tokens": 6})
         assert again["output_ids"] == a["output_ids"]  # answered once, kept
+        assert ask(sock, {"id": "q1"})["output_ids"] == a["output_ids"]  # by its id alone
+        unknown = ask(sock, {"id": "q2"})
+        assert not unknown["ok"] and unknown["error"].startswith("bad request: no request q2 ")
+        other = ask(sock, {"id": "q1", "prompt_ids": [7, 8], "max_new_tokens": 6})
+        assert not other["ok"] and other["error"] == (
+            "bad request: request q1 was asked before with the prompt 4,5,6: ask with that "
+            "prompt (and --max-new-tokens) to get its answer, or use a new --id")  # fmt: skip
         bad = ask(sock, {"id": "../x", "prompt_ids": [1]})
         assert not bad["ok"] and "bad request" in bad["error"]
         with socket.socket(socket.AF_UNIX) as raw:  # garbage, then the server still answers

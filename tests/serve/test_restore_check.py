@@ -46,3 +46,7 @@ def test_the_restored_line_sets_the_check_beside_the_one_before_the_checkpoint()
     )
     assert restored_text("from its image", 1, wake_s=0.2, check_s=0.0, check_before_s=None) \
         == "spswap serve: restored from its image into run 1; weights back in 0.200 s"  # fmt: skip
+    assert restored_text("from its kept instance", 3, wake_s=0.004, check_s=0.0,
+                         check_before_s=None, saved=2) == (
+        "spswap serve: restored from its kept instance into run 3; weights back in 0.004 s; "
+        "2 saved request(s) to resume")  # fmt: skip

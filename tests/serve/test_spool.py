@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from spswap.errors import SpswapError
+from spswap.errors import RequestIdTaken, SpswapError
 from spswap.serve.spool import Request, Spool
 
 
@@ -32,6 +32,23 @@ def test_submit_is_idempotent_for_pending_and_answered(tmp_path):
     spool.complete(_req("x", 1.0), [1])
     assert not spool.submit(_req("x", 1.0))
     assert list(spool.pending()) == []
+
+
+def test_an_id_asked_before_with_another_prompt_is_refused(tmp_path):
+    """Not the saved answer of another prompt, silently: the id names one request."""
+    spool = Spool(tmp_path)
+    spool.create()
+    spool.submit(_req("x", 1.0, [5, 6]))
+    with pytest.raises(RequestIdTaken, match="^request x was asked before with the prompt 5,6 "
+                       "and 4 new tokens: ask with that prompt"):  # fmt: skip
+        spool.submit(_req("x", 2.0, [7]))
+    with pytest.raises(RequestIdTaken, match="and 4 new tokens"):
+        spool.submit(Request(id="x", prompt_ids=[5, 6], max_new_tokens=9))
+    spool.complete(_req("x", 1.0, [5, 6]), [1])
+    assert not spool.submit(Request(id="x", prompt_ids=[5, 6], max_new_tokens=9))  # (not kept)
+    with pytest.raises(RequestIdTaken, match="^request x was asked before with the prompt 5,6: "):
+        spool.submit(_req("x", 3.0, [7]))
+    assert [r.id for r in spool.pending()] == [] and spool.answer("x")["output_ids"] == [1]
 
 
 def test_a_new_spool_object_sees_saved_requests(tmp_path):

@@ -56,6 +56,17 @@ def test_a_request_not_answered_in_time_is_saved_with_its_id(tmp_path: Path) -> 
                     timeout_s=0.1)  # fmt: skip
     assert out["saved"] is True and out["id"] == "later" and "waits in" in out["error"]
     assert [r.id for r in spool.pending()] == ["later"]
+    # later, by its id alone: still waiting, then answered (as the job's next run does)
+    again = ask_spool(tmp_path / "s", {"id": "later"}, timeout_s=0.1)
+    assert again["saved"] is True and again["id"] == "later"
+    (req,) = spool.pending()
+    spool.complete(req, [7, 8])
+    assert ask_spool(tmp_path / "s", {"id": "later"}, timeout_s=0.1)["output_ids"] == [7, 8]
+    with pytest.raises(SpswapError, match="^no request never was asked of this job .*: give its "
+                       "prompt to ask it$"):  # fmt: skip
+        ask_spool(tmp_path / "s", {"id": "never"}, timeout_s=0.1)
+    with pytest.raises(SpswapError, match="request id '../x' must be"):
+        ask_spool(tmp_path / "s", {"id": "../x"}, timeout_s=0.1)
 
 
 def test_a_directory_without_a_spool_is_refused(tmp_path: Path) -> None:
@@ -71,6 +82,10 @@ def test_ask_needs_exactly_one_target() -> None:
     none = subprocess.run([sys.executable, "-m", "spswap.cli", "ask", "1"],
                           capture_output=True, text=True)  # fmt: skip
     assert none.returncode != 0 and "give one of --socket, --job or --state-dir" in none.stderr
+    nothing = subprocess.run([sys.executable, "-m", "spswap.cli", "ask", "--job", "3"],
+                             capture_output=True, text=True)  # fmt: skip
+    assert nothing.returncode != 0 and "give the prompt's token ids (e.g. 1,2,3), or --id ID " \
+        "alone" in " ".join(nothing.stderr.replace("│", " ").split()), nothing.stderr  # fmt: skip
 
 
 def test_an_ended_job_gives_back_its_answers_and_takes_no_new_request(tmp_path: Path) -> None:

@@ -51,7 +51,7 @@ def test_the_user_guide_as_written(slurm_cluster: SlurmCluster, user_uid: int) -
     assert sub.returncode == 0, sub.stderr
     job = sub.stdout.strip().split(";")[0]
     state = top / ".spswap" / job
-    (want,) = cold_answers(model, [[7, 8, 9]], MAX_NEW)
+    want, later = cold_answers(model, [[7, 8, 9], [5, 6, 7]], MAX_NEW)
     try:
         wait_for("the server's spool", lambda: (state / "outbox").is_dir(), timeout_s=180)
         first = run(slurm_cluster.spswap_bin, "ask", "7,8,9", "--max-new-tokens", str(MAX_NEW),
@@ -60,8 +60,18 @@ def test_the_user_guide_as_written(slurm_cluster: SlurmCluster, user_uid: int) -
         high = run("sbatch", "--parsable", "--partition=high", "--gres=gpu:1",
                    "--output=/dev/null", "--wrap", "sleep 2")  # fmt: skip
         assert high.returncode == 0, high.stderr
+        # asked while the job is away (requeued, waiting for the high job): saved
+        wait_for("the job to wait for its next run",
+                 lambda: (i := CliBackend().job(job)) is not None and i.state == "PENDING",
+                 timeout_s=120)  # fmt: skip
+        away = run(slurm_cluster.spswap_bin, "ask", "5,6,7", "--max-new-tokens", str(MAX_NEW),
+                   "--job", job, "--id", "later", "--timeout-s", "1")  # fmt: skip
+        assert away.returncode == 1 and "ask again later with --id later" in away.stderr, away
         wait_for("the requeued run", lambda: any(r.restart_count == 1 for r in read_runs(state)),
                  timeout_s=240)  # fmt: skip
+        fetched = run(slurm_cluster.spswap_bin, "ask", "--job", job, "--id", "later")
+        assert fetched.returncode == 0 and fetched.stdout.strip() == ",".join(map(str, later)), \
+            fetched  # fmt: skip
         again = run(slurm_cluster.spswap_bin, "ask", "7,8,9", "--max-new-tokens", str(MAX_NEW),
                     "--job", job, "--id", "again")  # fmt: skip
         assert again.returncode == 0 and again.stdout.strip() == first.stdout.strip(), again
@@ -69,6 +79,16 @@ def test_the_user_guide_as_written(slurm_cluster: SlurmCluster, user_uid: int) -
         log = (top / f"guide-{job}.log").read_text()
         assert back.path.value in ("kept", "image"), (back, log)
         assert "stopped by SIGUSR1: asleep, handed to spswapd for the job's next run" in log, log
+        assert " into run 1; weights back in " in log and \
+            "; 1 saved request(s) to resume" in log, log  # fmt: skip
+        CliBackend().cancel(job)
+        # one stop, one line of each: the restored instance counts its own run's answers,
+        # its run says only that it stood in for it
+        wait_for("the restored run's last line", lambda: "run 1 ends: it stood in for its "
+                 "restored instance" in (top / f"guide-{job}.log").read_text(),
+                 timeout_s=60)  # fmt: skip
+        log = (top / f"guide-{job}.log").read_text()
+        assert "answered 2 in run 1 (3 in all its runs)" in log, log
     finally:
         CliBackend().cancel(job)
         wait_for("the job to end", lambda: CliBackend().job_alive(job) is False, timeout_s=60)

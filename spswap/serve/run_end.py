@@ -1,0 +1,32 @@
+"""The last line a run of ``spswap serve`` writes in the job's log: what this run
+answered and what stopped it, or, for a run that stood in for its restored instance, only
+that (the instance writes its own lines: one stop, one line that says it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from spswap.serve.lifecycle import ServeResult
+
+
+def run_end_text(result: ServeResult, state_dir: Path, *, spool: bool) -> str:
+    """The line, without the ``spswap serve:`` prefix. ``spool``: the engine answers from
+    the job's spool (reference), whose counts it gives for this run alone (a restored
+    instance has answered in earlier runs too).
+
+    >>> r = ServeResult(restart_count=1, stopped_by="SIGTERM", restored_pid=42)
+    >>> run_end_text(r, Path("/s"), spool=True)
+    'run 1 ends: it stood in for its restored instance (pid 42), whose own lines say what it did'
+    """
+    if result.restored_pid is not None:  # the restored instance answered, not this run
+        return (f"run {result.restart_count} ends: it stood in for its restored instance "
+                f"(pid {result.restored_pid}), whose own lines say what it did")  # fmt: skip
+    stopped = f"stopped by {result.stopped_by}" if result.stopped_by else ""
+    if not spool:
+        return stopped or "stopped (server ended)"
+    in_run = result.answered - result.answered_before
+    earlier = f" in run {result.restart_count} ({result.answered} in all its runs)" \
+        if result.answered_before else ""  # fmt: skip
+    done = (f"answered {in_run}{earlier} (answers in {state_dir}/outbox), "
+            f"{result.pending_left} left in {state_dir}/inbox")  # fmt: skip
+    return f"{done}; {stopped}" if stopped else done
