@@ -136,3 +136,18 @@ def test_the_events_table_wraps_a_long_detail_instead_of_cutting_it() -> None:
                     if ln.startswith("│"))  # fmt: skip
     assert "…" not in cells and f"cgroups=['{path}']" in cells and "timings_s={thaw=0.000394}" \
         in cells, cells  # fmt: skip
+
+
+def test_images_ls_on_a_node_without_images_says_so(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from spswap.cli.app import app
+
+    root = tmp_path / "root"
+    (root / "images").mkdir(parents=True)
+    r = CliRunner().invoke(app, ["images", "ls", "--root", str(root)], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    assert r.stdout == (
+        f"no checkpoint images in {root / 'images'} (a restore uses its image up; "
+        "`spswap status` shows where each job's checkpoint stands)\n"
+    )

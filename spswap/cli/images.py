@@ -54,6 +54,11 @@ def ls(json: bool = JsonOpt, root: Path | None = RootOpt) -> None:
     if json:
         emit_json(images)
         return
+    if not images:
+        console.print(f"no checkpoint images in {cfg.paths.images} (a restore uses its image "
+                      "up; `spswap status` shows where each job's checkpoint stands)",
+                      markup=False)  # fmt: skip
+        return
     t = Table(title=f"checkpoint images in {cfg.paths.images}")
     for col in ("job", "state", "size", "engine", "model", "uid", "age"):
         t.add_column(col)

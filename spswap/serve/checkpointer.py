@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -190,11 +191,25 @@ def process_tree(pid: int) -> list[tuple[int, int]]:
             if (start := pid_start_time(p)) is not None]  # fmt: skip
 
 
+# Python's multiprocessing resource tracker (vLLM's spawned processes have one): when the
+# last process holding its pipe is gone it unlinks the named semaphores and shared memory
+# they left. Killed with the rest, it leaves them in /dev/shm for good.
+RESOURCE_TRACKER = b"from multiprocessing.resource_tracker import main"
+TRACKER_WAIT_S = 2.0
+
+
+def is_resource_tracker(cmdline: bytes) -> bool:
+    """Whether ``cmdline`` (``/proc/PID/cmdline``) is a multiprocessing resource tracker."""
+    return RESOURCE_TRACKER in cmdline
+
+
 def end_left_behind(tree: list[tuple[int, int]], timeout_s: float = 10.0) -> list[int]:
     """End what is still running of a dead instance's ``tree`` (from :func:`process_tree`):
     e.g. its vLLM server, orphaned when the instance was killed, which would otherwise
     keep its GPU memory and serve no one. SIGKILL (nothing of it is to be saved), then
-    wait until each has exited; returns the pids that were running."""
+    wait until each has exited; a resource tracker is spared the kill and given
+    :data:`TRACKER_WAIT_S` to clean up after the others and exit. Returns the pids that
+    were running."""
 
     def running(pid: int, start: int) -> bool:
         if pid_start_time(pid) != start:
@@ -205,13 +220,35 @@ def end_left_behind(tree: list[tuple[int, int]], timeout_s: float = 10.0) -> lis
             return False
         return stat[stat.rindex(")") + 2 :].split(" ", 1)[0] != "Z"
 
+    def tracker(pid: int) -> bool:
+        try:
+            return is_resource_tracker(Path(f"/proc/{pid}/cmdline").read_bytes())
+        except OSError:
+            return False
+
     left = [(p, start) for p, start in tree if running(p, start)]
-    for p, _ in left:
+    trackers = [(p, start) for p, start in left if tracker(p)]
+    others = [proc for proc in left if proc not in trackers]
+    _kill(others)
+    _wait_ended(others, running, timeout_s)
+    _wait_ended(trackers, running, TRACKER_WAIT_S)  # the others gone: it cleans up, exits
+    _kill(trackers)
+    _wait_ended(trackers, running, timeout_s)
+    return [p for p, _ in left]
+
+
+def _kill(procs: list[tuple[int, int]]) -> None:
+    for p, start in procs:
+        if pid_start_time(p) != start:  # gone, and the pid may be another's now
+            continue
         try:
             os.kill(p, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def _wait_ended(procs: list[tuple[int, int]], running: Callable[[int, int], bool],
+                timeout_s: float) -> None:  # fmt: skip
     deadline = time.monotonic() + timeout_s
-    while any(running(p, start) for p, start in left) and time.monotonic() < deadline:
+    while any(running(p, start) for p, start in procs) and time.monotonic() < deadline:
         time.sleep(0.05)
-    return [p for p, _ in left]

@@ -381,14 +381,18 @@ def test_a_completing_job_whose_restart_count_went_up_comes_back(
 
 
 @pytest.fixture
-def job_cgroup() -> Iterator[Path]:
-    """A stand-in for Slurm's job cgroup, beside this test's own (and spswapd's)."""
+def job_cgroup(runs: Runs) -> Iterator[Path]:
+    """A stand-in for Slurm's job cgroup, beside this test's own (and spswapd's); after
+    the test, none of this test's spswapd's parked cgroups (its root's tag: another
+    spswapd on the host may be parking its own meanwhile) is left."""
+    from spswap.checkpoint.cgroups import PREFIX, root_tag
+
     from .test_cgroups import HIERARCHY, stand_in_job_cgroup
 
     with stand_in_job_cgroup("spswap-fault-job") as path:
         yield path
     assert HIERARCHY is not None
-    leftovers = list(HIERARCHY[1].glob("spswap-parked-*"))
+    leftovers = list(HIERARCHY[1].glob(f"{PREFIX}{root_tag(runs.cfg.root)}-*"))
     assert leftovers == [], "spswapd leaves no parked cgroup behind"
 
 
