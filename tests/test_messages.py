@@ -151,3 +151,26 @@ def test_images_ls_on_a_node_without_images_says_so(tmp_path: Path) -> None:
         f"no checkpoint images in {root / 'images'} (a restore uses its image up; "
         "`spswap status` shows where each job's checkpoint stands)\n"
     )
+
+
+def test_events_piped_are_one_plain_line_each(tmp_path: Path) -> None:
+    """Not a terminal (a pipe, a file): no 80-column table breaking values mid-word, one
+    grep-able line per event, whole."""
+    from typer.testing import CliRunner
+
+    from spswap.cli.app import app
+    from spswap.daemon import events as log
+
+    root = tmp_path / "root"
+    path = "/sys/fs/cgroup/freezer/spswap-parked-b11caf3f-88-15834"
+    log.append(root / "log" / "events.jsonl", "checkpoint.parked", job_id="88", uid=1001,
+               cgroups=[path], pids=[15834])  # fmt: skip
+    log.append(root / "log" / "events.jsonl", "job.end", job_id="88", uid=1001, fate="back",
+               released_reservations=[], state="requeued")  # fmt: skip
+    r = CliRunner().invoke(app, ["events", "--root", str(root)], env={"COLUMNS": "80"})
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    assert [ln.split("  ", 1)[1] for ln in lines] == [
+        f"checkpoint.parked job=88 uid=1001 cgroups=['{path}'] pids=[15834]",
+        "job.end        job=88 uid=1001 fate=back released_reservations=[] state=requeued",
+    ]

@@ -12,6 +12,8 @@ from spswap.errors import SpswapError
 from spswap.serve.front import ask as send
 from spswap.serve.spool_ask import ask_spool, job_state_dir
 
+SPOOL_WAIT_S = 60.0  # a running job's server makes its spool within seconds of its start
+
 
 def ask(
     prompt_ids: str | None = typer.Argument(
@@ -78,7 +80,9 @@ def ask(
     if socket is not None:
         answer = send(socket, req, timeout_s=timeout_s)
     else:
-        where, ended = (state_dir, None) if state_dir is not None else job_state_dir(job_id)
+        # a job that runs makes its spool at its server's start: wait for that too
+        where, ended = (state_dir, None) if state_dir is not None else \
+            job_state_dir(job_id, spool_wait_s=min(timeout_s, SPOOL_WAIT_S))  # fmt: skip
         answer = ask_spool(where, req, timeout_s=timeout_s, ended=ended)
     if json:
         emit_json(answer)

@@ -97,8 +97,9 @@ def events(
 ) -> None:
     """Show the node's event log ($SPSWAP_ROOT/log/events.jsonl, written by spswapd):
     job starts and ends, reservation releases, daemon starts and stops. Reads the file
-    directly, so it works while the daemon is down. With --json: a JSON list (or, with
-    --follow, one JSON object per line)."""
+    directly, so it works while the daemon is down. In a terminal: a table; piped (or with
+    --follow): one line per event, for grep. With --json: a JSON list (or, with --follow,
+    one JSON object per line)."""
     cfg = load_config(root)
     latest = log.tail(cfg.paths.events, n)
     if json and not follow:
@@ -107,12 +108,12 @@ def events(
     if json:
         for e in latest:
             print(jsonlib.dumps(e, sort_keys=True), flush=True)
-    elif follow:
-        for e in latest:
-            console.print(event_line(e), markup=False)
-    elif not latest:
+    elif not latest and not follow:
         console.print(f"no events yet in {cfg.paths.events}", markup=False)
         return
+    elif follow or not console.is_terminal:
+        for e in latest:
+            console.print(event_line(e), markup=False, soft_wrap=True)
     else:
         console.print(events_table(latest))
     if follow:
@@ -121,6 +122,6 @@ def events(
                 if json:
                     print(jsonlib.dumps(e, sort_keys=True), flush=True)
                 else:
-                    console.print(event_line(e), markup=False)
+                    console.print(event_line(e), markup=False, soft_wrap=True)
         except KeyboardInterrupt:
             pass

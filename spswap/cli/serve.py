@@ -32,6 +32,7 @@ from spswap.serve.runtime import ServeOptions, reference_run
 from spswap.serve.stop_budget import fitted_drain_s
 from spswap.serve.vllm_run import VllmServeOptions, vllm_run
 from spswap.slurm.env import JobEnv
+from spswap.slurm.requeue import requeued_note
 
 
 def serve(
@@ -202,6 +203,8 @@ def serve(
             raise typer.BadParameter("outside a Slurm job, give --state-dir")
         state_dir = Path(os.getcwd()) / ".spswap" / job.job_id
     if job is not None:
+        if (note := requeued_note(job.job_id, job.restart_count)) is not None:
+            err_console.print(note, markup=False, soft_wrap=True)
         drain_s, cut = fitted_drain_s(drain_s, job_kill_wait_s(state_dir))
         if cut:
             err_console.print(cut, markup=False, soft_wrap=True)

@@ -23,19 +23,25 @@ def state_dir_of(work_dir: str, job_id: str) -> Path:
     return Path(work_dir) / ".spswap" / job_id
 
 
-def job_state_dir(job_id: str) -> tuple[Path, str | None]:
+def job_state_dir(job_id: str, spool_wait_s: float = 0.0) -> tuple[Path, str | None]:
     """The state directory of job ``job_id``, from Slurm's record of its working
     directory, and the job's state when it has ended for good (no run will answer a new
     request; None while it runs or will run again); SpswapError naming the fix when Slurm
-    does not know it."""
+    does not know it. A running job's server makes its spool a few seconds into the job:
+    up to ``spool_wait_s`` is spent waiting for it."""
     info = CliBackend().job(job_id)
     if info is None or not info.work_dir:
         raise SpswapError(f"Slurm does not know job {job_id} (or its working directory): "
                           "check the id with squeue, or give --state-dir")  # fmt: skip
     path = state_dir_of(info.work_dir, info.job_id)
-    if not (path / "inbox").is_dir():
-        raise SpswapError(f"{path} has no spool (inbox/): the job's server has not started "
-                          "yet, or its state directory is elsewhere: give --state-dir")  # fmt: skip
+    deadline = time.monotonic() + (spool_wait_s if info.running else 0.0)
+    while not (path / "inbox").is_dir():
+        if time.monotonic() >= deadline:
+            waited = f" ({spool_wait_s:g} s after the job ran)" if info.running else ""
+            raise SpswapError(f"{path} has no spool (inbox/){waited}: the job's server has "
+                              "not started yet (its log says 'requests on' once it has), "
+                              "or its state directory is elsewhere: give --state-dir")  # fmt: skip
+        time.sleep(POLL_S)
     return path, (info.state if stopped_for_good(info.state) else None)
 
 

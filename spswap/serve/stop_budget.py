@@ -20,7 +20,8 @@ def fitted_drain_s(drain_s: float, kill_wait_s: float | None) -> tuple[float, st
     if fitted >= drain_s:
         return drain_s, None
     return fitted, (
-        f"spswap serve: --drain-s {drain_s:g} cut to {fitted:g} s: Slurm kills a stopped "
+        f"spswap serve: the drain at a stop (--drain-s, {drain_s:g} s) cut to {fitted:g} s: "
+        "Slurm kills a stopped "
         f"job {kill_wait_s:g} s after its SIGTERM (KillWait), and the model must be put "
         f"away before that ({PARK_MARGIN_S:g} s kept for it)"
     )

@@ -22,3 +22,18 @@ def requeue_warning(job: JobInfo | None) -> str | None:
         "it, and what this run saves is never used. Submit it with `sbatch --requeue` "
         "(#SBATCH --requeue, as the templates do)."
     )
+
+
+def requeued_note(job_id: str, restart_count: int) -> str | None:
+    """The job log's line at the start of a requeued run: Slurm wrote "CANCELLED ... DUE TO
+    JOB REQUEUE" into the log just before, which reads like a failure; None for run 0.
+
+    >>> requeued_note("88", 0) is None
+    True
+    """
+    if restart_count <= 0:
+        return None
+    return (
+        f"spswap serve: job {job_id} run {restart_count}: Slurm requeued the job (its "
+        "'CANCELLED ... DUE TO JOB REQUEUE' line above is the requeue, not a failure)"
+    )

@@ -105,3 +105,35 @@ def test_an_ended_job_gives_back_its_answers_and_takes_no_new_request(tmp_path: 
         ask_spool(spool.state_dir, {"id": "q2", "prompt_ids": [1], "max_new_tokens": 2},
                   timeout_s=600, ended="COMPLETED")  # fmt: skip
     assert time.monotonic() - t0 < 5 and list(spool.inbox.iterdir()) == []
+
+
+@pytest.mark.parametrize("state", ["RUNNING", "PENDING"])
+def test_ask_by_job_waits_for_a_running_jobs_spool(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state: str
+) -> None:
+    """Slurm says R a few seconds before the job's server makes its spool: `spswap ask
+    --job N` waits for it then (a newcomer's first ask failed there); a job that does not
+    run yet is told at once. (Slurm's answer is a stand-in here; tests/slurm's user-guide
+    test asks the real one as soon as it says RUNNING.)"""
+    import threading
+
+    from spswap.serve import spool_ask
+    from spswap.slurm.parse import JobInfo
+
+    class Backend:
+        def job(self, job_id: str) -> JobInfo:
+            return JobInfo(job_id=job_id, state=state, work_dir=str(tmp_path))
+
+    monkeypatch.setattr(spool_ask, "CliBackend", Backend)
+    path = state_dir_of(str(tmp_path), "42")
+    timer = threading.Timer(0.3, lambda: Spool(path).create())
+    timer.start()
+    try:
+        if state == "RUNNING":
+            assert spool_ask.job_state_dir("42", spool_wait_s=30) == (path, None)
+        else:
+            with pytest.raises(SpswapError, match=r"has no spool \(inbox/\): the job's server "
+                               r"has not started yet \(its log says 'requests on'"):  # fmt: skip
+                spool_ask.job_state_dir("42", spool_wait_s=30)
+    finally:
+        timer.cancel()

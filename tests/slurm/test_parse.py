@@ -303,3 +303,12 @@ def test_later_squeue_json_times() -> None:
             '{"job_id": 10, "job_state": "PENDING", "eligible_time": {"set": false, "number": 0}}, '
             '{"job_id": 11, "job_state": "PENDING", "eligible_time": 0}]}')  # fmt: skip
     assert [j.eligible_s for j in parse_squeue_json(text)] == [1796351608.0, None, None]
+
+
+def test_a_requeued_runs_note_says_slurms_cancelled_line_is_the_requeue() -> None:
+    from spswap.slurm.requeue import requeued_note
+
+    assert requeued_note("88", 0) is None
+    assert requeued_note("88", 2) == (
+        "spswap serve: job 88 run 2: Slurm requeued the job (its 'CANCELLED ... DUE TO JOB "
+        "REQUEUE' line above is the requeue, not a failure)")  # fmt: skip

@@ -53,7 +53,10 @@ def test_the_user_guide_as_written(slurm_cluster: SlurmCluster, user_uid: int) -
     state = top / ".spswap" / job
     want, later = cold_answers(model, [[7, 8, 9], [5, 6, 7]], MAX_NEW)
     try:
-        wait_for("the server's spool", lambda: (state / "outbox").is_dir(), timeout_s=180)
+        # asked as soon as Slurm says it runs (the walk's "once the job runs"): the server
+        # makes its spool a few seconds later, and `spswap ask --job` waits for it
+        wait_for("the job to run", lambda: (i := CliBackend().job(job)) is not None
+                 and i.state == "RUNNING", timeout_s=180)  # fmt: skip
         first = run(slurm_cluster.spswap_bin, "ask", "7,8,9", "--max-new-tokens", str(MAX_NEW),
                     "--job", job)  # fmt: skip
         assert first.returncode == 0 and first.stdout.strip() == ",".join(map(str, want)), first
@@ -79,6 +82,7 @@ def test_the_user_guide_as_written(slurm_cluster: SlurmCluster, user_uid: int) -
         log = (top / f"guide-{job}.log").read_text()
         assert back.path.value in ("kept", "image"), (back, log)
         assert "stopped by SIGUSR1: asleep, handed to spswapd for the job's next run" in log, log
+        assert f"job {job} run 1: Slurm requeued the job (its 'CANCELLED" in log, log
         assert " into run 1; weights back in " in log and \
             "; 1 saved request(s) to resume" in log, log  # fmt: skip
         CliBackend().cancel(job)
