@@ -199,7 +199,8 @@ def render_status(data: dict[str, Any], *, now: float | None = None) -> Group:
     if data["gpus"]:
         parts.extend(render_slots(data["slots"]))
     parts.append(render_pool(data["pool"], now))
-    parts.append(render_instances(data["instances"], now))
+    parts.append(render_instances(data["instances"], now) if data["instances"] else
+                 "instances: none (a running `spswap serve` shows here)")  # fmt: skip
     if data.get("checkpoints"):
         parts.append(render_checkpoints(data["checkpoints"]))
     return Group(*parts)

@@ -72,6 +72,7 @@ def test_status_of_a_daemon_whose_pid_is_not_shown() -> None:
     console.print(render_status(data, now=0.0))
     text = console.export_text()
     assert "pid -1" not in text and "pid None" not in text
+    assert "instances: none (a running `spswap serve` shows here)" in text  # not an empty box
     assert next(ln for ln in text.splitlines() if ln.startswith("daemon")).split() == [
         "daemon",
         "running",

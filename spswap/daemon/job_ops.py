@@ -19,7 +19,7 @@ from spswap.daemon.state import Context, DaemonState, require_root
 from spswap.daemon.statuses import CheckpointState
 from spswap.errors import SpswapError
 from spswap.pool.store import Pool
-from spswap.slurm.parse import job_fate
+from spswap.slurm.parse import job_fate, stopped_for_good
 
 
 def op_job_register(ctx: Context, args: dict[str, Any]) -> Answer:
@@ -154,6 +154,11 @@ def op_job_end(ctx: Context, args: dict[str, Any]) -> Answer:
             images_deleted = drop_job_images(st, job_id)
     except Exception as e:
         problems.append(f"images: {e}")
+    try:
+        if fate != "back":
+            _end_restored_status(st, job_id)
+    except Exception as e:
+        problems.append(f"checkpoint status: {e}")
     with st.lock:
         rec = st.jobs.get(job_id) or JobRecord(job_id=job_id, uid=-1)
         rec.state = JobState.REQUEUED if requeued or fate == "back" else JobState.ENDED
@@ -169,6 +174,20 @@ def op_job_end(ctx: Context, args: dict[str, Any]) -> Answer:
         images_deleted=images_deleted, problems=problems,
     )  # fmt: skip
     return result
+
+
+def _end_restored_status(st: DaemonState, job_id: str) -> None:
+    """A job whose instance was restored and that ends for good (scancel, its end): its
+    status says so now, not "restored" until a later prolog looks (Slurm is asked only
+    for such a job)."""
+    if st.statuses.read(job_id).get("state") != CheckpointState.RESTORED:
+        return
+    info, _ = st.ask_slurm(job_id)
+    rec = st.jobs.get(job_id)
+    if info is not None and stopped_for_good(info.state, info.restart_count,
+                                             rec.restart_count if rec else None):  # fmt: skip
+        st.statuses.mark_gone(job_id, f"the job ended for good (Slurm: {info.state}, not requeued)",
+                              images_deleted=False)  # fmt: skip
 
 
 def _job_fate(st: DaemonState, job_id: str, requeued: bool | None) -> str:

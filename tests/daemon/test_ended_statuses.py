@@ -120,3 +120,28 @@ def test_the_epilog_of_a_requeued_job_keeps_its_image_and_says_it_comes_back(
     assert answer["fate"] == fate
     assert answer["state"] == (JobState.REQUEUED if fate == "back" else JobState.ENDED)
     assert len(list(st.cfg.paths.images.iterdir())) == images_left
+
+
+@pytest.mark.parametrize(("slurm_restarts", "after"), [
+    (0, CheckpointState.DELETED),  # scancel of run 0's restored instance: COMPLETING, count kept
+    (1, CheckpointState.RESTORED),  # requeued: its next run comes
+])  # fmt: skip
+def test_the_epilog_of_a_restored_job_that_ends_for_good_ends_its_restored_status(
+    tmp_path: Path, slurm_restarts: int, after: CheckpointState
+) -> None:
+    """`spswap status` said "restored" for a cancelled job until a later prolog looked."""
+    from spswap.daemon.job_ops import op_job_end
+    from spswap.daemon.jobs import JobRecord
+    from spswap.daemon.state import Context
+
+    st = _state(tmp_path, {})
+    st.ask_slurm = lambda job_id: (JobInfo(job_id=job_id, state="COMPLETING",  # type: ignore[method-assign]
+                                           restart_count=slurm_restarts), True)  # fmt: skip
+    st.jobs.put(JobRecord(job_id="7", uid=1234, user="ann", restart_count=0))
+    st.statuses.write("7", state=CheckpointState.RESTORED, pid=1)
+    answer = op_job_end(Context(peer_uid=0, peer_pid=1, state=st), {"job_id": "7"})
+    assert answer["problems"] == []
+    status = st.statuses.read("7")
+    assert status["state"] == after
+    if after == CheckpointState.DELETED:
+        assert status["reason"] == "the job ended for good (Slurm: COMPLETING, not requeued)"
