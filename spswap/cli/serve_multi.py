@@ -14,6 +14,7 @@ from spswap.engines.model_check import check_servable
 from spswap.multi.backend import serve_models
 from spswap.multi.engine_settings import model_settings
 from spswap.multi.serve import MultiOptions
+from spswap.serve.run_end import stood_in_text
 
 
 def serve_multi(cfg: Config, job: Any, models: list[Path], state_dir: Path, *, engine: str,
@@ -60,10 +61,9 @@ def serve_multi(cfg: Config, job: Any, models: list[Path], state_dir: Path, *, e
     if json_out:
         emit_json({k: v for k, v in summary.items() if k != "metrics"})
     elif summary.get("restored_pid") is not None:
-        err_console.print(f"spswap serve: stood in for the job's restored models (pid "
-                          f"{summary['restored_pid']}); stopped "
-                          f"({summary['stopped_by'] or 'ended'})", markup=False,
-                          soft_wrap=True)  # fmt: skip
+        text = stood_in_text(summary["restart_count"], summary["restored_pid"], models=True)
+        err_console.print(f"spswap serve: {text}", markup=False, soft_wrap=True)
     else:
-        err_console.print(f"spswap serve: stopped ({summary['stopped_by'] or 'ended'})",
-                          markup=False, soft_wrap=True)  # fmt: skip
+        stopped = summary["stopped_by"]
+        text = f"stopped by {stopped}" if stopped else "stopped (ended)"
+        err_console.print(f"spswap serve: {text}", markup=False, soft_wrap=True)

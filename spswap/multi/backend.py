@@ -248,5 +248,6 @@ def serve_models(cfg: Config, opts: MultiOptions, *, job_id: str | None = None,
     result = run.run()
     return {"models": [p.name for p in opts.models], "stopped_by": result.stopped_by,
             "restored_pid": result.restored_pid, "cold_reason": result.cold_reason,
+            "restart_count": result.restart_count,
             "events": result.events,
             "metrics": run.backend.last_summary.get("metrics", "")}  # fmt: skip

@@ -9,6 +9,19 @@ from pathlib import Path
 from spswap.serve.lifecycle import ServeResult
 
 
+def stood_in_text(run: int, pid: int, *, models: bool = False) -> str:
+    """The last line of a run that stood in for its restored instance (``models``: a
+    multi-model job's restored models): not a second stop line, as the restored process
+    writes its own.
+
+    >>> stood_in_text(2, 42, models=True)[:60]
+    "run 2 ends: it stood in for the job's restored models (pid 4"
+    """
+    what, it = ("the job's restored models", "they") if models else ("its restored instance", "it")
+    return (f"run {run} ends: it stood in for {what} (pid {pid}), whose own lines say what "
+            f"{it} did")  # fmt: skip
+
+
 def run_end_text(result: ServeResult, state_dir: Path, *, spool: bool) -> str:
     """The line, without the ``spswap serve:`` prefix. ``spool``: the engine answers from
     the job's spool (reference), whose counts it gives for this run alone (a restored
@@ -19,8 +32,7 @@ def run_end_text(result: ServeResult, state_dir: Path, *, spool: bool) -> str:
     'run 1 ends: it stood in for its restored instance (pid 42), whose own lines say what it did'
     """
     if result.restored_pid is not None:  # the restored instance answered, not this run
-        return (f"run {result.restart_count} ends: it stood in for its restored instance "
-                f"(pid {result.restored_pid}), whose own lines say what it did")  # fmt: skip
+        return stood_in_text(result.restart_count, result.restored_pid)
     stopped = f"stopped by {result.stopped_by}" if result.stopped_by else ""
     if not spool:
         return stopped or "stopped (server ended)"

@@ -94,6 +94,11 @@ def test_a_preempted_multi_model_job_comes_back_with_every_model(
         assert ask_all("again") == cold, log
         # the same process tree serves: no model was started again in the requeued run
         assert log.count("m0 up from the pool") == 1, log
+        CliBackend().cancel(job)
+        # one stop, one stop line: the run that stood in says only that it did
+        wait_for("the requeued run's last line", lambda: "run 1 ends: it stood in for the "
+                 "job's restored models" in log_path.read_text(), timeout_s=60)  # fmt: skip
+        assert "; stopped (" not in log_path.read_text()
     finally:
         CliBackend().cancel(job)
         wait_for("the job to end", lambda: CliBackend().job_alive(job) is False, timeout_s=60)
