@@ -31,7 +31,7 @@ def run_end_text(result: ServeResult, state_dir: Path, *, spool: bool) -> str:
     >>> run_end_text(r, Path("/s"), spool=True)
     'run 1 ends: it stood in for its restored instance (pid 42), whose own lines say what it did'
     """
-    if result.restored_pid is not None:  # the restored instance answered, not this run
+    if result.restored_pid is not None and result.path is None:  # it served no engine itself
         return stood_in_text(result.restart_count, result.restored_pid)
     stopped = f"stopped by {result.stopped_by}" if result.stopped_by else ""
     if not spool:

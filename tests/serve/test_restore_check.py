@@ -50,3 +50,22 @@ def test_the_restored_line_sets_the_check_beside_the_one_before_the_checkpoint()
                          check_before_s=None, saved=2) == (
         "spswap serve: restored from its kept instance into run 3; weights back in 0.004 s; "
         "2 saved request(s) to resume")  # fmt: skip
+
+
+def test_a_run_that_started_cold_after_its_restored_instance_died_counts_its_answers() -> None:
+    """Its restored instance ended on its own, so the run served from the pool: its last
+    line is its own count, not that it stood in (the restored pid stays in the result)."""
+    from pathlib import Path
+
+    from spswap.serve.lifecycle import ServeResult
+    from spswap.serve.run_end import run_end_text
+    from spswap.serve.run_log import RunPath
+
+    stood_in = ServeResult(restart_count=1, restored_pid=42, stopped_by="SIGTERM")
+    assert run_end_text(stood_in, Path("/s"), spool=True).startswith("run 1 ends: it stood in")
+    cold = ServeResult(restart_count=1, restored_pid=42, path=RunPath.POOL, answered=3,
+                       stopped_by="SIGTERM")  # fmt: skip
+    assert run_end_text(cold, Path("/s"), spool=True) == (
+        "answered 3 (answers in /s/outbox), 0 left in /s/inbox; stopped by SIGTERM"
+    )
+    assert run_end_text(cold, Path("/s"), spool=False) == "stopped by SIGTERM"
