@@ -180,6 +180,8 @@ def render_demo(summary: TurnsSummary, mode: DemoMode) -> Group:
             style="dim",
         )
     )
+    parts.append(Text("Next: docs/slurm.md, \"Try it on one machine\": the same swap for a "
+                      "normal user's job, preempted under a test Slurm."))  # fmt: skip
     return Group(*parts)
 
 

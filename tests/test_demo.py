@@ -72,6 +72,9 @@ def test_the_pool_path_serves_every_later_turn_from_the_pool(tmp_path: Path) -> 
     assert demo_ok(summary) and summary.ok and summary.identical == summary.compared == 2
     text = _text(render_demo(summary, mode))
     assert "through the pool" in text and "forced by the test" in text
+    assert " ".join(text.split()).endswith('Next: docs/slurm.md, "Try it on one machine": the '
+                                           "same swap for a normal user's job, preempted under "
+                                           "a test Slurm.")  # fmt: skip
     # each start from the pool recorded its copy; the slowest is in the report
     slowest = summary.settings["pool_copy_gb_per_s_min"]
     assert isinstance(slowest, float) and slowest > 0

@@ -65,7 +65,8 @@ def verdict(summary: TurnsSummary) -> Text:
         f"{summary.identical} of {summary.compared} answers identical to cold",
         f"{summary.compared - summary.not_restored} of {summary.compared} turns restored",
         f"device time {summary.device_s:.0f} s on one device against "
-        f"{summary.dedicated_device_s:.0f} s for {len(summary.models)} dedicated ones",
+        f"{summary.dedicated_device_s:.0f} s for {len(summary.models)} dedicated ones (one "
+        "per model, held as long)",
     ]
     waits = [t.requeue_wait_s for t in summary.turns if t.requeue_wait_s > 0]
     if waits:

@@ -186,8 +186,8 @@ def _end_restored_status(st: DaemonState, job_id: str) -> None:
     rec = st.jobs.get(job_id)
     if info is not None and stopped_for_good(info.state, info.restart_count,
                                              rec.restart_count if rec else None):  # fmt: skip
-        st.statuses.mark_gone(job_id, f"the job ended for good (Slurm: {info.state}, not requeued)",
-                              images_deleted=False)  # fmt: skip
+        reason = f"the job is over (Slurm: {info.state}, not requeued): nothing to restore"
+        st.statuses.mark_gone(job_id, reason, images_deleted=False)
 
 
 def _job_fate(st: DaemonState, job_id: str, requeued: bool | None) -> str:

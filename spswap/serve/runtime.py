@@ -81,11 +81,11 @@ class ReferenceBackend:
         self.restart_count = result.restart_count
         self.spool.create()
         if self.opts.requests_file is not None:
-            added, lines = self._enqueue_file(self.opts.requests_file)
-            if added < lines:  # ids asked before: their answers stand (idempotent)
-                self.log(f"spswap serve: {lines - added} of the {lines} request(s) in "
-                         f"{self.opts.requests_file} were asked before (the same id): not "
-                         f"asked again; their answers are in {self.spool.outbox}")  # fmt: skip
+            added, lines, answered = self._enqueue_file(self.opts.requests_file)
+            if added < lines:  # ids asked before: each is asked once (idempotent)
+                self.log(requests_file_text(
+                    self.opts.requests_file, lines=lines, added=added, answered=answered,
+                    outbox=self.spool.outbox))  # fmt: skip
         quarantined = self.spool.quarantine_crashed()
         if quarantined:
             self.log(f"spswap serve: request {quarantined} was being answered when an "
@@ -128,7 +128,8 @@ class ReferenceBackend:
         path = RunPath.COLD if self.manifest.created >= result.started_s else RunPath.POOL
         how = ("(cold: read from its files into the pool by this run, then loaded from it)"
                if path is RunPath.COLD else "from the pool")  # fmt: skip
-        self.log(f"spswap serve: {self.manifest.name} up {how} in "
+        # the engine's start alone: the run's whole start is in runs.jsonl (its marks)
+        self.log(f"spswap serve: {self.manifest.name} up {how}; engine started in "
                  f"{time.perf_counter() - t0:.2f} s (weights {report.size_bytes / 1e6:.1f} MB "
                  f"at {report.gb_per_s:.1f} GB/s); restart count {result.restart_count}, "
                  f"{result.resumed} saved request(s) to resume")  # fmt: skip
@@ -228,9 +229,9 @@ class ReferenceBackend:
     def _pending(self) -> int:
         return sum(1 for _ in self.spool.pending())
 
-    def _enqueue_file(self, path: Path) -> tuple[int, int]:
-        """(requests newly accepted, requests in the file)."""
-        added = lines = 0
+    def _enqueue_file(self, path: Path) -> tuple[int, int, int]:
+        """(requests newly accepted, requests in the file, of them answered before)."""
+        added = lines = answered = 0
         for n, line in enumerate(path.read_text().splitlines(), 1):
             if not line.strip():
                 continue
@@ -240,10 +241,27 @@ class ReferenceBackend:
             except json.JSONDecodeError as e:
                 raise SpswapError(f"{path}:{n}: not JSON ({e}); one request per line") from None
             try:
-                added += self.spool.submit(Request.from_json(data))
+                req = Request.from_json(data)
+                answered += self.spool.answer(req.id) is not None
+                added += self.spool.submit(req)
             except RequestIdTaken as e:  # the rest of the file still counts
                 self.log(f"spswap serve: {path}:{n}: {e}; that line is not asked")
-        return added, lines
+        return added, lines, answered
+
+
+def requests_file_text(path: Path, *, lines: int, added: int, answered: int,
+                       outbox: Path) -> str:  # fmt: skip
+    """The job log's line when a requests file names requests asked before (a requeued
+    batch job reads its file again): how many were answered, how many an earlier run saved
+    for this one, how many are new; each is asked once.
+
+    >>> requests_file_text(Path("r"), lines=30, added=0, answered=6, outbox=Path("o"))[41:]
+    '6 were answered before (answers in o), 24 were saved by an earlier run for this one, 0 are new'
+    """
+    saved = lines - added - answered
+    return (f"spswap serve: of the {lines} request(s) in {path}, {answered} were answered "
+            f"before (answers in {outbox}), {saved} were saved by an earlier run for this one, "
+            f"{added} are new")  # fmt: skip
 
 
 def reference_run(

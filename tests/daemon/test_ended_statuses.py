@@ -144,4 +144,6 @@ def test_the_epilog_of_a_restored_job_that_ends_for_good_ends_its_restored_statu
     status = st.statuses.read("7")
     assert status["state"] == after
     if after == CheckpointState.DELETED:
-        assert status["reason"] == "the job ended for good (Slurm: COMPLETING, not requeued)"
+        assert status["reason"] == (
+            "the job is over (Slurm: COMPLETING, not requeued): nothing to restore"
+        )

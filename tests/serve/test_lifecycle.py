@@ -129,11 +129,12 @@ def test_the_log_says_cold_where_runs_jsonl_does(tmp_path: Path) -> None:
             run.started_s = time.time()
         result = run.run()
         up = [line for line in logs if " up " in line]
-        said.append((result.path, up[0].split(" in ")[0] if up else logs))
-        again = [line for line in logs if "asked before" in line]
+        said.append((result.path, up[0].split("; engine started in ")[0] if up else logs))
+        again = [line for line in logs if "answered before" in line]
         assert (result.answered, again) == ((1, []) if not restart else (0, [
-            f"spswap serve: 1 of the 1 request(s) in {reqs} were asked before (the same id): "
-            f"not asked again; their answers are in {tmp_path / 'state' / 'outbox'}"]))  # fmt: skip
+            f"spswap serve: of the 1 request(s) in {reqs}, 1 were answered before (answers in "
+            f"{tmp_path / 'state' / 'outbox'}), 0 were saved by an earlier run for this one, 0 "
+            "are new"]))  # fmt: skip
     assert said == [
         (RunPath.COLD, "spswap serve: model up (cold: read from its files into the pool by "
                        "this run, then loaded from it)"),
