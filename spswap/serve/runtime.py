@@ -230,7 +230,8 @@ class ReferenceBackend:
         return sum(1 for _ in self.spool.pending())
 
     def _enqueue_file(self, path: Path) -> tuple[int, int, int]:
-        """(requests newly accepted, requests in the file, of them answered before)."""
+        """(requests newly accepted, requests in the file, of them answered before); a
+        line refused (its id asked before with another prompt) is logged, not counted."""
         added = lines = answered = 0
         for n, line in enumerate(path.read_text().splitlines(), 1):
             if not line.strip():
@@ -242,10 +243,12 @@ class ReferenceBackend:
                 raise SpswapError(f"{path}:{n}: not JSON ({e}); one request per line") from None
             try:
                 req = Request.from_json(data)
-                answered += self.spool.answer(req.id) is not None
+                was_answered = self.spool.answer(req.id) is not None
                 added += self.spool.submit(req)
+                answered += was_answered
             except RequestIdTaken as e:  # the rest of the file still counts
                 self.log(f"spswap serve: {path}:{n}: {e}; that line is not asked")
+                lines -= 1
         return added, lines, answered
 
 

@@ -141,3 +141,26 @@ def test_the_log_says_cold_where_runs_jsonl_does(tmp_path: Path) -> None:
         (RunPath.POOL, "spswap serve: model up from the pool"),
     ]  # fmt: skip
     assert [r.path for r in read_runs(tmp_path / "state")] == [RunPath.COLD, RunPath.POOL]
+
+
+def test_a_requests_file_line_that_reuses_an_id_with_another_prompt_is_not_asked(
+    tmp_path: Path,
+) -> None:
+    """The id names one request: a second line with it and another prompt is logged and
+    skipped, never answered with the first one's answer; the rest of the file is served."""
+    model = tmp_path / "model"
+    save_checkpoint(preset("tiny"), model)
+    reqs = tmp_path / "req.jsonl"
+    reqs.write_text('{"id": "a", "prompt_ids": [1, 2], "max_new_tokens": 2}\n'
+                    '{"id": "a", "prompt_ids": [3], "max_new_tokens": 2}\n'
+                    '{"id": "b", "prompt_ids": [4], "max_new_tokens": 2}\n')  # fmt: skip
+    logs: list[str] = []
+    opts = ServeOptions(model=model, state_dir=tmp_path / "state", exit_when_idle=True,
+                        requests_file=reqs)  # fmt: skip
+    result = reference_run(Config.from_env({}, root=tmp_path / "root"), opts,
+                           engine_factory=make_engine, log=logs.append).run()  # fmt: skip
+    assert result.answered == 2
+    assert f"spswap serve: {reqs}:2: request a was asked before with the prompt 1,2 and 2 new " \
+        "tokens: ask with that prompt (and --max-new-tokens) to get its answer, or use a new " \
+        "--id; that line is not asked" in logs, logs  # fmt: skip
+    assert not any("answered before" in line for line in logs), logs
