@@ -5,6 +5,7 @@ back, collected at each prolog."""
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from typing import Any
@@ -19,7 +20,7 @@ from spswap.daemon.state import Context, DaemonState, require_root
 from spswap.daemon.statuses import CheckpointState
 from spswap.errors import SpswapError
 from spswap.pool.store import Pool
-from spswap.slurm.parse import job_fate, stopped_for_good
+from spswap.slurm.parse import JobInfo, job_fate, stopped_for_good
 
 
 def op_job_register(ctx: Context, args: dict[str, Any]) -> Answer:
@@ -148,15 +149,16 @@ def op_job_end(ctx: Context, args: dict[str, Any]) -> Answer:
     except Exception as e:
         problems.append(f"kept tree: {e}")
     fate = "unknown"
+    ending = _EndingRun(st, job_id)
     try:
-        fate = _job_fate(st, job_id, requeued)
+        fate = _job_fate(ending, requeued)
         if fate == "gone":
             images_deleted = drop_job_images(st, job_id)
     except Exception as e:
         problems.append(f"images: {e}")
     try:
         if fate != "back":
-            _end_restored_status(st, job_id)
+            _end_restored_status(ending)
     except Exception as e:
         problems.append(f"checkpoint status: {e}")
     with st.lock:
@@ -176,30 +178,45 @@ def op_job_end(ctx: Context, args: dict[str, Any]) -> Answer:
     return result
 
 
-def _end_restored_status(st: DaemonState, job_id: str) -> None:
+class _EndingRun:
+    """The job whose run the epilog ends, with what Slurm says of it: asked at most once,
+    and only by a step that needs it (the epilog is on the next job's path)."""
+
+    def __init__(self, st: DaemonState, job_id: str) -> None:
+        self.st, self.job_id = st, job_id
+
+    @functools.cached_property
+    def slurm(self) -> JobInfo | None:
+        return self.st.ask_slurm(self.job_id)[0]
+
+    @functools.cached_property
+    def restart_count(self) -> int | None:
+        """The ending run's (a requeue has raised Slurm's count past it)."""
+        rec = self.st.jobs.get(self.job_id)
+        return rec.restart_count if rec is not None else None
+
+
+def _end_restored_status(ending: _EndingRun) -> None:
     """A job whose instance was restored and that ends for good (scancel, its end): its
     status says so now, not "restored" until a later prolog looks (Slurm is asked only
     for such a job)."""
+    st, job_id = ending.st, ending.job_id
     if st.statuses.read(job_id).get("state") != CheckpointState.RESTORED:
         return
-    info, _ = st.ask_slurm(job_id)
-    rec = st.jobs.get(job_id)
+    info = ending.slurm
     if info is not None and stopped_for_good(info.state, info.restart_count,
-                                             rec.restart_count if rec else None):  # fmt: skip
+                                             ending.restart_count):  # fmt: skip
         reason = f"the job is over (Slurm: {info.state}, not requeued): nothing to restore"
         st.statuses.mark_gone(job_id, reason, images_deleted=False)
 
 
-def _job_fate(st: DaemonState, job_id: str, requeued: bool | None) -> str:
+def _job_fate(ending: _EndingRun, requeued: bool | None) -> str:
     """ "back", "gone" or "unknown"; asks Slurm only when the job has images to decide on
     (the epilog is on the next job's path), else "no-images" where the caller did not say."""
-    if not images_of_job(st.cfg.paths.images, job_id) and not temp_dirs(
-        st.cfg.paths.images, job_id
-    ):
+    images = ending.st.cfg.paths.images
+    if not images_of_job(images, ending.job_id) and not temp_dirs(images, ending.job_id):
         return "no-images" if requeued is None else job_fate(None, requeued)
-    info, _ = st.ask_slurm(job_id)
+    info = ending.slurm
     if info is None:
         return job_fate(None, requeued)
-    rec = st.jobs.get(job_id)  # the run that ends: a requeue has raised Slurm's count past it
-    return job_fate(info.state, requeued, info.restart_count,
-                    rec.restart_count if rec is not None else None)  # fmt: skip
+    return job_fate(info.state, requeued, info.restart_count, ending.restart_count)

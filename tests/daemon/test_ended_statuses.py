@@ -147,3 +147,26 @@ def test_the_epilog_of_a_restored_job_that_ends_for_good_ends_its_restored_statu
         assert status["reason"] == (
             "the job is over (Slurm: COMPLETING, not requeued): nothing to restore"
         )
+
+
+def test_the_epilog_asks_slurm_once_for_an_image_and_a_restored_status(tmp_path: Path) -> None:
+    """A restored job dumped again and then cancelled: the image's fate and the restored
+    status both need Slurm's word, asked once on the next job's path."""
+    from spswap.daemon.job_ops import op_job_end
+    from spswap.daemon.jobs import JobRecord
+    from spswap.daemon.state import Context
+
+    st = _state(tmp_path, {})
+    asked: list[str] = []
+
+    def ask_slurm(job_id: str) -> tuple[JobInfo | None, bool]:
+        asked.append(job_id)
+        return JobInfo(job_id=job_id, state="COMPLETING", restart_count=1), True
+
+    st.ask_slurm = ask_slurm  # type: ignore[method-assign]
+    st.jobs.put(JobRecord(job_id="7", uid=1234, user="ann", restart_count=1))
+    st.statuses.write("7", state=CheckpointState.RESTORED, pid=1)
+    (st.cfg.paths.images / "job7-m-abc-1").mkdir(parents=True)
+    answer = op_job_end(Context(peer_uid=0, peer_pid=1, state=st), {"job_id": "7"})
+    assert (answer["fate"], answer["problems"], asked) == ("unknown", [], ["7"])
+    assert st.statuses.read("7")["state"] == CheckpointState.DELETED
