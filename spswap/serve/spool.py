@@ -55,11 +55,9 @@ def fetch_id(d: Any) -> str | None:
     return rid
 
 
-def _check_same(request: Request, earlier: Any) -> None:
+def _check_same(request: Request, earlier: dict[str, Any]) -> None:
     """Refuse ``request`` when the one asked before under its id (an answer, or a request
     still waiting) had another prompt or, where recorded, another length."""
-    if not isinstance(earlier, dict):
-        return
     prompt, length = earlier.get("prompt_ids"), earlier.get("max_new_tokens")
     if prompt == request.prompt_ids and length in (None, request.max_new_tokens):
         return
@@ -126,10 +124,10 @@ class Spool:
     def submit(self, request: Request) -> bool:
         """Accept ``request``; False when it was accepted or answered before (idempotent).
         RequestIdTaken when its id was asked before with another prompt or length."""
-        earlier = self.answer(request.id)
-        asked = read_json(self.inbox / f"{request.id}.json") if earlier is None else None
-        if earlier is not None or asked is not None or (self.inbox / f"{request.id}.json").exists():
-            _check_same(request, earlier if earlier is not None else asked)
+        asked, earlier = self._asked_before(request.id)
+        if asked:
+            if earlier is not None:  # (a waiting request's file that cannot be read: no check)
+                _check_same(request, earlier)
             return False
         atomic_write_json(self.inbox / f"{request.id}.json", request.to_json(), mode=0o600)
         return True
@@ -192,10 +190,22 @@ class Spool:
                   "again: check the request, or the job's log", quarantined=True)  # fmt: skip
         return rid
 
+    def _asked_before(self, request_id: str) -> tuple[bool, dict[str, Any] | None]:
+        """Whether a request of this id was asked here, and what it was: its answer, else
+        the request still waiting (None where that file cannot be read)."""
+        answer = self.answer(request_id)
+        if answer is not None:
+            return True, answer
+        waiting = self.inbox / f"{request_id}.json"
+        if not waiting.exists():
+            return False, None
+        data = read_json(waiting)
+        return True, (data if isinstance(data, dict) else None)
+
     def check_asked(self, request_id: str) -> None:
         """For a fetch: SpswapError unless a request of this id was asked here (answered,
         or waiting for its answer)."""
-        if self.answer(request_id) is None and not (self.inbox / f"{request_id}.json").exists():
+        if not self._asked_before(request_id)[0]:
             raise SpswapError(f"no request {request_id} was asked of this job (none waits in "
                               f"{self.inbox}, none is answered in {self.outbox}): give its "
                               "prompt to ask it")  # fmt: skip
