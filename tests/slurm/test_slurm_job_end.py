@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from spswap.slurm.backend import CliBackend
+from tests.helpers.restore import running
 from tests.slurm.conftest import SlurmCluster, wait_for
 
 
@@ -74,18 +75,9 @@ while :; do read -t 1 -u 9; done
             pid = int(Path(f"{marks}.child").read_text())
             # the child's 30 s are far off: only Slurm's SIGKILL ends it this soon
             wait_for(f"the child left behind (pid {pid}) to be killed",
-                     lambda p=pid: not _alive(p), timeout_s=10)  # fmt: skip
+                     lambda p=pid: not running(p), timeout_s=10)  # fmt: skip
         subprocess.run(["scancel", job], check=False)
         wait_for("the job's end", lambda j=job: backend.job_alive(j) is False, timeout_s=60)
     print(f"requeued job's end with {left} left behind: {[f'{s:.2f}' for s in ends]} s")
     if left == "nothing":
         assert max(ends) < 1.0, ends
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` is a process that has not ended (a zombie has ended)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
