@@ -25,7 +25,7 @@ from spswap.engines.vllm_engine import VllmSettings, kv_cache_bytes
 from spswap.multi.engine_settings import vllm_only_given
 from spswap.serve.checkpointer import DaemonCheckpointer
 from spswap.serve.factory import make_engine
-from spswap.serve.front import default_socket_path
+from spswap.serve.front import default_socket_path, private_socket_dir
 from spswap.serve.run_end import run_end_text
 from spswap.serve.run_watch import fork_instance
 from spswap.serve.runtime import ServeOptions, reference_run
@@ -364,4 +364,6 @@ def _checkpointer(cfg: Config, job_id: str) -> Any:
 def _socket_path(given: Path | None, job_id: str | None, state_dir: Path) -> Path | None:
     if given is None:
         return None
-    return default_socket_path(job_id, state_dir) if str(given) == "auto" else given
+    path = default_socket_path(job_id, state_dir) if str(given) == "auto" else given
+    private_socket_dir(path)  # refused now, not after every model's cold start
+    return path

@@ -133,7 +133,7 @@ class _LeaveJob:
             # waits on the tree any more, and a requeue it asked for is made. Unmarked
             # (a full tmpfs), the run just ends at KillWait as it did before
             try:
-                self.st.statuses.mark_left_job(self.job_id)
+                self.st.statuses.mark_left_job(self.job_id, requeued=self.early)
             except OSError as e:
                 self._event("checkpoint.left_job_unmarked", reason=str(e)[:500])
 

@@ -211,10 +211,17 @@ def _end_restored_status(ending: _EndingRun) -> None:
 
 
 def _job_fate(ending: _EndingRun, requeued: bool | None) -> str:
-    """ "back", "gone" or "unknown"; asks Slurm only when the job has images to decide on
-    (the epilog is on the next job's path), else "no-images" where the caller did not say."""
+    """ "back", "gone" or "unknown"; asks Slurm only when the job has images to decide on,
+    or one being dumped (the epilog is on the next job's path), else "no-images" where the
+    caller did not say. A run whose tree left its job ends while its image is still being
+    written: where spswapd requeued the job itself, it is back without asking Slurm."""
     images = ending.st.cfg.paths.images
-    if not images_of_job(images, ending.job_id) and not temp_dirs(images, ending.job_id):
+    status = ending.st.statuses.read(ending.job_id)
+    dumping = status.get("state") == CheckpointState.DUMPING
+    if dumping and status.get("requeued") and requeued is None:
+        return "back"
+    if (not dumping and not images_of_job(images, ending.job_id)
+            and not temp_dirs(images, ending.job_id)):  # fmt: skip
         return "no-images" if requeued is None else job_fate(None, requeued)
     info = ending.slurm
     if info is None:

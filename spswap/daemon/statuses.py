@@ -65,9 +65,12 @@ class CheckpointStatuses:
         if state == CheckpointState.RESTORED or state in holds:
             self.write(job_id, state=CheckpointState.DELETED, reason=reason)
 
-    def mark_left_job(self, job_id: str) -> None:
-        """A dumping job's tree has left its job's cgroup: its run may end without it."""
-        self._amend(job_id, CheckpointState.DUMPING, left_job=True)
+    def mark_left_job(self, job_id: str, *, requeued: bool = False) -> None:
+        """A dumping job's tree has left its job's cgroup: its run may end without it;
+        ``requeued``: spswapd requeued the job already (its epilog then knows it comes
+        back without asking Slurm, while the image is still being written)."""
+        fields = {"left_job": True, **({"requeued": True} if requeued else {})}
+        self._amend(job_id, CheckpointState.DUMPING, **fields)
 
     def unmark_kept(self, job_id: str) -> None:
         """A saved job's status no longer says kept (``spswap status``): its image remains."""

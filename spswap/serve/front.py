@@ -58,9 +58,10 @@ def _own_writable_dir(path: Path) -> bool:
             and os.access(path, os.W_OK | os.X_OK))  # fmt: skip
 
 
-def bind_private_socket(path: Path) -> socket.socket:
-    """A Unix socket bound at ``path`` (mode 0600) in a private directory of this user's
-    (made 0700 when missing; refused when another user could replace the socket)."""
+def private_socket_dir(path: Path) -> None:
+    """Make the directory of the socket ``path`` (0700) when missing; refuse one that
+    another user could write into (they could replace the socket). ``spswap serve`` calls
+    it before any model starts, so a bad ``--socket`` costs no cold start."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     st = os.lstat(path.parent)
     if stat.S_ISLNK(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
@@ -70,6 +71,12 @@ def bind_private_socket(path: Path) -> socket.socket:
             "over the socket; give --socket a path in a directory of yours that only you "
             "may open (mode 0700: `mkdir -m 700 DIR`), or a new one (it is made so)"
         )
+
+
+def bind_private_socket(path: Path) -> socket.socket:
+    """A Unix socket bound at ``path`` (mode 0600) in a private directory of this user's
+    (made 0700 when missing; refused when another user could replace the socket)."""
+    private_socket_dir(path)
     try:
         path.unlink()
     except FileNotFoundError:

@@ -170,3 +170,30 @@ def test_the_epilog_asks_slurm_once_for_an_image_and_a_restored_status(tmp_path:
     answer = op_job_end(Context(peer_uid=0, peer_pid=1, state=st), {"job_id": "7"})
     assert (answer["fate"], answer["problems"], asked) == ("unknown", [], ["7"])
     assert st.statuses.read("7")["state"] == CheckpointState.DELETED
+
+
+@pytest.mark.parametrize(("requeued_by_spswapd", "asked"), [(True, []), (False, ["7"])])
+def test_the_epilog_of_a_run_whose_dump_is_under_way_says_it_comes_back(
+    tmp_path: Path, requeued_by_spswapd: bool, asked: list[str]
+) -> None:
+    """A parked tree lets its run end while its image is still written: the epilog's event
+    said fate "no-images", state "ended" for a job spswapd had just requeued (seen on the
+    H200). Requeued by spswapd: back, Slurm not asked; else Slurm decides as for an image."""
+    from spswap.daemon.job_ops import op_job_end
+    from spswap.daemon.jobs import JobRecord, JobState
+    from spswap.daemon.state import Context
+
+    st = _state(tmp_path, {})
+    seen: list[str] = []
+
+    def ask_slurm(job_id: str) -> tuple[JobInfo | None, bool]:
+        seen.append(job_id)
+        return JobInfo(job_id=job_id, state="COMPLETING", restart_count=1), True
+
+    st.ask_slurm = ask_slurm  # type: ignore[method-assign]
+    st.jobs.put(JobRecord(job_id="7", uid=1234, user="ann", restart_count=0))
+    st.statuses.write("7", state=CheckpointState.DUMPING, pid=41, pid_start=7)
+    st.statuses.mark_left_job("7", requeued=requeued_by_spswapd)
+    answer = op_job_end(Context(peer_uid=0, peer_pid=1, state=st), {"job_id": "7"})
+    assert (answer["fate"], answer["state"], seen) == ("back", JobState.REQUEUED, asked)
+    assert st.statuses.read("7")["state"] == CheckpointState.DUMPING  # the dump goes on

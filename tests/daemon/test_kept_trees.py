@@ -128,3 +128,7 @@ def test_left_job_is_marked_only_on_a_dumping_status(statuses: CheckpointStatuse
     assert statuses.read("9") == {"job_id": "9", "state": "saved", "pid": 41}
     statuses.mark_left_job("10")  # no status: nothing is written
     assert statuses.read("10") == {}
+    statuses.write("11", state="dumping", pid=42, pid_start=8)
+    statuses.mark_left_job("11", requeued=True)  # spswapd requeued the job itself
+    assert statuses.read("11") == {"job_id": "11", "state": "dumping", "pid": 42,
+                                   "pid_start": 8, "left_job": True, "requeued": True}  # fmt: skip

@@ -109,3 +109,26 @@ def test_serve_models_refuses_the_batch_options_before_anything_starts(tmp_path)
     assert proc.returncode == 2, proc.stderr
     assert "--requests and --exit-when-idle are a single model's batch job's" in proc.stderr
     assert not (tmp_path / "root").exists()
+
+
+@pytest.mark.parametrize("many", [True, False])
+def test_a_socket_directory_others_can_write_is_refused_before_any_model_starts(
+    tmp_path, many
+):
+    """Refused after every model's cold start, a --socket in a shared directory cost the
+    user minutes (two vLLM models: 75 s on the H200) for an error known at the start."""
+    models = [save_checkpoint(preset("tiny", seed=3 + i), tmp_path / f"m{i}") for i in range(2)]
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    env = {**os.environ, "SPSWAP_ROOT": str(tmp_path / "root"), "COLUMNS": "300"}
+    env.pop("SLURM_JOB_ID", None)
+    what = ["--models", *map(str, models)] if many else [str(models[0])]
+    proc = subprocess.run(
+        [sys.executable, "-m", "spswap.cli", "serve", *what, "--device", "cpu",
+         "--state-dir", str(tmp_path / "state"), "--socket", str(shared / "api.sock")],
+        env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode != 0
+    assert f"{shared} is not a private directory of yours" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and "started" not in proc.stderr, proc.stderr
+    assert not list((tmp_path / "root").glob("pool/*/manifest.json"))

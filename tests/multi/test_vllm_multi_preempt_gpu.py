@@ -81,7 +81,7 @@ def test_a_preempted_vllm_multi_model_job_comes_back_whole(tmp_path: Path, fate:
     lifecycle.start(cfg, wait_s=15.0)
     job = "5252"
     state = root / "state"  # short: vLLM's IPC sockets fit under it
-    sock = root / "api.sock"
+    sock = root / "api" / "api.sock"  # a new directory: serve makes it private (0700)
 
     def serve(restart: int) -> subprocess.Popen:
         env = job_env(root, job, restart)
@@ -97,6 +97,8 @@ def test_a_preempted_vllm_multi_model_job_comes_back_whole(tmp_path: Path, fate:
 
     def serving(restart: int) -> bool:
         log = (tmp_path / f"run{restart}.log").read_text()
+        proc = run0 if restart == 0 else run1
+        assert proc is None or proc.poll() is None, f"run {restart} ended: {log[-3000:]}"
         return bool(re.search(r"2 models on \S+ \(", log)) and sock.exists()
 
     def wait(what: str, check: Any, timeout_s: float) -> Any:
