@@ -3,6 +3,7 @@ second uid sees are in tests/security/test_user_messages.py."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from rich.console import Console
@@ -135,8 +136,32 @@ def test_the_events_table_wraps_a_long_detail_instead_of_cutting_it() -> None:
     console.print(events_table([event]))
     cells = "".join(ln.split("│")[-2].strip() for ln in console.export_text().splitlines()
                     if ln.startswith("│"))  # fmt: skip
-    assert "…" not in cells and f"cgroups=['{path}']" in cells and "timings_s={thaw=0.000394}" \
+    assert "…" not in cells and f"cgroups=[{path}]" in cells and "timings_s={thaw=0.000394}" \
         in cells, cells  # fmt: skip
+
+
+def test_the_events_table_fits_a_digest_and_lists_in_80_columns() -> None:
+    """In an 80-column terminal a pool digest (64 hex) broke over four lines and lists
+    showed Python's quotes: a digest is shown as `spswap pool ls` shows it (12 characters),
+    lists as their plain items, and the table's time has no year."""
+    digest = "95539f5c9038bb27f111e15ae657d0b77399f5aa54c85687b12a605d0769a972"
+    event = {"ts": 0, "kind": "pool.import", "job_id": "3", "uid": 1001,
+             "detail": {"digest": digest, "name": "vllm-qwen2-0.5b", "pid": 1576}}  # fmt: skip
+    dropped = {"ts": 0, "kind": "job.end", "job_id": "3", "uid": 1001,
+               "detail": {"dropped_pool_uses": [digest], "fate": "back"}}  # fmt: skip
+    console = Console(width=80, record=True)
+    console.print(events_table([event, dropped]))
+    rows = [ln for ln in console.export_text().splitlines() if ln.startswith("│")]
+    # wrapped between whole key=value pairs only, none broken
+    assert " ".join(ln.split("│")[-2].strip() for ln in rows) == (
+        "digest=95539f5c9038 name=vllm-qwen2-0.5b pid=1576 "
+        "dropped_pool_uses=[95539f5c9038] fate=back")  # fmt: skip
+    assert rows[0].split("│")[1].strip() == time.strftime("%m-%d %H:%M:%S", time.localtime(0))
+    assert event_line(dropped).endswith("dropped_pool_uses=[95539f5c9038] fate=back")
+    assert (
+        short_value({"model_digest": digest, "kept": True})
+        == "{kept=True model_digest=95539f5c9038}"
+    )
 
 
 def test_images_ls_on_a_node_without_images_says_so(tmp_path: Path) -> None:
@@ -172,6 +197,6 @@ def test_events_piped_are_one_plain_line_each(tmp_path: Path) -> None:
     assert r.exit_code == 0, r.output
     lines = r.stdout.splitlines()
     assert [ln.split("  ", 1)[1] for ln in lines] == [
-        f"checkpoint.parked job=88 uid=1001 cgroups=['{path}'] pids=[15834]",
+        f"checkpoint.parked job=88 uid=1001 cgroups=[{path}] pids=[15834]",
         "job.end        job=88 uid=1001 fate=back released_reservations=[] state=requeued",
     ]

@@ -9,14 +9,15 @@ from typing import Any
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from spswap.cli.common import JsonOpt, RootOpt, console, emit_json, load_config
 from spswap.daemon import events as log
 from spswap.units import fmt_bytes
 
 
-def _when(ts: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+def _when(ts: float, *, year: bool = True) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S" if year else "%m-%d %H:%M:%S", time.localtime(ts))
 
 
 DETAIL_ERROR_LINES = 2
@@ -25,18 +26,31 @@ DETAIL_ERROR_LINES = 2
 DETAIL_LIST_ITEMS = 6
 
 
+DIGEST_SHOWN_CHARS = 12  # as `spswap pool ls` shows a digest; --json has all 64
+
+
+def _is_digest(value: str) -> bool:
+    return len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+
+
 def short_value(value: Any, sep: str = "\n") -> str:
     """A detail value as shown: a many-line one (a failed checkpoint's reason carries
     CRIU's log) cut to its first line and its first error lines, with a count of the rest;
     an object (a saved image's report) as its plain fields, sizes in bytes made readable,
-    with a count of the nested ones left out; a long list cut with a count."""
+    with a count of the nested ones left out; a list as its plain items, a long one cut
+    with a count; a pool digest as its first 12 characters (``spswap pool ls``'s)."""
     if isinstance(value, dict):
         return _short_object(value)
     if isinstance(value, float):
         return f"{value:.4g}"
-    if isinstance(value, list) and len(value) > DETAIL_LIST_ITEMS:
-        shown = ",".join(str(v) for v in value[:DETAIL_LIST_ITEMS])
-        return f"[{shown},...] (+{len(value) - DETAIL_LIST_ITEMS} more)"
+    if isinstance(value, list):  # plain items, no Python quotes (a 64-hex digest cut)
+        items = [short_value(v, sep) if isinstance(v, str) else str(v) for v in value]
+        if len(items) > DETAIL_LIST_ITEMS:
+            shown = ",".join(items[:DETAIL_LIST_ITEMS])
+            return f"[{shown},...] (+{len(items) - DETAIL_LIST_ITEMS} more)"
+        return "[" + ",".join(items) + "]"
+    if isinstance(value, str) and _is_digest(value):
+        return value[:DIGEST_SHOWN_CHARS]
     lines = [line for line in str(value).splitlines() if line.strip()]
     if len(lines) <= 1 + DETAIL_ERROR_LINES:
         return sep.join(lines)
@@ -55,6 +69,8 @@ def _short_object(value: dict[str, Any]) -> str:
             plain.append(f"{k.removesuffix('_bytes')}={fmt_bytes(v)}")
         elif isinstance(v, float):
             plain.append(f"{k}={v:.4g}")
+        elif isinstance(v, str) and _is_digest(v):
+            plain.append(f"{k}={v[:DIGEST_SHOWN_CHARS]}")
         else:
             plain.append(f"{k}={str(v).splitlines()[0] if str(v) else ''}")
     more = [f"(+{nested} more: spswap events --json)"] if nested else []
@@ -84,8 +100,9 @@ def events_table(events: list[dict[str, Any]]) -> Table:
     for e in events:
         detail = _details(e, "\n")
         uid = e.get("uid")
-        table.add_row(_when(float(e.get("ts", 0))), str(e.get("kind")), e.get("job_id") or "-",
-                      "-" if uid is None else str(uid), detail)  # fmt: skip
+        table.add_row(_when(float(e.get("ts", 0)), year=False), str(e.get("kind")),
+                      e.get("job_id") or "-",
+                      "-" if uid is None else str(uid), Text(detail))  # fmt: skip
     return table
 
 
@@ -98,8 +115,9 @@ def events(
     """Show the node's event log ($SPSWAP_ROOT/log/events.jsonl, written by spswapd):
     job starts and ends, reservation releases, daemon starts and stops. Reads the file
     directly, so it works while the daemon is down. In a terminal: a table; piped (or with
-    --follow): one line per event, for grep. With --json: a JSON list (or, with --follow,
-    one JSON object per line)."""
+    --follow): one line per event, for grep. Pool digests show their first 12 characters
+    (as `spswap pool ls`) and long details are shortened; --json has everything: a JSON
+    list (or, with --follow, one JSON object per line)."""
     cfg = load_config(root)
     latest = log.tail(cfg.paths.events, n)
     if json and not follow:
