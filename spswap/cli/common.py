@@ -50,3 +50,17 @@ def nonempty_path(text: str) -> Path:
         raise typer.BadParameter("is empty (an unset shell variable?): name a directory, or "
                                  "leave the option out")  # fmt: skip
     return Path(text)
+
+
+def checked_model_dir(path: Path, *, many: bool) -> Path:
+    """``path`` resolved when it is a directory, else the error that says what to give
+    (``many``: one of ``--models``'s). A template's unchanged ``/path/to/...`` is named."""
+    if path.is_dir():
+        return path.resolve()
+    what = "does not exist" if not path.exists() else "is not a directory"
+    line = "MODELS=" if many else "MODEL="
+    template = (f" (an sbatch template's {line} CHANGE line still has its example)"
+                if str(path).startswith("/path/to/") else "")  # fmt: skip
+    rest = ("; every argument after --models is a model directory (vLLM's own options go "
+            "in --vllm-args)") if many else ""  # fmt: skip
+    raise typer.BadParameter(f"model directory {path} {what}{template}{rest}")

@@ -10,7 +10,14 @@ from typing import Any
 
 import typer
 
-from spswap.cli.common import RootOpt, emit_json, err_console, load_config, nonempty_path
+from spswap.cli.common import (
+    RootOpt,
+    checked_model_dir,
+    emit_json,
+    err_console,
+    load_config,
+    nonempty_path,
+)
 from spswap.cli.serve_slurm import (
     default_device,
     job_device,
@@ -39,9 +46,6 @@ def serve(
     ctx: typer.Context,
     model: Path = typer.Argument(
         ...,
-        exists=True,
-        file_okay=False,
-        resolve_path=True,
         help="The model's directory: for the reference engine one `spswap models make` "
         "wrote; for --engine vllm a Hugging Face-style one (config.json + *.safetensors).",
     ),
@@ -194,6 +198,8 @@ def serve(
     request with an X-Request-Id header is kept across the stop: ask again with the id).
     """
     cli_s = time.time()  # Python's start and the imports lie before: runs.jsonl's marks
+    # the first of --models too: one message for a wrong path wherever it stands
+    model = checked_model_dir(model, many=models)
     cfg = load_config(root)
     job = JobEnv.from_env()
     if job is not None and not job.restart_count:  # a run that came back was requeued

@@ -6,9 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import typer
-
-from spswap.cli.common import emit_json, err_console
+from spswap.cli.common import checked_model_dir, emit_json, err_console
 from spswap.config import Config
 from spswap.engines.model_check import check_servable
 from spswap.multi.backend import serve_models
@@ -32,17 +30,13 @@ def serve_multi(cfg: Config, job: Any, models: list[Path], state_dir: Path, *, e
     # A requeued run that may restore its models checks none of them: the check imports
     # torch (seconds), which a restore does not need; the first run checked them.
     may_restore = job is not None and job.restart_count > 0
-    paths = []
-    for m in models:
-        if not m.is_dir():
-            raise typer.BadParameter(f"{m} is not a model directory (every argument after "
-                                     "--models is one; vLLM's own options go in "
-                                     "--vllm-args)")  # fmt: skip
-        if not may_restore:
+    paths = [checked_model_dir(m, many=True) for m in models]  # every path, then the models
+    if not may_restore:
+        for m in paths:
             check_servable(engine, m)
-        paths.append(m.resolve())
     assert socket is not None
-    err_console.print(f"spswap serve: {len(paths)} models; OpenAI API on {socket}",
+    err_console.print(f"spswap serve: starting {len(paths)} models (their OpenAI API will "
+                      f"be on {socket})",
                       markup=False, soft_wrap=True)  # fmt: skip
     opts = MultiOptions(
         models=tuple(paths), socket_path=socket, state_dir=state_dir, engine=engine,

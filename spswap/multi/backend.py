@@ -42,6 +42,7 @@ from spswap.serve.http_front import HttpFront, new_key
 from spswap.serve.lifecycle import Log, ServeResult, ServeRun
 from spswap.serve.run_log import RunPath
 from spswap.serve.slot_hold import RunSlot, StopSignals
+from spswap.serve.spool_ask import write_multi_endpoint
 
 
 class MultiBackend:
@@ -119,7 +120,9 @@ class MultiBackend:
         assert self.router is not None
         self.api = ApiServer(self.router, self.opts.socket_path)
         self.api.start()
-        self.log(f"spswap serve: {len(self.router.specs)} models on {self.opts.socket_path} "
+        write_multi_endpoint(self.state_dir, self.opts.socket_path, list(self.router.specs))
+        self.log(f"spswap serve: serving {len(self.router.specs)} models on "
+                 f"{self.opts.socket_path} "
                  f"({self.router.placement.slots} awake at once)")  # fmt: skip
         if self.opts.port is not None:
             key = new_key(self.state_dir / "api_key")

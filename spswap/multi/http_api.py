@@ -22,6 +22,7 @@ import socketserver
 import threading
 import time
 import uuid
+from collections.abc import Iterable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from http.server import BaseHTTPRequestHandler
@@ -40,15 +41,15 @@ REQUEST_ID_HEADER = "X-Request-Id"
 _REQUEST_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 
 
-def parse_completion(body: bytes) -> tuple[str, list[int], int]:
+def parse_completion(body: bytes, models: Iterable[str] = ()) -> tuple[str, list[int], int]:
     """(model, prompt ids, max tokens) of a completions request; RequestRejected names
-    what is wrong."""
+    what is wrong (a missing "model": the job's ``models``)."""
     try:
         req = json.loads(body)
     except ValueError as e:
         raise RequestRejected(f"the body is not JSON ({e})") from None
     if not isinstance(req, dict) or not isinstance(req.get("model"), str):
-        raise RequestRejected('give "model": one of GET /v1/models')
+        raise RequestRejected(f'give "model": one of {", ".join(models)} (GET /v1/models)')
     prompt = req.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):
         prompt = prompt[0]  # a batch of one
@@ -183,7 +184,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         router = self.server.router
         try:
-            model, prompt, max_tokens = parse_completion(body)
+            model, prompt, max_tokens = parse_completion(body, router.specs)
             if model not in router.specs:
                 self._error(404, f"no model {model!r} in this job; it serves: "
                                  f"{', '.join(router.specs)} (GET /v1/models)")  # fmt: skip

@@ -259,16 +259,21 @@ def ask(path: Path, request: dict[str, Any], *, timeout_s: float = 600.0) -> dic
         sock.close()
 
 
+def openai_hint(path: Path | str) -> str:
+    """How to ask a multi-model job's OpenAI endpoint at ``path`` (``spswap ask`` cannot)."""
+    return ("(a multi-model job, `spswap serve --models`), not a single model's: ask it "
+            "with POST /v1/completions naming the model, e.g. curl --unix-socket "
+            f"{path} http://localhost/v1/completions -H 'content-type: application/json' "
+            "-d '{\"model\": \"NAME\", \"prompt\": [1, 2, 3], \"max_tokens\": 8}' "
+            "(docs/multi.md)")  # fmt: skip
+
+
 def _not_a_front(path: Path, first_line: bytes) -> str:
     """What ``spswap ask`` says when ``path`` answers but not as `spswap serve`'s front
     (a multi-model job's OpenAI endpoint answers HTTP)."""
     # (an HTTP server takes a JSON line for an HTTP/0.9 request: its error page comes back)
     if first_line.startswith((b"HTTP/", b"<")):
-        return (f"{path} is an OpenAI endpoint (a multi-model job, `spswap serve --models`), "
-                "not a single model's: ask it with POST /v1/completions naming the model, "
-                f"e.g. curl --unix-socket {path} http://localhost/v1/completions -H "
-                "'content-type: application/json' -d '{\"model\": \"NAME\", \"prompt\": "
-                "[1, 2, 3], \"max_tokens\": 8}' (docs/multi.md)")  # fmt: skip
+        return f"{path} is an OpenAI endpoint {openai_hint(path)}"
     return f"{path} answered something that is not spswap serve's answer: {first_line[:80]!r}"
 
 

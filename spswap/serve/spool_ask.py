@@ -4,6 +4,7 @@ job's node). ``spswap ask --job N``."""
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Callable
@@ -11,11 +12,35 @@ from pathlib import Path
 from typing import Any
 
 from spswap.errors import SpswapError
+from spswap.serve.front import openai_hint
 from spswap.serve.spool import Request, Spool, answered, fetch_id, not_answered
 from spswap.slurm.backend import CliBackend
 from spswap.slurm.parse import stopped_for_good
 
 POLL_S = 0.05
+# In a `spswap serve --models` job's state directory: where its OpenAI endpoint is (such
+# a job has no spool, so `spswap ask --job/--state-dir` says so at once)
+MULTI_ENDPOINT_FILE = "models_endpoint.json"
+
+
+def write_multi_endpoint(state_dir: Path, socket_path: Path, models: list[str]) -> None:
+    """Record in a multi-model job's state directory where its endpoint is."""
+    (state_dir / MULTI_ENDPOINT_FILE).write_text(
+        json.dumps({"socket": str(socket_path), "models": models}) + "\n"
+    )
+
+
+def not_a_spool(state_dir: Path) -> str | None:
+    """Why ``state_dir`` cannot be asked through a spool because it is a multi-model
+    job's (what to do instead), or None."""
+    try:
+        found = json.loads((state_dir / MULTI_ENDPOINT_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    socket_path = found.get("socket", "SOCKET") if isinstance(found, dict) else "SOCKET"
+    return (f"{state_dir} is the state directory of a job that serves several models, "
+            f"which has no spool for `spswap ask`; its endpoint {socket_path} "
+            f"{openai_hint(socket_path)}")  # fmt: skip
 
 
 def state_dir_of(work_dir: str, job_id: str) -> Path:
@@ -36,6 +61,8 @@ def job_state_dir(job_id: str, spool_wait_s: float = 0.0) -> tuple[Path, str | N
     path = state_dir_of(info.work_dir, info.job_id)
     deadline = time.monotonic() + (spool_wait_s if info.running else 0.0)
     while not (path / "inbox").is_dir():
+        if (why := not_a_spool(path)) is not None:
+            raise SpswapError(why)
         if time.monotonic() >= deadline:
             waited = f" ({spool_wait_s:g} s after the job ran)" if info.running else ""
             raise SpswapError(f"{path} has no spool (inbox/){waited}: the job's server has "
@@ -75,6 +102,8 @@ def ask_spool(state_dir: Path, request: dict[str, Any], *, timeout_s: float,
         req = Request.from_json({"id": request.get("id") or uuid.uuid4().hex, **request})
         rid = req.id
     if not (spool.inbox.is_dir() and spool.outbox.is_dir()):
+        if (why := not_a_spool(state_dir)) is not None:
+            raise SpswapError(why)
         raise SpswapError(f"{state_dir} has no spool (inbox/, outbox/): is it the state "
                           "directory of a serving job?")  # fmt: skip
     if ended is not None:

@@ -48,6 +48,10 @@ def test_three_models_two_awake_route_swap_and_report(tmp_path, cfg):
         assert bad["status"] == 404 and "m0, m1, m2" in bad["error"]["message"]
         bad = http_api.complete(opts.socket_path, "m0", [10**9], MAX_NEW)
         assert bad["status"] == 400 and "token ids" in bad["error"]["message"]
+        status, raw = http_api.request(opts.socket_path, "POST", "/v1/completions",
+                                       {"prompt": PROMPT})  # fmt: skip
+        assert (status, json.loads(raw)["error"]["message"]) == (
+            400, 'give "model": one of m0, m1, m2 (GET /v1/models)')  # fmt: skip
         assert http_api.complete(opts.socket_path, "m1", PROMPT, MAX_NEW)["status"] == 200
     finally:
         api.stop()

@@ -46,6 +46,14 @@ def test_serve_models_socket_tcp_and_stop(tmp_path):
             ("m2", "asleep"),
         ]
         assert (sock.stat().st_mode & 0o777) == 0o600
+        # `spswap ask` has no spool to use here: it says so at once, with the way that works
+        asked = subprocess.run(
+            [sys.executable, "-m", "spswap.cli", "ask", "1,2,3", "--state-dir",
+             str(tmp_path / "state"), "--timeout-s", "600"],
+            env={**env, "COLUMNS": "400"}, capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert asked.returncode == 1, asked.stderr
+        assert "a job that serves several models, which has no spool" in asked.stderr
+        assert f"curl --unix-socket {sock} http://localhost/v1/completions" in asked.stderr
         key = (tmp_path / "state" / "api_key").read_text().strip()
         body = json.dumps({"model": "m2", "prompt": [5, 6, 7], "max_tokens": 5}).encode()
         req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
@@ -132,3 +140,30 @@ def test_a_socket_directory_others_can_write_is_refused_before_any_model_starts(
     assert f"{shared} is not a private directory of yours" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and "started" not in proc.stderr, proc.stderr
     assert not list((tmp_path / "root").glob("pool/*/manifest.json"))
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["/path/to/model-a"], "model directory /path/to/model-a does not exist (an sbatch "
+     "template's MODEL= CHANGE line still has its example)"),
+    (["--models", "/path/to/model-a", "/path/to/model-b"], "model directory /path/to/model-a "
+     "does not exist (an sbatch template's MODELS= CHANGE line still has its example); every "
+     "argument after --models is a model directory"),
+    (["--models", "M0", "NOPE"], "model directory NOPE does not exist; every argument after "
+     "--models is a model directory (vLLM's own options go in --vllm-args)"),
+])  # fmt: skip
+def test_a_model_path_that_does_not_exist_gets_one_message_wherever_it_stands(
+    tmp_path, args, said
+):
+    """The first of --models was typer's MODEL argument ("Invalid value for 'MODEL': dir
+    ... does not exist"), the others "is not a model directory": one message now, naming
+    the template's CHANGE line when its example path is still there."""
+    m0 = save_checkpoint(preset("tiny", seed=3), tmp_path / "m0")
+    args = [str(m0) if a == "M0" else str(tmp_path / "nope") if a == "NOPE" else a for a in args]
+    said = said.replace("NOPE", str(tmp_path / "nope"))
+    env = {**os.environ, "SPSWAP_ROOT": str(tmp_path / "root"), "COLUMNS": "400"}
+    env.pop("SLURM_JOB_ID", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "spswap.cli", "serve", *args, "--state-dir",
+         str(tmp_path / "state")], env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert said in " ".join(proc.stderr.replace("│", " ").split()), proc.stderr

@@ -172,3 +172,22 @@ def test_ask_at_an_openai_endpoint_says_how_to_ask_it(tmp_path: Path) -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_multi_model_jobs_state_directory_is_refused_by_spswap_ask_with_the_way_in(
+    tmp_path: Path,
+) -> None:
+    """`spswap ask --job N` on a `--models` job waited its whole timeout for a spool that
+    never comes and then said the server had not started."""
+    from spswap.serve.spool_ask import not_a_spool, write_multi_endpoint
+
+    assert not_a_spool(tmp_path) is None
+    write_multi_endpoint(tmp_path, Path("/run/x/api.sock"), ["m1", "m2"])
+    assert not_a_spool(tmp_path) == (
+        f"{tmp_path} is the state directory of a job that serves several models, which has "
+        "no spool for `spswap ask`; its endpoint /run/x/api.sock (a multi-model job, `spswap "
+        "serve --models`), not a single model's: ask it with POST /v1/completions naming the "
+        "model, e.g. curl --unix-socket /run/x/api.sock http://localhost/v1/completions -H "
+        "'content-type: application/json' -d '{\"model\": \"NAME\", \"prompt\": [1, 2, 3], "
+        "\"max_tokens\": 8}' (docs/multi.md)"
+    )
