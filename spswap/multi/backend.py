@@ -171,7 +171,8 @@ class MultiBackend:
     def wake(self, result: ServeResult) -> dict[str, Any]:
         assert self.router is not None
         woken = self.router.wake_all()  # (its ways in open in serve(), after the check)
-        return {"woken": woken, "queued": self.router.queued()}
+        queued = self.router.queued()  # kept across the stop: the run's log counts them
+        return {"woken": woken, "queued": queued, "saved_requests": queued}
 
     def probe(self) -> list[int] | None:
         """The awake models' answers to the check prompt (the asleep ones come back from

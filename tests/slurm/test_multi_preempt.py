@@ -91,6 +91,8 @@ def test_a_preempted_multi_model_job_comes_back_with_every_model(
         (back,) = [r for r in read_runs(state) if r.restart_count == 1]
         assert back.path.value in ("kept", "image"), (back, log)
         assert "stopped by SIGUSR1: asleep, handed to spswapd for the job's next run" in log, log
+        # the restored run says what it took up (nothing was queued at this stop)
+        assert "into run 1; weights back in" in log and "; 0 saved request(s) to resume" in log, log
         assert ask_all("again") == cold, log
         # the same process tree serves: no model was started again in the requeued run
         assert log.count("m0 up from the pool") == 1, log
