@@ -308,6 +308,8 @@ def _root_ownership(cfg: Config) -> dict[str, Any]:
 
 def _parking() -> dict[str, Any]:
     """Whether spswapd can move a tree out of its job's cgroup while dumping it."""
+    if os.geteuid() != 0:  # spswapd (root) does it: a user's probe would say no
+        return _needs_root("dump outside the job")
     ok, found = park_probe()
     if ok:
         return check("dump outside the job", True, f"parked cgroups can be made ({found})")
@@ -319,6 +321,8 @@ def _parking() -> dict[str, Any]:
 
 def _freeze_hold() -> dict[str, Any]:
     """Whether spswapd can freeze a tree from its credential check to CRIU's seize."""
+    if os.geteuid() != 0:
+        return _needs_root("freeze for the credential check")
     ok, found = probe()
     if ok:
         return check("freeze for the credential check", True, found)
@@ -328,13 +332,23 @@ def _freeze_hold() -> dict[str, Any]:
                  "writable for root")  # fmt: skip
 
 
-def keep_check(budget_bytes: int, can_park: bool) -> dict[str, Any]:
+def _needs_root(name: str) -> dict[str, Any]:
+    return check(name, None, f"not checked as uid {os.geteuid()}: spswapd does it as root",
+                 "run `sudo spswap doctor` for the node's answer")  # fmt: skip
+
+
+def keep_check(budget_bytes: int, can_park: bool | None) -> dict[str, Any]:
     """Whether dumped instances can be kept alive (frozen, parked) for their job's next
-    run: a keep budget and parked cgroups are both needed. Pure."""
+    run: a keep budget and parked cgroups are both needed (``can_park`` None: not
+    checked, the caller is not root). Pure."""
     name = "keep dumped instances"
     slower = "each swap back to a dumped job then runs CRIU's restore (about 2 s more)"
     if budget_bytes <= 0:
         return check(name, None, "off (SPSWAP_KEEP_BYTES=0)", slower)
+    if can_park is None:
+        return check(name, None, f"up to {fmt_bytes(budget_bytes)} (SPSWAP_KEEP_BYTES) where "
+                     "parked cgroups can be made: not checked (needs root)",
+                     "run `sudo spswap doctor` for the node's answer")  # fmt: skip
     if not can_park:
         return check(name, None, "no: needs parked cgroups (see 'dump outside the job')",
                      slower)  # fmt: skip
@@ -372,7 +386,8 @@ def collect(cfg: Config) -> dict[str, Any]:
     parking = _parking()
     checks.append(parking)
     checks.append(_freeze_hold())
-    checks.append(keep_check(cfg.keep_budget_bytes(), parking["ok"] is True))
+    can_park = None if os.geteuid() != 0 else parking["ok"] is True
+    checks.append(keep_check(cfg.keep_budget_bytes(), can_park))
     checks.append(_root_ownership(cfg))
     checks.append(_settings(cfg))
     checks.append(_daemon(cfg))

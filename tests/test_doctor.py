@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -232,6 +233,10 @@ def test_keep_check() -> None:
     assert off["ok"] is None and off["value"] == "off (SPSWAP_KEEP_BYTES=0)"
     assert "CRIU's restore" in off["detail"]
     assert "dump outside the job" in doctor.keep_check(8 << 30, False)["value"]
+    unknown = doctor.keep_check(8 << 30, None)  # a user's doctor: not checked
+    assert unknown["ok"] is None and unknown["value"] == (
+        "up to 8.0 GiB (SPSWAP_KEEP_BYTES) where parked cgroups can be made: not checked "
+        "(needs root)")  # fmt: skip
 
 
 def test_vllm_check() -> None:
@@ -247,3 +252,28 @@ def test_gpus_row_names_the_configured_gpus_where_nvml_sees_none(tmp_path: Path)
     row = doctor._nvml_checks((0, 1))[0]
     assert row["name"] == "GPUs" and row["value"] == "0,1 (SPSWAP_GPUS)" and row["ok"], row
     assert row["detail"] == "", row  # ok: nothing to do
+
+
+def _root_only_checks(root: str) -> dict[str, Any]:
+    checks = doctor.collect(Config(root=Path(root)))["checks"]
+    return {
+        c["name"]: c
+        for c in checks
+        if c["name"]
+        in ("dump outside the job", "freeze for the credential check", "keep dumped instances")
+    }
+
+
+def test_a_users_doctor_does_not_say_no_for_what_spswapd_does_as_root(user_uid: int) -> None:
+    """As a user, `spswap doctor` said "dump outside the job: freezer: Permission denied"
+    and "keep dumped instances: no" on a node where spswapd (root) keeps every dump."""
+    from tests.uids import as_user
+
+    got = as_user(user_uid, _root_only_checks, "/tmp/spswap-doctor-user-test")
+    assert got["dump outside the job"]["value"] == (
+        f"not checked as uid {user_uid}: spswapd does it as root"
+    )
+    assert got["freeze for the credential check"]["ok"] is None
+    keep = got["keep dumped instances"]
+    assert keep["ok"] is None and "not checked (needs root)" in keep["value"], keep
+    assert keep["detail"] == "run `sudo spswap doctor` for the node's answer"
