@@ -120,9 +120,7 @@ def test_serve_models_refuses_the_batch_options_before_anything_starts(tmp_path)
 
 
 @pytest.mark.parametrize("many", [True, False])
-def test_a_socket_directory_others_can_write_is_refused_before_any_model_starts(
-    tmp_path, many
-):
+def test_a_socket_directory_others_can_write_is_refused_before_any_model_starts(tmp_path, many):
     """Refused after every model's cold start, a --socket in a shared directory cost the
     user minutes (two vLLM models: 75 s on the H200) for an error known at the start."""
     models = [save_checkpoint(preset("tiny", seed=3 + i), tmp_path / f"m{i}") for i in range(2)]
@@ -151,9 +149,7 @@ def test_a_socket_directory_others_can_write_is_refused_before_any_model_starts(
     (["--models", "M0", "NOPE"], "model directory NOPE does not exist; every argument after "
      "--models is a model directory (vLLM's own options go in --vllm-args)"),
 ])  # fmt: skip
-def test_a_model_path_that_does_not_exist_gets_one_message_wherever_it_stands(
-    tmp_path, args, said
-):
+def test_a_model_path_that_does_not_exist_gets_one_message_wherever_it_stands(tmp_path, args, said):
     """The first of --models was typer's MODEL argument ("Invalid value for 'MODEL': dir
     ... does not exist"), the others "is not a model directory": one message now, naming
     the template's CHANGE line when its example path is still there."""
@@ -162,8 +158,8 @@ def test_a_model_path_that_does_not_exist_gets_one_message_wherever_it_stands(
     said = said.replace("NOPE", str(tmp_path / "nope"))
     env = {**os.environ, "SPSWAP_ROOT": str(tmp_path / "root"), "COLUMNS": "400"}
     env.pop("SLURM_JOB_ID", None)
-    proc = subprocess.run(
-        [sys.executable, "-m", "spswap.cli", "serve", *args, "--state-dir",
-         str(tmp_path / "state")], env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    argv = [sys.executable, "-m", "spswap.cli", "serve", *args, "--state-dir",
+            str(tmp_path / "state")]  # fmt: skip
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert said in " ".join(proc.stderr.replace("│", " ").split()), proc.stderr

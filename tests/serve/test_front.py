@@ -188,6 +188,6 @@ def test_a_multi_model_jobs_state_directory_is_refused_by_spswap_ask_with_the_wa
         "no spool for `spswap ask`; its endpoint /run/x/api.sock (a multi-model job, `spswap "
         "serve --models`), not a single model's: ask it with POST /v1/completions naming the "
         "model, e.g. curl --unix-socket /run/x/api.sock http://localhost/v1/completions -H "
-        "'content-type: application/json' -d '{\"model\": \"NAME\", \"prompt\": [1, 2, 3], "
-        "\"max_tokens\": 8}' (docs/multi.md)"
+        '\'content-type: application/json\' -d \'{"model": "NAME", "prompt": [1, 2, 3], '
+        '"max_tokens": 8}\' (docs/multi.md)'
     )
