@@ -102,36 +102,22 @@ def _check_key(key: str) -> None:
         )
 
 
-def _run(argv: list[str], timeout_s: float, pass_fds: list[int] | None = None) -> tuple[int, str]:
+def _run(argv: list[str], timeout_s: float, pass_fds: list[int] | None = None,
+         cgroup_dirs: list[Path] | None = None) -> tuple[int, str]:  # fmt: skip
+    def enter_cgroups() -> None:  # in the child, before the exec: CRIU starts there
+        for d in cgroup_dirs or []:
+            (d / "cgroup.procs").write_text("0")  # (0: the writing process itself)
+
     try:
         res = subprocess.run(
             argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout_s,
             stdin=subprocess.DEVNULL, check=False, pass_fds=tuple(pass_fds or ()),
+            preexec_fn=enter_cgroups if cgroup_dirs else None,
         )  # fmt: skip
     except subprocess.TimeoutExpired as e:
         out = e.output.decode(errors="replace") if e.output else ""
         return -1, out + f"\nspswap: criu did not finish within {timeout_s} s\n"
     return res.returncode, res.stdout.decode(errors="replace")
-
-
-def preflight(pid: int) -> tuple[list[int], bool]:
-    """Refuse a dump that CRIU would fail mid-way; returns the tree's pids and whether it
-    holds TCP connections to itself (dumped with ``--tcp-close``).
-
-    Raises CheckpointFailed naming every io_uring, every connected Unix stream socket and
-    every TCP connection to an outside peer, with the fix.
-    """
-    if not proctree.pid_exists(pid):
-        raise CheckpointFailed(f"cannot dump pid {pid}: no such process")
-    pids = proctree.process_tree_pids(pid)
-    blockers = proctree.find_blockers(pids, proctree.unix_sockets())
-    inside, outside = proctree.tcp_connections(pids, proctree.tcp_sockets(pid))
-    blockers += [proctree.Blocker(p, fd, f"a TCP connection {s.local} -> {s.remote}",
-                                  proctree.TCP_FIX) for p, fd, s in outside]  # fmt: skip
-    if blockers:
-        lines = "\n".join("  " + b.describe() for b in blockers)
-        raise CheckpointFailed(f"cannot dump pid {pid}: CRIU cannot save these:\n{lines}")
-    return pids, bool(inside)
 
 
 POST_DUMP_SCRIPT = "spswap-post-dump.sh"
@@ -174,7 +160,7 @@ def dump(
     final = images_root / image_key
     if final.exists():
         raise CheckpointFailed(f"image {final} exists already: remove it first or use a new key")
-    pids, self_tcp = preflight(pid)
+    pids, self_tcp = proctree.preflight(pid)
     linked = link_remap.deleted_but_linked(pids)
     # A connection of the tree to itself cannot be kept across a restore without network
     # locking; it is restored closed (torch.distributed's store in a one-GPU vLLM: unused
@@ -287,10 +273,13 @@ def restore(
     log_dir: Path | None = None,
     timeout_s: float = 600.0,
     run_as: RunAs | None = None,
+    cgroup_dirs: list[Path] | None = None,
 ) -> int:
     """Restore ``images_root/<image_key>/`` detached; returns the restored root pid.
 
     ``auto_dedup`` frees the image while restoring (faster, single use: delete it after).
+    ``cgroup_dirs``: CRIU, and so the restored tree, starts in these cgroups (one per
+    hierarchy; else in spswapd's own).
     ``run_as``: CRIU runs as that user (``--unprivileged``), so the kernel checks every
     path it reopens with the user's rights; the image must have been dumped that way.
     """
@@ -331,7 +320,7 @@ def restore(
                 link_remap.set_aside([str(r["dir"]) for r in remaps], aside, keep=own)
                 try:
                     link_remap.unpark(remaps)
-                    rc, log = _run(argv, timeout_s, fds)
+                    rc, log = _run(argv, timeout_s, fds, cgroup_dirs)
                 except BaseException:
                     link_remap.drop_unparked(remaps)
                     raise

@@ -276,3 +276,23 @@ def wait_pids_free(pids: list[int], timeout_s: float) -> None:
                 "needs the same pid; wait until that process exits (or stop it) and try again"
             )
         time.sleep(0.02)
+
+
+def preflight(pid: int) -> tuple[list[int], bool]:
+    """Refuse a dump that CRIU would fail mid-way; returns the tree's pids and whether it
+    holds TCP connections to itself (dumped with ``--tcp-close``).
+
+    Raises CheckpointFailed naming every io_uring, every connected Unix stream socket and
+    every TCP connection to an outside peer, with the fix.
+    """
+    if not pid_exists(pid):
+        raise CheckpointFailed(f"cannot dump pid {pid}: no such process")
+    pids = process_tree_pids(pid)
+    blockers = find_blockers(pids, unix_sockets())
+    inside, outside = tcp_connections(pids, tcp_sockets(pid))
+    blockers += [Blocker(p, fd, f"a TCP connection {s.local} -> {s.remote}",
+                                  TCP_FIX) for p, fd, s in outside]  # fmt: skip
+    if blockers:
+        lines = "\n".join("  " + b.describe() for b in blockers)
+        raise CheckpointFailed(f"cannot dump pid {pid}: CRIU cannot save these:\n{lines}")
+    return pids, bool(inside)

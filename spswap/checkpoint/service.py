@@ -120,7 +120,7 @@ def _wait_preflight(pid: int, wait_s: float) -> None:
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            criu.preflight(pid)
+            proctree.preflight(pid)
             return
         except CheckpointFailed:
             if time.monotonic() >= deadline:

@@ -53,6 +53,7 @@ def op_checkpoint(ctx: Context, args: dict[str, Any]) -> Answer:
         raise CheckpointFailed(f"job {job_id} is being checkpointed or restored already")
     # the job's earlier kept instance would otherwise outlive the image the dump replaces
     st.kept.end(job_id, "the job dumps again")
+    st.held_cgroups.drop(job_id)
     st.statuses.write(job_id, state=CheckpointState.DUMPING, pid=pid, pid_start=pid_start)
     st.dumping.hold(job_id, identity.model_digest)  # the entry, while the dump runs
     st.event("checkpoint.start", job_id=job_id, uid=rec.uid, pid=pid)
@@ -162,13 +163,19 @@ class _LeaveJob:
 
     def close(self) -> None:
         """After the dump: unless the tree is kept, whatever is still parked (a fork that
-        left the tree, or a tree that could not be kept) is ended and the parked cgroups
-        go. Never raises (the job lock is released after it)."""
+        left the tree, or a tree that could not be kept) is ended, and the parked cgroups
+        go, or, emptied, are held for the job's image when it was saved and they enforce
+        the job's device rules (spswap.daemon.prerestore restores it into them early).
+        Never raises (the job lock is released after it)."""
         if self.parking is None or self.kept:
             return
         try:
             killed = self.parking.kill_all()
-            self.parking.remove()
+            saved = self.st.statuses.read(self.job_id).get("state") == CheckpointState.SAVED
+            if saved and self.parking.holds_device_rules:
+                self.st.held_cgroups.hold(self.job_id, self.parking)
+            else:
+                self.parking.remove()
             if killed:
                 self._event("checkpoint.parked_killed", pids=killed)
         except Exception:  # noqa: BLE001,S110 - start-up's sweep takes what is left

@@ -86,8 +86,9 @@ def _restore(ctx: Context, st: DaemonState, rec: JobRecord, job_id: str, expecte
     woken = _wake_kept(st, rec, job_id, expected, kept, ctx.peer_pid) if kept else None
     if kept is not None and woken is not None:
         pid, timings, image = woken
-        try:
-            return _restored(ctx, st, rec, job_id, expected, args, pid, timings, kept=True)
+        try:  # (a tree its image made at the prolog came back from the image: so said)
+            return _restored(ctx, st, rec, job_id, expected, args, pid, timings,
+                             kept=kept.restored_early_s is None)  # fmt: skip
         finally:
             _clear_parking(st, job_id, kept, pid)
             # stale since the tree ran on; its pages are freed after the reply (a few
@@ -125,7 +126,8 @@ def _wake_kept(st: DaemonState, rec: JobRecord, job_id: str, expected: Identity,
         if not kept.alive():
             raise _KeptGone
         image = kept_image(st.cfg.paths.images, job_id=job_id, expected=expected)
-        timings = {"verify": time.monotonic() - t0}
+        timings = {f"early_{k}": v for k, v in (kept.restore_timings or {}).items()}
+        timings["verify"] = time.monotonic() - t0
         t0 = time.monotonic()
         tree = kept.parking.pids()
         if kept.parking.take_device_rules_of(run_pid) is Carried.FAILED:

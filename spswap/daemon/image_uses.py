@@ -96,6 +96,7 @@ def drop_job_images(st: DaemonState, job_id: str,
     their pool uses; ``reason`` goes to the events and the checkpoint status (a restored
     instance's status says deleted too: its image went at the restore)."""
     st.kept.end(job_id, reason)
+    st.held_cgroups.drop(job_id)
     gone = delete_job_images(st.cfg.paths.images, job_id, tree_gone=True)
     st.statuses.mark_gone(job_id, reason, images_deleted=bool(gone))
     sync_quietly(st)

@@ -41,7 +41,9 @@ def op_job_register(ctx: Context, args: dict[str, Any]) -> Answer:
     # Off the prolog's path: the epilog cannot tell a requeued job from a finished one
     # (both COMPLETING), so each prolog looks again at the jobs that left images behind.
     threading.Thread(target=collect_images, args=(st, rec.job_id), daemon=True).start()
-    if st.kept.has(rec.job_id):  # back on its GPUs: its GPU state before its run asks
+    # back on its GPUs: its kept tree's GPU state (or its image, restored into a kept
+    # tree: prerestore) before its run asks
+    if st.kept.has(rec.job_id) or st.held_cgroups.has(rec.job_id):
         prewake.start(st, rec.job_id)
     return rec.to_json()
 
@@ -54,7 +56,9 @@ def op_job_starting(ctx: Context, args: dict[str, Any]) -> Answer:
     st = ctx.state
     rec = running_job(ctx, args["job_id"])  # the caller's own job, running here
     kept = st.kept.get(rec.job_id)
-    waking = kept is not None and kept.early_timings is None  # (the prolog's wake is done)
+    # (a wake the prolog did is not done again; an image restored early is a kept tree)
+    waking = (kept is not None and kept.early_timings is None) or (
+        kept is None and st.held_cgroups.has(rec.job_id))  # fmt: skip
     if waking:
         prewake.start(st, rec.job_id)
     st.event("job.starting", job_id=rec.job_id, uid=rec.uid, pid=ctx.peer_pid,

@@ -36,6 +36,15 @@ class Kept:
     # its GPU state restored early (LOCKED, frozen again: spswap.daemon.prewake): when
     gpu_back_s: float | None = None
     early_timings: dict[str, float] | None = None
+    # made from its image at its job's prolog (spswap.daemon.prerestore): when, the steps'
+    # timings; its run's record says "image", not "kept"
+    restored_early_s: float | None = None
+    restore_timings: dict[str, float] | None = None
+
+    def early_s(self) -> float | None:
+        """When it was woken or restored early for its job's run (None: neither); such a
+        tree holds memory (GPU, or host beside its image) for that run only."""
+        return self.gpu_back_s or self.restored_early_s
 
     def alive(self) -> bool:
         return pid_alive(self.pid, self.pid_start) and self.pid in self.parking.pids()
@@ -132,3 +141,35 @@ def over_budget(sizes_oldest_first: list[tuple[str, int]], budget_bytes: int) ->
         out.append(job_id)
         total -= n
     return out
+
+
+class HeldCgroups:
+    """Empty parked cgroups held for jobs whose dump left an image, one per job, with the
+    device rules of the job's last run: where an early restore puts the tree back."""
+
+    def __init__(self) -> None:
+        self._by_job: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def hold(self, job_id: str, parking: Any) -> None:
+        """Hold ``parking`` (emptied) for the job's image (replacing an older one)."""
+        with self._lock:
+            old = self._by_job.pop(job_id, None)
+            self._by_job[job_id] = parking
+        if old is not None:
+            old.remove()
+
+    def has(self, job_id: str) -> bool:
+        with self._lock:
+            return job_id in self._by_job
+
+    def take(self, job_id: str) -> Any | None:
+        """The job's held cgroup, now the caller's (to use or remove); None when none."""
+        with self._lock:
+            return self._by_job.pop(job_id, None)
+
+    def drop(self, job_id: str) -> None:
+        """Remove the job's held cgroup (its image went, or its job ended for good)."""
+        parking = self.take(job_id)
+        if parking is not None:
+            parking.remove()

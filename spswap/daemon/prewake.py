@@ -13,6 +13,9 @@ job). Where slurmd ran no prolog for the run (:mod:`spswap.daemon.missed_prolog`
 run's own ``job.starting``, sent by ``spswap serve`` before its imports, starts the wake
 instead; a wake done or under way is never done twice.
 
+A job without a kept tree whose dump left its image and parked cgroup gets one first, at
+the same moment: :mod:`spswap.daemon.prerestore` restores the image into that cgroup.
+
 It is done only where it is safe and cheap to undo:
 - the job's GPUs are known and are the dump's, in the same order (no remap: the carried
   device rules name the dump's GPUs);
@@ -34,6 +37,7 @@ from typing import TYPE_CHECKING
 
 from spswap.checkpoint.cuda_back import cuda_record, wake_kept
 from spswap.daemon.ckpt_status import run_gpu_uuids
+from spswap.daemon.prerestore import restore_early
 from spswap.daemon.statuses import CheckpointState
 
 if TYPE_CHECKING:
@@ -67,48 +71,63 @@ def start(st: DaemonState, job_id: str) -> None:
 
 
 def wake_early(st: DaemonState, job_id: str) -> bool:
-    """The job's kept tree: thawed, its GPU state restored (LOCKED) and frozen again, for
-    its run's restore to unlock; True when done. Never raises. A failure before the thaw
+    """The job's kept tree (or, without one, its image restored into one: prerestore):
+    thawed, its GPU state restored (LOCKED) and frozen again, for its run's restore to
+    unlock; True when its GPU state was woken. Never raises. A failure before the thaw
     leaves the tree kept as it was; one after it ends the tree (its GPU state may be half
     back; its image stays: the run restores from it)."""
     lock = st.job_locks.of(job_id)
     if not lock.acquire(blocking=False):  # a dump or the run's restore: not now
         return False
+    woken = False
     try:
         if st.statuses.read(job_id).get("state") != CheckpointState.SAVED:
             return False
-        kept = st.kept.take(job_id)
+        # no kept tree: its image made one, where the dump held its cgroup (prerestore)
+        kept = st.kept.take(job_id) or restore_early(st, job_id)
         if kept is None:
             return False
         if kept.early_timings is not None:  # woken already (the prolog's, then the run's)
             st.kept.add(kept)
             return False
-        try:
-            ready = _ready(st, job_id, kept)
-        except Exception:  # noqa: BLE001 - nothing was touched: it stays kept
-            ready = None
-        if ready is None:
-            st.kept.add(kept)
-            return False
-        try:
-            _wake(kept, ready)
-        except Exception as e:  # noqa: BLE001 - never into the prolog's daemon thread
-            st.kept.end_taken(kept, f"its early wake failed ({e}): its next run restores "
-                                    "from the image")  # fmt: skip
-            return False
-        # the job may have ended meanwhile (its images collected without this tree)
-        if st.statuses.read(job_id).get("state") != CheckpointState.SAVED or not ready.is_dir():
-            st.kept.end_taken(kept, "its job's image went while its GPU state was restored "
-                                    "early")  # fmt: skip
-            return False
-        st.kept.add(kept)
+        woken = _wake_taken(st, job_id, kept)
+        if not woken and kept.restored_early_s is None:
+            return False  # (kept as it was, or ended)
+        if kept.early_s() is not None:  # ended unless its run takes it soon
+            timer = threading.Timer(HOLD_S, end_if_untaken, args=(st, job_id, kept.early_s()),
+                                    kwargs={"wait_s": END_WAIT_S})  # fmt: skip
+            timer.daemon = True  # never holds spswapd's exit
+            timer.start()
     finally:
         lock.release()
-    _said(st, "restore.woken_early", job_id=job_id, pid=kept.pid, timings_s=kept.early_timings)
-    timer = threading.Timer(HOLD_S, end_if_untaken, args=(st, job_id, kept.gpu_back_s),
-                            kwargs={"wait_s": END_WAIT_S})  # fmt: skip
-    timer.daemon = True  # never holds spswapd's exit
-    timer.start()
+    if woken:
+        _said(st, "restore.woken_early", job_id=job_id, pid=kept.pid,
+              timings_s=kept.early_timings)  # fmt: skip
+    return woken
+
+
+def _wake_taken(st: DaemonState, job_id: str, kept: Kept) -> bool:
+    """Wake the GPU state of ``kept`` (taken by the caller) where it may; True when done.
+    The tree goes back to the kept trees unless the wake failed (then it is ended)."""
+    try:
+        ready = _ready(st, job_id, kept)
+    except Exception:  # noqa: BLE001 - nothing was touched: it stays kept
+        ready = None
+    if ready is None:
+        st.kept.add(kept)
+        return False
+    try:
+        _wake(kept, ready)
+    except Exception as e:  # noqa: BLE001 - never into the prolog's daemon thread
+        st.kept.end_taken(kept, f"its early wake failed ({e}): its next run restores "
+                                "from the image")  # fmt: skip
+        return False
+    # the job may have ended meanwhile (its images collected without this tree)
+    if st.statuses.read(job_id).get("state") != CheckpointState.SAVED or not ready.is_dir():
+        st.kept.end_taken(kept, "its job's image went while its GPU state was restored "
+                                "early")  # fmt: skip
+        return False
+    st.kept.add(kept)
     return True
 
 
@@ -166,7 +185,7 @@ def end_if_untaken(st: DaemonState, job_id: str, woken_s: float | None = None, *
     ``wait_s``: how long to wait for the job's lock (an early wake in progress); without
     it, nothing is waited for (the epilog's path: the job's dump may hold the lock)."""
     found = st.kept.get(job_id)
-    if found is None or found.gpu_back_s is None:
+    if found is None or found.early_s() is None:
         return False
     lock = st.job_locks.of(job_id)
     got = lock.acquire(timeout=wait_s) if wait_s else lock.acquire(blocking=False)
@@ -176,11 +195,13 @@ def end_if_untaken(st: DaemonState, job_id: str, woken_s: float | None = None, *
         kept = st.kept.take(job_id)
         if kept is None:
             return False
-        if kept.gpu_back_s is None or (woken_s is not None and kept.gpu_back_s != woken_s):
+        early_s = kept.early_s()
+        if early_s is None or (woken_s is not None and early_s != woken_s):
             st.kept.add(kept)
             return False
-        st.kept.end_taken(kept, "its GPU state was restored early for its job's run, "
-                                "which did not take it: ended; its image stays")  # fmt: skip
+        what = "its GPU state was" if kept.gpu_back_s is not None else "it was"
+        st.kept.end_taken(kept, f"{what} restored early for its job's run, which did not take "
+                                "it: ended; its image stays")  # fmt: skip
         return True
     finally:
         lock.release()

@@ -21,7 +21,7 @@ from spswap.checkpoint.images import pool_digests
 from spswap.config import Config
 from spswap.daemon import events
 from spswap.daemon.jobs import JobRecord, JobState, JobStore
-from spswap.daemon.kept import KeptTrees
+from spswap.daemon.kept import HeldCgroups, KeptTrees
 from spswap.daemon.statuses import CheckpointStatuses
 from spswap.errors import PermissionDenied, RequestRefused, SpswapError
 from spswap.liveness import JobProbe
@@ -111,10 +111,13 @@ class DaemonState:
     job_locks: JobLocks = field(default_factory=JobLocks)
     statuses: CheckpointStatuses = field(init=False)  # the jobs' checkpoint status files
     kept: KeptTrees = field(init=False)  # the dumped trees kept alive beside their images
+    # the emptied parked cgroups of dumps that left images (spswap.daemon.prerestore)
+    held_cgroups: HeldCgroups = field(init=False)
 
     def __post_init__(self) -> None:
         self.statuses = CheckpointStatuses(self.cfg.paths.run / "checkpoints")
         self.kept = KeptTrees(self.statuses, self.event)
+        self.held_cgroups = HeldCgroups()
 
     @property
     def jobs(self) -> JobStore:

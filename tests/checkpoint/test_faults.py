@@ -469,15 +469,31 @@ def test_a_run_larger_than_the_keep_budget_is_not_kept_and_comes_back_from_its_i
     assert "checkpoint.parked" in kinds and "checkpoint.kept" not in kinds, kinds
     second = runs.start(1)
     assert second.wait(timeout=300) == 0, runs.log(1)
-    done = [e for e in _job_events(cfg) if e["kind"] == "restore.done"]
-    assert (
-        done
-        and done[0]["detail"]["kept"] is False
-        and "criu_restore" in done[0]["detail"]["timings_s"]
-    ), _job_events(cfg)
+    _assert_restored_early(cfg, status["pid"])
     assert "restored from its image as pid" in runs.log(1)
     _assert_answers_like_cold(runs)
     _assert_clean(cfg)
+
+
+def _assert_restored_early(cfg: Config, pid: int) -> None:
+    """The image was restored at the run's start (its `job.starting`: no prolog here) into
+    the parked cgroup its dump left, and the run took it as restored from its image; no
+    parked cgroup is left."""
+    events = _job_events(cfg)
+    early = [e for e in events if e["kind"] == "restore.restored_early"]
+    assert early and early[0]["detail"]["pid"] == pid, events
+    done = [e for e in events if e["kind"] == "restore.done"]
+    assert done and done[0]["detail"]["kept"] is False, events
+    assert "early_criu_restore" in done[0]["detail"]["timings_s"], done
+    assert _parked_cgroups(cfg) == []
+
+
+def _parked_cgroups(cfg: Config) -> list[str]:
+    from spswap.checkpoint import cgroups
+
+    tag = f"{cgroups.PREFIX}{cgroups.root_tag(cfg.root)}-"
+    return sorted(p.name for base in cgroups.own_dirs(cgroups.mounts()).values()
+                  for p in base.glob(f"{tag}*"))  # fmt: skip
 
 
 def test_a_kept_run_ends_with_its_job(runs: Runs, job_cgroup: Path) -> None:
@@ -511,10 +527,45 @@ def test_with_no_keep_a_parked_run_is_dumped_and_restored_into_the_next(
     assert parked and parked[0]["detail"]["pids"] == [status["pid"]], _job_events(cfg)
     # a stand-in job cgroup has no device rules (Slurm's ConstrainDevices would)
     assert parked[0]["detail"]["device_rules"] == "not needed", parked
+    assert _parked_cgroups(cfg) != [], "held for the image's early restore"
     second = runs.start(1)
     assert second.wait(timeout=300) == 0, runs.log(1)
     _assert_joined(cfg, status["pid"])
+    _assert_restored_early(cfg, status["pid"])
     _assert_answers_like_cold(runs)
+    _assert_clean(cfg)
+
+
+def test_with_no_keep_an_image_restored_early_that_no_run_takes_ends_with_its_job(
+    runs: Runs,
+    job_cgroup: Path,
+) -> None:
+    """A run's start restores the image early; when no run takes the tree (it started
+    cold, or never asked), the job's end ends it and the image stays: the next run is
+    restored from it."""
+    cfg = runs.cfg
+    runs.cgroup = job_cgroup
+    first = runs.stop_run0()
+    status = _settled(cfg)
+    assert status["state"] == "saved" and status["kept"] is False, status
+    first.wait(timeout=60)
+    client = Client(cfg)
+    assert client.call("job.starting", job_id=JOB)["waking"] is True  # and then no run asks
+    _wait("the early restore", lambda: any(
+        e["kind"] == "restore.restored_early" for e in _job_events(cfg)), 60)  # fmt: skip
+    assert _proc_state(status["pid"]).startswith("State:"), "restored, frozen"
+    assert client.call("job.end", job_id=JOB, requeued=True)["fate"] == "back"
+    ended = [e for e in _job_events(cfg) if e["kind"] == "kept.ended"]
+    assert ended and "restored early for its job's run, which did not take it" in \
+        ended[0]["detail"]["reason"], _job_events(cfg)  # fmt: skip
+    _wait("the tree to end", lambda: _proc_state(status["pid"]) == "gone", 30)
+    assert len(_job_dirs(cfg)) == 1 and _parked_cgroups(cfg) == []  # the image stays
+    client.call("job.register", job_id=JOB, uid=0, user="root", restart_count=1)
+    second = runs.start(1)
+    assert second.wait(timeout=300) == 0, runs.log(1)
+    assert "restored from its image as pid" in runs.log(1)
+    _assert_answers_like_cold(runs)
+    _assert_clean(cfg)
 
 
 def test_tiny_tmpfs_full_during_a_parked_dump_sends_the_run_home(

@@ -9,10 +9,12 @@ the model's cold greedy answer, and no slot may leak. SPSWAP_TEST_SLURM=1 to run
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -420,3 +422,57 @@ def test_a_requeue_while_a_long_request_runs_loses_nothing(slurm_cluster: SlurmC
     assert [answers[f"long{i}"]["output_ids"] for i in range(len(prompts))] == cold_answers(
         model, prompts, long_new
     ), log
+
+
+@contextlib.contextmanager
+def _node_setting(cluster: SlurmCluster, line: str) -> Iterator[None]:
+    """``line`` added to the node's settings file for a while; spswapd stopped at both
+    ends, so the next prolog starts one that reads the file as it is then."""
+    from spswap.config import Config
+    from spswap.daemon.lifecycle import stop
+    from tests.slurm.cluster import DEFAULTS_FILE
+
+    before = DEFAULTS_FILE.read_text()
+    DEFAULTS_FILE.write_text(before + line + "\n")
+    stop(Config.from_env({}, root=cluster.spswap_root))
+    try:
+        yield
+    finally:
+        DEFAULTS_FILE.write_text(before)
+        stop(Config.from_env({}, root=cluster.spswap_root))
+
+
+def test_with_no_keep_the_requeued_run_takes_its_image_restored_at_its_prolog(
+    slurm_cluster: SlurmCluster,
+) -> None:
+    """SPSWAP_KEEP_BYTES=0: the dumped tree is not kept, but its parked cgroup is; the
+    requeued run's prolog has spswapd restore the image into it before the run asks, and
+    the run takes it as restored from its image (CRIU's restore off the run's path)."""
+    from spswap.config import Config
+    from spswap.daemon import events
+    from spswap.slurm.backend import CliBackend
+
+    if not _criu_usable() or slurm_cluster.proctrack != "cgroup":
+        pytest.skip("needs CRIU and proctrack/cgroup (a tree parked outside its job)")
+    with _node_setting(slurm_cluster, "SPSWAP_KEEP_BYTES=0"):
+        job, state, model, prompts = _serving_job(slurm_cluster, "early-img", 16)
+        wait_for("the first answers", lambda: len(_answers(state)) >= 2, timeout_s=120)
+        CliBackend().signal_batch(job, "USR1")
+        wait_for("every request answered", lambda: len(_answers(state)) == len(prompts),
+                 timeout_s=240)  # fmt: skip
+        CliBackend().cancel(job)
+    log = [e for e in events.tail(Config.from_env({}, root=slurm_cluster.spswap_root)
+                                  .paths.events, 500) if e.get("job_id") == job]  # fmt: skip
+    kinds = [e["kind"] for e in log]
+    assert "checkpoint.kept" not in kinds and "restore.restored_early" in kinds, kinds
+    restart = next(i for i, e in enumerate(log)
+                   if e["kind"] == "job.start" and e["detail"]["restart_count"] == 1)  # fmt: skip
+    assert restart < kinds.index("restore.restored_early") < kinds.index("restore.done"), kinds
+    done = log[kinds.index("restore.done")]["detail"]
+    assert done["kept"] is False and "early_criu_restore" in done["timings_s"], done
+    text = _job_log(slurm_cluster, "early-img", job)
+    assert "restored from its image as pid" in text, text
+    answers = _answers(state)
+    assert sorted({a["restart_count"] for a in answers.values()}) == [0, 1], text
+    assert [answers[f"early-img{i:02d}"]["output_ids"] for i in range(len(prompts))] == \
+        cold_answers(model, prompts, MAX_NEW)  # fmt: skip

@@ -1,0 +1,143 @@
+"""A job's image restored early, at its prolog, into a kept tree (the image path's part of
+the early wake, :mod:`spswap.daemon.prewake`).
+
+A requeued run that comes back from its image spends about half a second starting (Slurm's
+start, Python, the CLI) before it asks spswapd to restore, and then waits for CRIU's
+restore (1.8-2.0 s on the H200, 0.5B-3B vLLM servers) and the CUDA restore. Where the dump
+left its tree's parked cgroup with the device rules of the job's last run in it (exactly
+the GPUs the tree held; the dump's ``_LeaveJob.close`` hands it to
+:class:`~spswap.daemon.kept.HeldCgroups`), spswapd restores the image at the job's prolog
+instead: CRIU starts inside that cgroup (so the restored tree never runs under other
+device rules) and the tree is frozen as soon as CRIU is done. The image stays (no
+``--auto-dedup``) until the run takes the tree, which is then a kept tree as any other:
+the early wake restores its GPU state where it may, the run's restore only joins and
+unlocks it, and the run's record says it came from its image.
+
+Checked first, as a restore would: the image's integrity and owner, its identity against
+the job's owner, its processes' credentials, and memory for the tree beside its image (the
+run's own identity, which the prolog does not know, is checked when the run takes the
+tree, as for a kept one). A tree its run does not take is ended after
+:data:`spswap.daemon.prewake.HOLD_S` and at the job's end; the image stays.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from spswap.checkpoint import criu
+from spswap.checkpoint.credentials import user_groups
+from spswap.checkpoint.criu_user import RunAs
+from spswap.checkpoint.image_creds import image_problem
+from spswap.checkpoint.images import Identity, read_meta, verify_before_restore
+from spswap.checkpoint.service import images_of_job
+from spswap.daemon.kept import Kept
+from spswap.daemon.statuses import CheckpointState
+from spswap.fsutil import dir_size_bytes
+from spswap.liveness import pid_start_time
+
+if TYPE_CHECKING:
+    from spswap.daemon.state import DaemonState
+
+MEMORY_MARGIN_BYTES = 2 << 30  # left free beside the tree and its image
+
+
+def refusal(*, image_bytes: int, available_bytes: int | None) -> str | None:
+    """Why an image is not restored early for lack of memory, or None. Pure."""
+    if available_bytes is None:
+        return "the free memory is not known"
+    needed = image_bytes + MEMORY_MARGIN_BYTES
+    if available_bytes < needed:
+        return (f"not enough free memory for the tree beside its image ({needed >> 20} MiB "
+                f"needed, {available_bytes >> 20} MiB available)")  # fmt: skip
+    return None
+
+
+def restore_early(st: DaemonState, job_id: str) -> Kept | None:
+    """The job's image restored into its held cgroup and frozen: a kept tree for its next
+    run, owned by the caller (who holds the job lock); None where it is not done (the
+    reason, if any, in the event log). Never raises; the image stays in any case."""
+    parking = st.held_cgroups.take(job_id)
+    if parking is None:
+        return None
+    try:
+        image, why = _image_to_restore(st, job_id)
+        if image is None:
+            parking.remove()
+            if why:  # (nothing to say where there is no image to restore)
+                _said(st, "restore.not_restored_early", job_id=job_id, reason=why)
+            return None
+        kept = _restore_into(st, job_id, image, parking)
+    except Exception as e:  # noqa: BLE001 - never into the prolog's daemon thread
+        parking.kill_all()
+        parking.remove()
+        _said(st, "restore.not_restored_early", job_id=job_id, reason=str(e)[:2000])
+        return None
+    _said(st, "restore.restored_early", job_id=job_id, pid=kept.pid,
+          timings_s=kept.restore_timings)  # fmt: skip
+    return kept
+
+
+def _image_to_restore(st: DaemonState, job_id: str) -> tuple[Path | None, str]:
+    """The job's image when it may be restored early, else (None, why not)."""
+    rec = st.jobs.get(job_id)
+    images = images_of_job(st.cfg.paths.images, job_id)
+    if st.statuses.read(job_id).get("state") != CheckpointState.SAVED or not images:
+        return None, ""
+    if rec is None:
+        return None, ""
+    image = images[-1]
+    why = refusal(image_bytes=dir_size_bytes(image), available_bytes=mem_available_bytes())
+    if why is not None:
+        return None, why
+    meta = read_meta(image) or {}
+    # the image of the job's owner (the run's own identity is checked when it takes it)
+    recorded = {**meta.get("identity", {}), "uid": rec.uid}
+    try:
+        expected = Identity(**recorded)
+    except TypeError:
+        return None, "its meta.json has no complete identity"
+    why = verify_before_restore(image, expected, read_content=st.cfg.image_check == "full")
+    if why is None and (problem := image_problem(image, rec.uid, user_groups(rec.uid))):
+        why = f"its processes' credentials are not the job user's: {problem}"
+    return (None, why) if why is not None else (image, "")
+
+
+def _restore_into(st: DaemonState, job_id: str, image: Path, parking: Any) -> Kept:
+    rec = st.jobs.get(job_id)
+    uid = rec.uid if rec is not None else 0
+    run_as = RunAs.for_uid(uid) if not st.cfg.criu_as_root and uid != 0 else None
+    dumped = set(image.rglob("*"))
+    t0 = time.monotonic()
+    pid = criu.restore(image.name, st.cfg.paths.images, run_as=run_as,
+                       cgroup_dirs=list(parking.dirs.values()))  # fmt: skip
+    criu_s = time.monotonic() - t0
+    # what CRIU's restore wrote into the image (its stats, a pid file) goes: the image
+    # stays as dumped, for the run's check and as the way back
+    for path in set(image.rglob("*")) - dumped:
+        if path.is_file():
+            path.unlink(missing_ok=True)
+    if not parking.freeze():
+        raise RuntimeError("the restored tree could not be frozen where it waits")
+    now = time.time()
+    return Kept(job_id, pid, pid_start_time(pid), parking, image.name, now,
+                restored_early_s=now, restore_timings={"criu_restore": criu_s})  # fmt: skip
+
+
+def mem_available_bytes(meminfo: Path = Path("/proc/meminfo")) -> int | None:
+    """The kernel's MemAvailable, in bytes; None when it cannot be read."""
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _said(st: DaemonState, kind: str, **fields: object) -> None:
+    try:
+        st.event(kind, **fields)
+    except OSError:  # a full event log changes nothing here
+        pass

@@ -1,0 +1,53 @@
+"""The image restored early (spswap.daemon.prerestore): when memory allows it, the held
+cgroups' lifetime, MemAvailable read. The restore itself, with the real CRIU and a real
+spswapd: tests/checkpoint/test_faults.py (the no-keep and keep-budget cases)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from spswap.daemon.kept import HeldCgroups
+from spswap.daemon.prerestore import MEMORY_MARGIN_BYTES, mem_available_bytes, refusal
+
+GIB = 1 << 30
+
+
+def test_refusal_needs_memory_for_the_tree_beside_its_image() -> None:
+    assert refusal(image_bytes=3 * GIB, available_bytes=3 * GIB + MEMORY_MARGIN_BYTES) is None
+    assert refusal(image_bytes=3 * GIB, available_bytes=4 * GIB) == (
+        "not enough free memory for the tree beside its image (5120 MiB needed, 4096 MiB available)"
+    )
+    assert refusal(image_bytes=1, available_bytes=None) == "the free memory is not known"
+
+
+def test_mem_available_is_read_from_meminfo(tmp_path: Path) -> None:
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       32000000 kB\nMemAvailable:   1048576 kB\n")
+    assert mem_available_bytes(meminfo) == GIB
+    meminfo.write_text("MemTotal:       32000000 kB\n")
+    assert mem_available_bytes(meminfo) is None
+    assert mem_available_bytes(tmp_path / "none") is None
+    assert (mem_available_bytes() or 0) > 0  # this machine's
+
+
+class Parking:
+    def __init__(self, removed: list[str], name: str) -> None:
+        self.removed, self.name = removed, name
+
+    def remove(self) -> None:
+        self.removed.append(self.name)
+
+
+def test_held_cgroups_one_per_job_removed_when_replaced_or_dropped() -> None:
+    removed: list[str] = []
+    held = HeldCgroups()
+    held.hold("7", Parking(removed, "a"))
+    held.hold("7", Parking(removed, "b"))  # the job dumped again: the older one goes
+    assert removed == ["a"] and held.has("7")
+    taken = held.take("7")
+    assert taken is not None and taken.name == "b" and not held.has("7")
+    assert held.take("7") is None
+    held.hold("8", Parking(removed, "c"))
+    held.drop("8")
+    held.drop("9")  # none: nothing happens
+    assert removed == ["a", "c"] and not held.has("8")
