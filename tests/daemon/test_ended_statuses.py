@@ -56,6 +56,19 @@ def _state(tmp_path: Path, slurm: dict[str, str | None]) -> DaemonState:
     return st
 
 
+def _slurm_says(st: DaemonState, state: str, *, restart_count: int) -> list[str]:
+    """Slurm answers ``state`` and ``restart_count`` for every job; the jobs asked about,
+    in order (the epilog is on the next job's path: each ask counts)."""
+    asked: list[str] = []
+
+    def ask_slurm(job_id: str) -> tuple[JobInfo | None, bool]:
+        asked.append(job_id)
+        return JobInfo(job_id=job_id, state=state, restart_count=restart_count), True
+
+    st.ask_slurm = ask_slurm  # type: ignore[method-assign]
+    return asked
+
+
 def test_a_cancelled_jobs_restored_status_does_not_stay_restored(tmp_path: Path) -> None:
     st = _state(tmp_path, {"7": "CANCELLED", "8": "RUNNING", "9": None})
     for job in ("7", "8", "9", "10"):
@@ -112,8 +125,7 @@ def test_the_epilog_of_a_requeued_job_keeps_its_image_and_says_it_comes_back(
     from spswap.daemon.state import Context
 
     st = _state(tmp_path, {})
-    st.ask_slurm = lambda job_id: (JobInfo(job_id=job_id, state="COMPLETING",  # type: ignore[method-assign]
-                                           restart_count=slurm_restarts), True)  # fmt: skip
+    _slurm_says(st, "COMPLETING", restart_count=slurm_restarts)
     st.jobs.put(JobRecord(job_id="7", uid=1234, user="ann", restart_count=0))
     (st.cfg.paths.images / "job7-m-abc-1").mkdir(parents=True)
     answer = op_job_end(Context(peer_uid=0, peer_pid=1, state=st), {"job_id": "7"})
@@ -135,8 +147,7 @@ def test_the_epilog_of_a_restored_job_that_ends_for_good_ends_its_restored_statu
     from spswap.daemon.state import Context
 
     st = _state(tmp_path, {})
-    st.ask_slurm = lambda job_id: (JobInfo(job_id=job_id, state="COMPLETING",  # type: ignore[method-assign]
-                                           restart_count=slurm_restarts), True)  # fmt: skip
+    _slurm_says(st, "COMPLETING", restart_count=slurm_restarts)
     st.jobs.put(JobRecord(job_id="7", uid=1234, user="ann", restart_count=0))
     st.statuses.write("7", state=CheckpointState.RESTORED, pid=1)
     answer = op_job_end(Context(peer_uid=0, peer_pid=1, state=st), {"job_id": "7"})
@@ -157,13 +168,7 @@ def test_the_epilog_asks_slurm_once_for_an_image_and_a_restored_status(tmp_path:
     from spswap.daemon.state import Context
 
     st = _state(tmp_path, {})
-    asked: list[str] = []
-
-    def ask_slurm(job_id: str) -> tuple[JobInfo | None, bool]:
-        asked.append(job_id)
-        return JobInfo(job_id=job_id, state="COMPLETING", restart_count=1), True
-
-    st.ask_slurm = ask_slurm  # type: ignore[method-assign]
+    asked = _slurm_says(st, "COMPLETING", restart_count=1)
     st.jobs.put(JobRecord(job_id="7", uid=1234, user="ann", restart_count=1))
     st.statuses.write("7", state=CheckpointState.RESTORED, pid=1)
     (st.cfg.paths.images / "job7-m-abc-1").mkdir(parents=True)
@@ -184,13 +189,7 @@ def test_the_epilog_of_a_run_whose_dump_is_under_way_says_it_comes_back(
     from spswap.daemon.state import Context
 
     st = _state(tmp_path, {})
-    seen: list[str] = []
-
-    def ask_slurm(job_id: str) -> tuple[JobInfo | None, bool]:
-        seen.append(job_id)
-        return JobInfo(job_id=job_id, state="COMPLETING", restart_count=1), True
-
-    st.ask_slurm = ask_slurm  # type: ignore[method-assign]
+    seen = _slurm_says(st, "COMPLETING", restart_count=1)
     st.jobs.put(JobRecord(job_id="7", uid=1234, user="ann", restart_count=0))
     st.statuses.write("7", state=CheckpointState.DUMPING, pid=41, pid_start=7)
     st.statuses.mark_left_job("7", requeued=requeued_by_spswapd)
