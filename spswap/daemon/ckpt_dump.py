@@ -172,7 +172,9 @@ class _LeaveJob:
         try:
             killed = self.parking.kill_all()
             saved = self.st.statuses.read(self.job_id).get("state") == CheckpointState.SAVED
-            if saved and self.parking.holds_device_rules:
+            # thawed: CRIU's post-dump step may have frozen it, and a process that enters
+            # a frozen cgroup stops there (the early restore's CRIU would, before its exec)
+            if saved and self.parking.holds_device_rules and self.parking.thaw():
                 self.st.held_cgroups.hold(self.job_id, self.parking)
             else:
                 self.parking.remove()

@@ -95,6 +95,7 @@ def _restore(ctx: Context, st: DaemonState, rec: JobRecord, job_id: str, expecte
             # GB of tmpfs: 0.3-0.4 s that the run's restore waited for)
             remove_image_soon(image)
             sync_quietly(st)
+    st.held_cgroups.drop(job_id)  # (restored here, not early: its cgroup is not needed)
     try:
         pid, timings = restore_instance(st.cfg.paths.images, job_id=job_id, expected=expected,
                                         gpu_uuids=run_gpu_uuids(st, job_id),

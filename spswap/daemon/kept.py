@@ -119,9 +119,11 @@ class KeptTrees:
             self._event("kept.ended", job_id=kept.job_id, pid=kept.pid, reason=reason)
 
     def trim_to(self, budget_bytes: int) -> None:
-        """End the oldest kept trees until the rest fit ``budget_bytes``."""
+        """End the oldest kept trees until the rest fit ``budget_bytes`` (not those woken
+        or restored early for a run about to take them: they go within a minute anyway)."""
         with self._lock:
-            kept = sorted(self._by_job.values(), key=lambda k: k.since)
+            kept = sorted((k for k in self._by_job.values() if k.early_s() is None),
+                          key=lambda k: k.since)  # fmt: skip
         sizes = [(k.job_id, k.size_bytes()) for k in kept]
         total = sum(n for _, n in sizes)
         keys = {k.job_id: k.key for k in kept}

@@ -30,11 +30,12 @@ from spswap.checkpoint import criu
 from spswap.checkpoint.credentials import user_groups
 from spswap.checkpoint.criu_user import RunAs
 from spswap.checkpoint.image_creds import image_problem
-from spswap.checkpoint.images import Identity, read_meta, verify_before_restore
+from spswap.checkpoint.images import Identity, node_identity, read_meta, verify_before_restore
 from spswap.checkpoint.service import images_of_job
+from spswap.daemon.image_uses import sync_quietly
 from spswap.daemon.kept import Kept
 from spswap.daemon.statuses import CheckpointState
-from spswap.fsutil import dir_size_bytes
+from spswap.fsutil import dir_size_bytes, read_json
 from spswap.liveness import pid_start_time
 
 if TYPE_CHECKING:
@@ -57,18 +58,25 @@ def refusal(*, image_bytes: int, available_bytes: int | None) -> str | None:
 def restore_early(st: DaemonState, job_id: str) -> Kept | None:
     """The job's image restored into its held cgroup and frozen: a kept tree for its next
     run, owned by the caller (who holds the job lock); None where it is not done (the
-    reason, if any, in the event log). Never raises; the image stays in any case."""
+    reason, if any, in the event log). Never raises. The image stays, unless CRIU's restore
+    of it failed (as after a run's failed restore: deleted, the run starts cold)."""
     parking = st.held_cgroups.take(job_id)
-    if parking is None:
+    rec = st.jobs.get(job_id)
+    if parking is None or rec is None:
+        if parking is not None:
+            parking.remove()
         return None
     try:
-        image, why = _image_to_restore(st, job_id)
+        image, why = _image_to_restore(st, job_id, rec.uid)
         if image is None:
             parking.remove()
             if why:  # (nothing to say where there is no image to restore)
                 _said(st, "restore.not_restored_early", job_id=job_id, reason=why)
             return None
-        kept = _restore_into(st, job_id, image, parking)
+        kept = _restore_into(st, job_id, rec.uid, image, parking)
+        # the job may have ended meanwhile (its images collected without this tree)
+        if st.statuses.read(job_id).get("state") != CheckpointState.SAVED or not image.is_dir():
+            raise RuntimeError("its job's image went while it was restored early")
     except Exception as e:  # noqa: BLE001 - never into the prolog's daemon thread
         parking.kill_all()
         parking.remove()
@@ -79,46 +87,58 @@ def restore_early(st: DaemonState, job_id: str) -> Kept | None:
     return kept
 
 
-def _image_to_restore(st: DaemonState, job_id: str) -> tuple[Path | None, str]:
-    """The job's image when it may be restored early, else (None, why not)."""
-    rec = st.jobs.get(job_id)
+def _image_to_restore(st: DaemonState, job_id: str, uid: int) -> tuple[Path | None, str]:
+    """The job's image when it may be restored early for the job's owner ``uid``, else
+    (None, why not)."""
     images = images_of_job(st.cfg.paths.images, job_id)
     if st.statuses.read(job_id).get("state") != CheckpointState.SAVED or not images:
-        return None, ""
-    if rec is None:
         return None, ""
     image = images[-1]
     why = refusal(image_bytes=dir_size_bytes(image), available_bytes=mem_available_bytes())
     if why is not None:
         return None, why
-    meta = read_meta(image) or {}
-    # the image of the job's owner (the run's own identity is checked when it takes it)
-    recorded = {**meta.get("identity", {}), "uid": rec.uid}
+    if any(r.get("parked") is None for r in
+           (read_json(image / criu.DUMP_META) or {}).get("link_remaps", [])):  # fmt: skip
+        # CRIU's restore would use up the one link the image has: for the run's restore only
+        return None, "a file the image needs is not set aside (its link under CRIU's name)"
+    # this node's parts and the job owner's uid, as a restore checks them (the model's,
+    # which the prolog does not know, are checked when the run takes the tree)
+    recorded = {**(read_meta(image) or {}).get("identity", {}), **node_identity(), "uid": uid}
     try:
         expected = Identity(**recorded)
     except TypeError:
         return None, "its meta.json has no complete identity"
     why = verify_before_restore(image, expected, read_content=st.cfg.image_check == "full")
-    if why is None and (problem := image_problem(image, rec.uid, user_groups(rec.uid))):
+    if why is None and (problem := image_problem(image, uid, user_groups(uid))):
         why = f"its processes' credentials are not the job user's: {problem}"
     return (None, why) if why is not None else (image, "")
 
 
-def _restore_into(st: DaemonState, job_id: str, image: Path, parking: Any) -> Kept:
-    rec = st.jobs.get(job_id)
-    uid = rec.uid if rec is not None else 0
+def _restore_into(st: DaemonState, job_id: str, uid: int, image: Path, parking: Any) -> Kept:
     run_as = RunAs.for_uid(uid) if not st.cfg.criu_as_root and uid != 0 else None
     dumped = set(image.rglob("*"))
     t0 = time.monotonic()
-    pid = criu.restore(image.name, st.cfg.paths.images, run_as=run_as,
-                       cgroup_dirs=list(parking.dirs.values()))  # fmt: skip
-    criu_s = time.monotonic() - t0
-    # what CRIU's restore wrote into the image (its stats, a pid file) goes: the image
-    # stays as dumped, for the run's check and as the way back
-    for path in set(image.rglob("*")) - dumped:
-        if path.is_file():
-            path.unlink(missing_ok=True)
-    if not parking.freeze():
+    try:
+        pid = criu.restore(image.name, st.cfg.paths.images, run_as=run_as,
+                           cgroup_dirs=list(parking.dirs.values()))  # fmt: skip
+    except Exception as e:
+        # as a run's failed restore: the image is not tried again (CRIU's restore dropped
+        # the links it put in place for it); the run starts cold and says why
+        reason = f"{e}\nthe image {image.name} was deleted: cold start"
+        criu.remove_image(image, tree_gone=True)
+        st.statuses.write(job_id, state=CheckpointState.FAILED, reason=reason)
+        _said(st, "restore.failed", job_id=job_id, uid=uid, reason=reason[:2000], early=True)
+        sync_quietly(st)
+        raise
+    finally:
+        criu_s = time.monotonic() - t0
+        frozen = parking.freeze()  # first: the tree runs no code outside a job meanwhile
+        # what CRIU's restore wrote into the image (its stats, a pid file) goes: the image
+        # stays as dumped, for the run's check and as the way back
+        for path in set(image.rglob("*")) - dumped:
+            if path.is_file():
+                path.unlink(missing_ok=True)
+    if not frozen:
         raise RuntimeError("the restored tree could not be frozen where it waits")
     now = time.time()
     return Kept(job_id, pid, pid_start_time(pid), parking, image.name, now,

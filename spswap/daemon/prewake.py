@@ -82,6 +82,7 @@ def wake_early(st: DaemonState, job_id: str) -> bool:
     woken = False
     try:
         if st.statuses.read(job_id).get("state") != CheckpointState.SAVED:
+            st.held_cgroups.drop(job_id)  # (no image to restore into it)
             return False
         # no kept tree: its image made one, where the dump held its cgroup (prerestore)
         kept = st.kept.take(job_id) or restore_early(st, job_id)
@@ -180,8 +181,9 @@ def matches_gpus(st: DaemonState, job_id: str, kept: Kept) -> bool:
 
 def end_if_untaken(st: DaemonState, job_id: str, woken_s: float | None = None, *,
                    wait_s: float = 0.0) -> bool:  # fmt: skip
-    """End the job's kept tree if its GPU state was woken early (at ``woken_s`` when
-    given) and no run took it: it holds GPU memory outside any slot. True when ended.
+    """End the job's kept tree if its GPU state was woken early, or it was restored early
+    from its image (at ``woken_s`` when given), and no run took it: it holds GPU memory
+    outside any slot, or host memory beside its image. True when ended.
     ``wait_s``: how long to wait for the job's lock (an early wake in progress); without
     it, nothing is waited for (the epilog's path: the job's dump may hold the lock)."""
     found = st.kept.get(job_id)

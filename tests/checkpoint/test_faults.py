@@ -568,6 +568,29 @@ def test_with_no_keep_an_image_restored_early_that_no_run_takes_ends_with_its_jo
     _assert_clean(cfg)
 
 
+def test_with_no_keep_an_image_crius_early_restore_fails_on_gives_a_cold_start_with_why(
+    runs: Runs,
+    job_cgroup: Path,
+) -> None:
+    """An image whose files keep their sizes but not their bytes passes the quick check;
+    CRIU's early restore of it fails: the image is deleted (never tried twice), and the
+    run starts cold, says why and answers everything as the cold model does."""
+    cfg = runs.cfg
+    runs.cgroup = job_cgroup
+    first = runs.stop_run0()
+    status = _settled(cfg)
+    assert status["state"] == "saved" and status["kept"] is False, status
+    first.wait(timeout=60)
+    (image,) = [cfg.paths.images / d for d in _job_dirs(cfg)]
+    mm = next(image.glob("mm-*.img"))  # (not core-*: its credentials are read first)
+    mm.write_bytes(b"\xff" * mm.stat().st_size)  # same size: the layout still holds
+    runs.finish_cold(1, "criu restore of")
+    kinds = [e["kind"] for e in _job_events(cfg)]
+    assert "restore.restored_early" not in kinds and "restore.failed" in kinds, kinds
+    assert _parked_cgroups(cfg) == []
+    _assert_clean(cfg)
+
+
 def test_tiny_tmpfs_full_during_a_parked_dump_sends_the_run_home(
     runs: Runs,
     job_cgroup: Path,
