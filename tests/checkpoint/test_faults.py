@@ -536,6 +536,17 @@ def test_with_no_keep_a_parked_run_is_dumped_and_restored_into_the_next(
     _assert_clean(cfg)
 
 
+def _dumped_not_kept(runs: Runs, job_cgroup: Path) -> dict:
+    """Run 0, in a stand-in job cgroup, stopped and dumped to an image (not kept); its
+    process reaped (its pids free for a restore); the job's checkpoint status."""
+    runs.cgroup = job_cgroup
+    first = runs.stop_run0()
+    status = _settled(runs.cfg)
+    assert status["state"] == "saved" and status["kept"] is False, status
+    first.wait(timeout=60)
+    return status
+
+
 def test_with_no_keep_an_image_restored_early_that_no_run_takes_ends_with_its_job(
     runs: Runs,
     job_cgroup: Path,
@@ -544,11 +555,7 @@ def test_with_no_keep_an_image_restored_early_that_no_run_takes_ends_with_its_jo
     cold, or never asked), the job's end ends it and the image stays: the next run is
     restored from it."""
     cfg = runs.cfg
-    runs.cgroup = job_cgroup
-    first = runs.stop_run0()
-    status = _settled(cfg)
-    assert status["state"] == "saved" and status["kept"] is False, status
-    first.wait(timeout=60)
+    status = _dumped_not_kept(runs, job_cgroup)
     client = Client(cfg)
     assert client.call("job.starting", job_id=JOB)["waking"] is True  # and then no run asks
     _wait("the early restore", lambda: any(
@@ -576,11 +583,7 @@ def test_with_no_keep_an_image_crius_early_restore_fails_on_gives_a_cold_start_w
     CRIU's early restore of it fails: the image is deleted (never tried twice), and the
     run starts cold, says why and answers everything as the cold model does."""
     cfg = runs.cfg
-    runs.cgroup = job_cgroup
-    first = runs.stop_run0()
-    status = _settled(cfg)
-    assert status["state"] == "saved" and status["kept"] is False, status
-    first.wait(timeout=60)
+    _dumped_not_kept(runs, job_cgroup)
     (image,) = [cfg.paths.images / d for d in _job_dirs(cfg)]
     mm = next(image.glob("mm-*.img"))  # (not core-*: its credentials are read first)
     mm.write_bytes(b"\xff" * mm.stat().st_size)  # same size: the layout still holds
