@@ -203,10 +203,7 @@ class _LeaveJob:
         return True
 
     def _event(self, kind: str, **fields: Any) -> None:
-        try:
-            self.st.event(kind, job_id=self.job_id, **fields)
-        except OSError:  # a full log must not cost the dump
-            pass
+        self.st.event_quietly(kind, job_id=self.job_id, **fields)  # (never costs the dump)
 
 
 def _park_out_of_job(st: DaemonState, job_id: str, tree: list[int],

@@ -71,7 +71,7 @@ def restore_early(st: DaemonState, job_id: str) -> Kept | None:
         if image is None:
             parking.remove()
             if why:  # (nothing to say where there is no image to restore)
-                _said(st, "restore.not_restored_early", job_id=job_id, reason=why)
+                st.event_quietly("restore.not_restored_early", job_id=job_id, reason=why)
             return None
         kept = _restore_into(st, job_id, rec.uid, image, parking)
         # the job may have ended meanwhile (its images collected without this tree)
@@ -80,9 +80,9 @@ def restore_early(st: DaemonState, job_id: str) -> Kept | None:
     except Exception as e:  # noqa: BLE001 - never into the prolog's daemon thread
         parking.kill_all()
         parking.remove()
-        _said(st, "restore.not_restored_early", job_id=job_id, reason=str(e)[:2000])
+        st.event_quietly("restore.not_restored_early", job_id=job_id, reason=str(e)[:2000])
         return None
-    _said(st, "restore.restored_early", job_id=job_id, pid=kept.pid,
+    st.event_quietly("restore.restored_early", job_id=job_id, pid=kept.pid,
           timings_s=kept.restore_timings)  # fmt: skip
     return kept
 
@@ -127,7 +127,7 @@ def _restore_into(st: DaemonState, job_id: str, uid: int, image: Path, parking: 
         reason = f"{e}\nthe image {image.name} was deleted: cold start"
         criu.remove_image(image, tree_gone=True)
         st.statuses.write(job_id, state=CheckpointState.FAILED, reason=reason)
-        _said(st, "restore.failed", job_id=job_id, uid=uid, reason=reason[:2000], early=True)
+        st.event_quietly("restore.failed", job_id=job_id, uid=uid, reason=reason[:2000], early=True)
         sync_quietly(st)
         raise
     finally:
@@ -154,10 +154,3 @@ def mem_available_bytes(meminfo: Path = Path("/proc/meminfo")) -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
-
-
-def _said(st: DaemonState, kind: str, **fields: object) -> None:
-    try:
-        st.event(kind, **fields)
-    except OSError:  # a full event log changes nothing here
-        pass

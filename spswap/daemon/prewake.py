@@ -94,15 +94,15 @@ def wake_early(st: DaemonState, job_id: str) -> bool:
         woken = _wake_taken(st, job_id, kept)
         if not woken and kept.restored_early_s is None:
             return False  # (kept as it was, or ended)
-        if kept.early_s() is not None:  # ended unless its run takes it soon
-            timer = threading.Timer(HOLD_S, end_if_untaken, args=(st, job_id, kept.early_s()),
-                                    kwargs={"wait_s": END_WAIT_S})  # fmt: skip
-            timer.daemon = True  # never holds spswapd's exit
-            timer.start()
+        # woken or restored early (early_s set): ended unless its run takes it soon
+        timer = threading.Timer(HOLD_S, end_if_untaken, args=(st, job_id, kept.early_s()),
+                                kwargs={"wait_s": END_WAIT_S})  # fmt: skip
+        timer.daemon = True  # never holds spswapd's exit
+        timer.start()
     finally:
         lock.release()
     if woken:
-        _said(st, "restore.woken_early", job_id=job_id, pid=kept.pid,
+        st.event_quietly("restore.woken_early", job_id=job_id, pid=kept.pid,
               timings_s=kept.early_timings)  # fmt: skip
     return woken
 
@@ -149,7 +149,7 @@ def _ready(st: DaemonState, job_id: str, kept: Kept) -> Path | None:
     if why_not is None:
         return image
     if record.get("cuda_pids"):  # (a tree without GPU state has nothing to wake)
-        _said(st, "restore.not_woken_early", job_id=job_id, reason=why_not)
+        st.event_quietly("restore.not_woken_early", job_id=job_id, reason=why_not)
     return None
 
 
@@ -163,13 +163,6 @@ def _wake(kept: Kept, image: Path) -> None:
         raise RuntimeError("the tree could not be frozen again")
     kept.gpu_back_s = time.time()
     kept.early_timings = {**timings, "early_total": time.monotonic() - t0}
-
-
-def _said(st: DaemonState, kind: str, **fields: object) -> None:
-    try:
-        st.event(kind, **fields)
-    except OSError:  # a full event log changes nothing here
-        pass
 
 
 def matches_gpus(st: DaemonState, job_id: str, kept: Kept) -> bool:

@@ -131,6 +131,14 @@ class DaemonState:
             fields["uid"] = self._job_uid(str(job_id))
         events.append(self.cfg.paths.events, kind, **fields)
 
+    def event_quietly(self, kind: str, **fields: Any) -> None:
+        """:meth:`event` for a caller that must go on whatever happens (a dump, a daemon
+        thread): a full event log loses the line, nothing else."""
+        try:
+            self.event(kind, **fields)
+        except OSError:
+            pass
+
     def _job_uid(self, job_id: str) -> int | None:
         try:
             rec = self.jobs.get(job_id)
