@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from spswap.errors import SpswapError
+from spswap.fsutil import atomic_write_json
 from spswap.serve.front import openai_hint
 from spswap.serve.spool import Request, Spool, answered, fetch_id, not_answered
 from spswap.slurm.backend import CliBackend
@@ -25,9 +26,8 @@ MULTI_ENDPOINT_FILE = "models_endpoint.json"
 
 def write_multi_endpoint(state_dir: Path, socket_path: Path, models: list[str]) -> None:
     """Record in a multi-model job's state directory where its endpoint is."""
-    (state_dir / MULTI_ENDPOINT_FILE).write_text(
-        json.dumps({"socket": str(socket_path), "models": models}) + "\n"
-    )
+    atomic_write_json(state_dir / MULTI_ENDPOINT_FILE, {"socket": str(socket_path),
+                                                        "models": models})  # fmt: skip
 
 
 def not_a_spool(state_dir: Path) -> str | None:
