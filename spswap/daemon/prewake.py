@@ -162,7 +162,7 @@ def _wake(kept: Kept, image: Path) -> None:
     if not kept.parking.freeze():
         raise RuntimeError("the tree could not be frozen again")
     kept.gpu_back_s = time.time()
-    kept.early_timings = {**timings, "early_total": time.monotonic() - t0}
+    kept.early_timings = {**timings, "wake_total": time.monotonic() - t0}
 
 
 def matches_gpus(st: DaemonState, job_id: str, kept: Kept) -> bool:

@@ -7,6 +7,7 @@ single request is answered."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -26,12 +27,22 @@ def tokens_text(ids: list[int] | None, shown: int = 8) -> str:
 
 
 def timings_text(timings_s: Any) -> str:
-    """``{"thaw": 0.0003, "cuda_restore": 0.42}`` as ``thaw 0.3 ms, cuda_restore 420 ms``
-    (a restore's steps, in the job's log)."""
+    """A restore's steps for the job's log, in the order spswapd ran them:
+    ``{"early_criu_restore": 1.84, "thaw": 0.0039, "cuda_restore_pid12": 0.6}`` as
+    ``CRIU restore 1.84 s at the prolog, thaw 3.9 ms``. Per-process figures (``_pid``)
+    are left to ``spswap events``."""
     if not isinstance(timings_s, dict) or not timings_s:
         return "no timings"
-    return ", ".join(f"{k} {float(v) * 1000:.3g} ms" for k, v in timings_s.items()
-                     if isinstance(v, (int, float)) and not isinstance(v, bool))  # fmt: skip
+    steps = []
+    for key, value in timings_s.items():
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or "_pid" in key:
+            continue
+        early = key.startswith("early_")
+        name = key.removeprefix("early_").replace("_", " ")
+        name = re.sub(r"\bcriu\b", "CRIU", re.sub(r"\bcuda\b", "CUDA", name))
+        shown = f"{value:.2f} s" if value >= 0.1 else f"{value * 1000:.2g} ms"
+        steps.append(f"{name} {shown}{' at the prolog' if early else ''}")
+    return ", ".join(steps) or "no timings"
 
 
 def restored_text(how: str, run: int, *, wake_s: float, check_s: float,

@@ -96,10 +96,13 @@ def test_a_preempted_vllm_multi_model_job_comes_back_whole(tmp_path: Path, fate:
         )  # fmt: skip
 
     def serving(restart: int) -> bool:
-        log = (tmp_path / f"run{restart}.log").read_text()
         proc = run0 if restart == 0 else run1
+        log = (tmp_path / f"run{restart}.log").read_text()
         assert proc is None or proc.poll() is None, f"run {restart} ended: {log[-3000:]}"
-        return bool(re.search(r"2 models on \S+ \(", log)) and sock.exists()
+        # a restored tree writes where it wrote before its dump (run 0's output, as a
+        # requeued Slurm job's output file): its "serving" line is run 0's second one
+        logs = "".join((tmp_path / f"run{r}.log").read_text() for r in range(restart + 1))
+        return len(re.findall(r"serving 2 models on \S+ \(", logs)) > restart and sock.exists()
 
     def wait(what: str, check: Any, timeout_s: float) -> Any:
         return wait_logged(what, check, timeout_s, tmp_path)
@@ -133,7 +136,9 @@ def test_a_preempted_vllm_multi_model_job_comes_back_whole(tmp_path: Path, fate:
                           "image_bytes": status.get("size_bytes"),
                           "timings_s": status.get("timings_s"),
                           "restore": done[-1]["detail"] if done else None}))  # fmt: skip
-        log1 = (tmp_path / "run1.log").read_text()
+        # run 1's own log, and what the restored tree wrote into run 0's after the dump
+        log1 = (tmp_path / "run1.log").read_text() + (tmp_path / "run0.log").read_text().split(
+            "stopped by SIGUSR1", 1)[-1]  # fmt: skip
         assert back.path.value == fate, (back, log1[-3000:])
         assert after == before, log1[-3000:]
         assert "up from the pool" not in log1 and "started cold" not in log1, log1[-3000:]
