@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -81,6 +82,37 @@ def test_process_tree_pids_of_this_process() -> None:
         child.wait()
 
 
+def test_each_process_of_a_tree_is_moved_at_once_and_every_failure_waits_for_the_rest() -> None:
+    """The driver calls of a tree's processes run side by side (a multi-model job's
+    engines restore in the time of the slowest); a failure is raised only once every
+    call has returned, and the others' times are still recorded."""
+    import threading
+    import time
+
+    running, most, lock = [0], [0], threading.Lock()
+    finished: list[int] = []
+
+    def call(pid: int) -> None:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.2)
+        with lock:
+            running[0] -= 1
+            finished.append(pid)
+        if pid == 2:
+            raise CheckpointFailed("cuCheckpointProcessRestore of pid 2 failed")
+
+    spent: dict[str, float] = {}
+    cuda_ckpt._each([1, 3], call, "restore", spent)
+    assert most[0] == 2 and sorted(spent) == ["restore_pid1", "restore_pid3"]
+    spent.clear()
+    with pytest.raises(CheckpointFailed, match="pid 2"):
+        cuda_ckpt._each([1, 2, 3], call, "restore", spent)
+    assert sorted(finished[-3:]) == [1, 2, 3] and sorted(spent) == ["restore_pid1", "restore_pid3"]
+    cuda_ckpt._each([], call, "restore", spent)  # a tree without CUDA processes
+
+
 def test_unavailable_is_explained_not_crashed() -> None:
     if cuda_ckpt.available():
         pytest.skip("CUDA checkpoint is available here: covered by the GPU test")
@@ -124,5 +156,51 @@ def test_checkpoint_and_restore_a_real_cuda_process() -> None:
         proc.stdin.flush()
         assert float(proc.stdout.readline()) == float(sum(range(1 << 20)))
     finally:
+        proc.kill()
+        proc.wait()
+
+
+GPU_PARENT = """
+import subprocess, sys
+children = [subprocess.Popen([sys.executable, "-c", sys.argv[1]], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True) for _ in range(2)]
+for c in children:
+    assert c.stdout.readline().strip() == "ready"
+print("ready", flush=True)
+sys.stdin.readline()
+for c in children:
+    c.stdin.write("\\n"); c.stdin.flush()
+    print(c.stdout.readline().strip(), flush=True)
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not cuda_ckpt.available(), reason=f"{cuda_ckpt.unavailable_reason()}")
+def test_a_tree_of_two_cuda_processes_is_checkpointed_and_restored_side_by_side() -> None:
+    """Two engines in one tree (as `spswap serve --models`): both checkpointed, restored
+    (at once) and unlocked, and both compute the same after."""
+    proc = subprocess.Popen([sys.executable, "-c", GPU_PARENT, GPU_CHILD],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        assert proc.stdout.readline().strip() == "ready"
+        spent: dict[str, float] = {}
+        pids = cuda_ckpt.checkpoint_tree(proc.pid, spent_s=spent)
+        assert len(pids) == 2 and proc.pid not in pids, pids
+        assert {cuda_ckpt.get_state(p) for p in pids} == {"CHECKPOINTED"}
+        assert sorted(cuda_ckpt.restore_tree(proc.pid, spent_s=spent)) == sorted(pids)
+        assert sorted(cuda_ckpt.unlock_tree(proc.pid)) == sorted(pids)
+        assert sorted(spent) == sorted(
+            f"{w}_pid{p}" for w in ("checkpoint", "restore") for p in pids
+        )
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        expected = float(sum(range(1 << 20)))
+        assert [float(proc.stdout.readline()) for _ in pids] == [expected, expected]
+    finally:
+        for pid in cuda_ckpt.process_tree_pids(proc.pid):
+            if pid != proc.pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, 9)
         proc.kill()
         proc.wait()
