@@ -16,8 +16,10 @@ unlocks it, and the run's record says it came from its image.
 Checked first, as a restore would: the image's integrity and owner, its identity against
 the job's owner, its processes' credentials, and memory for the tree beside its image (the
 run's own identity, which the prolog does not know, is checked when the run takes the
-tree, as for a kept one). A tree its run does not take is ended after
-:data:`spswap.daemon.prewake.HOLD_S` and at the job's end; the image stays.
+tree, as for a kept one). The memory is claimed while CRIU restores
+(:mod:`spswap.daemon.memory_claims`), so that prologs at once do not count it twice. A
+tree its run does not take is ended after :data:`spswap.daemon.prewake.HOLD_S` and at the
+job's end; the image stays.
 """
 
 from __future__ import annotations
@@ -41,19 +43,6 @@ from spswap.liveness import pid_start_time
 if TYPE_CHECKING:
     from spswap.daemon.state import DaemonState
 
-MEMORY_MARGIN_BYTES = 2 << 30  # left free beside the tree and its image
-
-
-def refusal(*, image_bytes: int, available_bytes: int | None) -> str | None:
-    """Why an image is not restored early for lack of memory, or None. Pure."""
-    if available_bytes is None:
-        return "the free memory is not known"
-    needed = image_bytes + MEMORY_MARGIN_BYTES
-    if available_bytes < needed:
-        return (f"not enough free memory for the tree beside its image ({needed >> 20} MiB "
-                f"needed, {available_bytes >> 20} MiB available)")  # fmt: skip
-    return None
-
 
 def restore_early(st: DaemonState, job_id: str) -> Kept | None:
     """The job's image restored into its held cgroup and frozen: a kept tree for its next
@@ -73,7 +62,12 @@ def restore_early(st: DaemonState, job_id: str) -> Kept | None:
             if why:  # (nothing to say where there is no image to restore)
                 st.event_quietly("restore.not_restored_early", job_id=job_id, reason=why)
             return None
-        kept = _restore_into(st, job_id, rec.uid, image, parking)
+        with st.memory_claims.claim(dir_size_bytes(image)) as short:
+            if short is not None:
+                parking.remove()
+                st.event_quietly("restore.not_restored_early", job_id=job_id, reason=short)
+                return None
+            kept = _restore_into(st, job_id, rec.uid, image, parking)
         # the job may have ended meanwhile (its images collected without this tree)
         if st.statuses.read(job_id).get("state") != CheckpointState.SAVED or not image.is_dir():
             raise RuntimeError("its job's image went while it was restored early")
@@ -94,9 +88,6 @@ def _image_to_restore(st: DaemonState, job_id: str, uid: int) -> tuple[Path | No
     if st.statuses.read(job_id).get("state") != CheckpointState.SAVED or not images:
         return None, ""
     image = images[-1]
-    why = refusal(image_bytes=dir_size_bytes(image), available_bytes=mem_available_bytes())
-    if why is not None:
-        return None, why
     if any(r.get("parked") is None for r in
            (read_json(image / criu.DUMP_META) or {}).get("link_remaps", [])):  # fmt: skip
         # CRIU's restore would use up the one link the image has: for the run's restore only
@@ -143,14 +134,3 @@ def _restore_into(st: DaemonState, job_id: str, uid: int, image: Path, parking: 
     now = time.time()
     return Kept(job_id, pid, pid_start_time(pid), parking, image.name, now,
                 restored_early_s=now, restore_timings={"criu_restore": criu_s})  # fmt: skip
-
-
-def mem_available_bytes(meminfo: Path = Path("/proc/meminfo")) -> int | None:
-    """The kernel's MemAvailable, in bytes; None when it cannot be read."""
-    try:
-        for line in meminfo.read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None

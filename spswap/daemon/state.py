@@ -22,6 +22,7 @@ from spswap.config import Config
 from spswap.daemon import events
 from spswap.daemon.jobs import JobRecord, JobState, JobStore
 from spswap.daemon.kept import HeldCgroups, KeptTrees
+from spswap.daemon.memory_claims import MemoryClaims
 from spswap.daemon.statuses import CheckpointStatuses
 from spswap.errors import PermissionDenied, RequestRefused, SpswapError
 from spswap.liveness import JobProbe
@@ -113,11 +114,13 @@ class DaemonState:
     kept: KeptTrees = field(init=False)  # the dumped trees kept alive beside their images
     # the emptied parked cgroups of dumps that left images (spswap.daemon.prerestore)
     held_cgroups: HeldCgroups = field(init=False)
+    memory_claims: MemoryClaims = field(init=False)
 
     def __post_init__(self) -> None:
         self.statuses = CheckpointStatuses(self.cfg.paths.run / "checkpoints")
         self.kept = KeptTrees(self.statuses, self.event)
         self.held_cgroups = HeldCgroups()
+        self.memory_claims = MemoryClaims()
 
     @property
     def jobs(self) -> JobStore:

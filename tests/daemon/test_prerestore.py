@@ -1,4 +1,5 @@
-"""The image restored early (spswap.daemon.prerestore): when memory allows it, the held
+"""The image restored early (spswap.daemon.prerestore): when memory allows it (and
+restores at once), the held
 cgroups' lifetime, MemAvailable read. The restore itself, with the real CRIU and a real
 spswapd: tests/checkpoint/test_faults.py (the no-keep and keep-budget cases)."""
 
@@ -7,7 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from spswap.daemon.kept import HeldCgroups
-from spswap.daemon.prerestore import MEMORY_MARGIN_BYTES, mem_available_bytes, refusal
+from spswap.daemon.memory_claims import (
+    MEMORY_MARGIN_BYTES,
+    MemoryClaims,
+    mem_available_bytes,
+    refusal,
+)
 
 GIB = 1 << 30
 
@@ -28,6 +34,30 @@ def test_mem_available_is_read_from_meminfo(tmp_path: Path) -> None:
     assert mem_available_bytes(meminfo) is None
     assert mem_available_bytes(tmp_path / "none") is None
     assert (mem_available_bytes() or 0) > 0  # this machine's
+
+
+def test_restores_at_once_do_not_count_the_same_free_memory_twice() -> None:
+    """Two prologs at once: the second early restore is judged on the memory the first
+    one has not yet taken; a refused claim holds nothing, an ended one gives it back."""
+    available = [10 * GIB]
+    claims = MemoryClaims(lambda: available[0])
+    with claims.claim(5 * GIB) as first:
+        assert first is None and claims.claimed_bytes == 5 * GIB
+        with claims.claim(4 * GIB) as second:
+            assert second == ("not enough free memory for the tree beside its image "
+                              "(6144 MiB needed, 5120 MiB available)")  # fmt: skip
+            assert claims.claimed_bytes == 5 * GIB
+        with claims.claim(3 * GIB) as third:
+            assert third is None and claims.claimed_bytes == 8 * GIB
+    assert claims.claimed_bytes == 0
+    available[0] = 4 * GIB
+    with claims.claim(2 * GIB) as fits:
+        assert fits is None
+        available[0] = GIB  # memory went elsewhere meanwhile: less than is claimed
+        with claims.claim(1) as over:
+            assert over is not None and "0 MiB available" in over
+    assert claims.claimed_bytes == 0
+    assert MemoryClaims(lambda: None).claim(1).__enter__() == "the free memory is not known"
 
 
 class Parking:
