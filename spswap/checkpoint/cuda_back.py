@@ -74,12 +74,12 @@ def wake_kept(image: Path, pid: int, *, gpu_uuids: list[str] | None = None,
         cuda = list(record.get("cuda_pids", []))
         missing = [p for p in cuda if tree is not None and p not in tree]
         if missing:
-            raise CheckpointFailed(f"the kept instance lost its CUDA process(es) {missing}")
+            raise CheckpointFailed(f"the instance lost its CUDA process(es) {missing}")
         return cuda_back(pid, cuda, gpu_map_for(record, gpu_uuids), unlock=unlock)
     except CheckpointFailed:
         raise
     except Exception as e:
-        raise CheckpointFailed(f"the kept instance (pid {pid}) could not get its GPU state "
+        raise CheckpointFailed(f"the instance (pid {pid}) could not get its GPU state "
                                f"back: {e}") from None  # fmt: skip
 
 
@@ -89,5 +89,5 @@ def unlock_kept(image: Path, pid: int) -> dict[str, float]:
     try:
         return unlock_back(pid, list(cuda_record(image).get("cuda_pids", [])))
     except Exception as e:
-        raise CheckpointFailed(f"the kept instance (pid {pid}) could not be unlocked: {e}"
+        raise CheckpointFailed(f"the instance (pid {pid}) could not be unlocked: {e}"
                                ) from None  # fmt: skip

@@ -123,6 +123,8 @@ def _wake_kept(st: DaemonState, rec: JobRecord, job_id: str, expected: Identity,
     failure ends the instance and deletes the image (cold start)."""
     t0 = time.monotonic()
     image = None
+    what = ("the kept instance" if kept.restored_early_s is None
+            else "the instance its image brought back at the job's prolog")  # fmt: skip
     try:
         if not kept.alive():
             raise _KeptGone
@@ -136,7 +138,7 @@ def _wake_kept(st: DaemonState, rec: JobRecord, job_id: str, expected: Identity,
             st.event("restore.device_rules_not_carried", job_id=job_id,
                      reason=kept.parking.devices_reason[:500])  # fmt: skip
         if not kept.parking.thaw():
-            raise CheckpointFailed(f"the kept instance of job {job_id} could not be thawed")
+            raise CheckpointFailed(f"{what} of job {job_id} could not be thawed")
         timings["thaw"] = time.monotonic() - t0
         if not kept.alive():
             raise _KeptGone
@@ -160,7 +162,7 @@ def _wake_kept(st: DaemonState, rec: JobRecord, job_id: str, expected: Identity,
         if image is not None:
             remove_image(image, tree_gone=True)
         rejected = isinstance(e, ImageRejected)
-        reason = str(e) if rejected else f"{e}; the kept instance was ended: cold start"
+        reason = str(e) if rejected else f"{e}; {what} was ended: cold start"
         st.statuses.write(
             job_id,
             state=CheckpointState.REJECTED if rejected else CheckpointState.FAILED,

@@ -56,7 +56,9 @@ def restore_early(st: DaemonState, job_id: str) -> Kept | None:
             parking.remove()
         return None
     try:
+        t0 = time.monotonic()
         image, why = _image_to_restore(st, job_id, rec.uid)
+        verify_s = time.monotonic() - t0
         if image is None:
             parking.remove()
             if why:  # (nothing to say where there is no image to restore)
@@ -67,7 +69,7 @@ def restore_early(st: DaemonState, job_id: str) -> Kept | None:
                 parking.remove()
                 st.event_quietly("restore.not_restored_early", job_id=job_id, reason=short)
                 return None
-            kept = _restore_into(st, job_id, rec.uid, image, parking)
+            kept = _restore_into(st, job_id, rec.uid, image, parking, verify_s)
         # the job may have ended meanwhile (its images collected without this tree)
         if st.statuses.read(job_id).get("state") != CheckpointState.SAVED or not image.is_dir():
             raise RuntimeError("its job's image went while it was restored early")
@@ -105,7 +107,8 @@ def _image_to_restore(st: DaemonState, job_id: str, uid: int) -> tuple[Path | No
     return (None, why) if why is not None else (image, "")
 
 
-def _restore_into(st: DaemonState, job_id: str, uid: int, image: Path, parking: Any) -> Kept:
+def _restore_into(st: DaemonState, job_id: str, uid: int, image: Path, parking: Any,
+                  verify_s: float) -> Kept:  # fmt: skip
     run_as = RunAs.for_uid(uid) if not st.cfg.criu_as_root and uid != 0 else None
     dumped = set(image.rglob("*"))
     t0 = time.monotonic()
@@ -132,5 +135,6 @@ def _restore_into(st: DaemonState, job_id: str, uid: int, image: Path, parking: 
     if not frozen:
         raise RuntimeError("the restored tree could not be frozen where it waits")
     now = time.time()
+    timings = {"verify": verify_s, "criu_restore": criu_s}
     return Kept(job_id, pid, pid_start_time(pid), parking, image.name, now,
-                restored_early_s=now, restore_timings={"criu_restore": criu_s})  # fmt: skip
+                restored_early_s=now, restore_timings=timings)  # fmt: skip
