@@ -151,3 +151,8 @@ class CheckpointFailed(SpswapError):
 class ImageRejected(CheckpointFailed):
     """A checkpoint image may not be restored here (identity, integrity, ownership): the
     run starts cold (from the pool) instead."""
+
+
+class CriuNotStarted(CheckpointFailed):
+    """CRIU itself could not be started (its binary, or the cgroup it was to start in):
+    nothing was dumped or restored, and the image is as it was."""

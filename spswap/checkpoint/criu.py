@@ -52,7 +52,7 @@ from spswap.checkpoint.criu_log import first_error, hint_for, log_tail, write_lo
 from spswap.checkpoint.criu_user import RunAs, as_user_dir, root_post_dump, root_prefix
 from spswap.checkpoint.image_creds import image_problem
 from spswap.checkpoint.proctree import wait_pids_free
-from spswap.errors import CheckpointFailed
+from spswap.errors import CheckpointFailed, CriuNotStarted
 from spswap.fsutil import atomic_write_json, dir_size_bytes, read_json
 
 DUMP_META = "spswap-dump.json"
@@ -117,6 +117,14 @@ def _run(argv: list[str], timeout_s: float, pass_fds: list[int] | None = None,
     except subprocess.TimeoutExpired as e:
         out = e.output.decode(errors="replace") if e.output else ""
         return -1, out + f"\nspswap: criu did not finish within {timeout_s} s\n"
+    except subprocess.SubprocessError as e:  # Python's only word for a failed preexec_fn
+        where = ", ".join(str(d) for d in cgroup_dirs or [])
+        raise CriuNotStarted(f"CRIU could not be started inside the cgroup(s) {where} "
+                             f"({e}): is each one there, and its cgroup.procs writable "
+                             "by root?") from None  # fmt: skip
+    except OSError as e:
+        raise CriuNotStarted(f"CRIU could not be started ({argv[0]}: {e}): check it with "
+                             "`spswap doctor`") from None  # fmt: skip
     return res.returncode, res.stdout.decode(errors="replace")
 
 

@@ -37,6 +37,7 @@ from spswap.checkpoint.service import images_of_job
 from spswap.daemon.image_uses import sync_quietly
 from spswap.daemon.kept import Kept
 from spswap.daemon.statuses import CheckpointState
+from spswap.errors import CriuNotStarted
 from spswap.fsutil import dir_size_bytes, read_json
 from spswap.liveness import pid_start_time
 
@@ -115,6 +116,8 @@ def _restore_into(st: DaemonState, job_id: str, uid: int, image: Path, parking: 
     try:
         pid = criu.restore(image.name, st.cfg.paths.images, run_as=run_as,
                            cgroup_dirs=list(parking.dirs.values()))  # fmt: skip
+    except CriuNotStarted:
+        raise  # the image was not touched: the run restores it itself
     except Exception as e:
         # as a run's failed restore: the image is not tried again (CRIU's restore dropped
         # the links it put in place for it); the run starts cold and says why

@@ -596,6 +596,33 @@ def test_with_no_keep_an_image_crius_early_restore_fails_on_gives_a_cold_start_w
     _assert_clean(cfg)
 
 
+def test_with_no_keep_a_held_cgroup_gone_before_the_early_restore_leaves_the_image_whole(
+    runs: Runs,
+    job_cgroup: Path,
+) -> None:
+    """The parked cgroup the dump left is gone (an admin's cleanup) when the run starts:
+    CRIU cannot start inside it, so nothing is restored early, the event says why, and
+    the image is untouched: the run restores it itself and answers as the cold model."""
+    from spswap.checkpoint import cgroups
+
+    cfg = runs.cfg
+    status = _dumped_not_kept(runs, job_cgroup)
+    tag = f"{cgroups.PREFIX}{cgroups.root_tag(cfg.root)}-"
+    held = [p for base in cgroups.own_dirs(cgroups.mounts()).values() for p in base.glob(f"{tag}*")]
+    assert held, "the dump holds its parked cgroup for the early restore"
+    for d in held:
+        d.rmdir()
+    second = runs.start(1)
+    assert second.wait(timeout=300) == 0, runs.log(1)
+    events = _job_events(cfg)
+    why = [e["detail"]["reason"] for e in events if e["kind"] == "restore.not_restored_early"]
+    assert why and "CRIU could not be started inside the cgroup(s)" in why[0], events
+    assert "restore.restored_early" not in [e["kind"] for e in events], events
+    assert f"restored from its image as pid {status['pid']}" in runs.log(1), runs.log(1)
+    _assert_answers_like_cold(runs)
+    _assert_clean(cfg)
+
+
 def test_tiny_tmpfs_full_during_a_parked_dump_sends_the_run_home(
     runs: Runs,
     job_cgroup: Path,
