@@ -311,7 +311,7 @@ def restore(
     ):
         # a user's CRIU writes its pidfile into the image directory (relative to it)
         pidfile = Path(RESTORE_PIDFILE) if run_as else Path(scratch) / "pid"
-        argv = (run_as.prefix() if run_as else []) + criu_argv.restore_argv(
+        argv = (run_as.prefix() if run_as else root_prefix()) + criu_argv.restore_argv(
             str(path), images_dir=Path(images_arg), log_file="-", pidfile=pidfile,
             shell_job=bool(meta.get("shell_job")),
             tcp_close=tcp_close or bool(meta.get("tcp_close")), auto_dedup=auto_dedup,

@@ -59,8 +59,8 @@ def caller_guard(caller_pid: int) -> list[str]:
 
 
 def as_root_argv(setpriv: str, caller_pid: int) -> list[str]:
-    """The ``setpriv`` prefix of root's CRIU dump: it dies with its caller, ``caller_pid``
-    (:func:`caller_guard`).
+    """The ``setpriv`` prefix of root's CRIU (dump or restore): it dies with its caller,
+    ``caller_pid`` (:func:`caller_guard`).
 
     >>> as_root_argv("setpriv", 42)[:3]
     ['setpriv', '--pdeathsig=KILL', '/bin/sh']

@@ -59,8 +59,8 @@ class RunAs:
 
 
 def root_prefix() -> list[str]:
-    """The command line that starts root's CRIU dump so that it dies with spswapd
-    (:data:`criu_argv.DIE_WITH_CALLER`); none where setpriv is missing."""
+    """The command line that starts root's CRIU (a dump or a restore) so that it dies
+    with spswapd (:data:`criu_argv.DIE_WITH_CALLER`); none where setpriv is missing."""
     setpriv = shutil.which("setpriv")
     return criu_argv.as_root_argv(setpriv, os.getpid()) if setpriv else []
 
