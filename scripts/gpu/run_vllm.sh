@@ -12,6 +12,7 @@
 #   tests     tests/engines/test_vllm.py and test_vllm_serve_gpu.py on 0.5B
 #   bench7b   python -m spswap.bench.swap on 7B (--cycles 2; BENCH_ARGS and BENCH_TAG too)
 #   pcie      scripts/gpu/pcie_idle_probe.py (is a copy after an idle pause slow?)
+#   pagefill  scripts/gpu/page_fill_probe.py (how fast a restore can fill fresh memory)
 #   probe     scripts/gpu/vllm_copy_probe.py --first on 1.5B (why a copy runs below the limit;
 #             PROBE_ARGS: other options, e.g. "--first-only --kv-gib 4")
 #   release   scripts/gpu/release_probe.py (are copies slow after memory goes back to the driver?)
@@ -77,6 +78,12 @@ criu_off() { sysctl -w kernel.io_uring_disabled="$old_uring" >/dev/null 2>&1; }
 if want pcie; then
   step pcie
   timeout -k 5 120 python3 scripts/gpu/pcie_idle_probe.py 2>&1 | grep IDLE
+fi
+
+if want pagefill; then
+  step pagefill
+  timeout -k 5 120 python3 scripts/gpu/page_fill_probe.py --size-mib 2048 --repeats 3 \
+    | tee "$OUT/pagefill.jsonl"
 fi
 
 # run_skeleton STEP OUTPUT LIMIT_S [vllm_skeleton.py options]: 0.5B preempted for 1.5B
