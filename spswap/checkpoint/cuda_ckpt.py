@@ -16,6 +16,7 @@ whether the calls can work here and :func:`unavailable_reason` why not.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import re
@@ -256,8 +257,10 @@ def checkpoint_tree(root_pid: int, timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS,
     """Lock, then checkpoint, every CUDA process of the tree; returns their pids.
 
     All are locked before any is checkpointed, so no process waits on a peer that is
-    already gone. On failure the locked ones are unlocked again (best effort).
-    ``spent_s`` gets each process's checkpoint time (``checkpoint_pid<N>``).
+    already gone. On failure every one is made to run again (best effort): those already
+    checkpointed (their peers checkpoint at the same time) get their GPU state back, and
+    all are unlocked, so that the tree the caller resumes does not hang in its next CUDA
+    call. ``spent_s`` gets each process's checkpoint time (``checkpoint_pid<N>``).
     """
     _driver()  # a clear reason first when CUDA checkpoint cannot run here
     pids = [p for p, s in _states(cuda_pids(process_tree_pids(root_pid))).items() if s == "RUNNING"]
@@ -269,11 +272,11 @@ def checkpoint_tree(root_pid: int, timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS,
         _each(pids, checkpoint, "checkpoint", spent_s)
     except CheckpointFailed:
         for pid in locked:
-            try:
+            with contextlib.suppress(CheckpointFailed):
+                if get_state(pid) == "CHECKPOINTED":
+                    restore(pid)
                 if get_state(pid) == "LOCKED":
                     unlock(pid)
-            except CheckpointFailed:
-                pass
         raise
     return pids
 
