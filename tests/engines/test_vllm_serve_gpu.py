@@ -106,7 +106,7 @@ def test_two_runs_of_a_job_and_a_swap_through_the_server(tmp_path: Path) -> None
     assert second["during"]["copy"]["size_bytes"] > 0
 
 
-@pytest.mark.parametrize("fate", ["image", "kept", "dies"])
+@pytest.mark.parametrize("fate", ["image", "kept", "dies", "damaged"])
 def test_the_real_server_is_dumped_and_restored_into_the_next_run(
     tmp_path: Path, fate: str
 ) -> None:
@@ -117,7 +117,11 @@ def test_the_real_server_is_dumped_and_restored_into_the_next_run(
     dumps it with --leave-running and freezes it; run 1 gets it back without CRIU. dies:
     restored from its image, then the restored `spswap serve` is killed, its server left
     running with its GPU memory: run 1 ends that server, starts its own from the pool and
-    answers like run 0 (before issue 14 the old server stayed up beside the new one)."""
+    answers like run 0 (before issue 14 the old server stayed up beside the new one).
+    damaged: a whole tensor of the pool entry overwritten after the dump (the restored
+    server maps the entry): the restored instance answers its check prompt otherwise than
+    before its checkpoint and does not serve; run 1 starts its own server from the model's
+    files (the entry found damaged, said with the fix) and answers like run 0."""
     import contextlib
     import shutil
     import subprocess
@@ -184,10 +188,28 @@ def test_the_real_server_is_dumped_and_restored_into_the_next_run(
         if not kept:  # the restore needs the dumped pids free (the server's too: init reaps it)
             wait("the dumped server's pid to be free",
                  lambda: not Path(f"/proc/{ep0['server_pid']}").exists(), 60)  # fmt: skip
+        if fate == "damaged":
+            from spswap.pool.store import Pool
+            from tests.helpers.damage import reverse_largest_tensor
+
+            pool = Pool.from_config(cfg)
+            (entry,) = pool.entries()
+            tensor = reverse_largest_tensor(pool, entry.manifest)
         run1 = serve(1)
         t1 = time.monotonic()
-        ep1 = wait("the restored server", lambda: endpoint(ep0["pid"]), 300)
+        if fate == "damaged":
+            ep1 = wait("run 1's own server", lambda: (
+                e if (e := endpoint()) and e["pid"] == run1.pid else None), 420)  # fmt: skip
+        else:
+            ep1 = wait("the restored server", lambda: endpoint(ep0["pid"]), 300)
         restore_s = time.monotonic() - t1
+        if fate == "damaged":
+            log0, log1 = ((tmp_path / f"run{r}.log").read_text() for r in (0, 1))
+            # the restored tree wrote into run 0's output (a requeued job's output file)
+            assert "the restored instance does not serve: it answered the check prompt" \
+                in log0, log0[-3000:]  # fmt: skip
+            assert f"tensor {tensor.name!r}" in log1 and "spswap pool rm" in log1, log1[-3000:]
+            assert ep1["server_pid"] != ep0["server_pid"]
         if fate == "dies":
             os.kill(ep0["pid"], signal.SIGKILL)  # the instance dies, its server lives on
             ep1 = wait("run 1's own server", lambda: (
@@ -202,7 +224,7 @@ def test_the_real_server_is_dumped_and_restored_into_the_next_run(
         # restored: forwarded, the restored run parks and is dumped (the proxy exits 0);
         # dies: run 1 serves itself, parks and is dumped (CRIU ends it)
         run1.send_signal(signal.SIGTERM)
-        assert run1.wait(timeout=300) == (-signal.SIGKILL if fate == "dies" else 0), \
+        assert run1.wait(timeout=300) == (-signal.SIGKILL if fate in ("dies", "damaged") else 0), \
             (tmp_path / "run1.log").read_text()[-3000:]  # fmt: skip
         events = Client(cfg).call("events.tail", n=60)
         done = [e for e in events if e["kind"] == "restore.done"]
@@ -217,7 +239,7 @@ def test_the_real_server_is_dumped_and_restored_into_the_next_run(
         if fate == "dies":
             log1 = (tmp_path / "run1.log").read_text()
             assert f"ended what it left running (pid {ep0['server_pid']}" in log1, log1[-3000:]
-        else:
+        elif fate != "damaged":
             assert ep1["server_pid"] == ep0["server_pid"]
     finally:
         # after a failure nothing may keep the GPU for the later steps of the GPU run
