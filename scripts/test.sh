@@ -31,8 +31,8 @@ if [ "$FAST" = 0 ] && [ "$(id -u)" = 0 ]; then
     fi
 fi
 
-"$PY" -m ruff check spswap tests
-"$PY" -m ruff format --check spswap tests   # `ruff format spswap tests` fixes it
+"$PY" -m ruff check spswap tests scripts
+"$PY" -m ruff format --check spswap tests scripts   # `ruff format spswap tests scripts` fixes it
 "$PY" -m mypy spswap
 MARK=()
 [ "$FAST" = 1 ] && MARK=(-m "not slow")

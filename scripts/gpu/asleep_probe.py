@@ -85,23 +85,27 @@ def main() -> int:
 
     args.pool.mkdir(parents=True, exist_ok=True)
     pool = Pool(args.pool)
-    settings = VllmSettings(enforce_eager=args.eager, kv_cache_memory_bytes=kv_cache_bytes(args.kv_gib))
+    settings = VllmSettings(
+        enforce_eager=args.eager, kv_cache_memory_bytes=kv_cache_bytes(args.kv_gib)
+    )
     base = _device_used_mib()
     eng = VllmEngine(args.model, settings)
     t0 = time.perf_counter()
     started = eng.start(pool, f"probe-{args.model.name}")
     mode = "eager" if args.eager else "compiled"
-    print("START", json.dumps({"model": args.model.name, "mode": mode, "from": started["from"],
-                               "start_s": round(time.perf_counter() - t0, 2)}), flush=True)  # fmt: skip
+    head = {"model": args.model.name, "mode": mode, "from": started["from"],
+            "start_s": round(time.perf_counter() - t0, 2)}  # fmt: skip
+    print("START", json.dumps(head), flush=True)
     prompt = [[11, 23, 5, 42, 7, 19, 3, 31]]
     cold = eng.generate(prompt, 16)
     llm = eng.llm
 
     def mem(step: str) -> None:
         pools = llm.collective_rpc(_torch_pools)[0]
+        used_mib = _device_used_mib() - base
         print("MEM", json.dumps({"model": args.model.name, "mode": mode, "step": step,
-                                 "device_used_mib": _device_used_mib() - base,
-                                 "procs_mib": _procs_mib(), "torch": pools}), flush=True)  # fmt: skip
+                                 "device_used_mib": used_mib, "procs_mib": _procs_mib(),
+                                 "torch": pools}), flush=True)  # fmt: skip
 
     mem("up")
     eng.sleep()
@@ -115,7 +119,8 @@ def main() -> int:
     proc = getattr(getattr(core, "resources", None), "engine_manager", None)
     root = os.getpid()
     pids = cuda_ckpt.cuda_pids(cuda_ckpt.process_tree_pids(root))
-    print("TREE", json.dumps({"root": root, "cuda_pids": pids, "core": str(type(proc))}), flush=True)
+    tree = {"root": root, "cuda_pids": pids, "core": str(type(proc))}
+    print("TREE", json.dumps(tree), flush=True)
     ck: dict[str, Any] = {"model": args.model.name, "mode": mode, "trim": trim}
     others = [p for p in pids if p != root]
     try:

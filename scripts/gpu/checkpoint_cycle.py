@@ -86,21 +86,42 @@ def parent(args: argparse.Namespace) -> dict:
     cold.load_from_checkpoint(work / "model")
     cold_answers = [cold.generate([p], MAX_NEW)[0] for p in PROMPTS]
     cold.close()
-    out: dict = {"preset": args.preset, "weight_bytes": cfg.weight_bytes,
-                 "node": node_identity(), "cuda_checkpoint_available": cuda_ckpt.available()}
+    out: dict = {
+        "preset": args.preset,
+        "weight_bytes": cfg.weight_bytes,
+        "node": node_identity(),
+        "cuda_checkpoint_available": cuda_ckpt.available(),
+    }
     log = open(work / "child.log", "w")
     proc = subprocess.Popen(
-        [sys.executable, __file__, "--child", "--work", str(work), "--digest", manifest.digest,
-         "--device", args.device],
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        [
+            sys.executable,
+            __file__,
+            "--child",
+            "--work",
+            str(work),
+            "--digest",
+            manifest.digest,
+            "--device",
+            args.device,
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
     )
     deadline = time.monotonic() + 300
     while not (work / "ready").exists():
         if proc.poll() is not None or time.monotonic() > deadline:
             raise SystemExit(f"child failed:\n{(work / 'child.log').read_text()}")
         time.sleep(0.05)
-    ident = probe_identity(engine="reference", engine_version="", model_digest=manifest.digest,
-                           engine_config={"cycle": "gpu"}, uid=0)
+    ident = probe_identity(
+        engine="reference",
+        engine_version="",
+        model_digest=manifest.digest,
+        engine_config={"cycle": "gpu"},
+        uid=0,
+    )
     t0 = time.perf_counter()
     rep = dump_instance(work / "images", job_id="gpu", pid=proc.pid, identity=ident)
     out["dump_total_s"] = time.perf_counter() - t0
@@ -121,7 +142,8 @@ def parent(args: argparse.Namespace) -> dict:
     child_report = json.loads((work / "child-report.json").read_text())
     out["child"] = {k: v for k, v in child_report.items() if not k.startswith("answers")}
     out["answers_equal_before_after"] = (
-        child_report["answers_before"] == child_report["answers_after"])
+        child_report["answers_before"] == child_report["answers_after"]
+    )
     out["answers_equal_cold"] = child_report["answers_after"] == cold_answers
     out["same_pid"] = pid == proc.pid
     shutil.rmtree(work, ignore_errors=True)

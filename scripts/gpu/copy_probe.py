@@ -23,10 +23,15 @@ def qwen2_shapes(hidden=896, inter=4864, layers=24, heads=14, kv=2, vocab=151936
     qkv = hidden + 2 * kv * head
     shapes = [("embed", (vocab, hidden))]
     for i in range(layers):
-        shapes += [(f"l{i}.qkv", (qkv, hidden)), (f"l{i}.qkv_b", (qkv,)),
-                   (f"l{i}.o", (hidden, hidden)), (f"l{i}.gate_up", (2 * inter, hidden)),
-                   (f"l{i}.down", (hidden, inter)), (f"l{i}.ln1", (hidden,)),
-                   (f"l{i}.ln2", (hidden,))]
+        shapes += [
+            (f"l{i}.qkv", (qkv, hidden)),
+            (f"l{i}.qkv_b", (qkv,)),
+            (f"l{i}.o", (hidden, hidden)),
+            (f"l{i}.gate_up", (2 * inter, hidden)),
+            (f"l{i}.down", (hidden, inter)),
+            (f"l{i}.ln1", (hidden,)),
+            (f"l{i}.ln2", (hidden,)),
+        ]
     return shapes + [("norm", (hidden,))]
 
 
@@ -54,6 +59,7 @@ def main() -> None:
         best = min(best, r.seconds)
     out["copy_into_gb_s"] = total / best / 1e9
     from cuda.bindings import runtime as rt
+
     stream = torch.cuda.Stream()
     kind = rt.cudaMemcpyKind.cudaMemcpyHostToDevice
     best = 1e9
@@ -62,8 +68,9 @@ def main() -> None:
         t0 = time.perf_counter()
         for name, src in srcs.items():
             d = params[name]
-            rt.cudaMemcpyAsync(d.data_ptr(), src.data_ptr(), d.numel() * 2, kind,
-                               stream.cuda_stream)
+            rt.cudaMemcpyAsync(
+                d.data_ptr(), src.data_ptr(), d.numel() * 2, kind, stream.cuda_stream
+            )
         stream.synchronize()
         best = min(best, time.perf_counter() - t0)
     out["raw_memcpy_async_gb_s"] = total / best / 1e9

@@ -214,9 +214,12 @@ def check_repeats(model: Path, max_new_tokens: int = 16) -> dict[str, Any]:
 
     runs = [answers(batch) for batch in (False, True, False, True)]
     same = all(r[0] == runs[0][0] for r in runs)
-    del llm
-    return {"dir": str(model), "identical": same, "min_margin": min(r[1] for r in runs),
-            "answers": runs[0][0]}
+    return {
+        "dir": str(model),
+        "identical": same,
+        "min_margin": min(r[1] for r in runs),
+        "answers": runs[0][0],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -227,11 +230,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", nargs="+", default=["0.5b", "1.5b"], choices=sorted(SHAPES))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--shard-gib", type=float, default=4.0)
-    ap.add_argument("--plain", action="store_true",
-                    help="plain random weights (greedy answers near ties: not for identity checks)")
-    ap.add_argument("--check", action="store_true",
-                    help="after writing, check with vLLM that greedy answers repeat (one at a "
-                         "time and batched, twice) and print the smallest top-2 margin")
+    ap.add_argument(
+        "--plain",
+        action="store_true",
+        help="plain random weights (greedy answers near ties: not for identity checks)",
+    )
+    ap.add_argument(
+        "--check",
+        action="store_true",
+        help="after writing, check with vLLM that greedy answers repeat (one at a "
+        "time and batched, twice) and print the smallest top-2 margin",
+    )
     args = ap.parse_args(argv)  # fmt: skip
     ok = True
     for size in args.sizes:

@@ -53,8 +53,9 @@ def main() -> None:
     stream = torch.cuda.Stream()
     timed_copy(dst, src, stream)
 
-    def case(name: str, idle_s: float, warm_ramp_s: float | None = None,
-             keepalive: bool = False) -> dict[str, Any]:
+    def case(
+        name: str, idle_s: float, warm_ramp_s: float | None = None, keepalive: bool = False
+    ) -> dict[str, Any]:
         stop = threading.Event()
         if keepalive:  # a 1 MiB copy every 5 ms during the pause
 
@@ -77,9 +78,16 @@ def main() -> None:
             time.sleep(warm_ramp_s)
         seconds = timed_copy(dst, src, stream)
         again = timed_copy(dst, src, stream)
-        return {"case": name, "idle_s": idle_s, "warm_ramp_s": warm_ramp_s,
-                "keepalive": keepalive, "gen_before": gen_before, "gen_after": link_gen(),
-                "gb_per_s": size / seconds / 1e9, "again_gb_per_s": size / again / 1e9}
+        return {
+            "case": name,
+            "idle_s": idle_s,
+            "warm_ramp_s": warm_ramp_s,
+            "keepalive": keepalive,
+            "gen_before": gen_before,
+            "gen_after": link_gen(),
+            "gb_per_s": size / seconds / 1e9,
+            "again_gb_per_s": size / again / 1e9,
+        }
 
     cases = [("hot", 0.0), ("idle", 0.05), ("idle", 0.2), ("idle", 1.0), ("idle", 3.0)]
     for name, idle in cases:

@@ -59,8 +59,9 @@ def _settings(compiled: bool) -> Any:
 
     # In-process engine core: one CUDA process per instance, no ZMQ peers to cut.
     # compiled: vLLM's default (torch.compile + CUDA graphs) instead of eager.
-    return VllmSettings(multiprocessing=False, gpu_memory_utilization=0.3,
-                        enforce_eager=not compiled)
+    return VllmSettings(
+        multiprocessing=False, gpu_memory_utilization=0.3, enforce_eager=not compiled
+    )
 
 
 def _write(path: Path, data: dict[str, Any]) -> None:
@@ -81,8 +82,12 @@ def child_cold(args: argparse.Namespace) -> None:
     prompts = _prompts(vocab)
     first = eng.generate(prompts[:1], 1)
     t_first = time.time()
-    out = {"t_first_token": t_first, "first": first, "engine_build_s": eng.last_start_s,
-           "answers": eng.generate(prompts, MAX_NEW)}
+    out = {
+        "t_first_token": t_first,
+        "first": first,
+        "engine_build_s": eng.last_start_s,
+        "answers": eng.generate(prompts, MAX_NEW),
+    }
     out["repeat_equal"] = eng.generate(prompts, MAX_NEW) == out["answers"]
     manifest = eng.export_weights(Pool(Path(args.pool)), f"vllm-{model.name}")
     out["digest"] = manifest.digest
@@ -149,11 +154,28 @@ class Parent:
 
     def spawn(self, role: str, model: Path, report: Path, digest: str = "") -> subprocess.Popen:
         log = open(self.work / f"{report.stem}.log", "w")
-        argv = [sys.executable, __file__, "--role", role, "--model", str(model),
-                "--pool", str(self.pool), "--report", str(report), "--digest", digest,
-                *(["--compiled"] if self.args.compiled else [])]
-        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        argv = [
+            sys.executable,
+            __file__,
+            "--role",
+            role,
+            "--model",
+            str(model),
+            "--pool",
+            str(self.pool),
+            "--report",
+            str(report),
+            "--digest",
+            digest,
+            *(["--compiled"] if self.args.compiled else []),
+        ]
+        return subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
 
     def wait_file(self, path: Path, proc: subprocess.Popen | None, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -184,8 +206,10 @@ class Parent:
             raise SystemExit(f"cold start {key} failed (rc {rc}):\n{log}")
         r = json.loads(report.read_text())
         r["spawn_to_first_token_s"] = r["t_first_token"] - t_spawn
-        self.log(f"{key}: cold start to first token {r['spawn_to_first_token_s']:.2f} s "
-                 f"(engine build {r['engine_build_s']:.2f} s), repeat equal {r['repeat_equal']}")
+        self.log(
+            f"{key}: cold start to first token {r['spawn_to_first_token_s']:.2f} s "
+            f"(engine build {r['engine_build_s']:.2f} s), repeat equal {r['repeat_equal']}"
+        )
         return r
 
     def up(self, key: str, model: Path, digest: str) -> tuple[subprocess.Popen, Path]:
@@ -197,8 +221,13 @@ class Parent:
     def identity(self, digest: str) -> Any:
         from spswap.checkpoint.images import probe_identity
 
-        return probe_identity(engine="vllm", engine_version="", model_digest=digest,
-                              engine_config={"skeleton": "gpu"}, uid=os.getuid())
+        return probe_identity(
+            engine="vllm",
+            engine_version="",
+            model_digest=digest,
+            engine_config={"skeleton": "gpu"},
+            uid=os.getuid(),
+        )
 
     def dump(self, key: str, pid: int, digest: str, keep: bool = False) -> dict[str, Any]:
         from spswap.checkpoint.service import dump_instance
@@ -210,8 +239,13 @@ class Parent:
             return [] if keep else None  # kept: left running (frozen by self.freeze)
 
         t0 = time.perf_counter()
-        rep = dump_instance(self.images, job_id=key, pid=pid, identity=self.identity(digest),
-                            before_criu=before_criu)
+        rep = dump_instance(
+            self.images,
+            job_id=key,
+            pid=pid,
+            identity=self.identity(digest),
+            before_criu=before_criu,
+        )
         return {"total_s": time.perf_counter() - t0, **rep.to_json(), **seen}
 
     def freeze(self, pid: int) -> Any:
@@ -275,8 +309,13 @@ class Parent:
         out["node"] = node_identity()
         out["compiled"] = self.args.compiled
         ref = {"a": self.cold("a", a_dir), "b": self.cold("b", b_dir)}
-        out["cold"] = {k: {x: v[x] for x in ("spawn_to_first_token_s", "engine_build_s",
-                                             "repeat_equal", "digest")} for k, v in ref.items()}
+        out["cold"] = {
+            k: {
+                x: v[x]
+                for x in ("spawn_to_first_token_s", "engine_build_s", "repeat_equal", "digest")
+            }
+            for k, v in ref.items()
+        }
         digests = {k: v["digest"] for k, v in ref.items()}
 
         # B: up, preempted, dumped (the job that waits in the queue with its image)
@@ -313,8 +352,7 @@ class Parent:
         t_dump_start = time.time()
         th.start()
         if keep:
-            pid_b, restore_b = proc_b.pid, self.wake_kept("b", proc_b.pid, digests["b"],
-                                                          frozen_b)
+            pid_b, restore_b = proc_b.pid, self.wake_kept("b", proc_b.pid, digests["b"], frozen_b)
         else:
             pid_b, restore_b = self.restore("b", digests["b"])
         t_restored = time.time()
@@ -332,24 +370,32 @@ class Parent:
         proc_a.wait()
         swap = {
             "preempt_to_first_token_s": rb["t_first_token"] - t0,
-            "a_sleep_and_park_s": t_parked - t0, "b_restore": restore_b,
-            "b_restore_s": t_restored - t_parked, "b_wake_s": rb["wake_s"],
+            "a_sleep_and_park_s": t_parked - t0,
+            "b_restore": restore_b,
+            "b_restore_s": t_restored - t_parked,
+            "b_wake_s": rb["wake_s"],
             "b_wake_gb_per_s": rb["wake_gb_per_s"],
             "b_resumed_to_first_token_s": rb["t_first_token"] - rb["t_resumed"],
-            "a_dump": dump_a, "a_dump_wall_s": t_dump_end - t_dump_start,
+            "a_dump": dump_a,
+            "a_dump_wall_s": t_dump_end - t_dump_start,
             "b_trim_at_dump": rb.get("trim"),
         }
-        swap["sequential_estimate_s"] = (swap["a_sleep_and_park_s"] + dump_a.get("total_s", 0)
-                                         + swap["b_restore_s"]
-                                         + swap["b_resumed_to_first_token_s"])
+        swap["sequential_estimate_s"] = (
+            swap["a_sleep_and_park_s"]
+            + dump_a.get("total_s", 0)
+            + swap["b_restore_s"]
+            + swap["b_resumed_to_first_token_s"]
+        )
         cold_b = ref["b"]["spawn_to_first_token_s"]
         swap["speedup_vs_cold"] = cold_b / swap["preempt_to_first_token_s"]
         out["swap_a_to_b"] = swap
         out["b_answers_equal_cold"] = rb["answers_after"] == ref["b"]["answers"]
         out["b_answers_up_equal_cold"] = rb["answers_up"] == ref["b"]["answers"]
-        self.log(f"preempt a -> b first token {swap['preempt_to_first_token_s']:.2f} s "
-                 f"({swap['speedup_vs_cold']:.1f}x vs b's cold {cold_b:.1f} s); "
-                 f"b answers equal cold: {out['b_answers_equal_cold']}")
+        self.log(
+            f"preempt a -> b first token {swap['preempt_to_first_token_s']:.2f} s "
+            f"({swap['speedup_vs_cold']:.1f}x vs b's cold {cold_b:.1f} s); "
+            f"b answers equal cold: {out['b_answers_equal_cold']}"
+        )
         self.log(json.dumps(swap))
         self.wait_gone(pid_b)
 
@@ -360,11 +406,17 @@ class Parent:
             os.kill(pid_a, signal.SIGUSR2)
             self.wait_file(Path(str(rep_a) + ".done"), None, 120)
             ra = json.loads(rep_a.read_text())
-            out["restore_a"] = {**restore_a, "restore_to_first_token_s": ra["t_first_token"] - t0,
-                                "wake_s": ra["wake_s"], "trim": ra.get("trim")}
+            out["restore_a"] = {
+                **restore_a,
+                "restore_to_first_token_s": ra["t_first_token"] - t0,
+                "wake_s": ra["wake_s"],
+                "trim": ra.get("trim"),
+            }
             out["a_answers_equal_cold"] = ra["answers_after"] == ref["a"]["answers"]
-            self.log(f"a restored: {json.dumps(out['restore_a'])}; answers equal cold: "
-                     f"{out['a_answers_equal_cold']}")
+            self.log(
+                f"a restored: {json.dumps(out['restore_a'])}; answers equal cold: "
+                f"{out['a_answers_equal_cold']}"
+            )
             self.wait_gone(pid_a)
         return out
 
@@ -394,13 +446,16 @@ def image_composition(tree: list[int], top: int = 12) -> dict[str, Any]:
             elif line.startswith("Anonymous:"):
                 by_name[name] = by_name.get(name, 0) + int(head[1]) * 1024
     ranked = sorted(by_name.items(), key=lambda kv: -kv[1])
-    return {"total_mb": sum(by_name.values()) / 1e6,
-            "top_mb": {k: round(v / 1e6, 1) for k, v in ranked[:top]}}
+    return {
+        "total_mb": sum(by_name.values()) / 1e6,
+        "top_mb": {k: round(v / 1e6, 1) for k, v in ranked[:top]},
+    }
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--role", choices=["parent", "cold", "instance"], default="parent")
     ap.add_argument("--model", help="(children) the model directory")
     ap.add_argument("--pool", help="(children) the pool directory")
@@ -411,13 +466,19 @@ def main() -> int:
     ap.add_argument("--work-dir", default="/dev/shm", help="tmpfs for the pool and images")
     ap.add_argument("--step-timeout-s", type=float, default=180)
     ap.add_argument("--out", default="vllm_skeleton.json")
-    ap.add_argument("--compiled", action="store_true",
-                    help="vLLM's default torch.compile + CUDA graphs instead of eager, for "
-                         "every start; cold starts run twice (the second, with a warm "
-                         "compile cache, is the reference)")
-    ap.add_argument("--keep", action="store_true",
-                    help="B's dump leaves it running, frozen; it comes back without CRIU's "
-                         "restore, as spswapd brings back a kept instance")
+    ap.add_argument(
+        "--compiled",
+        action="store_true",
+        help="vLLM's default torch.compile + CUDA graphs instead of eager, for "
+        "every start; cold starts run twice (the second, with a warm "
+        "compile cache, is the reference)",
+    )
+    ap.add_argument(
+        "--keep",
+        action="store_true",
+        help="B's dump leaves it running, frozen; it comes back without CRIU's "
+        "restore, as spswapd brings back a kept instance",
+    )
     args = ap.parse_args()
     if args.role == "cold":
         child_cold(args)
