@@ -95,9 +95,27 @@ def _settings(cfg: Config, daemon_up: bool) -> dict[str, Any]:
 
 def settings_differences(here: dict[str, Any], daemon: dict[str, Any]) -> list[str]:
     """One line per setting the daemon runs with other than this command's. Pure."""
-    return [f"{name}: {here.get(name)!r} here, {daemon.get(name)!r} in spswapd"
+    return [f"{name}: {_setting_text(here.get(name))} here, "
+            f"{_setting_text(daemon.get(name))} in spswapd"
             for name in sorted(set(here) | set(daemon))
             if here.get(name) != daemon.get(name)]  # fmt: skip
+
+
+def _setting_text(value: Any) -> str:
+    """A setting's value as the settings file would say it (unset: the default)."""
+    if value is None:
+        return "the default"
+    if isinstance(value, list):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def restart_hint(file: str | None) -> str:
+    """What to do when the running spswapd's settings are not this shell's. Pure."""
+    return (f"spswapd reads {file or 'its settings file'} when it starts: to apply an edit, "
+            "as root `spswap daemon stop; spswap daemon start` (instances kept alive are "
+            "ended then; their images stay); a SPSWAP_* variable of this shell's "
+            "environment is this shell's alone")  # fmt: skip
 
 
 def _checkpoints(directory: Any) -> list[dict[str, Any]]:
@@ -192,9 +210,14 @@ def render_status(data: dict[str, Any], *, now: float | None = None) -> Group:
     for line in settings.get("problems", []):
         head.add_row("warning", line)
     if settings.get("differs"):
-        head.add_row("settings", "spswapd runs with other settings than this shell (set "
-                     f"them in {settings.get('file')}, not the environment): "
-                     + "; ".join(settings["differs"]))  # fmt: skip
+        head.add_row(
+            "settings",
+            "spswapd runs with other settings than this shell reads: "
+            + "; ".join(settings["differs"])
+            + ". "
+            + restart_hint(settings.get("file")),
+        )
+
     parts: list[Any] = [head]
     if data["gpus"]:
         parts.extend(render_slots(data["slots"]))

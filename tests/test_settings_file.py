@@ -126,7 +126,22 @@ def test_settings_differences() -> None:
     daemon = Config.from_env({"SPSWAP_POOL_CAPACITY_BYTES": "256G",
                               "SPSWAP_GPUS": "0,1"}).to_json()  # fmt: skip
     assert settings_differences(here, daemon) == [
-        "SPSWAP_GPUS: None here, [0, 1] in spswapd",
-        "SPSWAP_POOL_CAPACITY_BYTES: None here, 274877906944 in spswapd",
+        "SPSWAP_GPUS: the default here, 0,1 in spswapd",
+        "SPSWAP_POOL_CAPACITY_BYTES: the default here, 274877906944 in spswapd",
+    ]
+    keep0 = Config.from_env({"SPSWAP_KEEP_BYTES": "0"}).to_json()
+    assert settings_differences(keep0, here) == [
+        "SPSWAP_KEEP_BYTES: 0 here, the default in spswapd"
     ]
     assert settings_differences(here, here) == []
+
+
+def test_the_restart_hint_says_when_spswapd_reads_its_file() -> None:
+    from spswap.status import restart_hint
+
+    assert restart_hint("/etc/default/spswap") == (
+        "spswapd reads /etc/default/spswap when it starts: to apply an edit, as root "
+        "`spswap daemon stop; spswap daemon start` (instances kept alive are ended then; "
+        "their images stay); a SPSWAP_* variable of this shell's environment is this "
+        "shell's alone"
+    )

@@ -28,6 +28,7 @@ from spswap.daemon.statuses import CheckpointState
 from spswap.errors import CheckpointFailed, PermissionDenied
 from spswap.liveness import pid_alive, pid_start_time
 from spswap.slurm.backend import get_backend
+from spswap.units import fmt_bytes
 
 if TYPE_CHECKING:
     from spswap.checkpoint.cgroups import Parking
@@ -113,11 +114,15 @@ class _LeaveJob:
         try:
             if self.parking is None:
                 self._leave(tree, need_device_rules=False)
-            budget = self.st.cfg.keep_budget_bytes()
-            if self.parking is None or budget <= 0 or anon_rss_bytes(tree) > budget:
-                return None  # (a tree larger than the whole budget would be ended at once)
-            if not link_remap.in_root_dirs(link_remap.deleted_but_linked(tree)):
-                return None  # CRIU's post-dump step links files only in root's directories
+            if self.parking is None:
+                return None  # (checkpoint.stays_in_job said why)
+            why = _not_kept_because(self.st.cfg.keep_budget_bytes(), anon_rss_bytes(tree))
+            if why is None and not link_remap.in_root_dirs(link_remap.deleted_but_linked(tree)):
+                # CRIU's post-dump step links files only in root's directories
+                why = "it has a deleted file open outside root's directories"
+            if why is not None:
+                self._event("checkpoint.not_kept", reason=f"{why}: its image brings it back")
+                return None
             writes = self.parking.freeze_writes()
             return writes or None
         except Exception as e:  # noqa: BLE001 - must not raise: the dump goes on regardless
@@ -204,6 +209,17 @@ class _LeaveJob:
 
     def _event(self, kind: str, **fields: Any) -> None:
         self.st.event_quietly(kind, job_id=self.job_id, **fields)  # (never costs the dump)
+
+
+def _not_kept_because(budget_bytes: int, tree_bytes: int) -> str | None:
+    """Why a parked tree of ``tree_bytes`` is not kept alive under the keep budget, or
+    None. Pure. (A tree larger than the whole budget would be ended at once.)"""
+    if budget_bytes <= 0:
+        return "SPSWAP_KEEP_BYTES is 0: no instance is kept alive on this node"
+    if tree_bytes > budget_bytes:
+        return (f"it holds {fmt_bytes(tree_bytes)} of memory, more than SPSWAP_KEEP_BYTES "
+                f"({fmt_bytes(budget_bytes)}) keeps alive")  # fmt: skip
+    return None
 
 
 def _park_out_of_job(st: DaemonState, job_id: str, tree: list[int],

@@ -7,11 +7,13 @@ after a crash carries on with the pool, slots, jobs and images as they were.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from spswap.config import Config
@@ -55,9 +57,17 @@ def _warn_unfit_settings(state: DaemonState) -> None:
         state.event("settings.unfit", uid=os.getuid(), reason=problem)
 
 
+def _name_process(proc_self: Path = Path("/proc/self")) -> None:
+    """Call this process spswapd where the kernel names processes (``ps -e``, ``pgrep
+    spswapd``, ``top``): its command line says ``python -m spswap.daemon``. Best effort."""
+    with contextlib.suppress(OSError):
+        (proc_self / "comm").write_text("spswapd")
+
+
 def run(cfg: Config) -> int:
     """Serve until SIGTERM/SIGINT; 0 on a clean stop, 0 also when one already runs."""
     raise_fd_limit()  # before the server sizes each user's share from it
+    _name_process()
     lifecycle.prepare_dirs(cfg)
     os.umask(0o022)
     lock_fd = _take_pid_lock(cfg)

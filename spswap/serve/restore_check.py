@@ -26,23 +26,33 @@ def tokens_text(ids: list[int] | None, shown: int = 8) -> str:
     return "[" + ", ".join(map(str, ids[:shown])) + (", ..." if len(ids) > shown else "") + "]"
 
 
+# a restore's step names as the job's log says them (spswapd's timings keys)
+_STEP_NAMES = {"verify": "check", "thaw": "unfreeze"}
+
+
 def timings_text(timings_s: Any) -> str:
-    """A restore's steps for the job's log, in the order spswapd ran them:
-    ``{"early_criu_restore": 1.84, "thaw": 0.0039, "cuda_restore_pid12": 0.6}`` as
-    ``CRIU restore 1.84 s at the prolog, thaw 3.9 ms``. Per-process figures (``_pid``)
-    are left to ``spswap events``."""
-    if not isinstance(timings_s, dict) or not timings_s:
+    """A restore's steps for the job's log, those spswapd ran at the job's prolog (keys
+    ``early_*``: restored or woken early) apart from those it ran when the run asked:
+    ``{"early_criu_restore": 1.84, "thaw": 0.0039, "cuda_restore_pid12": 0.6}`` as ``at
+    the job's prolog: CRIU restore 1.84 s; when this run asked: unfreeze 3.9 ms``.
+    Per-process figures (``_pid``) and totals are left to ``spswap events``."""
+    if not isinstance(timings_s, dict):
         return "no timings"
-    steps = []
+    early: list[str] = []
+    asked: list[str] = []
     for key, value in timings_s.items():
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or "_pid" in key:
+        if (not isinstance(value, (int, float)) or isinstance(value, bool) or "_pid" in key
+                or key.endswith("total")):  # fmt: skip
             continue
-        early = key.startswith("early_")
-        name = key.removeprefix("early_").replace("_", " ")
+        name = key.removeprefix("early_")
+        name = _STEP_NAMES.get(name, name).replace("_", " ")
         name = re.sub(r"\bcriu\b", "CRIU", re.sub(r"\bcuda\b", "CUDA", name))
         shown = f"{value:.2f} s" if value >= 0.1 else f"{value * 1000:.2g} ms"
-        steps.append(f"{name} {shown}{' at the prolog' if early else ''}")
-    return ", ".join(steps) or "no timings"
+        (early if key.startswith("early_") else asked).append(f"{name} {shown}")
+    if not early:
+        return ", ".join(asked) or "no timings"
+    return "at the job's prolog: " + ", ".join(early) + (
+        "; when this run asked: " + ", ".join(asked) if asked else "")  # fmt: skip
 
 
 def restored_text(how: str, run: int, *, wake_s: float, check_s: float,

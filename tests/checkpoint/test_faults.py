@@ -469,6 +469,8 @@ def test_a_run_larger_than_the_keep_budget_is_not_kept_and_comes_back_from_its_i
     assert first.wait(timeout=30) == -signal.SIGKILL  # reaped: its pid is free for CRIU
     kinds = [e["kind"] for e in _job_events(cfg)]
     assert "checkpoint.parked" in kinds and "checkpoint.kept" not in kinds, kinds
+    (why,) = [e["detail"]["reason"] for e in _job_events(cfg) if e["kind"] == "checkpoint.not_kept"]
+    assert "more than SPSWAP_KEEP_BYTES (1 B) keeps alive: its image brings it back" in why, why
     second = runs.start(1)
     assert second.wait(timeout=300) == 0, runs.log(1)
     _assert_restored_early(cfg, status["pid"])
@@ -527,6 +529,8 @@ def test_with_no_keep_a_parked_run_is_dumped_and_restored_into_the_next(
     first.wait(timeout=60)  # CRIU ended it: reaped, its pid is free for the restore
     parked = [e for e in _job_events(cfg) if e["kind"] == "checkpoint.parked"]
     assert parked and parked[0]["detail"]["pids"] == [status["pid"]], _job_events(cfg)
+    (why,) = [e["detail"]["reason"] for e in _job_events(cfg) if e["kind"] == "checkpoint.not_kept"]
+    assert why.startswith("SPSWAP_KEEP_BYTES is 0: no instance is kept alive"), why
     # a stand-in job cgroup has no device rules (Slurm's ConstrainDevices would)
     assert parked[0]["detail"]["device_rules"] == "not needed", parked
     assert _parked_cgroups(cfg) != [], "held for the image's early restore"

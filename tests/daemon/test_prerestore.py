@@ -81,3 +81,15 @@ def test_held_cgroups_one_per_job_removed_when_replaced_or_dropped() -> None:
     held.drop("8")
     held.drop("9")  # none: nothing happens
     assert removed == ["a", "c"] and not held.has("8")
+
+
+def test_why_a_parked_tree_is_not_kept_alive_is_said_in_the_settings_words() -> None:
+    from spswap.daemon.ckpt_dump import _not_kept_because
+
+    assert (
+        _not_kept_because(0, 5) == "SPSWAP_KEEP_BYTES is 0: no instance is kept alive on this node"
+    )
+    assert _not_kept_because(1, 3 * GIB) == (
+        "it holds 3.0 GiB of memory, more than SPSWAP_KEEP_BYTES (1 B) keeps alive"
+    )
+    assert _not_kept_because(8 * GIB, 3 * GIB) is None

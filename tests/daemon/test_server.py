@@ -8,6 +8,7 @@ import signal
 import socket
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -127,6 +128,8 @@ def test_crash_then_ensure_restarts_with_state(cfg: Config, daemon: int) -> None
 
 
 def test_second_start_is_a_no_op_and_stop(cfg: Config, daemon: int) -> None:
+    # `ps -e`, `pgrep spswapd` and top name it as the docs do
+    assert Path(f"/proc/{daemon}/comm").read_text().strip() == "spswapd"
     assert lifecycle.start(cfg) == daemon
     assert lifecycle.stop(cfg) == daemon
     assert lifecycle.daemon_running(cfg) is None

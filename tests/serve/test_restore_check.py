@@ -33,20 +33,16 @@ def test_no_answer_is_refused_with_the_error() -> None:
 
 def test_a_restore_s_timings_read_in_milliseconds() -> None:
     assert timings_text({"thaw": 0.0003, "cuda_restore": 0.42, "kept": True, "n": "x"}) == \
-        "thaw 0.3 ms, CUDA restore 0.42 s"  # fmt: skip
-    # a tree restored at the prolog: its steps there say so; per-process figures stay
-    # in `spswap events`
-    early = {
-        "cuda_unlock": 0.00689,
-        "early_criu_restore": 1.8419,
-        "early_cuda_restore": 0.6157,
-        "early_cuda_restore_pid1613": 0.0128,
-        "early_wake_total": 0.6195,
-        "verify": 0.012,
-    }
+        "unfreeze 0.3 ms, CUDA restore 0.42 s"  # fmt: skip
+    # a tree restored at the prolog: its steps there apart; per-process figures and
+    # totals stay in `spswap events`
+    early = {"cuda_unlock": 0.00689, "early_verify": 0.00079, "early_criu_restore": 1.8419,
+             "early_cuda_restore": 0.6157, "early_cuda_restore_pid1613": 0.0128,
+             "early_wake_total": 0.6195, "verify": 0.0002, "thaw": 0.00041}  # fmt: skip
     assert timings_text(early) == (
-        "CUDA unlock 6.9 ms, CRIU restore 1.84 s at the prolog, CUDA restore 0.62 s at the "
-        "prolog, wake total 0.62 s at the prolog, verify 12 ms")  # fmt: skip
+        "at the job's prolog: check 0.79 ms, CRIU restore 1.84 s, CUDA restore 0.62 s; "
+        "when this run asked: CUDA unlock 6.9 ms, check 0.2 ms, unfreeze 0.41 ms"
+    )
     assert timings_text({"cuda_restore_pid7": 0.4}) == "no timings"
     assert timings_text({}) == timings_text(None) == "no timings"
 
