@@ -233,7 +233,8 @@ def _restored(ctx: Context, st: DaemonState, rec: JobRecord, job_id: str, expect
         st.event("restore.failed", job_id=job_id, uid=rec.uid, reason=reason)
         raise CheckpointFailed(reason) from None
     _hold_pool_entry(st, expected.model_digest, pid, rec)
-    st.event("restore.done", job_id=job_id, uid=rec.uid, pid=pid, timings_s=timings, kept=kept)
+    st.event("restore.done", job_id=job_id, uid=rec.uid, pid=pid, timings_s=timings, kept=kept,
+             came_from="its kept instance" if kept else "its image")  # fmt: skip
     return {"pid": pid, "timings_s": timings, "kept": kept}
 
 
