@@ -217,7 +217,6 @@ def render_status(data: dict[str, Any], *, now: float | None = None) -> Group:
             + ". "
             + restart_hint(settings.get("file")),
         )
-
     parts: list[Any] = [head]
     if data["gpus"]:
         parts.extend(render_slots(data["slots"]))

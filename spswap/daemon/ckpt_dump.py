@@ -115,7 +115,7 @@ class _LeaveJob:
             if self.parking is None:
                 self._leave(tree, need_device_rules=False)
             if self.parking is None:
-                return None  # (checkpoint.stays_in_job said why)
+                return None  # not parked out of its job: never kept
             why = _not_kept_because(self.st.cfg.keep_budget_bytes(), anon_rss_bytes(tree))
             if why is None and not link_remap.in_root_dirs(link_remap.deleted_but_linked(tree)):
                 # CRIU's post-dump step links files only in root's directories
