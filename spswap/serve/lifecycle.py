@@ -309,7 +309,6 @@ class ServeRun(Generic[B]):
         self.marks_s["restored"] = time.time()
         pid, kept = int(info["pid"]), bool(info.get("kept"))
         timings = restore_check.timings_text(info.get("timings_s"))
-        # (the pid is the instance's own from before the stop: CRIU keeps it)
         self.log(f"spswap serve: job {self.job_id} restored {restored_how(kept)} as pid {pid} "
                  f"({timings}); this run stands by while it serves, passing on its "
                  "signals")  # fmt: skip
