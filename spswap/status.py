@@ -88,6 +88,8 @@ def _settings(cfg: Config, daemon_up: bool) -> dict[str, Any]:
         return out
     if isinstance(theirs.get("settings"), dict):
         out["differs"] = settings_differences(cfg.to_json(), theirs["settings"])
+    if isinstance(theirs.get("settings_file"), str):
+        out["daemon_file"] = theirs["settings_file"]  # the one it read, not this shell's
     if isinstance(theirs.get("gpus"), list):
         out["daemon_gpus"] = [int(g) for g in theirs["gpus"]]
     return out
@@ -95,14 +97,17 @@ def _settings(cfg: Config, daemon_up: bool) -> dict[str, Any]:
 
 def settings_differences(here: dict[str, Any], daemon: dict[str, Any]) -> list[str]:
     """One line per setting the daemon runs with other than this command's. Pure."""
-    return [f"{name}: {_setting_text(here.get(name))} here, "
-            f"{_setting_text(daemon.get(name))} in spswapd"
+    missing = object()  # a setting the other side's spswap does not know (another version)
+    return [f"{name}: {_setting_text(here.get(name, missing), missing)} here, "
+            f"{_setting_text(daemon.get(name, missing), missing)} in spswapd"
             for name in sorted(set(here) | set(daemon))
-            if here.get(name) != daemon.get(name)]  # fmt: skip
+            if here.get(name, missing) != daemon.get(name, missing)]  # fmt: skip
 
 
-def _setting_text(value: Any) -> str:
+def _setting_text(value: Any, missing: object) -> str:
     """A setting's value as the settings file would say it (unset: the default)."""
+    if value is missing:
+        return "not known (another spswap version)"
     if value is None:
         return "the default"
     if isinstance(value, list):
@@ -111,10 +116,12 @@ def _setting_text(value: Any) -> str:
 
 
 def restart_hint(file: str | None) -> str:
-    """What to do when the running spswapd's settings are not this shell's. Pure."""
+    """What to do when the running spswapd's settings are not this shell's; ``file``: the
+    settings file spswapd read. Pure."""
     return (f"spswapd reads {file or 'its settings file'} when it starts: to apply an edit, "
-            "as root `spswap daemon stop; spswap daemon start` (instances kept alive are "
-            "ended then; their images stay); a SPSWAP_* variable of this shell's "
+            "restart it as root (`systemctl restart spswapd` where its systemd unit runs "
+            "it, else `spswap daemon stop; spswap daemon start`; instances kept alive are "
+            "ended then, their images stay); a SPSWAP_* variable of this shell's "
             "environment is this shell's alone")  # fmt: skip
 
 
@@ -215,7 +222,7 @@ def render_status(data: dict[str, Any], *, now: float | None = None) -> Group:
             "spswapd runs with other settings than this shell reads: "
             + "; ".join(settings["differs"])
             + ". "
-            + restart_hint(settings.get("file")),
+            + restart_hint(settings.get("daemon_file") or settings.get("file")),
         )
     parts: list[Any] = [head]
     if data["gpus"]:

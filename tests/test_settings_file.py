@@ -134,14 +134,19 @@ def test_settings_differences() -> None:
         "SPSWAP_KEEP_BYTES: 0 here, the default in spswapd"
     ]
     assert settings_differences(here, here) == []
+    # a daemon of another spswap version that lacks a setting: not "the default"
+    older = {k: v for k, v in here.items() if k != "SPSWAP_KEEP_BYTES"}
+    assert settings_differences(here, older) == [
+        "SPSWAP_KEEP_BYTES: the default here, not known (another spswap version) in spswapd"
+    ]
 
 
 def test_the_restart_hint_says_when_spswapd_reads_its_file() -> None:
     from spswap.status import restart_hint
 
     assert restart_hint("/etc/default/spswap") == (
-        "spswapd reads /etc/default/spswap when it starts: to apply an edit, as root "
-        "`spswap daemon stop; spswap daemon start` (instances kept alive are ended then; "
-        "their images stay); a SPSWAP_* variable of this shell's environment is this "
-        "shell's alone"
+        "spswapd reads /etc/default/spswap when it starts: to apply an edit, restart it as "
+        "root (`systemctl restart spswapd` where its systemd unit runs it, else `spswap "
+        "daemon stop; spswap daemon start`; instances kept alive are ended then, their "
+        "images stay); a SPSWAP_* variable of this shell's environment is this shell's alone"
     )

@@ -212,8 +212,10 @@ def dump_instance(
         )
     except CheckpointFailed as e:
         if cuda and not getattr(e, "tree_kept", False):  # CRIU resumed the tree: give it
-            cuda_ckpt.restore_tree(pid, pids=cuda)  # its GPU state back
-            cuda_ckpt.unlock_tree(pid, pids=cuda)
+            try:  # its GPU state back
+                cuda_ckpt.restore_tree(pid, pids=cuda)
+            finally:  # those restored run again even where one process failed
+                cuda_ckpt.unlock_tree(pid, pids=cuda)
         raise
     timings["criu_dump"] = info.dump_s
     try:

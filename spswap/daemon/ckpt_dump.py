@@ -116,7 +116,8 @@ class _LeaveJob:
                 self._leave(tree, need_device_rules=False)
             if self.parking is None:
                 return None  # not parked out of its job: never kept
-            why = _not_kept_because(self.st.cfg.keep_budget_bytes(), anon_rss_bytes(tree))
+            why = _not_kept_because(self.st.cfg.keep_budget_bytes(), anon_rss_bytes(tree),
+                                    set_bytes=self.st.cfg.keep_bytes)  # fmt: skip
             if why is None and not link_remap.in_root_dirs(link_remap.deleted_but_linked(tree)):
                 # CRIU's post-dump step links files only in root's directories
                 why = "it has a deleted file open outside root's directories"
@@ -211,14 +212,22 @@ class _LeaveJob:
         self.st.event_quietly(kind, job_id=self.job_id, **fields)  # (never costs the dump)
 
 
-def _not_kept_because(budget_bytes: int, tree_bytes: int) -> str | None:
+def _not_kept_because(budget_bytes: int, tree_bytes: int, *,
+                      set_bytes: int | None) -> str | None:  # fmt: skip
     """Why a parked tree of ``tree_bytes`` is not kept alive under the keep budget, or
-    None. Pure. (A tree larger than the whole budget would be ended at once.)"""
+    None; ``set_bytes``: SPSWAP_KEEP_BYTES as set (None: its default, 1/8 of the node's
+    memory). Pure. (A tree larger than the whole budget would be ended at once.)"""
+    if set_bytes is None:
+        budget = "the keep budget (SPSWAP_KEEP_BYTES unset: 1/8 of the node's memory, {})"
+    else:
+        budget = "SPSWAP_KEEP_BYTES ({})"
     if budget_bytes <= 0:
-        return "SPSWAP_KEEP_BYTES is 0: no instance is kept alive on this node"
+        if set_bytes == 0:
+            return "SPSWAP_KEEP_BYTES is 0: no instance is kept alive on this node"
+        return "the keep budget is 0 (SPSWAP_KEEP_BYTES unset and the node's memory unknown)"
     if tree_bytes > budget_bytes:
-        return (f"it holds {fmt_bytes(tree_bytes)} of memory, more than SPSWAP_KEEP_BYTES "
-                f"({fmt_bytes(budget_bytes)}) keeps alive")  # fmt: skip
+        return (f"it holds {fmt_bytes(tree_bytes)} of memory, more than "
+                f"{budget.format(fmt_bytes(budget_bytes))} keeps alive")  # fmt: skip
     return None
 
 

@@ -53,15 +53,24 @@ class MemoryClaims:
         with self._lock:
             return self._claimed_bytes
 
+    def short(self, image_bytes: int) -> str | None:
+        """Why ``image_bytes`` would not be claimed now, or None; claims nothing (a cheap
+        look before the image's own check, which may read the whole image)."""
+        with self._lock:
+            return self._judge(image_bytes)
+
+    def _judge(self, image_bytes: int) -> str | None:  # (under self._lock)
+        available = self._available()
+        if available is not None:
+            available -= self._claimed_bytes
+        return refusal(image_bytes=image_bytes, available_bytes=available)
+
     @contextlib.contextmanager
     def claim(self, image_bytes: int) -> Iterator[str | None]:
         """Yields None with ``image_bytes`` claimed until the block ends, or why not (then
         nothing is claimed): the free memory less what other restores claimed."""
-        with self._lock:
-            available = self._available()
-            if available is not None:
-                available -= self._claimed_bytes
-            why = refusal(image_bytes=image_bytes, available_bytes=available)
+        with self._lock:  # judged and taken under one lock
+            why = self._judge(image_bytes)
             if why is None:
                 self._claimed_bytes += image_bytes
         try:

@@ -91,6 +91,9 @@ def _image_to_restore(st: DaemonState, job_id: str, uid: int) -> tuple[Path | No
     if st.statuses.read(job_id).get("state") != CheckpointState.SAVED or not images:
         return None, ""
     image = images[-1]
+    short = st.memory_claims.short(dir_size_bytes(image))  # first: the check may read it all
+    if short is not None:
+        return None, short
     if any(r.get("parked") is None for r in
            (read_json(image / criu.DUMP_META) or {}).get("link_remaps", [])):  # fmt: skip
         # CRIU's restore would use up the one link the image has: for the run's restore only

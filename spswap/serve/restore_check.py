@@ -47,7 +47,8 @@ def timings_text(timings_s: Any) -> str:
         name = key.removeprefix("early_")
         name = _STEP_NAMES.get(name, name).replace("_", " ")
         name = re.sub(r"\bcriu\b", "CRIU", re.sub(r"\bcuda\b", "CUDA", name))
-        shown = f"{value:.2f} s" if value >= 0.1 else f"{value * 1000:.2g} ms"
+        ms = value * 1000
+        shown = f"{value:.2f} s" if ms >= 99.5 else f"{ms:.3g} ms"
         (early if key.startswith("early_") else asked).append(f"{name} {shown}")
     if not early:
         return ", ".join(asked) or "no timings"

@@ -93,6 +93,8 @@ def test_each_process_of_a_tree_is_moved_at_once_and_every_failure_waits_for_the
     finished: list[int] = []
 
     def call(pid: int) -> None:
+        if pid == 2:  # fails at once, while the others are still at work
+            raise CheckpointFailed("cuCheckpointProcessRestore of pid 2 failed")
         with lock:
             running[0] += 1
             most[0] = max(most[0], running[0])
@@ -100,17 +102,51 @@ def test_each_process_of_a_tree_is_moved_at_once_and_every_failure_waits_for_the
         with lock:
             running[0] -= 1
             finished.append(pid)
-        if pid == 2:
-            raise CheckpointFailed("cuCheckpointProcessRestore of pid 2 failed")
 
     spent: dict[str, float] = {}
     cuda_ckpt._each([1, 3], call, "restore", spent)
     assert most[0] == 2 and sorted(spent) == ["restore_pid1", "restore_pid3"]
     spent.clear()
+    finished.clear()
     with pytest.raises(CheckpointFailed, match="pid 2"):
         cuda_ckpt._each([1, 2, 3], call, "restore", spent)
-    assert sorted(finished[-3:]) == [1, 2, 3] and sorted(spent) == ["restore_pid1", "restore_pid3"]
+    # raised only once the others were done (none still running when the caller cleans up)
+    assert sorted(finished) == [1, 3] and sorted(spent) == ["restore_pid1", "restore_pid3"]
     cuda_ckpt._each([], call, "restore", spent)  # a tree without CUDA processes
+
+
+def test_a_tree_whose_checkpoint_fails_for_one_process_runs_again_whole(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two engines checkpoint side by side and one fails: the one already checkpointed
+    gets its GPU state back and both are unlocked, so the tree the dump resumes does not
+    hang in its next CUDA call. (The driver cannot run here: its calls are stood in for by
+    a state table; the GPU test above runs the real ones.)"""
+    states = {11: "RUNNING", 12: "RUNNING"}
+    calls: list[tuple[str, int]] = []
+
+    def step(name: str, before: str, after: str, fail_pid: int | None = None):  # noqa: ANN202
+        def do(pid: int, *_: object) -> None:
+            calls.append((name, pid))
+            if pid == fail_pid:
+                raise CheckpointFailed(f"{name} of pid {pid} failed")
+            assert states[pid] == before, (name, pid, states)
+            states[pid] = after
+
+        return do
+
+    monkeypatch.setattr(cuda_ckpt, "_driver", lambda: None)
+    monkeypatch.setattr(cuda_ckpt, "process_tree_pids", lambda root: [10, 11, 12])
+    monkeypatch.setattr(cuda_ckpt, "cuda_pids", lambda pids: [p for p in pids if p in states])
+    monkeypatch.setattr(cuda_ckpt, "get_state", lambda pid: states[pid])
+    monkeypatch.setattr(cuda_ckpt, "lock", step("lock", "RUNNING", "LOCKED"))
+    monkeypatch.setattr(cuda_ckpt, "checkpoint", step("checkpoint", "LOCKED", "CHECKPOINTED", 12))
+    monkeypatch.setattr(cuda_ckpt, "restore", step("restore", "CHECKPOINTED", "LOCKED"))
+    monkeypatch.setattr(cuda_ckpt, "unlock", step("unlock", "LOCKED", "RUNNING"))
+    with pytest.raises(CheckpointFailed, match="checkpoint of pid 12 failed"):
+        cuda_ckpt.checkpoint_tree(10)
+    assert states == {11: "RUNNING", 12: "RUNNING"}, calls
+    assert ("restore", 11) in calls and ("restore", 12) not in calls, calls
 
 
 def test_unavailable_is_explained_not_crashed() -> None:

@@ -58,6 +58,11 @@ def test_restores_at_once_do_not_count_the_same_free_memory_twice() -> None:
             assert over is not None and "0 MiB available" in over
     assert claims.claimed_bytes == 0
     assert MemoryClaims(lambda: None).claim(1).__enter__() == "the free memory is not known"
+    # the look before an image's check claims nothing
+    available[0] = 10 * GIB
+    with claims.claim(5 * GIB):
+        assert claims.short(4 * GIB) is not None and claims.short(GIB) is None
+        assert claims.claimed_bytes == 5 * GIB
 
 
 class Parking:
@@ -86,10 +91,17 @@ def test_held_cgroups_one_per_job_removed_when_replaced_or_dropped() -> None:
 def test_why_a_parked_tree_is_not_kept_alive_is_said_in_the_settings_words() -> None:
     from spswap.daemon.ckpt_dump import _not_kept_because
 
-    assert (
-        _not_kept_because(0, 5) == "SPSWAP_KEEP_BYTES is 0: no instance is kept alive on this node"
+    assert _not_kept_because(0, 5, set_bytes=0) == (
+        "SPSWAP_KEEP_BYTES is 0: no instance is kept alive on this node"
     )
-    assert _not_kept_because(1, 3 * GIB) == (
+    assert _not_kept_because(0, 5, set_bytes=None) == (
+        "the keep budget is 0 (SPSWAP_KEEP_BYTES unset and the node's memory unknown)"
+    )
+    assert _not_kept_because(1, 3 * GIB, set_bytes=1) == (
         "it holds 3.0 GiB of memory, more than SPSWAP_KEEP_BYTES (1 B) keeps alive"
     )
-    assert _not_kept_because(8 * GIB, 3 * GIB) is None
+    assert _not_kept_because(2 * GIB, 3 * GIB, set_bytes=None) == (
+        "it holds 3.0 GiB of memory, more than the keep budget (SPSWAP_KEEP_BYTES unset: "
+        "1/8 of the node's memory, 2.0 GiB) keeps alive"
+    )
+    assert _not_kept_because(8 * GIB, 3 * GIB, set_bytes=None) is None

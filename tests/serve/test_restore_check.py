@@ -41,9 +41,11 @@ def test_a_restore_s_timings_read_in_milliseconds() -> None:
              "early_wake_total": 0.6195, "verify": 0.0002, "thaw": 0.00041}  # fmt: skip
     assert timings_text(early) == (
         "at the job's prolog: check 0.79 ms, CRIU restore 1.84 s, CUDA restore 0.62 s; "
-        "when this run asked: CUDA unlock 6.9 ms, check 0.2 ms, unfreeze 0.41 ms"
+        "when this run asked: CUDA unlock 6.89 ms, check 0.2 ms, unfreeze 0.41 ms"
     )
     assert timings_text({"cuda_restore_pid7": 0.4}) == "no timings"
+    # no "1e+02 ms" just under a tenth of a second
+    assert timings_text({"thaw": 0.0997, "verify": 0.0994}) == "unfreeze 0.10 s, check 99.4 ms"
     assert timings_text({}) == timings_text(None) == "no timings"
 
 
