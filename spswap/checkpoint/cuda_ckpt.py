@@ -231,25 +231,16 @@ def _each(pids: list[int], call: Callable[[int], None], what: str,
         call(pid)
         return time.monotonic() - t0
 
-    if len(pids) <= 1:
-        results = {pid: _outcome(timed, pid) for pid in pids}
-    else:
-        with ThreadPoolExecutor(max_workers=len(pids), thread_name_prefix=f"cuda-{what}") as ex:
-            futures = {pid: ex.submit(_outcome, timed, pid) for pid in pids}
-        results = {pid: f.result() for pid, f in futures.items()}
-    for pid, outcome in results.items():
-        if isinstance(outcome, float) and spent_s is not None:
-            spent_s[f"{what}_pid{pid}"] = outcome
-    failed = [o for o in results.values() if isinstance(o, BaseException)]
+    with ThreadPoolExecutor(max_workers=max(1, len(pids)),
+                            thread_name_prefix=f"cuda-{what}") as ex:  # fmt: skip
+        futures = {pid: ex.submit(timed, pid) for pid in pids}
+    # (the executor's exit waited for every call)
+    failed = [e for f in futures.values() if (e := f.exception()) is not None]
+    if spent_s is not None:
+        spent_s.update({f"{what}_pid{pid}": f.result() for pid, f in futures.items()
+                        if f.exception() is None})  # fmt: skip
     if failed:
         raise failed[0]
-
-
-def _outcome(timed: Callable[[int], float], pid: int) -> float | BaseException:
-    try:
-        return timed(pid)
-    except Exception as e:  # raised by _each once all are back
-        return e
 
 
 def checkpoint_tree(root_pid: int, timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS,

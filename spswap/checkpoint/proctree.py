@@ -290,8 +290,8 @@ def preflight(pid: int) -> tuple[list[int], bool]:
     pids = process_tree_pids(pid)
     blockers = find_blockers(pids, unix_sockets())
     inside, outside = tcp_connections(pids, tcp_sockets(pid))
-    blockers += [Blocker(p, fd, f"a TCP connection {s.local} -> {s.remote}",
-                                  TCP_FIX) for p, fd, s in outside]  # fmt: skip
+    blockers += [Blocker(p, fd, f"a TCP connection {s.local} -> {s.remote}", TCP_FIX)
+                 for p, fd, s in outside]  # fmt: skip
     if blockers:
         lines = "\n".join("  " + b.describe() for b in blockers)
         raise CheckpointFailed(f"cannot dump pid {pid}: CRIU cannot save these:\n{lines}")

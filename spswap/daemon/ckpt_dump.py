@@ -116,7 +116,10 @@ class _LeaveJob:
                 self._leave(tree, need_device_rules=False)
             if self.parking is None:
                 return None  # not parked out of its job: never kept
-            why = _not_kept_because(self.st.cfg.keep_budget_bytes(), anon_rss_bytes(tree),
+            budget = self.st.cfg.keep_budget_bytes()
+            # (the tree's size is read from /proc only where a budget can keep it: the
+            # dump waits for this)
+            why = _not_kept_because(budget, anon_rss_bytes(tree) if budget > 0 else 0,
                                     set_bytes=self.st.cfg.keep_bytes)  # fmt: skip
             if why is None and not link_remap.in_root_dirs(link_remap.deleted_but_linked(tree)):
                 # CRIU's post-dump step links files only in root's directories
