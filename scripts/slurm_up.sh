@@ -108,7 +108,12 @@ if [ "${1:-up}" = down ]; then
         rm -f "$SLURM_CI_DIR/munged.ours"
     fi
     if [ -f "$DEFAULTS_FILE" ] && grep -qF "$DEFAULTS_MARK" "$DEFAULTS_FILE"; then
-        rm -f "$DEFAULTS_FILE"
+        # only as written: an admin's edits stay (the next `up` writes it again)
+        if cmp -s "$DEFAULTS_FILE" "$SLURM_CI_DIR/spswap-defaults.written"; then
+            rm -f "$DEFAULTS_FILE"
+        else
+            say "kept $DEFAULTS_FILE: it was edited after this script wrote it (remove it yourself)"
+        fi
     fi
     say "stopped"
     exit 0
@@ -160,7 +165,7 @@ EPILOG=$(resolve_hook "$SLURM_EPILOG")
 # The prolog runs with no PATH: tell it where spswap is.
 if [ -n "${SPSWAP_BIN:-}${SPSWAP_ROOT:-}" ]; then
     if [ -f "$DEFAULTS_FILE" ] && ! grep -qF "$DEFAULTS_MARK" "$DEFAULTS_FILE"; then
-        die "$DEFAULTS_FILE exists and was not written by this script: edit it yourself"
+        die "$DEFAULTS_FILE exists and was not written by this script: move it aside (mv $DEFAULTS_FILE $DEFAULTS_FILE.site) and run this again to have the test cluster's written, or leave out SPSWAP_BIN and SPSWAP_ROOT and keep yours (it must name SPSWAP_BIN)"
     fi
     {
         echo "$DEFAULTS_MARK"
@@ -173,6 +178,7 @@ if [ -n "${SPSWAP_BIN:-}${SPSWAP_ROOT:-}" ]; then
         fi
         true
     } > "$DEFAULTS_FILE"
+    cp "$DEFAULTS_FILE" "$SLURM_CI_DIR/spswap-defaults.written"  # what `down` may remove
 fi
 
 GRES_NODE=""

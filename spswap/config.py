@@ -84,6 +84,14 @@ class Config:
     images, so that their job's next run skips CRIU's restore (seconds saved per swap);
     the oldest are ended first when over it (their images stay). Default: 1/8 of the
     node's memory; 0 turns keeping off."""
+    images_bytes: int | None = None
+    """What the node's checkpoint images may hold together on the root's file system (a
+    tmpfs holds them in memory while their jobs wait); a dump that would go over it drops
+    its user's older images first, else it is refused (its job's next run starts from the
+    pool). Default: half the file system's size."""
+    images_user_bytes: int | None = None
+    """What one user's images may hold together (the same rule, so no user takes the room
+    of the others). Default: half of :attr:`images_bytes`."""
     criu_as_root: bool = False
     """Run CRIU as root for users' processes too (``SPSWAP_CRIU_AS_ROOT=1``). Default: CRIU
     runs as the job's user in ``--unprivileged`` mode, so the kernel checks every path it
@@ -163,6 +171,10 @@ class Config:
             raise ConfigError(f"SPSWAP_IMAGE_CHECK={self.image_check!r}: use quick or full")
         if self.keep_bytes is not None and self.keep_bytes < 0:
             raise ConfigError("SPSWAP_KEEP_BYTES must be >= 0 (0: no instance is kept alive)")
+        for name in ("images_bytes", "images_user_bytes"):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
+                raise ConfigError(f"{ENV_PREFIX}{name.upper()} must be positive (e.g. 32G); "
+                                  "leave it out for its default")  # fmt: skip
         if self.sweep_interval_s <= 0:
             raise ConfigError("SPSWAP_SWEEP_INTERVAL_S must be positive (seconds, e.g. 30)")
 
@@ -225,7 +237,7 @@ _NON_CONFIG_VARS = frozenset(
 def _convert(name: str, raw: str) -> object:
     if name == "root":
         return Path(raw)
-    if name in ("pool_capacity_bytes", "keep_bytes"):
+    if name in ("pool_capacity_bytes", "keep_bytes", "images_bytes", "images_user_bytes"):
         return _parse_size(raw)
     if name == "gpus":
         return _parse_gpus(raw)

@@ -16,19 +16,17 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from spswap import doctor_criu
+from spswap import doctor_criu, doctor_node
 from spswap.checkpoint import criu, cuda_ckpt
 from spswap.checkpoint.cgroups import park_probe
 from spswap.checkpoint.freeze_hold import probe
 from spswap.checkpoint.images import parse_nvidia_version
 from spswap.config import Config
-from spswap.daemon import lifecycle
-from spswap.daemon.trust import unsafe_dir
 from spswap.doctor_check import check
 from spswap.errors import CheckpointFailed
-from spswap.settings_check import settings_problems
-from spswap.settings_file import read_settings_file, settings_file_path
-from spswap.units import fmt_bytes
+from spswap.settings_check import (
+    node_sizes,
+)
 
 KERNEL_NEEDS_CRIU_41 = (6, 13)
 KERNEL_TCP_SOCKOPTS = (6, 16)  # SO_PASSCRED on TCP answers EOPNOTSUPP: CRIU 4.1 fails
@@ -58,21 +56,6 @@ def kernel_config_value(config_text: str, key: str) -> str | None:
 
 def driver_major(version: str) -> int:
     return int(version.split(".")[0])
-
-
-def mount_for(path: Path, mounts_text: str) -> tuple[str, str] | None:
-    """``(mount point, fs type)`` of the mount holding ``path``, from ``/proc/mounts`` text."""
-    best: tuple[str, str] | None = None
-    target = str(path)
-    for line in mounts_text.splitlines():
-        parts = line.split()
-        if len(parts) < 3:
-            continue
-        point = parts[1].replace("\\040", " ")
-        inside = target == point or target.startswith(point.rstrip("/") + "/") or point == "/"
-        if inside and (best is None or len(point) > len(best[0])):
-            best = (point, parts[2])
-    return best
 
 
 def cgroup_mode(sys_fs_cgroup: Path) -> str:
@@ -255,57 +238,6 @@ def _cuda_checkpoint() -> dict[str, Any]:
     return check("cuCheckpoint API", None, "unavailable", reason)
 
 
-def _storage(cfg: Config) -> dict[str, Any]:
-    probe = cfg.root
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    st = os.statvfs(probe)
-    size, free = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
-    try:
-        found = mount_for(probe.resolve(), Path("/proc/mounts").read_text())
-    except OSError:
-        found = None
-    fstype = found[1] if found else "unknown"
-    value = f"{fstype} at {found[0] if found else probe}: {fmt_bytes(size)}, {fmt_bytes(free)} free"
-    if fstype == "tmpfs":
-        return check(f"storage ({cfg.root})", True, value, required=True)
-    return check(
-        f"storage ({cfg.root})", None, value,
-        "not tmpfs: pool and images are slower; set SPSWAP_ROOT to a tmpfs such as /dev/shm/spswap",
-    )  # fmt: skip
-
-
-def _daemon(cfg: Config) -> dict[str, Any]:
-    pid = lifecycle.daemon_running(cfg)
-    path = lifecycle.pid_path(cfg)
-    if pid is None:
-        return check(
-            "daemon",
-            None,
-            "not running",
-            f"no live daemon holds {path}; the Slurm prolog starts it",
-        )
-    shown = f"pid {pid}" if pid > 0 else "starting" if os.geteuid() == 0 else "running"
-    return check("daemon", True, shown)
-
-
-def _root_ownership(cfg: Config) -> dict[str, Any]:
-    """The state tree must be root's alone (spswapd refuses it otherwise)."""
-    if not os.path.lexists(cfg.root):
-        return check("state tree", None, f"{cfg.root} does not exist yet",
-                     "spswapd makes it at its first start (the Slurm prolog, or `spswap daemon "
-                     "start` as root); if the daemon runs, SPSWAP_ROOT or --root here names "
-                     "another root than its own")  # fmt: skip
-    p = cfg.paths
-    problems = [why for d in (cfg.root, p.run, p.log, p.images, p.pool)
-                if (why := unsafe_dir(d))]  # fmt: skip
-    if problems:
-        return check("state tree", False, "; ".join(problems),
-                     f"remove {cfg.root} (spswapd recreates it) or fix the owner and mode",
-                     required=True)  # fmt: skip
-    return check("state tree", True, f"{cfg.root}: root's, not writable by others")
-
-
 def _parking() -> dict[str, Any]:
     """Whether spswapd can move a tree out of its job's cgroup while dumping it."""
     if os.geteuid() != 0:  # spswapd (root) does it: a user's probe would say no
@@ -337,35 +269,6 @@ def _needs_root(name: str) -> dict[str, Any]:
                  "run `sudo spswap doctor` for the node's answer")  # fmt: skip
 
 
-def keep_check(budget_bytes: int, can_park: bool | None) -> dict[str, Any]:
-    """Whether dumped instances can be kept alive (frozen, parked) for their job's next
-    run: a keep budget and parked cgroups are both needed (``can_park`` None: not
-    checked, the caller is not root). Pure."""
-    name = "keep dumped instances"
-    slower = "each swap back to a dumped job then runs CRIU's restore (about 2 s more)"
-    if budget_bytes <= 0:
-        return check(name, None, "off (SPSWAP_KEEP_BYTES=0)", slower)
-    if can_park is None:
-        return check(name, None, f"up to {fmt_bytes(budget_bytes)} (SPSWAP_KEEP_BYTES) where "
-                     "parked cgroups can be made: not checked (needs root)",
-                     "run `sudo spswap doctor` for the node's answer")  # fmt: skip
-    if not can_park:
-        return check(name, None, "no: needs parked cgroups (see 'dump outside the job')",
-                     slower)  # fmt: skip
-    return check(name, True, f"up to {fmt_bytes(budget_bytes)} (SPSWAP_KEEP_BYTES), frozen "
-                 "in parked cgroups")  # fmt: skip
-
-
-def _settings(cfg: Config) -> dict[str, Any]:
-    """Where the settings came from (the file every command and the daemon read) and
-    what of them cannot hold on this node."""
-    read = read_settings_file(settings_file_path(os.environ))
-    source = (f"{read.path}, then the environment" if read.exists and not read.problem
-              else f"environment only ({read.problem or f'no {read.path}'})")  # fmt: skip
-    problems = settings_problems(cfg)
-    return check("settings", False if problems else True, source, "; ".join(problems))
-
-
 def collect(cfg: Config) -> dict[str, Any]:
     """Every check for this node: ``{"version", "node", "checks": [...]}``."""
     release = platform.release()
@@ -381,16 +284,18 @@ def collect(cfg: Config) -> dict[str, Any]:
     checks.append(_driver())
     checks += _nvml_checks(cfg.gpus)
     checks.append(_cuda_checkpoint())
-    checks.append(_storage(cfg))
+    checks.append(doctor_node.storage(cfg))
     checks.append(check("cgroup mode", True, cgroup_mode(Path("/sys/fs/cgroup"))))
     parking = _parking()
     checks.append(parking)
     checks.append(_freeze_hold())
     can_park = None if os.geteuid() != 0 else parking["ok"] is True
-    checks.append(keep_check(cfg.keep_budget_bytes(), can_park))
-    checks.append(_root_ownership(cfg))
-    checks.append(_settings(cfg))
-    checks.append(_daemon(cfg))
+    checks.append(
+        doctor_node.keep_check(cfg.keep_budget_bytes(), can_park, node_sizes(cfg).mem_total_bytes)
+    )
+    checks.append(doctor_node.root_ownership(cfg))
+    checks.append(doctor_node.settings(cfg))
+    checks.append(doctor_node.daemon(cfg))
     checks.append(_vllm())
     return {"version": SCHEMA_VERSION, "node": socket.gethostname(), "checks": checks}
 

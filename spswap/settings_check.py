@@ -1,5 +1,5 @@
-"""Settings that cannot hold on this node (issue 15 item 11): a pool larger than the
-file system it lives on, a keep budget larger than the node's memory.
+"""Settings that cannot hold on this node (issue 15 item 11): a pool or an images' budget
+larger than the file system it lives on, a keep budget larger than the node's memory.
 
 The daemon logs them at start (and ``settings.unfit`` in the event log), ``spswap daemon
 start``, ``spswap status`` and ``spswap doctor`` show them: each message names the
@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from spswap.config import Config
 from spswap.units import fmt_bytes
@@ -39,6 +40,21 @@ def unfit_settings(cfg: Config, sizes: NodeSizes) -> list[str]:
             f"would fail with 'no space left' before the pool is full. Set it to at most "
             f"{fmt_bytes(sizes.fs_bytes * 0.8)}, or leave it out (80% of the file system), "
             f"or give the tmpfs more room (mount -o remount,size=...)"
+        )  # fmt: skip
+    images = cfg.images_bytes
+    if images is not None and sizes.fs_bytes and images > sizes.fs_bytes:
+        out.append(
+            f"SPSWAP_IMAGES_BYTES={fmt_bytes(images)} is more than the "
+            f"{fmt_bytes(sizes.fs_bytes)} file system that holds {sizes.fs_path}: dumps "
+            f"would find it full first. Set it to at most {fmt_bytes(sizes.fs_bytes // 2)} "
+            f"beside the pool, or leave it out (half of the file system)"
+        )  # fmt: skip
+    user = cfg.images_user_bytes
+    if user is not None and images is not None and user > images:
+        out.append(
+            f"SPSWAP_IMAGES_USER_BYTES={fmt_bytes(user)} is more than SPSWAP_IMAGES_BYTES="
+            f"{fmt_bytes(images)}: one user's images are bounded by all images' budget "
+            f"anyway. Set it lower (its default is half of SPSWAP_IMAGES_BYTES)"
         )  # fmt: skip
     keep = cfg.keep_bytes
     if keep is not None and sizes.mem_total_bytes and keep > sizes.mem_total_bytes:
@@ -74,3 +90,33 @@ def node_sizes(cfg: Config, meminfo: Path = Path("/proc/meminfo")) -> NodeSizes:
 def settings_problems(cfg: Config) -> list[str]:
     """:func:`unfit_settings` on this node."""
     return unfit_settings(cfg, node_sizes(cfg))
+
+
+def settings_differences(here: dict[str, Any], daemon: dict[str, Any]) -> list[str]:
+    """One line per setting the daemon runs with other than this command's. Pure."""
+    missing = object()  # a setting the other side's spswap does not know (another version)
+    return [f"{name}: {_setting_text(here.get(name, missing), missing)} here, "
+            f"{_setting_text(daemon.get(name, missing), missing)} in spswapd"
+            for name in sorted(set(here) | set(daemon))
+            if here.get(name, missing) != daemon.get(name, missing)]  # fmt: skip
+
+
+def _setting_text(value: Any, missing: object) -> str:
+    """A setting's value as the settings file would say it (unset: the default)."""
+    if value is missing:
+        return "not known (another spswap version)"
+    if value is None:
+        return "the default"
+    if isinstance(value, list):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def restart_hint(file: str | None) -> str:
+    """What to do when the running spswapd's settings are not this shell's; ``file``: the
+    settings file spswapd read. Pure."""
+    return (f"spswapd reads {file or 'its settings file'} when it starts: to apply an edit, "
+            "restart it as root (`systemctl restart spswapd` where its systemd unit runs "
+            "it, else `spswap daemon stop; spswap daemon start`; instances kept alive are "
+            "ended then, their images stay); a SPSWAP_* variable of this shell's "
+            "environment is this shell's alone")  # fmt: skip

@@ -15,12 +15,13 @@ from rich.table import Table
 from spswap import __version__
 from spswap.config import Config
 from spswap.daemon.client import Client
+from spswap.daemon.image_room import ImageRoom
 from spswap.daemon.lifecycle import daemon_running
 from spswap.errors import DaemonError
 from spswap.fsutil import read_json
 from spswap.instance.registry import InstanceRegistry
 from spswap.pool.store import Pool
-from spswap.settings_check import settings_problems
+from spswap.settings_check import restart_hint, settings_differences, settings_problems
 from spswap.settings_file import settings_file_path
 from spswap.slots.gpus import discover_gpus
 from spswap.slots.table import SlotTable
@@ -52,6 +53,9 @@ def collect_status(cfg: Config, *, gpus: list[dict[str, Any]] | None = None) -> 
         for rec, alive in InstanceRegistry(cfg.paths.run / "instances").list()
     ]
     checkpoints = _checkpoints(cfg.paths.run / "checkpoints")
+    limits = ImageRoom(cfg.paths.images if cfg.paths.images.exists() else cfg.root,
+                       cfg.paths.run / "checkpoints", total_bytes=cfg.images_bytes,
+                       user_bytes=cfg.images_user_bytes).limits()  # fmt: skip
     return {
         "version": STATUS_VERSION,
         "spswap": __version__,
@@ -67,6 +71,13 @@ def collect_status(cfg: Config, *, gpus: list[dict[str, Any]] | None = None) -> 
         },
         "instances": instances,
         "checkpoints": checkpoints,
+        "images": {  # (the saved images' sizes from their statuses: the images are root's)
+            "used_bytes": sum(
+                c.get("size_bytes") or 0 for c in checkpoints if c.get("state") == "saved"
+            ),
+            "budget_bytes": limits.total_bytes,
+            "user_budget_bytes": limits.user_bytes,
+        },  # fmt: skip
         "settings": settings,
     }
 
@@ -93,36 +104,6 @@ def _settings(cfg: Config, daemon_up: bool) -> dict[str, Any]:
     if isinstance(theirs.get("gpus"), list):
         out["daemon_gpus"] = [int(g) for g in theirs["gpus"]]
     return out
-
-
-def settings_differences(here: dict[str, Any], daemon: dict[str, Any]) -> list[str]:
-    """One line per setting the daemon runs with other than this command's. Pure."""
-    missing = object()  # a setting the other side's spswap does not know (another version)
-    return [f"{name}: {_setting_text(here.get(name, missing), missing)} here, "
-            f"{_setting_text(daemon.get(name, missing), missing)} in spswapd"
-            for name in sorted(set(here) | set(daemon))
-            if here.get(name, missing) != daemon.get(name, missing)]  # fmt: skip
-
-
-def _setting_text(value: Any, missing: object) -> str:
-    """A setting's value as the settings file would say it (unset: the default)."""
-    if value is missing:
-        return "not known (another spswap version)"
-    if value is None:
-        return "the default"
-    if isinstance(value, list):
-        return ",".join(map(str, value))
-    return str(value)
-
-
-def restart_hint(file: str | None) -> str:
-    """What to do when the running spswapd's settings are not this shell's; ``file``: the
-    settings file spswapd read. Pure."""
-    return (f"spswapd reads {file or 'its settings file'} when it starts: to apply an edit, "
-            "restart it as root (`systemctl restart spswapd` where its systemd unit runs "
-            "it, else `spswap daemon stop; spswap daemon start`; instances kept alive are "
-            "ended then, their images stay); a SPSWAP_* variable of this shell's "
-            "environment is this shell's alone")  # fmt: skip
 
 
 def _checkpoints(directory: Any) -> list[dict[str, Any]]:
@@ -179,9 +160,16 @@ def render_instances(instances: list[dict[str, Any]], now: float) -> Table:
     return t
 
 
-def render_checkpoints(checkpoints: list[dict[str, Any]]) -> Table:
-    """One row per job with a checkpoint: state, image size, and the reason of a failure."""
-    t = Table(title="checkpoints")
+def render_checkpoints(checkpoints: list[dict[str, Any]],
+                       images: dict[str, Any] | None = None) -> Table:  # fmt: skip
+    """One row per job with a checkpoint: state, image size, and the reason of a failure;
+    the title says what the saved images hold of their budget (``images``)."""
+    title = "checkpoints"
+    if images:
+        title += (f" (images: {fmt_bytes(images['used_bytes'])} of "
+                  f"{fmt_bytes(images['budget_bytes'])}, one user's up to "
+                  f"{fmt_bytes(images['user_budget_bytes'])})")  # fmt: skip
+    t = Table(title=title)
     for col in ("job", "state", "image", "reason"):
         t.add_column(col)
     for c in checkpoints:
@@ -231,5 +219,5 @@ def render_status(data: dict[str, Any], *, now: float | None = None) -> Group:
     parts.append(render_instances(data["instances"], now) if data["instances"] else
                  "instances: none (a running `spswap serve` shows here)")  # fmt: skip
     if data.get("checkpoints"):
-        parts.append(render_checkpoints(data["checkpoints"]))
+        parts.append(render_checkpoints(data["checkpoints"], data.get("images")))
     return Group(*parts)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from spswap import doctor
+from spswap import doctor, doctor_node
 from spswap.cli.app import app
 from spswap.config import Config
 
@@ -68,7 +68,7 @@ def test_parse_nvidia_version() -> None:
     ],
 )
 def test_mount_for(path: str, expected: tuple[str, str]) -> None:
-    assert doctor.mount_for(Path(path), MOUNTS) == expected
+    assert doctor_node.mount_for(Path(path), MOUNTS) == expected
 
 
 def test_cgroup_mode(tmp_path: Path) -> None:
@@ -222,21 +222,51 @@ def test_parking_check_says_what_it_found(tmp_path: Path) -> None:
 
 
 def test_keep_check() -> None:
-    assert doctor.keep_check(8 << 30, True) == {
+    assert doctor_node.keep_check(8 << 30, True) == {
         "name": "keep dumped instances",
         "ok": True,
         "required": False,
         "value": "up to 8.0 GiB (SPSWAP_KEEP_BYTES), frozen in parked cgroups",
         "detail": "",
     }
-    off = doctor.keep_check(0, True)
+    off = doctor_node.keep_check(0, True)
     assert off["ok"] is None and off["value"] == "off (SPSWAP_KEEP_BYTES=0)"
     assert "CRIU's restore" in off["detail"]
-    assert "dump outside the job" in doctor.keep_check(8 << 30, False)["value"]
-    unknown = doctor.keep_check(8 << 30, None)  # a user's doctor: not checked
+    assert "dump outside the job" in doctor_node.keep_check(8 << 30, False)["value"]
+    unknown = doctor_node.keep_check(8 << 30, None)  # a user's doctor: not checked
     assert unknown["ok"] is None and unknown["value"] == (
         "up to 8.0 GiB (SPSWAP_KEEP_BYTES) where parked cgroups can be made: not checked "
         "(needs root)")  # fmt: skip
+    over = doctor_node.keep_check(64 << 30, True, mem_total_bytes=24 << 30)
+    assert over["ok"] is None and over["value"] == (
+        "up to 64.0 GiB (SPSWAP_KEEP_BYTES): more than this node's 24.0 GiB of memory"
+    )
+    assert over["detail"] == "see the settings row"
+
+
+def test_the_daemon_row_says_when_spswapd_runs_other_settings(monkeypatch) -> None:
+    """An edit of the settings file the running spswapd has not read yet: doctor's daemon
+    row says so and how to restart it (it said ok while the settings row judged the
+    file's values, not the daemon's)."""
+    from spswap.config import Config
+    from spswap.daemon import lifecycle
+    from tests.uids import node_root
+
+    if os.geteuid() != 0:
+        pytest.skip("spswapd's tree is root's")
+    for name in [k for k in os.environ if k.startswith("SPSWAP_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("SPSWAP_GPUS", "0")  # the daemon's settings: this shell's
+    with node_root("spsdoc-", {"SPSWAP_GPUS": "0"}) as cfg:
+        lifecycle.start(cfg, wait_s=15.0)
+        assert doctor_node.daemon(cfg)["ok"] is True
+        edited = Config.from_env({"SPSWAP_GPUS": "0", "SPSWAP_KEEP_BYTES": "0"}, root=cfg.root)
+        row = doctor_node.daemon(edited)
+        assert row["ok"] is None
+        assert row["value"].endswith(
+            "with other settings than this shell reads: SPSWAP_KEEP_BYTES: 0 here, the "
+            "default in spswapd")  # fmt: skip
+        assert row["detail"].startswith("spswapd reads ")
 
 
 def test_vllm_check() -> None:

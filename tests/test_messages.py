@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from spswap import doctor
+from spswap import doctor_node
 from spswap.cli.events import event_line, events_table, short_value
 from spswap.config import Config
 from spswap.slots.request import timeout_error
@@ -36,11 +36,11 @@ def test_slot_timeout_names_the_flags_of_both_commands() -> None:
 
 def test_doctor_does_not_call_a_missing_root_ok(tmp_path: Path) -> None:
     cfg = Config.from_env({}, root=tmp_path / "nothing")
-    got = doctor._root_ownership(cfg)
+    got = doctor_node.root_ownership(cfg)
     assert (got["ok"], got["value"]) == (None, f"{tmp_path / 'nothing'} does not exist yet")
     assert got["detail"].startswith("spswapd makes it at its first start (the Slurm prolog")
     (tmp_path / "nothing").mkdir(mode=0o755)
-    got = doctor._root_ownership(cfg)
+    got = doctor_node.root_ownership(cfg)
     assert got["ok"] is True and "root's, not writable by others" in got["value"]
 
 

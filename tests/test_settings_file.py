@@ -108,6 +108,15 @@ def test_unfit_settings_name_the_numbers_and_the_fix() -> None:
     assert unfit_settings(Config.from_env({}), sizes) == []  # the defaults always fit
     unknown = NodeSizes(fs_bytes=None, fs_path="/x", mem_total_bytes=None)
     assert unfit_settings(cfg, unknown) == []
+    images = Config.from_env({"SPSWAP_IMAGES_BYTES": "32G", "SPSWAP_IMAGES_USER_BYTES": "40G"})
+    assert unfit_settings(images, sizes) == [
+        "SPSWAP_IMAGES_BYTES=32.0 GiB is more than the 24.0 GiB file system that holds "
+        "/dev/shm/spswap: dumps would find it full first. Set it to at most 12.0 GiB beside "
+        "the pool, or leave it out (half of the file system)",
+        "SPSWAP_IMAGES_USER_BYTES=40.0 GiB is more than SPSWAP_IMAGES_BYTES=32.0 GiB: one "
+        "user's images are bounded by all images' budget anyway. Set it lower (its default "
+        "is half of SPSWAP_IMAGES_BYTES)",
+    ]
 
 
 def test_node_sizes_reads_this_node(tmp_path) -> None:
@@ -120,7 +129,7 @@ def test_node_sizes_reads_this_node(tmp_path) -> None:
 
 
 def test_settings_differences() -> None:
-    from spswap.status import settings_differences
+    from spswap.settings_check import settings_differences
 
     here = Config.from_env({}).to_json()
     daemon = Config.from_env({"SPSWAP_POOL_CAPACITY_BYTES": "256G",
@@ -142,7 +151,7 @@ def test_settings_differences() -> None:
 
 
 def test_the_restart_hint_says_when_spswapd_reads_its_file() -> None:
-    from spswap.status import restart_hint
+    from spswap.settings_check import restart_hint
 
     assert restart_hint("/etc/default/spswap") == (
         "spswapd reads /etc/default/spswap when it starts: to apply an edit, restart it as "

@@ -83,7 +83,13 @@ def _normalize(data: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.fixture
 def node(tmp_path: Path) -> Config:
-    cfg = Config.from_env({}, root=tmp_path / "root", pool_capacity_bytes=1 << 30)
+    cfg = Config.from_env(
+        {},
+        root=tmp_path / "root",
+        pool_capacity_bytes=1 << 30,
+        images_bytes=8 << 30,
+        images_user_bytes=4 << 30,
+    )
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     _write_safetensors(ckpt / "model.safetensors")
@@ -184,6 +190,7 @@ def test_status_cli_json_has_every_section(node: Config):
         "pool",
         "instances",
         "checkpoints",
+        "images",
         "settings",
     }
     assert [c["state"] for c in data["checkpoints"]] == ["saved", "rejected"]

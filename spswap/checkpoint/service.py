@@ -135,6 +135,7 @@ def dump_instance(
     before_criu: Callable[[list[int]], list[tuple[Path, str]] | None] | None = None,
     criu_as_user: bool = True, freeze_tag: str = "",
     before_cuda: Callable[[list[int]], bool] | None = None,
+    make_room: Callable[[list[int]], None] | None = None,
 ) -> DumpReport:  # fmt: skip
     """CUDA-checkpoint (when the tree uses CUDA) and CRIU-dump the tree of ``pid``.
 
@@ -157,6 +158,11 @@ def dump_instance(
     checkpoint; True when it took the tree out of its job already (spswapd parks it
     first where the parked cgroup keeps the job's device rules: the CUDA checkpoint then
     runs after the job could end). It must not raise.
+
+    ``make_room`` gets the tree's pids after its CUDA checkpoint (its GPU state then in
+    host memory, so its size says what the image will take), before ``before_criu``; it
+    raises :class:`CheckpointFailed` where there is no room for the image (the tree then
+    gets its GPU state back and runs on, as after a failed CRIU run).
 
     ``criu_as_user``: a tree of a user other than root is dumped by CRIU started as that
     user (``--unprivileged``, see :class:`criu.RunAs`); a kept tree's post-dump freeze is
@@ -193,6 +199,10 @@ def dump_instance(
         timings["cuda_checkpoint"] = time.monotonic() - t0
         timings.update({f"cuda_{k}": v for k, v in per_process.items()})
     try:
+        if make_room is not None:
+            t0 = time.monotonic()
+            make_room(tree)
+            timings["make_room"] = time.monotonic() - t0
         t0 = time.monotonic()
         writes = before_criu(tree) if before_criu is not None else None
         timings["before_criu"] = time.monotonic() - t0

@@ -21,7 +21,9 @@ from spswap.daemon.ckpt_status import (
     run_gpu_uuids,
     running_job,
 )
-from spswap.daemon.image_uses import sync_quietly
+from spswap.daemon.image_room import ImageOnNode
+from spswap.daemon.image_uses import drop_job_images, sync_quietly
+from spswap.daemon.jobs import JobState
 from spswap.daemon.kept import Kept
 from spswap.daemon.protocol import Answer
 from spswap.daemon.statuses import CheckpointState
@@ -280,9 +282,12 @@ def _dump(st: DaemonState, job_id: str, pid: int, pid_start: int | None, identit
                                    pid_start=pid_start, before_criu=leave,
                                    criu_as_user=not st.cfg.criu_as_root,
                                    freeze_tag=cgroups.root_tag(st.cfg.root),
-                                   before_cuda=leave.before_cuda)  # fmt: skip
+                                   before_cuda=leave.before_cuda,
+                                   make_room=lambda tree: _make_room(st, job_id, identity.uid,
+                                                                     tree))  # fmt: skip
         finally:
             st.dumping.end(job_id)  # counted as an image from now on, or not at all
+            st.image_room.release(job_id)
     except Exception as e:  # the instance runs on (unless CRIU ended it): tell it, record why
         reason = str(e) + leave.after_failure(tree_kept=bool(getattr(e, "tree_kept", False)))
         try:
@@ -299,6 +304,35 @@ def _dump(st: DaemonState, job_id: str, pid: int, pid_start: int | None, identit
                       kept=kept)  # fmt: skip
     st.event("checkpoint.saved", job_id=job_id, uid=identity.uid, image=report.to_json())
     return True
+
+
+def _make_room(st: DaemonState, job_id: str, uid: int, tree: list[int]) -> None:
+    """Room for the job's image under the node's image budget (see
+    :mod:`spswap.daemon.image_room`): the tree's memory, its GPU state now among it, is
+    what CRIU will write."""
+
+    def may_drop(image: ImageOnNode) -> bool:
+        if st.job_locks.of(image.job_id).locked():  # being restored (or dumped) now
+            return False
+        rec = st.jobs.get(image.job_id)  # a job running here is about to take its image
+        return rec is None or rec.state is not JobState.RUNNING
+
+    def drop(images: list[ImageOnNode]) -> None:
+        for image in images:
+            lock = st.job_locks.of(image.job_id)
+            if not lock.acquire(blocking=False):  # taken since may_drop looked: it stays
+                continue
+            try:
+                reason = (f"dropped to make room for job {job_id}'s image, the same user's "
+                          "(SPSWAP_IMAGES_USER_BYTES, SPSWAP_IMAGES_BYTES): its next run "
+                          "starts from the pool")  # fmt: skip
+                drop_job_images(st, image.job_id, reason)
+                st.event_quietly("images.dropped", job_id=image.job_id, for_job=job_id,
+                                 size_bytes=image.size_bytes, reason=reason)  # fmt: skip
+            finally:
+                lock.release()
+
+    st.image_room.make_room(job_id, uid, anon_rss_bytes(tree), drop=drop, may_drop=may_drop)
 
 
 def _requeue(st: DaemonState, job_id: str, *, early: bool = False) -> bool:

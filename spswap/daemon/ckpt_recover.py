@@ -56,8 +56,12 @@ def recover(st: DaemonState) -> dict[str, Any]:
     status_dir = st.statuses.dir
     for path in sorted(status_dir.glob("*.json")) if status_dir.is_dir() else []:
         status = read_json(path) or {}
-        if status.get("kept"):  # the sweep above ended what the dead daemon kept
-            st.statuses.unmark_kept(str(status.get("job_id") or path.stem))
+        if status.get("kept"):  # the sweep above ended what the last daemon kept
+            job_id = str(status.get("job_id") or path.stem)
+            st.statuses.unmark_kept(job_id)
+            st.event("kept.ended", job_id=job_id, pid=status.get("pid"),
+                     reason="spswapd started again: the instance the last one kept alive "
+                     "was ended; its image brings it back")  # fmt: skip
         if status.get("state") == CheckpointState.DUMPING:
             stale.append((str(status.get("job_id") or path.stem), int(status.get("pid") or 0),
                           status.get("pid_start")))  # fmt: skip

@@ -3,18 +3,30 @@
 The daemon appends; ``spswap events`` and ``spswap status`` read. Each event is one
 ``write`` on an ``O_APPEND`` descriptor, so concurrent writers never interleave inside
 a line; a reader skips a torn (half-written) last line instead of failing.
+
+The log lives on the node's tmpfs, in memory, for as long as the node runs: spswapd's
+:class:`EventLog` starts a new file once it reaches :data:`EVENTS_MAX_BYTES`, keeping the
+one before as ``events.jsonl.1`` (so at most twice that, whatever the jobs and users of
+the node ask); readers read both.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 TAIL_CHUNK_BYTES = 64 * 1024
+EVENTS_MAX_BYTES = 32 << 20  # ~100,000 events a file; two files at most
+
+
+def rotated(path: Path) -> Path:
+    """Where the log's previous file goes when a new one starts."""
+    return path.with_name(path.name + ".1")
 
 
 def make_event(
@@ -50,6 +62,26 @@ def append(path: Path, kind: str, **fields: Any) -> dict[str, Any]:
     return event
 
 
+class EventLog:
+    """spswapd's writer of the log (its only one while it runs): :func:`append`, and a new
+    file once the current one holds ``max_bytes`` (thread-safe: the daemon's threads
+    append at once, and one rotation must not move another's new file over the old)."""
+
+    def __init__(self, path: Path, max_bytes: int = EVENTS_MAX_BYTES) -> None:
+        self.path, self.max_bytes = path, max_bytes
+        self._lock = threading.Lock()
+
+    def append(self, kind: str, **fields: Any) -> dict[str, Any]:
+        with self._lock:
+            try:
+                full = os.stat(self.path).st_size >= self.max_bytes
+            except FileNotFoundError:
+                full = False
+            if full:
+                os.replace(self.path, rotated(self.path))  # the older one goes
+            return append(self.path, kind, **fields)
+
+
 def parse_lines(data: bytes) -> list[dict[str, Any]]:
     """Events in ``data``; lines that do not parse (a torn write) are skipped."""
     out = []
@@ -66,7 +98,15 @@ def parse_lines(data: bytes) -> list[dict[str, Any]]:
 
 
 def tail(path: Path, n: int = 50) -> list[dict[str, Any]]:
-    """The last ``n`` events (oldest first); empty when there is no log yet."""
+    """The last ``n`` events (oldest first), from the log's previous file too where the
+    current one has fewer; empty when there is no log yet."""
+    latest = _tail_one(path, n)
+    if len(latest) < n:
+        return _tail_one(rotated(path), n - len(latest)) + latest
+    return latest
+
+
+def _tail_one(path: Path, n: int) -> list[dict[str, Any]]:
     if n <= 0:
         return []
     try:
@@ -90,28 +130,54 @@ def tail(path: Path, n: int = 50) -> list[dict[str, Any]]:
 
 
 def follow(path: Path, *, poll_s: float = 0.2, from_end: bool = True) -> Iterator[dict[str, Any]]:
-    """Yield events appended from now on (like ``tail -f``); stops when the caller stops.
+    """Yield events appended from now on (like ``tail -f``), across a new file started
+    meanwhile; stops when the caller stops.
 
     The starting offset is taken at the call, not at the first ``next()``.
     """
-    offset = path.stat().st_size if (from_end and path.exists()) else 0
-    return _follow_from(path, offset, poll_s)
+    start: tuple[int | None, int]
+    try:
+        st = path.stat()
+        start = (st.st_ino, st.st_size if from_end else 0)
+    except FileNotFoundError:
+        start = (None, 0)
+    return _follow_from(path, start, poll_s)
 
 
-def _follow_from(path: Path, offset: int, poll_s: float) -> Iterator[dict[str, Any]]:
+def _follow_from(path: Path, start: tuple[int | None, int], poll_s: float
+                 ) -> Iterator[dict[str, Any]]:  # fmt: skip
+    inode, offset = start
     pending = b""
     while True:
+        data = b""
         try:
             with open(path, "rb") as f:
-                size = f.seek(0, os.SEEK_END)
-                if size < offset:  # log replaced: start over
+                now = os.fstat(f.fileno()).st_ino
+                if inode is not None and now != inode:
+                    # a new file: first the rest of the one we read (now the previous)
+                    data = _rest_of(rotated(path), inode, offset)
+                    offset = 0
+                elif f.seek(0, os.SEEK_END) < offset:  # log replaced: start over
                     offset, pending = 0, b""
+                inode = now
                 f.seek(offset)
-                data = f.read()
+                new = f.read()
         except FileNotFoundError:
-            data = b""
-        offset += len(data)
-        pending += data
+            new = b""
+        offset += len(new)
+        pending += data + new
         complete, _, pending = pending.rpartition(b"\n")
         yield from parse_lines(complete)
         time.sleep(poll_s)
+
+
+def _rest_of(path: Path, inode: int, offset: int) -> bytes:
+    """What ``path`` holds past ``offset`` if it is still the file ``inode``."""
+    try:
+        with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_ino != inode:
+                return b""
+            f.seek(offset)
+            return f.read()
+    except FileNotFoundError:
+        return b""

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from spswap.checkpoint.images import pool_digests
 from spswap.config import Config
 from spswap.daemon import events
+from spswap.daemon.image_room import ImageRoom
 from spswap.daemon.jobs import JobRecord, JobState, JobStore
 from spswap.daemon.kept import HeldCgroups, KeptTrees
 from spswap.daemon.memory_claims import MemoryClaims
@@ -115,12 +116,18 @@ class DaemonState:
     # the emptied parked cgroups of dumps that left images (spswap.daemon.prerestore)
     held_cgroups: HeldCgroups = field(init=False)
     memory_claims: MemoryClaims = field(init=False)
+    image_room: ImageRoom = field(init=False)  # the images' budget, dumps under way
+    event_log: events.EventLog = field(init=False)  # the log's writer (and its new files)
 
     def __post_init__(self) -> None:
         self.statuses = CheckpointStatuses(self.cfg.paths.run / "checkpoints")
         self.kept = KeptTrees(self.statuses, self.event)
         self.held_cgroups = HeldCgroups()
         self.memory_claims = MemoryClaims()
+        self.event_log = events.EventLog(self.cfg.paths.events)
+        self.image_room = ImageRoom(self.cfg.paths.images, self.statuses.dir,
+                                    total_bytes=self.cfg.images_bytes,
+                                    user_bytes=self.cfg.images_user_bytes)  # fmt: skip
 
     @property
     def jobs(self) -> JobStore:
@@ -132,7 +139,7 @@ class DaemonState:
         job_id = fields.get("job_id")
         if fields.get("uid") is None and job_id:
             fields["uid"] = self._job_uid(str(job_id))
-        events.append(self.cfg.paths.events, kind, **fields)
+        self.event_log.append(kind, **fields)
 
     def event_quietly(self, kind: str, **fields: Any) -> None:
         """:meth:`event` for a caller that must go on whatever happens (a dump, a daemon

@@ -4,7 +4,7 @@ real serving processes (the job registered with the daemon as its prolog would).
 For each fault: no broken image is ever restored, the next run starts cold and says why,
 every request is answered as the cold model answers it, and no slot reservation, pool
 use or image is left behind. Cases: spswapd killed -9 during a dump; the engine killed -9
-during a dump, during CRIU's restore, and right after it; the images' tmpfs full during
+during a dump, during CRIU's restore, and right after it; the images' tmpfs too small for
 a dump; and the image lifecycle (a pool use per image, dropped with it; the epilog keeps
 a requeued job's image and deletes an ended one's).
 
@@ -322,16 +322,24 @@ def test_a_damaged_pool_entry_after_the_dump_is_never_served(runs: Runs) -> None
         runs.log(0), runs.log(0)  # fmt: skip
 
 
+NO_ROOM = "free on the file system of the images"
+
+
 def test_tiny_tmpfs_full_during_a_dump(runs: Runs) -> None:
+    """The images' file system (1 MiB) has no room for the image: the dump is refused
+    before CRIU writes a byte (spswap.daemon.image_room), the run resumes and saves its
+    requests, and the next run starts cold, saying why."""
     cfg = runs.cfg
     first = runs.stop_run0()
     assert first.wait(timeout=120) == 0, runs.log(0)  # resumed; exits with requests saved
     status = _settled(cfg)
-    assert status["state"] == "failed" and "file system is full" in status["reason"], status
+    assert status["state"] == "failed", status
+    assert status["reason"].startswith(f"no room for job {JOB}'s image: its image (about ")
+    assert NO_ROOM in status["reason"], status
     assert "no checkpoint image" in runs.log(0)
     assert _job_dirs(cfg) == []
     assert runs.summary(0)["pending_left"] > 0
-    runs.finish_cold(1, "file system is full")
+    runs.finish_cold(1, NO_ROOM)
     _assert_clean(cfg)
 
 
@@ -638,10 +646,10 @@ def test_tiny_tmpfs_full_during_a_parked_dump_sends_the_run_home(
     first = runs.stop_run0()
     assert first.wait(timeout=120) == 0, runs.log(0)  # resumed; exits with requests saved
     status = _settled(cfg)
-    assert status["state"] == "failed" and "file system is full" in status["reason"], status
+    assert status["state"] == "failed" and NO_ROOM in status["reason"], status
     assert "was ended" not in status["reason"]
     kinds = [e["kind"] for e in _job_events(cfg)]
     assert "checkpoint.parked" in kinds and "job.requeue" not in kinds, kinds
     assert "no checkpoint image" in runs.log(0)
-    runs.finish_cold(1, "file system is full")
+    runs.finish_cold(1, NO_ROOM)
     _assert_clean(cfg)

@@ -13,7 +13,7 @@ import pytest
 
 from spswap.checkpoint import criu, link_remap
 from spswap.config import Config
-from spswap.daemon import ckpt_recover, lifecycle
+from spswap.daemon import ckpt_recover, events, lifecycle
 from spswap.daemon.state import DaemonState
 from spswap.fsutil import atomic_write_json
 
@@ -35,6 +35,22 @@ def test_start_up_frees_what_a_dead_daemon_was_deleting(tmp_path: Path) -> None:
     ckpt_recover.recover(st)
     assert not gone.exists() and not parked.exists()
     assert list(cfg.paths.images.iterdir()) == []
+
+
+def test_start_up_says_which_kept_instances_the_last_daemon_left_ended(tmp_path: Path) -> None:
+    """A restart ends the trees the last spswapd kept alive (its sweep takes their parked
+    cgroups): each job's status no longer says kept, and a kept.ended event names the job
+    and why (a newcomer walk saw only a parked_swept line with no job)."""
+    cfg = Config.from_env({}, root=tmp_path / "root")
+    lifecycle.prepare_dirs(cfg)
+    st = DaemonState(cfg)
+    st.statuses.write("761", state="saved", pid=4242, key="job761-x", kept=True)
+    st.statuses.write("762", state="saved", pid=4243, key="job762-x", kept=False)
+    ckpt_recover.recover(st)
+    assert st.statuses.read("761")["kept"] is False
+    ended = [e for e in events.tail(cfg.paths.events, 50) if e["kind"] == "kept.ended"]
+    assert [(e["job_id"], e["detail"]["pid"]) for e in ended] == [("761", 4242)]
+    assert ended[0]["detail"]["reason"].startswith("spswapd started again: the instance")
 
 
 TRACER = """

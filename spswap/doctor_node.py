@@ -1,0 +1,132 @@
+"""``spswap doctor``'s rows about spswap's own state on the node: the root's file system
+(tmpfs), the state tree's ownership, the daemon and the settings it runs with, the
+settings file and what of it cannot hold, and keeping dumped instances alive."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from spswap.config import Config
+from spswap.daemon import lifecycle
+from spswap.daemon.client import Client
+from spswap.daemon.trust import unsafe_dir
+from spswap.doctor_check import check
+from spswap.errors import DaemonError
+from spswap.settings_check import restart_hint, settings_differences, settings_problems
+from spswap.settings_file import read_settings_file, settings_file_path
+from spswap.units import fmt_bytes
+
+
+def mount_for(path: Path, mounts_text: str) -> tuple[str, str] | None:
+    """``(mount point, fs type)`` of the mount holding ``path``, from ``/proc/mounts`` text."""
+    best: tuple[str, str] | None = None
+    target = str(path)
+    for line in mounts_text.splitlines():
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        point = parts[1].replace("\\040", " ")
+        inside = target == point or target.startswith(point.rstrip("/") + "/") or point == "/"
+        if inside and (best is None or len(point) > len(best[0])):
+            best = (point, parts[2])
+    return best
+
+
+def storage(cfg: Config) -> dict[str, Any]:
+    probe = cfg.root
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    st = os.statvfs(probe)
+    size, free = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+    try:
+        found = mount_for(probe.resolve(), Path("/proc/mounts").read_text())
+    except OSError:
+        found = None
+    fstype = found[1] if found else "unknown"
+    value = f"{fstype} at {found[0] if found else probe}: {fmt_bytes(size)}, {fmt_bytes(free)} free"
+    if fstype == "tmpfs":
+        return check(f"storage ({cfg.root})", True, value, required=True)
+    return check(
+        f"storage ({cfg.root})", None, value,
+        "not tmpfs: pool and images are slower; set SPSWAP_ROOT to a tmpfs such as /dev/shm/spswap",
+    )  # fmt: skip
+
+
+def daemon(cfg: Config) -> dict[str, Any]:
+    pid = lifecycle.daemon_running(cfg)
+    path = lifecycle.pid_path(cfg)
+    if pid is None:
+        return check(
+            "daemon",
+            None,
+            "not running",
+            f"no live daemon holds {path}; the Slurm prolog starts it",
+        )
+    shown = f"pid {pid}" if pid > 0 else "starting" if os.geteuid() == 0 else "running"
+    try:  # the settings it runs with, which it read when it started
+        theirs = Client(cfg, timeout_s=2.0).call("status")
+    except DaemonError:
+        return check("daemon", True, shown)
+    differs = settings_differences(cfg.to_json(), theirs.get("settings") or {})
+    if differs:
+        file = theirs.get("settings_file")
+        return check(
+            "daemon",
+            None,
+            f"{shown}, with other settings than this shell reads: " + "; ".join(differs),
+            restart_hint(file if isinstance(file, str) else None),
+        )
+    return check("daemon", True, shown)
+
+
+def root_ownership(cfg: Config) -> dict[str, Any]:
+    """The state tree must be root's alone (spswapd refuses it otherwise)."""
+    if not os.path.lexists(cfg.root):
+        return check("state tree", None, f"{cfg.root} does not exist yet",
+                     "spswapd makes it at its first start (the Slurm prolog, or `spswap daemon "
+                     "start` as root); if the daemon runs, SPSWAP_ROOT or --root here names "
+                     "another root than its own")  # fmt: skip
+    p = cfg.paths
+    problems = [why for d in (cfg.root, p.run, p.log, p.images, p.pool)
+                if (why := unsafe_dir(d))]  # fmt: skip
+    if problems:
+        return check("state tree", False, "; ".join(problems),
+                     f"remove {cfg.root} (spswapd recreates it) or fix the owner and mode",
+                     required=True)  # fmt: skip
+    return check("state tree", True, f"{cfg.root}: root's, not writable by others")
+
+
+def keep_check(budget_bytes: int, can_park: bool | None,
+               mem_total_bytes: int | None = None) -> dict[str, Any]:  # fmt: skip
+    """Whether dumped instances can be kept alive (frozen, parked) for their job's next
+    run: a keep budget and parked cgroups are both needed (``can_park`` None: not
+    checked, the caller is not root), and a budget the node's memory can hold. Pure."""
+    name = "keep dumped instances"
+    slower = "each swap back to a dumped job then runs CRIU's restore (about 2 s more)"
+    if budget_bytes <= 0:
+        return check(name, None, "off (SPSWAP_KEEP_BYTES=0)", slower)
+    if mem_total_bytes and budget_bytes > mem_total_bytes:
+        return check(name, None, f"up to {fmt_bytes(budget_bytes)} (SPSWAP_KEEP_BYTES): more "
+                     f"than this node's {fmt_bytes(mem_total_bytes)} of memory",
+                     "see the settings row")  # fmt: skip
+    if can_park is None:
+        return check(name, None, f"up to {fmt_bytes(budget_bytes)} (SPSWAP_KEEP_BYTES) where "
+                     "parked cgroups can be made: not checked (needs root)",
+                     "run `sudo spswap doctor` for the node's answer")  # fmt: skip
+    if not can_park:
+        return check(name, None, "no: needs parked cgroups (see 'dump outside the job')",
+                     slower)  # fmt: skip
+    return check(name, True, f"up to {fmt_bytes(budget_bytes)} (SPSWAP_KEEP_BYTES), frozen "
+                 "in parked cgroups")  # fmt: skip
+
+
+def settings(cfg: Config) -> dict[str, Any]:
+    """Where the settings came from (the file every command and the daemon read) and
+    what of them cannot hold on this node."""
+    read = read_settings_file(settings_file_path(os.environ))
+    source = (f"{read.path}, then the environment" if read.exists and not read.problem
+              else f"environment only ({read.problem or f'no {read.path}'})")  # fmt: skip
+    problems = settings_problems(cfg)
+    return check("settings", False if problems else True, source, "; ".join(problems))
