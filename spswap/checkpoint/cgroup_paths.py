@@ -7,6 +7,7 @@ tree needs to know where the tree and spswapd are in each hierarchy Slurm tracks
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,3 +99,36 @@ def own_dirs(found: list[Mount], proc: Path = PROC) -> dict[str, Path]:
     (:data:`TRACKING`): where parked cgroups are made, probed and swept."""
     return {m.controllers: d for m in memberships("self", proc)
             if m.controllers in TRACKING and (d := fs_path(m, found)) is not None}  # fmt: skip
+
+
+def in_job(found: list[Membership], job_id: str) -> bool:
+    """Whether a process of ``found`` memberships runs inside Slurm job ``job_id``'s
+    cgroup, in a hierarchy Slurm tracks jobs by (proctrack/cgroup names it ``job_<id>``:
+    ``.../slurmstepd.scope/job_<id>/step_batch/...`` on v2, ``/slurm/uid_<uid>/job_<id>/...``
+    in v1's freezer). Pure."""
+    name = f"job_{job_id}"
+    return any(name in m.path.split("/") for m in found if m.controllers in TRACKING)
+
+
+def job_dirs(job_id: str, found: list[Mount], *, max_depth: int = 5,
+             max_dirs: int = 20000) -> list[Path]:  # fmt: skip
+    """The directories named ``job_<id>`` in the hierarchies Slurm tracks jobs by: the
+    job's cgroups where proctrack/cgroup runs (none with proctrack/linuxproc, or without
+    Slurm). A walk bounded in depth and size (Slurm puts them 2-4 levels down)."""
+    name, out, seen = f"job_{job_id}", [], 0
+    for mount in (m for m in found if m.controllers in TRACKING):
+        level = [Path(mount.mountpoint)]
+        for _ in range(max_depth):
+            below = []
+            for d in level:
+                try:
+                    subs = [e for e in os.scandir(d) if e.is_dir(follow_symlinks=False)]
+                except OSError:
+                    continue
+                seen += len(subs)
+                out += [Path(e.path) for e in subs if e.name == name]
+                below += [Path(e.path) for e in subs if e.name != name]
+            if out or seen > max_dirs:
+                return out
+            level = below
+    return out

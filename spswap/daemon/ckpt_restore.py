@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from spswap.checkpoint import cgroups, proctree
+from spswap.checkpoint import cgroup_paths, cgroups, proctree
 from spswap.checkpoint.criu import remove_image, remove_image_soon
 from spswap.checkpoint.cuda_back import unlock_kept, wake_kept
 from spswap.checkpoint.device_rules import Carried
@@ -28,7 +28,7 @@ from spswap.daemon.image_uses import sync_quietly
 from spswap.daemon.kept import Kept
 from spswap.daemon.protocol import Answer
 from spswap.daemon.statuses import CheckpointState
-from spswap.errors import CheckpointFailed, ImageRejected
+from spswap.errors import CheckpointFailed, ImageRejected, PermissionDenied
 from spswap.liveness import Holder, pid_start_time
 from spswap.pool.store import Pool
 
@@ -45,12 +45,35 @@ def op_restore(ctx: Context, args: dict[str, Any]) -> Answer:
     st = ctx.state
     job_id = args["job_id"]
     rec = running_job(ctx, job_id)  # the job's own run only, from here on
+    if ctx.peer_uid != 0:
+        asking_from_the_job(job_id, ctx.peer_pid)
     try:
         return _locked_restore(ctx, st, rec, job_id, args)
     finally:
         # a restore that failed before it took the tree: one woken early would hold GPU
         # memory the run's cold start needs
         prewake.end_if_untaken(st, job_id)
+
+
+def asking_from_the_job(job_id: str, pid: int) -> None:
+    """Refuse a user's restore asked from outside the job's cgroup where the job has one:
+    the restored instance joins the cgroups of the process that asks (so that Slurm's
+    limits and its end-of-job kill cover it), and one asked for from a login shell would
+    run outside the job's limits. Checked before anything is restored: the image stays."""
+    found = cgroup_paths.memberships(pid)
+    if cgroup_paths.in_job(found, job_id):
+        return
+    try:
+        job_cgroups = cgroup_paths.job_dirs(job_id, cgroup_paths.mounts())
+    except OSError:
+        return  # (no cgroups to read: nothing to be outside of)
+    if job_cgroups:
+        raise PermissionDenied(
+            f"pid {pid} asked to restore job {job_id}'s instance from outside the job's "
+            f"cgroup ({job_cgroups[0]}): a restored instance joins the cgroups of the "
+            "process that asks, so ask from inside the job (its batch script, or `srun "
+            f"--jobid={job_id} --overlap ...`); the image stays for that"
+        )
 
 
 def _locked_restore(ctx: Context, st: DaemonState, rec: JobRecord, job_id: str,

@@ -318,3 +318,15 @@ def test_a_frozen_parked_tree_does_not_run_until_thawed_and_can_be_ended(
 
 def test_freeze_without_a_freezer_says_so(tmp_path: Path) -> None:
     assert cgroups.Parking("none", {"memory": tmp_path}).freeze() is False
+
+
+def test_in_job_reads_slurms_job_cgroup_names() -> None:
+    from spswap.checkpoint.cgroup_paths import in_job, parse_proc_cgroup
+
+    v2 = parse_proc_cgroup("0::/system.slice/slurmstepd.scope/job_77/step_batch/user/task_0\n")
+    assert in_job(v2, "77") and not in_job(v2, "7") and not in_job(v2, "770")
+    v1 = parse_proc_cgroup("12:freezer:/slurm/uid_1000/job_77/step_0\n"
+                           "5:memory:/user.slice\n0::/user.slice/session-3.scope\n")  # fmt: skip
+    assert in_job(v1, "77")
+    login = parse_proc_cgroup("12:freezer:/\n4:memory:/slurm/job_77\n0::/user.slice/s.scope\n")
+    assert not in_job(login, "77"), "only the hierarchies Slurm tracks jobs by count"
