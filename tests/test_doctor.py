@@ -256,7 +256,8 @@ def test_the_daemon_row_says_when_spswapd_runs_other_settings(monkeypatch) -> No
         pytest.skip("spswapd's tree is root's")
     for name in [k for k in os.environ if k.startswith("SPSWAP_")]:
         monkeypatch.delenv(name)
-    monkeypatch.setenv("SPSWAP_GPUS", "0")  # the daemon's settings: this shell's
+    monkeypatch.setenv("SPSWAP_GPUS", "0")  # the daemon's settings: this shell's,
+    monkeypatch.setenv("SPSWAP_DEFAULTS", "/nonexistent")  # not a test cluster's file
     with node_root("spsdoc-", {"SPSWAP_GPUS": "0"}) as cfg:
         lifecycle.start(cfg, wait_s=15.0)
         assert doctor_node.daemon(cfg)["ok"] is True

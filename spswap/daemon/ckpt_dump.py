@@ -323,9 +323,9 @@ def _make_room(st: DaemonState, job_id: str, uid: int, tree: list[int]) -> None:
             if not lock.acquire(blocking=False):  # taken since may_drop looked: it stays
                 continue
             try:
-                reason = (f"dropped to make room for job {job_id}'s image, the same user's "
-                          "(SPSWAP_IMAGES_USER_BYTES, SPSWAP_IMAGES_BYTES): its next run "
-                          "starts from the pool")  # fmt: skip
+                reason = (f"dropped to make room for the image of job {job_id}, of the "
+                          "same user, within SPSWAP_IMAGES_USER_BYTES and SPSWAP_IMAGES_BYTES: "
+                          "its next run starts from the pool")  # fmt: skip
                 drop_job_images(st, image.job_id, reason)
                 st.event_quietly("images.dropped", job_id=image.job_id, for_job=job_id,
                                  size_bytes=image.size_bytes, reason=reason)  # fmt: skip

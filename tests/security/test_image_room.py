@@ -151,7 +151,8 @@ def test_a_users_dumps_over_the_users_share_drop_only_that_users_oldest_image(
     dropped = _events(cfg, "images.dropped")
     assert [(e["job_id"], e["detail"]["for_job"]) for e in dropped] == [("201", "202")]
     old = read_json(cfg.paths.run / "checkpoints" / "201.json") or {}
-    assert old["state"] == "deleted" and "to make room for job 202's image" in old["reason"]
+    assert old["state"] == "deleted"
+    assert "to make room for the image of job 202, of the same user" in old["reason"]
     # its next run is told why it starts cold
     assert "make room" in Client(cfg).call("checkpoint.status", job_id="201")["reason"]
 
