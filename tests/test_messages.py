@@ -179,6 +179,25 @@ def test_images_ls_on_a_node_without_images_says_so(tmp_path: Path) -> None:
     )
 
 
+def test_images_ls_says_what_images_hold_of_their_budget(tmp_path: Path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from spswap.cli.app import app
+
+    root = tmp_path / "root"
+    image = root / "images" / "job7-model-config-ident"
+    image.mkdir(parents=True)
+    (image / "pages-1.img").write_bytes(b"x" * (3 << 20))
+    (image / "meta.json").write_text(json.dumps({"identity": {"uid": 1000}, "created_at": 1.0}))
+    env = {"COLUMNS": "200", "SPSWAP_IMAGES_BYTES": "1G", "SPSWAP_IMAGES_USER_BYTES": "256M"}
+    r = CliRunner().invoke(app, ["images", "ls", "--root", str(root)], env=env)
+    assert r.exit_code == 0, r.output
+    assert "3.0 MiB of the images' budget 1.0 GiB (SPSWAP_IMAGES_BYTES); one user's up to " \
+        "256.0 MiB (SPSWAP_IMAGES_USER_BYTES)" in " ".join(r.stdout.split()), r.stdout  # fmt: skip
+
+
 def test_events_piped_are_one_plain_line_each(tmp_path: Path) -> None:
     """Not a terminal (a pipe, a file): no 80-column table breaking values mid-word, one
     grep-able line per event, whole."""

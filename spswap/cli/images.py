@@ -11,6 +11,7 @@ from rich.table import Table
 
 from spswap.checkpoint.images import read_meta
 from spswap.cli.common import JsonOpt, RootOpt, console, emit_json, load_config
+from spswap.daemon.image_room import ImageRoom
 from spswap.fsutil import dir_size_bytes, read_json
 from spswap.units import fmt_bytes
 
@@ -59,7 +60,16 @@ def ls(json: bool = JsonOpt, root: Path | None = RootOpt) -> None:
                       "up; `spswap status` shows where each job's checkpoint stands)",
                       markup=False)  # fmt: skip
         return
-    t = Table(title=f"checkpoint images in {cfg.paths.images}")
+    limits = ImageRoom(
+        cfg.paths.images,
+        cfg.paths.run / "checkpoints",
+        total_bytes=cfg.images_bytes,
+        user_bytes=cfg.images_user_bytes,
+    ).limits()
+    t = Table(title=f"checkpoint images in {cfg.paths.images}",
+              caption=f"{fmt_bytes(sum(i['size_bytes'] for i in images))} of the images' "
+              f"budget {fmt_bytes(limits.total_bytes)} (SPSWAP_IMAGES_BYTES); one user's "
+              f"up to {fmt_bytes(limits.user_bytes)} (SPSWAP_IMAGES_USER_BYTES)")  # fmt: skip
     for col in ("job", "state", "size", "engine", "model", "uid", "age"):
         t.add_column(col)
     now = time.time()
