@@ -14,7 +14,12 @@ from spswap.daemon.client import Client
 from spswap.daemon.trust import unsafe_dir
 from spswap.doctor_check import check
 from spswap.errors import DaemonError
-from spswap.settings_check import restart_hint, settings_differences, settings_problems
+from spswap.settings_check import (
+    restart_hint,
+    settings_differences,
+    settings_problems,
+    spswap_command,
+)
 from spswap.settings_file import read_settings_file, settings_file_path
 from spswap.units import fmt_bytes
 
@@ -76,7 +81,7 @@ def daemon(cfg: Config) -> dict[str, Any]:
             "daemon",
             None,
             f"{shown}, with other settings than this shell reads: " + "; ".join(differs),
-            restart_hint(file if isinstance(file, str) else None),
+            restart_hint(file if isinstance(file, str) else None, spswap_command()),
         )
     return check("daemon", True, shown)
 

@@ -95,28 +95,44 @@ def settings_problems(cfg: Config) -> list[str]:
 def settings_differences(here: dict[str, Any], daemon: dict[str, Any]) -> list[str]:
     """One line per setting the daemon runs with other than this command's. Pure."""
     missing = object()  # a setting the other side's spswap does not know (another version)
-    return [f"{name}: {_setting_text(here.get(name, missing), missing)} here, "
-            f"{_setting_text(daemon.get(name, missing), missing)} in spswapd"
+    return [f"{name}: {_setting_text(name, here.get(name, missing), missing)} here, "
+            f"{_setting_text(name, daemon.get(name, missing), missing)} in spswapd"
             for name in sorted(set(here) | set(daemon))
             if here.get(name, missing) != daemon.get(name, missing)]  # fmt: skip
 
 
-def _setting_text(value: Any, missing: object) -> str:
-    """A setting's value as the settings file would say it (unset: the default)."""
+def _setting_text(name: str, value: Any, missing: object) -> str:
+    """A setting's value as the settings file would say it (unset: the default; a size
+    in units, as one writes it there)."""
     if value is missing:
         return "not known (another spswap version)"
     if value is None:
         return "the default"
     if isinstance(value, list):
         return ",".join(map(str, value))
+    if name.endswith("_BYTES") and isinstance(value, int) and value:
+        return fmt_bytes(value)
     return str(value)
 
 
-def restart_hint(file: str | None) -> str:
+def restart_hint(file: str | None, command: str = "spswap") -> str:
     """What to do when the running spswapd's settings are not this shell's; ``file``: the
-    settings file spswapd read. Pure."""
+    settings file spswapd read; ``command``: how to run spswap (:func:`spswap_command`).
+    Pure."""
     return (f"spswapd reads {file or 'its settings file'} when it starts: to apply an edit, "
             "restart it as root (`systemctl restart spswapd` where its systemd unit runs "
-            "it, else `spswap daemon stop; spswap daemon start`; instances kept alive are "
-            "ended then, their images stay); a SPSWAP_* variable of this shell's "
+            f"it, else `{command} daemon stop; {command} daemon start`; instances kept "
+            "alive are ended then, their images stay); a SPSWAP_* variable of this shell's "
             "environment is this shell's alone")  # fmt: skip
+
+
+def spswap_command() -> str:
+    """``spswap`` where the shell's PATH finds it, else the path of the one running (root's
+    shell in a checkout often has none on its PATH)."""
+    import shutil
+    import sys
+
+    if shutil.which("spswap"):
+        return "spswap"
+    argv0 = Path(sys.argv[0])
+    return str(argv0.resolve()) if argv0.name == "spswap" and argv0.exists() else "spswap"

@@ -21,7 +21,12 @@ from spswap.errors import DaemonError
 from spswap.fsutil import read_json
 from spswap.instance.registry import InstanceRegistry
 from spswap.pool.store import Pool
-from spswap.settings_check import restart_hint, settings_differences, settings_problems
+from spswap.settings_check import (
+    restart_hint,
+    settings_differences,
+    settings_problems,
+    spswap_command,
+)
 from spswap.settings_file import settings_file_path
 from spswap.slots.gpus import discover_gpus
 from spswap.slots.table import SlotTable
@@ -99,6 +104,8 @@ def _settings(cfg: Config, daemon_up: bool) -> dict[str, Any]:
         return out
     if isinstance(theirs.get("settings"), dict):
         out["differs"] = settings_differences(cfg.to_json(), theirs["settings"])
+        if out["differs"]:  # how this shell runs spswap, for the restart hint
+            out["command"] = spswap_command()
     if isinstance(theirs.get("settings_file"), str):
         out["daemon_file"] = theirs["settings_file"]  # the one it read, not this shell's
     if isinstance(theirs.get("gpus"), list):
@@ -210,7 +217,10 @@ def render_status(data: dict[str, Any], *, now: float | None = None) -> Group:
             "spswapd runs with other settings than this shell reads: "
             + "; ".join(settings["differs"])
             + ". "
-            + restart_hint(settings.get("daemon_file") or settings.get("file")),
+            + restart_hint(
+                settings.get("daemon_file") or settings.get("file"),
+                settings.get("command") or "spswap",
+            ),
         )
     parts: list[Any] = [head]
     if data["gpus"]:

@@ -136,7 +136,7 @@ def test_settings_differences() -> None:
                               "SPSWAP_GPUS": "0,1"}).to_json()  # fmt: skip
     assert settings_differences(here, daemon) == [
         "SPSWAP_GPUS: the default here, 0,1 in spswapd",
-        "SPSWAP_POOL_CAPACITY_BYTES: the default here, 274877906944 in spswapd",
+        "SPSWAP_POOL_CAPACITY_BYTES: the default here, 256.0 GiB in spswapd",
     ]
     keep0 = Config.from_env({"SPSWAP_KEEP_BYTES": "0"}).to_json()
     assert settings_differences(keep0, here) == [
@@ -159,3 +159,22 @@ def test_the_restart_hint_says_when_spswapd_reads_its_file() -> None:
         "daemon stop; spswap daemon start`; instances kept alive are ended then, their "
         "images stay); a SPSWAP_* variable of this shell's environment is this shell's alone"
     )
+    # root's shell in a checkout: the spswap that runs, by its path
+    assert "else `/opt/x/.venv/bin/spswap daemon stop; /opt/x/.venv/bin/spswap daemon " \
+        "start`;" in restart_hint(None, "/opt/x/.venv/bin/spswap")  # fmt: skip
+
+
+def test_spswap_command_is_the_running_one_where_path_finds_none(tmp_path, monkeypatch) -> None:
+    import shutil
+    import sys
+
+    from spswap.settings_check import spswap_command
+
+    exe = tmp_path / "venv" / "bin" / "spswap"
+    exe.parent.mkdir(parents=True)
+    exe.write_text("#!/bin/sh\n")
+    monkeypatch.setattr(sys, "argv", [str(exe)])
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    assert spswap_command() == str(exe.resolve())
+    monkeypatch.setattr(shutil, "which", lambda name: "/usr/local/bin/spswap")
+    assert spswap_command() == "spswap"

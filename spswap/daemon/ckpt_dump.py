@@ -164,9 +164,9 @@ class _LeaveJob:
             )
         if self.early:
             self.parking.kill_all()
-            return ("; the job had been requeued while the dump ran, so the instance was "
-                    "ended: its next run starts without the image (its saved requests are "
-                    "kept)")  # fmt: skip
+            return ("; the job had been requeued when it left its job for the dump, so "
+                    "the instance was ended: its next run starts without the image (its "
+                    "saved requests are kept)")  # fmt: skip
         if self.parking.return_home():
             self.parking.kill_all()
             return "; its job's cgroup was gone, so the instance was ended"
@@ -317,15 +317,14 @@ def _make_room(st: DaemonState, job_id: str, uid: int, tree: list[int]) -> None:
         rec = st.jobs.get(image.job_id)  # a job running here is about to take its image
         return rec is None or rec.state is not JobState.RUNNING
 
-    def drop(images: list[ImageOnNode]) -> None:
+    def drop(images: list[ImageOnNode], over: str) -> None:
         for image in images:
             lock = st.job_locks.of(image.job_id)
             if not lock.acquire(blocking=False):  # taken since may_drop looked: it stays
                 continue
             try:
-                reason = (f"dropped to make room for the image of job {job_id}, of the "
-                          "same user, within SPSWAP_IMAGES_USER_BYTES and SPSWAP_IMAGES_BYTES: "
-                          "its next run starts from the pool")  # fmt: skip
+                reason = (f"dropped to make room for the image of job {job_id}, of the same "
+                          f"user ({over}): its next run starts from the pool")  # fmt: skip
                 drop_job_images(st, image.job_id, reason)
                 st.event_quietly("images.dropped", job_id=image.job_id, for_job=job_id,
                                  size_bytes=image.size_bytes, reason=reason)  # fmt: skip

@@ -107,12 +107,15 @@ def no_image_reason(job_id: str, status: dict[str, Any]) -> str:
                 "instance has ended: cold start")  # fmt: skip
     if state == CheckpointState.DUMPING:
         return f"job {job_id}'s dump has not finished: cold start"
+    what = {
+        CheckpointState.FAILED: "its dump failed",
+        CheckpointState.REJECTED: "its image was refused",
+        CheckpointState.DELETED: "its image was deleted",
+    }
     why = status.get("reason")
-    return (
-        f"job {job_id} has no saved image (dump {state}"
-        + (f": {why}" if why else "")
-        + "): cold start"
-    )
+    said = what.get(state, f"its checkpoint is {state}")
+    return f"job {job_id} has no saved image: {said}" + (f": {why}" if why else "") + \
+        ": cold start"  # fmt: skip
 
 
 def op_checkpoint_status(ctx: Context, args: dict[str, Any]) -> Answer:

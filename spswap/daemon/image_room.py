@@ -69,10 +69,12 @@ class Limits:
 
 @dataclass(frozen=True)
 class RoomPlan:
-    """The user's images to drop first (oldest first), or why the dump is refused."""
+    """The user's images to drop first (oldest first) and why they must go (``over``:
+    the limit the dump was over before), or why the dump is refused."""
 
     evict: list[ImageOnNode]
     refusal: str | None
+    over: str | None = None
 
 
 def _names(limits: Limits) -> tuple[str, str]:
@@ -121,6 +123,7 @@ def plan_room(images: list[ImageOnNode], *, uid: int, need_bytes: int, limits: L
             )
         return None
 
+    over = why_not(user, total, free)
     evict: list[ImageOnNode] = []
     droppable = sorted((i for i in images if i.uid == uid and may_drop(i)),
                        key=lambda i: i.created_s)  # fmt: skip
@@ -131,7 +134,7 @@ def plan_room(images: list[ImageOnNode], *, uid: int, need_bytes: int, limits: L
         user, total = user - image.size_bytes, total - image.size_bytes
         free = None if free is None else free + image.size_bytes
     refusal = why_not(user, total, free)
-    return RoomPlan([] if refusal else evict, refusal)
+    return RoomPlan([] if refusal else evict, refusal, over if evict and not refusal else None)
 
 
 def images_on_node(images_root: Path, statuses_dir: Path | None = None) -> list[ImageOnNode]:
@@ -181,11 +184,11 @@ class ImageRoom:
                       user_set=self._user_set is not None)  # fmt: skip
 
     def make_room(self, job_id: str, uid: int, need_bytes: int,
-                  drop: Callable[[list[ImageOnNode]], None],
+                  drop: Callable[[list[ImageOnNode], str], None],
                   may_drop: Callable[[ImageOnNode], bool]) -> None:  # fmt: skip
         """Claim room for job ``job_id``'s image of about ``need_bytes``, having ``drop``
-        the user's older images the plan names; raise :class:`CheckpointFailed` (nothing
-        dropped, nothing claimed) when it does not fit."""
+        the user's older images the plan names (with why: the limit it was over); raise
+        :class:`CheckpointFailed` (nothing dropped, nothing claimed) when it does not fit."""
         need_bytes += DUMP_OVERHEAD_BYTES
         with self._lock:  # judged and claimed at once: dumps run side by side
             images = [i for i in images_on_node(self.images_root, self.statuses_dir)
@@ -203,7 +206,7 @@ class ImageRoom:
                 )
             self._claims[job_id] = (uid, need_bytes)
         if plan.evict:
-            drop(plan.evict)
+            drop(plan.evict, plan.over or "")
 
     def release(self, job_id: str) -> None:
         """The job's dump ended: its image (if any) is on disk and counts from there."""

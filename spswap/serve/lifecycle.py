@@ -304,7 +304,7 @@ class ServeRun(Generic[B]):
             info = self.checkpointer.restore(self.job_id, self.backend.checkpoint_identity(),
                                              self.restart_count)  # fmt: skip
         except SpswapError as e:
-            self._cold(result, f"cold start: {e}")
+            self._cold(result, "cold start: " + str(e).removesuffix(": cold start"))
             return False
         self.marks_s["restored"] = time.time()
         pid, kept = int(info["pid"]), bool(info.get("kept"))

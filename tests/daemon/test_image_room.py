@@ -44,6 +44,10 @@ def test_over_the_users_share_the_users_oldest_images_go_first_never_anothers() 
     plan = plan_room(images, uid=ME, need_bytes=150 * MIB, limits=LIMITS)
     # 300 + 150 > 300: two of mine (oldest first) make 100 + 150 <= 300
     assert [i.job_id for i in plan.evict] == ["old", "mid"] and plan.refusal is None
+    assert plan.over == (
+        "its image (about 150.0 MiB) and the other images of its user "
+        "(300.0 MiB) would be more than SPSWAP_IMAGES_USER_BYTES (300.0 MiB)"
+    )
 
 
 def test_over_the_nodes_budget_the_users_own_images_make_room() -> None:
@@ -123,7 +127,8 @@ def test_make_room_claims_until_released_and_drops_what_the_plan_names(tmp_path:
                      user_bytes=100 * MIB)  # fmt: skip
     dropped: list[list[str]] = []
 
-    def drop(images: list[ImageOnNode]) -> None:
+    def drop(images: list[ImageOnNode], over: str) -> None:
+        assert "would be more than SPSWAP_IMAGES_USER_BYTES (100.0 MiB)" in over
         dropped.append([i.job_id for i in images])
         for i in images:
             for d in tmp_path.glob(f"job{i.job_id}-*"):
