@@ -163,8 +163,20 @@ def render_instances(instances: list[dict[str, Any]], now: float) -> Table:
         pid = str(i["pid"]) + ("" if i["alive"] else " (gone)")
         t.add_row(i["id"], i["model"], i["engine"], i["state"], i["device"],
                   i.get("job_id") or "-", pid, _ago(i["updated"], now),
-                  i.get("reason") or "")  # fmt: skip
+                  short_note(i.get("reason") or ""))  # fmt: skip
     return t
+
+
+NOTE_CHARS = 120
+
+
+def short_note(text: str) -> str:
+    """A note cut to :data:`NOTE_CHARS` for a table cell (a refused dump's reason runs to
+    several hundred characters: at 80 columns one cell grew 80 lines); whole in --json
+    and `spswap events`. Pure."""
+    if len(text) <= NOTE_CHARS:
+        return text
+    return text[: NOTE_CHARS - 1].rstrip() + "… (whole in --json)"
 
 
 def render_checkpoints(checkpoints: list[dict[str, Any]],
@@ -184,7 +196,7 @@ def render_checkpoints(checkpoints: list[dict[str, Any]],
         state = str(c.get("state"))
         if c.get("kept") and state == "saved":  # alive and frozen beside its image
             state = "saved, kept alive"
-        t.add_row(str(c.get("job_id")), state, size, c.get("reason") or "")
+        t.add_row(str(c.get("job_id")), state, size, short_note(c.get("reason") or ""))
     return t
 
 

@@ -197,3 +197,13 @@ def test_status_cli_json_has_every_section(node: Config):
     assert [g["index"] for g in data["gpus"]] == [0, 1]
     assert len(data["slots"]["reservations"]) == 2
     assert data["pool"]["entries"][0]["name"] == "tiny"
+
+
+def test_a_long_note_is_cut_in_the_table_only() -> None:
+    from spswap.status import NOTE_CHARS, short_note
+
+    assert short_note("short") == "short"
+    long = "no room for job 806's image: " + "x" * 400
+    cut = short_note(long)
+    assert cut.startswith("no room for job 806's image: ") and cut.endswith("… (whole in --json)")
+    assert len(cut) <= NOTE_CHARS + len(" (whole in --json)")

@@ -12,6 +12,7 @@ from rich.table import Table
 from spswap.checkpoint.images import read_meta
 from spswap.cli.common import JsonOpt, RootOpt, console, emit_json, load_config
 from spswap.daemon.image_room import ImageRoom
+from spswap.errors import PermissionDenied
 from spswap.fsutil import dir_size_bytes, read_json
 from spswap.units import fmt_bytes
 
@@ -48,7 +49,7 @@ def ls(json: bool = JsonOpt, root: Path | None = RootOpt) -> None:
     try:
         images = collect_images(cfg.paths.images, cfg.paths.run / "checkpoints")
     except PermissionError:
-        raise typer.BadParameter(
+        raise PermissionDenied(
             f"{cfg.paths.images} is root's: run as root (users see their jobs' checkpoint "
             "state in `spswap status` and `spswap events`)"
         ) from None

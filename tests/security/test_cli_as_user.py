@@ -66,3 +66,15 @@ def test_user_cli_reserves_and_releases_through_the_daemon(
     done = _spswap_as(user_uid, cfg, "slots", "release", made["id"])
     assert done["code"] == 0, done
     assert SlotTable(cfg.paths.slots, [0, 1]).reservations() == []
+
+
+def test_images_ls_as_a_user_says_the_images_are_roots(cfg: Config, daemon: int,
+                                                       user_uid: int) -> None:  # fmt: skip
+    """A plain error naming where users see their checkpoints (it was a usage error box:
+    "Invalid value")."""
+    _cli(cfg, "images", "ls")  # (modules loaded as root)
+    cfg.paths.images.mkdir(mode=0o700, exist_ok=True)  # (as spswapd's first dump makes it)
+    res = _spswap_as(user_uid, cfg, "images", "ls")
+    assert res["error"].startswith("PermissionDenied("), res  # (spswap's one error line)
+    assert "is root's: run as root (users see their jobs' checkpoint state in `spswap " \
+        "status` and `spswap events`)" in res["error"], res  # fmt: skip
