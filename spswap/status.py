@@ -6,6 +6,7 @@ daemon's pid file); it needs no daemon, no torch and no Slurm.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -82,6 +83,12 @@ def collect_status(cfg: Config, *, gpus: list[dict[str, Any]] | None = None) -> 
             ),
             "budget_bytes": limits.total_bytes,
             "user_budget_bytes": limits.user_bytes,
+            # the asking user's, against their share (the limit a user's dump meets first)
+            "yours_bytes": sum(
+                c.get("size_bytes") or 0
+                for c in checkpoints
+                if c.get("state") == "saved" and c.get("uid") == os.getuid()
+            ),
         },  # fmt: skip
         "settings": settings,
     }
@@ -90,7 +97,6 @@ def collect_status(cfg: Config, *, gpus: list[dict[str, Any]] | None = None) -> 
 def _settings(cfg: Config, daemon_up: bool) -> dict[str, Any]:
     """Where this command's settings came from, what cannot hold of them, and where they
     differ from the running daemon's own (which it reports in its ``status``)."""
-    import os
 
     out: dict[str, Any] = {"file": str(settings_file_path(os.environ)),
                            "problems": settings_problems(cfg), "differs": [],
@@ -120,7 +126,7 @@ def _checkpoints(directory: Any) -> list[dict[str, Any]]:
     for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
         data = read_json(path)
         if isinstance(data, dict):
-            keep = ("job_id", "state", "size_bytes", "reason", "timings_s", "kept")
+            keep = ("job_id", "uid", "state", "size_bytes", "reason", "timings_s", "kept")
             out.append({k: data.get(k) for k in keep})
     return out
 
@@ -185,9 +191,11 @@ def render_checkpoints(checkpoints: list[dict[str, Any]],
     the title says what the saved images hold of their budget (``images``)."""
     title = "checkpoints"
     if images:
+        yours = images.get("yours_bytes") or 0
         title += (f" (images: {fmt_bytes(images['used_bytes'])} of "
                   f"{fmt_bytes(images['budget_bytes'])}, one user's up to "
-                  f"{fmt_bytes(images['user_budget_bytes'])})")  # fmt: skip
+                  f"{fmt_bytes(images['user_budget_bytes'])}"
+                  + (f", yours {fmt_bytes(yours)}" if yours else "") + ")")  # fmt: skip
     t = Table(title=title)
     for col in ("job", "state", "image", "reason"):
         t.add_column(col)

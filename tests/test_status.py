@@ -78,6 +78,9 @@ def _normalize(data: dict[str, Any]) -> dict[str, Any]:
         r["holder"].update(pid=1234, pid_start=None, since=FIXED_T)
     for i in d["instances"]:
         i.update(pid=1234, updated=FIXED_T)
+    for c in d["checkpoints"]:
+        if c["uid"] == os.getuid():  # (the asking user's own: "yours")
+            c["uid"] = 1000
     return d
 
 
@@ -120,6 +123,7 @@ def node(tmp_path: Path) -> Config:
         cfg.paths.run / "checkpoints" / "78.json",
         {
             "job_id": "78",
+            "uid": os.getuid(),
             "state": "saved",
             "pid": 99,
             "size_bytes": 1631701505,

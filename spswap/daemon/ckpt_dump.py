@@ -300,6 +300,7 @@ def _dump(st: DaemonState, job_id: str, pid: int, pid_start: int | None, identit
     kept = report.kept = report.kept and leave.keep(pid, pid_start, report.key)
     sync_quietly(st)  # before "saved": a restore must find the entry held
     st.statuses.write(job_id, state=CheckpointState.SAVED, pid=pid, key=report.key,
+                      uid=identity.uid,  # (whose budget it counts in: spswap status)
                       size_bytes=report.size_bytes, timings_s=report.timings_s,
                       kept=kept)  # fmt: skip
     st.event("checkpoint.saved", job_id=job_id, uid=identity.uid, image=report.to_json())
