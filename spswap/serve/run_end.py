@@ -37,8 +37,10 @@ def run_end_text(result: ServeResult, state_dir: Path, *, spool: bool) -> str:
     if not spool:
         return stopped or "stopped (server ended)"
     in_run = result.answered - result.answered_before
+    # a restored instance counts its earlier runs too; a later run started anew, its own
     earlier = f" in run {result.restart_count} ({result.answered} in all its runs)" \
-        if result.answered_before else ""  # fmt: skip
+        if result.answered_before else \
+        f" in run {result.restart_count}" if result.restart_count else ""  # fmt: skip
     done = (f"answered {in_run}{earlier} (answers in {state_dir}/outbox), "
             f"{result.pending_left} left in {state_dir}/inbox")  # fmt: skip
     return f"{done}; {stopped}" if stopped else done

@@ -78,6 +78,10 @@ def test_a_run_that_started_cold_after_its_restored_instance_died_counts_its_ans
     cold = ServeResult(restart_count=1, restored_pid=42, path=RunPath.POOL, answered=3,
                        stopped_by="SIGTERM")  # fmt: skip
     assert run_end_text(cold, Path("/s"), spool=True) == (
-        "answered 3 (answers in /s/outbox), 0 left in /s/inbox; stopped by SIGTERM"
+        "answered 3 in run 1 (answers in /s/outbox), 0 left in /s/inbox; stopped by SIGTERM"
+    )
+    first = ServeResult(restart_count=0, path=RunPath.COLD, answered=2)
+    assert run_end_text(first, Path("/s"), spool=True) == (
+        "answered 2 (answers in /s/outbox), 0 left in /s/inbox"
     )
     assert run_end_text(cold, Path("/s"), spool=False) == "stopped by SIGTERM"
