@@ -40,6 +40,7 @@ def mount_for(path: Path, mounts_text: str) -> tuple[str, str] | None:
 
 
 def storage(cfg: Config) -> dict[str, Any]:
+    """The file system under the root: a tmpfs (pool and images at memory speed)."""
     probe = cfg.root
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
@@ -60,6 +61,8 @@ def storage(cfg: Config) -> dict[str, Any]:
 
 
 def daemon(cfg: Config) -> dict[str, Any]:
+    """Whether spswapd runs, and with the settings this shell reads (it reads its file
+    when it starts: an edit since needs a restart)."""
     pid = lifecycle.daemon_running(cfg)
     path = lifecycle.pid_path(cfg)
     if pid is None:
