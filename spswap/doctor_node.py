@@ -14,6 +14,7 @@ from spswap.daemon.client import Client
 from spswap.daemon.trust import unsafe_dir
 from spswap.doctor_check import check
 from spswap.errors import DaemonError
+from spswap.fsutil import existing_parent, fs_sizes
 from spswap.settings_check import (
     restart_hint,
     settings_differences,
@@ -41,11 +42,8 @@ def mount_for(path: Path, mounts_text: str) -> tuple[str, str] | None:
 
 def storage(cfg: Config) -> dict[str, Any]:
     """The file system under the root: a tmpfs (pool and images at memory speed)."""
-    probe = cfg.root
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    st = os.statvfs(probe)
-    size, free = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+    probe = existing_parent(cfg.root)
+    size, free = fs_sizes(probe)
     try:
         found = mount_for(probe.resolve(), Path("/proc/mounts").read_text())
     except OSError:

@@ -69,6 +69,21 @@ def read_json(path: Path, *, default: Any = None) -> Any:
         ) from None
 
 
+def existing_parent(path: Path) -> Path:
+    """``path``, or its nearest folder that exists (a root not made yet lives on the file
+    system of the folder it will be made in)."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def fs_sizes(path: Path) -> tuple[int, int]:
+    """(size, free for users) in bytes of the file system holding ``path`` (or its nearest
+    existing folder); raises OSError where it cannot be read."""
+    st = os.statvfs(existing_parent(path))
+    return st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+
+
 def dir_size_bytes(path: Path) -> int:
     """Total size of the regular files below ``path``."""
     total = 0

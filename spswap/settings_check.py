@@ -10,12 +10,12 @@ fail for spswap's own trouble, and a node with a daemon that warns still serves 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from spswap.config import Config
+from spswap.fsutil import fs_sizes
 from spswap.units import fmt_bytes
 
 
@@ -69,12 +69,8 @@ def unfit_settings(cfg: Config, sizes: NodeSizes) -> list[str]:
 
 def node_sizes(cfg: Config, meminfo: Path = Path("/proc/meminfo")) -> NodeSizes:
     """The file system holding ``cfg.root`` (its nearest existing folder) and MemTotal."""
-    at = cfg.root
-    while not at.exists() and at != at.parent:
-        at = at.parent
     try:
-        st = os.statvfs(at)
-        fs_bytes: int | None = st.f_blocks * st.f_frsize
+        fs_bytes: int | None = fs_sizes(cfg.root)[0]
     except OSError:
         fs_bytes = None
     mem: int | None = None

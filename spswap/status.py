@@ -59,9 +59,8 @@ def collect_status(cfg: Config, *, gpus: list[dict[str, Any]] | None = None) -> 
         for rec, alive in InstanceRegistry(cfg.paths.run / "instances").list()
     ]
     checkpoints = _checkpoints(cfg.paths.run / "checkpoints")
-    limits = ImageRoom(cfg.paths.images if cfg.paths.images.exists() else cfg.root,
-                       cfg.paths.run / "checkpoints", total_bytes=cfg.images_bytes,
-                       user_bytes=cfg.images_user_bytes).limits()  # fmt: skip
+    limits = ImageRoom.from_config(cfg).limits()
+    saved = [c for c in checkpoints if c.get("state") == "saved"]
     return {
         "version": STATUS_VERSION,
         "spswap": __version__,
@@ -78,16 +77,12 @@ def collect_status(cfg: Config, *, gpus: list[dict[str, Any]] | None = None) -> 
         "instances": instances,
         "checkpoints": checkpoints,
         "images": {  # (the saved images' sizes from their statuses: the images are root's)
-            "used_bytes": sum(
-                c.get("size_bytes") or 0 for c in checkpoints if c.get("state") == "saved"
-            ),
+            "used_bytes": sum(c.get("size_bytes") or 0 for c in saved),
             "budget_bytes": limits.total_bytes,
             "user_budget_bytes": limits.user_bytes,
             # the asking user's, against their share (the limit a user's dump meets first)
             "yours_bytes": sum(
-                c.get("size_bytes") or 0
-                for c in checkpoints
-                if c.get("state") == "saved" and c.get("uid") == os.getuid()
+                c.get("size_bytes") or 0 for c in saved if c.get("uid") == os.getuid()
             ),
         },  # fmt: skip
         "settings": settings,

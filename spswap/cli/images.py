@@ -61,12 +61,7 @@ def ls(json: bool = JsonOpt, root: Path | None = RootOpt) -> None:
                       "up; `spswap status` shows where each job's checkpoint stands)",
                       markup=False)  # fmt: skip
         return
-    limits = ImageRoom(
-        cfg.paths.images,
-        cfg.paths.run / "checkpoints",
-        total_bytes=cfg.images_bytes,
-        user_bytes=cfg.images_user_bytes,
-    ).limits()
+    limits = ImageRoom.from_config(cfg).limits()
     t = Table(title=f"checkpoint images in {cfg.paths.images}",
               caption=f"{fmt_bytes(sum(i['size_bytes'] for i in images))} of the images' "
               f"budget {fmt_bytes(limits.total_bytes)} (SPSWAP_IMAGES_BYTES); one user's "

@@ -23,7 +23,6 @@ The plan is pure bookkeeping (no torch, CUDA or Slurm), tested on CPU.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,8 +30,9 @@ from pathlib import Path
 
 from spswap.checkpoint.images import read_meta
 from spswap.checkpoint.service import image_job_ids, images_of_job
+from spswap.config import Config
 from spswap.errors import CheckpointFailed
-from spswap.fsutil import dir_size_bytes
+from spswap.fsutil import dir_size_bytes, fs_sizes
 from spswap.units import fmt_bytes
 
 RESERVE_BYTES_MAX = 512 << 20  # left free on the file system after an image
@@ -123,17 +123,17 @@ def plan_room(images: list[ImageOnNode], *, uid: int, need_bytes: int, limits: L
             )
         return None
 
-    over = why_not(user, total, free)
+    over = refusal = why_not(user, total, free)
     evict: list[ImageOnNode] = []
     droppable = sorted((i for i in images if i.uid == uid and may_drop(i)),
                        key=lambda i: i.created_s)  # fmt: skip
     for image in droppable:
-        if why_not(user, total, free) is None:
+        if refusal is None:
             break
         evict.append(image)
         user, total = user - image.size_bytes, total - image.size_bytes
         free = None if free is None else free + image.size_bytes
-    refusal = why_not(user, total, free)
+        refusal = why_not(user, total, free)
     return RoomPlan([] if refusal else evict, refusal, over if evict and not refusal else None)
 
 
@@ -151,15 +151,6 @@ def images_on_node(images_root: Path, statuses_dir: Path | None = None) -> list[
     return out
 
 
-def fs_sizes(path: Path) -> tuple[int, int] | None:
-    """(size, free) in bytes of the file system holding ``path``; None when unreadable."""
-    try:
-        st = os.statvfs(path)
-    except OSError:
-        return None
-    return st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
-
-
 class ImageRoom:
     """The node's image budget (spswapd's; thread-safe: dumps run in threads of their
     own). :meth:`make_room` judges a dump and claims its estimate until :meth:`release`."""
@@ -171,10 +162,20 @@ class ImageRoom:
         self._lock = threading.Lock()
         self._claims: dict[str, tuple[int, int]] = {}  # job -> (uid, bytes)
 
+    @classmethod
+    def from_config(cls, cfg: Config) -> ImageRoom:
+        """The node's budget as ``cfg`` sets it (spswapd's, and what status shows)."""
+        return cls(cfg.paths.images, cfg.paths.run / "checkpoints",
+                   total_bytes=cfg.images_bytes, user_bytes=cfg.images_user_bytes)  # fmt: skip
+
     def limits(self) -> Limits:
         """The limits now: the settings, or their defaults from the file system's size."""
-        sizes = fs_sizes(self.images_root)
-        fs_bytes, free = sizes if sizes is not None else (None, None)
+        fs_bytes: int | None
+        free: int | None
+        try:
+            fs_bytes, free = fs_sizes(self.images_root)  # (not made yet: its parent's)
+        except OSError:
+            fs_bytes = free = None
         total = self._total_set
         if total is None:
             total = fs_bytes // 2 if fs_bytes else 1 << 62  # unknown size: the free check

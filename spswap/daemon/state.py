@@ -125,9 +125,7 @@ class DaemonState:
         self.held_cgroups = HeldCgroups()
         self.memory_claims = MemoryClaims()
         self.event_log = events.EventLog(self.cfg.paths.events)
-        self.image_room = ImageRoom(self.cfg.paths.images, self.statuses.dir,
-                                    total_bytes=self.cfg.images_bytes,
-                                    user_bytes=self.cfg.images_user_bytes)  # fmt: skip
+        self.image_room = ImageRoom.from_config(self.cfg)
 
     @property
     def jobs(self) -> JobStore:

@@ -20,7 +20,7 @@ from typing import Any
 
 from spswap.config import Config
 from spswap.errors import PoolCorrupt, PoolEntryInUse, PoolEntryNotFound, PoolError
-from spswap.fsutil import dir_size_bytes, read_json
+from spswap.fsutil import dir_size_bytes, fs_sizes, read_json
 from spswap.liveness import Holder, JobProbe
 from spswap.pool import importer, layout
 from spswap.pool.capacity import EntryInfo, plan_eviction
@@ -64,8 +64,7 @@ class Pool:
         """The configured limit, else 80% of the size of the file system holding the pool."""
         if self._capacity_bytes is not None:
             return self._capacity_bytes
-        st = os.statvfs(_existing_parent(self.pool_dir))
-        return int(st.f_blocks * st.f_frsize * DEFAULT_CAPACITY_FRACTION)
+        return int(fs_sizes(self.pool_dir)[0] * DEFAULT_CAPACITY_FRACTION)
 
     @property
     def used_bytes(self) -> int:
@@ -73,8 +72,7 @@ class Pool:
         return sum(dir_size_bytes(d) for d in self._entry_dirs())
 
     def _fs_free_bytes(self) -> int:
-        st = os.statvfs(_existing_parent(self.pool_dir))
-        return st.f_bavail * st.f_frsize
+        return fs_sizes(self.pool_dir)[1]
 
     # -- looking up ----------------------------------------------------------------------
 
@@ -356,9 +354,3 @@ def alias_key(identity: dict[str, Any], uid: int) -> str:
 
 def _holder_key(h: Holder) -> tuple[int, int | None, int, str | None]:
     return (h.pid, h.pid_start, h.uid, h.job_id)
-
-
-def _existing_parent(path: Path) -> Path:
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
