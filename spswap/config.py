@@ -72,6 +72,11 @@ class Config:
     """Where the pool, slots, images and sockets live (node-local tmpfs)."""
     pool_capacity_bytes: int | None = None
     """Pool size limit; default: 80% of the root file system's size."""
+    pool_user_bytes: int | None = None
+    """What the entries one user imported through spswapd may hold together; an import
+    over it makes room from that user's own least recently used entries no job uses,
+    else it is refused (so no user evicts the others' weights to hold more). Root's
+    imports count in no share. Default: half of the pool's capacity."""
     gpus: tuple[int, ...] | None = None
     """GPU indexes of this node; default: NVML, else the node's ``/dev/nvidiaN`` devices
     (never a job's ``CUDA_VISIBLE_DEVICES``: that is one job's view, not the node's)."""
@@ -171,7 +176,7 @@ class Config:
             raise ConfigError(f"SPSWAP_IMAGE_CHECK={self.image_check!r}: use quick or full")
         if self.keep_bytes is not None and self.keep_bytes < 0:
             raise ConfigError("SPSWAP_KEEP_BYTES must be >= 0 (0: no instance is kept alive)")
-        for name in ("images_bytes", "images_user_bytes"):
+        for name in ("pool_user_bytes", "images_bytes", "images_user_bytes"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ConfigError(f"{ENV_PREFIX}{name.upper()} must be positive (e.g. 32G); "
                                   "leave it out for its default")  # fmt: skip
@@ -237,7 +242,13 @@ _NON_CONFIG_VARS = frozenset(
 def _convert(name: str, raw: str) -> object:
     if name == "root":
         return Path(raw)
-    if name in ("pool_capacity_bytes", "keep_bytes", "images_bytes", "images_user_bytes"):
+    if name in (
+        "pool_capacity_bytes",
+        "pool_user_bytes",
+        "keep_bytes",
+        "images_bytes",
+        "images_user_bytes",
+    ):
         return _parse_size(raw)
     if name == "gpus":
         return _parse_gpus(raw)

@@ -41,6 +41,13 @@ def unfit_settings(cfg: Config, sizes: NodeSizes) -> list[str]:
             f"{fmt_bytes(sizes.fs_bytes * 0.8)}, or leave it out (80% of the file system), "
             f"or give the tmpfs more room (mount -o remount,size=...)"
         )  # fmt: skip
+    share = cfg.pool_user_bytes
+    if share is not None and pool is not None and share > pool:
+        out.append(
+            f"SPSWAP_POOL_USER_BYTES={fmt_bytes(share)} is more than SPSWAP_POOL_CAPACITY_BYTES="
+            f"{fmt_bytes(pool)}: one user's imports are bounded by the pool's capacity "
+            f"anyway. Set it lower (its default is half of SPSWAP_POOL_CAPACITY_BYTES)"
+        )  # fmt: skip
     images = cfg.images_bytes
     if images is not None and sizes.fs_bytes and images > sizes.fs_bytes:
         out.append(

@@ -117,6 +117,12 @@ def test_unfit_settings_name_the_numbers_and_the_fix() -> None:
         "user's images are bounded by all images' budget anyway. Set it lower (its default "
         "is half of SPSWAP_IMAGES_BYTES)",
     ]
+    share = Config.from_env({"SPSWAP_POOL_CAPACITY_BYTES": "16G", "SPSWAP_POOL_USER_BYTES": "20G"})
+    assert unfit_settings(share, sizes) == [
+        "SPSWAP_POOL_USER_BYTES=20.0 GiB is more than SPSWAP_POOL_CAPACITY_BYTES=16.0 GiB: one "
+        "user's imports are bounded by the pool's capacity anyway. Set it lower (its default "
+        "is half of SPSWAP_POOL_CAPACITY_BYTES)",
+    ]
 
 
 def test_node_sizes_reads_this_node(tmp_path) -> None:

@@ -107,6 +107,7 @@ def ls(root: Path | None = RootOpt, json_out: bool = JsonOpt) -> None:
         emit_json({
             "pool": str(pool.pool_dir), "capacity_bytes": pool.capacity_bytes,
             "used_bytes": sum(e.size_bytes for e in infos),
+            "user_bytes": pool.user_bytes, "yours_bytes": _yours_bytes(infos),
             "entries": [e.to_json() for e in infos],
         })  # fmt: skip
         return
@@ -115,8 +116,12 @@ def ls(root: Path | None = RootOpt, json_out: bool = JsonOpt) -> None:
 
 def _table(pool: Pool, infos: list[EntryInfo]) -> Table:
     used = sum(e.size_bytes for e in infos)
+    if os.getuid() == 0:
+        share = f"each user's imports at most {fmt_bytes(pool.user_bytes)}"
+    else:
+        share = f"yours {fmt_bytes(_yours_bytes(infos))} of {fmt_bytes(pool.user_bytes)}"
     table = Table(title=f"pool {pool.pool_dir}: {fmt_bytes(used)} of "
-                  f"{fmt_bytes(pool.capacity_bytes)}")  # fmt: skip
+                  f"{fmt_bytes(pool.capacity_bytes)}; {share}")  # fmt: skip
     for col in ("name", "digest", "size", "tensors", "users", "last used"):
         table.add_column(col, justify="right" if col in ("size", "tensors") else "left")
     now = time.time()
@@ -125,6 +130,11 @@ def _table(pool: Pool, infos: list[EntryInfo]) -> Table:
         table.add_row(e.manifest.name, e.manifest.digest[:12], fmt_bytes(e.size_bytes),
                       str(len(e.manifest.tensors)), users, _ago(e.last_used, now))  # fmt: skip
     return table
+
+
+def _yours_bytes(infos: list[EntryInfo]) -> int:
+    """What the entries this user imported through spswapd hold of their share."""
+    return sum(e.size_bytes for e in infos if os.getuid() in e.importers)
 
 
 @app.command("rm")

@@ -118,8 +118,10 @@ def error_from_response(err: dict[str, Any]) -> SpswapError:
     if isinstance(cls, type) and issubclass(cls, SpswapError):
         if cls is errors.SlotTimeout:  # the holders are in the message already
             return errors.SlotTimeout(message, holders=[])
+        if cls is errors.PoolFull:  # and the sizes
+            return errors.PoolFull(message, needed_bytes=0, free_bytes=0)
         try:
             return cls(message)
-        except TypeError:  # needs more than a message (PoolFull...): keep the text
+        except TypeError:  # needs more than a message: keep the text
             pass
     return DaemonError(f"spswapd: {message}")

@@ -54,7 +54,8 @@ def op_pool_import(ctx: Context, args: dict[str, Any]) -> Answer:
         # who exported it, from SO_PEERCRED: engines trust only their own user's (and
         # root's) exports, so no user can plant weights under another's identity
         identity = {**identity, "owner_uid": ctx.peer_uid}
-    pool = _pool(ctx)
+    # the caller's imports count in its share of the pool (SPSWAP_POOL_USER_BYTES)
+    pool = Pool.from_config(ctx.state.cfg, ctx.state.job_probe(), importer_uid=ctx.peer_uid)
     started = time.time()
     manifest = import_from_fds(pool, files, name=args.get("name"), owner_uid=ctx.peer_uid,
                                identity=identity)  # fmt: skip

@@ -7,7 +7,7 @@ the deleting. No torch, no file system access here.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ class EntryInfo:
     size_bytes: int  # on disk: data.bin + manifest.json
     last_used: float
     users: list[Holder]  # live ones only
+    importers: list[int] = field(default_factory=list)  # whose share it counts in
 
     def to_json(self) -> dict[str, Any]:
         m = self.manifest
@@ -34,39 +35,136 @@ class EntryInfo:
             "name": m.name, "digest": m.digest, "path": str(self.path),
             "size_bytes": self.size_bytes, "data_size_bytes": m.data_size_bytes,
             "tensor_count": len(m.tensors), "created": m.created, "last_used": self.last_used,
-            "users": [h.to_json() for h in self.users],
+            "users": [h.to_json() for h in self.users], "importers": sorted(self.importers),
             "sources": [s.to_json() for s in m.sources], "identity": m.identity,
         }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class UserShare:
+    """One user's share of the pool: what the entries they imported through spswapd
+    (and their builds under way) may hold together."""
+
+    uid: int
+    budget_bytes: int
+
+
+@dataclass(frozen=True)
+class EvictionPlan:
+    """What to do before a new entry of some size goes in."""
+
+    evict: list[EntryInfo]
+    """Entries to delete, oldest first."""
+    release: list[str]
+    """Digests that stop counting in the importing user's share: another user imported
+    the same bytes too, so the entry stays for them."""
+
+
+def user_charge_bytes(
+    infos: Sequence[EntryInfo], state: IndexState, uid: int, *, exclude: str | None = None
+) -> int:
+    """What ``uid``'s share holds: the entries it imported and its builds under way
+    (but ``exclude``, the caller's own)."""
+    entries = sum(e.size_bytes for e in infos if uid in _importers(state, e))
+    builds = sum(r.size_bytes for k, r in state.reservations.items()
+                 if r.uid == uid and k != exclude)  # fmt: skip
+    return entries + builds
 
 
 def plan_eviction(
     infos: Sequence[EntryInfo], state: IndexState, size_bytes: int, *,
     capacity_bytes: int, fs_free_bytes: int, exclude: str | None,
-) -> list[EntryInfo]:  # fmt: skip
-    """The least-recently-used entries without live users to evict so that ``size_bytes``
-    fit both under ``capacity_bytes`` (less room reserved for other builds than
-    ``exclude``) and in the file system's ``fs_free_bytes``; oldest first.
+    user: UserShare | None = None,
+) -> EvictionPlan:  # fmt: skip
+    """How ``size_bytes`` fit: first in ``user``'s share (their own least recently used
+    entries no job uses go, or stop counting where another user imported them too), then
+    under ``capacity_bytes`` (less room reserved for other builds than ``exclude``) and
+    in the file system's ``fs_free_bytes`` (any user's least recently used entries no
+    job uses go); oldest first.
 
-    Raises :class:`PoolFull` when even evicting every unused entry would not be enough.
+    Raises :class:`PoolFull` when even that would not be enough; nothing is planned then.
     """
+    evict: list[EntryInfo] = []
+    release: list[str] = []
+    if user is not None:
+        evict, release = _plan_share(infos, state, size_bytes, user, exclude)
     used = sum(e.size_bytes for e in infos)
     reserved = state.reserved_bytes(exclude=exclude)
-    free = capacity_bytes - used - reserved
-    fs_free = fs_free_bytes
-    plan: list[EntryInfo] = []
+    gone = sum(e.size_bytes for e in evict)
+    free = capacity_bytes - used - reserved + gone
+    fs_free = fs_free_bytes + gone
     # Oldest first; in-use entries (per the locked, pruned state) are never candidates.
     for e in sorted(infos, key=lambda e: e.last_used):
         if free >= size_bytes and fs_free >= size_bytes:
             break
-        rec = state.entries.get(e.manifest.digest)
-        if rec and rec.uses:
+        if e in evict or _in_use(state, e):
             continue
-        plan.append(e)
+        evict.append(e)
         free += e.size_bytes
         fs_free += e.size_bytes
     if free < size_bytes or fs_free < size_bytes:
         raise full_error(state, infos, size_bytes, min(free, fs_free), capacity_bytes)
-    return plan
+    return EvictionPlan(evict, release)
+
+
+def _plan_share(
+    infos: Sequence[EntryInfo], state: IndexState, size_bytes: int, user: UserShare,
+    exclude: str | None,
+) -> tuple[list[EntryInfo], list[str]]:  # fmt: skip
+    charged = user_charge_bytes(infos, state, user.uid, exclude=exclude)
+    evict: list[EntryInfo] = []
+    release: list[str] = []
+    for e in sorted(infos, key=lambda e: e.last_used):
+        if charged + size_bytes <= user.budget_bytes:
+            break
+        importers = _importers(state, e)
+        if user.uid not in importers or _in_use(state, e):
+            continue
+        if importers - {user.uid}:
+            release.append(e.manifest.digest)
+        else:
+            evict.append(e)
+        charged -= e.size_bytes
+    if charged + size_bytes > user.budget_bytes:
+        raise share_full_error(state, infos, size_bytes, user, exclude)
+    return evict, release
+
+
+def _importers(state: IndexState, e: EntryInfo) -> set[int]:
+    rec = state.entries.get(e.manifest.digest)
+    return set(rec.importers) if rec else set()
+
+
+def _in_use(state: IndexState, e: EntryInfo) -> bool:
+    rec = state.entries.get(e.manifest.digest)
+    return bool(rec and rec.uses)
+
+
+def share_full_error(
+    state: IndexState, infos: Sequence[EntryInfo], size_bytes: int, user: UserShare,
+    exclude: str | None,
+) -> PoolFull:  # fmt: skip
+    """The :class:`PoolFull` of a user's share: what it holds and what keeps it full."""
+    charged = user_charge_bytes(infos, state, user.uid, exclude=exclude)
+    held = [f"{e.manifest.name} ({e.manifest.digest[:12]}, {fmt_bytes(e.size_bytes)}) used "
+            f"by {'; '.join(h.describe() for h in state.entries[e.manifest.digest].uses)}"
+            for e in infos if user.uid in _importers(state, e) and _in_use(state, e)]  # fmt: skip
+    building = sum(r.size_bytes for k, r in state.reservations.items()
+                   if r.uid == user.uid and k != exclude)  # fmt: skip
+    if size_bytes > user.budget_bytes:
+        why = "it is larger than the whole share"
+    else:
+        why = f"your entries in use: {'; '.join(held) or 'none'}" + (
+            f"; your imports under way: {fmt_bytes(building)}" if building else ""
+        )
+    return PoolFull(
+        f"your share of the pool is full: uid {user.uid}'s imports hold "
+        f"{fmt_bytes(charged)} of SPSWAP_POOL_USER_BYTES={fmt_bytes(user.budget_bytes)} and "
+        f"need {fmt_bytes(size_bytes)} more ({why}). Your entries that no job uses make "
+        "room by themselves: wait for your jobs that use them to end, or ask the node's "
+        "admin to raise SPSWAP_POOL_USER_BYTES",
+        needed_bytes=size_bytes, free_bytes=max(user.budget_bytes - charged, 0),
+    )  # fmt: skip
 
 
 def full_error(

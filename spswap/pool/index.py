@@ -20,7 +20,7 @@ from typing import Any
 
 from filelock import FileLock
 
-from spswap.errors import PermissionDenied
+from spswap.errors import PermissionDenied, RequestRefused
 from spswap.fsutil import atomic_write_json, read_json
 from spswap.liveness import Holder, JobProbe, holder_alive
 from spswap.pool.layout import (
@@ -34,6 +34,9 @@ from spswap.pool.layout import (
 from spswap.pool.manifest import SourceFile
 
 INDEX_VERSION = 1
+# what one user may hold of the pool's use records at once (a job holds one per model
+# per run): bounds the index that every pool op reads
+MAX_USES_PER_USER = 1024
 
 
 def source_key(sources: Sequence[SourceFile]) -> str:
@@ -46,12 +49,16 @@ def source_key(sources: Sequence[SourceFile]) -> str:
 class EntryRecord:
     last_used: float = 0.0
     uses: list[Holder] = field(default_factory=list)
+    # users whose share of the pool it counts in: they imported it through spswapd
+    # (root's and direct imports count in no share)
+    importers: list[int] = field(default_factory=list)
 
 
 @dataclass
 class Reservation:
     size_bytes: int
     holder: Holder
+    uid: int | None = None  # the user whose share the build counts in, if any
 
 
 @dataclass
@@ -86,11 +93,13 @@ class IndexState:
     def to_json(self) -> dict[str, Any]:
         return {
             "version": INDEX_VERSION,
-            "entries": {d: {"last_used": r.last_used, "uses": [h.to_json() for h in r.uses]}
+            "entries": {d: {"last_used": r.last_used, "uses": [h.to_json() for h in r.uses],
+                            "importers": sorted(r.importers)}
                         for d, r in sorted(self.entries.items())},
             "sources": {k: {"digest": d, "sources": [s.to_json() for s in srcs]}
                         for k, (d, srcs) in sorted(self.sources.items())},
-            "reservations": {k: {"size_bytes": r.size_bytes, "holder": r.holder.to_json()}
+            "reservations": {k: {"size_bytes": r.size_bytes, "holder": r.holder.to_json(),
+                                 "uid": r.uid}
                              for k, r in sorted(self.reservations.items())},
             "aliases": dict(sorted(self.aliases.items())),
         }  # fmt: skip
@@ -101,14 +110,29 @@ class IndexState:
             return cls()
         return cls(
             entries={k: EntryRecord(float(v.get("last_used", 0.0)),
-                                    [Holder.from_json(h) for h in v.get("uses", [])])
+                                    [Holder.from_json(h) for h in v.get("uses", [])],
+                                    [int(u) for u in v.get("importers", [])])
                      for k, v in d.get("entries", {}).items()},
             sources={k: (str(v["digest"]), tuple(SourceFile.from_json(s) for s in v["sources"]))
                      for k, v in d.get("sources", {}).items()},
-            reservations={k: Reservation(int(v["size_bytes"]), Holder.from_json(v["holder"]))
+            reservations={k: Reservation(int(v["size_bytes"]), Holder.from_json(v["holder"]),
+                                         None if v.get("uid") is None else int(v["uid"]))
                           for k, v in d.get("reservations", {}).items()},
             aliases={str(k): str(v) for k, v in d.get("aliases", {}).items()},
         )  # fmt: skip
+
+
+def check_uses_left(state: IndexState, holder: Holder) -> None:
+    """RequestRefused when a user already holds :data:`MAX_USES_PER_USER` uses."""
+    if holder.uid == 0:
+        return
+    held = sum(1 for rec in state.entries.values() for h in rec.uses if h.uid == holder.uid)
+    if held >= MAX_USES_PER_USER:
+        raise RequestRefused(
+            f"you (uid {holder.uid}) hold {held} uses of pool entries on this node, the "
+            "most one user may hold (each process or job that runs a model holds one); end "
+            "the processes that hold them ('spswap pool ls' lists each entry's users)"
+        )
 
 
 class PoolIndex:

@@ -23,8 +23,8 @@ from spswap.errors import PoolCorrupt, PoolEntryInUse, PoolEntryNotFound, PoolEr
 from spswap.fsutil import dir_size_bytes, fs_sizes, read_json
 from spswap.liveness import Holder, JobProbe
 from spswap.pool import importer, layout
-from spswap.pool.capacity import EntryInfo, plan_eviction
-from spswap.pool.index import IndexState, PoolIndex, Reservation, source_key
+from spswap.pool.capacity import EntryInfo, UserShare, plan_eviction
+from spswap.pool.index import IndexState, PoolIndex, Reservation, check_uses_left, source_key
 from spswap.pool.layout import DATA_FILE, DIR_MODE, LOCKS_DIR, MANIFEST_FILE, make_locks_dir
 from spswap.pool.manifest import Manifest, SourceFile
 from spswap.pool.names import MIN_PREFIX_CHARS, looks_like_digest
@@ -39,17 +39,26 @@ class Pool:
 
     def __init__(
         self, pool_dir: Path, *, capacity_bytes: int | None = None,
-        job_alive: JobProbe | None = None,
+        job_alive: JobProbe | None = None, user_bytes: int | None = None,
+        importer_uid: int | None = None,
     ) -> None:  # fmt: skip
+        """``importer_uid``: the user whose share of the pool (``user_bytes``, default
+        half the capacity) this object's imports count in; None or root: no share (root's
+        own imports, and a pool written directly)."""
         self.pool_dir = Path(pool_dir)
         self._capacity_bytes = capacity_bytes
+        self._user_bytes = user_bytes
+        self.importer_uid = importer_uid if importer_uid != 0 else None
         self.job_alive = job_alive
         self.index = PoolIndex(self.pool_dir, job_alive)
 
     @classmethod
-    def from_config(cls, cfg: Config, job_alive: JobProbe | None = None) -> Pool:
-        """The pool under ``cfg.paths.pool`` with ``cfg.pool_capacity_bytes``."""
-        return cls(cfg.paths.pool, capacity_bytes=cfg.pool_capacity_bytes, job_alive=job_alive)
+    def from_config(cls, cfg: Config, job_alive: JobProbe | None = None,
+                    importer_uid: int | None = None) -> Pool:  # fmt: skip
+        """The pool under ``cfg.paths.pool`` with ``cfg.pool_capacity_bytes`` and
+        ``cfg.pool_user_bytes``."""
+        return cls(cfg.paths.pool, capacity_bytes=cfg.pool_capacity_bytes, job_alive=job_alive,
+                   user_bytes=cfg.pool_user_bytes, importer_uid=importer_uid)  # fmt: skip
 
     @property
     def read_only(self) -> bool:
@@ -65,6 +74,11 @@ class Pool:
         if self._capacity_bytes is not None:
             return self._capacity_bytes
         return int(fs_sizes(self.pool_dir)[0] * DEFAULT_CAPACITY_FRACTION)
+
+    @property
+    def user_bytes(self) -> int:
+        """What one user's imports may hold: the configured share, else half the capacity."""
+        return self._user_bytes if self._user_bytes is not None else self.capacity_bytes // 2
 
     @property
     def used_bytes(self) -> int:
@@ -115,6 +129,7 @@ class Pool:
                 size_bytes=dir_size_bytes(self.entry_dir(m.digest)),
                 last_used=rec.last_used if rec and rec.last_used else m.created,
                 users=list(rec.uses) if rec else [],
+                importers=list(rec.importers) if rec else [],
             ))  # fmt: skip
         return sorted(out, key=lambda e: -e.last_used)
 
@@ -155,6 +170,7 @@ class Pool:
         holder = holder or Holder.current()
         with self.index.locked(self._live_digests) as state:
             m = self.find(ref)
+            check_uses_left(state, holder)
             rec = state.record(m.digest)
             rec.uses.append(holder)
             rec.last_used = time.time()
@@ -198,7 +214,7 @@ class Pool:
         """Make room and hold it for the temp build dir ``name`` until it is published."""
         with self.index.locked(self._live_digests) as state:
             evicted = self._make_room(state, size_bytes, exclude=name)
-            state.reservations[name] = Reservation(size_bytes, holder)
+            state.reservations[name] = Reservation(size_bytes, holder, self.importer_uid)
         return evicted
 
     def release_reservation(self, name: str) -> None:
@@ -210,11 +226,16 @@ class Pool:
     def _make_room(self, state: IndexState, size_bytes: int, *, exclude: str | None) -> list[str]:
         capacity = self.capacity_bytes
         infos = self.entries()
+        uid = self.importer_uid
+        share = None if uid is None else UserShare(uid, self.user_bytes)
         plan = plan_eviction(infos, state, size_bytes, capacity_bytes=capacity,
-                             fs_free_bytes=self._fs_free_bytes(), exclude=exclude)  # fmt: skip
-        for e in plan:
+                             fs_free_bytes=self._fs_free_bytes(), exclude=exclude,
+                             user=share)  # fmt: skip
+        for digest in plan.release:
+            state.record(digest).importers.remove(uid)  # type: ignore[arg-type]
+        for e in plan.evict:
             self._delete_entry(state, e.manifest.digest)
-        return [e.manifest.digest for e in plan]
+        return [e.manifest.digest for e in plan.evict]
 
     # -- publishing and removing ---------------------------------------------------------
 
@@ -229,6 +250,7 @@ class Pool:
             if (final / MANIFEST_FILE).is_file():
                 shutil.rmtree(tmp, ignore_errors=True)
                 state.touch(manifest.digest)
+                self._charge(state, manifest.digest)
                 return Manifest.from_json(read_json(final / MANIFEST_FILE)), True
             if reserved is None:
                 self._make_room(state, dir_size_bytes(tmp), exclude=None)
@@ -236,9 +258,15 @@ class Pool:
                 self._trash(final)
             os.rename(tmp, final)
             state.touch(manifest.digest)
+            self._charge(state, manifest.digest)
             if manifest.sources:
                 state.sources[source_key(manifest.sources)] = (manifest.digest, manifest.sources)
         return manifest, False
+
+    def _charge(self, state: IndexState, digest: str) -> None:
+        importers = state.record(digest).importers
+        if self.importer_uid is not None and self.importer_uid not in importers:
+            importers.append(self.importer_uid)
 
     def remove(self, ref: str, *, force: bool = False) -> Manifest:
         """Delete an entry; refuses (:class:`PoolEntryInUse`) while a live user holds it."""

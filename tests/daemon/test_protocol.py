@@ -6,7 +6,7 @@ import pytest
 
 from spswap.daemon import protocol
 from spswap.daemon.client import error_from_response
-from spswap.errors import DaemonError, PermissionDenied, ProtocolError, SlotError
+from spswap.errors import DaemonError, PermissionDenied, PoolFull, ProtocolError, SlotError
 
 
 def test_request_bytes() -> None:
@@ -115,8 +115,11 @@ def test_error_types_map_back() -> None:
         type(error_from_response({"type": "PermissionDenied", "message": "m"})) is PermissionDenied
     )
     assert type(error_from_response({"type": "SlotError", "message": "m"})) is SlotError
-    # PoolFull needs more than a message; unknown names and non-errors stay DaemonError
-    for name in ("PoolFull", "NoSuchThing", "Path", "ValueError"):
+    # a full pool stays what it is, its message whole (the sizes are in it)
+    full = error_from_response({"type": "PoolFull", "message": "your share of the pool is full"})
+    assert type(full) is PoolFull and str(full) == "your share of the pool is full"
+    # unknown names and non-errors stay DaemonError
+    for name in ("NoSuchThing", "Path", "ValueError"):
         err = error_from_response({"type": name, "message": "boom"})
         assert type(err) is DaemonError and "boom" in str(err)
 

@@ -33,6 +33,7 @@ ENTRY_KEYS = {
     "created",
     "last_used",
     "users",
+    "importers",
     "sources",
     "identity",
 }
@@ -62,7 +63,14 @@ def test_import_ls_verify_rm(env: Path) -> None:
 
     code, out, _ = _run("pool", "ls", "--json")
     listing = json.loads(out)
-    assert code == 0 and set(listing) == {"pool", "capacity_bytes", "used_bytes", "entries"}
+    assert code == 0 and set(listing) == {
+        "pool",
+        "capacity_bytes",
+        "used_bytes",
+        "user_bytes",
+        "yours_bytes",
+        "entries",
+    }
     assert listing["capacity_bytes"] == 64 << 20
     (entry,) = listing["entries"]
     assert set(entry) == ENTRY_KEYS and entry["digest"] == imported["digest"]

@@ -9,11 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from spswap.errors import PoolFull
+from spswap.errors import PoolFull, RequestRefused
 from spswap.liveness import Holder
 from spswap.pool import layout
-from spswap.pool.capacity import EntryInfo, plan_eviction
-from spswap.pool.index import EntryRecord, IndexState, Reservation
+from spswap.pool.capacity import EntryInfo, UserShare, plan_eviction, user_charge_bytes
+from spswap.pool.index import (
+    MAX_USES_PER_USER,
+    EntryRecord,
+    IndexState,
+    Reservation,
+    check_uses_left,
+)
 from spswap.pool.manifest import Manifest
 
 HOLDER = Holder(pid=1, pid_start=None, uid=0, job_id="7")
@@ -29,7 +35,7 @@ def _plan(infos: list[EntryInfo], state: IndexState, size: int, *, capacity: int
           fs_free: int = 1000, exclude: str | None = None) -> list[str]:  # fmt: skip
     got = plan_eviction(infos, state, size, capacity_bytes=capacity, fs_free_bytes=fs_free,
                         exclude=exclude)  # fmt: skip
-    return [e.manifest.name for e in got]
+    return [e.manifest.name for e in got.evict]
 
 
 def test_nothing_evicted_while_it_fits() -> None:
@@ -85,3 +91,85 @@ def test_remove_stale_tmp_dirs_keeps_live_ones_and_entries(tmp_path: Path) -> No
     assert layout.remove_stale_tmp_dirs(tmp_path) == [stale]
     assert sorted(os.listdir(tmp_path)) == sorted([live, "d" * 64])
     assert layout.remove_stale_tmp_dirs(tmp_path / "missing") == []
+
+
+# -- one user's share (SPSWAP_POOL_USER_BYTES) ------------------------------------------
+
+USER = 1000
+
+
+def _share(infos: list[EntryInfo], state: IndexState, size: int, budget: int, *,
+           capacity: int = 1000) -> tuple[list[str], list[str]]:  # fmt: skip
+    got = plan_eviction(infos, state, size, capacity_bytes=capacity, fs_free_bytes=10_000,
+                        exclude=".tmp-mine", user=UserShare(USER, budget))  # fmt: skip
+    return [e.manifest.name for e in got.evict], got.release
+
+
+def _owned(**importers: list[int]) -> IndexState:
+    return IndexState(entries={n * 8: EntryRecord(1.0, [], uids) for n, uids in importers.items()})
+
+
+def test_a_share_makes_room_from_its_own_oldest_entries_only() -> None:
+    infos = [_info("root", 30, 0.5), _info("other", 30, 1.0), _info("mine1", 30, 2.0),
+             _info("mine2", 30, 3.0)]  # fmt: skip
+    state = _owned(root=[], other=[2000], mine1=[USER], mine2=[USER])
+    # the pool has room (capacity 1000): only the share is full
+    assert _share(infos, state, 30, 70) == (["mine1"], [])
+    assert _share(infos, state, 30, 40) == (["mine1", "mine2"], [])
+    assert _share(infos, state, 30, 100) == ([], [])
+
+
+def test_an_entry_another_user_imported_too_stops_counting_instead_of_going() -> None:
+    infos = [_info("both", 30, 1.0), _info("mine", 30, 2.0)]
+    state = _owned(both=[USER, 2000], mine=[USER])
+    assert _share(infos, state, 30, 70) == ([], ["both" * 8])
+
+
+def test_a_full_share_is_refused_and_names_what_keeps_it_full() -> None:
+    infos = [_info("mine1", 30, 1.0), _info("mine2", 30, 2.0), _info("other", 30, 0.5)]
+    state = _owned(mine1=[USER], mine2=[USER], other=[2000])
+    state.entries["mine1" * 8].uses.append(HOLDER)
+    state.reservations[".tmp-other-build"] = Reservation(20, HOLDER, USER)
+    state.reservations[".tmp-mine"] = Reservation(30, HOLDER, USER)  # the caller's own
+    with pytest.raises(PoolFull) as e:
+        _share(infos, state, 30, 70)  # mine2 would make room for 20 of the 30
+    msg = str(e.value)
+    assert msg.startswith(f"your share of the pool is full: uid {USER}'s imports hold 80 B of "
+                          "SPSWAP_POOL_USER_BYTES=70 B and need 30 B more (your entries in "
+                          "use: mine1 (mine1mine1mi, 30 B) used by ")  # fmt: skip
+    assert "used by" in msg and "job 7" in msg and "your imports under way: 20 B" in msg
+    assert msg.endswith("or ask the node's admin to raise SPSWAP_POOL_USER_BYTES")
+    assert e.value.free_bytes == 0 and e.value.needed_bytes == 30
+    with pytest.raises(PoolFull, match=r"\(it is larger than the whole share\)"):
+        _share([], IndexState(), 90, 80)
+
+
+def test_after_its_share_the_pool_still_makes_room_from_anyones_oldest() -> None:
+    infos = [_info("other", 30, 1.0), _info("mine", 30, 2.0)]
+    state = _owned(other=[2000], mine=[USER])
+    # share fits (60 of 100) but the pool (capacity 70) does not: the oldest unused goes
+    assert _share(infos, state, 30, 100, capacity=70) == (["other"], [])
+    # a share's own eviction counts for the pool too: no second entry goes
+    assert _share(infos, state, 30, 40, capacity=70) == (["mine"], [])
+
+
+def test_user_charge_counts_entries_and_builds_but_the_callers_own() -> None:
+    infos = [_info("mine", 30, 1.0), _info("other", 50, 1.0)]
+    state = _owned(mine=[USER], other=[2000])
+    state.reservations[".tmp-a"] = Reservation(7, HOLDER, USER)
+    state.reservations[".tmp-b"] = Reservation(9, HOLDER, None)
+    assert user_charge_bytes(infos, state, USER) == 37
+    assert user_charge_bytes(infos, state, USER, exclude=".tmp-a") == 30
+    assert user_charge_bytes(infos, state, 2000) == 50
+
+
+def test_uses_are_bounded_per_user_not_for_root() -> None:
+    user = Holder(pid=5, pid_start=None, uid=USER, job_id=None)
+    root = Holder(pid=6, pid_start=None, uid=0, job_id=None)
+    state = IndexState(entries={"a" * 64: EntryRecord(1.0, [user] * (MAX_USES_PER_USER - 1))})
+    check_uses_left(state, user)  # one left
+    state.entries["a" * 64].uses.append(user)
+    with pytest.raises(RequestRefused, match=f"uid {USER}\\) hold {MAX_USES_PER_USER} uses"):
+        check_uses_left(state, user)
+    state.entries["b" * 64] = EntryRecord(1.0, [root] * (MAX_USES_PER_USER + 5))
+    check_uses_left(state, root)
