@@ -29,7 +29,6 @@ import contextlib
 import os
 import secrets
 import shutil
-import subprocess
 import tempfile
 import threading
 import time
@@ -49,10 +48,11 @@ from spswap.checkpoint.criu_find import (  # noqa: F401 - callers use them from 
     find_criu,
 )
 from spswap.checkpoint.criu_log import first_error, hint_for, log_tail, write_log
+from spswap.checkpoint.criu_run import DEFAULT_GRACE_S, DyingWatch, run_criu
 from spswap.checkpoint.criu_user import RunAs, as_user_dir, root_post_dump, root_prefix
 from spswap.checkpoint.image_creds import image_problem
 from spswap.checkpoint.proctree import wait_pids_free
-from spswap.errors import CheckpointFailed, CriuNotStarted
+from spswap.errors import CheckpointFailed
 from spswap.fsutil import atomic_write_json, dir_size_bytes, read_json
 
 DUMP_META = "spswap-dump.json"
@@ -102,32 +102,6 @@ def _check_key(key: str) -> None:
         )
 
 
-def _run(argv: list[str], timeout_s: float, pass_fds: list[int] | None = None,
-         cgroup_dirs: list[Path] | None = None) -> tuple[int, str]:  # fmt: skip
-    def enter_cgroups() -> None:  # in the child, before the exec: CRIU starts there
-        for d in cgroup_dirs or []:
-            (d / "cgroup.procs").write_text("0")  # (0: the writing process itself)
-
-    try:
-        res = subprocess.run(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout_s,
-            stdin=subprocess.DEVNULL, check=False, pass_fds=tuple(pass_fds or ()),
-            preexec_fn=enter_cgroups if cgroup_dirs else None,
-        )  # fmt: skip
-    except subprocess.TimeoutExpired as e:
-        out = e.output.decode(errors="replace") if e.output else ""
-        return -1, out + f"\nspswap: criu did not finish within {timeout_s} s\n"
-    except subprocess.SubprocessError as e:  # Python's only word for a failed preexec_fn
-        where = ", ".join(str(d) for d in cgroup_dirs or [])
-        raise CriuNotStarted(f"CRIU could not be started inside the cgroup(s) {where} "
-                             f"({e}): is each one there, and its cgroup.procs writable "
-                             "by root?") from None  # fmt: skip
-    except OSError as e:
-        raise CriuNotStarted(f"CRIU could not be started ({argv[0]}: {e}): check it with "
-                             "`spswap doctor`") from None  # fmt: skip
-    return res.returncode, res.stdout.decode(errors="replace")
-
-
 POST_DUMP_SCRIPT = "spswap-post-dump.sh"
 RESTORE_PIDFILE = "spswap-restore.pid"
 
@@ -147,6 +121,7 @@ def dump(
     run_as: RunAs | None = None,
     freeze_cgroup: tuple[str, list[int]] | None = None,
     owner: tuple[int, set[int] | None] | None = None,
+    killed_grace_s: float = DEFAULT_GRACE_S,
 ) -> ImageInfo:
     """Dump the tree rooted at ``pid`` into ``images_root/<image_key>/``.
 
@@ -162,6 +137,8 @@ def dump(
     None): the image's recorded credentials must all be that user's
     (:func:`image_creds.image_problem`), else it is deleted before it gets its name and
     CheckpointFailed says why (with ``tree_kept`` when the tree was left running).
+    CRIU is ended once ``pid`` has been dying for ``killed_grace_s`` (see
+    :mod:`criu_watch`).
     """
     path, version = _require_criu(criu)
     _check_key(image_key)
@@ -219,7 +196,8 @@ def dump(
             )  # fmt: skip
             try:
                 link_remap.set_aside([f.directory for f in linked], aside)
-                rc, log = _run(argv, timeout_s, fds + (freeze_cgroup[1] if freeze_cgroup else []))
+                passed = fds + (freeze_cgroup[1] if freeze_cgroup else [])
+                rc, log = run_criu(argv, timeout_s, passed, give_up=DyingWatch(pid, killed_grace_s))
                 records = link_remap.park(linked, image_key) if linked and rc == 0 else []
             finally:
                 left_aside = link_remap.put_back(aside)
@@ -328,7 +306,7 @@ def restore(
                 link_remap.set_aside([str(r["dir"]) for r in remaps], aside, keep=own)
                 try:
                     link_remap.unpark(remaps)
-                    rc, log = _run(argv, timeout_s, fds, cgroup_dirs)
+                    rc, log = run_criu(argv, timeout_s, fds, cgroup_dirs)
                 except BaseException:
                     link_remap.drop_unparked(remaps)
                     raise

@@ -51,10 +51,16 @@ OTHER_RIGHTS_FIX = (
 )
 
 
+OURS = "spswap: "  # a line spswap adds to CRIU's output (criu_run, criu_argv's guard)
+
+
 def hint_for(log: str) -> str:
     """What to do about a failed CRIU run, judged from its log's error lines (a verbose
     log names sockets and io_urings in passing; only its errors say what failed)."""
     errors = "\n".join(line for line in log.splitlines() if "Error" in line or "rror:" in line)
+    ours = [line.removeprefix(OURS) for line in log.splitlines() if line.startswith(OURS)]
+    if ours:  # spswap ended CRIU, or CRIU never started: that is the reason
+        return ours[-1]
     if "No space left on device" in log:
         return (
             "the image's file system is full: free space (remove old images) or give the "
