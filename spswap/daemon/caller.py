@@ -5,6 +5,7 @@ a user's reservation may take."""
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 from spswap.daemon.jobs import JobState, check_job_id
 from spswap.daemon.missed_prolog import register_missed_run
@@ -41,16 +42,32 @@ def peer_holder(ctx: Context, job_id: str | None) -> Holder:
                   since=time.time())  # fmt: skip
 
 
-def job_gpus_only(ctx: Context, job_id: str | None, asked: list[int] | None) -> list[int] | None:
+def job_gpus_only(ctx: Context, job_id: str | None, asked: list[int] | None,
+                  node_gpus: Sequence[int]) -> list[int] | None:  # fmt: skip
     """The GPUs a reservation may take: a user's, bound to a job whose prolog recorded its
     GPUs, only those (else a user could queue for every GPU of the node and starve the
-    jobs Slurm gave them to); root's, or one with no GPUs recorded, what it asked for."""
-    rec = ctx.state.jobs.get(job_id) if job_id is not None else None
-    if ctx.peer_uid == ROOT_UID or rec is None or not rec.gpus:
+    jobs Slurm gave them to); a user's outside such a job, only GPUs that no running job
+    of the node holds (``node_gpus`` less theirs); root's, what it asked for."""
+    if ctx.peer_uid == ROOT_UID:
         return asked
-    allowed = [g for g in (asked if asked is not None else rec.gpus) if g in rec.gpus]
+    rec = ctx.state.jobs.get(job_id) if job_id is not None else None
+    if rec is not None and rec.gpus:
+        allowed = [g for g in (asked if asked is not None else rec.gpus) if g in rec.gpus]
+        if not allowed:
+            raise PermissionDenied(f"job {job_id} holds GPUs {rec.gpus}: its reservations "
+                                   f"may take only those, not {asked}; leave --gpu out or "
+                                   "name one of them")  # fmt: skip
+        return allowed
+    held = {g: j.job_id for j in ctx.state.jobs.all() if j.state is JobState.RUNNING
+            for g in j.gpus}  # fmt: skip
+    if not held:
+        return asked
+    allowed = [g for g in (asked if asked is not None else node_gpus) if g not in held]
     if not allowed:
-        raise PermissionDenied(f"job {job_id} holds GPUs {rec.gpus}: its reservations may "
-                               f"take only those, not {asked}; leave --gpu out or name one "
-                               "of them")  # fmt: skip
+        jobs = ", ".join(f"GPU {g}: job {j}" for g, j in sorted(held.items()))
+        raise PermissionDenied(
+            f"outside a job you may reserve only GPUs that no job of this node holds, and "
+            f"{'every one' if asked is None else f'each of {asked}'} is held ({jobs}); run "
+            "it inside your job (sbatch or srun), where it takes your job's GPUs"
+        )  # fmt: skip
     return allowed

@@ -32,8 +32,8 @@ def op_slots_release(ctx: Context, args: dict[str, Any]) -> Answer:
 def op_slots_reserve(ctx: Context, args: dict[str, Any]) -> Answer:
     """Reserve for the caller; the wait happens here (this connection's thread only)."""
     holder = peer_holder(ctx, args.get("job_id"))
-    allowed_gpus = job_gpus_only(ctx, holder.job_id, args.get("allowed_gpus"))
     cached = ctx.state.slot_table()
+    allowed_gpus = job_gpus_only(ctx, holder.job_id, args.get("allowed_gpus"), cached.gpus)
     table = SlotTable(cached.slots_dir, cached.gpus, job_alive=cached.job_alive,
                       poll_interval_s=cached.poll_interval_s,
                       grant_check=_requester_alive)  # fmt: skip

@@ -181,3 +181,40 @@ def test_a_users_reservation_takes_only_the_gpus_of_its_job(
     out = as_user(user_uid, _job_gpus_session, cfg)
     assert out["other_gpu"].startswith("PermissionDenied: job 202 holds GPUs [1]"), out
     assert out["gpus"] == [1]  # a whole GPU: of the two free ones, the job's
+
+
+def _jobless_session(cfg: Config) -> dict[str, Any]:
+    os.environ.pop("SLURM_JOB_ID", None)
+    out: dict[str, Any] = {}
+    out["jobs_gpu"] = outcome(access.reserve_slot, cfg, model="x", units=1, allowed_gpus=[1],
+                              timeout_s=1)  # fmt: skip
+    r = access.reserve_slot(cfg, model="x", units=4, timeout_s=5)
+    out["gpus"] = list(r.gpus)
+    access.release_slot(cfg, r.id)
+    return out
+
+
+def _any_gpu(cfg: Config) -> str:
+    os.environ.pop("SLURM_JOB_ID", None)
+    return outcome(access.reserve_slot, cfg, model="x", units=1, timeout_s=1)
+
+
+def test_a_users_reservation_outside_a_job_takes_no_gpu_a_job_holds(
+    cfg: Config, daemon: int, user_uid: int
+) -> None:
+    """Outside a job a user may not queue for (and so hold back) the GPUs Slurm gave the
+    node's jobs; before, any GPU could be taken (the refusal below was a reservation)."""
+    Client(cfg).call("job.register", job_id="203", uid=0, user="root", gpus=[1])
+    out = as_user(user_uid, _jobless_session, cfg)
+    assert out["jobs_gpu"].startswith(
+        "PermissionDenied: outside a job you may reserve only GPUs that no job of this node "
+        "holds, and each of [1] is held (GPU 1: job 203); run it inside your job"), out  # fmt: skip
+    assert out["gpus"] == [0]  # a whole GPU: the one no job holds
+    Client(cfg).call("job.register", job_id="204", uid=0, user="root", gpus=[0])
+    got = as_user(user_uid, _any_gpu, cfg)
+    assert got.startswith("PermissionDenied: outside a job you may reserve only GPUs that no "
+                          "job of this node holds, and every one is held (GPU 0: job 204, "
+                          "GPU 1: job 203)"), got  # fmt: skip
+    # root, outside a job too, is not bound by it (the prolog, an admin)
+    r = access.reserve_slot(cfg, model="x", units=1, allowed_gpus=[1], timeout_s=5)
+    access.release_slot(cfg, r.id)
