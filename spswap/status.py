@@ -21,6 +21,7 @@ from spswap.daemon.lifecycle import daemon_running
 from spswap.errors import DaemonError
 from spswap.fsutil import read_json
 from spswap.instance.registry import InstanceRegistry
+from spswap.plain import plain_row
 from spswap.pool.store import Pool
 from spswap.settings_check import (
     restart_hint,
@@ -150,7 +151,7 @@ def render_pool(pool: dict[str, Any], now: float) -> Table:
         t.add_column(col)
     for e in pool["entries"]:
         users = "\n".join(_user(h) for h in e["users"]) or "-"
-        t.add_row(e["name"], e["digest"][:12], fmt_bytes(e["size_bytes"]),
+        plain_row(t, e["name"], e["digest"][:12], fmt_bytes(e["size_bytes"]),
                   str(e["tensor_count"]), users, _ago(e["last_used"], now))  # fmt: skip
     return t
 
@@ -162,9 +163,9 @@ def render_instances(instances: list[dict[str, Any]], now: float) -> Table:
         t.add_column(col)
     for i in instances:
         pid = str(i["pid"]) + ("" if i["alive"] else " (gone)")
-        t.add_row(i["id"], i["model"], i["engine"], i["state"], i["device"],
+        plain_row(t, i["id"], i["model"], i["engine"], i["state"], i["device"],
                   i.get("job_id") or "-", pid, _ago(i["updated"], now),
-                  short_note(i.get("reason") or ""))  # fmt: skip
+                  short_note(str(i.get("reason") or "")))  # fmt: skip
     return t
 
 
@@ -199,7 +200,7 @@ def render_checkpoints(checkpoints: list[dict[str, Any]],
         state = str(c.get("state"))
         if c.get("kept") and state == "saved":  # alive and frozen beside its image
             state = "saved, kept alive"
-        t.add_row(str(c.get("job_id")), state, size, short_note(c.get("reason") or ""))
+        plain_row(t, c.get("job_id"), state, size, short_note(str(c.get("reason") or "")))
     return t
 
 

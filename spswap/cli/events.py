@@ -13,6 +13,7 @@ from rich.text import Text
 
 from spswap.cli.common import JsonOpt, RootOpt, console, emit_json, load_config
 from spswap.daemon import events as log
+from spswap.plain import plain_row
 from spswap.units import fmt_bytes
 
 
@@ -100,7 +101,7 @@ def events_table(events: list[dict[str, Any]]) -> Table:
     for e in events:
         detail = _details(e, "\n")
         uid = e.get("uid")
-        table.add_row(_when(float(e.get("ts", 0)), year=False), str(e.get("kind")),
+        plain_row(table, _when(float(e.get("ts", 0)), year=False), str(e.get("kind")),
                       e.get("job_id") or "-",
                       "-" if uid is None else str(uid), Text(detail))  # fmt: skip
     return table

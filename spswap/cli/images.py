@@ -14,6 +14,7 @@ from spswap.cli.common import JsonOpt, RootOpt, console, emit_json, load_config
 from spswap.daemon.image_room import ImageRoom
 from spswap.errors import PermissionDenied
 from spswap.fsutil import dir_size_bytes, read_json
+from spswap.plain import plain_row
 from spswap.units import fmt_bytes
 
 app = typer.Typer(help="Checkpoint images kept for requeued jobs.", no_args_is_help=True)
@@ -72,7 +73,7 @@ def ls(json: bool = JsonOpt, root: Path | None = RootOpt) -> None:
     for i in images:
         ident = i["identity"]
         age = f"{(now - i['created']) / 60:.0f} min" if i["created"] else "?"
-        t.add_row(i["job_id"], i["state"], fmt_bytes(i["size_bytes"]),
+        plain_row(t, i["job_id"], i["state"], fmt_bytes(i["size_bytes"]),
                   str(ident.get("engine", "?")), str(ident.get("model_digest", "?"))[:12],
                   str(ident.get("uid", "?")), age)  # fmt: skip
     console.print(t)

@@ -19,6 +19,7 @@ from rich.table import Table
 from spswap.access import import_model, privileged
 from spswap.cli.common import JsonOpt, RootOpt, console, emit_json, err_console, load_config
 from spswap.errors import PermissionDenied, PoolCorrupt
+from spswap.plain import plain_row
 from spswap.pool.manifest import Manifest
 from spswap.pool.store import EntryInfo, Pool
 from spswap.slurm.backend import job_probe
@@ -127,7 +128,7 @@ def _table(pool: Pool, infos: list[EntryInfo]) -> Table:
     now = time.time()
     for e in infos:
         users = ", ".join(h.describe() for h in e.users) or "-"
-        table.add_row(e.manifest.name, e.manifest.digest[:12], fmt_bytes(e.size_bytes),
+        plain_row(table, e.manifest.name, e.manifest.digest[:12], fmt_bytes(e.size_bytes),
                       str(len(e.manifest.tensors)), users, _ago(e.last_used, now))  # fmt: skip
     return table
 

@@ -14,6 +14,7 @@ from spswap.access import release_slot, reserve_slot, writes_directly
 from spswap.cli.common import JsonOpt, RootOpt, console, emit_json, load_config
 from spswap.errors import SlotError
 from spswap.liveness import Holder
+from spswap.plain import plain_row
 from spswap.slots.table import UNITS_PER_GPU, SlotTable
 from spswap.slurm.backend import job_probe
 
@@ -52,7 +53,8 @@ def render_slots(snapshot: dict[str, Any]) -> list[Table]:
                 f"{rid} {r['model']} (pid {h['pid']}{job} uid {h['uid']}, since {since})"
             )
         name = str(g["index"]) if g.get("known", True) else f"{g['index']} (not seen here)"
-        gpus.add_row(
+        plain_row(
+            gpus,
             name, units_bar(g["units"]), f"{g['units_free']}/{g['units_total']}",
             "\n".join(holders) or "-",
         )  # fmt: skip
@@ -66,7 +68,8 @@ def render_slots(snapshot: dict[str, Any]) -> list[Table]:
             h = q["holder"]
             wants = f"{q['whole_gpus']} GPU(s)" if q.get("whole_gpus") else f"{q['units']} unit(s)"
             job = f" job {h['job_id']}" if h.get("job_id") else ""
-            waiters.add_row(
+            plain_row(
+                waiters,
                 str(q["ticket"]), q["model"], wants, ",".join(map(str, q["candidates"])),
                 f"pid {h['pid']}{job} uid {h['uid']}", f"{now - q['enqueued_at']:.1f} s",
             )  # fmt: skip

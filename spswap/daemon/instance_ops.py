@@ -4,9 +4,11 @@ is root's (issue 15 item 7: every state change of a user's instance logged "coul
 update the instance record ([Errno 13] Permission denied)").
 
 The record is about the caller: its uid and pid are the kernel's (SO_PEERCRED), whatever
-the request says, and a record of another uid's is neither overwritten nor removed. Each
-uid keeps at most :data:`MAX_RECORDS_PER_UID` records (a dead instance's stays, as a
-root-written one does, until its process's id is reused or root removes it).
+the request says; a user's id carries the caller's pid, and a record of another uid's
+live process is neither overwritten nor removed. Its fields are text of bounded length
+(they are shown in every user's `spswap status`). Each uid keeps at most
+:data:`MAX_RECORDS_PER_UID` records (a dead instance's stays, as a root-written one
+does, until its id is used again or root removes it).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from spswap.daemon.jobs import check_job_id
 from spswap.daemon.protocol import Answer
 from spswap.daemon.state import ROOT_UID, Context, authorize
 from spswap.errors import BadRequest, RequestRefused
@@ -34,21 +37,56 @@ def _checked_id(value: Any) -> str:
     return value
 
 
-def op_instance_put(ctx: Context, args: dict[str, Any]) -> Answer:
-    fields = dict(args["record"])
-    instance_id = _checked_id(fields.get("id"))
-    fields.update(uid=ctx.peer_uid, pid=ctx.peer_pid)  # the caller's, as the kernel says
+# the text fields of a record, and how long each may be: they go into other users'
+# `spswap status` (a number where text belongs broke every user's status)
+TEXT_FIELDS = {"model": 256, "state": 64, "device": 64, "engine": 64}
+MAX_REASON_CHARS = 4096
+
+
+def checked_record(fields: dict[str, Any]) -> InstanceRecord:
+    """The record ``fields`` make, or BadRequest naming the field that is not as it must be."""
     try:
         record = InstanceRecord.from_json(fields)
     except TypeError as e:
         raise BadRequest(f"not an instance record ({e}); give id, model and state") from None
-    if not all(isinstance(getattr(record, k), str) for k in ("model", "state")):
-        raise BadRequest("an instance record's model and state are text")
+    for name, most in TEXT_FIELDS.items():
+        value = getattr(record, name)
+        if not isinstance(value, str) or len(value) > most:
+            raise BadRequest(f"an instance record's {name} is text of at most {most} "
+                             f"characters, not {str(value)[:40]!r}")  # fmt: skip
+    if record.reason is not None and (not isinstance(record.reason, str)
+                                      or len(record.reason) > MAX_REASON_CHARS):  # fmt: skip
+        raise BadRequest(f"an instance record's reason is text of at most {MAX_REASON_CHARS} "
+                         "characters, or null")  # fmt: skip
+    if record.job_id is not None:
+        if not isinstance(record.job_id, str):
+            raise BadRequest("an instance record's job_id is text, or null")
+        check_job_id(record.job_id)
+    return record
+
+
+def _carries_pid(instance_id: str, pid: int) -> bool:
+    """True when one of the id's '-' fields is ``pid`` (serve's ids are ``<job>-<pid>``,
+    a multi-model job's ``<job>-<pid>-<model>``): no user can take the id of another's
+    live instance ahead of it."""
+    return str(pid) in instance_id.split("-")
+
+
+def op_instance_put(ctx: Context, args: dict[str, Any]) -> Answer:
+    fields = dict(args["record"])
+    instance_id = _checked_id(fields.get("id"))
+    if ctx.peer_uid != ROOT_UID and not _carries_pid(instance_id, ctx.peer_pid):
+        raise BadRequest(f"instance id {instance_id!r} does not carry your process's pid "
+                         f"({ctx.peer_pid}): a user's ids are <job>-<pid>[-<model>]")  # fmt: skip
+    fields.update(uid=ctx.peer_uid, pid=ctx.peer_pid)  # the caller's, as the kernel says
+    record = checked_record(fields)
     registry = _registry(ctx)
     mine = 0
-    for other, _alive in registry.list():
+    for other, alive in registry.list():
         if other.id == instance_id:
-            authorize(ctx.peer_uid, other.uid, f"instance record {instance_id}")
+            # a record whose process is gone (its pid dead, or now the caller's) is replaced
+            if alive and other.pid != ctx.peer_pid:
+                authorize(ctx.peer_uid, other.uid, f"instance record {instance_id}")
         elif other.uid == ctx.peer_uid:
             mine += 1
     if ctx.peer_uid != ROOT_UID and mine >= MAX_RECORDS_PER_UID:

@@ -106,6 +106,10 @@ class InstanceRegistry:
             data = read_json(path)
             if not isinstance(data, dict):
                 continue
-            rec = InstanceRecord.from_json(data)
-            out.append((rec, pid_alive(rec.pid)))
+            try:
+                rec = InstanceRecord.from_json(data)
+                alive = pid_alive(int(rec.pid))
+            except (TypeError, ValueError):  # not a record: one bad file hides no other
+                continue
+            out.append((rec, alive))
         return out
