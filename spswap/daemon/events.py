@@ -7,7 +7,10 @@ a line; a reader skips a torn (half-written) last line instead of failing.
 The log lives on the node's tmpfs, in memory, for as long as the node runs: spswapd's
 :class:`EventLog` starts a new file once it reaches :data:`EVENTS_MAX_BYTES`, keeping the
 one before as ``events.jsonl.1`` (so at most twice that, whatever the jobs and users of
-the node ask); readers read both.
+the node ask); readers read both. So that no user can push everyone else's events out
+of both files, each event is at most :data:`MAX_EVENT_BYTES` (long texts cut) and the
+events of each user's uid at most :data:`USER_EVENT_BYTES_PER_MIN` (more are counted,
+not written, and the count is logged once that uid may write again).
 """
 
 from __future__ import annotations
@@ -16,12 +19,18 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 TAIL_CHUNK_BYTES = 64 * 1024
 EVENTS_MAX_BYTES = 32 << 20  # ~100,000 events a file; two files at most
+MAX_EVENT_BYTES = 4096
+CUT_TEXT_CHARS = 256  # a text longer than this in an event too large is cut to it
+# one user's events (uid != 0): at ~300 bytes an event, 200 a minute: far above what
+# jobs make (a few per run), and 32 MiB takes one user over 8 hours
+USER_EVENT_BYTES_PER_MIN = 64 * 1024
+SUPPRESSED = "events.suppressed"
 
 
 def rotated(path: Path) -> Path:
@@ -48,18 +57,37 @@ def format_event(event: dict[str, Any]) -> bytes:
     return json.dumps(event, separators=(",", ":"), sort_keys=True).encode() + b"\n"
 
 
+def bounded_line(event: dict[str, Any], max_bytes: int = MAX_EVENT_BYTES) -> bytes:
+    """:func:`format_event`, with texts in its detail cut to :data:`CUT_TEXT_CHARS` where
+    the line is longer than ``max_bytes`` (and the detail dropped where that is not
+    enough). Pure."""
+    line = format_event(event)
+    if len(line) <= max_bytes:
+        return line
+    detail = {k: v[:CUT_TEXT_CHARS] + "... (cut)" if isinstance(v, str) and
+              len(v) > CUT_TEXT_CHARS else v for k, v in event["detail"].items()}  # fmt: skip
+    line = format_event({**event, "detail": {**detail, "cut_from_bytes": len(line)}})
+    if len(line) <= max_bytes:
+        return line
+    return format_event({**event, "detail": {"cut_from_bytes": len(format_event(event))}})
+
+
 def append(path: Path, kind: str, **fields: Any) -> dict[str, Any]:
     """Append one event to the log at ``path`` (created 0644: users may read it)."""
     event = make_event(kind, **fields)
+    _write(path, format_event(event))
+    return event
+
+
+def _write(path: Path, line: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     # never through a link (the daemon, as root, appends here)
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
                  0o644)  # fmt: skip
     try:
-        os.write(fd, format_event(event))
+        os.write(fd, line)
     finally:
         os.close(fd)
-    return event
 
 
 class EventLog:
@@ -67,19 +95,56 @@ class EventLog:
     file once the current one holds ``max_bytes`` (thread-safe: the daemon's threads
     append at once, and one rotation must not move another's new file over the old)."""
 
-    def __init__(self, path: Path, max_bytes: int = EVENTS_MAX_BYTES) -> None:
+    def __init__(self, path: Path, max_bytes: int = EVENTS_MAX_BYTES,
+                 user_bytes_per_min: int = USER_EVENT_BYTES_PER_MIN,
+                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
         self.path, self.max_bytes = path, max_bytes
+        self.user_bytes_per_min = user_bytes_per_min
+        self.clock = clock
         self._lock = threading.Lock()
+        self._allowance: dict[int, tuple[float, float]] = {}  # uid -> (bytes, when)
+        self._suppressed: dict[int, int] = {}  # uid -> events not written
 
     def append(self, kind: str, **fields: Any) -> dict[str, Any]:
+        """Write one event (unless its uid is over its share: then it is counted)."""
+        event = make_event(kind, **fields)
+        line = bounded_line(event)
+        uid = event.get("uid")
         with self._lock:
-            try:
-                full = os.stat(self.path).st_size >= self.max_bytes
-            except FileNotFoundError:
-                full = False
-            if full:
-                os.replace(self.path, rotated(self.path))  # the older one goes
-            return append(self.path, kind, **fields)
+            if isinstance(uid, int) and uid != 0:
+                if not self._take(uid, len(line)):
+                    self._suppressed[uid] = self._suppressed.get(uid, 0) + 1
+                    return event
+                if self._suppressed.get(uid):
+                    count = self._suppressed.pop(uid)
+                    self._write(format_event(make_event(
+                        SUPPRESSED, uid=uid, count=count,
+                        reason=f"more than {self.user_bytes_per_min} bytes of events of "
+                               "this uid in a minute")))  # fmt: skip
+            self._write(line)
+        return event
+
+    def _take(self, uid: int, size_bytes: int) -> bool:
+        """Spend ``size_bytes`` of ``uid``'s allowance (refilled at its rate, up to a
+        minute's worth); False when it has not that much."""
+        now = self.clock()
+        rate = self.user_bytes_per_min
+        have, since = self._allowance.get(uid, (float(rate), now))
+        have = min(float(rate), have + (now - since) * rate / 60.0)
+        if have < size_bytes:
+            self._allowance[uid] = (have, now)
+            return False
+        self._allowance[uid] = (have - size_bytes, now)
+        return True
+
+    def _write(self, line: bytes) -> None:
+        try:
+            full = os.stat(self.path).st_size >= self.max_bytes
+        except FileNotFoundError:
+            full = False
+        if full:
+            os.replace(self.path, rotated(self.path))  # the older one goes
+        _write(self.path, line)
 
 
 def parse_lines(data: bytes) -> list[dict[str, Any]]:

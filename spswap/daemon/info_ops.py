@@ -47,9 +47,14 @@ def op_jobs_list(ctx: Context, args: dict[str, Any]) -> Answer:
             if ctx.peer_uid == ROOT_UID or j.uid == ctx.peer_uid]  # fmt: skip
 
 
+MAX_TAIL_EVENTS = 1000  # what one request may read (each event at most MAX_EVENT_BYTES)
+
+
 def op_events_tail(ctx: Context, args: dict[str, Any]) -> Answer:
-    """Root sees every event; a user only those about their own jobs and processes."""
-    tail = events.tail(ctx.state.cfg.paths.events, args.get("n", 50))
+    """The last ``n`` events (at most :data:`MAX_TAIL_EVENTS`): root sees every event; a
+    user only those about their own jobs and processes."""
+    n = min(max(int(args.get("n", 50)), 0), MAX_TAIL_EVENTS)
+    tail = events.tail(ctx.state.cfg.paths.events, n)
     if ctx.peer_uid == ROOT_UID:
         return tail
     return [e for e in tail if e.get("uid") == ctx.peer_uid]

@@ -31,8 +31,9 @@ Answer = dict[str, Any] | list[dict[str, Any]]
 FD_OPS = frozenset({"pool.import"})
 """Ops whose request carries open file descriptors; any other op's are closed unread."""
 
-# op -> {arg name: (accepted JSON kind, required)}. Kinds: "str", "int", "bool", "number"
-# (int or float), "int_list", "str_list", "flat_dict" (an object of scalars).
+# op -> {arg name: (accepted JSON kind, required)}. Kinds: "str", "name" (text of at most
+# MAX_NAME_CHARS: it goes into the event log and other users' tables), "int", "bool",
+# "number" (int or float), "int_list", "str_list", "flat_dict" (an object of scalars).
 # Keeping the table here (not in the server) lets the client reject a bad call before it
 # reaches the socket, and keeps the server's dispatch and the protocol in one place.
 ArgSpec = dict[str, tuple[str, bool]]
@@ -48,7 +49,7 @@ OPS: dict[str, ArgSpec] = {
     # The holder of a reservation or a pool use is always the caller (SO_PEERCRED); a
     # job id is accepted only when the prolog registered that job for the caller's uid.
     "slots.reserve": {
-        "model": ("str", True),
+        "model": ("name", True),
         "units": ("int", False),
         "whole_gpus": ("int", False),
         "allowed_gpus": ("int_list", False),
@@ -61,17 +62,17 @@ OPS: dict[str, ArgSpec] = {
     # "identity": an engine's weight layout (e.g. vLLM's); the daemon adds owner_uid.
     "pool.import": {
         "files": ("str_list", True),
-        "name": ("str", False),
+        "name": ("name", False),
         "identity": ("flat_dict", False),
         "job_id": ("str", False),
     },
     "job.register": {
         "job_id": ("str", True),
         "uid": ("int", True),
-        "user": ("str", False),
+        "user": ("name", False),
         "gpus": ("int_list", False),
         "restart_count": ("int", False),
-        "node": ("str", False),
+        "node": ("name", False),
     },
     "job.end": {"job_id": ("str", True), "requeued": ("bool", False)},
     # a run of the job starts (sent by `spswap serve` before its imports): the caller's own
@@ -153,11 +154,14 @@ def _parse_line(line: bytes, limit_bytes: int, what_to_do: str) -> dict[str, Any
 
 
 MAX_FLAT_DICT_KEYS = 32
+MAX_NAME_CHARS = 256
 
 
 def _kind_ok(kind: str, value: Any) -> bool:
     if kind == "str":
         return isinstance(value, str)
+    if kind == "name":
+        return isinstance(value, str) and len(value) <= MAX_NAME_CHARS
     if kind == "int":
         return isinstance(value, int) and not isinstance(value, bool)
     if kind == "bool":
@@ -203,7 +207,10 @@ def validate_request(obj: dict[str, Any]) -> Request:
         if args[name] is None and not required:
             continue
         if not _kind_ok(kind, args[name]):
-            raise ProtocolError(f"argument {name!r} of {op} must be {kind}, got {args[name]!r}")
+            want = f"text of at most {MAX_NAME_CHARS} characters" if kind == "name" else kind
+            got = repr(args[name])
+            got = got[:80] + f"... ({len(got)} characters)" if len(got) > 100 else got
+            raise ProtocolError(f"argument {name!r} of {op} must be {want}, got {got}")
     return Request(op=op, args={k: v for k, v in args.items() if v is not None})
 
 

@@ -68,3 +68,39 @@ def test_threads_appending_at_once_lose_nothing_in_the_two_files(tmp_path: Path)
     # 800 events of ~75 bytes: more than one file, less than two
     assert rotated(path).exists()
     assert len(lines) == 800 and len({e["job_id"] for e in lines}) == 800
+
+
+def test_a_long_event_is_cut_to_its_bound() -> None:
+    event = events.make_event("slots.reserve", uid=5, ts=1.0, model="m" * 5000, units=[1, 2])
+    line = events.bounded_line(event, max_bytes=600)
+    assert line == (
+        b'{"detail":{"cut_from_bytes":5092,"model":"' + b"m" * 256 + b'... (cut)","units":'
+        b'[1,2]},"job_id":null,"kind":"slots.reserve","ts":1.0,"uid":5}\n'
+    )
+    assert events.bounded_line(event, max_bytes=100) == (
+        b'{"detail":{"cut_from_bytes":5092},"job_id":null,"kind":"slots.reserve","ts":1.0,'
+        b'"uid":5}\n'
+    )
+    short = events.make_event("x", ts=1.0, a="b")
+    assert events.bounded_line(short) == events.format_event(short)
+
+
+def test_a_users_events_have_a_rate_and_root_is_not_bound_by_it(tmp_path: Path) -> None:
+    now = [0.0]
+    path = tmp_path / "events.jsonl"
+    log = EventLog(path, user_bytes_per_min=1000, clock=lambda: now[0])
+    for i in range(40):  # ~100 bytes each: the first ~10 fit in a minute's allowance
+        log.append("spam", uid=1001, i=i)
+    log.append("prolog", uid=0, job_id="7")
+    log.append("theirs", uid=1002)  # another user's allowance is their own
+    kinds = _kinds(path)
+    assert 5 <= kinds.count("spam") <= 15 and kinds[-2:] == ["prolog", "theirs"]
+    written = kinds.count("spam")
+    now[0] = 60.0  # a minute on: the allowance is back, and the count is logged first
+    log.append("spam", uid=1001, i=99)
+    last = events.parse_lines(path.read_bytes())[-2:]
+    assert last[0]["kind"] == "events.suppressed" and last[0]["uid"] == 1001
+    assert last[0]["detail"] == {"count": 40 - written,
+                                 "reason": "more than 1000 bytes of events of this uid in a "
+                                           "minute"}  # fmt: skip
+    assert last[1]["kind"] == "spam" and last[1]["detail"] == {"i": 99}
