@@ -105,9 +105,38 @@ def in_job(found: list[Membership], job_id: str) -> bool:
     """Whether a process of ``found`` memberships runs inside Slurm job ``job_id``'s
     cgroup, in a hierarchy Slurm tracks jobs by (proctrack/cgroup names it ``job_<id>``:
     ``.../slurmstepd.scope/job_<id>/step_batch/...`` on v2, ``/slurm/uid_<uid>/job_<id>/...``
-    in v1's freezer). Pure."""
-    name = f"job_{job_id}"
-    return any(name in m.path.split("/") for m in found if m.controllers in TRACKING)
+    in v1's freezer), by the names alone (see :func:`in_slurm_job` for the check that a
+    user cannot make pass). Pure."""
+    return bool(job_memberships(found, job_id))
+
+
+def job_memberships(found: list[Membership], job_id: str) -> list[Membership]:
+    """Of ``found``, the tracking hierarchies' memberships cut at their ``job_<id>``
+    component (the job's own cgroup, not its step's). Pure."""
+    name, out = f"job_{job_id}", []
+    for m in found:
+        parts = m.path.split("/")
+        if m.controllers in TRACKING and name in parts:
+            out.append(Membership(m.controllers, "/".join(parts[: parts.index(name) + 1])))
+    return out
+
+
+def in_slurm_job(found: list[Membership], job_id: str, mounts_found: list[Mount]) -> bool:
+    """:func:`in_job`, where the ``job_<id>`` cgroup and every folder above it up to its
+    mount are root's: Slurm makes them as root, while a user with a delegated cgroup
+    (systemd's user@.service) can make a folder of that name under their own."""
+    for m in job_memberships(found, job_id):
+        d = fs_path(m, mounts_found)
+        mount = next((Path(x.mountpoint) for x in mounts_found
+                      if d is not None and d.is_relative_to(x.mountpoint)), None)  # fmt: skip
+        if d is None or mount is None:
+            continue
+        try:
+            if all(os.lstat(x).st_uid == 0 for x in (d, *d.parents) if x.is_relative_to(mount)):
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def job_dirs(job_id: str, found: list[Mount], *, max_depth: int = 5,

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -88,14 +89,14 @@ class Parking:
         """Whether the parked tree meets the same device rules as in its job."""
         return self.devices is not Carried.FAILED
 
-    def take_device_rules_of(self, pid: int, proc: Path = PROC) -> Carried:
-        """Give the parked v2 cgroup the device rules in force for ``pid`` (the run that
-        takes the tree back) instead of its old job's; the outcome (also in
-        :attr:`devices`, the reason of a failure in :attr:`devices_reason`)."""
+    def take_device_rules(self, like: Sequence[Membership], proc: Path = PROC) -> Carried:
+        """Give the parked v2 cgroup the device rules in force for the cgroups ``like``
+        (of the run that takes the tree back, read when it asked) instead of its old
+        job's; the outcome (also in :attr:`devices`, the reason of a failure in
+        :attr:`devices_reason`)."""
         target = self.dirs.get("")
         found = mounts(proc)  # once, not per membership (a restore's path)
-        source = next((fs_path(m, found) for m in memberships(pid, proc)
-                       if m.controllers == ""), None)  # fmt: skip
+        source = next((fs_path(m, found) for m in like if m.controllers == ""), None)
         if target is None or source is None:
             return self.devices
         self.devices, self.devices_reason = device_rules.replace(source, target)
@@ -304,12 +305,13 @@ def sweep(tag: str, proc: Path = PROC) -> list[str]:
     return found
 
 
-def join(pids: list[int], like_pid: int, proc: Path = PROC) -> list[str]:
-    """Move ``pids`` into ``like_pid``'s cgroups wherever theirs differ (a restored tree
-    into the cgroups of the job run it was restored for, so that Slurm's limits, device
-    rules and end-of-job kill cover it); returns the hierarchies moved in."""
+def join(pids: list[int], like: Sequence[Membership], proc: Path = PROC) -> list[str]:
+    """Move ``pids`` into the cgroups ``like`` (a process's memberships, read when it
+    asked) wherever theirs differ (a restored tree into the cgroups of the job run it was
+    restored for, so that Slurm's limits, device rules and end-of-job kill cover it);
+    returns the hierarchies moved in."""
     found = mounts(proc)
-    target = {m.controllers: m for m in memberships(like_pid, proc)}
+    target = {m.controllers: m for m in like}
     moved: set[str] = set()
     for pid in pids:
         for m in memberships(pid, proc):

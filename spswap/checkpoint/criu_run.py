@@ -1,7 +1,10 @@
-"""Running the CRIU binary: its output, its timeout, and a watch on the process a dump
-holds: once that process is dying (SIGKILL pending, a zombie, or gone) for some seconds,
-the dump cannot give an image any more, so CRIU is ended instead of waiting for its
-timeout.
+"""Running the CRIU binary: its output, its timeout, and two watches. One on the process a
+dump holds: once that process is dying (SIGKILL pending, a zombie, or gone) for some
+seconds, the dump cannot give an image any more, so CRIU is ended instead of waiting for
+its timeout. One on CRIU itself: it runs as the job's user, who may signal it, and a
+CRIU stopped (SIGSTOP) would hold what it holds (the lock every dump and restore of a
+tree with named semaphores takes) until its timeout; stopped for :data:`STOPPED_MAX_S`
+in all, it is ended.
 
 Why: a process killed while CRIU holds it can stay with its SIGKILL pending (a cgroup v1
 freezer keeps a frozen task from dying until it is thawed, after CRIU), and CRIU was
@@ -21,6 +24,7 @@ PROC = Path("/proc")
 WATCH_INTERVAL_S = 0.5
 SIGKILL_BIT = 1 << (9 - 1)  # SIGKILL is signal 9; /proc's masks start at signal 1
 DEFAULT_GRACE_S = 20.0
+STOPPED_MAX_S = 5.0
 
 
 def dying(status_text: str) -> str | None:
@@ -45,6 +49,23 @@ def dying(status_text: str) -> str | None:
             except ValueError:
                 continue
     return None
+
+
+def stopped(status_text: str) -> bool:
+    """Whether ``/proc/PID/status`` says the process is stopped by a signal.
+
+    >>> stopped("State:\tT (stopped)\n"), stopped("State:\tS (sleeping)\n")
+    (True, False)
+    """
+    return any(line.startswith("State:") and line.split(":", 1)[1].strip().startswith("T (")
+               for line in status_text.splitlines())  # fmt: skip
+
+
+def _stopped(pid: int, proc: Path = PROC) -> bool:
+    try:
+        return stopped((proc / str(pid) / "status").read_text())
+    except OSError:
+        return False
 
 
 class DyingWatch:
@@ -81,8 +102,9 @@ class DyingWatch:
 def run_criu(argv: list[str], timeout_s: float, pass_fds: list[int] | None = None,
              cgroup_dirs: list[Path] | None = None,
              give_up: Callable[[], str | None] | None = None) -> tuple[int, str]:  # fmt: skip
-    """CRIU's exit code and output; -1 when it was ended: past ``timeout_s``, or once
-    ``give_up`` (asked every :data:`WATCH_INTERVAL_S`) gives a reason."""
+    """CRIU's exit code and output; -1 when it was ended: past ``timeout_s``, stopped for
+    :data:`STOPPED_MAX_S` in all, or once ``give_up`` (asked every
+    :data:`WATCH_INTERVAL_S`) gives a reason."""
 
     def enter_cgroups() -> None:  # in the child, before the exec: CRIU starts there
         for d in cgroup_dirs or []:
@@ -103,6 +125,7 @@ def run_criu(argv: list[str], timeout_s: float, pass_fds: list[int] | None = Non
                              "`spswap doctor`") from None  # fmt: skip
     deadline = time.monotonic() + timeout_s
     why = None
+    stopped_s = 0.0
     with proc:
         while why is None:
             try:
@@ -110,8 +133,13 @@ def run_criu(argv: list[str], timeout_s: float, pass_fds: list[int] | None = Non
                 return proc.returncode, out.decode(errors="replace")
             except subprocess.TimeoutExpired:
                 pass
+            stopped_s += WATCH_INTERVAL_S if _stopped(proc.pid) else 0.0
             if time.monotonic() >= deadline:
                 why = f"criu did not finish within {timeout_s} s"
+            elif stopped_s >= STOPPED_MAX_S:
+                why = (f"criu (pid {proc.pid}) was stopped by a signal for {stopped_s:g} s "
+                       "in all (it runs as the job's user, who may signal it), so it was "
+                       "ended")  # fmt: skip
             elif give_up is not None:
                 why = give_up()
         proc.kill()

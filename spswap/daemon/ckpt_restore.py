@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,31 +41,57 @@ if TYPE_CHECKING:
 RESTORE_WAITS_DUMP_S = 300.0  # a restore that finds its own job still dumping waits this long
 
 
+@dataclass(frozen=True)
+class Asker:
+    """The process that asked for a restore (the new run's proxy), as it was when it
+    asked: the tree gets the device rules of these cgroups and joins them, never those
+    of a process that took its pid since (a restore takes seconds to minutes)."""
+
+    pid: int
+    start: int | None
+    cgroups: list[cgroup_paths.Membership]
+
+    @classmethod
+    def of(cls, pid: int) -> Asker:
+        start = pid_start_time(pid)
+        found = cgroup_paths.memberships(pid)
+        # read again: a pid that changed hands while its cgroups were read reads as gone
+        return cls(pid, start if pid_start_time(pid) == start else None, found)
+
+    def alive(self) -> bool:
+        """The same process still runs."""
+        return self.start is not None and pid_start_time(self.pid) == self.start
+
+
 def op_restore(ctx: Context, args: dict[str, Any]) -> Answer:
     """Restore the job's instance for the caller (the new run's proxy)."""
     st = ctx.state
     job_id = args["job_id"]
     rec = running_job(ctx, job_id)  # the job's own run only, from here on
+    asker = Asker.of(ctx.peer_pid)
     if ctx.peer_uid != 0:
-        asking_from_the_job(job_id, ctx.peer_pid)
+        asking_from_the_job(job_id, asker)
     try:
-        return _locked_restore(ctx, st, rec, job_id, args)
+        return _locked_restore(ctx, st, rec, job_id, args, asker)
     finally:
         # a restore that failed before it took the tree: one woken early would hold GPU
         # memory the run's cold start needs
         prewake.end_if_untaken(st, job_id)
 
 
-def asking_from_the_job(job_id: str, pid: int) -> None:
+def asking_from_the_job(job_id: str, asker: Asker) -> None:
     """Refuse a user's restore asked from outside the job's cgroup where the job has one:
     the restored instance joins the cgroups of the process that asks (so that Slurm's
     limits and its end-of-job kill cover it), and one asked for from a login shell would
-    run outside the job's limits. Checked before anything is restored: the image stays."""
-    found = cgroup_paths.memberships(pid)
-    if cgroup_paths.in_job(found, job_id):
-        return
+    run outside the job's limits (the job's cgroup is Slurm's, root's: a folder of that
+    name in a user's own delegated cgroup is not it). Checked before anything is
+    restored: the image stays."""
+    pid = asker.pid
     try:
-        job_cgroups = cgroup_paths.job_dirs(job_id, cgroup_paths.mounts())
+        found_mounts = cgroup_paths.mounts()
+        if asker.alive() and cgroup_paths.in_slurm_job(asker.cgroups, job_id, found_mounts):
+            return
+        job_cgroups = cgroup_paths.job_dirs(job_id, found_mounts)
     except OSError:
         return  # (no cgroups to read: nothing to be outside of)
     if job_cgroups:
@@ -77,7 +104,7 @@ def asking_from_the_job(job_id: str, pid: int) -> None:
 
 
 def _locked_restore(ctx: Context, st: DaemonState, rec: JobRecord, job_id: str,
-                    args: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+                    args: dict[str, Any], asker: Asker) -> dict[str, Any]:  # fmt: skip
     expected = identity_of(args, rec.uid)
     # A job requeued while its dump ran may be back before the dump ends: wait for it
     # (also just after "saved": the dump thread still freezes and records a kept tree).
@@ -94,23 +121,23 @@ def _locked_restore(ctx: Context, st: DaemonState, rec: JobRecord, job_id: str,
             f"job {job_id} is being checkpointed or restored already (waited {wait_s:g} s)"
         )
     try:
-        return _restore(ctx, st, rec, job_id, expected, args)
+        return _restore(ctx, st, rec, job_id, expected, args, asker)
     finally:
         st.job_locks.of(job_id).release()
 
 
 def _restore(ctx: Context, st: DaemonState, rec: JobRecord, job_id: str, expected: Identity,
-             args: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+             args: dict[str, Any], asker: Asker) -> dict[str, Any]:  # fmt: skip
     status = st.statuses.read(job_id)
     if status.get("state") != CheckpointState.SAVED:
         raise CheckpointFailed(no_image_reason(job_id, status))
 
     kept = st.kept.take(job_id)  # this restore owns it now: nothing else may end it meanwhile
-    woken = _wake_kept(st, rec, job_id, expected, kept, ctx.peer_pid) if kept else None
+    woken = _wake_kept(st, rec, job_id, expected, kept, asker) if kept else None
     if kept is not None and woken is not None:
         pid, timings, image = woken
         try:  # (a tree its image made at the prolog came back from the image: so said)
-            return _restored(ctx, st, rec, job_id, expected, args, pid, timings,
+            return _restored(ctx, st, rec, job_id, expected, args, pid, timings, asker,
                              kept=kept.restored_early_s is None)  # fmt: skip
         finally:
             _clear_parking(st, job_id, kept, pid)
@@ -134,13 +161,13 @@ def _restore(ctx: Context, st: DaemonState, rec: JobRecord, job_id: str, expecte
         raise
     finally:
         sync_quietly(st)  # the image is gone whatever happened
-    return _restored(ctx, st, rec, job_id, expected, args, pid, timings)
+    return _restored(ctx, st, rec, job_id, expected, args, pid, timings, asker)
 
 
 def _wake_kept(st: DaemonState, rec: JobRecord, job_id: str, expected: Identity,
-               kept: Kept, run_pid: int) -> tuple[int, dict[str, float], Path] | None:  # fmt: skip
-    """The job's kept instance back: identity check, the new run's device rules (of
-    ``run_pid``) for its parked cgroup, thaw, CUDA restore and unlock; (pid, timings, its
+               kept: Kept, asker: Asker) -> tuple[int, dict[str, float], Path] | None:  # fmt: skip
+    """The job's kept instance back: identity check, the new run's device rules (of the
+    ``asker``'s cgroups) for its parked cgroup, thaw, CUDA restore and unlock; (pid, timings, its
     image for the caller to delete). None when the tree was gone, or died as it was
     thawed (a kill that waited for the thaw): the image then brings it back. Any other
     failure ends the instance and deletes the image (cold start)."""
@@ -156,7 +183,7 @@ def _wake_kept(st: DaemonState, rec: JobRecord, job_id: str, expected: Identity,
         timings["verify"] = time.monotonic() - t0
         t0 = time.monotonic()
         tree = kept.parking.pids()
-        if kept.parking.take_device_rules_of(run_pid) is Carried.FAILED:
+        if kept.parking.take_device_rules(asker.cgroups) is Carried.FAILED:
             # as without rules: the thawed tree waits there only for its CUDA restore
             st.event("restore.device_rules_not_carried", job_id=job_id,
                      reason=kept.parking.devices_reason[:500])  # fmt: skip
@@ -200,6 +227,10 @@ def _wake_kept(st: DaemonState, rec: JobRecord, job_id: str, expected: Identity,
     return kept.pid, timings, image
 
 
+class _AskerGone(Exception):
+    """The process that asked for the restore has ended (its pid may be another's now)."""
+
+
 class _KeptGone(Exception):
     """The kept tree is not there to wake: its image brings it back instead."""
 
@@ -231,11 +262,11 @@ def _clear_parking(st: DaemonState, job_id: str, kept: Kept, pid: int) -> None:
 
 
 def _restored(ctx: Context, st: DaemonState, rec: JobRecord, job_id: str, expected: Identity,
-              args: dict[str, Any], pid: int, timings: dict[str, float], *,
+              args: dict[str, Any], pid: int, timings: dict[str, float], asker: Asker, *,
               kept: bool = False) -> dict[str, Any]:  # fmt: skip
     """A restored (or kept) instance into the new run: its cgroups, its status, woken."""
     try:
-        _into_job(st, job_id, pid, ctx.peer_pid)
+        _into_job(st, job_id, pid, asker)
     except CheckpointFailed as e:
         st.statuses.write(job_id, state=CheckpointState.FAILED, reason=str(e))
         st.event("restore.failed", job_id=job_id, uid=rec.uid, reason=str(e))
@@ -261,20 +292,25 @@ def _restored(ctx: Context, st: DaemonState, rec: JobRecord, job_id: str, expect
     return {"pid": pid, "timings_s": timings, "kept": kept}
 
 
-def _into_job(st: DaemonState, job_id: str, pid: int, proxy_pid: int) -> None:
+def _into_job(st: DaemonState, job_id: str, pid: int, asker: Asker) -> None:
     """The restored tree (spswapd's child) or woken kept tree (parked) into the new
-    run's cgroups, so Slurm tracks, limits and ends it with its job; where a move fails
-    it runs on, outside (logged). When the run that asked (``proxy_pid``) is gone by
-    then, there is no run to join and no one to serve: the tree is ended
-    (:class:`CheckpointFailed`), never left running outside any job."""
+    run's cgroups (the ``asker``'s, as read when it asked), so Slurm tracks, limits and
+    ends it with its job; where a move fails it runs on, outside (logged). When the run
+    that asked is gone by then, there is no run to join and no one to serve: the tree is
+    ended (:class:`CheckpointFailed`), never left running outside any job."""
     tree = proctree.process_tree_pids(pid)
+    proxy_pid = asker.pid
     try:
-        moved = cgroups.join(tree, proxy_pid)
+        if not asker.alive():
+            raise _AskerGone
+        moved = cgroups.join(tree, asker.cgroups)
         if moved:
             st.event("restore.joined_job", job_id=job_id, pid=pid, hierarchies=moved)
+    except _AskerGone:
+        pass
     except Exception as e:  # noqa: BLE001 - the restore stands; the proxy still forwards
         st.event("restore.outside_job", job_id=job_id, pid=pid, reason=str(e)[:500])
-    if pid_start_time(proxy_pid) is None:
+    if not asker.alive():
         _end_tree(tree)
         raise CheckpointFailed(f"the run of job {job_id} that asked for the restore (pid "
                                f"{proxy_pid}) ended before its instance could join it: the "

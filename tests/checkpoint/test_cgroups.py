@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from spswap.checkpoint import cgroups
-from spswap.checkpoint.cgroups import Membership, Mount
+from spswap.checkpoint.cgroups import Membership, Mount, memberships
 
 HYBRID_CGROUP = """\
 9:name=systemd:/
@@ -233,9 +233,9 @@ def test_a_failed_dump_sends_the_tree_home_and_join_moves_a_restored_one(
         assert all(_where(p).endswith(job_cgroup.name) for p in pids)
         assert parking.pids() == set()
         # a restored process (spswapd's child, here this test's) joins the job's run
-        assert cgroups.join([outside.pid], proc.pid) == [HIERARCHY[0] or "v2"]
+        assert cgroups.join([outside.pid], memberships(proc.pid)) == [HIERARCHY[0] or "v2"]
         assert _where(outside.pid).endswith(job_cgroup.name)
-        assert cgroups.join([outside.pid], proc.pid) == []  # already there
+        assert cgroups.join([outside.pid], memberships(proc.pid)) == []  # already there
     finally:
         parking.remove()
         outside.kill()
@@ -330,3 +330,34 @@ def test_in_job_reads_slurms_job_cgroup_names() -> None:
     assert in_job(v1, "77")
     login = parse_proc_cgroup("12:freezer:/\n4:memory:/slurm/job_77\n0::/user.slice/s.scope\n")
     assert not in_job(login, "77"), "only the hierarchies Slurm tracks jobs by count"
+
+
+def test_the_jobs_cgroup_is_cut_at_its_name_and_must_be_roots(tmp_path: Path) -> None:
+    from spswap.checkpoint.cgroup_paths import (
+        in_job,
+        in_slurm_job,
+        job_memberships,
+        parse_mountinfo,
+        parse_proc_cgroup,
+    )
+
+    found = parse_proc_cgroup("12:freezer:/slurm/uid_1000/job_77/step_0\n"
+                              "0::/system.slice/slurmstepd.scope/job_77/step_0\n")  # fmt: skip
+    assert job_memberships(found, "77") == [
+        Membership("freezer", "/slurm/uid_1000/job_77"),
+        Membership("", "/system.slice/slurmstepd.scope/job_77"),
+    ]
+    # a stand-in v2 mount: the job's folder as Slurm makes it (root's all the way up), and
+    # one of the same name in a user's delegated cgroup
+    mounts = parse_mountinfo(f"30 25 0:26 / {tmp_path} rw - cgroup2 cgroup2 rw\n")
+    (tmp_path / "system.slice" / "slurmstepd.scope" / "job_77").mkdir(parents=True)
+    assert in_slurm_job(found, "77", mounts)
+    deleg = tmp_path / "user.slice" / "user@1000.service"
+    (deleg / "job_77").mkdir(parents=True)
+    os.chown(deleg, 1000, 1000)
+    fake = parse_proc_cgroup("0::/user.slice/user@1000.service/job_77\n")
+    assert in_job(fake, "77") and not in_slurm_job(fake, "77", mounts)
+    os.chown(deleg / "job_77", 1000, 1000)
+    os.chown(deleg, 0, 0)
+    assert not in_slurm_job(fake, "77", mounts)  # its own folder is the user's
+    assert not in_slurm_job(parse_proc_cgroup("0::/elsewhere\n"), "77", mounts)

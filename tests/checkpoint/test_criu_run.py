@@ -104,3 +104,34 @@ def test_run_ends_when_the_dumped_process_is_killed_while_frozen() -> None:
         victim.kill()
         victim.wait(timeout=30)
         group.rmdir()
+
+
+def test_run_ends_a_command_stopped_for_five_seconds_in_all() -> None:
+    """CRIU runs as the job's user, who may SIGSTOP it: stopped, it held the lock every
+    dump and restore of a tree with named semaphores takes, for its whole timeout."""
+    import threading
+
+    from spswap.checkpoint.proctree import children
+
+    pids: list[int] = []
+
+    def stop_it_now_and_then() -> None:
+        deadline = time.monotonic() + 10
+        while not pids and time.monotonic() < deadline:  # the run's child, once started
+            pids.extend(p for p in children(os.getpid())
+                        if Path(f"/proc/{p}/comm").read_text().strip() == "sleep")  # fmt: skip
+            time.sleep(0.01)
+        for _ in range(4):  # stopped 1.5 s of every 2 s: only the sum can catch it
+            os.kill(pids[0], signal.SIGSTOP)
+            time.sleep(1.5)
+            os.kill(pids[0], signal.SIGCONT)
+            time.sleep(0.5)
+
+    stopper = threading.Thread(target=stop_it_now_and_then, daemon=True)
+    stopper.start()
+    t0 = time.monotonic()
+    rc, out = run_criu(["sleep", "60"], 60)
+    assert rc == -1 and f"spswap: criu (pid {pids[0]}) was stopped by a signal for 5 s in all" \
+        in out, out  # fmt: skip
+    assert time.monotonic() - t0 < 20
+    assert hint_for(out).startswith(f"criu (pid {pids[0]}) was stopped by a signal")

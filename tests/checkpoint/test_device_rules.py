@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from spswap.checkpoint import cgroups, device_rules
+from spswap.checkpoint.cgroup_paths import memberships
 from spswap.checkpoint.device_rules import Carried
 from tests.helpers.bpf_device import attach_deny_char
 from tests.uids import spawn_as
@@ -132,7 +133,7 @@ def test_a_kept_tree_takes_its_new_runs_rules(job_cgroup: Path, user_uid: int) -
         # the new run's process: in a cgroup without rules (its job allows /dev/null)
         (new_run / "cgroup.procs").write_text(str(os.getpid()))
         try:
-            assert parking.take_device_rules_of(os.getpid()) is Carried.NOT_NEEDED
+            assert parking.take_device_rules(memberships(os.getpid())) is Carried.NOT_NEEDED
         finally:
             (job_cgroup.parent / "cgroup.procs").write_text(str(os.getpid()))
         parking.adopt([child.pid])

@@ -6,6 +6,7 @@ daemon state, its locks, statuses, kept trees and events are the real ones."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -120,10 +121,11 @@ def test_woken_early_then_the_restore_only_unlocks(
         "unlock_kept",
         lambda image, pid: (calls.append("unlock"), {"cuda_unlock": 0.001})[1],
     )
-    monkeypatch.setattr(type(kept.parking), "take_device_rules_of", lambda self, pid: None,
+    monkeypatch.setattr(type(kept.parking), "take_device_rules", lambda self, like: None,
                         raising=False)  # fmt: skip
     rec = st.jobs.get("7")
-    woken = ckpt_restore._wake_kept(st, rec, "7", None, st.kept.take("7"), 1)  # type: ignore[arg-type]
+    woken = ckpt_restore._wake_kept(st, rec, "7", None, st.kept.take("7"),  # type: ignore[arg-type]
+                                    ckpt_restore.Asker.of(os.getpid()))  # fmt: skip
     assert woken is not None and calls[3:] == ["thaw", "unlock"]
     assert woken[1]["early_cuda_restore"] == 0.5 and woken[1]["cuda_unlock"] == 0.001
 
@@ -201,10 +203,16 @@ def test_a_run_on_other_gpus_gets_the_image_not_the_early_tree(
     gpus["now"] = ["GPU-b"]
     monkeypatch.setattr(ckpt_restore, "kept_image", lambda root, **kw: root / kept.key)
     monkeypatch.setattr(ckpt_restore, "unlock_kept", lambda *a: calls.append("unlock"))
-    monkeypatch.setattr(type(kept.parking), "take_device_rules_of", lambda self, pid: None,
+    monkeypatch.setattr(type(kept.parking), "take_device_rules", lambda self, like: None,
                         raising=False)  # fmt: skip
-    woken = ckpt_restore._wake_kept(st, st.jobs.get("7"), "7", None,  # type: ignore[arg-type]
-                                    st.kept.take("7"), 1)  # fmt: skip
+    woken = ckpt_restore._wake_kept(
+        st,
+        st.jobs.get("7"),
+        "7",
+        None,  # type: ignore[arg-type]
+        st.kept.take("7"),
+        ckpt_restore.Asker.of(os.getpid()),
+    )
     assert woken is None and "unlock" not in calls and calls[-2:] == ["kill", "remove"]
     ended = [f["reason"] for k, f in events if k == "kept.ended"]
     assert ended == ["its GPU state was restored early on GPUs its run does not have: "

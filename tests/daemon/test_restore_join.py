@@ -12,7 +12,7 @@ import pytest
 
 from spswap.config import Config
 from spswap.daemon import lifecycle
-from spswap.daemon.ckpt_restore import _into_job
+from spswap.daemon.ckpt_restore import Asker, _into_job
 from spswap.daemon.state import DaemonState
 from spswap.errors import CheckpointFailed
 from tests.checkpoint.test_cgroups import _running
@@ -48,14 +48,25 @@ def test_an_instance_whose_run_is_gone_is_ended_not_left_outside_any_job(
     proc, pids = _tree()
     try:
         with pytest.raises(CheckpointFailed, match="ended before its instance could join it"):
-            _into_job(st, "7", proc.pid, gone.pid)
+            _into_job(st, "7", proc.pid, Asker.of(gone.pid))
+        assert not any(_running(p) for p in pids)
+    finally:
+        proc.kill()
+    # its pid in use again by another process (here: this one, with another start time):
+    # that is not the run that asked, and the tree never joins the new process's cgroups
+    me = Asker.of(os.getpid())
+    assert me.start is not None
+    proc, pids = _tree()
+    try:
+        with pytest.raises(CheckpointFailed, match="ended before its instance could join it"):
+            _into_job(st, "7", proc.pid, Asker(me.pid, me.start - 1, me.cgroups))
         assert not any(_running(p) for p in pids)
     finally:
         proc.kill()
     # a run that is there keeps its instance (joined, or in its cgroups already)
     proc, pids = _tree()
     try:
-        _into_job(st, "7", proc.pid, os.getpid())
+        _into_job(st, "7", proc.pid, Asker.of(os.getpid()))
         assert all(_running(p) for p in pids)
     finally:
         proc.kill()

@@ -88,3 +88,39 @@ def test_a_restore_asked_from_outside_the_jobs_cgroup_is_refused(
     inside = _ask(cfg, user_uid, tmp_path, job_cgroup)
     assert not inside.startswith("PermissionDenied"), inside
     assert "no checkpoint image" in inside, inside
+
+
+def test_a_folder_named_like_the_job_in_a_users_own_cgroup_is_not_the_job(
+    cfg: Config, daemon: int, user_uid: int, job_cgroup: Path
+) -> None:
+    """A user with a delegated cgroup (systemd's user@.service) can make a folder named
+    job_<id> under it and run there: that is not the job's cgroup (Slurm's are root's),
+    and the restore is refused as from outside. Before, the name alone let it pass."""
+    Client(cfg).call("job.register", job_id=JOB, uid=user_uid, user=TEST_USER)
+    delegated = job_cgroup.parent.parent / f"spswap-test-deleg-{uuid.uuid4().hex[:8]}"
+    fake = delegated / f"job_{JOB}"
+    fake.mkdir(parents=True)
+    try:
+        for d in (delegated, fake):
+            os.chown(d, user_uid, -1)
+        got = _ask(cfg, user_uid, cfg.root, fake)
+        assert got.startswith("PermissionDenied: pid "), got
+        assert "from outside the job's cgroup" in got, got
+    finally:
+        for d in (fake, delegated):
+            for _ in range(50):
+                try:
+                    d.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.1)
+
+
+def test_the_asker_is_the_process_that_asked_not_its_pid() -> None:
+    from spswap.daemon.ckpt_restore import Asker
+
+    me = Asker.of(os.getpid())
+    assert me.alive() and me.cgroups == cgroup_paths.memberships(os.getpid())
+    assert me.start is not None
+    assert not Asker(os.getpid(), me.start + 1, me.cgroups).alive()  # the pid, another start
+    assert not Asker(os.getpid(), None, []).alive()
