@@ -8,7 +8,9 @@ mid-swap "Dumping FAILED" into a clear error that names the fix.
 from __future__ import annotations
 
 import os
+import signal
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -254,6 +256,33 @@ def anon_rss_bytes(pids: list[int] | set[int], proc: Path = PROC) -> int:
                 total += int(line.split()[1]) * 1024  # kB
                 break
     return total
+
+
+def kill_exactly(pids: Iterable[int], still_ours: Callable[[int], bool]) -> list[int]:
+    """SIGKILL each of ``pids`` that is still the process the caller listed, never one
+    that took its number since: a pidfd is opened first (it names that one process
+    whatever happens to the number), then ``still_ours(pid)`` is asked (still in the
+    cgroup or the tree; asked for all before any is signalled, so a tree is judged as
+    it was), then the signal goes through the pidfd. The pids signalled."""
+    fds: dict[int, int] = {}
+    try:
+        for pid in pids:
+            try:
+                fds[pid] = os.pidfd_open(pid)
+            except OSError:  # gone already
+                continue
+        ours = [(pid, fd) for pid, fd in fds.items() if still_ours(pid)]
+        out = []
+        for pid, fd in ours:
+            try:
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+                out.append(pid)
+            except ProcessLookupError:
+                pass
+        return out
+    finally:
+        for fd in fds.values():
+            os.close(fd)
 
 
 def wait_pids_free(pids: list[int], timeout_s: float) -> None:

@@ -4,7 +4,6 @@ run (see :mod:`spswap.daemon.ckpt_status` for the whole flow)."""
 from __future__ import annotations
 
 import os
-import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -246,11 +245,7 @@ def _clear_parking(st: DaemonState, job_id: str, kept: Kept, pid: int) -> None:
     tree that could not join its run stays (the start-up sweep ends it)."""
     try:
         leftover = kept.parking.pids() - set(process_tree_pids(pid))
-        for p in leftover:
-            try:
-                os.kill(p, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        proctree.kill_exactly(leftover, lambda p: p in kept.parking.pids())
         if leftover:
             st.event("checkpoint.parked_killed", job_id=job_id, pids=sorted(leftover))
         deadline = time.monotonic() + 5
@@ -299,6 +294,7 @@ def _into_job(st: DaemonState, job_id: str, pid: int, asker: Asker) -> None:
     that asked is gone by then, there is no run to join and no one to serve: the tree is
     ended (:class:`CheckpointFailed`), never left running outside any job."""
     tree = proctree.process_tree_pids(pid)
+    starts = {p: pid_start_time(p) for p in tree}  # who they are, for _end_tree
     proxy_pid = asker.pid
     try:
         if not asker.alive():
@@ -311,22 +307,20 @@ def _into_job(st: DaemonState, job_id: str, pid: int, asker: Asker) -> None:
     except Exception as e:  # noqa: BLE001 - the restore stands; the proxy still forwards
         st.event("restore.outside_job", job_id=job_id, pid=pid, reason=str(e)[:500])
     if not asker.alive():
-        _end_tree(tree)
+        _end_tree(starts)
         raise CheckpointFailed(f"the run of job {job_id} that asked for the restore (pid "
                                f"{proxy_pid}) ended before its instance could join it: the "
                                "restored instance was ended")  # fmt: skip
 
 
-def _end_tree(pids: list[int], timeout_s: float = 10.0) -> None:
-    """SIGKILL ``pids`` and wait until they are gone (reaping those that are spswapd's
-    children: a CRIU restore's are)."""
-    for p in pids:
-        try:
-            os.kill(p, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+def _end_tree(starts: dict[int, int | None], timeout_s: float = 10.0) -> None:
+    """SIGKILL the tree's processes (pid -> start time when the tree was read: only one
+    that is still that process) and wait until they are gone (reaping those that are
+    spswapd's children: a CRIU restore's are)."""
+    proctree.kill_exactly(starts, lambda p: starts[p] is not None and
+                          pid_start_time(p) == starts[p])  # fmt: skip
     deadline = time.monotonic() + timeout_s
-    left = set(pids)
+    left = set(starts)
     while left and time.monotonic() < deadline:
         for p in list(left):
             try:

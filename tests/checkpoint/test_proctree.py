@@ -148,3 +148,23 @@ def test_anon_rss_bytes_reads_rssanon(tmp_path: Path) -> None:
         )
     assert anon_rss_bytes([11, 12, 13], proc=tmp_path) == (1024 + 3) * 1024  # 13: gone
     assert anon_rss_bytes({os.getpid()}) > 1 << 20  # a live Python process
+
+
+def test_kill_exactly_signals_only_what_is_still_ours() -> None:
+    import subprocess
+
+    from spswap.checkpoint.proctree import kill_exactly
+
+    a, b = (subprocess.Popen(["sleep", "60"]) for _ in range(2))
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    asked: list[int] = []
+    try:
+        got = kill_exactly([a.pid, b.pid, gone.pid],
+                           lambda p: asked.append(p) is None and p == a.pid)  # fmt: skip
+        assert got == [a.pid] and asked == [a.pid, b.pid]  # the gone one is not even asked
+        assert a.wait(timeout=10) == -9 and b.poll() is None
+    finally:
+        for p in (a, b):
+            p.kill()
+            p.wait()
