@@ -41,13 +41,9 @@ def unfit_settings(cfg: Config, sizes: NodeSizes) -> list[str]:
             f"{fmt_bytes(sizes.fs_bytes * 0.8)}, or leave it out (80% of the file system), "
             f"or give the tmpfs more room (mount -o remount,size=...)"
         )  # fmt: skip
-    share = cfg.pool_user_bytes
-    if share is not None and pool is not None and share > pool:
-        out.append(
-            f"SPSWAP_POOL_USER_BYTES={fmt_bytes(share)} is more than SPSWAP_POOL_CAPACITY_BYTES="
-            f"{fmt_bytes(pool)}: one user's imports are bounded by the pool's capacity "
-            f"anyway. Set it lower (its default is half of SPSWAP_POOL_CAPACITY_BYTES)"
-        )  # fmt: skip
+    out += _share_over("SPSWAP_POOL_USER_BYTES", cfg.pool_user_bytes,
+                       "SPSWAP_POOL_CAPACITY_BYTES", pool, "imports",
+                       "the pool's capacity")  # fmt: skip
     images = cfg.images_bytes
     if images is not None and sizes.fs_bytes and images > sizes.fs_bytes:
         out.append(
@@ -56,13 +52,8 @@ def unfit_settings(cfg: Config, sizes: NodeSizes) -> list[str]:
             f"would find it full first. Set it to at most {fmt_bytes(sizes.fs_bytes // 2)} "
             f"beside the pool, or leave it out (half of the file system)"
         )  # fmt: skip
-    user = cfg.images_user_bytes
-    if user is not None and images is not None and user > images:
-        out.append(
-            f"SPSWAP_IMAGES_USER_BYTES={fmt_bytes(user)} is more than SPSWAP_IMAGES_BYTES="
-            f"{fmt_bytes(images)}: one user's images are bounded by all images' budget "
-            f"anyway. Set it lower (its default is half of SPSWAP_IMAGES_BYTES)"
-        )  # fmt: skip
+    out += _share_over("SPSWAP_IMAGES_USER_BYTES", cfg.images_user_bytes,
+                       "SPSWAP_IMAGES_BYTES", images, "images", "all images' budget")  # fmt: skip
     keep = cfg.keep_bytes
     if keep is not None and sizes.mem_total_bytes and keep > sizes.mem_total_bytes:
         out.append(
@@ -72,6 +63,16 @@ def unfit_settings(cfg: Config, sizes: NodeSizes) -> list[str]:
             f"{fmt_bytes(sizes.mem_total_bytes // 8)}), or 0 to keep none"
         )  # fmt: skip
     return out
+
+
+def _share_over(name: str, share: int | None, whole_name: str, whole: int | None,
+                what: str, bound: str) -> list[str]:  # fmt: skip
+    """The message of one user's share set above the whole it is a share of, if it is."""
+    if share is None or whole is None or share <= whole:
+        return []
+    return [f"{name}={fmt_bytes(share)} is more than {whole_name}={fmt_bytes(whole)}: one "
+            f"user's {what} are bounded by {bound} anyway. Set it lower (its default is half "
+            f"of {whole_name})"]  # fmt: skip
 
 
 def node_sizes(cfg: Config, meminfo: Path = Path("/proc/meminfo")) -> NodeSizes:

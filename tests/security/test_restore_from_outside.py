@@ -45,7 +45,12 @@ def job_cgroup() -> Iterator[Path]:
     except OSError as e:
         pytest.skip(f"cannot make a cgroup here: {e}")
     yield top / f"job_{JOB}"
-    for d in (top / f"job_{JOB}", top):
+    _remove_cgroups(top / f"job_{JOB}", top)
+
+
+def _remove_cgroups(*dirs: Path) -> None:
+    """Remove each (emptied of processes a moment ago: retried while the kernel lets go)."""
+    for d in dirs:
         for _ in range(50):
             try:
                 d.rmdir()
@@ -107,13 +112,7 @@ def test_a_folder_named_like_the_job_in_a_users_own_cgroup_is_not_the_job(
         assert got.startswith("PermissionDenied: pid "), got
         assert "from outside the job's cgroup" in got, got
     finally:
-        for d in (fake, delegated):
-            for _ in range(50):
-                try:
-                    d.rmdir()
-                    break
-                except OSError:
-                    time.sleep(0.1)
+        _remove_cgroups(fake, delegated)
 
 
 def test_the_asker_is_the_process_that_asked_not_its_pid() -> None:
