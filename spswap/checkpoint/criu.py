@@ -138,7 +138,7 @@ def dump(
     (:func:`image_creds.image_problem`), else it is deleted before it gets its name and
     CheckpointFailed says why (with ``tree_kept`` when the tree was left running).
     CRIU is ended once ``pid`` has been dying for ``killed_grace_s`` (see
-    :mod:`criu_watch`).
+    :mod:`criu_run`).
     """
     path, version = _require_criu(criu)
     _check_key(image_key)

@@ -54,7 +54,7 @@ def dying(status_text: str) -> str | None:
 def stopped(status_text: str) -> bool:
     """Whether ``/proc/PID/status`` says the process is stopped by a signal.
 
-    >>> stopped("State:\tT (stopped)\n"), stopped("State:\tS (sleeping)\n")
+    >>> stopped("State:\\tT (stopped)\\n"), stopped("State:\\tS (sleeping)\\n")
     (True, False)
     """
     return any(line.startswith("State:") and line.split(":", 1)[1].strip().startswith("T (")
