@@ -11,10 +11,12 @@ from typing import Any
 from spswap.config import Config
 from spswap.daemon import lifecycle
 from spswap.daemon.client import Client
+from spswap.daemon.image_room import ImageRoom
 from spswap.daemon.trust import unsafe_dir
 from spswap.doctor_check import check
 from spswap.errors import DaemonError
 from spswap.fsutil import existing_parent, fs_sizes
+from spswap.pool.store import Pool
 from spswap.settings_check import (
     restart_hint,
     settings_differences,
@@ -56,6 +58,32 @@ def storage(cfg: Config) -> dict[str, Any]:
         f"storage ({cfg.root})", None, value,
         "not tmpfs: pool and images are slower; set SPSWAP_ROOT to a tmpfs such as /dev/shm/spswap",
     )  # fmt: skip
+
+
+def budgets(cfg: Config) -> dict[str, Any]:
+    """What the pool and the images may hold on this node, all together and each user's
+    (the settings, or their defaults from the file system's size)."""
+    pool = Pool.from_config(cfg)
+    images = ImageRoom.from_config(cfg).limits()
+    try:
+        value = budgets_text(pool.capacity_bytes, pool.user_bytes, images.total_bytes,
+                             images.user_bytes)  # fmt: skip
+    except OSError as e:
+        return check("budgets", None, f"cannot read the file system under {cfg.root}: {e}")
+    return check("budgets", True, value)
+
+
+def budgets_text(pool_bytes: int, pool_user_bytes: int, images_bytes: int,
+                 images_user_bytes: int) -> str:  # fmt: skip
+    """The budgets row's value. Pure.
+
+    >>> budgets_text(16 << 30, 8 << 30, 10 << 30, 5 << 30)
+    "pool 16.0 GiB, each user's imports 8.0 GiB; images 10.0 GiB, each user's 5.0 GiB"
+    """
+    return (
+        f"pool {fmt_bytes(pool_bytes)}, each user's imports {fmt_bytes(pool_user_bytes)}; "
+        f"images {fmt_bytes(images_bytes)}, each user's {fmt_bytes(images_user_bytes)}"
+    )
 
 
 def daemon(cfg: Config) -> dict[str, Any]:

@@ -54,6 +54,9 @@ class Holder:
     uid: int
     job_id: str | None = None
     since: float = 0.0
+    # why spswapd itself holds it: "image" (an image on disk or a dump in progress maps
+    # the entry); None for any other holder
+    purpose: str | None = None
 
     @classmethod
     def current(cls, *, job_id: str | None = None, pid: int | None = None) -> Holder:
@@ -67,16 +70,23 @@ class Holder:
         )  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if self.purpose is None:  # (the files of every other holder stay as they were)
+            del out["purpose"]
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Holder:
         return cls(
             pid=int(data["pid"]), pid_start=data.get("pid_start"), uid=int(data["uid"]),
             job_id=data.get("job_id"), since=float(data.get("since", 0.0)),
+            purpose=data.get("purpose"),
         )  # fmt: skip
 
     def describe(self) -> str:
+        if self.purpose == "image":
+            return (f"spswapd (pid {self.pid}), for a job's checkpoint image (until that job "
+                    "comes back to it, or ends)")  # fmt: skip
         job = f" job {self.job_id}" if self.job_id else ""
         return f"pid {self.pid}{job} uid {self.uid}"
 

@@ -21,6 +21,7 @@ from spswap.daemon.lifecycle import daemon_running
 from spswap.errors import DaemonError
 from spswap.fsutil import read_json
 from spswap.instance.registry import InstanceRegistry
+from spswap.liveness import Holder
 from spswap.plain import plain_row
 from spswap.pool.store import Pool
 from spswap.settings_check import (
@@ -73,6 +74,8 @@ def collect_status(cfg: Config, *, gpus: list[dict[str, Any]] | None = None) -> 
         "pool": {
             "capacity_bytes": pool.capacity_bytes,
             "used_bytes": sum(e.size_bytes for e in entries),
+            "user_bytes": pool.user_bytes,
+            "yours_bytes": sum(e.size_bytes for e in entries if os.getuid() in e.importers),
             "entries": [e.to_json() for e in entries],
         },
         "instances": instances,
@@ -139,20 +142,31 @@ def _ago(ts: float, now: float) -> str:
 
 
 def _user(h: dict[str, Any]) -> str:
-    job = f"job {h['job_id']} " if h.get("job_id") else ""
-    return f"{job}pid {h['pid']} uid {h['uid']}"
+    return Holder.from_json(h).describe()
+
+
+def pool_title(pool: dict[str, Any], uid: int, where: str = "") -> str:
+    """What the pool holds of its capacity, and of one user's share (SPSWAP_POOL_USER_BYTES):
+    the share's size for root, what the asking user's imports hold of it for a user. Pure."""
+    title = f"pool{where}: {fmt_bytes(pool['used_bytes'])} of {fmt_bytes(pool['capacity_bytes'])}"
+    if pool.get("user_bytes") is None:  # (a listing without the share: none to show)
+        return title
+    share = fmt_bytes(pool["user_bytes"])
+    if uid == 0:
+        return f"{title}; each user's imports at most {share}"
+    return f"{title}; yours {fmt_bytes(pool.get('yours_bytes') or 0)} of {share}"
 
 
 def render_pool(pool: dict[str, Any], now: float) -> Table:
     """One row per pool entry, most recently used first."""
-    t = Table(title=f"pool: {fmt_bytes(pool['used_bytes'])} of "
-                    f"{fmt_bytes(pool['capacity_bytes'])}")  # fmt: skip
+    t = Table(title=pool_title(pool, os.getuid()))
     for col in ("name", "digest", "size", "tensors", "users", "last use"):
         t.add_column(col)
     for e in pool["entries"]:
         users = "\n".join(_user(h) for h in e["users"]) or "-"
         plain_row(t, e["name"], e["digest"][:12], fmt_bytes(e["size_bytes"]),
-                  str(e["tensor_count"]), users, _ago(e["last_used"], now))  # fmt: skip
+                  str(e["tensor_count"]), users,
+                  "in use now" if e["users"] else _ago(e["last_used"], now))  # fmt: skip
     return t
 
 

@@ -28,10 +28,13 @@ CRIU_REASON = "\n".join(
 def test_slot_timeout_names_the_flags_of_both_commands() -> None:
     err = timeout_error(SlotRequest(4, None, [0]), "m", 5.0, [], [])
     assert str(err) == (
-        "no slot for model m (4 unit(s) of one GPU of 0) after 5 s.\n"
+        "no slot for model m (4 unit(s) on GPU 0) after 5 s.\n"
         "wait longer (`spswap serve --slot-timeout-s`, `spswap slots reserve --timeout-s`) "
-        "or release a reservation (`spswap slots release ID`)"
+        "or release a reservation no process of yours needs any more (`spswap slots release "
+        "ID`; a running server's is its own)"
     )
+    assert SlotRequest(1, None, (0, 1)).describe() == "1 unit(s) on one of GPUs 0,1"
+    assert SlotRequest(4, 2, (0, 1, 2)).describe() == "2 whole GPU(s) of GPUs 0,1,2"
 
 
 def test_doctor_does_not_call_a_missing_root_ok(tmp_path: Path) -> None:

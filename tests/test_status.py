@@ -211,3 +211,15 @@ def test_a_long_note_is_cut_in_the_table_only() -> None:
     cut = short_note(long)
     assert cut.startswith("no room for job 806's image: ") and cut.endswith("… (whole in --json)")
     assert len(cut) <= NOTE_CHARS + len(" (whole in --json)")
+
+
+def test_the_pool_title_shows_the_share_root_or_yours() -> None:
+    from spswap.status import pool_title
+
+    pool = {"used_bytes": 3 << 30, "capacity_bytes": 16 << 30, "user_bytes": 8 << 30,
+            "yours_bytes": 1 << 30}  # fmt: skip
+    assert pool_title(pool, 0) == "pool: 3.0 GiB of 16.0 GiB; each user's imports at most 8.0 GiB"
+    assert pool_title(pool, 1000, " /dev/shm/spswap/pool") == (
+        "pool /dev/shm/spswap/pool: 3.0 GiB of 16.0 GiB; yours 1.0 GiB of 8.0 GiB"
+    )
+    assert pool_title({"used_bytes": 0, "capacity_bytes": 1 << 30}, 1000) == "pool: 0 B of 1.0 GiB"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.progress import (
@@ -23,6 +24,7 @@ from spswap.plain import plain_row
 from spswap.pool.manifest import Manifest
 from spswap.pool.store import EntryInfo, Pool
 from spswap.slurm.backend import job_probe
+from spswap.status import pool_title
 from spswap.units import fmt_bytes, fmt_rate, fmt_seconds
 
 app = typer.Typer(
@@ -104,32 +106,28 @@ def ls(root: Path | None = RootOpt, json_out: bool = JsonOpt) -> None:
     """List the pool's entries, most recently used first, with size and live users."""
     pool = _pool(root)
     infos = pool.entries()
+    listing = {
+        "pool": str(pool.pool_dir), "capacity_bytes": pool.capacity_bytes,
+        "used_bytes": sum(e.size_bytes for e in infos),
+        "user_bytes": pool.user_bytes, "yours_bytes": _yours_bytes(infos),
+        "entries": [e.to_json() for e in infos],
+    }  # fmt: skip
     if json_out:
-        emit_json({
-            "pool": str(pool.pool_dir), "capacity_bytes": pool.capacity_bytes,
-            "used_bytes": sum(e.size_bytes for e in infos),
-            "user_bytes": pool.user_bytes, "yours_bytes": _yours_bytes(infos),
-            "entries": [e.to_json() for e in infos],
-        })  # fmt: skip
+        emit_json(listing)
         return
-    console.print(_table(pool, infos))
+    console.print(_table(listing, infos))
 
 
-def _table(pool: Pool, infos: list[EntryInfo]) -> Table:
-    used = sum(e.size_bytes for e in infos)
-    if os.getuid() == 0:
-        share = f"each user's imports at most {fmt_bytes(pool.user_bytes)}"
-    else:
-        share = f"yours {fmt_bytes(_yours_bytes(infos))} of {fmt_bytes(pool.user_bytes)}"
-    table = Table(title=f"pool {pool.pool_dir}: {fmt_bytes(used)} of "
-                  f"{fmt_bytes(pool.capacity_bytes)}; {share}")  # fmt: skip
+def _table(listing: dict[str, Any], infos: list[EntryInfo]) -> Table:
+    table = Table(title=pool_title(listing, os.getuid(), f" {listing['pool']}"))
     for col in ("name", "digest", "size", "tensors", "users", "last used"):
         table.add_column(col, justify="right" if col in ("size", "tensors") else "left")
     now = time.time()
     for e in infos:
         users = ", ".join(h.describe() for h in e.users) or "-"
         plain_row(table, e.manifest.name, e.manifest.digest[:12], fmt_bytes(e.size_bytes),
-                      str(len(e.manifest.tensors)), users, _ago(e.last_used, now))  # fmt: skip
+                      str(len(e.manifest.tensors)), users,
+                      "in use now" if e.users else _ago(e.last_used, now))  # fmt: skip
     return table
 
 

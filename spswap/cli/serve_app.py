@@ -44,8 +44,11 @@ def run_app(app: typer.Typer) -> None:
     try:
         app()
     except SpswapError as e:
-        # the message is text, not markup: "spswap[torch]" must print as written
-        err_console.print(f"[bold red]error:[/] {escape(str(e))}", markup=True, soft_wrap=True)
+        # the message is text, not markup: "spswap[torch]" must print as written; the
+        # command's name first, as its other lines in a job log have it
+        command = " ".join(["spswap", *[a for a in sys.argv[1:] if not a.startswith("-")][:1]])
+        err_console.print(f"{escape(command)}: [bold red]error:[/] {escape(str(e))}",
+                          markup=True, soft_wrap=True)  # fmt: skip
         sys.exit(e.exit_code)
 
 

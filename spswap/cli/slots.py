@@ -122,11 +122,12 @@ def reserve(
 ) -> None:
     """Reserve GPU units and print the reservation id (wait in line if they are taken).
 
-    This command exits at once. Run by root, the reservation is tied to the calling
-    shell (or --pid) and, inside a Slurm job, to the job: it is reclaimed when they end. A
-    user's reservation is made by spswapd and tied to the job ($SLURM_JOB_ID or --job-id)
-    alone: outside a job a user's is refused (it would end with the command).
-    Give it back earlier with `spswap slots release ID`.
+    The command waits in line up to --timeout-s, prints the id and exits; the
+    reservation stays. Run by root, it is tied to the calling shell (or --pid) and,
+    inside a Slurm job, to the job: it is reclaimed when they end. A user's is made by
+    spswapd and tied to the job ($SLURM_JOB_ID or --job-id) alone, on that job's GPUs:
+    outside a job a user's is refused (it would end with the command). Give it back
+    earlier with `spswap slots release ID`.
     """
     cfg = load_config(root)
     wait_s = cfg.slot_timeout_s if timeout_s is None else timeout_s

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 def _daemon_holder() -> Holder:
     pid = os.getpid()
     return Holder(pid=pid, pid_start=pid_start_time(pid), uid=os.getuid(), job_id=None,
-                  since=time.time())  # fmt: skip
+                  since=time.time(), purpose="image")  # fmt: skip
 
 
 def sync_image_uses(st: DaemonState) -> dict[str, int]:

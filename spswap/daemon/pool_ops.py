@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from spswap.daemon.caller import peer_holder
 from spswap.daemon.protocol import Answer
 from spswap.daemon.state import Context
-from spswap.errors import ProtocolError, SpswapError
+from spswap.errors import PoolFull, ProtocolError, SpswapError
 from spswap.pool.importer import import_from_fds
 from spswap.pool.store import Pool, alias_key
 
@@ -57,17 +57,31 @@ def op_pool_import(ctx: Context, args: dict[str, Any]) -> Answer:
     # the caller's imports count in its share of the pool (SPSWAP_POOL_USER_BYTES)
     pool = Pool.from_config(ctx.state.cfg, ctx.state.job_probe(), importer_uid=ctx.peer_uid)
     started = time.time()
-    manifest = import_from_fds(pool, files, name=args.get("name"), owner_uid=ctx.peer_uid,
-                               identity=identity)  # fmt: skip
+    job_id = _callers_job(ctx, args.get("job_id"))
+    try:
+        manifest = import_from_fds(pool, files, name=args.get("name"), owner_uid=ctx.peer_uid,
+                                   identity=identity)  # fmt: skip
+    except PoolFull as e:  # the job fails to start: root finds why in the log too
+        ctx.state.event("pool.refused", job_id=job_id, uid=ctx.peer_uid, pid=ctx.peer_pid,
+                        name=args.get("name"), reason=str(e))  # fmt: skip
+        raise
+    finally:
+        for entry, why in pool.evictions:
+            ctx.state.event(
+                "pool.evicted", job_id=job_id, uid=ctx.peer_uid, name=entry.manifest.name,
+                digest=entry.manifest.digest, size_bytes=entry.size_bytes,
+                importers=sorted(entry.importers), to_make_room_for=args.get("name"),
+                why="the importing user's share (SPSWAP_POOL_USER_BYTES)" if why == "share"
+                else "the pool's capacity",
+            )  # fmt: skip
     if identity is not None:
         # the caller's bytes are this entry's (same digest), whoever exported them first:
         # the caller finds it under its own uid from now on
 
         pool.remember_alias(alias_key(identity, ctx.peer_uid), manifest.digest)
     if manifest.created >= started:  # a new entry; a run that finds its weights is no news
-        ctx.state.event("pool.import", job_id=_callers_job(ctx, args.get("job_id")),
-                        uid=ctx.peer_uid, pid=ctx.peer_pid, name=manifest.name,
-                        digest=manifest.digest)  # fmt: skip
+        ctx.state.event("pool.import", job_id=job_id, uid=ctx.peer_uid, pid=ctx.peer_pid,
+                        name=manifest.name, digest=manifest.digest)  # fmt: skip
     return manifest.to_json()
 
 

@@ -58,6 +58,9 @@ class EvictionPlan:
     release: list[str]
     """Digests that stop counting in the importing user's share: another user imported
     the same bytes too, so the entry stays for them."""
+    for_share: frozenset[str] = frozenset()
+    """Of :attr:`evict`, the digests that go for the user's share (the rest for the
+    pool's capacity or its file system)."""
 
 
 def user_charge_bytes(
@@ -93,18 +96,25 @@ def plan_eviction(
     gone = sum(e.size_bytes for e in evict)
     free = capacity_bytes - used - reserved + gone
     fs_free = fs_free_bytes + gone
+    for_share = frozenset(e.manifest.digest for e in evict)
+    more: list[EntryInfo] = []
     # Oldest first; in-use entries (per the locked, pruned state) are never candidates.
     for e in sorted(infos, key=lambda e: e.last_used):
         if free >= size_bytes and fs_free >= size_bytes:
             break
         if e in evict or _in_use(state, e):
             continue
-        evict.append(e)
+        more.append(e)
         free += e.size_bytes
         fs_free += e.size_bytes
     if free < size_bytes or fs_free < size_bytes:
         raise full_error(state, infos, size_bytes, min(free, fs_free), capacity_bytes)
-    return EvictionPlan(evict, release)
+    for e in list(more):  # an older one the newer made unneeded stays
+        if free - e.size_bytes >= size_bytes and fs_free - e.size_bytes >= size_bytes:
+            more.remove(e)
+            free -= e.size_bytes
+            fs_free -= e.size_bytes
+    return EvictionPlan(evict + more, release, for_share)
 
 
 def _plan_share(
@@ -127,6 +137,15 @@ def _plan_share(
         charged -= e.size_bytes
     if charged + size_bytes > user.budget_bytes:
         raise share_full_error(state, infos, size_bytes, user, exclude)
+    for e in list(evict):  # an older one the newer made unneeded stays
+        if charged + e.size_bytes + size_bytes <= user.budget_bytes:
+            evict.remove(e)
+            charged += e.size_bytes
+    for digest in list(release):
+        size = next(e.size_bytes for e in infos if e.manifest.digest == digest)
+        if charged + size + size_bytes <= user.budget_bytes:
+            release.remove(digest)
+            charged += size
     return evict, release
 
 
@@ -152,11 +171,16 @@ def share_full_error(
     building = sum(r.size_bytes for k, r in state.reservations.items()
                    if r.uid == user.uid and k != exclude)  # fmt: skip
     if size_bytes > user.budget_bytes:
-        why = "it is larger than the whole share"
-    else:
-        why = f"your entries in use: {'; '.join(held) or 'none'}" + (
-            f"; your imports under way: {fmt_bytes(building)}" if building else ""
-        )
+        return PoolFull(
+            f"your share of the pool cannot hold it: it needs {fmt_bytes(size_bytes)}, more "
+            f"than all of SPSWAP_POOL_USER_BYTES={fmt_bytes(user.budget_bytes)} (uid "
+            f"{user.uid}); ask the node's admin to raise SPSWAP_POOL_USER_BYTES, or use a "
+            "smaller model",
+            needed_bytes=size_bytes, free_bytes=max(user.budget_bytes - charged, 0),
+        )  # fmt: skip
+    why = f"your entries in use: {'; '.join(held) or 'none'}" + (
+        f"; your imports under way: {fmt_bytes(building)}" if building else ""
+    )
     return PoolFull(
         f"your share of the pool is full: uid {user.uid}'s imports hold "
         f"{fmt_bytes(charged)} of SPSWAP_POOL_USER_BYTES={fmt_bytes(user.budget_bytes)} and "

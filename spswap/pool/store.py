@@ -51,6 +51,9 @@ class Pool:
         self.importer_uid = importer_uid if importer_uid != 0 else None
         self.job_alive = job_alive
         self.index = PoolIndex(self.pool_dir, job_alive)
+        # what this object's imports evicted, and for what: "share" (the importing user's)
+        # or "capacity" (the pool's, or its file system's), for spswapd's events
+        self.evictions: list[tuple[EntryInfo, str]] = []
 
     @classmethod
     def from_config(cls, cfg: Config, job_alive: JobProbe | None = None,
@@ -235,6 +238,8 @@ class Pool:
             state.record(digest).importers.remove(uid)  # type: ignore[arg-type]
         for e in plan.evict:
             self._delete_entry(state, e.manifest.digest)
+            why = "share" if e.manifest.digest in plan.for_share else "capacity"
+            self.evictions.append((e, why))
         return [e.manifest.digest for e in plan.evict]
 
     # -- publishing and removing ---------------------------------------------------------

@@ -68,6 +68,7 @@ def timeout_error(
         lines.append(f"{len(ahead)} earlier waiter(s) for these GPUs: {queued}")
     lines.append(
         "wait longer (`spswap serve --slot-timeout-s`, `spswap slots reserve --timeout-s`) "
-        "or release a reservation (`spswap slots release ID`)"
+        "or release a reservation no process of yours needs any more (`spswap slots release "
+        "ID`; a running server's is its own)"
     )
     return SlotTimeout("\n".join(lines), holders=holders)

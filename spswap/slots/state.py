@@ -78,10 +78,14 @@ class SlotRequest:
     candidates: tuple[int, ...]
 
     def describe(self) -> str:
+        """``4 unit(s) on GPU 0``, ``1 unit(s) on one of GPUs 0,1``, ``2 whole GPU(s) of
+        GPUs 0,1,2``. Pure."""
         where = ",".join(map(str, self.candidates))
         if self.whole_gpus is not None:
-            return f"{self.whole_gpus} whole GPU(s) of {where}"
-        return f"{self.units} unit(s) of one GPU of {where}"
+            return f"{self.whole_gpus} whole GPU(s) of GPUs {where}"
+        if len(self.candidates) == 1:
+            return f"{self.units} unit(s) on GPU {where}"
+        return f"{self.units} unit(s) on one of GPUs {where}"
 
 
 @dataclass(frozen=True)

@@ -140,8 +140,27 @@ def test_a_full_share_is_refused_and_names_what_keeps_it_full() -> None:
     assert "used by" in msg and "job 7" in msg and "your imports under way: 20 B" in msg
     assert msg.endswith("or ask the node's admin to raise SPSWAP_POOL_USER_BYTES")
     assert e.value.free_bytes == 0 and e.value.needed_bytes == 30
-    with pytest.raises(PoolFull, match=r"\(it is larger than the whole share\)"):
+    with pytest.raises(PoolFull) as e:
         _share([], IndexState(), 90, 80)
+    assert str(e.value) == (
+        f"your share of the pool cannot hold it: it needs 90 B, more than all of "
+        f"SPSWAP_POOL_USER_BYTES=80 B (uid {USER}); ask the node's admin to raise "
+        "SPSWAP_POOL_USER_BYTES, or use a smaller model"
+    )  # waiting would not help: it does not say to wait
+
+
+def test_no_more_goes_than_the_new_entry_needs() -> None:
+    """Oldest first, but an older entry that the newer ones' going made unneeded stays
+    (a newcomer's 10 MiB entry went with the 80 MiB one that alone made room)."""
+    infos = [_info("tiny", 10, 1.0), _info("small", 80, 2.0)]
+    state = _owned(tiny=[USER], small=[USER])
+    assert _share(infos, state, 80, 100) == (["small"], [])
+    got = plan_eviction(infos, IndexState(), 80, capacity_bytes=100, fs_free_bytes=10_000,
+                        exclude=None)  # fmt: skip
+    assert [e.manifest.name for e in got.evict] == ["small"] and got.for_share == frozenset()
+    got = plan_eviction(infos, state, 80, capacity_bytes=1000, fs_free_bytes=10_000,
+                        exclude=None, user=UserShare(USER, 100))  # fmt: skip
+    assert got.for_share == {"small" * 8}
 
 
 def test_after_its_share_the_pool_still_makes_room_from_anyones_oldest() -> None:

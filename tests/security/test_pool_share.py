@@ -20,7 +20,7 @@ import pytest
 
 from spswap import access
 from spswap.config import Config
-from spswap.daemon import lifecycle
+from spswap.daemon import events, lifecycle
 from spswap.daemon.client import Client
 from spswap.pool.index import MAX_USES_PER_USER
 from spswap.pool.store import Pool
@@ -98,6 +98,16 @@ def test_a_users_imports_stay_in_their_share(cfg: Config, user_uid: int,
                           "imports hold"), got  # fmt: skip
     assert "your entries in use: " in got and "m4 (" in got and "m5 (" in got, got
     assert _names(cfg) == {"r1", "m2", "m4", "m5"}
+    # what went and what was refused is in the event log, for the user and for root
+    log = events.tail(cfg.paths.events, 200)
+    evicted = [e for e in log if e["kind"] == "pool.evicted"]
+    assert [(e["uid"], e["detail"]["name"], e["detail"]["why"], e["detail"]["importers"])
+            for e in evicted] == [(user_uid, "m3", "the importing user's share "
+                                   "(SPSWAP_POOL_USER_BYTES)", [user_uid])]  # fmt: skip
+    assert evicted[0]["detail"]["to_make_room_for"] == "m5"
+    (refused,) = [e for e in log if e["kind"] == "pool.refused"]
+    assert refused["uid"] == user_uid and refused["detail"]["name"] == "m6"
+    assert refused["detail"]["reason"].startswith("your share of the pool is full")
 
 
 def test_a_user_cannot_grow_the_use_records_without_bound(cfg: Config, user_uid: int) -> None:
