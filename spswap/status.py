@@ -161,7 +161,7 @@ def render_pool(pool: dict[str, Any], now: float) -> Table:
     """One row per pool entry, most recently used first."""
     t = Table(title=pool_title(pool, os.getuid()))
     for col in ("name", "digest", "size", "tensors", "users", "last use"):
-        t.add_column(col)
+        t.add_column(col, overflow="fold")  # a narrow terminal folds values, never cuts them
     for e in pool["entries"]:
         users = "\n".join(_user(h) for h in e["users"]) or "-"
         plain_row(t, e["name"], e["digest"][:12], fmt_bytes(e["size_bytes"]),
@@ -174,7 +174,7 @@ def render_instances(instances: list[dict[str, Any]], now: float) -> Table:
     """One row per model instance the node knows of."""
     t = Table(title="instances")
     for col in ("id", "model", "engine", "state", "device", "job", "pid", "updated", "note"):
-        t.add_column(col)
+        t.add_column(col, overflow="fold")  # a narrow terminal folds values, never cuts them
     for i in instances:
         pid = str(i["pid"]) + ("" if i["alive"] else " (gone)")
         plain_row(t, i["id"], i["model"], i["engine"], i["state"], i["device"],
@@ -208,7 +208,7 @@ def render_checkpoints(checkpoints: list[dict[str, Any]],
                   + (f", yours {fmt_bytes(yours)}" if yours else "") + ")")  # fmt: skip
     t = Table(title=title)
     for col in ("job", "state", "image", "reason"):
-        t.add_column(col)
+        t.add_column(col, overflow="fold")  # a narrow terminal folds values, never cuts them
     for c in checkpoints:
         size = fmt_bytes(c["size_bytes"]) if c.get("size_bytes") else "-"
         state = str(c.get("state"))

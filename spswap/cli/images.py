@@ -68,7 +68,7 @@ def ls(json: bool = JsonOpt, root: Path | None = RootOpt) -> None:
               f"budget {fmt_bytes(limits.total_bytes)} (SPSWAP_IMAGES_BYTES); one user's "
               f"up to {fmt_bytes(limits.user_bytes)} (SPSWAP_IMAGES_USER_BYTES)")  # fmt: skip
     for col in ("job", "state", "size", "engine", "model", "uid", "age"):
-        t.add_column(col)
+        t.add_column(col, overflow="fold")  # a narrow terminal folds values, never cuts them
     now = time.time()
     for i in images:
         ident = i["identity"]

@@ -121,7 +121,8 @@ def ls(root: Path | None = RootOpt, json_out: bool = JsonOpt) -> None:
 def _table(listing: dict[str, Any], infos: list[EntryInfo]) -> Table:
     table = Table(title=pool_title(listing, os.getuid(), f" {listing['pool']}"))
     for col in ("name", "digest", "size", "tensors", "users", "last used"):
-        table.add_column(col, justify="right" if col in ("size", "tensors") else "left")
+        table.add_column(col, justify="right" if col in ("size", "tensors") else "left",
+                         overflow="fold")  # fmt: skip
     now = time.time()
     for e in infos:
         users = ", ".join(h.describe() for h in e.users) or "-"

@@ -41,7 +41,7 @@ def render_slots(snapshot: dict[str, Any]) -> list[Table]:
     by_id = {r["id"]: r for r in snapshot["reservations"]}
     gpus = Table(title="GPU slots")
     for col in ("GPU", "units", "free", "holders"):
-        gpus.add_column(col)
+        gpus.add_column(col, overflow="fold")
     for g in snapshot["gpus"]:
         holders = []
         for rid in dict.fromkeys(o for o in g["units"] if o is not None):
@@ -62,7 +62,7 @@ def render_slots(snapshot: dict[str, Any]) -> list[Table]:
     if snapshot["waiters"]:
         waiters = Table(title="waiting (first come, first served)")
         for col in ("ticket", "model", "wants", "GPUs", "holder", "waiting"):
-            waiters.add_column(col)
+            waiters.add_column(col, overflow="fold")
         now = time.time()
         for q in snapshot["waiters"]:
             h = q["holder"]
