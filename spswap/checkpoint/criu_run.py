@@ -126,6 +126,7 @@ def run_criu(argv: list[str], timeout_s: float, pass_fds: list[int] | None = Non
     deadline = time.monotonic() + timeout_s
     why = None
     stopped_s = 0.0
+    last = time.monotonic()
     with proc:
         while why is None:
             try:
@@ -133,11 +134,14 @@ def run_criu(argv: list[str], timeout_s: float, pass_fds: list[int] | None = Non
                 return proc.returncode, out.decode(errors="replace")
             except subprocess.TimeoutExpired:
                 pass
-            stopped_s += WATCH_INTERVAL_S if _stopped(proc.pid) else 0.0
-            if time.monotonic() >= deadline:
+            now = time.monotonic()
+            # (the time since the last look: a slow look on a busy node counts in full)
+            stopped_s += now - last if _stopped(proc.pid) else 0.0
+            last = now
+            if now >= deadline:
                 why = f"criu did not finish within {timeout_s} s"
             elif stopped_s >= STOPPED_MAX_S:
-                why = (f"criu (pid {proc.pid}) was stopped by a signal for {stopped_s:g} s "
+                why = (f"criu (pid {proc.pid}) was stopped by a signal for {STOPPED_MAX_S:g} s "
                        "in all (it runs as the job's user, who may signal it), so it was "
                        "ended")  # fmt: skip
             elif give_up is not None:
