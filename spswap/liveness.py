@@ -55,8 +55,10 @@ class Holder:
     job_id: str | None = None
     since: float = 0.0
     # why spswapd itself holds it: "image" (an image on disk or a dump in progress maps
-    # the entry); None for any other holder
+    # the entry), and for which job (``for_job``: shown, never used to judge liveness);
+    # None for any other holder
     purpose: str | None = None
+    for_job: str | None = None
 
     @classmethod
     def current(cls, *, job_id: str | None = None, pid: int | None = None) -> Holder:
@@ -71,8 +73,9 @@ class Holder:
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
-        if self.purpose is None:  # (the files of every other holder stay as they were)
-            del out["purpose"]
+        for name in ("purpose", "for_job"):  # (every other holder's files stay as they were)
+            if out[name] is None:
+                del out[name]
         return out
 
     @classmethod
@@ -80,13 +83,14 @@ class Holder:
         return cls(
             pid=int(data["pid"]), pid_start=data.get("pid_start"), uid=int(data["uid"]),
             job_id=data.get("job_id"), since=float(data.get("since", 0.0)),
-            purpose=data.get("purpose"),
+            purpose=data.get("purpose"), for_job=data.get("for_job"),
         )  # fmt: skip
 
     def describe(self) -> str:
         if self.purpose == "image":
-            return (f"spswapd (pid {self.pid}), for a job's checkpoint image (until that job "
-                    "comes back to it, or ends)")  # fmt: skip
+            whose = f"job {self.for_job}'s" if self.for_job else "a job's"
+            return (f"spswapd, for {whose} checkpoint image (until that job runs again, or "
+                    "ends)")  # fmt: skip
         job = f" job {self.job_id}" if self.job_id else ""
         return f"pid {self.pid}{job} uid {self.uid}"
 

@@ -157,15 +157,17 @@ def pool_title(pool: dict[str, Any], uid: int, where: str = "") -> str:
     return f"{title}; yours {fmt_bytes(pool.get('yours_bytes') or 0)} of {share}"
 
 
-def render_pool(pool: dict[str, Any], now: float) -> Table:
-    """One row per pool entry, most recently used first."""
-    t = Table(title=pool_title(pool, os.getuid()))
-    for col in ("name", "digest", "size", "tensors", "users", "last use"):
+def render_pool(pool: dict[str, Any], now: float, where: str = "") -> Table:
+    """One row per pool entry, most recently used first: whose share it counts in
+    ("imported by"; "-": root's, or imported before shares), who uses it, its last use."""
+    t = Table(title=pool_title(pool, os.getuid(), where))
+    for col in ("name", "digest", "size", "tensors", "imported by", "users", "last use"):
         t.add_column(col, overflow="fold")  # a narrow terminal folds values, never cuts them
     for e in pool["entries"]:
         users = "\n".join(_user(h) for h in e["users"]) or "-"
+        importers = ", ".join(f"uid {u}" for u in e.get("importers") or []) or "-"
         plain_row(t, e["name"], e["digest"][:12], fmt_bytes(e["size_bytes"]),
-                  str(e["tensor_count"]), users,
+                  str(e["tensor_count"]), importers, users,
                   "in use now" if e["users"] else _ago(e["last_used"], now))  # fmt: skip
     return t
 

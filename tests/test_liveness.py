@@ -39,9 +39,10 @@ def test_job_bound_holder_follows_the_job_and_falls_back_to_the_pid():
 def test_spswapds_own_image_uses_say_what_they_are_for() -> None:
     from spswap.liveness import Holder
 
-    image = Holder(pid=42, pid_start=7, uid=0, purpose="image")
-    assert image.describe() == ("spswapd (pid 42), for a job's checkpoint image (until that "
-                                "job comes back to it, or ends)")  # fmt: skip
+    image = Holder(pid=42, pid_start=7, uid=0, purpose="image", for_job="1086")
+    assert image.describe() == ("spswapd, for job 1086's checkpoint image (until that job "
+                                "runs again, or ends)")  # fmt: skip
     assert Holder.from_json(image.to_json()) == image
+    assert "for_job" not in Holder(pid=1, pid_start=None, uid=0).to_json()
     assert Holder(pid=5, pid_start=None, uid=1000, job_id="7").describe() == "pid 5 job 7 uid 1000"
     assert Holder.from_json({"pid": 5, "uid": 1}).purpose is None  # written before the field

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any
 
 import typer
 from rich.progress import (
@@ -15,16 +14,14 @@ from rich.progress import (
     TimeRemainingColumn,
     TransferSpeedColumn,
 )
-from rich.table import Table
 
 from spswap.access import import_model, privileged
 from spswap.cli.common import JsonOpt, RootOpt, console, emit_json, err_console, load_config
 from spswap.errors import PermissionDenied, PoolCorrupt
-from spswap.plain import plain_row
 from spswap.pool.manifest import Manifest
 from spswap.pool.store import EntryInfo, Pool
 from spswap.slurm.backend import job_probe
-from spswap.status import pool_title
+from spswap.status import render_pool
 from spswap.units import fmt_bytes, fmt_rate, fmt_seconds
 
 app = typer.Typer(
@@ -41,12 +38,6 @@ PROGRESS_MIN_BYTES = 256 << 20
 
 def _pool(root: Path | None) -> Pool:
     return Pool.from_config(load_config(root), job_alive=job_probe())
-
-
-def _ago(ts: float, now: float) -> str:
-    if ts <= 0:
-        return "never"
-    return f"{fmt_seconds(max(now - ts, 0.0))} ago"
 
 
 @app.command("import")
@@ -115,21 +106,7 @@ def ls(root: Path | None = RootOpt, json_out: bool = JsonOpt) -> None:
     if json_out:
         emit_json(listing)
         return
-    console.print(_table(listing, infos))
-
-
-def _table(listing: dict[str, Any], infos: list[EntryInfo]) -> Table:
-    table = Table(title=pool_title(listing, os.getuid(), f" {listing['pool']}"))
-    for col in ("name", "digest", "size", "tensors", "users", "last used"):
-        table.add_column(col, justify="right" if col in ("size", "tensors") else "left",
-                         overflow="fold")  # fmt: skip
-    now = time.time()
-    for e in infos:
-        users = ", ".join(h.describe() for h in e.users) or "-"
-        plain_row(table, e.manifest.name, e.manifest.digest[:12], fmt_bytes(e.size_bytes),
-                      str(len(e.manifest.tensors)), users,
-                      "in use now" if e.users else _ago(e.last_used, now))  # fmt: skip
-    return table
+    console.print(render_pool(listing, time.time(), f" {listing['pool']}"))
 
 
 def _yours_bytes(infos: list[EntryInfo]) -> int:

@@ -27,10 +27,16 @@ if TYPE_CHECKING:
     from spswap.liveness import Holder
 
 
-def _daemon_holder() -> Holder:
+def _daemon_holder(job: str | None = None) -> Holder:
     pid = os.getpid()
     return Holder(pid=pid, pid_start=pid_start_time(pid), uid=os.getuid(), job_id=None,
-                  since=time.time(), purpose="image")  # fmt: skip
+                  since=time.time(), purpose="image", for_job=job)  # fmt: skip
+
+
+def _job_of(image_key: str) -> str | None:
+    """The job an image's key names (``job<id>-...``; a het job's '+' shows as '_')."""
+    head = image_key.split("-", 1)[0]
+    return head[3:] if head.startswith("job") and len(head) > 3 else None
 
 
 def sync_image_uses(st: DaemonState) -> dict[str, int]:
@@ -45,27 +51,36 @@ def sync_image_uses(st: DaemonState) -> dict[str, int]:
     with st.dumping.lock:
         pool = Pool.from_config(st.cfg, job_alive=st.job_probe())
         by_digest = image_digests(st.cfg.paths.images)
-        want = Counter(d for needed in by_digest.values() for d in pool_digests(needed))
+        # (digest, job): each use says whose image it holds the entry for
+        want = Counter((d, _job_of(key)) for key, needed in by_digest.items()
+                       for d in pool_digests(needed))  # fmt: skip
         # dumps in progress in this daemon: an early-requeued job's epilog drops the job's
         # own use while CRIU still reads the process that maps the entry
-        want.update(st.dumping.digests())
-        have = Counter(e.manifest.digest for e in pool.entries()
+        want.update((d, job) for job, d in st.dumping.digests())
+        have = Counter((e.manifest.digest, h.for_job) for e in pool.entries()
                        for h in e.users if _same_holder(h, me))  # fmt: skip
-        for digest in set(want) | set(have):
-            for _ in range(want[digest] - have[digest]):
+        for digest, job in set(want) | set(have):
+            holder = _daemon_holder(job)
+            for _ in range(want[digest, job] - have[digest, job]):
                 try:
-                    pool.acquire_use(digest, me)
+                    pool.acquire_use(digest, holder)
                 except PoolEntryNotFound:
                     _drop_images_needing(st, by_digest, digest)
-                    want[digest] = 0
+                    for key in [k for k in want if k[0] == digest]:
+                        want[key] = 0
                     break
-            for _ in range(have[digest] - want[digest]):
-                pool.release_use(digest, me)
-        return {d: n for d, n in want.items() if n}
+            for _ in range(have[digest, job] - want[digest, job]):
+                pool.release_use(digest, holder)
+        out: Counter[str] = Counter()
+        for (digest, _job), n in want.items():
+            out[digest] += n
+        return {d: n for d, n in out.items() if n}
 
 
 def _same_holder(a: Holder, b: Holder) -> bool:
-    return (a.pid, a.pid_start, a.uid, a.job_id) == (b.pid, b.pid_start, b.uid, b.job_id)
+    """Both are this daemon's image uses (whatever job each is for)."""
+    return (a.pid, a.pid_start, a.uid, a.job_id, a.purpose) == \
+        (b.pid, b.pid_start, b.uid, b.job_id, b.purpose)  # fmt: skip
 
 
 def _drop_images_needing(st: DaemonState, by_digest: dict[str, str], digest: str) -> None:

@@ -89,10 +89,12 @@ class DumpsInProgress:
         with self.lock:
             self._digests.pop(job_id, None)
 
-    def digests(self) -> list[str]:
-        """The entries held for dumps in progress (one per dump and entry it needs)."""
+    def digests(self) -> list[tuple[str, str]]:
+        """The entries held for dumps in progress: (job, digest), one per dump and entry
+        it needs."""
         with self.lock:
-            return [d for needed in self._digests.values() for d in pool_digests(needed)]
+            return [(job, d) for job, needed in self._digests.items()
+                    for d in pool_digests(needed)]  # fmt: skip
 
 
 @dataclass

@@ -181,12 +181,17 @@ def share_full_error(
     why = f"your entries in use: {'; '.join(held) or 'none'}" + (
         f"; your imports under way: {fmt_bytes(building)}" if building else ""
     )
+    for_images = any(h.purpose == "image" for e in infos if user.uid in _importers(state, e)
+                     for h in state.entries[e.manifest.digest].uses)  # fmt: skip
     return PoolFull(
         f"your share of the pool is full: uid {user.uid}'s imports hold "
-        f"{fmt_bytes(charged)} of SPSWAP_POOL_USER_BYTES={fmt_bytes(user.budget_bytes)} and "
-        f"need {fmt_bytes(size_bytes)} more ({why}). Your entries that no job uses make "
-        "room by themselves: wait for your jobs that use them to end, or ask the node's "
-        "admin to raise SPSWAP_POOL_USER_BYTES",
+        f"{fmt_bytes(charged)} of SPSWAP_POOL_USER_BYTES={fmt_bytes(user.budget_bytes)}, and "
+        f"this import of {fmt_bytes(size_bytes)} would take it "
+        f"{fmt_bytes(charged + size_bytes - user.budget_bytes)} over ({why}). Your entries "
+        "that no job uses make room by themselves: wait for your jobs that use them to end"
+        + (" (one held for a job's checkpoint image is let go when that job runs again, "
+           "or when you cancel it: scancel JOB)" if for_images else "")
+        + ", or ask the node's admin to raise SPSWAP_POOL_USER_BYTES",
         needed_bytes=size_bytes, free_bytes=max(user.budget_bytes - charged, 0),
     )  # fmt: skip
 

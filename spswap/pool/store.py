@@ -385,5 +385,5 @@ def alias_key(identity: dict[str, Any], uid: int) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def _holder_key(h: Holder) -> tuple[int, int | None, int, str | None]:
-    return (h.pid, h.pid_start, h.uid, h.job_id)
+def _holder_key(h: Holder) -> tuple[int, int | None, int, str | None, str | None]:
+    return (h.pid, h.pid_start, h.uid, h.job_id, h.for_job)

@@ -16,7 +16,7 @@ def test_two_daemon_states_share_nothing(tmp_path: Path) -> None:
     assert a.job_locks.of("7") is a.job_locks.of("7")
     assert a.job_locks.of("7") is not b.job_locks.of("7")
     a.dumping.hold("7", "digest-a")
-    assert a.dumping.digests() == ["digest-a"] and b.dumping.digests() == []
+    assert a.dumping.digests() == [("7", "digest-a")] and b.dumping.digests() == []
     a.dumping.end("7")
     assert a.dumping.digests() == []
     assert a.statuses.path("7") == cfg.paths.run / "checkpoints" / "7.json"

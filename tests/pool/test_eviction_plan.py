@@ -135,10 +135,23 @@ def test_a_full_share_is_refused_and_names_what_keeps_it_full() -> None:
         _share(infos, state, 30, 70)  # mine2 would make room for 20 of the 30
     msg = str(e.value)
     assert msg.startswith(f"your share of the pool is full: uid {USER}'s imports hold 80 B of "
-                          "SPSWAP_POOL_USER_BYTES=70 B and need 30 B more (your entries in "
-                          "use: mine1 (mine1mine1mi, 30 B) used by ")  # fmt: skip
+                          "SPSWAP_POOL_USER_BYTES=70 B, and this import of 30 B would take it "
+                          "40 B over (your entries in use: mine1 (mine1mine1mi, 30 B) used "
+                          "by ")  # fmt: skip
     assert "used by" in msg and "job 7" in msg and "your imports under way: 20 B" in msg
-    assert msg.endswith("or ask the node's admin to raise SPSWAP_POOL_USER_BYTES")
+    assert msg.endswith("wait for your jobs that use them to end, or ask the node's admin to "
+                        "raise SPSWAP_POOL_USER_BYTES")  # fmt: skip
+    # an entry spswapd holds for a job's checkpoint image: what lets it go
+    image = Holder(pid=9, pid_start=None, uid=0, purpose="image", for_job="1086")
+    state.entries["mine1" * 8].uses[:] = [image]
+    with pytest.raises(PoolFull) as e:
+        _share(infos, state, 30, 70)
+    assert "mine1 (mine1mine1mi, 30 B) used by spswapd, for job 1086's checkpoint image" in \
+        str(e.value)  # fmt: skip
+    assert (
+        "(one held for a job's checkpoint image is let go when that job runs again, or "
+        "when you cancel it: scancel JOB)"
+    ) in str(e.value)
     assert e.value.free_bytes == 0 and e.value.needed_bytes == 30
     with pytest.raises(PoolFull) as e:
         _share([], IndexState(), 90, 80)
