@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -102,9 +102,12 @@ class Parking:
         self.devices, self.devices_reason = device_rules.replace(source, target)
         return self.devices
 
-    def adopt(self, pids: list[int], proc: Path = PROC) -> None:
+    def adopt(self, pids: list[int], proc: Path = PROC,
+              belongs: Callable[[int], bool] | None = None) -> None:  # fmt: skip
         """Move ``pids`` (whole processes) into the parked cgroups, remembering their
-        homes. Raises CheckpointFailed after moving back what it moved."""
+        homes. Raises CheckpointFailed after moving back what it moved. ``belongs``:
+        asked after each move; a process it disowns (its pid taken by another process
+        since the list was read) goes straight back home."""
         found = mounts(proc)
         for pid in pids:
             if pid in self.homes:
@@ -121,6 +124,8 @@ class Parking:
                     self.return_home()
                     raise CheckpointFailed(f"cannot move pid {pid} out of its job's cgroup "
                                            f"({controllers or 'v2'}): {e}") from None  # fmt: skip
+            if belongs is not None and not belongs(pid):
+                self._send_home(pid)
 
     def pids(self) -> set[int]:
         """Every process in the parked cgroups (what the tree forked included)."""
@@ -149,6 +154,14 @@ class Parking:
                     stranded.append(pid)
                     break
         return stranded
+
+    def _send_home(self, pid: int) -> None:
+        """Move ``pid`` back to the cgroups it was taken from, and forget it."""
+        for d in self.homes.pop(pid, {}).values():
+            try:
+                (d / "cgroup.procs").write_text(str(pid))
+            except OSError:  # gone, or its home is: nothing more to do for it here
+                break
 
     def kill_all(self, timeout_s: float = 30.0) -> list[int]:
         """End everything in the parked cgroups and wait until they are empty; returns

@@ -252,8 +252,12 @@ def _park_out_of_job(st: DaemonState, job_id: str, tree: list[int],
         return None
     try:
         new = tree
+
+        def in_tree(pid: int) -> bool:  # still the tree's once moved (its pid not reused)
+            return pid in proctree.process_tree_pids(tree[0])
+
         for _ in range(3):  # again for anything forked meanwhile
-            parking.adopt(new)
+            parking.adopt(new, belongs=in_tree)
             new = [p for p in proctree.process_tree_pids(tree[0]) if p not in parking.homes]
             if not new:
                 break
