@@ -66,10 +66,11 @@ def checked_record(fields: dict[str, Any]) -> InstanceRecord:
 
 
 def _carries_pid(instance_id: str, pid: int) -> bool:
-    """True when one of the id's '-' fields is ``pid`` (serve's ids are ``<job>-<pid>``,
-    a multi-model job's ``<job>-<pid>-<model>``): no user can take the id of another's
-    live instance ahead of it."""
-    return str(pid) in instance_id.split("-")
+    """True when the id's second '-' field is ``pid`` (serve's ids are ``<job>-<pid>``,
+    a multi-model job's ``<job>-<pid>-<model>``; job ids hold no '-'): no user can take
+    the id of another's live instance ahead of it."""
+    fields = instance_id.split("-")
+    return len(fields) > 1 and fields[1] == str(pid)
 
 
 def op_instance_put(ctx: Context, args: dict[str, Any]) -> Answer:

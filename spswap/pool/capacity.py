@@ -128,9 +128,11 @@ def _plan_share(
         if charged + size_bytes <= user.budget_bytes:
             break
         importers = _importers(state, e)
-        if user.uid not in importers or _in_use(state, e):
+        if user.uid not in importers or _used_by(state, e, user.uid):
             continue
-        if importers - {user.uid}:
+        if importers - {user.uid} or _in_use(state, e):
+            # another user imported it too, or only others use it (a use of another's
+            # entry must not lock its importer's share): it stays, off this share
             release.append(e.manifest.digest)
         else:
             evict.append(e)
@@ -159,6 +161,20 @@ def _in_use(state: IndexState, e: EntryInfo) -> bool:
     return bool(rec and rec.uses)
 
 
+def _used_by(state: IndexState, e: EntryInfo, uid: int) -> bool:
+    """In use by ``uid``'s processes or jobs, or by root's (spswapd's for a checkpoint
+    image, the prolog's): uses that keep it in its importer's share; another user's do
+    not (a use of someone else's entry must not lock their share)."""
+    rec = state.entries.get(e.manifest.digest)
+    return rec is not None and any(h.uid in (uid, 0) for h in rec.uses)
+
+
+def users_of(state: IndexState, digest: str) -> set[int]:
+    """The users (not root) whose processes or jobs use entry ``digest`` now."""
+    rec = state.entries.get(digest)
+    return {h.uid for h in rec.uses if h.uid != 0} if rec else set()
+
+
 def share_full_error(
     state: IndexState, infos: Sequence[EntryInfo], size_bytes: int, user: UserShare,
     exclude: str | None,
@@ -167,7 +183,8 @@ def share_full_error(
     charged = user_charge_bytes(infos, state, user.uid, exclude=exclude)
     held = [f"{e.manifest.name} ({e.manifest.digest[:12]}, {fmt_bytes(e.size_bytes)}) used "
             f"by {'; '.join(h.describe() for h in state.entries[e.manifest.digest].uses)}"
-            for e in infos if user.uid in _importers(state, e) and _in_use(state, e)]  # fmt: skip
+            for e in infos
+            if user.uid in _importers(state, e) and _used_by(state, e, user.uid)]  # fmt: skip
     building = sum(r.size_bytes for k, r in state.reservations.items()
                    if r.uid == user.uid and k != exclude)  # fmt: skip
     if size_bytes > user.budget_bytes:

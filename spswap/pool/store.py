@@ -23,7 +23,7 @@ from spswap.errors import PoolCorrupt, PoolEntryInUse, PoolEntryNotFound, PoolEr
 from spswap.fsutil import dir_size_bytes, fs_sizes, read_json
 from spswap.liveness import Holder, JobProbe
 from spswap.pool import importer, layout
-from spswap.pool.capacity import EntryInfo, UserShare, plan_eviction
+from spswap.pool.capacity import EntryInfo, UserShare, plan_eviction, users_of
 from spswap.pool.index import IndexState, PoolIndex, Reservation, check_uses_left, source_key
 from spswap.pool.layout import DATA_FILE, DIR_MODE, LOCKS_DIR, MANIFEST_FILE, make_locks_dir
 from spswap.pool.manifest import Manifest, SourceFile
@@ -234,8 +234,10 @@ class Pool:
         plan = plan_eviction(infos, state, size_bytes, capacity_bytes=capacity,
                              fs_free_bytes=self._fs_free_bytes(), exclude=exclude,
                              user=share)  # fmt: skip
-        for digest in plan.release:
-            state.record(digest).importers.remove(uid)  # type: ignore[arg-type]
+        for digest in plan.release:  # off this user's share, onto its users' (if any)
+            rec = state.record(digest)
+            rec.importers.remove(uid)  # type: ignore[arg-type]
+            rec.importers.extend(u for u in users_of(state, digest) if u not in rec.importers)
         for e in plan.evict:
             self._delete_entry(state, e.manifest.digest)
             why = "share" if e.manifest.digest in plan.for_share else "capacity"

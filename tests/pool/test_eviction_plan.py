@@ -205,3 +205,16 @@ def test_uses_are_bounded_per_user_not_for_root() -> None:
         check_uses_left(state, user)
     state.entries["b" * 64] = EntryRecord(1.0, [root] * (MAX_USES_PER_USER + 5))
     check_uses_left(state, root)
+
+
+def test_another_users_use_does_not_lock_a_share() -> None:
+    """An entry of the user's that only another user's processes use stays (it is in
+    use) but moves off the user's share: else anyone could pin a user's entries with
+    pool.use and refuse all their imports. Root's uses (spswapd's for an image) keep it."""
+    other = Holder(pid=3, pid_start=None, uid=2000, job_id=None)
+    infos = [_info("mine", 30, 1.0), _info("newer", 30, 2.0)]
+    state = _owned(mine=[USER], newer=[USER])
+    state.entries["mine" * 8].uses.append(other)
+    assert _share(infos, state, 30, 70) == ([], ["mine" * 8])
+    state.entries["mine" * 8].uses.append(HOLDER)  # root's use too: it keeps it
+    assert _share(infos, state, 30, 70) == (["newer"], [])

@@ -8,11 +8,13 @@ a real spswapd and a second uid is tests/security/test_pool_share.py.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from spswap.errors import PoolFull
+from spswap.liveness import Holder
 from spswap.pool.manifest import Manifest
 from spswap.pool.store import Pool
 
@@ -73,3 +75,16 @@ def test_bytes_two_users_imported_stay_for_the_other(tmp_path: Path, entry_bytes
 def test_uid_zero_is_no_share_and_the_default_share_is_half(tmp_path: Path) -> None:
     pool = Pool(tmp_path / "pool", capacity_bytes=1000, importer_uid=0)
     assert pool.importer_uid is None and pool.user_bytes == 500
+
+
+def test_an_entry_only_another_user_uses_moves_to_their_share(
+    tmp_path: Path, entry_bytes: int
+) -> None:
+    alice = _pool(tmp_path, entry_bytes, ALICE)
+    m1 = _import(alice, tmp_path, 1)
+    bob = Holder(pid=os.getpid(), pid_start=None, uid=BOB, job_id=None)
+    alice.acquire_use(m1.digest, bob)  # Bob's process maps Alice's m1
+    _import(alice, tmp_path, 2)
+    _import(alice, tmp_path, 3)  # over Alice's share: m1 stays (in use), on Bob's share
+    importers = {e.manifest.name: e.importers for e in alice.entries()}
+    assert importers == {"m1": [BOB], "m2": [ALICE], "m3": [ALICE]}

@@ -119,3 +119,41 @@ def test_a_user_cannot_grow_the_use_records_without_bound(cfg: Config, user_uid:
     # root's own uses are not bounded by it, and the daemon still answers the user
     Pool.from_config(cfg).acquire_use("r1")
     assert spawn_as(user_uid, outcome, Client(cfg).call, "ping").result() == "ok"
+
+
+def _hold_uses(cfg: Config, refs: list[str], go: str) -> str:
+    """Hold a use of each entry (another user's) until ``go`` exists."""
+    from contextlib import ExitStack
+
+    with ExitStack() as stack:
+        for ref in refs:
+            stack.enter_context(access.use_entry(cfg, ref))
+        open(go + ".held", "w").close()
+        deadline = time.monotonic() + 60
+        while not os.path.exists(go) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    return "done"
+
+
+def test_another_users_uses_cannot_lock_a_share(cfg: Config, user_uid: int,
+                                               other_uid: int) -> None:  # fmt: skip
+    """A user who takes uses of another user's entries (pool.use: entries are readable by
+    all) does not fill that user's share: the entries stay (in use) on the user who
+    uses them. Before, every later import of the owner was refused ('your share ... is
+    full') for as long as the other user's process lived."""
+    mine = _models_of(cfg, user_uid, [3, 4, 5])
+    assert spawn_as(user_uid, _import_all, cfg, mine[:2]).result() == ["ok"] * 2
+    sync = cfg.root / "sync"
+    sync.mkdir(mode=0o777)
+    os.chmod(sync, 0o777)
+    go = str(sync / "go")
+    holder = spawn_as(other_uid, _hold_uses, cfg, ["m3", "m4"], go)
+    deadline = time.monotonic() + 30
+    while not os.path.exists(go + ".held") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert spawn_as(user_uid, _import_all, cfg, mine[2:]).result() == ["ok"]
+    importers = {e.manifest.name: e.importers for e in Pool.from_config(cfg).entries()}
+    assert importers["m5"] == [user_uid] and other_uid in importers["m3"], importers
+    assert user_uid not in importers["m3"], importers
+    open(go, "w").close()
+    assert holder.result() == "done"
