@@ -9,8 +9,9 @@ The log lives on the node's tmpfs, in memory, for as long as the node runs: spsw
 one before as ``events.jsonl.1`` (so at most twice that, whatever the jobs and users of
 the node ask); readers read both. So that no user can push everyone else's events out
 of both files, each event is at most :data:`MAX_EVENT_BYTES` (long texts cut) and the
-events of each user's uid at most :data:`USER_EVENT_BYTES_PER_MIN` (more are counted,
-not written, and the count is logged once that uid may write again).
+events each user's requests make at most :data:`USER_EVENT_BYTES_PER_MIN` (more are
+counted, not written, and the count is logged once that user may write again; the
+prolog's, the epilog's and spswapd's own events about the user's jobs never count).
 """
 
 from __future__ import annotations
@@ -105,11 +106,14 @@ class EventLog:
         self._allowance: dict[int, tuple[float, float]] = {}  # uid -> (bytes, when)
         self._suppressed: dict[int, int] = {}  # uid -> events not written
 
-    def append(self, kind: str, **fields: Any) -> dict[str, Any]:
-        """Write one event (unless its uid is over its share: then it is counted)."""
+    def append(self, kind: str, *, charge_uid: int | None = None,
+               **fields: Any) -> dict[str, Any]:  # fmt: skip
+        """Write one event, unless ``charge_uid`` (the user whose request made it; None for
+        root's requests and spswapd's own work) is over its allowance: then it is
+        counted."""
         event = make_event(kind, **fields)
         line = bounded_line(event)
-        uid = event.get("uid")
+        uid = charge_uid
         with self._lock:
             if isinstance(uid, int) and uid != 0:
                 if not self._take(uid, len(line)):

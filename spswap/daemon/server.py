@@ -313,7 +313,11 @@ class Server:
                 raise ProtocolError(f"{op} takes no file descriptors; send them only with "
                                     f"{', '.join(sorted(protocol.FD_OPS))}")  # fmt: skip
             ctx = Context(peer_uid=peer.uid, peer_pid=peer.pid, state=self.state, fds=fds)
-            return protocol.ok(HANDLERS[req.op](ctx, req.args))
+            self.state.requests.uid = peer.uid  # (this thread's: see DaemonState.requests)
+            try:
+                return protocol.ok(HANDLERS[req.op](ctx, req.args))
+            finally:
+                self.state.requests.uid = None
         except ProtocolError as e:
             return protocol.error("ProtocolError", str(e))
         except SpswapError as e:

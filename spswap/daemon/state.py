@@ -120,6 +120,9 @@ class DaemonState:
     memory_claims: MemoryClaims = field(init=False)
     image_room: ImageRoom = field(init=False)  # the images' budget, dumps under way
     event_log: events.EventLog = field(init=False)  # the log's writer (and its new files)
+    # the uid whose request this thread answers now (set by the server): its events count
+    # in that user's allowance; the prolog's, the epilog's and the daemon's own do not
+    requests: threading.local = field(init=False)
 
     def __post_init__(self) -> None:
         self.statuses = CheckpointStatuses(self.cfg.paths.run / "checkpoints")
@@ -127,6 +130,7 @@ class DaemonState:
         self.held_cgroups = HeldCgroups()
         self.memory_claims = MemoryClaims()
         self.event_log = events.EventLog(self.cfg.paths.events)
+        self.requests = threading.local()
         self.image_room = ImageRoom.from_config(self.cfg)
 
     @property
@@ -139,7 +143,7 @@ class DaemonState:
         job_id = fields.get("job_id")
         if fields.get("uid") is None and job_id:
             fields["uid"] = self._job_uid(str(job_id))
-        self.event_log.append(kind, **fields)
+        self.event_log.append(kind, charge_uid=getattr(self.requests, "uid", None), **fields)
 
     def event_quietly(self, kind: str, **fields: Any) -> None:
         """:meth:`event` for a caller that must go on whatever happens (a dump, a daemon

@@ -90,14 +90,16 @@ def test_a_users_events_have_a_rate_and_root_is_not_bound_by_it(tmp_path: Path) 
     path = tmp_path / "events.jsonl"
     log = EventLog(path, user_bytes_per_min=1000, clock=lambda: now[0])
     for i in range(40):  # ~100 bytes each: the first ~10 fit in a minute's allowance
-        log.append("spam", uid=1001, i=i)
+        log.append("spam", charge_uid=1001, uid=1001, i=i)
     log.append("prolog", uid=0, job_id="7")
-    log.append("theirs", uid=1002)  # another user's allowance is their own
+    log.append("theirs", charge_uid=1002, uid=1002)  # another user's allowance is their own
+    # the prolog's event about the spammer's job is not the spammer's request: written
+    log.append("job.start", uid=1001, job_id="8")
     kinds = _kinds(path)
-    assert 5 <= kinds.count("spam") <= 15 and kinds[-2:] == ["prolog", "theirs"]
+    assert 5 <= kinds.count("spam") <= 15 and kinds[-3:] == ["prolog", "theirs", "job.start"]
     written = kinds.count("spam")
     now[0] = 60.0  # a minute on: the allowance is back, and the count is logged first
-    log.append("spam", uid=1001, i=99)
+    log.append("spam", charge_uid=1001, uid=1001, i=99)
     last = events.parse_lines(path.read_bytes())[-2:]
     assert last[0]["kind"] == "events.suppressed" and last[0]["uid"] == 1001
     assert last[0]["detail"] == {"count": 40 - written,
