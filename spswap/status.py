@@ -23,6 +23,7 @@ from spswap.fsutil import read_json
 from spswap.instance.registry import InstanceRegistry
 from spswap.liveness import Holder
 from spswap.plain import plain_row
+from spswap.pool.capacity import imported_bytes
 from spswap.pool.store import Pool
 from spswap.settings_check import (
     restart_hint,
@@ -75,7 +76,7 @@ def collect_status(cfg: Config, *, gpus: list[dict[str, Any]] | None = None) -> 
             "capacity_bytes": pool.capacity_bytes,
             "used_bytes": sum(e.size_bytes for e in entries),
             "user_bytes": pool.user_bytes,
-            "yours_bytes": sum(e.size_bytes for e in entries if os.getuid() in e.importers),
+            "yours_bytes": imported_bytes(entries, os.getuid()),
             "entries": [e.to_json() for e in entries],
         },
         "instances": instances,

@@ -103,12 +103,13 @@ class Parking:
         return self.devices
 
     def adopt(self, pids: list[int], proc: Path = PROC,
-              belongs: Callable[[int], bool] | None = None) -> None:  # fmt: skip
+              members: Callable[[], set[int]] | None = None) -> None:  # fmt: skip
         """Move ``pids`` (whole processes) into the parked cgroups, remembering their
-        homes. Raises CheckpointFailed after moving back what it moved. ``belongs``:
-        asked after each move; a process it disowns (its pid taken by another process
-        since the list was read) goes straight back home."""
+        homes. Raises CheckpointFailed after moving back what it moved. ``members``:
+        read once after the moves; a moved process not in it (its pid taken by another
+        process since the list was read) goes straight back home."""
         found = mounts(proc)
+        moved = []
         for pid in pids:
             if pid in self.homes:
                 continue
@@ -124,8 +125,12 @@ class Parking:
                     self.return_home()
                     raise CheckpointFailed(f"cannot move pid {pid} out of its job's cgroup "
                                            f"({controllers or 'v2'}): {e}") from None  # fmt: skip
-            if belongs is not None and not belongs(pid):
-                self._send_home(pid)
+            moved.append(pid)
+        if members is not None and moved:
+            now = members()
+            for pid in moved:
+                if pid not in now:
+                    self._send_home(pid)
 
     def pids(self) -> set[int]:
         """Every process in the parked cgroups (what the tree forked included)."""

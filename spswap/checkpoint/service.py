@@ -82,6 +82,17 @@ def _dirs_named(images_root: Path, prefix: str) -> list[Path]:
     return sorted(p for p in images_root.iterdir() if p.name.startswith(prefix) and p.is_dir())
 
 
+def job_of_key(name: str) -> str | None:
+    """The job an image's (or its folder's) name holds: ``job<id>-...`` (a het job's '+'
+    shows as '_'; :func:`image_job_ids` puts it back where a status has the real id).
+
+    >>> job_of_key("job77-ab-cd-ef"), job_of_key("job7_1-ab"), job_of_key(".tmp-job7-ab")
+    ('77', '7_1', None)
+    """
+    head = name.split("-", 1)[0]
+    return head[3:] if head.startswith("job") and len(head) > 3 and "-" in name else None
+
+
 def images_of_job(images_root: Path, job_id: str) -> list[Path]:
     """The finished images of ``job_id`` (temp dirs of unfinished dumps excluded)."""
     return _dirs_named(images_root, job_prefix(job_id))
@@ -354,7 +365,6 @@ def image_job_ids(images_root: Path, statuses_dir: Path | None = None) -> list[s
     ids = set()
     if images_root.is_dir():
         for p in images_root.iterdir():
-            if p.is_dir() and p.name.startswith("job") and "-" in p.name:
-                prefix = p.name.split("-", 1)[0] + "-"
-                ids.add(real.get(prefix, prefix[3:-1]))
+            if p.is_dir() and (key_job := job_of_key(p.name)) is not None:
+                ids.add(real.get(job_prefix(key_job), key_job))
     return sorted(ids)

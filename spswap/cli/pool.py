@@ -18,8 +18,9 @@ from rich.progress import (
 from spswap.access import import_model, privileged
 from spswap.cli.common import JsonOpt, RootOpt, console, emit_json, err_console, load_config
 from spswap.errors import PermissionDenied, PoolCorrupt
+from spswap.pool.capacity import imported_bytes
 from spswap.pool.manifest import Manifest
-from spswap.pool.store import EntryInfo, Pool
+from spswap.pool.store import Pool
 from spswap.slurm.backend import job_probe
 from spswap.status import render_pool
 from spswap.units import fmt_bytes, fmt_rate, fmt_seconds
@@ -100,18 +101,13 @@ def ls(root: Path | None = RootOpt, json_out: bool = JsonOpt) -> None:
     listing = {
         "pool": str(pool.pool_dir), "capacity_bytes": pool.capacity_bytes,
         "used_bytes": sum(e.size_bytes for e in infos),
-        "user_bytes": pool.user_bytes, "yours_bytes": _yours_bytes(infos),
+        "user_bytes": pool.user_bytes, "yours_bytes": imported_bytes(infos, os.getuid()),
         "entries": [e.to_json() for e in infos],
     }  # fmt: skip
     if json_out:
         emit_json(listing)
         return
     console.print(render_pool(listing, time.time(), f" {listing['pool']}"))
-
-
-def _yours_bytes(infos: list[EntryInfo]) -> int:
-    """What the entries this user imported through spswapd hold of their share."""
-    return sum(e.size_bytes for e in infos if os.getuid() in e.importers)
 
 
 @app.command("rm")

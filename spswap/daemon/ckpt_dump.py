@@ -253,11 +253,11 @@ def _park_out_of_job(st: DaemonState, job_id: str, tree: list[int],
     try:
         new = tree
 
-        def in_tree(pid: int) -> bool:  # still the tree's once moved (its pid not reused)
-            return pid in proctree.process_tree_pids(tree[0])
+        def tree_now() -> set[int]:  # what is still the tree's once moved (pids not reused)
+            return set(proctree.process_tree_pids(tree[0]))
 
         for _ in range(3):  # again for anything forked meanwhile
-            parking.adopt(new, belongs=in_tree)
+            parking.adopt(new, members=tree_now)
             new = [p for p in proctree.process_tree_pids(tree[0]) if p not in parking.homes]
             if not new:
                 break

@@ -226,10 +226,6 @@ def _wake_kept(st: DaemonState, rec: JobRecord, job_id: str, expected: Identity,
     return kept.pid, timings, image
 
 
-class _AskerGone(Exception):
-    """The process that asked for the restore has ended (its pid may be another's now)."""
-
-
 class _KeptGone(Exception):
     """The kept tree is not there to wake: its image brings it back instead."""
 
@@ -296,16 +292,13 @@ def _into_job(st: DaemonState, job_id: str, pid: int, asker: Asker) -> None:
     tree = proctree.process_tree_pids(pid)
     starts = {p: pid_start_time(p) for p in tree}  # who they are, for _end_tree
     proxy_pid = asker.pid
-    try:
-        if not asker.alive():
-            raise _AskerGone
-        moved = cgroups.join(tree, asker.cgroups)
-        if moved:
-            st.event("restore.joined_job", job_id=job_id, pid=pid, hierarchies=moved)
-    except _AskerGone:
-        pass
-    except Exception as e:  # noqa: BLE001 - the restore stands; the proxy still forwards
-        st.event("restore.outside_job", job_id=job_id, pid=pid, reason=str(e)[:500])
+    if asker.alive():
+        try:
+            moved = cgroups.join(tree, asker.cgroups)
+            if moved:
+                st.event("restore.joined_job", job_id=job_id, pid=pid, hierarchies=moved)
+        except Exception as e:  # noqa: BLE001 - the restore stands; the proxy still forwards
+            st.event("restore.outside_job", job_id=job_id, pid=pid, reason=str(e)[:500])
     if not asker.alive():
         _end_tree(starts)
         raise CheckpointFailed(f"the run of job {job_id} that asked for the restore (pid "

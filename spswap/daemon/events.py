@@ -115,7 +115,7 @@ class EventLog:
         line = bounded_line(event)
         uid = charge_uid
         with self._lock:
-            if isinstance(uid, int) and uid != 0:
+            if uid:  # (root's, 0, and None are never charged)
                 if not self._take(uid, len(line)):
                     self._suppressed[uid] = self._suppressed.get(uid, 0) + 1
                     return event

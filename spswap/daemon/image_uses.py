@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from spswap.checkpoint.criu import remove_image
 from spswap.checkpoint.images import pool_digests
-from spswap.checkpoint.service import delete_job_images, image_digests
+from spswap.checkpoint.service import delete_job_images, image_digests, job_of_key
 from spswap.errors import PoolEntryNotFound
 from spswap.liveness import Holder, pid_start_time
 from spswap.pool.store import Pool
@@ -33,12 +33,6 @@ def _daemon_holder(job: str | None = None) -> Holder:
                   since=time.time(), purpose="image", for_job=job)  # fmt: skip
 
 
-def _job_of(image_key: str) -> str | None:
-    """The job an image's key names (``job<id>-...``; a het job's '+' shows as '_')."""
-    head = image_key.split("-", 1)[0]
-    return head[3:] if head.startswith("job") and len(head) > 3 else None
-
-
 def sync_image_uses(st: DaemonState) -> dict[str, int]:
     """Hold exactly one pool use per image on disk (holder: this daemon process).
 
@@ -52,7 +46,7 @@ def sync_image_uses(st: DaemonState) -> dict[str, int]:
         pool = Pool.from_config(st.cfg, job_alive=st.job_probe())
         by_digest = image_digests(st.cfg.paths.images)
         # (digest, job): each use says whose image it holds the entry for
-        want = Counter((d, _job_of(key)) for key, needed in by_digest.items()
+        want = Counter((d, job_of_key(key)) for key, needed in by_digest.items()
                        for d in pool_digests(needed))  # fmt: skip
         # dumps in progress in this daemon: an early-requeued job's epilog drops the job's
         # own use while CRIU still reads the process that maps the entry

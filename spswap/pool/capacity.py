@@ -56,11 +56,17 @@ class EvictionPlan:
     evict: list[EntryInfo]
     """Entries to delete, oldest first."""
     release: list[str]
-    """Digests that stop counting in the importing user's share: another user imported
-    the same bytes too, so the entry stays for them."""
+    """Digests that stop counting in the importing user's share and stay: another user
+    imported the same bytes too, or only other users' processes use it (it moves onto
+    their share)."""
     for_share: frozenset[str] = frozenset()
     """Of :attr:`evict`, the digests that go for the user's share (the rest for the
     pool's capacity or its file system)."""
+
+
+def imported_bytes(infos: Sequence[EntryInfo], uid: int) -> int:
+    """What the entries ``uid`` imported hold (as listed: their share, without builds)."""
+    return sum(e.size_bytes for e in infos if uid in e.importers)
 
 
 def user_charge_bytes(

@@ -366,13 +366,14 @@ def test_the_jobs_cgroup_is_cut_at_its_name_and_must_be_roots(tmp_path: Path) ->
 @needs_cgroups
 def test_a_process_that_is_not_the_trees_any_more_goes_straight_back(job_cgroup: Path) -> None:
     """adopt moves by pid numbers read a moment before: one whose number another process
-    took since (belongs says no) is moved back to where it was, and forgotten."""
+    took since (not among the members read after the moves) is moved back to where it
+    was, and forgotten."""
     proc = _start_in(job_cgroup)
     parking = cgroups.Parking.create("t4", proc.pid)
     assert parking is not None
     other = _start_in(job_cgroup)
     try:
-        parking.adopt([proc.pid, other.pid], belongs=lambda p: p == proc.pid)
+        parking.adopt([proc.pid, other.pid], members=lambda: {proc.pid})
         assert proc.pid in parking.pids() and other.pid not in parking.pids()
         assert other.pid not in parking.homes and _where(other.pid).endswith(job_cgroup.name)
         assert parking.return_home() == []
