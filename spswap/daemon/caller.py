@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from spswap.daemon.jobs import JobState, check_job_id
 from spswap.daemon.missed_prolog import register_missed_run
-from spswap.daemon.state import ROOT_UID, Context, authorize
+from spswap.daemon.state import ROOT_UID, Context, DaemonState, authorize
 from spswap.errors import PermissionDenied, RequestRefused
 from spswap.liveness import Holder, pid_start_time
 
@@ -58,8 +58,7 @@ def job_gpus_only(ctx: Context, job_id: str | None, asked: list[int] | None,
                                    f"may take only those, not {asked}; leave --gpu out or "
                                    "name one of them")  # fmt: skip
         return allowed
-    held = {g: j.job_id for j in ctx.state.jobs.all() if j.state is JobState.RUNNING
-            for g in j.gpus}  # fmt: skip
+    held = gpus_held_by_jobs(ctx.state)
     if not held:
         return asked
     allowed = [g for g in (asked if asked is not None else node_gpus) if g not in held]
@@ -71,3 +70,25 @@ def job_gpus_only(ctx: Context, job_id: str | None, asked: list[int] | None,
             "it inside your job (sbatch or srun), where it takes your job's GPUs"
         )  # fmt: skip
     return allowed
+
+
+def gpus_held_by_jobs(state: DaemonState) -> dict[int, str]:
+    """GPU -> the running job of this node that Slurm gave it to."""
+    return {g: j.job_id for j in state.jobs.all() if j.state is JobState.RUNNING
+            for g in j.gpus}  # fmt: skip
+
+
+def jobless_barred(state: DaemonState, holder: Holder, allowed: Sequence[int]) -> list[int]:
+    """The GPUs of ``allowed`` that a user's reservation outside a job may not take now,
+    checked again at each attempt to grant it: a job may have been given one while it
+    waited. :class:`PermissionDenied` once every one of them is a job's."""
+    held = gpus_held_by_jobs(state)
+    barred = [g for g in allowed if g in held]
+    if barred and len(barred) == len(allowed):
+        jobs = ", ".join(f"GPU {g}: job {held[g]}" for g in barred)
+        raise PermissionDenied(
+            f"while pid {holder.pid} waited for a slot outside a job, Slurm gave "
+            f"{'its GPU' if len(barred) == 1 else 'each of its GPUs'} to a job ({jobs}); "
+            "run it inside your job (sbatch or srun), where it takes your job's GPUs"
+        )  # fmt: skip
+    return barred

@@ -16,6 +16,7 @@ from spswap.daemon.ckpt_status import running_job
 from spswap.daemon.image_uses import drop_job_images
 from spswap.daemon.jobs import JobRecord, JobState
 from spswap.daemon.protocol import Answer
+from spswap.daemon.slot_ops import give_way_to_job
 from spswap.daemon.state import Context, DaemonState, require_root
 from spswap.daemon.statuses import CheckpointState
 from spswap.errors import SpswapError
@@ -38,6 +39,10 @@ def op_job_register(ctx: Context, args: dict[str, Any]) -> Answer:
         st.jobs.put(rec)
     st.event("job.start", job_id=rec.job_id, uid=rec.uid, user=rec.user, gpus=rec.gpus,
              restart_count=rec.restart_count)  # fmt: skip
+    try:
+        give_way_to_job(st, rec)
+    except (SpswapError, OSError) as e:  # the job is registered: its prolog goes on
+        st.event("slots.revoke_failed", job_id=rec.job_id, error=str(e))
     # Off the prolog's path: the epilog cannot tell a requeued job from a finished one
     # (both COMPLETING), so each prolog looks again at the jobs that left images behind.
     threading.Thread(target=collect_images, args=(st, rec.job_id), daemon=True).start()

@@ -1,16 +1,19 @@
 """The slot ops: ``slots.list``, ``slots.reserve`` (the caller waits in line on its own
-connection's thread) and ``slots.release`` (only the holder's own, or root)."""
+connection's thread) and ``slots.release`` (only the holder's own, or root), and the
+giving way of users' reservations outside a job to a job that starts on their GPU."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
-from spswap.daemon.caller import job_gpus_only, peer_holder
+from spswap.daemon.caller import job_gpus_only, jobless_barred, peer_holder
+from spswap.daemon.jobs import JobRecord
 from spswap.daemon.protocol import Answer
-from spswap.daemon.state import Context, authorize
+from spswap.daemon.state import ROOT_UID, Context, DaemonState, authorize
 from spswap.errors import SlotError
 from spswap.liveness import Holder, pid_alive
-from spswap.slots.table import SlotTable
+from spswap.slots.table import Reservation, SlotTable
 
 
 def op_slots_list(ctx: Context, args: dict[str, Any]) -> Answer:
@@ -34,9 +37,17 @@ def op_slots_reserve(ctx: Context, args: dict[str, Any]) -> Answer:
     holder = peer_holder(ctx, args.get("job_id"))
     cached = ctx.state.slot_table()
     allowed_gpus = job_gpus_only(ctx, holder.job_id, args.get("allowed_gpus"), cached.gpus)
+    jobless_user = holder.job_id is None and ctx.peer_uid != ROOT_UID
+
+    def grant_check(asker: Holder) -> Collection[int]:
+        _requester_alive(asker)
+        if not jobless_user:
+            return ()
+        return jobless_barred(ctx.state, asker, allowed_gpus or cached.gpus)
+
     table = SlotTable(cached.slots_dir, cached.gpus, job_alive=cached.job_alive,
                       poll_interval_s=cached.poll_interval_s,
-                      grant_check=_requester_alive)  # fmt: skip
+                      grant_check=grant_check)  # fmt: skip
     res = table.reserve(
         model=args["model"], units=args.get("units", table.UNITS_PER_GPU),
         whole_gpus=args.get("whole_gpus"), allowed_gpus=allowed_gpus,
@@ -46,6 +57,26 @@ def op_slots_reserve(ctx: Context, args: dict[str, Any]) -> Answer:
                     reservation=res.id, model=res.model, gpus=list(res.gpus),
                     units=list(res.units))  # fmt: skip
     return res.to_json()
+
+
+def give_way_to_job(st: DaemonState, rec: JobRecord) -> list[Reservation]:
+    """Take back the reservations users made outside any job on the GPUs Slurm has just
+    given job ``rec`` (made before it was given them, they would keep the job's own
+    reservations waiting until the program that made them ends); each one an event."""
+    if not rec.gpus:
+        return []
+    gpus = set(rec.gpus)
+
+    def goes(r: Reservation) -> bool:
+        return r.holder.job_id is None and r.holder.uid != ROOT_UID and bool(gpus & set(r.gpus))
+
+    revoked = st.slot_table().revoke(goes)
+    for r in revoked:
+        st.event("slots.revoked", job_id=rec.job_id, uid=r.holder.uid, pid=r.holder.pid,
+                 reservation=r.id, model=r.model, gpus=list(r.gpus),
+                 reason=f"job {rec.job_id} was given GPU(s) {sorted(gpus & set(r.gpus))}; "
+                        "a user's reservation outside a job gives way to it")  # fmt: skip
+    return revoked
 
 
 def _requester_alive(holder: Holder) -> None:

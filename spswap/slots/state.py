@@ -13,7 +13,7 @@ No torch, CUDA, NVML or Slurm here.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -207,13 +207,16 @@ class SlotState:
         return ticket
 
     def grant(
-        self, ticket: int, req: SlotRequest, holder: Holder, model: str, *, now: float
-    ) -> Reservation | None:
+        self, ticket: int, req: SlotRequest, holder: Holder, model: str, *, now: float,
+        barred: Collection[int] = (),
+    ) -> Reservation | None:  # fmt: skip
         """Place ``req`` for ticket ``ticket`` if it fits and no earlier waiter for the same
-        GPUs is still in line; the reservation (the ticket leaves the queue), else None."""
+        GPUs is still in line; the reservation (the ticket leaves the queue), else None.
+        ``barred``: GPUs of ``req`` it may not take now (it waits for the others)."""
         if self.waiters_ahead(ticket, req):
             return None
-        placed = allocate(self.held(), req.candidates, units=req.units, whole_gpus=req.whole_gpus)
+        candidates = [g for g in req.candidates if g not in barred]
+        placed = allocate(self.held(), candidates, units=req.units, whole_gpus=req.whole_gpus)
         if placed is None:
             return None
         gpus, units = placed
@@ -254,6 +257,14 @@ class SlotState:
         if len(queue) != len(self.queue):
             self.queue = queue
             self.dirty = True
+
+    def revoke(self, goes: Callable[[Reservation], bool]) -> list[Reservation]:
+        """Remove the reservations ``goes`` picks, whoever holds them; return them."""
+        gone = [r for r in self.reservations if goes(r)]
+        if gone:
+            self.reservations = [r for r in self.reservations if r not in gone]
+            self.dirty = True
+        return gone
 
     def release(self, reservation_id: str, *, uid: int | None) -> Reservation:
         """Remove a reservation; ``uid`` (unless None or root) must be the holder's. One

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +39,10 @@ from spswap.slots.store import SlotStore
 
 __all__ = ["UNITS_PER_GPU", "GrantCheck", "Reservation", "SlotTable", "build_snapshot"]
 
-GrantCheck = Callable[[Holder], None]
-"""Called with the requester under the lock before every attempt to grant it a slot;
-raises to stop the wait (the requester gives up its place in line)."""
+GrantCheck = Callable[[Holder], Collection[int]]
+"""Called with the requester under the lock before every attempt to grant it a slot:
+returns the GPUs it may not take now (it waits for the others), or raises to stop the
+wait (the requester gives up its place in line)."""
 
 
 class SlotTable:
@@ -132,9 +133,9 @@ class SlotTable:
                 with self._store.locked(deadline) as st:
                     if ticket is None:
                         ticket = st.take_ticket()
-                    if self.grant_check is not None:
-                        self.grant_check(holder)
-                    granted = st.grant(ticket, req, holder, model, now=time.time())
+                    barred = () if self.grant_check is None else self.grant_check(holder)
+                    granted = st.grant(ticket, req, holder, model, now=time.time(),
+                                       barred=barred)  # fmt: skip
                     if granted is not None:
                         queued = False
                         return granted
@@ -160,6 +161,13 @@ class SlotTable:
         self._store.check_writable("release a reservation")
         with self._store.locked() as st:
             return st.release(reservation_id, uid=uid)
+
+    def revoke(self, goes: Callable[[Reservation], bool]) -> list[Reservation]:
+        """Take back the reservations ``goes`` picks, whoever holds them (root's call: a
+        running job's GPU from a reservation made outside any job); return them."""
+        self._store.check_writable("revoke reservations")
+        with self._store.locked() as st:
+            return st.revoke(goes)
 
     def reservations(self) -> list[Reservation]:
         """Live reservations (stale ones are reclaimed first)."""

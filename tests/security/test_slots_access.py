@@ -218,3 +218,83 @@ def test_a_users_reservation_outside_a_job_takes_no_gpu_a_job_holds(
     # root, outside a job too, is not bound by it (the prolog, an admin)
     r = access.reserve_slot(cfg, model="x", units=1, allowed_gpus=[1], timeout_s=5)
     access.release_slot(cfg, r.id)
+
+
+def _wait_for(cond: Any, what: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _hold_until_revoked(cfg: Config) -> dict[str, Any]:
+    os.environ.pop("SLURM_JOB_ID", None)
+    r = access.reserve_slot(cfg, model="mine", units=4, allowed_gpus=[0], timeout_s=5)
+    table = SlotTable(cfg.paths.slots, [0, 1])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # this process holds it all along: only a revoke ends it
+        if r.id not in {x.id for x in table.reservations()}:
+            return {"id": r.id, "revoked": True}
+        time.sleep(0.05)
+    return {"id": r.id, "revoked": False}
+
+
+def test_a_job_given_a_gpu_takes_it_back_from_a_users_reservation_outside_a_job(
+    cfg: Config, daemon: int, user_uid: int
+) -> None:
+    """A reservation a user's program made outside any job gives way to a job Slurm gives
+    its GPU to (before, it stayed until the program ended and the job's own waited)."""
+    table = SlotTable.from_config(cfg)
+    child = spawn_as(user_uid, _hold_until_revoked, cfg)
+    _wait_for(lambda: any(r.model == "mine" for r in table.reservations()), "the reservation")
+    Client(cfg).call("job.register", job_id="205", uid=0, user="root", gpus=[0])
+    out = child.result()
+    assert out["revoked"] is True, out
+    ev = [e for e in Client(cfg).call("events.tail", n=50) if e["kind"] == "slots.revoked"]
+    assert len(ev) == 1 and ev[0]["uid"] == user_uid and ev[0]["job_id"] == "205", ev
+    assert ev[0]["detail"]["reservation"] == out["id"], ev
+    assert ev[0]["detail"]["reason"].startswith(
+        "job 205 was given GPU(s) [0]; a user's reservation"
+    ), ev
+    # the job's own reservation is granted at once
+    r = access.reserve_slot(cfg, model="job", units=4, allowed_gpus=[0], job_id="205",
+                            timeout_s=2)  # fmt: skip
+    access.release_slot(cfg, r.id)
+
+
+def _wait_outside_a_job(cfg: Config, allowed: list[int] | None) -> str:
+    os.environ.pop("SLURM_JOB_ID", None)
+    try:
+        r = access.reserve_slot(cfg, model="waits", units=4, allowed_gpus=allowed, timeout_s=15)
+    except Exception as e:  # the refusal, as the test reads it
+        return f"{type(e).__name__}: {e}"
+    return f"granted {list(r.gpus)}"
+
+
+def test_a_users_wait_outside_a_job_is_judged_again_when_granted(
+    cfg: Config, daemon: int, user_uid: int
+) -> None:
+    """A user's reservation outside a job, granted after a wait, takes no GPU a job was
+    given meanwhile (before, it was judged only when asked: it took GPU 0 from job 206)."""
+    table = SlotTable.from_config(cfg)
+    held = [access.reserve_slot(cfg, model="root", units=4, allowed_gpus=[g], timeout_s=5)
+            for g in (0, 1)]  # fmt: skip
+    child = spawn_as(user_uid, _wait_outside_a_job, cfg, None)
+    _wait_for(lambda: any(w.model == "waits" for w in table.waiters()), "the user's wait")
+    Client(cfg).call("job.register", job_id="206", uid=0, user="root", gpus=[0])
+    access.release_slot(cfg, held[0].id)
+    time.sleep(0.5)  # GPU 0 is free, but a job's now: the user waits on for GPU 1
+    assert [w.model for w in table.waiters()] == ["waits"]
+    access.release_slot(cfg, held[1].id)
+    assert child.result() == "granted [1]"
+
+    # every GPU it waited for went to a job: the wait ends with the reason
+    r = access.reserve_slot(cfg, model="root", units=4, allowed_gpus=[1], timeout_s=5)
+    child = spawn_as(user_uid, _wait_outside_a_job, cfg, [1])
+    _wait_for(lambda: any(w.model == "waits" for w in table.waiters()), "the user's wait")
+    Client(cfg).call("job.register", job_id="207", uid=0, user="root", gpus=[1])
+    got = child.result()
+    assert got.startswith("PermissionDenied: while pid "), got
+    assert ("waited for a slot outside a job, Slurm gave its GPU to a job (GPU 1: job 207); "
+            "run it inside your job") in got  # fmt: skip
+    access.release_slot(cfg, r.id)

@@ -58,6 +58,26 @@ def test_fifo_an_earlier_waiter_for_the_same_gpus_goes_first() -> None:
     assert [w.ticket for w in st.waiters_ahead(2, small)] == [1]
 
 
+def test_a_barred_gpu_is_not_granted_and_the_request_waits_for_the_others() -> None:
+    st = SlotState()
+    req = make_request((0, 1), 4, None, None)
+    assert st.grant(1, req, B, "m", now=0.0, barred=[0, 1]) is None
+    r = st.grant(1, req, B, "m", now=0.0, barred=[0])
+    assert r is not None and r.gpus == (1,)
+    assert st.grant(2, make_request((0, 1), 4, 1, None), B, "m", now=0.0, barred=[0]) is None
+
+
+def test_revoke_takes_what_it_picks_whoever_holds_it() -> None:
+    st = SlotState()
+    a = st.grant(1, make_request((0, 1), 1, None, [0]), A, "a", now=0.0)
+    b = st.grant(2, make_request((0, 1), 1, None, [0]), B, "b", now=0.0)
+    st.dirty = False
+    assert st.revoke(lambda r: r.holder.job_id is None) == [b]
+    assert st.reservations == [a] and st.dirty
+    st.dirty = False
+    assert st.revoke(lambda r: False) == [] and not st.dirty
+
+
 def test_a_full_gpu_grants_nothing_and_names_its_holders() -> None:
     st = SlotState()
     req = make_request((0,), 4, None, None)
