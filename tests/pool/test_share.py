@@ -21,6 +21,7 @@ from spswap.pool.store import Pool
 from .st_files import tensors, write_st
 
 ALICE, BOB = 1001, 1002
+_DTYPES = {"float32": "F32", "float16": "F16", "int64": "I64"}
 
 
 @pytest.fixture
@@ -88,3 +89,28 @@ def test_an_entry_only_another_user_uses_moves_to_their_share(
     _import(alice, tmp_path, 3)  # over Alice's share: m1 stays (in use), on Bob's share
     importers = {e.manifest.name: e.importers for e in alice.entries()}
     assert importers == {"m1": [BOB], "m2": [ALICE], "m3": [ALICE]}
+
+
+def _empty_tensors(w: object, count: int, tag: str) -> None:
+    for i in range(count):  # no data: only the manifest grows (a name each)
+        w.add(f"{tag}.{i}." + "x" * 1000, "F32", (0,), b"")  # type: ignore[attr-defined]
+
+
+def test_a_build_larger_than_it_reserved_makes_room_for_all_it_holds(
+    tmp_path: Path, entry_bytes: int
+) -> None:
+    """The bounds hold for what is published, not for what a build reserved: its data is
+    checked against the reservation, but its manifest grows with its tensors' names
+    (before, this entry reserved 8 KiB and was published past alice's share)."""
+    pool = _pool(tmp_path, entry_bytes, ALICE)
+    _import(pool, tmp_path, 1)
+    _import(pool, tmp_path, 2)
+    count = entry_bytes // 2 // 1000
+    with pool.writer("names", expected_size_bytes=1) as w:
+        _empty_tensors(w, count, "a")
+    assert _names(pool) == {"m2", "names"}  # m1 (the older) made room in alice's share
+    assert sum(e.size_bytes for e in pool.entries()) <= pool.user_bytes
+    with pytest.raises(PoolFull), pool.writer("more", expected_size_bytes=1) as w:
+        _empty_tensors(w, 6 * count, "b")
+    assert _names(pool) == {"m2", "names"}
+    assert [p.name for p in pool.pool_dir.iterdir() if p.name.startswith(".tmp")] == []
