@@ -27,11 +27,13 @@ from typing import Any
 from spswap.config import Config
 from spswap.daemon.client import Client
 from spswap.daemon.lifecycle import prepare_dirs
-from spswap.errors import DaemonError, InvalidCheckpoint
+from spswap.errors import DaemonError, InvalidCheckpoint, PoolCorrupt
 from spswap.liveness import Holder
+from spswap.pool.layout import MANIFEST_FILE
 from spswap.pool.manifest import Manifest
 from spswap.pool.safetensors_format import INDEX_FILE, resolve_checkpoint
 from spswap.pool.store import Pool, alias_key
+from spswap.pool.verify import remove_if_damaged, verify_entry
 from spswap.slots.alloc import UNITS_PER_GPU
 from spswap.slots.table import Reservation, SlotTable
 
@@ -187,6 +189,28 @@ def use_entry(cfg: Config, ref: str, *, job_id: str | None = None) -> Iterator[M
             pass  # the daemon went away: the use goes stale when this process exits
 
 
+def check_entry(cfg: Config, ref: str, *, job_id: str | None = None) -> str | None:
+    """Read pool entry ``ref`` against its checksums: what is wrong with it, or None
+    when it is whole. A damaged entry is removed (by spswapd for a user: the pool is
+    root's), so the model's next start imports it again; where no spswapd answers, a
+    user's check only reads it and says what to ask root for."""
+    if writes_directly(cfg):
+        return remove_if_damaged(Pool.from_config(cfg), ref)[1]
+    try:
+        got = _client(cfg, DEFAULT_IMPORT_TIMEOUT_S).call("pool.check", ref=ref,
+                                                          job_id=_job_id(job_id))  # fmt: skip
+    except DaemonError:
+        pool = Pool.from_config(cfg)
+        manifest = pool.find(ref)
+        try:
+            verify_entry(manifest, pool.data_path(manifest))
+        except PoolCorrupt as e:
+            return str(e)
+        return None
+    problem: str | None = got.get("problem")
+    return problem
+
+
 class PoolAccess:
     """What a serving process needs of the pool, for root and users alike.
 
@@ -226,6 +250,14 @@ class PoolAccess:
 
     def entries(self) -> list[Any]:
         return self.pool.entries()
+
+    def has(self, digest: str) -> bool:
+        """Whether entry ``digest`` is in the pool (not removed meanwhile)."""
+        return (self.pool.entry_dir(digest) / MANIFEST_FILE).is_file()
+
+    def check(self, ref: str) -> str | None:
+        """What is wrong with entry ``ref`` (removed then), or None: :func:`check_entry`."""
+        return check_entry(self.cfg, ref, job_id=self.job_id)
 
     def import_checkpoint(
         self, path: Path | str, *, name: str | None = None,

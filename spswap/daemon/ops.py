@@ -36,6 +36,7 @@ HANDLERS: Mapping[str, Handler] = MappingProxyType(
         "pool.use": pool_ops.op_pool_use,
         "pool.unuse": pool_ops.op_pool_unuse,
         "pool.import": pool_ops.op_pool_import,
+        "pool.check": pool_ops.op_pool_check,
         "job.register": job_ops.op_job_register,
         "job.end": job_ops.op_job_end,
         "job.starting": job_ops.op_job_starting,

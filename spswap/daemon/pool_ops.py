@@ -1,5 +1,8 @@
-"""The pool ops: ``pool.use`` and ``pool.unuse`` (the caller's own uses only) and
-``pool.import`` (from descriptors the caller opened: only what it can read)."""
+"""The pool ops: ``pool.use`` and ``pool.unuse`` (the caller's own uses only),
+``pool.import`` (from descriptors the caller opened: only what it can read) and
+``pool.check`` (an entry read against its checksums for anyone, removed when damaged:
+the pool is root's, so a user whose restored instance answered wrongly could not remove
+it, and its next start would read the same bad bytes; only proven damage removes)."""
 
 from __future__ import annotations
 
@@ -7,11 +10,13 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from spswap.daemon.caller import peer_holder
+from spswap.daemon.pool_checks import file_key
 from spswap.daemon.protocol import Answer
 from spswap.daemon.state import Context
 from spswap.errors import PoolFull, ProtocolError, SpswapError
 from spswap.pool.importer import import_from_fds
 from spswap.pool.store import Pool, alias_key
+from spswap.pool.verify import remove_if_damaged
 
 if TYPE_CHECKING:
     from spswap.pool.store import Pool
@@ -57,7 +62,7 @@ def op_pool_import(ctx: Context, args: dict[str, Any]) -> Answer:
     # the caller's imports count in its share of the pool (SPSWAP_POOL_USER_BYTES)
     pool = Pool.from_config(ctx.state.cfg, ctx.state.job_probe(), importer_uid=ctx.peer_uid)
     started = time.time()
-    job_id = _callers_job(ctx, args.get("job_id"))
+    job_id = callers_job(ctx, args.get("job_id"))
     try:
         manifest = import_from_fds(pool, files, name=args.get("name"), owner_uid=ctx.peer_uid,
                                    identity=identity)  # fmt: skip
@@ -85,7 +90,25 @@ def op_pool_import(ctx: Context, args: dict[str, Any]) -> Answer:
     return manifest.to_json()
 
 
-def _callers_job(ctx: Context, job_id: str | None) -> str | None:
+def op_pool_check(ctx: Context, args: dict[str, Any]) -> Answer:
+    """Check an entry for the caller; a damaged one is removed (``pool.damaged`` event)."""
+    pool = _pool(ctx)
+    checks = ctx.state.pool_checks
+    with checks.lock:
+        manifest = pool.find(args["ref"])
+        key = file_key(pool.data_path(manifest))
+        if checks.known_whole(manifest.digest, key):
+            return {"digest": manifest.digest, "problem": None, "removed": False}
+        manifest, problem = remove_if_damaged(pool, manifest.digest)
+        checks.record(manifest.digest, key, whole=problem is None)
+    if problem is not None:
+        ctx.state.event("pool.damaged", job_id=callers_job(ctx, args.get("job_id")),
+                        uid=ctx.peer_uid, pid=ctx.peer_pid, name=manifest.name,
+                        digest=manifest.digest, problem=problem)  # fmt: skip
+    return {"digest": manifest.digest, "problem": problem, "removed": problem is not None}
+
+
+def callers_job(ctx: Context, job_id: str | None) -> str | None:
     """``job_id`` where it names a job of the caller's registered here (the log names
     only a job the caller owns), else None."""
     if job_id is None:

@@ -58,6 +58,7 @@ OPS: dict[str, ArgSpec] = {
     },
     "pool.use": {"ref": ("str", True), "job_id": ("str", False)},
     "pool.unuse": {"ref": ("str", True)},
+    "pool.check": {"ref": ("str", True), "job_id": ("str", False)},
     # "files": the checkpoint-relative name of each attached file descriptor, in order.
     # "identity": an engine's weight layout (e.g. vLLM's); the daemon adds owner_uid.
     "pool.import": {

@@ -24,6 +24,7 @@ from spswap.daemon.image_room import ImageRoom
 from spswap.daemon.jobs import JobRecord, JobState, JobStore
 from spswap.daemon.kept import HeldCgroups, KeptTrees
 from spswap.daemon.memory_claims import MemoryClaims
+from spswap.daemon.pool_checks import PoolChecks
 from spswap.daemon.statuses import CheckpointStatuses
 from spswap.errors import PermissionDenied, RequestRefused, SpswapError
 from spswap.liveness import JobProbe
@@ -118,6 +119,7 @@ class DaemonState:
     # the emptied parked cgroups of dumps that left images (spswap.daemon.prerestore)
     held_cgroups: HeldCgroups = field(init=False)
     memory_claims: MemoryClaims = field(init=False)
+    pool_checks: PoolChecks = field(init=False)  # pool.check: entries found whole, its lock
     image_room: ImageRoom = field(init=False)  # the images' budget, dumps under way
     event_log: events.EventLog = field(init=False)  # the log's writer (and its new files)
     # the uid whose request this thread answers now (set by the server): its events count
@@ -129,6 +131,7 @@ class DaemonState:
         self.kept = KeptTrees(self.statuses, self.event)
         self.held_cgroups = HeldCgroups()
         self.memory_claims = MemoryClaims()
+        self.pool_checks = PoolChecks()
         self.event_log = events.EventLog(self.cfg.paths.events)
         self.requests = threading.local()
         self.image_room = ImageRoom.from_config(self.cfg)

@@ -70,6 +70,11 @@ class MultiBackend:
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         check_names(self.opts.models)
         check_engine(self.opts.engine, self.opts.device)  # refused before any model is read
+        self._find_specs()
+        result.digest = self._digest()
+
+    def _find_specs(self) -> None:
+        """Each model's pool entry (a reference model's imported now where missing)."""
         if self.opts.engine == "vllm":  # the entries of vLLM's identity, where exported
             self.specs, self.manifests = vllm_specs(self.pool, self.opts.models,
                                                     self.opts.vllm_settings())  # fmt: skip
@@ -79,7 +84,6 @@ class MultiBackend:
             self.manifests = list(manifests.values())
             self.specs = [ModelSpec(p.name, p, m.digest) for p, m in manifests.items()]
             self.imported_s = max(m.created for m in manifests.values())
-        result.digest = self._digest()
 
     def _digest(self) -> str:
         """The models' pool entries, in their order, joined by ``+``: spswapd holds each
@@ -183,10 +187,14 @@ class MultiBackend:
 
     def check_pool(self) -> str | None:
         for manifest in self.manifests:
-            problem = restore_check.damaged(self.pool, manifest)
-            if problem is not None:
+            problem = self.pool.check(manifest.digest)
+            if problem is None:
+                continue
+            if self.pool.has(manifest.digest):  # not removed: never serve from it
                 self.damaged = problem
                 return problem
+            self._find_specs()  # its model starts from its files, into the pool again
+            return f"{problem}; {manifest.name} starts from its files, into the pool again"
         return None
 
     def left_undone(self) -> str | None:

@@ -1,18 +1,22 @@
-"""Check a pool entry against its manifest: file size, layout, digest and every checksum."""
+"""Check a pool entry against its manifest: file size, layout, digest and every checksum;
+and take a damaged entry out of the pool."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Protocol
 
-from spswap.errors import PoolCorrupt
+from spswap.errors import PoolCorrupt, PoolEntryNotFound
 from spswap.pool.copy import Range, ShortRead, hash_ranges
 from spswap.pool.manifest import Manifest, content_digest
 
 
-def verify_entry(manifest: Manifest, data_path: Path) -> None:
-    """Raise :class:`PoolCorrupt` (with ``tensor`` set where one is to blame) on any mismatch."""
-    fix = f"remove it (spswap pool rm {manifest.digest[:12]}) and import it again"
+def verify_entry(manifest: Manifest, data_path: Path, *, fix: str | None = None) -> None:
+    """Raise :class:`PoolCorrupt` (with ``tensor`` set where one is to blame) on any
+    mismatch; its message ends with ``fix`` (default: remove the entry, import again)."""
+    if fix is None:
+        fix = f"remove it (spswap pool rm {manifest.digest[:12]}) and import it again"
     label = f"pool entry {manifest.name} ({manifest.digest[:12]})"
     if content_digest(manifest.tensors) != manifest.digest:
         raise PoolCorrupt(f"{label}: manifest does not match its digest; {fix}")
@@ -39,3 +43,31 @@ def verify_entry(manifest: Manifest, data_path: Path) -> None:
                 f"{data_path}) does not match its checksum; {fix}",
                 tensor=t.name,
             )
+
+
+class _Entries(Protocol):
+    def find(self, ref: str) -> Manifest: ...
+    def data_path(self, manifest: Manifest) -> Path: ...
+    def remove(self, ref: str, *, force: bool = False) -> Manifest: ...
+
+
+REMOVED_FIX = "removed from the pool: the model's next start reads its files and imports it again"
+
+
+def remove_if_damaged(pool: _Entries, ref: str) -> tuple[Manifest, str | None]:
+    """Read entry ``ref`` of ``pool`` (a :class:`~spswap.pool.store.Pool`) against its
+    checksums; a damaged one is removed whoever uses it (it serves no one right; mapped
+    copies stay valid until their processes exit). Returns the entry and what was wrong
+    with it, or None when it is whole."""
+    m = pool.find(ref)
+    try:
+        verify_entry(m, pool.data_path(m), fix=REMOVED_FIX)
+    except PoolCorrupt as e:
+        problem = str(e)
+    else:
+        return m, None
+    try:
+        pool.remove(m.digest, force=True)
+    except PoolEntryNotFound:
+        pass  # removed meanwhile (another run found it damaged too)
+    return m, problem

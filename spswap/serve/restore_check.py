@@ -11,10 +11,6 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from spswap.errors import PoolCorrupt
-from spswap.pool.manifest import Manifest
-from spswap.pool.verify import verify_entry
-
 PROBE_PROMPT = (3, 1, 4, 1, 5, 9, 2, 6)  # token ids every engine and model accept
 PROBE_TOKENS = 8
 
@@ -86,13 +82,3 @@ def refusal(expected: list[int] | None, probe: Callable[[], list[int] | None]) -
                    f"{tokens_text(expected)} before its checkpoint")  # fmt: skip
     return (f"the restored instance does not serve: {problem}: its weights or state did not "
             "come back whole; it ends, and the job's run starts cold")  # fmt: skip
-
-
-def damaged(pool: Any, manifest: Manifest) -> str | None:
-    """What is wrong with the pool entry ``manifest`` (its data read and checked against
-    every checksum), or None when it is whole. ``pool``: anything with ``data_path``."""
-    try:
-        verify_entry(manifest, pool.data_path(manifest))
-    except PoolCorrupt as e:
-        return str(e)
-    return None

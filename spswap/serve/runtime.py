@@ -206,9 +206,12 @@ class ReferenceBackend:
     def check_pool(self) -> str | None:
         if self.manifest is None:
             return None
-        problem = restore_check.damaged(self.pool, self.manifest)
+        problem = self.pool.check(self.manifest.digest)
         if problem is None:
             return None
+        if not self.pool.has(self.manifest.digest):  # removed: in the pool again, whole
+            self.manifest = self.pool.import_checkpoint(self.opts.model)
+            return f"{problem}; this run imported it again from {self.opts.model}"
         self.from_files = True
         return f"{problem}; this run reads the model from its files ({self.opts.model})"
 

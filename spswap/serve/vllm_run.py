@@ -228,10 +228,13 @@ class VllmBackend:
 
     def check_pool(self) -> str | None:
         entry = find_entry(self.pool, self.identity())
-        problem = restore_check.damaged(self.pool, entry) if entry is not None else None
-        if problem is not None:
+        problem = self.pool.check(entry.digest) if entry is not None else None
+        if problem is None:
+            return None
+        if find_entry(self.pool, self.identity()) is not None:  # not removed: never read it
             self.damaged = problem
-        return problem
+            return problem
+        return f"{problem}; this run starts from the model's files and exports it again"
 
     def left_undone(self) -> str | None:
         return "its server was to serve until stopped"

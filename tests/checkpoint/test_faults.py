@@ -303,8 +303,9 @@ def test_engine_killed_during_a_restore(runs: Runs, when: str) -> None:
 def test_a_damaged_pool_entry_after_the_dump_is_never_served(runs: Runs) -> None:
     """A whole tensor of the pool entry overwritten after the dump (the restored process
     maps the entry): its check prompt answers otherwise than before the checkpoint, so it
-    ends without answering, and the run starts cold from the model's files (the entry
-    checked and found damaged); every answer is the cold model's."""
+    ends without answering, and the run starts cold (the entry checked, found damaged
+    and removed, and imported again from the model's files: whole); every answer is the
+    cold model's."""
     from tests.helpers.damage import reverse_largest_tensor
 
     cfg = runs.cfg
@@ -314,9 +315,12 @@ def test_a_damaged_pool_entry_after_the_dump_is_never_served(runs: Runs) -> None
     pool = Pool.from_config(cfg)
     (entry,) = pool.entries()
     tensor = reverse_largest_tensor(pool, entry.manifest)
-    runs.finish_cold(1, "this run reads the model from its files")
+    runs.finish_cold(1, "this run imported it again from")
     log1 = runs.log(1)
-    assert f"tensor {tensor.name!r}" in log1 and "spswap pool rm" in log1, log1  # the fix
+    assert f"tensor {tensor.name!r}" in log1 and "removed from the pool" in log1, log1
+    (again,) = pool.entries()  # the same weights, whole again
+    assert again.manifest.digest == entry.manifest.digest
+    pool.verify(again.manifest.digest)
     # the restored instance wrote to the job's first log (its output is run 0's)
     assert "the restored instance does not serve: it answered the check prompt with" in \
         runs.log(0), runs.log(0)  # fmt: skip

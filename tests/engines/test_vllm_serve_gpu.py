@@ -120,8 +120,9 @@ def test_the_real_server_is_dumped_and_restored_into_the_next_run(
     answers like run 0 (before issue 14 the old server stayed up beside the new one).
     damaged: a whole tensor of the pool entry overwritten after the dump (the restored
     server maps the entry): the restored instance answers its check prompt otherwise than
-    before its checkpoint and does not serve; run 1 starts its own server from the model's
-    files (the entry found damaged, said with the fix) and answers like run 0."""
+    before its checkpoint and does not serve; run 1 has the entry checked (found damaged,
+    removed: said with the tensor), starts its own server from the model's files, exports
+    it again and answers like run 0."""
     import contextlib
     import shutil
     import subprocess
@@ -208,7 +209,9 @@ def test_the_real_server_is_dumped_and_restored_into_the_next_run(
             # the restored tree wrote into run 0's output (a requeued job's output file)
             assert "the restored instance does not serve: it answered the check prompt" \
                 in log0, log0[-3000:]  # fmt: skip
-            assert f"tensor {tensor.name!r}" in log1 and "spswap pool rm" in log1, log1[-3000:]
+            assert f"tensor {tensor.name!r}" in log1 and "removed from the pool" in log1, \
+                log1[-3000:]  # fmt: skip
+            assert "starts from the model's files and exports it again" in log1, log1[-3000:]
             assert ep1["server_pid"] != ep0["server_pid"]
         if fate == "dies":
             os.kill(ep0["pid"], signal.SIGKILL)  # the instance dies, its server lives on

@@ -144,3 +144,33 @@ def test_the_restore_check_asks_every_awake_model_and_sees_a_damaged_entry(tmp_p
         assert router.metrics["m0"].requests == {}  # the checks are no requests
     finally:
         router.close()
+
+
+def test_a_damaged_entry_found_after_a_failed_restore_is_imported_again(tmp_path, cfg):
+    """A restored multi-model job whose check failed: before the cold start each model's
+    entry is read against its checksums, a damaged one removed and its model imported
+    again from its files (before, the run refused to start until root ran `spswap pool
+    rm`); the other models' entries stay as they were."""
+    from spswap.multi.backend import multi_run
+    from spswap.serve.lifecycle import ServeResult
+
+    models = make_models(tmp_path, 2)
+    run = multi_run(cfg, options(tmp_path, models), log=lambda _m: None)
+    backend = run.backend
+    backend.prepare(ServeResult())
+    assert backend.check_pool() is None  # whole: nothing said, nothing removed
+    pool = Pool.from_config(cfg)
+    m1 = next(m for m in backend.manifests if m.name == models[1].name)
+    m0_created = next(
+        e for e in pool.entries() if e.manifest.name == models[0].name
+    ).manifest.created
+    tensor = reverse_largest_tensor(pool, m1)
+    found = backend.check_pool()
+    assert found is not None and f"tensor {tensor.name!r}" in found, found
+    assert found.endswith(f"; {m1.name} starts from its files, into the pool again"), found
+    assert backend.damaged is None
+    again = {e.manifest.name: e for e in pool.entries()}
+    assert sorted(again) == sorted(m.name for m in models)
+    pool.verify(again[m1.name].manifest.digest)  # whole again, the same weights
+    assert again[m1.name].manifest.digest == m1.digest
+    assert again[models[0].name].manifest.created == m0_created  # not imported again

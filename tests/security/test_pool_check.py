@@ -1,0 +1,55 @@
+"""``pool.check`` through a real spswapd, as a second uid: a user whose restored
+instance answered wrongly has the pool entry read against its checksums, and a damaged
+one removed (the pool is root's: before, the user's next start read the same bad bytes
+or refused to start until root ran `spswap pool rm`); a whole entry is never removed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from spswap import access
+from spswap.config import Config
+from spswap.daemon.client import Client
+from spswap.daemon.pool_checks import PoolChecks, file_key
+from spswap.pool.store import Pool
+from spswap.pool.verify import REMOVED_FIX
+from tests.helpers.damage import reverse_largest_tensor
+from tests.pool.st_files import tensors, write_st
+from tests.security.conftest import as_user, outcome
+
+
+def _check(cfg: Config, digest: str) -> str:
+    return outcome(access.check_entry, cfg, digest)
+
+
+def test_a_users_check_removes_a_damaged_entry_and_never_a_whole_one(
+    cfg: Config, daemon: int, user_uid: int, tmp_path: Path
+) -> None:
+    pool = Pool.from_config(cfg)
+    m = pool.import_checkpoint(write_st(tmp_path / "m.safetensors", tensors(3)), name="m")
+    assert as_user(user_uid, _check, cfg, m.digest) == "ok"  # whole: None, and it stays
+    assert [e.manifest.digest for e in pool.entries()] == [m.digest]
+    tensor = reverse_largest_tensor(pool, m)
+
+    problem = as_user(user_uid, access.check_entry, cfg, m.digest)
+    assert problem.startswith(f"pool entry m ({m.digest[:12]}): tensor {tensor.name!r}"), problem
+    assert problem.endswith(REMOVED_FIX), problem
+    assert pool.entries() == []
+    (ev,) = [e for e in Client(cfg).call("events.tail", n=20) if e["kind"] == "pool.damaged"]
+    assert ev["uid"] == user_uid and ev["detail"]["digest"] == m.digest, ev
+    # gone: the check says so (no entry to read)
+    assert as_user(user_uid, _check, cfg, m.digest).startswith("PoolEntryNotFound"), m
+
+
+def test_an_entry_found_whole_is_read_again_once_its_file_changes(tmp_path: Path) -> None:
+    pool = Pool(tmp_path / "pool")
+    m = pool.import_checkpoint(write_st(tmp_path / "m.safetensors", tensors(4)), name="m")
+    checks = PoolChecks()
+    key = file_key(pool.data_path(m))
+    assert key is not None and not checks.known_whole(m.digest, key)
+    checks.record(m.digest, key, whole=True)
+    assert checks.known_whole(m.digest, key)
+    reverse_largest_tensor(pool, m)
+    assert not checks.known_whole(m.digest, file_key(pool.data_path(m)))
+    checks.record(m.digest, key, whole=False)
+    assert not checks.known_whole(m.digest, key)
