@@ -27,7 +27,7 @@ from typing import Any
 from spswap.config import Config
 from spswap.daemon.client import Client
 from spswap.daemon.lifecycle import prepare_dirs
-from spswap.errors import DaemonError, InvalidCheckpoint, PoolCorrupt
+from spswap.errors import DaemonError, InvalidCheckpoint, PoolCorrupt, PoolEntryNotFound
 from spswap.liveness import Holder
 from spswap.pool.layout import MANIFEST_FILE
 from spswap.pool.manifest import Manifest
@@ -191,19 +191,21 @@ def use_entry(cfg: Config, ref: str, *, job_id: str | None = None) -> Iterator[M
 
 def check_entry(cfg: Config, ref: str, *, job_id: str | None = None) -> str | None:
     """Read pool entry ``ref`` against its checksums: what is wrong with it, or None
-    when it is whole. A damaged entry is removed (by spswapd for a user: the pool is
-    root's), so the model's next start imports it again; where no spswapd answers, a
-    user's check only reads it and says what to ask root for."""
-    if writes_directly(cfg):
-        return remove_if_damaged(Pool.from_config(cfg), ref)[1]
+    when it is whole. A damaged entry is removed, by spswapd (``pool.check``: one check
+    at a time, a ``pool.damaged`` event), so the model is imported again; where no
+    spswapd answers, root removes it here and a user's check only reads it."""
     try:
         got = _client(cfg, DEFAULT_IMPORT_TIMEOUT_S).call("pool.check", ref=ref,
                                                           job_id=_job_id(job_id))  # fmt: skip
     except DaemonError:
+        if writes_directly(cfg):
+            return remove_if_damaged(Pool.from_config(cfg), ref)[1]
         pool = Pool.from_config(cfg)
         manifest = pool.find(ref)
         try:
-            verify_entry(manifest, pool.data_path(manifest))
+            verify_entry(manifest, pool.data_path(manifest), fix=(
+                "the pool is root's: ask the node's admin to remove it (spswap pool rm "
+                f"{manifest.digest[:12]}); no spswapd answered to do it"))  # fmt: skip
         except PoolCorrupt as e:
             return str(e)
         return None
@@ -257,7 +259,10 @@ class PoolAccess:
 
     def check(self, ref: str) -> str | None:
         """What is wrong with entry ``ref`` (removed then), or None: :func:`check_entry`."""
-        return check_entry(self.cfg, ref, job_id=self.job_id)
+        try:
+            return check_entry(self.cfg, ref, job_id=self.job_id)
+        except PoolEntryNotFound:  # another run of the model found it damaged first
+            return f"pool entry {ref[:12]} was removed while this run asked about it"
 
     def import_checkpoint(
         self, path: Path | str, *, name: str | None = None,

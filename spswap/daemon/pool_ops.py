@@ -13,13 +13,16 @@ from spswap.daemon.caller import peer_holder
 from spswap.daemon.pool_checks import file_key
 from spswap.daemon.protocol import Answer
 from spswap.daemon.state import Context
-from spswap.errors import PoolFull, ProtocolError, SpswapError
+from spswap.errors import PoolFull, ProtocolError, RequestRefused, SpswapError
 from spswap.pool.importer import import_from_fds
 from spswap.pool.store import Pool, alias_key
 from spswap.pool.verify import remove_if_damaged
 
 if TYPE_CHECKING:
     from spswap.pool.store import Pool
+
+
+CHECK_WAIT_S = 300.0  # a check reads a whole entry: a 70 GB one in about a minute
 
 
 def _pool(ctx: Context) -> Pool:
@@ -94,13 +97,19 @@ def op_pool_check(ctx: Context, args: dict[str, Any]) -> Answer:
     """Check an entry for the caller; a damaged one is removed (``pool.damaged`` event)."""
     pool = _pool(ctx)
     checks = ctx.state.pool_checks
-    with checks.lock:
+    if not checks.lock.acquire(timeout=CHECK_WAIT_S):
+        raise RequestRefused(f"another pool check has run for over {CHECK_WAIT_S:.0f} s; "
+                             "ask again later (`spswap pool verify REF` reads an entry "
+                             "without spswapd)")  # fmt: skip
+    try:
         manifest = pool.find(args["ref"])
         key = file_key(pool.data_path(manifest))
         if checks.known_whole(manifest.digest, key):
             return {"digest": manifest.digest, "problem": None, "removed": False}
         manifest, problem = remove_if_damaged(pool, manifest.digest)
         checks.record(manifest.digest, key, whole=problem is None)
+    finally:
+        checks.lock.release()
     if problem is not None:
         ctx.state.event("pool.damaged", job_id=callers_job(ctx, args.get("job_id")),
                         uid=ctx.peer_uid, pid=ctx.peer_pid, name=manifest.name,

@@ -62,15 +62,18 @@ def op_slots_reserve(ctx: Context, args: dict[str, Any]) -> Answer:
 def give_way_to_job(st: DaemonState, rec: JobRecord) -> list[Reservation]:
     """Take back the reservations users made outside any job on the GPUs Slurm has just
     given job ``rec`` (made before it was given them, they would keep the job's own
-    reservations waiting until the program that made them ends); each one an event."""
+    reservations waiting until the program that made them ends), and those GPUs from
+    such users' places in line (they would hold the job's back); each reservation an
+    event."""
     if not rec.gpus:
         return []
     gpus = set(rec.gpus)
 
-    def goes(r: Reservation) -> bool:
-        return r.holder.job_id is None and r.holder.uid != ROOT_UID and bool(gpus & set(r.gpus))
+    def jobless_user(h: Holder) -> bool:
+        return h.job_id is None and h.uid != ROOT_UID
 
-    revoked = st.slot_table().revoke(goes)
+    # (on the prolog's path: the lock is waited for 2 s at most)
+    revoked = st.slot_table().take_back(gpus, jobless_user, timeout_s=2.0)
     for r in revoked:
         st.event("slots.revoked", job_id=rec.job_id, uid=r.holder.uid, pid=r.holder.pid,
                  reservation=r.id, model=r.model, gpus=list(r.gpus),

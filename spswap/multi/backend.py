@@ -186,16 +186,19 @@ class MultiBackend:
                                        restore_check.PROBE_TOKENS)  # fmt: skip
 
     def check_pool(self) -> str | None:
-        for manifest in self.manifests:
+        found = []
+        for manifest in self.manifests:  # every model's: the cold start reads them all
             problem = self.pool.check(manifest.digest)
             if problem is None:
                 continue
             if self.pool.has(manifest.digest):  # not removed: never serve from it
                 self.damaged = problem
                 return problem
-            self._find_specs()  # its model starts from its files, into the pool again
-            return f"{problem}; {manifest.name} starts from its files, into the pool again"
-        return None
+            found.append(f"{problem}; {manifest.name} starts from its files, into the "
+                         "pool again")  # fmt: skip
+        if found:
+            self._find_specs()
+        return "; ".join(found) or None
 
     def left_undone(self) -> str | None:
         return f"its {len(self.specs)} models were to be served until stopped"

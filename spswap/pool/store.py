@@ -253,17 +253,20 @@ class Pool:
         """
         final = self.entry_dir(manifest.digest)
         with self.index.locked(self._live_digests) as state:
-            reserved = state.reservations.pop(reservation, None)
+            reserved = state.reservations.get(reservation)
             if (final / MANIFEST_FILE).is_file():
+                state.reservations.pop(reservation, None)
                 shutil.rmtree(tmp, ignore_errors=True)
                 state.touch(manifest.digest)
                 self._charge(state, manifest.digest)
                 return Manifest.from_json(read_json(final / MANIFEST_FILE)), True
+            # a build may come out larger than it reserved (its manifest's tensor names):
+            # the bounds hold for what is published; the reservation still counts here
             size = dir_size_bytes(tmp)
-            # a build may come out larger than it reserved (its manifest, more tensors
-            # than announced): the pool's bounds hold for what is published
             if reserved is None or size > reserved.size_bytes:
-                self._make_room(state, size, exclude=None)
+                self._make_room(state, size - (reserved.size_bytes if reserved else 0),
+                                exclude=None)  # fmt: skip
+            state.reservations.pop(reservation, None)
             if final.exists():  # an empty or broken leftover with our digest
                 self._trash(final)
             os.rename(tmp, final)

@@ -51,7 +51,15 @@ class _Entries(Protocol):
     def remove(self, ref: str, *, force: bool = False) -> Manifest: ...
 
 
-REMOVED_FIX = "removed from the pool: the model's next start reads its files and imports it again"
+REMOVED_FIX = "removed from the pool: the model is read from its files and imported again"
+
+
+def _file_id(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
 
 
 def remove_if_damaged(pool: _Entries, ref: str) -> tuple[Manifest, str | None]:
@@ -59,15 +67,24 @@ def remove_if_damaged(pool: _Entries, ref: str) -> tuple[Manifest, str | None]:
     checksums; a damaged one is removed whoever uses it (it serves no one right; mapped
     copies stay valid until their processes exit). Returns the entry and what was wrong
     with it, or None when it is whole."""
-    m = pool.find(ref)
-    try:
-        verify_entry(m, pool.data_path(m), fix=REMOVED_FIX)
-    except PoolCorrupt as e:
-        problem = str(e)
-    else:
-        return m, None
-    try:
-        pool.remove(m.digest, force=True)
-    except PoolEntryNotFound:
-        pass  # removed meanwhile (another run found it damaged too)
-    return m, problem
+    for _ in range(2):  # a second read only where the entry was replaced under the first
+        m = pool.find(ref)
+        path = pool.data_path(m)
+        read = _file_id(path)
+        try:
+            verify_entry(m, path, fix=REMOVED_FIX)
+        except PoolCorrupt as e:
+            problem = str(e)
+        else:
+            return m, None
+        # the bytes read are the entry's still (not removed and imported again, whole,
+        # by another run while this one read for seconds); the rest of the window is
+        # the few microseconds to the index lock
+        if _file_id(path) != read:
+            continue
+        try:
+            pool.remove(m.digest, force=True)
+        except PoolEntryNotFound:
+            pass  # removed meanwhile (another run found it damaged too)
+        return m, problem
+    return m, None  # replaced twice while read: whoever replaced it checks it

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from spswap.errors import PermissionDenied, SlotError
@@ -258,12 +258,22 @@ class SlotState:
             self.queue = queue
             self.dirty = True
 
-    def revoke(self, goes: Callable[[Reservation], bool]) -> list[Reservation]:
-        """Remove the reservations ``goes`` picks, whoever holds them; return them."""
-        gone = [r for r in self.reservations if goes(r)]
+    def take_back(
+        self, gpus: Collection[int], whose: Callable[[Holder], bool]
+    ) -> list[Reservation]:
+        """GPUs ``gpus`` taken from the holders ``whose`` picks: their reservations on
+        them removed (returned), and their places in line no longer count them (so they
+        hold back no one there; one left with none is refused at its next attempt)."""
+        taken = set(gpus)
+        gone = [r for r in self.reservations if whose(r.holder) and taken & set(r.gpus)]
         if gone:
             self.reservations = [r for r in self.reservations if r not in gone]
             self.dirty = True
+        for i, w in enumerate(self.queue):
+            if whose(w.holder) and taken & set(w.candidates):
+                left = tuple(g for g in w.candidates if g not in taken)
+                self.queue[i] = replace(w, candidates=left)
+                self.dirty = True
         return gone
 
     def release(self, reservation_id: str, *, uid: int | None) -> Reservation:
@@ -285,7 +295,8 @@ class SlotState:
         current = ", ".join(r.id for r in self.reservations) or "none"
         raise SlotError(
             f"no reservation {reservation_id!r} (it may have been reclaimed after its holder "
-            f"ended); current reservations: {current}; see `spswap slots ls`"
+            "ended, or, made outside a job, taken back for a job given its GPU: `spswap "
+            f"events` says which); current reservations: {current}; see `spswap slots ls`"
         )
 
 

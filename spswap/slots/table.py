@@ -162,12 +162,14 @@ class SlotTable:
         with self._store.locked() as st:
             return st.release(reservation_id, uid=uid)
 
-    def revoke(self, goes: Callable[[Reservation], bool]) -> list[Reservation]:
-        """Take back the reservations ``goes`` picks, whoever holds them (root's call: a
-        running job's GPU from a reservation made outside any job); return them."""
-        self._store.check_writable("revoke reservations")
-        with self._store.locked() as st:
-            return st.revoke(goes)
+    def take_back(self, gpus: Collection[int], whose: Callable[[Holder], bool], *,
+                  timeout_s: float = 2.0) -> list[Reservation]:  # fmt: skip
+        """Take ``gpus`` back from the holders ``whose`` picks (root's call: a running
+        job's GPUs from reservations made outside any job), their reservations and their
+        places in line (:meth:`SlotState.take_back`); returns the reservations."""
+        self._store.check_writable("take back reservations")
+        with self._store.locked(time.monotonic() + timeout_s) as st:
+            return st.take_back(gpus, whose)
 
     def reservations(self) -> list[Reservation]:
         """Live reservations (stale ones are reclaimed first)."""

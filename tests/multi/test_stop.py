@@ -174,3 +174,21 @@ def test_a_damaged_entry_found_after_a_failed_restore_is_imported_again(tmp_path
     pool.verify(again[m1.name].manifest.digest)  # whole again, the same weights
     assert again[m1.name].manifest.digest == m1.digest
     assert again[models[0].name].manifest.created == m0_created  # not imported again
+
+
+def test_every_models_entry_is_checked_not_only_the_first_damaged_one(tmp_path, cfg):
+    from spswap.multi.backend import multi_run
+    from spswap.serve.lifecycle import ServeResult
+
+    models = make_models(tmp_path, 2)
+    backend = multi_run(cfg, options(tmp_path, models), log=lambda _m: None).backend
+    backend.prepare(ServeResult())
+    pool = Pool.from_config(cfg)
+    for m in backend.manifests:
+        reverse_largest_tensor(pool, m)
+    found = backend.check_pool()
+    assert found is not None and all(f"{m.name} starts from its files" in found
+                                     for m in models), found  # fmt: skip
+    for e in pool.entries():
+        pool.verify(e.manifest.digest)  # both whole again
+    assert len(pool.entries()) == 2

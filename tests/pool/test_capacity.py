@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import signal
+import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from spswap.errors import PoolEntryInUse, PoolFull
@@ -123,3 +126,30 @@ def test_remove_force_and_release(sized: tuple[Pool, int], tmp_path: Path) -> No
     pool.acquire_use("m1", me)
     assert pool.remove("m1", force=True) == m1
     assert pool.entries() == []
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mnt)],
+                         capture_output=True, text=True)  # fmt: skip
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip()}")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_build_that_outgrew_its_reservation_needs_room_only_for_the_difference(
+    small_tmpfs: Path,
+) -> None:
+    """Its manifest (a name per tensor) took it past its reservation: room is made for
+    what it holds beyond it, not for all of it again (its data is on the file system
+    already: the whole size again made a 320 KiB entry on a 512 KiB tmpfs PoolFull)."""
+    pool = Pool(small_tmpfs / "pool", capacity_bytes=10 << 20)
+    data = np.arange(2048, dtype=np.float32).tobytes()  # 8 KiB: two aligned pages each
+    with pool.writer("many", expected_size_bytes=40 * len(data)) as w:
+        for i in range(40):
+            w.add(f"layers.{i}.weight", "F32", (2048,), data)
+    (entry,) = pool.entries()
+    assert entry.manifest.name == "many" and entry.size_bytes > 40 * len(data) + 4096

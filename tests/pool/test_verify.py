@@ -78,3 +78,45 @@ def test_a_name_cannot_shadow_a_digest(tmp_path):
     fake = pool.import_checkpoint(ckpt(tmp_path / "b.safetensors", 2.0), name="fake")
     assert pool.find(victim.digest) == victim
     assert pool.find(fake.digest) == fake
+
+
+def test_a_damaged_entry_is_removed_and_a_whole_one_stays(imported: tuple[Pool, str]) -> None:
+    from spswap.pool.verify import REMOVED_FIX, remove_if_damaged
+    from tests.helpers.damage import reverse_largest_tensor
+
+    pool, digest = imported
+    assert remove_if_damaged(pool, digest)[1] is None and pool.find(digest)
+    reverse_largest_tensor(pool, pool.find(digest))
+    m, problem = remove_if_damaged(pool, digest)
+    assert m.digest == digest and problem is not None and problem.endswith(REMOVED_FIX)
+    with pytest.raises(PoolEntryNotFound):
+        pool.find(digest)
+
+
+def test_an_entry_replaced_while_it_was_read_is_read_again_not_removed(
+    imported: tuple[Pool, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another run removed the damaged entry and imported it again, whole, while this
+    check read the damaged bytes: the whole entry stays (before, it was removed)."""
+    from spswap.pool import verify
+    from tests.helpers.damage import reverse_largest_tensor
+
+    pool, digest = imported
+    reverse_largest_tensor(pool, pool.find(digest))
+    real = verify.verify_entry
+    calls = []
+
+    def read_while_replaced(manifest, path, **kw):  # type: ignore[no-untyped-def]
+        calls.append(path)
+        if len(calls) == 1:
+            try:
+                real(manifest, path, **kw)  # the damaged bytes, read
+            finally:  # meanwhile: removed and imported again, whole
+                pool.remove(digest, force=True)
+                pool.import_checkpoint(write_st(tmp_path / "again.safetensors", tensors(scale=4)))
+        return real(manifest, path, **kw)
+
+    monkeypatch.setattr(verify, "verify_entry", read_while_replaced)
+    assert verify.remove_if_damaged(pool, digest)[1] is None
+    assert len(calls) == 2
+    pool.verify(digest)  # there, and whole

@@ -298,3 +298,23 @@ def test_a_users_wait_outside_a_job_is_judged_again_when_granted(
     assert ("waited for a slot outside a job, Slurm gave its GPU to a job (GPU 1: job 207); "
             "run it inside your job") in got  # fmt: skip
     access.release_slot(cfg, r.id)
+
+
+def test_a_job_given_a_gpu_is_not_held_back_by_a_users_wait_outside_a_job(
+    cfg: Config, daemon: int, user_uid: int
+) -> None:
+    """A user's place in line outside a job stops counting the GPUs a job is given
+    (before, job 208's own reservation of its free GPU 0 waited behind it, and timed out)."""
+    table = SlotTable.from_config(cfg)
+    held = [access.reserve_slot(cfg, model="root", units=4, allowed_gpus=[g], timeout_s=5)
+            for g in (0, 1)]  # fmt: skip
+    child = spawn_as(user_uid, _wait_outside_a_job, cfg, None)
+    _wait_for(lambda: any(w.model == "waits" for w in table.waiters()), "the user's wait")
+    Client(cfg).call("job.register", job_id="208", uid=0, user="root", gpus=[0])
+    access.release_slot(cfg, held[0].id)
+    r = access.reserve_slot(cfg, model="job", units=4, allowed_gpus=[0], job_id="208",
+                            timeout_s=2)  # fmt: skip
+    assert r.gpus == (0,)
+    access.release_slot(cfg, r.id)
+    access.release_slot(cfg, held[1].id)
+    assert child.result() == "granted [1]"

@@ -67,15 +67,21 @@ def test_a_barred_gpu_is_not_granted_and_the_request_waits_for_the_others() -> N
     assert st.grant(2, make_request((0, 1), 4, 1, None), B, "m", now=0.0, barred=[0]) is None
 
 
-def test_revoke_takes_what_it_picks_whoever_holds_it() -> None:
+def test_take_back_removes_the_picked_holders_reservations_and_places_in_line() -> None:
     st = SlotState()
     a = st.grant(1, make_request((0, 1), 1, None, [0]), A, "a", now=0.0)
     b = st.grant(2, make_request((0, 1), 1, None, [0]), B, "b", now=0.0)
+    c = st.grant(3, make_request((0, 1), 1, None, [1]), B, "c", now=0.0)
+    st.enqueue(_waiter(4, make_request((0, 1), 4, None, None)))  # B's, for GPU 0 or 1
+    st.enqueue(_waiter(5, make_request((0, 1), 4, None, None), holder=A))
     st.dirty = False
-    assert st.revoke(lambda r: r.holder.job_id is None) == [b]
-    assert st.reservations == [a] and st.dirty
+    assert st.take_back([0], lambda h: h.job_id is None) == [b]
+    assert st.reservations == [a, c] and st.dirty
+    assert [w.candidates for w in st.queue] == [(1,), (0, 1)]  # A's place is A's
+    # B's waiter holds back no one on GPU 0 now
+    assert st.waiters_ahead(6, make_request((0, 1), 1, None, [0])) == [st.queue[1]]
     st.dirty = False
-    assert st.revoke(lambda r: False) == [] and not st.dirty
+    assert st.take_back([0], lambda h: False) == [] and not st.dirty
 
 
 def test_a_full_gpu_grants_nothing_and_names_its_holders() -> None:
