@@ -271,16 +271,22 @@ def _wait_outside_a_job(cfg: Config, allowed: list[int] | None) -> str:
     return f"granted {list(r.gpus)}"
 
 
-def test_a_users_wait_outside_a_job_is_judged_again_when_granted(
-    cfg: Config, daemon: int, user_uid: int
-) -> None:
-    """A user's reservation outside a job, granted after a wait, takes no GPU a job was
-    given meanwhile (before, it was judged only when asked: it took GPU 0 from job 206)."""
+def _user_waits_behind_root(cfg: Config, user_uid: int) -> tuple[SlotTable, list[Any], Any]:
+    """Root holds both GPUs whole; the user waits outside a job for either."""
     table = SlotTable.from_config(cfg)
     held = [access.reserve_slot(cfg, model="root", units=4, allowed_gpus=[g], timeout_s=5)
             for g in (0, 1)]  # fmt: skip
     child = spawn_as(user_uid, _wait_outside_a_job, cfg, None)
     _wait_for(lambda: any(w.model == "waits" for w in table.waiters()), "the user's wait")
+    return table, held, child
+
+
+def test_a_users_wait_outside_a_job_is_judged_again_when_granted(
+    cfg: Config, daemon: int, user_uid: int
+) -> None:
+    """A user's reservation outside a job, granted after a wait, takes no GPU a job was
+    given meanwhile (before, it was judged only when asked: it took GPU 0 from job 206)."""
+    table, held, child = _user_waits_behind_root(cfg, user_uid)
     Client(cfg).call("job.register", job_id="206", uid=0, user="root", gpus=[0])
     access.release_slot(cfg, held[0].id)
     time.sleep(0.5)  # GPU 0 is free, but a job's now: the user waits on for GPU 1
@@ -305,11 +311,7 @@ def test_a_job_given_a_gpu_is_not_held_back_by_a_users_wait_outside_a_job(
 ) -> None:
     """A user's place in line outside a job stops counting the GPUs a job is given
     (before, job 208's own reservation of its free GPU 0 waited behind it, and timed out)."""
-    table = SlotTable.from_config(cfg)
-    held = [access.reserve_slot(cfg, model="root", units=4, allowed_gpus=[g], timeout_s=5)
-            for g in (0, 1)]  # fmt: skip
-    child = spawn_as(user_uid, _wait_outside_a_job, cfg, None)
-    _wait_for(lambda: any(w.model == "waits" for w in table.waiters()), "the user's wait")
+    table, held, child = _user_waits_behind_root(cfg, user_uid)
     Client(cfg).call("job.register", job_id="208", uid=0, user="root", gpus=[0])
     access.release_slot(cfg, held[0].id)
     r = access.reserve_slot(cfg, model="job", units=4, allowed_gpus=[0], job_id="208",
