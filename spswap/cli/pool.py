@@ -140,7 +140,10 @@ def verify(
     root: Path | None = RootOpt,
     json_out: bool = JsonOpt,
 ) -> None:
-    """Recompute every tensor's checksum; exit 1 naming the first bad tensor."""
+    """Recompute every tensor's checksum; exit 1 naming the first bad tensor.
+
+    It only reads the entry and removes nothing (`spswap pool rm` does, as root; a
+    restored run whose check prompt failed has spswapd remove a damaged entry)."""
     pool = _pool(root)
     m = pool.find(ref)
     t0 = time.perf_counter()

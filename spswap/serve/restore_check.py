@@ -23,7 +23,7 @@ def tokens_text(ids: list[int] | None, shown: int = 8) -> str:
 
 
 # a restore's step names as the job's log says them (spswapd's timings keys)
-_STEP_NAMES = {"verify": "check", "thaw": "unfreeze"}
+_STEP_NAMES = {"verify": "image check", "thaw": "unfreeze"}
 
 
 def timings_text(timings_s: Any) -> str:
@@ -59,8 +59,8 @@ def restored_text(how: str, run: int, *, wake_s: float, check_s: float,
     says what a restore leaves slow; ``check_before_s`` None: there was no check), and
     the saved requests it now answers (``saved``; None where the engine keeps none)."""
     checked = "" if check_before_s is None else (
-        f", checked in {check_s:.3f} s (the same prompt took {check_before_s:.3f} s before "
-        "its checkpoint)")  # fmt: skip
+        f", its check prompt answered as before in {check_s:.3f} s (it took "
+        f"{check_before_s:.3f} s before its checkpoint)")  # fmt: skip
     resumed = "" if saved is None else f"; {saved} saved request(s) to resume"
     return (f"spswap serve: restored {how} into run {run}; weights back in {wake_s:.3f} s"
             f"{checked}{resumed}")  # fmt: skip

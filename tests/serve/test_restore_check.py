@@ -40,12 +40,14 @@ def test_a_restore_s_timings_read_in_milliseconds() -> None:
              "early_cuda_restore": 0.6157, "early_cuda_restore_pid1613": 0.0128,
              "early_wake_total": 0.6195, "verify": 0.0002, "thaw": 0.00041}  # fmt: skip
     assert timings_text(early) == (
-        "at the job's prolog: check 0.79 ms, CRIU restore 1.84 s, CUDA restore 0.62 s; "
-        "when this run asked: CUDA unlock 6.89 ms, check 0.2 ms, unfreeze 0.41 ms"
+        "at the job's prolog: image check 0.79 ms, CRIU restore 1.84 s, CUDA restore 0.62 s; "
+        "when this run asked: CUDA unlock 6.89 ms, image check 0.2 ms, unfreeze 0.41 ms"
     )
     assert timings_text({"cuda_restore_pid7": 0.4}) == "no timings"
     # no "1e+02 ms" just under a tenth of a second
-    assert timings_text({"thaw": 0.0997, "verify": 0.0994}) == "unfreeze 0.10 s, check 99.4 ms"
+    assert (
+        timings_text({"thaw": 0.0997, "verify": 0.0994}) == "unfreeze 0.10 s, image check 99.4 ms"
+    )
     assert timings_text({}) == timings_text(None) == "no timings"
 
 
@@ -53,8 +55,8 @@ def test_the_restored_line_sets_the_check_beside_the_one_before_the_checkpoint()
     assert restored_text(
         "from its image", 2, wake_s=0.1234, check_s=0.15, check_before_s=0.05
     ) == (  # fmt: skip
-        "spswap serve: restored from its image into run 2; weights back in 0.123 s, checked "
-        "in 0.150 s (the same prompt took 0.050 s before its checkpoint)"
+        "spswap serve: restored from its image into run 2; weights back in 0.123 s, its "
+        "check prompt answered as before in 0.150 s (it took 0.050 s before its checkpoint)"
     )
     assert restored_text("from its image", 1, wake_s=0.2, check_s=0.0, check_before_s=None) \
         == "spswap serve: restored from its image into run 1; weights back in 0.200 s"  # fmt: skip
