@@ -91,8 +91,9 @@ class Holder:
             whose = f"job {self.for_job}'s" if self.for_job else "a job's"
             return (f"spswapd, for {whose} checkpoint image (until that job runs again, or "
                     "ends)")  # fmt: skip
-        job = f" job {self.job_id}" if self.job_id else ""
-        return f"pid {self.pid}{job} uid {self.uid}"
+        if self.job_id:  # the job keeps it (the process that asked may have exited)
+            return f"job {self.job_id} uid {self.uid}, asked by pid {self.pid}"
+        return f"pid {self.pid} uid {self.uid}"
 
 
 def holder_alive(holder: Holder, job_alive: JobProbe | None = None) -> bool:

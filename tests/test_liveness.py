@@ -44,5 +44,6 @@ def test_spswapds_own_image_uses_say_what_they_are_for() -> None:
                                 "runs again, or ends)")  # fmt: skip
     assert Holder.from_json(image.to_json()) == image
     assert "for_job" not in Holder(pid=1, pid_start=None, uid=0).to_json()
-    assert Holder(pid=5, pid_start=None, uid=1000, job_id="7").describe() == "pid 5 job 7 uid 1000"
+    assert Holder(pid=5, pid_start=None, uid=1000, job_id="7").describe() == (
+        "job 7 uid 1000, asked by pid 5")  # fmt: skip
     assert Holder.from_json({"pid": 5, "uid": 1}).purpose is None  # written before the field

@@ -46,12 +46,9 @@ def render_slots(snapshot: dict[str, Any]) -> list[Table]:
         holders = []
         for rid in dict.fromkeys(o for o in g["units"] if o is not None):
             r = by_id[rid]
-            h = r["holder"]
-            job = f" job {h['job_id']}" if h.get("job_id") else ""
+            who = Holder.from_json(r["holder"]).describe()
             since = time.strftime("%H:%M:%S", time.localtime(r["granted_at"]))
-            holders.append(
-                f"{rid} {r['model']} (pid {h['pid']}{job} uid {h['uid']}, since {since})"
-            )
+            holders.append(f"{rid} {r['model']} ({who}, since {since})")
         name = str(g["index"]) if g.get("known", True) else f"{g['index']} (not seen here)"
         plain_row(
             gpus,
