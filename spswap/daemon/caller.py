@@ -63,7 +63,7 @@ def job_gpus_only(ctx: Context, job_id: str | None, asked: list[int] | None,
         return asked
     allowed = [g for g in (asked if asked is not None else node_gpus) if g not in held]
     if not allowed:
-        jobs = ", ".join(f"GPU {g}: job {j}" for g, j in sorted(held.items()))
+        jobs = _held_text(held, sorted(held))
         raise PermissionDenied(
             f"outside a job you may reserve only GPUs that no job of this node holds, and "
             f"{'every one' if asked is None else f'each of {asked}'} is held ({jobs}); run "
@@ -78,6 +78,11 @@ def gpus_held_by_jobs(state: DaemonState) -> dict[int, str]:
             for g in j.gpus}  # fmt: skip
 
 
+def _held_text(held: dict[int, str], gpus: Sequence[int]) -> str:
+    """``GPU 0: job 12, GPU 1: job 13``: which job holds each of ``gpus``."""
+    return ", ".join(f"GPU {g}: job {held[g]}" for g in gpus)
+
+
 def jobless_barred(state: DaemonState, holder: Holder, allowed: Sequence[int]) -> list[int]:
     """The GPUs of ``allowed`` that a user's reservation outside a job may not take now,
     checked again at each attempt to grant it: a job may have been given one while it
@@ -85,7 +90,7 @@ def jobless_barred(state: DaemonState, holder: Holder, allowed: Sequence[int]) -
     held = gpus_held_by_jobs(state)
     barred = [g for g in allowed if g in held]
     if barred and len(barred) == len(allowed):
-        jobs = ", ".join(f"GPU {g}: job {held[g]}" for g in barred)
+        jobs = _held_text(held, barred)
         raise PermissionDenied(
             f"while pid {holder.pid} waited for a slot outside a job, Slurm gave "
             f"{'its GPU' if len(barred) == 1 else 'each of its GPUs'} to a job ({jobs}); "
