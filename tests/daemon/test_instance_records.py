@@ -76,7 +76,9 @@ def test_a_users_record_goes_through_the_daemon(cfg: Config, daemon: int, user_u
 
 def _put_taken_as_user(root: str, sync: str) -> str:
     """Put ``7-<own pid>`` once root has put a record of that id (``sync``/go)."""
-    Path(sync, "pid").write_text(str(os.getpid()))
+    # written whole, then renamed: the waiting side must never read an empty pid
+    Path(sync, "pid.new").write_text(str(os.getpid()))
+    os.rename(Path(sync, "pid.new"), Path(sync, "pid"))
     while not Path(sync, "go").exists():
         time.sleep(0.01)
     return _put_raw_as_user(root, _record("7-PID").to_json())
