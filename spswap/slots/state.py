@@ -212,7 +212,12 @@ class SlotState:
     ) -> Reservation | None:  # fmt: skip
         """Place ``req`` for ticket ``ticket`` if it fits and no earlier waiter for the same
         GPUs is still in line; the reservation (the ticket leaves the queue), else None.
-        ``barred``: GPUs of ``req`` it may not take now (it waits for the others)."""
+        ``barred``: GPUs of ``req`` it may not take now (it waits for the others).
+
+        A ticket in line is judged by its place in line's GPUs, which :meth:`take_back`
+        may have narrowed (the same GPUs then count for it and for those behind it); a
+        place left with none raises :class:`SlotError`, and the ticket leaves the line."""
+        req = self._as_in_line(ticket, req)
         if self.waiters_ahead(ticket, req):
             return None
         candidates = [g for g in req.candidates if g not in barred]
@@ -225,6 +230,23 @@ class SlotState:
         self.dequeue(ticket)
         self.dirty = True
         return r
+
+    def _as_in_line(self, ticket: int, req: SlotRequest) -> SlotRequest:
+        """``req`` with the GPUs its place in line still has (all of them before it is in
+        line)."""
+        for w in self.queue:
+            if w.ticket == ticket:
+                left = tuple(g for g in req.candidates if g in w.candidates)
+                if not left:
+                    self.dequeue(ticket)
+                    raise SlotError(
+                        f"every GPU this request could take ({req.describe()}) was taken back "
+                        "while it waited: a reservation outside a job gives way to the job "
+                        "Slurm gives its GPU to (`spswap events` names the job); run it "
+                        "inside your job (sbatch or srun), where it takes your job's GPUs"
+                    )  # fmt: skip
+                return replace(req, candidates=left) if left != req.candidates else req
+        return req
 
     def enqueue(self, waiter: Waiter) -> None:
         """Put ``waiter`` in line by its ticket (no-op when its ticket is there already)."""

@@ -84,6 +84,31 @@ def test_take_back_removes_the_picked_holders_reservations_and_places_in_line() 
     assert st.take_back([0], lambda h: False) == [] and not st.dirty
 
 
+def test_a_place_in_line_taken_back_is_judged_by_the_gpus_it_has_left() -> None:
+    """The waiter's own attempts count the GPUs its place in line still has, as those
+    behind it do: GPU 0 went to a job while B waited, so B is not placed there though
+    it is free and its job has ended since; a place left with none ends the wait."""
+    st = SlotState()
+    both = make_request((0, 1), 4, None, None)
+    st.enqueue(_waiter(1, both))
+    st.take_back([0], lambda h: h.job_id is None)
+    assert st.grant(2, make_request((0, 1), 4, None, [0]), A, "a", now=0.0) is not None
+    st.reservations.clear()  # GPU 0 free again
+    hold = Reservation("r0", (1,), (0, 1, 2, 3), A, "a", 0.0)
+    st.reservations.append(hold)
+    assert st.grant(1, both, B, "b", now=0.0) is None  # not GPU 0
+    st.reservations.remove(hold)
+    got = st.grant(1, both, B, "b", now=0.0)
+    assert got is not None and got.gpus == (1,)
+
+    st.enqueue(_waiter(4, make_request((0,), 4, None, None)))
+    st.take_back([0], lambda h: h.job_id is None)
+    with pytest.raises(SlotError, match=r"every GPU this request could take \(4 unit\(s\) on GPU "
+                                        r"0\) was taken back while it waited"):  # fmt: skip
+        st.grant(4, make_request((0,), 4, None, None), B, "b", now=0.0)
+    assert not st.in_line(4)
+
+
 def test_a_full_gpu_grants_nothing_and_names_its_holders() -> None:
     st = SlotState()
     req = make_request((0,), 4, None, None)
