@@ -31,7 +31,7 @@ from typing import Any
 
 from spswap.errors import RequestRejected, SpswapError
 from spswap.multi.router import Router
-from spswap.serve.front import bind_private_socket
+from spswap.serve.front import listen_private_socket
 
 MAX_BODY_BYTES = 1 << 20
 REQUEST_TIMEOUT_S = 600.0
@@ -239,11 +239,10 @@ class ApiServer:
         self._server: _Server | None = None
 
     def start(self) -> None:
-        sock = bind_private_socket(self.path)
+        sock = listen_private_socket(self.path)
         server = _Server(str(self.path), _Handler, bind_and_activate=False)
         server.socket.close()
         server.socket = sock
-        sock.listen(64)
         server.router = self.router
         self._server = server
         threading.Thread(target=server.serve_forever, daemon=True,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import socket
 import stat
 import threading
@@ -73,20 +74,30 @@ def private_socket_dir(path: Path) -> None:
         )
 
 
-def bind_private_socket(path: Path) -> socket.socket:
-    """A Unix socket bound at ``path`` (mode 0600) in a private directory of this user's
-    (made 0700 when missing; refused when another user could replace the socket)."""
+def listen_private_socket(path: Path, backlog: int = 64) -> socket.socket:
+    """A Unix socket listening at ``path`` (mode 0600) in a private directory of this
+    user's (made 0700 when missing; refused when another user could replace the socket).
+
+    Bound and listening under a name of its own first, then renamed into place: a script
+    that waits for the socket file and connects at once is never refused (a socket is a
+    file from its bind, but takes connections only from its listen)."""
     private_socket_dir(path)
-    try:
-        path.unlink()
-    except FileNotFoundError:
-        pass
+    # short, as it too must fit a socket's path; random, as threads may bind side by side
+    staging = path.with_name(f".{secrets.token_hex(3)}")
+    if len(os.fsencode(staging)) > MAX_SOCKET_PATH_BYTES:
+        staging = path  # a path that fits only as it is: bound there at once
+        path.unlink(missing_ok=True)  # (else the rename replaces the old socket)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old = os.umask(0o177)  # 0600: the job's user only
     try:
-        sock.bind(str(path))
+        sock.bind(str(staging))
+        sock.listen(backlog)
+        if staging != path:
+            os.rename(staging, path)
     except BaseException:
         sock.close()
+        if staging != path:
+            staging.unlink(missing_ok=True)
         raise
     finally:
         os.umask(old)
@@ -117,8 +128,7 @@ class Front:
             ) from None
 
     def _bind(self) -> None:
-        sock = bind_private_socket(self.path)
-        sock.listen(64)
+        sock = listen_private_socket(self.path)
         self._closing.clear()
         self._listener = sock
         threading.Thread(target=self._accept, args=(sock,), daemon=True).start()

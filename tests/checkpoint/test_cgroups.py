@@ -144,6 +144,7 @@ def _start_in(job: Path, *args: str) -> subprocess.Popen:
 
     while len(process_tree_pids(proc.pid)) < 2 and time.monotonic() < deadline:
         time.sleep(0.02)
+    assert len(process_tree_pids(proc.pid)) >= 2, f"the tree under pid {proc.pid} never grew"
     return proc
 
 

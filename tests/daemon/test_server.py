@@ -47,7 +47,7 @@ def test_ensure_is_idempotent_and_fast(cfg: Config, daemon: int) -> None:
     for _ in range(20):
         assert lifecycle.ensure(cfg) == daemon
     per_call_ms = (time.perf_counter() - t0) * 1000 / 20
-    assert per_call_ms < 20, per_call_ms
+    assert per_call_ms < 100, per_call_ms  # no start, no wait: a start alone takes longer
 
 
 @pytest.mark.parametrize(
@@ -115,7 +115,7 @@ def test_crash_then_ensure_restarts_with_state(cfg: Config, daemon: int) -> None
     os.waitpid(daemon, 0)
     assert lifecycle.daemon_running(cfg) is None  # pid file stays, its lock is gone
     assert cfg.paths.socket.exists()  # stale socket left behind
-    pid2 = lifecycle.ensure(cfg)
+    pid2 = lifecycle.ensure(cfg, wait_s=15)
     assert pid2 != daemon
     jobs = Client(cfg).call("jobs.list")
     assert [(j["job_id"], j["uid"], j["restart_count"]) for j in jobs] == [("501", 1234, 1)]
@@ -201,7 +201,7 @@ def test_a_trickling_client_is_cut_off_at_the_line_deadline(cfg: Config) -> None
                     break
                 answer += more
         assert "no complete message within 0.5 s" in _error(answer)["message"]
-        assert elapsed_s < 2.0, elapsed_s  # not at the end of the trickle
+        assert elapsed_s < 3.5, elapsed_s  # not at the end of the trickle (over 7 s)
     finally:
         _stop(server, t)
 

@@ -76,6 +76,6 @@ DIES_LEAVING_A_CHILD = """
 import os, subprocess, sys, time
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
 print(child.pid, flush=True)
-time.sleep(1.0)
+time.sleep(2.0)  # (the run reads its tree first, even on a loaded machine)
 os._exit(9)
 """

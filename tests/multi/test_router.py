@@ -116,6 +116,7 @@ def test_a_running_request_finishes_before_its_model_is_put_to_sleep(tmp_path, c
         deadline = time.monotonic() + 30
         while "m0" not in router.placement.busy and time.monotonic() < deadline:
             time.sleep(0.005)
+        assert "m0" in router.placement.busy, "m0 never began its answer"
         second = router.submit("m1", PROMPT, MAX_NEW)
         a0, a1 = first.result(120), second.result(120)
         assert a0["token_ids"] == cold0 and a1["token_ids"] == cold1
@@ -143,6 +144,7 @@ def test_serve_models_holds_its_awake_units_on_the_slot_table(tmp_path, cfg):
         deadline = time.monotonic() + 60
         while not opts.socket_path.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
+        assert opts.socket_path.exists(), "the job's endpoint never opened"
         (held,) = SlotTable(cfg.paths.slots, [0]).reservations()
         assert (len(held.units), held.model) == (4, "m0+m1+m2")  # two awake, 2 units each
         assert http_api.complete(opts.socket_path, "m2", PROMPT, MAX_NEW)["status"] == 200
@@ -168,6 +170,7 @@ def test_spswap_status_shows_a_row_per_model_while_the_job_serves(tmp_path, cfg)
         deadline = time.monotonic() + 60
         while not opts.socket_path.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
+        assert opts.socket_path.exists(), "the job's endpoint never opened"
         assert http_api.complete(opts.socket_path, "m2", PROMPT, MAX_NEW)["status"] == 200
         rows = {i["model"]: i for i in collect_status(cfg)["instances"]}
         assert {m: r["state"] for m, r in rows.items()} == {"m0": "sleep", "m1": "up",

@@ -57,7 +57,9 @@ def _flood(socket_path: str, ready: str, stop: str) -> dict[str, Any]:
             s.connect(socket_path)
             n = FDS_PER_CONN if len(held) < 20 else 1  # big ones first, then fill the gaps
             socket.send_fds(s, [b'{"v":1,"op":"pool.import"'], [src] * n)
-            s.settimeout(0.05)
+            # a refusal may come late on a loaded machine: only a connection spswapd took
+            # in (it waits for the rest of the request) is silent for a whole second
+            s.settimeout(1.0)
             told.append(s.recv(4096).decode())
             s.close()
         except TimeoutError:
@@ -104,7 +106,7 @@ def test_one_users_descriptors_do_not_fail_another_users_import(
     finally:
         stop.write_text("")
         flood = attacker.result()
-    assert out["pong"] is True and out["s"] < 5, out
+    assert out["pong"] is True and out["s"] < 10, out
     # the flooder holds a few connections, within its share; the rest were told why
     assert 0 < flood["held"] * (FDS_PER_CONN + 1) <= LIMIT // 8, flood
     share = [t for t in flood["told"] if "at its share of spswapd's descriptors" in t]

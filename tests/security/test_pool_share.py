@@ -151,6 +151,7 @@ def test_another_users_uses_cannot_lock_a_share(cfg: Config, user_uid: int,
     deadline = time.monotonic() + 30
     while not os.path.exists(go + ".held") and time.monotonic() < deadline:
         time.sleep(0.05)
+    assert os.path.exists(go + ".held"), "the other user's uses were never taken"
     assert spawn_as(user_uid, _import_all, cfg, mine[2:]).result() == ["ok"]
     importers = {e.manifest.name: e.importers for e in Pool.from_config(cfg).entries()}
     assert importers["m5"] == [user_uid] and other_uid in importers["m3"], importers

@@ -52,8 +52,9 @@ def test_root_refuses_a_tree_another_user_prepared(user_uid: int) -> None:
 
 def _fake_daemon(path: str) -> str:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.bind(path)
+    s.bind(path + ".new")  # listening before the test sees the file
     s.listen(1)
+    os.rename(path + ".new", path)
     s.settimeout(10)
     try:
         conn, _ = s.accept()

@@ -181,7 +181,8 @@ def test_a_stop_drains_a_long_request_within_the_limit_and_saves_it(tmp_path: Pa
     try:
         deadline = time.monotonic() + 90
         while not sock.exists():
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+            assert proc.poll() is None, proc.communicate()[0]
+            assert time.monotonic() < deadline, "the server did not open its socket"
             time.sleep(0.05)
         long_req = {"id": "long", "prompt_ids": [1, 2, 3], "max_new_tokens": 250}
         asker = threading.Thread(target=lambda: got.update(ask(sock, long_req)))

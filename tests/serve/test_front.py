@@ -84,6 +84,47 @@ def test_front_refuses_a_socket_directory_others_can_write(tmp_path: Path) -> No
         Front(Spool(tmp_path / "state"), shared / "s.sock").open()
 
 
+def test_the_socket_file_appears_only_once_it_takes_connections(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user's script waits for the socket file and connects at once: the file must not
+    exist before the socket listens (a bound socket refuses connections until then)."""
+    from spswap.serve import front
+
+    path = Path(tempfile.mkdtemp(prefix="spf-", dir="/tmp")) / "s.sock"  # short path
+    seen_at_listen: list[bool] = []
+
+    class Watched(socket.socket):
+        def listen(self, *args: object) -> None:
+            seen_at_listen.append(path.exists())
+            super().listen(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(front.socket, "socket", Watched)
+    old = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # a stale socket of a last run
+    old.bind(str(path))
+    old.close()
+    sock = front.listen_private_socket(path)
+    try:
+        assert seen_at_listen == [True]  # the stale file stayed until the rename replaced it
+        path.unlink()
+        sock.close()
+        seen_at_listen.clear()
+        sock = front.listen_private_socket(path)
+        assert seen_at_listen == [False]
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        assert sorted(p.name for p in path.parent.iterdir()) == ["s.sock"]  # staging gone
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
+            c.connect(str(path))
+    finally:
+        sock.close()
+    # a path that fits a socket only as it is (no room for the staging name) still works
+    deep = tmp_path.parent / ("d" * (107 - len(str(tmp_path.parent)) - 4))  # + "/ab": 106
+    deep.mkdir(mode=0o700)
+    sock = front.listen_private_socket(deep / "ab")
+    sock.close()
+    assert [p.name for p in deep.iterdir()] == ["ab"]
+
+
 def test_socket_auto_skips_a_runtime_dir_that_is_not_yours(tmp_path: Path, monkeypatch) -> None:
     """sbatch exports the login shell's XDG_RUNTIME_DIR: on the compute node it may be
     missing or another uid's; the state directory's private sock/ is used instead."""

@@ -80,8 +80,9 @@ def test_watch_forwards_a_stop_and_reports_a_signal_death() -> None:
     watch = RunWatch(pid, "42", lambda j: {})
     previous = signal.getsignal(signal.SIGTERM)
     try:
-        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        # the handler first: a stall between the two lines must not let SIGALRM kill pytest
         signal.signal(signal.SIGALRM, lambda *_: os.kill(os.getpid(), signal.SIGTERM))
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
         t0 = time.monotonic()
         assert watch.wait() == 128 + signal.SIGTERM
         assert time.monotonic() - t0 < 5
@@ -95,12 +96,12 @@ def test_watch_forwards_a_stop_and_reports_a_signal_death() -> None:
 def test_watch_ends_when_the_instance_left_the_job(monkeypatch: pytest.MonkeyPatch) -> None:
     # a kept instance never exits: the watch must end on spswapd's word, long before it
     pid = _child("time.sleep(30)")
-    parked_at = time.monotonic() + 0.3
+    t0 = time.monotonic()
+    parked_at = t0 + 0.3
     monkeypatch.setattr(
         run_watch, "_cgroup_text", lambda p: V2_PARKED if time.monotonic() > parked_at else V2_JOB
     )
     try:
-        t0 = time.monotonic()
         assert RunWatch(pid, "42", lambda j: {"pid": pid, "left_job": True}).wait() == 0
         assert 0.25 < time.monotonic() - t0 < 5
         assert os.waitpid(pid, os.WNOHANG) == (0, 0), "the instance lives on"
@@ -117,13 +118,16 @@ def test_stand_in_ends_once_its_stopped_instance_left_the_job() -> None:
         [
             sys.executable,
             "-c",
-            "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(30)",
-        ]
+            "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "print('ready', flush=True); time.sleep(30)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
-        time.sleep(0.3)  # its handler is in place
-        left_at = time.monotonic() + 0.3
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"  # deaf to TERM
         t0 = time.monotonic()
+        left_at = t0 + 0.3
         stopped = stand_in_for(proc.pid, lambda: "SIGTERM", poll_s=0.01,
                                left_job=lambda: time.monotonic() > left_at)  # fmt: skip
         assert stopped == "SIGTERM"

@@ -400,7 +400,7 @@ srv = VllmApiServer(Path({str(model)!r}), Path({str(state / "sock")!r}),
                     launcher={STANDIN!r})
 srv.start(dummy=False, timeout_s=60)
 print(srv.proc.pid, flush=True)
-time.sleep(1.0)
+time.sleep(2.0)  # (the run reads its tree first, even on a loaded machine)
 os._exit(9)
 """)
     logs: list[str] = []

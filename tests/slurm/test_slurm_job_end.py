@@ -80,4 +80,6 @@ while :; do read -t 1 -u 9; done
         wait_for("the job's end", lambda j=job: backend.job_alive(j) is False, timeout_s=60)
     print(f"requeued job's end with {left} left behind: {[f'{s:.2f}' for s in ends]} s")
     if left == "nothing":
-        assert max(ends) < 1.0, ends
+        # well inside KillWait (5 s), the wait a script deaf to TERM would cost; a few
+        # tenths here, but the polls are `scontrol` runs on a loaded CI machine
+        assert max(ends) < 3.0, ends

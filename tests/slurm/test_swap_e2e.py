@@ -115,9 +115,14 @@ def _assert_parked(cluster: SlurmCluster, job: str, *, early_requeue: bool) -> N
     assert parked and not any(Path(p).exists() for p in parked), parked  # removed after
     # the run ended once its tree had left the job, not at KillWait's SIGKILL (5 s in
     # scripts/slurm_up.sh's slurm.conf): a kept tree never exits (spswap.serve.run_watch)
-    ended = next(e for e in log[kinds.index("checkpoint.parked") :] if e["kind"] == "job.end")
-    waited_s = ended["ts"] - log[kinds.index("checkpoint.parked")]["ts"]
-    assert waited_s < KILL_WAIT_S, f"the job ended {waited_s:.1f} s after its park: {kinds}"
+    # (from the requeue, Slurm's stop signal, where it came after the park: a requeue once
+    # the image is complete waits for the dump, seconds on a loaded machine)
+    parked_i = kinds.index("checkpoint.parked")
+    end_i = next(i for i in range(parked_i, len(kinds)) if kinds[i] == "job.end")
+    stops = ("checkpoint.parked", "job.requeue", "job.requeue_refused")
+    since_i = max(i for i in range(parked_i, end_i) if kinds[i] in stops)
+    waited_s = log[end_i]["ts"] - log[since_i]["ts"]
+    assert waited_s < KILL_WAIT_S, f"the job ended {waited_s:.1f} s after {kinds[since_i]}: {kinds}"
     if early_requeue:
         requeue = kinds.index("job.requeue")
         assert requeue < saved and log[requeue]["detail"]["early"] is True, kinds
