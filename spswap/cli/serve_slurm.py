@@ -5,6 +5,7 @@ state directory remembers for the later runs (KillWait, the device)."""
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -12,12 +13,22 @@ from typing import TypeVar
 from spswap.cli.common import err_console
 from spswap.errors import SpswapError
 from spswap.fsutil import atomic_write_bytes, make_private_dirs
-from spswap.slurm.backend import get_backend, kill_wait_s
+from spswap.slurm.backend import controller_up, get_backend, kill_wait_s
 from spswap.slurm.requeue import requeue_warning
+
+
+def _controller_answers() -> bool:
+    """Whether Slurm's controller answers ``scontrol ping`` (tens of ms either way). The
+    start's questions are worth asking only then: with the controller down, each other
+    Slurm command retries its connection for seconds before it fails, and the start
+    would wait for that twice over."""
+    return shutil.which("scontrol") is not None and controller_up(timeout_s=2.0)
 
 
 def warn_if_not_requeueable(job_id: str) -> None:
     """Say at the start, in the job log, that a preemption would end this job for good."""
+    if not _controller_answers():
+        return  # Slurm could not say: the run goes on, as it would have
     backend = get_backend(timeout_s=3.0)
     try:
         warning = requeue_warning(backend.job(job_id) if backend is not None else None)
@@ -71,7 +82,8 @@ def _remembered(state_dir: Path, name: str, parse: Callable[[str], T | None],
 
 def job_kill_wait_s(state_dir: Path) -> float | None:
     """slurm.conf's KillWait, asked of Slurm by the job's first run."""
-    return _remembered(state_dir, KILL_WAIT_FILE, float, lambda: kill_wait_s(timeout_s=5.0))
+    return _remembered(state_dir, KILL_WAIT_FILE, float,
+                       lambda: kill_wait_s(timeout_s=5.0) if _controller_answers() else None)
 
 
 def job_device(state_dir: Path) -> str:
