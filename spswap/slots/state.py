@@ -237,7 +237,7 @@ class SlotState:
         for w in self.queue:
             if w.ticket == ticket:
                 left = tuple(g for g in req.candidates if g in w.candidates)
-                if not left:
+                if len(left) < (req.whole_gpus or 1):
                     self.dequeue(ticket)
                     raise SlotError(
                         f"every GPU this request could take ({req.describe()}) was taken back "

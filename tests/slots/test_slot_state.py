@@ -107,6 +107,11 @@ def test_a_place_in_line_taken_back_is_judged_by_the_gpus_it_has_left() -> None:
                                         r"0\) was taken back while it waited"):  # fmt: skip
         st.grant(4, make_request((0,), 4, None, None), B, "b", now=0.0)
     assert not st.in_line(4)
+    two = make_request((0, 1), 4, 2, None)  # two whole GPUs, and one of them taken back
+    st.enqueue(_waiter(5, two))
+    st.take_back([1], lambda h: h.job_id is None)
+    with pytest.raises(SlotError, match="was taken back while it waited"):
+        st.grant(5, two, B, "b", now=0.0)
 
 
 def test_a_full_gpu_grants_nothing_and_names_its_holders() -> None:
