@@ -166,6 +166,30 @@ def test_strict_fails_on_an_old_criu(tmp_path: Path) -> None:
     assert res.exit_code == 1
 
 
+def test_the_criu_named_in_the_settings_file_is_the_one_run(tmp_path: Path) -> None:
+    """SPSWAP_CRIU in /etc/default/spswap reaches `spswap doctor` (and every command), not
+    only a daemon whose hook exported it; the environment's, when set, comes first."""
+    from spswap.checkpoint.criu_find import find_criu
+
+    old = tmp_path / "criu"
+    old.write_text("#!/bin/sh\necho 'Version: 3.17.1'\n")
+    old.chmod(0o755)
+    settings = tmp_path / "spswap.defaults"
+    settings.write_text(f"SPSWAP_CRIU={old}\n")
+    env = {"SPSWAP_DEFAULTS": str(settings)}
+    res = CliRunner().invoke(app, ["doctor", "--json", "--root", str(tmp_path)], env=env)
+    criu = next(c for c in json.loads(res.stdout)["checks"] if c["name"] == "criu")
+    assert criu["ok"] is False and "3.17.1" in criu["value"], criu
+    other = tmp_path / "other-criu"
+    other.write_text("#!/bin/sh\n")
+    other.chmod(0o755)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPSWAP_DEFAULTS", str(settings))
+        assert find_criu() == old
+        mp.setenv("SPSWAP_CRIU", str(other))
+        assert find_criu() == other
+
+
 def test_state_tree_writable_by_others_is_a_required_failure(tmp_path):
     import os
 

@@ -12,14 +12,21 @@ from spswap.checkpoint import criu_argv
 from spswap.checkpoint.criu_log import NOISE
 from spswap.config import setting_text
 from spswap.errors import CheckpointFailed
+from spswap.settings_file import read_settings_file, settings_file_path
 
 MIN_VERSION = (4, 1, 0)
 BUILD_HINT = "build one with scripts/build_criu.sh (CRIU >= 4.1 is needed on kernels >= 6.13)"
 
 
 def find_criu(env: dict[str, str] | None = None) -> Path | None:
-    """The criu to use: ``$SPSWAP_CRIU``, then PATH, then /usr/local/sbin/criu."""
-    env = dict(os.environ) if env is None else env
+    """The criu to use: ``$SPSWAP_CRIU`` (the environment's, else the node's settings
+    file's, as every other setting), then PATH, then /usr/local/sbin/criu."""
+    if env is None:
+        env = dict(os.environ)
+        if "SPSWAP_CRIU" not in env:
+            from_file = read_settings_file(settings_file_path(env)).values.get("SPSWAP_CRIU")
+            if from_file:
+                env["SPSWAP_CRIU"] = from_file
     explicit = setting_text(env.get("SPSWAP_CRIU") or "")  # as the hooks' shell reads it
     if explicit:
         return Path(explicit) if os.access(explicit, os.X_OK) else None

@@ -47,6 +47,7 @@ def render_serve_multi(opts: MultiSbatchOptions = MultiSbatchOptions()) -> str:
 # Submit with: sbatch {FILE_NAME}
 # Change the lines marked CHANGE.
 #SBATCH --job-name={opts.job_name}
+# CHANGE the next line: your site's partition whose jobs others may preempt
 #SBATCH --partition={opts.partition}
 #SBATCH --gres=gpu:1
 #SBATCH --time={opts.time_limit}

@@ -114,6 +114,7 @@ def render_serve(opts: SbatchOptions = SbatchOptions()) -> str:
 # Submit with: sbatch {name}.sbatch
 # Change the lines marked CHANGE.
 #SBATCH --job-name={opts.job_name}
+# CHANGE the next line: your site's partition whose jobs others may preempt
 #SBATCH --partition={opts.partition}
 #SBATCH --gres=gpu:{opts.gpus}
 #SBATCH --time={opts.time_limit}

@@ -146,8 +146,9 @@ def test_job_script_is_the_template_with_the_model_and_the_bench_options(tmp_pat
     opts = TurnsOptions(models=(tmp_path / "m",), work_dir=tmp_path, partition="debug",
                         gpus=2, serve_args="--kv-cache-gib 4")  # fmt: skip
     script = job_script(opts, TurnJob(name="m", model=tmp_path / "m"), 0)
-    assert "#SBATCH --job-name=turns-0-m\n#SBATCH --partition=debug\n#SBATCH --gres=gpu:2\n" \
-        in script  # fmt: skip
+    assert ("#SBATCH --job-name=turns-0-m\n# CHANGE the next line: your site's partition "
+            "whose jobs others may preempt\n#SBATCH --partition=debug\n#SBATCH --gres=gpu:2\n"
+            ) in script  # fmt: skip
     assert "#SBATCH --requeue\n" in script
     assert (
         'spswap serve "$MODEL" --state-dir "$STATE" --units 4 --kv-cache-gib 4 --socket auto &'
