@@ -82,8 +82,11 @@ def _remembered(state_dir: Path, name: str, parse: Callable[[str], T | None],
 
 def job_kill_wait_s(state_dir: Path) -> float | None:
     """slurm.conf's KillWait, asked of Slurm by the job's first run."""
-    return _remembered(state_dir, KILL_WAIT_FILE, float,
-                       lambda: kill_wait_s(timeout_s=5.0) if _controller_answers() else None)
+
+    def ask() -> float | None:
+        return kill_wait_s(timeout_s=5.0) if _controller_answers() else None
+
+    return _remembered(state_dir, KILL_WAIT_FILE, float, ask)
 
 
 def job_device(state_dir: Path) -> str:
