@@ -20,7 +20,7 @@ JsonOpt = typer.Option(False, "--json", help="Print machine-readable JSON instea
 RootOpt = typer.Option(
     None, "--root", envvar="SPSWAP_ROOT",
     help="spswap's state directory (pool, slots, images) on node-local tmpfs.",
-    show_default="/dev/shm/spswap",
+    show_default="SPSWAP_ROOT of /etc/default/spswap, else /dev/shm/spswap",
 )  # fmt: skip
 
 

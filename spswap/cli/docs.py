@@ -24,10 +24,15 @@ def _param_line(p: Any) -> str:
         names += " (required)"
     help_text = " ".join((p.help or "").split())
     default = ""
-    if p.show_default not in (False, None) and p.default not in (None, False, "", ()):
-        shown = p.show_default if isinstance(p.show_default, str) else p.default
-        default = f" (default: `{shown}`)"
-    return f"- {names}: {help_text}{default}".rstrip(": ")
+    if isinstance(p.show_default, str) and p.show_default:
+        default = f" (default: {p.show_default})"  # the text --help shows (no value: None)
+    elif p.show_default not in (False, None) and p.default not in (None, False, "", ()):
+        default = f" (default: `{p.default}`)"
+    envvar = ""
+    if p.envvar:
+        names_of = [p.envvar] if isinstance(p.envvar, str) else list(p.envvar)
+        envvar = " (env: " + ", ".join(f"`{e}`" for e in names_of) + ")"
+    return f"- {names}: {help_text}{envvar}{default}".rstrip(": ")
 
 
 def heading(path: str) -> str:
