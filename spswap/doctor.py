@@ -73,7 +73,12 @@ def cgroup_mode(sys_fs_cgroup: Path) -> str:
 def _criu_checks(release: str) -> list[dict[str, Any]]:
     needs_41 = kernel_version(release) >= KERNEL_NEEDS_CRIU_41
     why = "kernels >= 6.13 need CRIU >= 4.1" if needs_41 else "spswap needs CRIU >= 4.1"
-    path = criu.find_criu()
+    path, setting = criu.find_criu(), criu.criu_setting()
+    if path is None and setting:
+        return [check("criu", False, f"SPSWAP_CRIU={setting}: not found",
+                      "not an executable file: set SPSWAP_CRIU to the criu binary (in "
+                      "/etc/default/spswap), or remove it to use PATH's or "
+                      "/usr/local/sbin/criu", required=True)]  # fmt: skip
     if path is None:
         return [
             check("criu", False, "not found", f"run scripts/build_criu.sh ({why})", required=True)
@@ -82,7 +87,7 @@ def _criu_checks(release: str) -> list[dict[str, Any]]:
         version = criu.criu_version(path)
     except CheckpointFailed as e:
         return [check("criu", False, str(path), str(e), required=True)]
-    text = f"{'.'.join(map(str, version))} ({path})"
+    text = f"{'.'.join(map(str, version))} ({path}{', SPSWAP_CRIU' if setting else ''})"
     if version < criu.MIN_VERSION:
         out = [
             check("criu", False, text, f"too old: {why}; run scripts/build_criu.sh", required=True)

@@ -179,7 +179,14 @@ def test_the_criu_named_in_the_settings_file_is_the_one_run(tmp_path: Path) -> N
     env = {"SPSWAP_DEFAULTS": str(settings)}
     res = CliRunner().invoke(app, ["doctor", "--json", "--root", str(tmp_path)], env=env)
     criu = next(c for c in json.loads(res.stdout)["checks"] if c["name"] == "criu")
-    assert criu["ok"] is False and "3.17.1" in criu["value"], criu
+    assert criu["ok"] is False and criu["value"] == f"3.17.1 ({old}, SPSWAP_CRIU)", criu
+    # a setting that names no program says so, not "run build_criu.sh"
+    settings.write_text(f"SPSWAP_CRIU={tmp_path / 'nowhere'}\n")
+    res = CliRunner().invoke(app, ["doctor", "--json", "--root", str(tmp_path)], env=env)
+    criu = next(c for c in json.loads(res.stdout)["checks"] if c["name"] == "criu")
+    assert criu["value"] == f"SPSWAP_CRIU={tmp_path / 'nowhere'}: not found", criu
+    assert "set SPSWAP_CRIU to the criu binary" in criu["detail"], criu
+    settings.write_text(f"SPSWAP_CRIU={old}\n")
     other = tmp_path / "other-criu"
     other.write_text("#!/bin/sh\n")
     other.chmod(0o755)

@@ -44,6 +44,7 @@ from spswap.checkpoint.criu_find import (  # noqa: F401 - callers use them from 
     _require_criu,
     available,
     criu_check,
+    criu_setting,
     criu_version,
     find_criu,
 )

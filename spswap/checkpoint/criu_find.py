@@ -18,16 +18,21 @@ MIN_VERSION = (4, 1, 0)
 BUILD_HINT = "build one with scripts/build_criu.sh (CRIU >= 4.1 is needed on kernels >= 6.13)"
 
 
-def find_criu(env: dict[str, str] | None = None) -> Path | None:
-    """The criu to use: ``$SPSWAP_CRIU`` (the environment's, else the node's settings
-    file's, as every other setting), then PATH, then /usr/local/sbin/criu."""
+def criu_setting(env: dict[str, str] | None = None) -> str:
+    """``SPSWAP_CRIU``: the environment's, else the node's settings file's (as every other
+    setting); "" when neither sets it. With ``env`` given, that alone."""
     if env is None:
         env = dict(os.environ)
         if "SPSWAP_CRIU" not in env:
-            from_file = read_settings_file(settings_file_path(env)).values.get("SPSWAP_CRIU")
-            if from_file:
-                env["SPSWAP_CRIU"] = from_file
-    explicit = setting_text(env.get("SPSWAP_CRIU") or "")  # as the hooks' shell reads it
+            env["SPSWAP_CRIU"] = read_settings_file(settings_file_path(env)).values.get(
+                "SPSWAP_CRIU", "")  # fmt: skip
+    return setting_text(env.get("SPSWAP_CRIU") or "")  # as the hooks' shell reads it
+
+
+def find_criu(env: dict[str, str] | None = None) -> Path | None:
+    """The criu to use: :func:`criu_setting`, then PATH, then /usr/local/sbin/criu."""
+    explicit = criu_setting(env)
+    env = dict(os.environ) if env is None else env
     if explicit:
         return Path(explicit) if os.access(explicit, os.X_OK) else None
     on_path = shutil.which("criu", path=env.get("PATH", os.defpath) + ":/usr/sbin:/sbin")

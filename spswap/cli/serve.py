@@ -271,8 +271,6 @@ def serve(
         socket_path=_socket_path(socket, job.job_id if job else None, state_dir),
         drain_s=drain_s,
     )  # fmt: skip
-    if opts.socket_path is not None:
-        err_console.print(f"spswap serve: requests on {opts.socket_path}", markup=False)
 
     checkpointer, marks_s = _checkpointer_marked(cfg, job, checkpoint, cli_s)
 

@@ -114,16 +114,14 @@ class ReferenceBackend:
         t0 = time.perf_counter()
         if self.from_files:  # (check_pool found the entry damaged)
             self.model.load_from_checkpoint(self.opts.model)
-            if self.front is not None:
-                self.front.open()
+            self._open_front()
             self.log(f"spswap serve: {self.manifest.name} up from its files in "
                      f"{time.perf_counter() - t0:.2f} s, not from its damaged pool entry; "
                      "a stop of this run is not checkpointed")  # fmt: skip
             return RunPath.COLD
         report = self.model.load_from_pool(self.pool, self.manifest.digest)
         result.copy = report.to_json()
-        if self.front is not None:
-            self.front.open()
+        self._open_front()
         # imported by this run (its process started before the entry was made): cold
         path = RunPath.COLD if self.manifest.created >= result.started_s else RunPath.POOL
         how = ("(cold: read from its files into the pool by this run, then loaded from it)"
@@ -185,13 +183,19 @@ class ReferenceBackend:
                              "answered; your request is saved and answered by the job's "
                              "next run")  # fmt: skip
 
+    def _open_front(self) -> None:
+        """Take requests on the socket, and say so once it takes them (a script that reads
+        the log line and connects at once is never refused)."""
+        if self.front is not None:
+            self.front.open()
+            self.log(f"spswap serve: requests on {self.front.path}")
+
     def sleep(self) -> None:
         self.model.sleep()
 
     def wake(self, result: ServeResult) -> dict[str, Any]:
         self.model.wake()
-        if self.front is not None:
-            self.front.open()
+        self._open_front()
         # a new run of the same process: its counts from here on are this run's
         result.resumed, result.answered_before = self._pending(), result.answered
         return {"saved_requests": result.resumed}
