@@ -18,11 +18,12 @@ from spswap.slurm.requeue import requeue_warning
 
 
 def _controller_answers() -> bool:
-    """Whether Slurm's controller answers ``scontrol ping`` (tens of ms either way). The
+    """Whether Slurm's controller answers ``scontrol ping`` (tens of ms either way, but a
+    site with an unreachable backup controller waits for it: 5 s at most). The
     start's questions are worth asking only then: with the controller down, each other
     Slurm command retries its connection for seconds before it fails, and the start
     would wait for that twice over."""
-    return shutil.which("scontrol") is not None and controller_up(timeout_s=2.0)
+    return shutil.which("scontrol") is not None and controller_up(timeout_s=5.0)
 
 
 def warn_if_not_requeueable(job_id: str) -> None:

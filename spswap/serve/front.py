@@ -89,14 +89,16 @@ def listen_private_socket(path: Path, backlog: int = 64) -> socket.socket:
         path.unlink(missing_ok=True)  # (else the rename replaces the old socket)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old = os.umask(0o177)  # 0600: the job's user only
+    bound = False
     try:
         sock.bind(str(staging))
+        bound = True
         sock.listen(backlog)
         if staging != path:
             os.rename(staging, path)
     except BaseException:
         sock.close()
-        if staging != path:
+        if bound and staging != path:  # (only the file this call made)
             staging.unlink(missing_ok=True)
         raise
     finally:

@@ -239,8 +239,9 @@ class SlotState:
                 left = tuple(g for g in req.candidates if g in w.candidates)
                 if len(left) < (req.whole_gpus or 1):
                     self.dequeue(ticket)
+                    gone = "every GPU" if not left else f"all but {len(left)} of the GPUs"
                     raise SlotError(
-                        f"every GPU this request could take ({req.describe()}) was taken back "
+                        f"{gone} this request could take ({req.describe()}) was taken back "
                         "while it waited: a reservation outside a job gives way to the job "
                         "Slurm gives its GPU to (`spswap events` names the job); run it "
                         "inside your job (sbatch or srun), where it takes your job's GPUs"

@@ -106,7 +106,7 @@ def test_one_users_descriptors_do_not_fail_another_users_import(
     finally:
         stop.write_text("")
         flood = attacker.result()
-    assert out["pong"] is True and out["s"] < 10, out
+    assert out["pong"] is True and out["s"] < 5, out  # (held ones drop after 10 s)
     # the flooder holds a few connections, within its share; the rest were told why
     assert 0 < flood["held"] * (FDS_PER_CONN + 1) <= LIMIT // 8, flood
     share = [t for t in flood["told"] if "at its share of spswapd's descriptors" in t]

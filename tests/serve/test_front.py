@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import stat
@@ -85,13 +86,16 @@ def test_front_refuses_a_socket_directory_others_can_write(tmp_path: Path) -> No
 
 
 def test_the_socket_file_appears_only_once_it_takes_connections(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A user's script waits for the socket file and connects at once: the file must not
     exist before the socket listens (a bound socket refuses connections until then)."""
     from spswap.serve import front
 
-    path = Path(tempfile.mkdtemp(prefix="spf-", dir="/tmp")) / "s.sock"  # short path
+    top = Path(tempfile.mkdtemp(prefix="spf-", dir="/tmp"))  # short paths
+    request.addfinalizer(lambda: shutil.rmtree(top, ignore_errors=True))
+    path = top / "sock" / "s.sock"
+    path.parent.mkdir(mode=0o700)
     seen_at_listen: list[bool] = []
 
     class Watched(socket.socket):
@@ -118,7 +122,7 @@ def test_the_socket_file_appears_only_once_it_takes_connections(
     finally:
         sock.close()
     # a path that fits a socket only as it is (no room for the staging name) still works
-    deep = tmp_path.parent / ("d" * (107 - len(str(tmp_path.parent)) - 4))  # + "/ab": 106
+    deep = top / ("d" * (107 - len(str(top)) - 4))  # + "/ab": 106
     deep.mkdir(mode=0o700)
     sock = front.listen_private_socket(deep / "ab")
     sock.close()

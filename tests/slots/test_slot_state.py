@@ -110,7 +110,8 @@ def test_a_place_in_line_taken_back_is_judged_by_the_gpus_it_has_left() -> None:
     two = make_request((0, 1), 4, 2, None)  # two whole GPUs, and one of them taken back
     st.enqueue(_waiter(5, two))
     st.take_back([1], lambda h: h.job_id is None)
-    with pytest.raises(SlotError, match="was taken back while it waited"):
+    fewer = r"all but 1 of the GPUs this request could take \(2 whole GPU\(s\) of GPUs 0,1\)"
+    with pytest.raises(SlotError, match=fewer + " was taken back"):
         st.grant(5, two, B, "b", now=0.0)
 
 
