@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import shlex
 import time
@@ -19,6 +20,7 @@ from spswap.cli.common import (
     nonempty_path,
 )
 from spswap.cli.serve_slurm import (
+    controller_answers,
     default_device,
     job_device,
     job_kill_wait_s,
@@ -202,8 +204,9 @@ def serve(
     model = checked_model_dir(model, many=models)
     cfg = load_config(root)
     job = JobEnv.from_env()
+    slurm_answers = functools.cache(controller_answers)  # one `scontrol ping` per start
     if job is not None and not job.restart_count:  # a run that came back was requeued
-        warn_if_not_requeueable(job.job_id)
+        warn_if_not_requeueable(job.job_id, slurm_answers)
     if state_dir is None:
         if job is None:
             raise typer.BadParameter("outside a Slurm job, give --state-dir")
@@ -211,7 +214,7 @@ def serve(
     if job is not None:
         if (note := requeued_note(job.job_id, job.restart_count)) is not None:
             err_console.print(note, markup=False, soft_wrap=True)
-        drain_s, cut = fitted_drain_s(drain_s, job_kill_wait_s(state_dir))
+        drain_s, cut = fitted_drain_s(drain_s, job_kill_wait_s(state_dir, slurm_answers))
         if cut:
             err_console.print(cut, markup=False, soft_wrap=True)
     if models:

@@ -17,18 +17,20 @@ from spswap.slurm.backend import controller_up, get_backend, kill_wait_s
 from spswap.slurm.requeue import requeue_warning
 
 
-def _controller_answers() -> bool:
+def controller_answers() -> bool:
     """Whether Slurm's controller answers ``scontrol ping`` (tens of ms either way, but a
     site with an unreachable backup controller waits for it: 5 s at most). The
     start's questions are worth asking only then: with the controller down, each other
     Slurm command retries its connection for seconds before it fails, and the start
-    would wait for that twice over."""
+    would wait for that twice over. (Its callers take it as ``answers``: one start asks
+    once, through a cached one.)"""
     return shutil.which("scontrol") is not None and controller_up(timeout_s=5.0)
 
 
-def warn_if_not_requeueable(job_id: str) -> None:
+def warn_if_not_requeueable(job_id: str,
+                            answers: Callable[[], bool] = controller_answers) -> None:  # fmt: skip
     """Say at the start, in the job log, that a preemption would end this job for good."""
-    if not _controller_answers():
+    if not answers():
         return  # Slurm could not say: the run goes on, as it would have
     backend = get_backend(timeout_s=3.0)
     try:
@@ -81,11 +83,12 @@ def _remembered(state_dir: Path, name: str, parse: Callable[[str], T | None],
     return value
 
 
-def job_kill_wait_s(state_dir: Path) -> float | None:
+def job_kill_wait_s(state_dir: Path,
+                    answers: Callable[[], bool] = controller_answers) -> float | None:  # fmt: skip
     """slurm.conf's KillWait, asked of Slurm by the job's first run."""
 
     def ask() -> float | None:
-        return kill_wait_s(timeout_s=5.0) if _controller_answers() else None
+        return kill_wait_s(timeout_s=5.0) if answers() else None
 
     return _remembered(state_dir, KILL_WAIT_FILE, float, ask)
 

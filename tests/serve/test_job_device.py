@@ -3,6 +3,7 @@ a requeued run restores by the same identity without importing torch to ask agai
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -60,3 +61,9 @@ def test_with_slurms_controller_down_the_start_asks_it_nothing_more(
     assert serve_cli.job_kill_wait_s(state) is None
     assert calls.read_text().splitlines() == ["scontrol ping", "scontrol ping"]
     assert not (state / serve_cli.KILL_WAIT_FILE).exists()  # asked again by the next run
+    # `spswap serve` asks both through one cached answer: one ping per start
+    calls.unlink()
+    answers = functools.cache(serve_cli.controller_answers)
+    serve_cli.warn_if_not_requeueable("42", answers)
+    assert serve_cli.job_kill_wait_s(state, answers) is None
+    assert calls.read_text().splitlines() == ["scontrol ping"]
