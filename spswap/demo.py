@@ -90,7 +90,8 @@ def detect_mode() -> DemoMode:
             version = criu.criu_version(path)
         except SpswapError:
             version = None
-    return choose_mode(os.geteuid(), str(path) if path else None, version, criu.MIN_VERSION)
+    return choose_mode(os.geteuid(), str(path) if path else None, version, criu.MIN_VERSION,
+                       criu.criu_setting())  # fmt: skip
 
 
 @dataclass

@@ -40,10 +40,16 @@ class DemoMode:
 
 
 def choose_mode(euid: int, criu_path: str | None, criu_version: tuple[int, int, int] | None,
-                min_version: tuple[int, int, int] = (4, 1, 0)) -> DemoMode:  # fmt: skip
+                min_version: tuple[int, int, int] = (4, 1, 0),
+                criu_setting: str = "") -> DemoMode:  # fmt: skip
     """CRIU where the demo runs as root and a CRIU >= ``min_version`` is found; the pool
-    otherwise, saying why and what to run."""
+    otherwise, saying why and what to run (``criu_setting``: SPSWAP_CRIU, where set)."""
     want = ".".join(map(str, min_version[:2]))
+    if criu_path is None and criu_setting:
+        return DemoMode(False, f"SPSWAP_CRIU={criu_setting} is not an executable file: the "
+                        "turns go through the pool alone. For the checkpoint path, set "
+                        "SPSWAP_CRIU to the criu binary, or unset it to use PATH's or "
+                        "/usr/local/sbin/criu")  # fmt: skip
     if criu_path is None:
         return DemoMode(False, f"no CRIU found: the turns go through the pool alone. For the "
                         f"checkpoint path, build CRIU >= {want} as root (`{CRIU_HINT}`) and "

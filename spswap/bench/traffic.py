@@ -164,15 +164,16 @@ def bench_traffic(cfg: Config, opts: TrafficOptions, *, scratch: Path | None = N
             api = ApiServer(router, mopts.socket_path)
             try:
                 api.start()
-                for awake in opts.awake or (0,):
-                    if awake:
-                        router.set_awake(awake)
+                for asked in opts.awake or (0,):
+                    if asked:
+                        router.set_awake(asked)
+                    awake = router.placement.slots  # as --units allows, where not asked
                     for rate in opts.rates(n):
                         plan = arrivals(rate, opts.duration_s, n, seed=opts.seed,
                                         prompts=prompts)  # fmt: skip
                         cold = colds.lookup(models) if vllm else reference_cold(
                             models, plan, opts.max_new_tokens, opts.check)  # fmt: skip
-                        log(f"bench traffic: {n} models, {awake or 'all'} awake, {rate:g}/min, "
+                        log(f"bench traffic: {n} models, {awake} awake, {rate:g}/min, "
                             f"{len(plan)} requests over {opts.duration_s:g} s")  # fmt: skip
                         row, report["metrics"] = run_rate(mopts.socket_path, router, models,
                                                           plan, cold, rate=rate, opts=opts,

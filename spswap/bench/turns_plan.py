@@ -137,6 +137,7 @@ class TurnsSummary:
     identical: int = 0  # answers equal to cold, over every turn after the cold ones
     compared: int = 0
     not_restored: int = 0  # turns meant to restore that came up another way
+    restored_paths: tuple[str, ...] = RESTORED_PATHS  # the paths counted as restored
     device_s: float = 0.0  # one device, first action -> last answer
     dedicated_device_s: float = 0.0  # K devices over the same time
     settings: dict[str, Any] = field(default_factory=dict)
@@ -170,7 +171,8 @@ def summarize(models: list[str], turns: list[TurnResult], *, wall_s: float,
     summary = TurnsSummary(models=list(models), turns=list(turns), cold=Stats.of(cold),
                            restored=Stats.of(restored), settings=dict(settings or {}),
                            leftovers=list(leftovers or []),
-                           job_ids=dict(job_ids or {}))  # fmt: skip
+                           job_ids=dict(job_ids or {}),
+                           restored_paths=tuple(restored_paths))  # fmt: skip
     for name in models:
         summary.per_model[name] = {
             "cold": Stats.of([t for t in cold if t.model == name]),

@@ -59,14 +59,22 @@ def stats_table(summary: TurnsSummary) -> Table:
     return table
 
 
+def _paths_text(paths: tuple[str, ...]) -> str:
+    """``('kept', 'image')`` as ``kept or from the image``: how a turn counts as restored."""
+    words = {"kept": "kept", "image": "from the image", "pool": "from the pool"}
+    said = [words.get(p, p) for p in paths]
+    return " or ".join(said) if len(said) < 3 else ", ".join(said[:-1]) + " or " + said[-1]
+
+
 def verdict(summary: TurnsSummary) -> Text:
     """One line a user can act on: what held and what did not."""
     parts = [
         f"{summary.identical} of {summary.compared} answers identical to cold",
-        f"{summary.compared - summary.not_restored} of {summary.compared} turns restored",
-        f"device time {summary.device_s:.0f} s on one device against "
-        f"{summary.dedicated_device_s:.0f} s for {len(summary.models)} dedicated ones (one "
-        "per model, held as long)",
+        f"{summary.compared - summary.not_restored} of {summary.compared} later turns came "
+        f"back {_paths_text(summary.restored_paths)}",
+        f"the rounds after the first held one device {summary.device_s:.0f} s, against "
+        f"{summary.dedicated_device_s:.0f} device-seconds for {len(summary.models)} "
+        "dedicated devices (one per model, held as long)",
     ]
     waits = [t.requeue_wait_s for t in summary.turns if t.requeue_wait_s > 0]
     if waits:

@@ -47,6 +47,7 @@ from spswap.checkpoint.criu_find import (  # noqa: F401 - callers use them from 
     criu_setting,
     criu_version,
     find_criu,
+    missing_text,
 )
 from spswap.checkpoint.criu_log import first_error, hint_for, log_tail, write_log
 from spswap.checkpoint.criu_run import DEFAULT_GRACE_S, DyingWatch, run_criu

@@ -57,6 +57,10 @@ def ask(
     spool and its answer read from there. If the server is stopped meanwhile
     (preemption), the request is kept and answered by the job's next run: ask again with
     the same --id to get it (with the same prompt, or with --id alone).
+
+    A job of several models (spswap serve --models) is asked through its OpenAI
+    endpoint instead (POST /v1/completions on its socket: docs/multi.md); ask refuses it
+    and prints the curl line to use.
     """
     req: dict[str, Any] = {}
     if prompt_ids is None and not request_id:

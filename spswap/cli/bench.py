@@ -17,7 +17,9 @@ from spswap.errors import ConfigError
 from spswap.multi.engine_settings import model_settings
 
 app = typer.Typer(
-    help="Benchmarks: transfer throughput, slot reservation latency, prolog cost, vLLM swap paths.",
+    help="Benchmarks: models taking turns under Slurm (turns), many models under Poisson "
+    "traffic (traffic), transfer throughput, slot reservation latency, prolog cost, vLLM "
+    "swap paths.",
     no_args_is_help=True,
 )
 

@@ -45,8 +45,10 @@ def _warn_settings(cfg: Config) -> None:
     """Where the settings came from, and those this node cannot hold (with the numbers)."""
     import os
 
-    console.print(f"settings: {settings_file_path(os.environ)}, then SPSWAP_* of the "
-                  "environment", markup=False, soft_wrap=True)  # fmt: skip
+    path = settings_file_path(os.environ)
+    absent = "" if path.exists() else " (absent)"
+    console.print(f"settings: {path}{absent}, then SPSWAP_* of the environment",
+                  markup=False, soft_wrap=True)  # fmt: skip
     for problem in settings_problems(cfg):
         err_console.print(f"warning: {problem}", markup=False, soft_wrap=True)
 

@@ -90,11 +90,14 @@ def serve(
     ),
     port: int = typer.Option(
         None,
-        help="(vllm, --models) Also serve the OpenAI API on this TCP port (0: any free one), "
+        help="(--engine vllm, or any engine with --models) Also serve the OpenAI API on this "
+        "TCP port (0: any free one), "
         "every request authenticated with the key in STATE_DIR/api_key; off by default "
         "(the API is on the private Unix socket only).",
     ),
-    host: str = typer.Option("127.0.0.1", help="(vllm, --models) Address for --port."),
+    host: str = typer.Option(
+        "127.0.0.1", help="(--engine vllm, or any engine with --models) Address for --port."
+    ),
     drain_s: float = typer.Option(
         5.0,
         help="At a stop: seconds the requests already running get to finish (no new "
@@ -173,7 +176,7 @@ def serve(
     root: Path = RootOpt,
     json: bool = typer.Option(False, "--json", help="Print a JSON summary when the run ends."),
 ) -> None:
-    """Serve MODEL inside a Slurm job, surviving preemption and requeue.
+    """Serve MODEL (or several: --models) inside a Slurm job, surviving preemption and requeue.
 
     Reference engine: reserves a slot on the job's GPU, loads the model from the node's
     pool (importing it from MODEL the first time), and answers the requests in the state

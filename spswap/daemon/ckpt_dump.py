@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spswap.checkpoint import cgroups, link_remap, proctree
-from spswap.checkpoint.criu import find_criu
+from spswap.checkpoint.criu import criu_setting, find_criu, missing_text
 from spswap.checkpoint.images import Identity
 from spswap.checkpoint.proctree import anon_rss_bytes
 from spswap.checkpoint.service import dump_instance
@@ -50,7 +50,7 @@ def op_checkpoint(ctx: Context, args: dict[str, Any]) -> Answer:
     identity = identity_of(args, rec.uid)
 
     if find_criu() is None:
-        raise CheckpointFailed("no CRIU on this node: run scripts/build_criu.sh (see doctor)")
+        raise CheckpointFailed(f"{missing_text(criu_setting())} (see spswap doctor)")
     # held until the dump thread ends (it releases it)
     if not st.job_locks.of(job_id).acquire(blocking=False):
         raise CheckpointFailed(f"job {job_id} is being checkpointed or restored already")

@@ -20,7 +20,9 @@ and checkpoints every model at once, as it does a single model's:
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from spswap.access import PoolAccess
@@ -43,6 +45,7 @@ from spswap.serve.lifecycle import Log, ServeResult, ServeRun
 from spswap.serve.run_log import RunPath
 from spswap.serve.slot_hold import RunSlot, StopSignals
 from spswap.serve.spool_ask import write_multi_endpoint
+from spswap.units import fmt_bytes
 
 
 class MultiBackend:
@@ -80,10 +83,23 @@ class MultiBackend:
                                                     self.opts.vllm_settings())  # fmt: skip
             self.imported_s = max((m.created for m in self.manifests), default=0.0)
         else:
-            manifests = {p: self.pool.import_checkpoint(p) for p in self.opts.models}
+            manifests = {p: self._import(p) for p in self.opts.models}
             self.manifests = list(manifests.values())
             self.specs = [ModelSpec(p.name, p, m.digest) for p, m in manifests.items()]
             self.imported_s = max(m.created for m in manifests.values())
+
+    def _import(self, path: Path) -> Manifest:
+        """A reference model's pool entry; the job's log says when this run read it from
+        the model's files (the run is then a cold one: its models later come up "from
+        the pool", where this run put them)."""
+        started = time.time()
+        manifest = self.pool.import_checkpoint(path)
+        if manifest.created >= started:
+            self.log(
+                f"spswap serve: {path.name} read from its files into the pool in "
+                f"{time.time() - started:.2f} s ({fmt_bytes(manifest.data_size_bytes)})"
+            )
+        return manifest
 
     def _digest(self) -> str:
         """The models' pool entries, in their order, joined by ``+``: spswapd holds each

@@ -156,6 +156,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, router.metrics_text().encode(), "text/plain; version=0.0.4")
         elif path in ("/health", "/ping"):
             self._json(200, {"ok": True})
+        elif path == "/v1/completions":
+            self._error(405, "/v1/completions takes POST (a JSON body with model, prompt, "
+                             "max_tokens)")  # fmt: skip
         else:
             self._error(404, f"{path}: not here (GET /v1/models, /metrics; "
                              "POST /v1/completions)")  # fmt: skip
@@ -179,6 +182,9 @@ class _Handler(BaseHTTPRequestHandler):
             )
             return
         body = self.rfile.read(int(length))
+        if path in ("/v1/models", "/metrics"):
+            self._error(405, f"{path} takes GET")
+            return
         if path != "/v1/completions":
             self._error(404, f"{path}: not here (POST /v1/completions)")
             return

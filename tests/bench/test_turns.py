@@ -114,8 +114,9 @@ def test_report_names_every_turn_and_the_verdict() -> None:
     text = console.export_text()
     assert "cold (reference)" in text and "DIFFERS" in text and "image" in text
     assert (
-        "NOT ok: 3 of 4 answers identical to cold, 3 of 4 turns restored, device time "
-        "8 s on one device against 16 s for 2 dedicated ones (one per model, held as long), "
+        "NOT ok: 3 of 4 answers identical to cold, 3 of 4 later turns came back kept or "
+        "from the image, the rounds after the first held one device 8 s, against 16 "
+        "device-seconds for 2 dedicated devices (one per model, held as long), "
         "1 turn(s) waited 0.25 s in "
         "all for Slurm's requeue delay (a requeued job may start again only "
         "AuthInfo=cred_expire + 1 s after its requeue: lower cred_expire, 5 at least, to "

@@ -108,7 +108,8 @@ def test_the_guides_settings_file_gives_every_reader_the_same_settings(
     # 3. `spswap daemon stop && spswap daemon start` by hand keeps the file's settings
     assert cli(exe, defaults, "daemon", "stop").returncode == 0
     res = cli(exe, defaults, "daemon", "start")
-    assert res.returncode == 0 and f"settings: {defaults}" in res.stdout, res.stdout + res.stderr
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"settings: {defaults}, then SPSWAP_* of the environment" in res.stdout, res.stdout
     # item 11: a setting this node cannot hold is said, with the numbers
     from spswap.settings_check import node_sizes
 

@@ -52,6 +52,14 @@ def test_three_models_two_awake_route_swap_and_report(tmp_path, cfg):
                                        {"prompt": PROMPT})  # fmt: skip
         assert (status, json.loads(raw)["error"]["message"]) == (
             400, 'give "model": one of m0, m1, m2 (GET /v1/models)')  # fmt: skip
+        # the right path with the wrong method says which method (it said "not here")
+        status, raw = http_api.request(opts.socket_path, "GET", "/v1/completions")
+        assert (status, json.loads(raw)["error"]["message"]) == (
+            405,
+            "/v1/completions takes POST (a JSON body with model, prompt, max_tokens)",
+        )
+        status, raw = http_api.request(opts.socket_path, "POST", "/v1/models", {})
+        assert (status, json.loads(raw)["error"]["message"]) == (405, "/v1/models takes GET")
         assert http_api.complete(opts.socket_path, "m1", PROMPT, MAX_NEW)["status"] == 200
     finally:
         api.stop()

@@ -39,6 +39,12 @@ def test_serve_models_socket_tcp_and_stop(tmp_path):
                 port = int(m.group(1))
                 break
         assert port is not None, "".join(seen)
+        # this run put the models into the pool: its log says so (then "up from the pool")
+        for i in range(3):
+            read = [n for n, line in enumerate(seen)
+                    if f"m{i} read from its files into the pool in " in line]  # fmt: skip
+            up = [n for n, line in enumerate(seen) if f"m{i} up from the pool" in line]
+            assert len(read) == 1 and len(up) == 1 and read[0] < up[0], "".join(seen)
         status, raw = http_api.request(sock, "GET", "/v1/models")
         assert [(m["id"], m["state"]) for m in json.loads(raw)["data"]] == [
             ("m0", "awake"),
