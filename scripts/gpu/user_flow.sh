@@ -89,6 +89,27 @@ class UDS(http.client.HTTPConnection):
     def __init__(self, path): super().__init__("localhost", timeout=120); self.path_ = path
     def connect(self):
         self.sock = socket.socket(socket.AF_UNIX); self.sock.connect(self.path_)
+def ask(uds, model, prompt, n):
+    c = UDS(uds)
+    c.request("POST", "/v1/completions", json.dumps({"model": model, "prompt": prompt,
+              "max_tokens": n, "temperature": 0.0, "ignore_eos": True,
+              "return_token_ids": True}), {"Content-Type": "application/json"})
+    r = c.getresponse(); body = json.loads(r.read())
+    if r.status != 200: print(json.dumps({"error": body})); sys.exit(1)
+    return body["choices"][0]["token_ids"]
+if sys.argv[1] == "times":  # an answer's time against its length: per request + per token
+    uds, model, t = sys.argv[2], sys.argv[3], {}
+    for n in (1, 2, 4, 8, 16, 32):
+        runs = []
+        for _ in range(3):
+            t0 = time.monotonic(); ask(uds, model, [1, 2, 3, 4, 5], n)
+            runs.append(time.monotonic() - t0)
+        t[n] = sorted(runs)[1]
+    per_token = (t[32] - t[2]) / 30
+    print(json.dumps({"median_s": {str(n): round(v, 4) for n, v in t.items()},
+                      "per_token_ms": round(per_token * 1000, 2),
+                      "per_request_ms": round((t[2] - 2 * per_token) * 1000, 1)}))
+    sys.exit(0)
 uds, model = sys.argv[1], sys.argv[2]
 if len(sys.argv) > 3:  # a client already running, as a user's eval loop: it waits for the
     ep = sys.argv[3]   # run's endpoint.json (written once it serves), then asks at once
@@ -101,13 +122,7 @@ if len(sys.argv) > 3:  # a client already running, as a user's eval loop: it wai
 out = []
 t0 = time.monotonic()
 for p in ([1, 2, 3, 4, 5], [10, 20, 30], [7] * 16):
-    c = UDS(uds)
-    c.request("POST", "/v1/completions", json.dumps({"model": model, "prompt": p,
-              "max_tokens": 16, "temperature": 0.0, "ignore_eos": True,
-              "return_token_ids": True}), {"Content-Type": "application/json"})
-    r = c.getresponse(); body = json.loads(r.read())
-    if r.status != 200: print(json.dumps({"error": body})); sys.exit(1)
-    out.append(body["choices"][0]["token_ids"])
+    out.append(ask(uds, model, p, 16))
     if len(out) == 1: first_s, first_at = time.monotonic() - t0, time.time()
 print(json.dumps({"answers": out, "first_answer_s": round(first_s, 3),
                   "first_answer_at": round(first_at, 3),
@@ -126,6 +141,8 @@ UDS=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['uds'])" "
 PID0=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['pid'])" "$EP")
 A0=$(as_user "python3 '$WORK/ask.py' '$UDS' '$MODEL'") || die "run 0 did not answer: $A0"
 flow "{\"step\": \"cold\", \"submit_to_serving_s\": $(python3 -c "print(round($t_up-$t_sub,2))"), \"ask\": $A0}"
+# how long an answer takes against its length (what a first answer's time is made of)
+T0=$(as_user "python3 '$WORK/ask.py' times '$UDS' '$MODEL'") && flow "{\"step\": \"answer_times\", \"run\": 0, \"times\": $T0}"
 
 # 3. A higher job preempts it; spswap parks and checkpoints it; Slurm requeues it.
 t_pre=$(now)
@@ -157,6 +174,8 @@ same=$(python3 -c "import json,sys; print(str(json.loads(sys.argv[1])['answers']
 # how run 1 came back (kept, image, pool, cold): its line in the state dir's runs.jsonl
 HOW=$(python3 -c "import json,sys; print([json.loads(l)['path'] for l in open(sys.argv[1]) if json.loads(l)['restart_count'] == 1][-1])" "$WORK/.spswap/$JOB/runs.jsonl" 2>/dev/null || echo unknown)
 flow "{\"step\": \"restored\", \"path\": \"$HOW\", \"high_end_to_serving_s\": $(python3 -c "print(round($t_seen1-$t_hend_own,2))"), \"high_end_to_first_answer_s\": $(python3 -c "print(round($t_ans1-$t_hend_own,2))"), \"polled_high_end_to_serving_s\": $(python3 -c "print(round($t_up1-$t_hend,2))"), \"identical\": $same, \"ask\": $A1}"
+UDS1=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['uds'])" "$EP")
+T1=$(as_user "python3 '$WORK/ask.py' times '$UDS1' '$MODEL'") && flow "{\"step\": \"answer_times\", \"run\": 1, \"times\": $T1}"
 collect
 grep -h "restore\|checkpoint\|cold\|run 1" "$WORK"/spswap-vllm-"$JOB".log | tail -n 20
 as_user "scancel $JOB"
