@@ -110,6 +110,13 @@ class Config:
     swap's path). Either way the restored instance answers a check prompt as it did before
     its checkpoint before it serves (spswap.serve.restore_check), which catches damage to
     what it computes with; images live in a root-only folder."""
+    restore_hugepages: bool = False
+    """CRIU's restore fills a large private memory region (a CUDA checkpoint's host copy of
+    the GPU state, GBs) in transparent huge pages instead of 4 KiB pages
+    (``SPSWAP_RESTORE_HUGEPAGES=1``; needs the CRIU that scripts/build_criu.sh builds, with
+    spswap's thp-fill patch). Faster where the node fills huge pages faster (about twice
+    on the H200 machine's host), slower where it does not (a small VM): measure before you
+    turn it on (docs/benchmarks.md). Off by default: stock CRIU's fill."""
     sweep_interval_s: float = 30.0
     """How often spswapd asks Slurm whether the jobs it holds images or kept instances
     of will come back, and frees those of jobs that will not: a job cancelled while it
@@ -258,15 +265,21 @@ def _convert(name: str, raw: str) -> object:
         raise ConfigError(f"{ENV_PREFIX}IMAGE_CHECK={raw!r}: use quick (the files' names and "
                           "sizes) or full (every byte hashed)")  # fmt: skip
     if name == "criu_as_root":
-        if raw.strip().lower() in ("1", "yes", "true", "on"):
-            return True
-        if raw.strip().lower() in ("0", "no", "false", "off", ""):
-            return False
-        raise ConfigError(f"{ENV_PREFIX}CRIU_AS_ROOT={raw!r}: use 1 (root's CRIU) or 0")
+        return _parse_bool(name, raw, "1 (root's CRIU) or 0")
+    if name == "restore_hugepages":
+        return _parse_bool(name, raw, "1 (huge pages) or 0 (CRIU's 4 KiB pages)")
     try:
         return float(raw)
     except ValueError:
         raise ConfigError(f"{ENV_PREFIX}{name.upper()}={raw!r} is not a number") from None
+
+
+def _parse_bool(name: str, raw: str, choices: str) -> bool:
+    if raw.strip().lower() in ("1", "yes", "true", "on"):
+        return True
+    if raw.strip().lower() in ("0", "no", "false", "off", ""):
+        return False
+    raise ConfigError(f"{ENV_PREFIX}{name.upper()}={raw!r}: use {choices}")
 
 
 @dataclass(frozen=True)

@@ -104,12 +104,32 @@ def _criu_checks(release: str) -> list[dict[str, Any]]:
     return out
 
 
-def patched_criu(path: Path) -> bool:
-    """Whether ``path`` is a CRIU that scripts/build_criu.sh built with its patches (the
-    stamp beside an install, ``<prefix>/share/spswap/criu-patches``, or in a bundle)."""
+def criu_patches(path: Path) -> frozenset[str] | None:
+    """The patches scripts/build_criu.sh built ``path`` with (its stamp beside an install,
+    ``<prefix>/share/spswap/criu-patches``, or in a bundle); None where there is no stamp."""
     real = Path(os.path.realpath(path))
-    return any((d / "share" / "spswap" / "criu-patches").is_file()
-               for d in (real.parent.parent, real.parent))  # fmt: skip
+    for d in (real.parent.parent, real.parent):
+        try:
+            return frozenset((d / "share" / "spswap" / "criu-patches").read_text().split())
+        except OSError:
+            continue
+    return None
+
+
+def patched_criu(path: Path) -> bool:
+    """Whether ``path`` is a CRIU that scripts/build_criu.sh built with its patches."""
+    return criu_patches(path) is not None
+
+
+def _hugepages(cfg: Config) -> dict[str, Any]:
+    path = criu.find_criu()
+    try:
+        thp = doctor_node.THP_ENABLED.read_text()
+    except OSError:
+        thp = None
+    return doctor_node.hugepages_check(cfg.restore_hugepages,
+                                       criu_patches(path) if path else None,
+                                       doctor_node.thp_mode(thp))  # fmt: skip
 
 
 def criu_tcp_check(release: str, version: tuple[int, int, int], patched: bool) -> dict[str, Any]:
@@ -282,6 +302,7 @@ def collect(cfg: Config) -> dict[str, Any]:
     checks += criu_rows
     usable = all(c["ok"] for c in criu_rows if c["name"] in ("criu", "criu check"))
     checks += doctor_criu.checks(cfg, usable)
+    checks.append(_hugepages(cfg))
     # an ok row carries no detail: what a kernel >= 6.13 needs of CRIU is the criu row's
     checks.append(check("kernel", True, release))
     checks.append(_kernel_config(release))

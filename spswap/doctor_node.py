@@ -1,6 +1,7 @@
 """``spswap doctor``'s rows about spswap's own state on the node: the root's file system
 (tmpfs), the state tree's ownership, the daemon and the settings it runs with, the
-settings file and what of it cannot hold, and keeping dumped instances alive."""
+settings file and what of it cannot hold, keeping dumped instances alive, and CRIU's
+restore in huge pages."""
 
 from __future__ import annotations
 
@@ -154,6 +155,43 @@ def keep_check(budget_bytes: int, can_park: bool | None,
                      slower)  # fmt: skip
     return check(name, True, f"up to {fmt_bytes(budget_bytes)} (SPSWAP_KEEP_BYTES), frozen "
                  "in parked cgroups")  # fmt: skip
+
+
+THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+THP_FILL_PATCH = "thp-fill.patch"
+
+
+def thp_mode(text: str | None) -> str | None:
+    """The chosen word of ``transparent_hugepage/enabled`` (``always [madvise] never`` ->
+    ``madvise``); None where there is none (no THP in the kernel). Pure."""
+    for word in (text or "").split():
+        if word.startswith("[") and word.endswith("]"):
+            return word[1:-1]
+    return None
+
+
+def hugepages_check(on: bool, criu_patches: frozenset[str] | None,
+                    thp: str | None) -> dict[str, Any]:  # fmt: skip
+    """Whether CRIU's restore fills in huge pages (SPSWAP_RESTORE_HUGEPAGES): the setting,
+    the CRIU's patches (``criu_patches``: its build stamp's names, None where no stamp)
+    and the kernel's THP mode (``thp``). Information, not required. Pure."""
+    name = "restore huge pages"
+    mode = f"THP {thp}" if thp else "no THP in this kernel"
+    if not on:
+        return check(name, True, f"off: CRIU's own fill ({mode}; SPSWAP_RESTORE_HUGEPAGES=1 "
+                     "may restore faster: docs/benchmarks.md)")  # fmt: skip
+    if criu_patches is None or THP_FILL_PATCH not in criu_patches:
+        return check(name, False, "SPSWAP_RESTORE_HUGEPAGES=1, but this CRIU has no "
+                     "spswap thp-fill patch", "rebuild it with scripts/build_criu.sh (as root), "
+                     "which applies it; until then the setting does nothing")  # fmt: skip
+    if thp in (None, "never"):
+        return check(
+            name,
+            False,
+            f"SPSWAP_RESTORE_HUGEPAGES=1, but {mode}",
+            "transparent huge pages are off on this node: the setting does nothing",
+        )
+    return check(name, True, f"on ({mode}; CRIU with spswap's thp-fill patch)")
 
 
 def settings(cfg: Config) -> dict[str, Any]:

@@ -79,6 +79,16 @@ def test_criu_as_root_is_a_yes_no_setting() -> None:
         Config.from_env({"SPSWAP_CRIU_AS_ROOT": "maybe"})
 
 
+def test_restore_hugepages_is_a_yes_no_setting_off_by_default() -> None:
+    assert Config.from_env({}).restore_hugepages is False
+    assert Config.from_env({"SPSWAP_RESTORE_HUGEPAGES": "1"}).restore_hugepages is True
+    assert Config.from_env({"SPSWAP_RESTORE_HUGEPAGES": "off"}).restore_hugepages is False
+    with pytest.raises(ConfigError) as e:
+        Config.from_env({"SPSWAP_RESTORE_HUGEPAGES": "2"})
+    assert str(e.value) == ("SPSWAP_RESTORE_HUGEPAGES='2': use 1 (huge pages) or 0 (CRIU's "
+                            "4 KiB pages)")  # fmt: skip
+
+
 # -- /etc/default/spswap, read by the hooks' bash and by systemd's EnvironmentFile= ----------
 
 OLD_DEFAULTS = """SPSWAP_BIN=/opt/spswap/venv/bin/spswap

@@ -339,3 +339,41 @@ def test_a_users_doctor_does_not_say_no_for_what_spswapd_does_as_root(user_uid: 
     keep = got["keep dumped instances"]
     assert keep["ok"] is None and "not checked (needs root)" in keep["value"], keep
     assert keep["detail"] == "run `sudo spswap doctor` for the node's answer"
+
+
+def test_thp_mode_is_the_bracketed_word() -> None:
+    assert doctor_node.thp_mode("always [madvise] never\n") == "madvise"
+    assert doctor_node.thp_mode("[always] madvise never") == "always"
+    assert doctor_node.thp_mode(None) is None and doctor_node.thp_mode("") is None
+
+
+@pytest.mark.parametrize(("on", "patches", "thp", "row"), [
+    (False, None, "madvise", ("restore huge pages", True, "off: CRIU's own fill (THP madvise; "
+     "SPSWAP_RESTORE_HUGEPAGES=1 may restore faster: docs/benchmarks.md)", "")),
+    (True, frozenset({"thp-fill.patch"}), "madvise", ("restore huge pages", True,
+     "on (THP madvise; CRIU with spswap's thp-fill patch)", "")),
+    (True, frozenset({"sockopts-linux-6.16.patch"}), "madvise", ("restore huge pages", False,
+     "SPSWAP_RESTORE_HUGEPAGES=1, but this CRIU has no spswap thp-fill patch",
+     "rebuild it with scripts/build_criu.sh (as root), which applies it; until then the "
+     "setting does nothing")),
+    (True, None, "always", ("restore huge pages", False, "SPSWAP_RESTORE_HUGEPAGES=1, but "
+     "this CRIU has no spswap thp-fill patch", "rebuild it with scripts/build_criu.sh (as "
+     "root), which applies it; until then the setting does nothing")),
+    (True, frozenset({"thp-fill.patch"}), "never", ("restore huge pages", False,
+     "SPSWAP_RESTORE_HUGEPAGES=1, but THP never", "transparent huge pages are off on this "
+     "node: the setting does nothing")),
+])  # fmt: skip
+def test_the_huge_page_restore_row(on: bool, patches: frozenset[str] | None, thp: str,
+                                   row: tuple[str, bool, str, str]) -> None:  # fmt: skip
+    got = doctor_node.hugepages_check(on, patches, thp)
+    assert (got["name"], got["ok"], got["value"], got["detail"]) == row
+    assert got["required"] is False
+
+
+def test_the_criu_patches_are_read_from_the_build_stamp(tmp_path: Path) -> None:
+    (tmp_path / "sbin").mkdir()
+    (tmp_path / "sbin" / "criu").write_text("")
+    assert doctor.criu_patches(tmp_path / "sbin" / "criu") is None
+    (tmp_path / "share" / "spswap").mkdir(parents=True)
+    (tmp_path / "share" / "spswap" / "criu-patches").write_text("a.patch thp-fill.patch \n")
+    assert doctor.criu_patches(tmp_path / "sbin" / "criu") == {"a.patch", "thp-fill.patch"}

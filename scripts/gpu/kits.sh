@@ -41,12 +41,17 @@ if want slurm; then
 fi
 
 if want criu; then
-    if [ -f .device/criu-bundle.tar.xz ]; then
+    # a bundle built with other patches than scripts/criu-patches/ holds now is rebuilt
+    patches=$(ls -1 scripts/criu-patches/*.patch | xargs -n1 basename | sort | tr '\n' ' ')
+    stamp() { tar -xJOf "$1" bundle/share/spswap/criu-patches 2>/dev/null; }
+    if [ -f .device/criu-bundle.tar.xz ] && [ "$(stamp .device/criu-bundle.tar.xz)" = "$patches" ]; then
         say "criu: .device/criu-bundle.tar.xz already there"
     else
-        [ -x .criu-build/bundle/criu ] || bash scripts/build_criu.sh --bundle .criu-build/bundle
+        [ "$(cat .criu-build/bundle/share/spswap/criu-patches 2>/dev/null)" = "$patches" ] \
+            || { rm -rf .criu-build/bundle; bash scripts/build_criu.sh --force --prefix \
+                 .criu-build/prefix --bundle .criu-build/bundle; }
         tar -C .criu-build -cJf .device/criu-bundle.tar.xz bundle
-        say "criu: $(du -sh .device/criu-bundle.tar.xz | cut -f1)"
+        say "criu: $(du -sh .device/criu-bundle.tar.xz | cut -f1) (patches: $patches)"
     fi
 fi
 

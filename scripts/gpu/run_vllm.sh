@@ -13,6 +13,7 @@
 #   bench7b   python -m spswap.bench.swap on 7B (--cycles 2; BENCH_ARGS and BENCH_TAG too)
 #   pcie      scripts/gpu/pcie_idle_probe.py (is a copy after an idle pause slow?)
 #   pagefill  scripts/gpu/page_fill_probe.py (how fast a restore can fill fresh memory)
+#   restorefill scripts/gpu/restore_fill_probe.sh (CRIU's restore, 4 KiB vs huge pages)
 #   probe     scripts/gpu/vllm_copy_probe.py --first on 1.5B (why a copy runs below the limit;
 #             PROBE_ARGS: other options, e.g. "--first-only --kv-gib 4")
 #   release   scripts/gpu/release_probe.py (are copies slow after memory goes back to the driver?)
@@ -78,6 +79,13 @@ criu_off() { sysctl -w kernel.io_uring_disabled="$old_uring" >/dev/null 2>&1; }
 if want pcie; then
   step pcie
   timeout -k 5 120 python3 scripts/gpu/pcie_idle_probe.py 2>&1 | grep IDLE
+fi
+
+if want restorefill; then
+  step restorefill
+  criu_on
+  timeout -k 5 120 bash scripts/gpu/restore_fill_probe.sh 2048 3 | tee "$OUT/restorefill.jsonl"
+  criu_off
 fi
 
 if want pagefill; then

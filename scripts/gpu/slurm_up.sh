@@ -21,7 +21,8 @@
 #     project's prolog and epilog, partitions low (preemptable, REQUEUE, GraceTime) and
 #     high, preempt_send_user_signal.
 # Environment: SPSWAP_USER, GRACE_TIME (default 30), SPSWAP_PREFIX (default /opt/spswap),
-# KEEP_BYTES (spswapd's SPSWAP_KEEP_BYTES; 0: every restore from its image).
+# KEEP_BYTES (spswapd's SPSWAP_KEEP_BYTES; 0: every restore from its image),
+# RESTORE_HUGEPAGES (SPSWAP_RESTORE_HUGEPAGES; 1: CRIU's restore fills in huge pages).
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 PREFIX=${SPSWAP_PREFIX:-/opt/spswap}
@@ -123,6 +124,8 @@ command -v criu >/dev/null && echo "SPSWAP_CRIU=$(command -v criu)" >> /etc/defa
 # KEEP_BYTES=0: no instance kept alive, every restore from its image (user_flow.sh's image
 # path); the prolog starts spswapd after this, so the setting holds from the first job.
 [ -n "${KEEP_BYTES:-}" ] && echo "SPSWAP_KEEP_BYTES=$KEEP_BYTES" >> /etc/default/spswap
+# RESTORE_HUGEPAGES=1: CRIU's restore fills in huge pages (the bundle has the patch)
+[ -n "${RESTORE_HUGEPAGES:-}" ] && echo "SPSWAP_RESTORE_HUGEPAGES=$RESTORE_HUGEPAGES" >> /etc/default/spswap
 # a spswapd of an earlier `up` keeps the settings it read: the next prolog starts it anew
 "$PREFIX/bin/spswap" daemon stop >/dev/null 2>&1 || true
 say "up: user $USER_NAME, spswap $PREFIX/bin/spswap, $(cat /etc/slurm/gres.conf | wc -l) gres lines"

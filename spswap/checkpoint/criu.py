@@ -262,8 +262,12 @@ def restore(
     timeout_s: float = 600.0,
     run_as: RunAs | None = None,
     cgroup_dirs: list[Path] | None = None,
+    hugepages: bool = False,
 ) -> int:
     """Restore ``images_root/<image_key>/`` detached; returns the restored root pid.
+
+    ``hugepages``: CRIU fills large private memory in huge pages (SPSWAP_RESTORE_HUGEPAGES;
+    a CRIU without spswap's thp-fill patch ignores it).
 
     ``auto_dedup`` frees the image while restoring (faster, single use: delete it after).
     ``cgroup_dirs``: CRIU, and so the restored tree, starts in these cgroups (one per
@@ -308,7 +312,8 @@ def restore(
                 link_remap.set_aside([str(r["dir"]) for r in remaps], aside, keep=own)
                 try:
                     link_remap.unpark(remaps)
-                    rc, log = run_criu(argv, timeout_s, fds, cgroup_dirs)
+                    rc, log = run_criu(argv, timeout_s, fds, cgroup_dirs, env=criu_argv.restore_env(
+                        os.environ, hugepages=hugepages))  # fmt: skip
                 except BaseException:
                     link_remap.drop_unparked(remaps)
                     raise

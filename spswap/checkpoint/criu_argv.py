@@ -21,6 +21,7 @@ Flags, and why:
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
 
 LOG_VERBOSITY = "-v4"
@@ -183,6 +184,25 @@ def restore_argv(
     if auto_dedup:
         argv.append("--auto-dedup")
     return argv
+
+
+THP_FILL_VAR = "CRIU_THP_FILL"  # read by spswap's thp-fill patch to CRIU's restore
+
+
+def restore_env(base: Mapping[str, str], *, hugepages: bool) -> dict[str, str]:
+    """The environment of ``criu restore``: ``base`` with :data:`THP_FILL_VAR` set to
+    ``1`` where the node fills restored memory in huge pages (SPSWAP_RESTORE_HUGEPAGES),
+    and removed otherwise (so that only the setting decides).
+
+    >>> restore_env({"PATH": "/bin", "CRIU_THP_FILL": "1"}, hugepages=False)
+    {'PATH': '/bin'}
+    >>> restore_env({"PATH": "/bin"}, hugepages=True)
+    {'PATH': '/bin', 'CRIU_THP_FILL': '1'}
+    """
+    env = {k: v for k, v in base.items() if k != THP_FILL_VAR}
+    if hugepages:
+        env[THP_FILL_VAR] = "1"
+    return env
 
 
 def parse_version(text: str) -> tuple[int, int, int] | None:

@@ -101,10 +101,12 @@ class DyingWatch:
 
 def run_criu(argv: list[str], timeout_s: float, pass_fds: list[int] | None = None,
              cgroup_dirs: list[Path] | None = None,
-             give_up: Callable[[], str | None] | None = None) -> tuple[int, str]:  # fmt: skip
+             give_up: Callable[[], str | None] | None = None,
+             env: dict[str, str] | None = None) -> tuple[int, str]:  # fmt: skip
     """CRIU's exit code and output; -1 when it was ended: past ``timeout_s``, stopped for
     :data:`STOPPED_MAX_S` in all, or once ``give_up`` (asked every
-    :data:`WATCH_INTERVAL_S`) gives a reason."""
+    :data:`WATCH_INTERVAL_S`) gives a reason. ``env``: CRIU's environment (else this
+    process's)."""
 
     def enter_cgroups() -> None:  # in the child, before the exec: CRIU starts there
         for d in cgroup_dirs or []:
@@ -114,6 +116,7 @@ def run_criu(argv: list[str], timeout_s: float, pass_fds: list[int] | None = Non
         proc = subprocess.Popen(
             argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             pass_fds=tuple(pass_fds or ()), preexec_fn=enter_cgroups if cgroup_dirs else None,
+            env=env,
         )  # fmt: skip
     except subprocess.SubprocessError as e:  # Python's only word for a failed preexec_fn
         where = ", ".join(str(d) for d in cgroup_dirs or [])

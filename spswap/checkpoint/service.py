@@ -259,7 +259,7 @@ def dump_instance(
 def restore_instance(
     images_root: Path, *, job_id: str, expected: Identity, criu_path: Path | None = None,
     gpu_uuids: list[str] | None = None, check_integrity: bool = True,
-    read_content: bool = True, criu_as_user: bool = True,
+    read_content: bool = True, criu_as_user: bool = True, hugepages: bool = False,
 ) -> tuple[int, dict[str, float]]:  # fmt: skip
     """Restore the job's image if it matches ``expected``; returns (pid, timings).
 
@@ -271,6 +271,7 @@ def restore_instance(
     ``read_content``: hash every byte of the image (else its files' names and sizes only;
     see :func:`~spswap.checkpoint.images.verify_before_restore`).
     ``criu_as_user``: an image that a user's CRIU dumped is restored by CRIU as that user.
+    ``hugepages``: CRIU fills large private memory in huge pages (SPSWAP_RESTORE_HUGEPAGES).
     """
     images = images_of_job(images_root, job_id)
     if not images:
@@ -303,7 +304,8 @@ def restore_instance(
         # the peak); fine here: an image is single use and deleted below in any case
         run_as = (criu.RunAs.for_uid(expected.uid)
                   if criu_as_user and expected.uid != 0 else None)  # fmt: skip
-        pid = criu.restore(image.name, images_root, criu=criu_path, auto_dedup=True, run_as=run_as)
+        pid = criu.restore(image.name, images_root, criu=criu_path, auto_dedup=True,
+                           run_as=run_as, hugepages=hugepages)  # fmt: skip
         timings["criu_restore"] = time.monotonic() - t0
         timings.update(cuda_back(pid, cuda, gpu_map))
         restored = True

@@ -149,7 +149,8 @@ def _restore(ctx: Context, st: DaemonState, rec: JobRecord, job_id: str, expecte
         pid, timings = restore_instance(st.cfg.paths.images, job_id=job_id, expected=expected,
                                         gpu_uuids=run_gpu_uuids(st, job_id),
                                         read_content=st.cfg.image_check == "full",
-                                        criu_as_user=not st.cfg.criu_as_root)  # fmt: skip
+                                        criu_as_user=not st.cfg.criu_as_root,
+                                        hugepages=st.cfg.restore_hugepages)  # fmt: skip
     except ImageRejected as e:
         st.statuses.write(job_id, state=CheckpointState.REJECTED, reason=str(e))
         st.event("restore.rejected", job_id=job_id, uid=rec.uid, reason=str(e))

@@ -118,7 +118,8 @@ def _restore_into(st: DaemonState, job_id: str, uid: int, image: Path, parking: 
     t0 = time.monotonic()
     try:
         pid = criu.restore(image.name, st.cfg.paths.images, run_as=run_as,
-                           cgroup_dirs=list(parking.dirs.values()))  # fmt: skip
+                           cgroup_dirs=list(parking.dirs.values()),
+                           hugepages=st.cfg.restore_hugepages)  # fmt: skip
     except CriuNotStarted:
         raise  # the image was not touched: the run restores it itself
     except Exception as e:

@@ -4,6 +4,8 @@ Each connection gets ``"<token> <count> <sum>"`` and increments the count; ``tok
 per process start, so an answer after a restore proves the same memory came back.
 """
 
+import hashlib
+import mmap
 import os
 import secrets
 import socket
@@ -53,6 +55,16 @@ def linked_map(directory: str, token: str):  # noqa: ANN201 - an mmap
     return mapped
 
 
+def anon_region(size_mib: int) -> mmap.mmap:
+    """A private anonymous region of ``size_mib`` MiB, every page written (a CUDA
+    checkpoint's host copy of GPU state is such a region, GBs), no huge pages advised."""
+    region = mmap.mmap(-1, size_mib << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    block = bytes(range(256)) * 4096  # 1 MiB, not zeros: every page is dumped
+    for off in range(0, size_mib << 20, len(block)):
+        region[off : off + len(block)] = block[::-1] if (off >> 20) % 2 else block
+    return region
+
+
 def main() -> None:
     path = sys.argv[1]
     token = secrets.token_hex(8)
@@ -63,6 +75,8 @@ def main() -> None:
     tcp = tcp_to_itself() if "--tcp-self" in sys.argv else []  # noqa: F841 (kept open)
     sem_dir = sys.argv[sys.argv.index("--linked-map") + 1] if "--linked-map" in sys.argv else None
     shared = linked_map(sem_dir, token) if sem_dir else None
+    anon = anon_region(int(sys.argv[sys.argv.index("--anon-mib") + 1])) if (
+        "--anon-mib" in sys.argv) else None  # fmt: skip
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(path)
     srv.listen(4)
@@ -79,6 +93,9 @@ def main() -> None:
                     conn.sendall(b"tcp " + tcp[2].recv(16) + b"\n")
                 except OSError as e:
                     conn.sendall(f"tcp error {e}\n".encode())
+                continue
+            if cmd == b"anon" and anon is not None:  # what the large region holds
+                conn.sendall(hashlib.sha256(anon).hexdigest().encode() + b"\n")
                 continue
             if cmd == b"hold":  # keep this connection open (an outside peer) until told
                 conn.sendall(b"holding\n")

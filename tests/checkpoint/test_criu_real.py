@@ -324,3 +324,50 @@ def test_links_are_kept_by_root_only_in_root_directories(tmp_path: Path) -> None
     swapped.symlink_to("/dev/shm")
     assert not in_root_dirs([LinkedFile(str(swapped), 1, 4)])
     assert in_root_dirs([])
+
+
+def _anon_huge_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("AnonHugePages:"):
+            return int(line.split()[1])
+    return 0
+
+
+def test_a_restore_fills_large_memory_in_huge_pages_only_where_the_node_says(
+    tmp_path: Path,
+) -> None:
+    """SPSWAP_RESTORE_HUGEPAGES: CRIU (with spswap's thp-fill patch) fills a large private
+    region in transparent huge pages when asked, and in CRIU's 4 KiB pages otherwise (THP
+    "madvise": stock CRIU applies the dump's advice only after the fill); either way the
+    region's bytes come back as they were."""
+    from spswap.doctor import criu_patches
+    from spswap.doctor_node import THP_ENABLED, THP_FILL_PATCH, thp_mode
+
+    path = criu.find_criu()
+    assert path is not None
+    if THP_FILL_PATCH not in (criu_patches(path) or ()):
+        pytest.skip(f"{path} was not built with spswap's {THP_FILL_PATCH}: run "
+                    "scripts/build_criu.sh")  # fmt: skip
+    mode = thp_mode(THP_ENABLED.read_text() if THP_ENABLED.exists() else None)
+    if mode not in ("madvise", "always"):
+        pytest.skip(f"transparent huge pages are {mode or 'not in this kernel'} here")
+    region_kib = 256 << 10
+    for hugepages in (False, True):
+        srv = Server(tmp_path, "--anon-mib", str(region_kib >> 10))
+        try:
+            before = srv.ask(b"anon")
+            key = f"thp-{hugepages}"
+            criu.dump(srv.pid, key, tmp_path / "images")
+            srv.proc.wait(timeout=10)
+            pid = criu.restore(key, tmp_path / "images", hugepages=hugepages)
+            huge_kib = _anon_huge_kib(pid)
+            assert ask(srv.sock, b"anon") == before  # the bytes, whatever the page size
+            if hugepages:
+                assert huge_kib >= region_kib * 3 // 4, huge_kib
+            elif mode == "madvise":  # (with "always" the kernel may choose huge pages itself)
+                assert huge_kib == 0, huge_kib
+            srv.kill(pid)
+        finally:
+            srv.kill()
+            (srv.sock).unlink(missing_ok=True)
+            Path(str(srv.sock) + ".ready").unlink(missing_ok=True)
