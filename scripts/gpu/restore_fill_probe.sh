@@ -14,6 +14,10 @@ ROUNDS=${2:-3}
 CRIU=${SPSWAP_CRIU:-}
 [ -n "$CRIU" ] || { [ -x .criu-build/bundle/criu ] && CRIU=$PWD/.criu-build/bundle/criu; }
 [ -n "$CRIU" ] || CRIU=$(command -v criu) || { echo "restore_fill_probe: no criu" >&2; exit 2; }
+real=$(readlink -f "$CRIU")
+grep -qs thp-fill.patch "$(dirname "$real")/share/spswap/criu-patches" \
+    "$(dirname "$(dirname "$real")")/share/spswap/criu-patches" \
+  || { echo "restore_fill_probe: $CRIU was not built with scripts/criu-patches/thp-fill.patch: rebuild it (scripts/build_criu.sh, or scripts/gpu/kits.sh criu for the bundle)" >&2; exit 2; }
 W=$(mktemp -d /dev/shm/restore-fill.XXXXXX)
 trap 'rm -rf "$W"' EXIT
 echo "{\"thp\": \"$(cat /sys/kernel/mm/transparent_hugepage/enabled)\", \"criu\": \"$CRIU\"}"
