@@ -16,6 +16,7 @@
 #                    glibc) into DIR, stripped, with a wrapper DIR/criu that sets
 #                    LD_LIBRARY_PATH: carry DIR to a node that has no CRIU.
 #   --force          build even when a good CRIU is already installed
+#   --stamp          print the patches a good build has (name:sha256 prefix) and exit
 # Idempotent: with CRIU >= 4.1 already on PATH or in the prefix, it only prints the version
 # (and makes the bundle when asked).
 set -euo pipefail
@@ -41,6 +42,7 @@ PATCH_DIR="$(cd "$(dirname "$0")" && pwd)/criu-patches"
 BUILD_DIR="${CRIU_BUILD_DIR:-/var/cache/spswap/criu-build}"
 BUNDLE_DIR=""
 FORCE=0
+STAMP_ONLY=0
 
 die() { echo "build_criu: error: $*" >&2; exit 1; }
 log() { echo "build_criu: $*" >&2; }
@@ -51,6 +53,7 @@ while [[ $# -gt 0 ]]; do
     --build-dir) BUILD_DIR="$2"; shift 2 ;;
     --bundle) BUNDLE_DIR="$2"; shift 2 ;;
     --force) FORCE=1; shift ;;
+    --stamp) STAMP_ONLY=1; shift ;;
     -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option $1 (see --help)" ;;
   esac
@@ -63,7 +66,15 @@ criu_version_of() {
   sed -n 's/^Version: *\([0-9]\+\)\.\([0-9]\+\).*/\1 \2/p' <<<"$out" | head -n1
 }
 
-patch_names() { ls -1 "$PATCH_DIR"/*.patch 2>/dev/null | xargs -r -n1 basename | sort | tr '\n' ' '; }
+# What the stamp beside a build says: each patch's name and the start of its sha256, so a
+# patch edited under the same name makes the build stale too.
+patch_stamp() {
+  local p
+  for p in $(ls -1 "$PATCH_DIR"/*.patch 2>/dev/null | sort); do
+    printf '%s:%s ' "$(basename "$p")" "$(sha256sum "$p" | cut -c1-12)"
+  done
+}
+[[ $STAMP_ONLY -eq 0 ]] || { patch_stamp; echo; exit 0; }
 stamp_file() { echo "$PREFIX/share/spswap/criu-patches"; }
 
 is_good() {
@@ -75,7 +86,7 @@ is_good() {
   # 4.1.x fails on TCP sockets under Linux >= 6.16 unless built here with our patches
   if (( major == 4 && minor == 1 )); then
     [[ "$1" == "$PREFIX/sbin/criu" && -f "$(stamp_file)" \
-       && "$(cat "$(stamp_file)")" == "$(patch_names)" ]] || return 1
+       && "$(cat "$(stamp_file)")" == "$(patch_stamp)" ]] || return 1
   fi
   return 0
 }
@@ -151,11 +162,11 @@ fetch_tarball() {
 
 build() {
   local src="$BUILD_DIR/criu-$CRIU_VERSION"
-  if [[ ! -f "$src/Makefile" ]]; then
-    tar -C "$BUILD_DIR" -xf "$BUILD_DIR/$CRIU_TARBALL"
-  fi
+  # from a clean tree: one patched by an older version of a patch would not take the new
+  rm -rf "$src"
+  tar -C "$BUILD_DIR" -xf "$BUILD_DIR/$CRIU_TARBALL"
   [[ -f "$src/Makefile" ]] || die "the tarball did not unpack to $src"
-  local p
+  local p applied=""
   for p in "$PATCH_DIR"/*.patch; do
     [[ -f "$p" ]] || continue
     # the patches are for 4.1.x; a newer CRIU that trixie moves to has its own fixes
@@ -163,10 +174,9 @@ build() {
     if patch -d "$src" -p1 --forward --dry-run -s <"$p" >/dev/null 2>&1; then
       patch -d "$src" -p1 --forward -s <"$p" || die "could not apply $p"
       log "applied $(basename "$p")"
-    elif patch -d "$src" -p1 --reverse --dry-run -s <"$p" >/dev/null 2>&1; then
-      log "$(basename "$p") is applied already"
+      applied+="$(basename "$p"):$(sha256sum "$p" | cut -c1-12) "
     else
-      die "$(basename "$p") does not apply to criu $CRIU_VERSION; remove $src to start clean, or install a CRIU that has the fix and run again"
+      die "$(basename "$p") does not apply to criu $CRIU_VERSION; install a CRIU that has the fix and run again"
     fi
   done
   log "building criu $CRIU_VERSION in $src with $(nproc) jobs"
@@ -174,7 +184,7 @@ build() {
     || { tail -n 30 "$BUILD_DIR/build.log" >&2; die "make failed; full log in $BUILD_DIR/build.log"; }
   install -D -m 0755 "$src/criu/criu" "$PREFIX/sbin/criu"
   mkdir -p "$(dirname "$(stamp_file)")"
-  patch_names >"$(stamp_file)"
+  echo -n "$applied" >"$(stamp_file)"
 }
 
 # Libraries of glibc itself: every Linux node has a compatible one, so they never travel.

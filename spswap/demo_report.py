@@ -15,6 +15,7 @@ from rich.text import Text
 
 from spswap.bench.turns_plan import RESTORED_PATHS, TurnKind, TurnResult, TurnsSummary
 from spswap.bench.turns_report import stats_table, turn_table, verdict
+from spswap.checkpoint.criu_find import missing_text
 
 CRIU_HINT = "bash scripts/build_criu.sh"
 
@@ -46,10 +47,8 @@ def choose_mode(euid: int, criu_path: str | None, criu_version: tuple[int, int, 
     otherwise, saying why and what to run (``criu_setting``: SPSWAP_CRIU, where set)."""
     want = ".".join(map(str, min_version[:2]))
     if criu_path is None and criu_setting:
-        return DemoMode(False, f"SPSWAP_CRIU={criu_setting} is not an executable file: the "
-                        "turns go through the pool alone. For the checkpoint path, set "
-                        "SPSWAP_CRIU to the criu binary, or unset it to use PATH's or "
-                        "/usr/local/sbin/criu")  # fmt: skip
+        return DemoMode(False, "the turns go through the pool alone: "
+                        f"{missing_text(criu_setting)}")  # fmt: skip
     if criu_path is None:
         return DemoMode(False, f"no CRIU found: the turns go through the pool alone. For the "
                         f"checkpoint path, build CRIU >= {want} as root (`{CRIU_HINT}`) and "

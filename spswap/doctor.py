@@ -110,15 +110,17 @@ def criu_patches(path: Path) -> frozenset[str] | None:
     real = Path(os.path.realpath(path))
     for d in (real.parent.parent, real.parent):
         try:
-            return frozenset((d / "share" / "spswap" / "criu-patches").read_text().split())
+            stamp = (d / "share" / "spswap" / "criu-patches").read_text()
         except OSError:
             continue
+        # each word: a patch's name, then (since 2026-12-05) ':' and its sha256's start
+        return frozenset(word.split(":")[0] for word in stamp.split())
     return None
 
 
 def patched_criu(path: Path) -> bool:
-    """Whether ``path`` is a CRIU that scripts/build_criu.sh built with its patches."""
-    return criu_patches(path) is not None
+    """Whether ``path`` is a CRIU that scripts/build_criu.sh built with its TCP patch."""
+    return "sockopts-linux-6.16.patch" in (criu_patches(path) or ())
 
 
 def _hugepages(cfg: Config) -> dict[str, Any]:
@@ -127,7 +129,7 @@ def _hugepages(cfg: Config) -> dict[str, Any]:
         thp = doctor_node.THP_ENABLED.read_text()
     except OSError:
         thp = None
-    return doctor_node.hugepages_check(cfg.restore_hugepages,
+    return doctor_node.hugepages_check(cfg.restore_hugepages, str(path) if path else None,
                                        criu_patches(path) if path else None,
                                        doctor_node.thp_mode(thp))  # fmt: skip
 

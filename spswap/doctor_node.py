@@ -170,28 +170,32 @@ def thp_mode(text: str | None) -> str | None:
     return None
 
 
-def hugepages_check(on: bool, criu_patches: frozenset[str] | None,
+def hugepages_check(on: bool, criu_path: str | None, criu_patches: frozenset[str] | None,
                     thp: str | None) -> dict[str, Any]:  # fmt: skip
     """Whether CRIU's restore fills in huge pages (SPSWAP_RESTORE_HUGEPAGES): the setting,
-    the CRIU's patches (``criu_patches``: its build stamp's names, None where no stamp)
-    and the kernel's THP mode (``thp``). Information, not required. Pure."""
+    the CRIU (``criu_patches``: its build stamp's patch names, None where no stamp) and
+    the kernel's THP mode (``thp``). Information, not required. Pure."""
     name = "restore huge pages"
     mode = f"THP {thp}" if thp else "no THP in this kernel"
     if not on:
-        return check(name, True, f"off: CRIU's own fill ({mode}; SPSWAP_RESTORE_HUGEPAGES=1 "
-                     "may restore faster: docs/benchmarks.md)")  # fmt: skip
-    if criu_patches is None or THP_FILL_PATCH not in criu_patches:
-        return check(name, False, "SPSWAP_RESTORE_HUGEPAGES=1, but this CRIU has no "
-                     "spswap thp-fill patch", "rebuild it with scripts/build_criu.sh (as root), "
+        hint = {
+            "madvise": ": SPSWAP_RESTORE_HUGEPAGES=1 may restore faster (measure first: "
+            "docs/benchmarks.md)",
+            "always": ": the kernel may fill in huge pages already",
+        }.get(thp or "", "")
+        return check(name, True, f"off: CRIU's own fill ({mode}){hint}")
+    if criu_path is None:
+        return check(name, False, "SPSWAP_RESTORE_HUGEPAGES=1, but no CRIU found",
+                     "see the criu row")  # fmt: skip
+    if THP_FILL_PATCH not in (criu_patches or ()):
+        return check(name, False, f"SPSWAP_RESTORE_HUGEPAGES=1, but {criu_path} has no spswap "
+                     "thp-fill patch", "rebuild it with scripts/build_criu.sh (as root), "
                      "which applies it; until then the setting does nothing")  # fmt: skip
     if thp in (None, "never"):
-        return check(
-            name,
-            False,
-            f"SPSWAP_RESTORE_HUGEPAGES=1, but {mode}",
-            "transparent huge pages are off on this node: the setting does nothing",
-        )
-    return check(name, True, f"on ({mode}; CRIU with spswap's thp-fill patch)")
+        return check(name, False, f"SPSWAP_RESTORE_HUGEPAGES=1, but {mode}",
+                     "the setting does nothing: set /sys/kernel/mm/transparent_hugepage/"
+                     "enabled to madvise, or remove the setting")  # fmt: skip
+    return check(name, True, f"on ({mode}; {criu_path} has spswap's thp-fill patch)")
 
 
 def settings(cfg: Config) -> dict[str, Any]:

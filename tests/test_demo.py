@@ -104,10 +104,10 @@ def test_choose_mode_says_why_and_what_to_run() -> None:
     old = choose_mode(0, "/usr/sbin/criu", (3, 17, 1))
     assert "CRIU 3.17.1, need >= 4.1" in (old.note or "") and CRIU_HINT in (old.note or "")
     unset = choose_mode(0, None, None, (4, 1, 0), "/nonexistent/criu")
-    assert unset == DemoMode(False, "SPSWAP_CRIU=/nonexistent/criu is not an executable file: "
-                             "the turns go through the pool alone. For the checkpoint path, "
-                             "set SPSWAP_CRIU to the criu binary, or unset it to use PATH's or "
-                             "/usr/local/sbin/criu")  # fmt: skip
+    assert unset == DemoMode(False, "the turns go through the pool alone: SPSWAP_CRIU="
+                             "/nonexistent/criu is not an executable file: set SPSWAP_CRIU to "
+                             "the criu binary (in /etc/default/spswap), or remove it to use "
+                             "PATH's or /usr/local/sbin/criu")  # fmt: skip
     user = choose_mode(1000, "/usr/local/sbin/criu", (4, 1, 1))
     assert not user.checkpoint and "not root" in (user.note or "")
     assert user.restored_paths == ("pool",) and DemoMode(True).restored_paths == ("kept", "image")

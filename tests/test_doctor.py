@@ -347,26 +347,37 @@ def test_thp_mode_is_the_bracketed_word() -> None:
     assert doctor_node.thp_mode(None) is None and doctor_node.thp_mode("") is None
 
 
-@pytest.mark.parametrize(("on", "patches", "thp", "row"), [
-    (False, None, "madvise", ("restore huge pages", True, "off: CRIU's own fill (THP madvise; "
-     "SPSWAP_RESTORE_HUGEPAGES=1 may restore faster: docs/benchmarks.md)", "")),
-    (True, frozenset({"thp-fill.patch"}), "madvise", ("restore huge pages", True,
-     "on (THP madvise; CRIU with spswap's thp-fill patch)", "")),
-    (True, frozenset({"sockopts-linux-6.16.patch"}), "madvise", ("restore huge pages", False,
-     "SPSWAP_RESTORE_HUGEPAGES=1, but this CRIU has no spswap thp-fill patch",
-     "rebuild it with scripts/build_criu.sh (as root), which applies it; until then the "
-     "setting does nothing")),
-    (True, None, "always", ("restore huge pages", False, "SPSWAP_RESTORE_HUGEPAGES=1, but "
-     "this CRIU has no spswap thp-fill patch", "rebuild it with scripts/build_criu.sh (as "
-     "root), which applies it; until then the setting does nothing")),
-    (True, frozenset({"thp-fill.patch"}), "never", ("restore huge pages", False,
-     "SPSWAP_RESTORE_HUGEPAGES=1, but THP never", "transparent huge pages are off on this "
-     "node: the setting does nothing")),
+FIX_CRIU = (
+    "rebuild it with scripts/build_criu.sh (as root), which applies it; until then "
+    "the setting does nothing"
+)
+THP_PATCH = frozenset({"thp-fill.patch"})
+
+
+@pytest.mark.parametrize(("on", "criu", "patches", "thp", "row"), [
+    (False, "/c", None, "madvise", (True, "off: CRIU's own fill (THP madvise): "
+     "SPSWAP_RESTORE_HUGEPAGES=1 may restore faster (measure first: docs/benchmarks.md)", "")),
+    (False, "/c", None, "always", (True, "off: CRIU's own fill (THP always): the kernel may "
+     "fill in huge pages already", "")),
+    (False, None, None, None, (True, "off: CRIU's own fill (no THP in this kernel)", "")),
+    (True, "/c", THP_PATCH, "madvise", (True, "on (THP madvise; /c has spswap's thp-fill "
+     "patch)", "")),
+    (True, "/c", frozenset({"sockopts-linux-6.16.patch"}), "madvise", (False,
+     "SPSWAP_RESTORE_HUGEPAGES=1, but /c has no spswap thp-fill patch", FIX_CRIU)),
+    (True, "/c", None, "always", (False, "SPSWAP_RESTORE_HUGEPAGES=1, but /c has no spswap "
+     "thp-fill patch", FIX_CRIU)),
+    (True, None, None, "madvise", (False, "SPSWAP_RESTORE_HUGEPAGES=1, but no CRIU found",
+     "see the criu row")),
+    (True, "/c", THP_PATCH, "never", (False, "SPSWAP_RESTORE_HUGEPAGES=1, but THP never",
+     "the setting does nothing: set /sys/kernel/mm/transparent_hugepage/enabled to "
+     "madvise, or remove the setting")),
 ])  # fmt: skip
-def test_the_huge_page_restore_row(on: bool, patches: frozenset[str] | None, thp: str,
-                                   row: tuple[str, bool, str, str]) -> None:  # fmt: skip
-    got = doctor_node.hugepages_check(on, patches, thp)
-    assert (got["name"], got["ok"], got["value"], got["detail"]) == row
+def test_the_huge_page_restore_row(
+    on: bool, criu: str | None, patches: frozenset[str] | None, thp: str | None,
+    row: tuple[bool, str, str],
+) -> None:  # fmt: skip
+    got = doctor_node.hugepages_check(on, criu, patches, thp)
+    assert (got["name"], got["ok"], got["value"], got["detail"]) == ("restore huge pages", *row)
     assert got["required"] is False
 
 
@@ -375,5 +386,13 @@ def test_the_criu_patches_are_read_from_the_build_stamp(tmp_path: Path) -> None:
     (tmp_path / "sbin" / "criu").write_text("")
     assert doctor.criu_patches(tmp_path / "sbin" / "criu") is None
     (tmp_path / "share" / "spswap").mkdir(parents=True)
-    (tmp_path / "share" / "spswap" / "criu-patches").write_text("a.patch thp-fill.patch \n")
-    assert doctor.criu_patches(tmp_path / "sbin" / "criu") == {"a.patch", "thp-fill.patch"}
+    stamp = tmp_path / "share" / "spswap" / "criu-patches"
+    stamp.write_text("sockopts-linux-6.16.patch thp-fill.patch \n")  # (before 2026-12-05)
+    assert doctor.criu_patches(tmp_path / "sbin" / "criu") == {
+        "sockopts-linux-6.16.patch", "thp-fill.patch"}  # fmt: skip
+    stamp.write_text("sockopts-linux-6.16.patch:8b0a6481e110 thp-fill.patch:a431cd72024f ")
+    assert doctor.criu_patches(tmp_path / "sbin" / "criu") == {
+        "sockopts-linux-6.16.patch", "thp-fill.patch"}  # fmt: skip
+    assert doctor.patched_criu(tmp_path / "sbin" / "criu")
+    stamp.write_text("thp-fill.patch:a431cd72024f")
+    assert not doctor.patched_criu(tmp_path / "sbin" / "criu")  # the TCP patch is not there

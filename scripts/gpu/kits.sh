@@ -42,7 +42,7 @@ fi
 
 if want criu; then
     # a bundle built with other patches than scripts/criu-patches/ holds now is rebuilt
-    patches=$(ls -1 scripts/criu-patches/*.patch | xargs -n1 basename | sort | tr '\n' ' ')
+    patches=$(bash scripts/build_criu.sh --stamp)
     stamp() { tar -xJOf "$1" bundle/share/spswap/criu-patches 2>/dev/null; }
     if [ -f .device/criu-bundle.tar.xz ] && [ "$(stamp .device/criu-bundle.tar.xz)" = "$patches" ]; then
         say "criu: .device/criu-bundle.tar.xz already there"

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # How fast CRIU's restore fills a large private region, in 4 KiB pages (stock) and in huge
-# pages (CRIU_THP_FILL=1, what SPSWAP_RESTORE_HUGEPAGES=1 sets): the figure that says
+# pages (CRIU_THP_FILL=1, what SPSWAP_RESTORE_HUGEPAGES=1 sets), with and without
+# --auto-dedup (a run's restore, and the one at the job's prolog): the figures that say
 # whether a node should turn the setting on (docs/benchmarks.md). A process holding MIB
 # MiB of written anonymous memory is dumped to /dev/shm and restored (detached, timed),
-# the two ways alternating, ROUNDS times; prints one JSON line per restore. Root; needs
+# the four ways alternating, ROUNDS times; prints one JSON line per restore. Root; needs
 # a CRIU built by scripts/build_criu.sh (with its thp-fill patch): $SPSWAP_CRIU, else
 # .criu-build/bundle/criu, else criu on PATH.
 #
@@ -22,6 +23,9 @@ W=$(mktemp -d /dev/shm/restore-fill.XXXXXX)
 trap 'rm -rf "$W"' EXIT
 echo "{\"thp\": \"$(cat /sys/kernel/mm/transparent_hugepage/enabled)\", \"criu\": \"$CRIU\"}"
 for r in $(seq 1 "$ROUNDS"); do
+  # dedup 1: --auto-dedup, as a run's restore from an image (its pages freed as they are
+  # read); 0: without, as the restore at the job's prolog (the image stays, the way back)
+  for dedup in 0 1; do
   for fill in 0 1; do
     rm -rf "$W/img" "$W/pid"; mkdir -p "$W/img"
     setsid python3 -c '
@@ -41,12 +45,14 @@ while True:
     "$CRIU" dump -t "$pid" -D "$W/img" -o dump.log >/dev/null 2>&1 \
       || { echo "restore_fill_probe: dump failed: $(tail -3 "$W/img/dump.log")" >&2; exit 1; }
     t0=$(date +%s%N)
-    CRIU_THP_FILL=$fill "$CRIU" restore -D "$W/img" -d -o restore.log >/dev/null 2>&1 \
+    dd=(); [ "$dedup" = 1 ] && dd=(--auto-dedup)
+    CRIU_THP_FILL=$fill "$CRIU" restore -D "$W/img" -d "${dd[@]}" -o restore.log >/dev/null 2>&1 \
       || { echo "restore_fill_probe: restore failed: $(tail -3 "$W/img/restore.log")" >&2; exit 1; }
     t1=$(date +%s%N)
-    huge=$(awk '/AnonHugePages/ {print $2}' "/proc/$pid/smaps_rollup")
+    huge=$(awk '/AnonHugePages/ {print $2}' "/proc/$pid/smaps_rollup"); huge=${huge:-0}
     ms=$(( (t1 - t0) / 1000000 ))
-    echo "{\"round\": $r, \"huge_pages\": $fill, \"mib\": $MIB, \"restore_ms\": $ms, \"anon_huge_kib\": $huge, \"gb_per_s\": $(python3 -c "print(round($MIB * 1048576 / ($ms / 1000) / 1e9, 2))")}"
+    echo "{\"round\": $r, \"auto_dedup\": $dedup, \"huge_pages\": $fill, \"mib\": $MIB, \"restore_ms\": $ms, \"anon_huge_kib\": $huge, \"gb_per_s\": $(python3 -c "print(round($MIB * 1048576 / ($ms / 1000) / 1e9, 2))")}"
     kill -9 "$pid" 2>/dev/null; while kill -0 "$pid" 2>/dev/null; do sleep 0.02; done
+  done
   done
 done

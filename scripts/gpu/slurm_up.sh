@@ -102,7 +102,12 @@ ln -sf "$PREFIX/venv/bin/spswap" "$PREFIX/bin/spswap"
 chmod -R a+rX "$PREFIX"
 "$PREFIX/bin/spswap" --version
 
-if [ ! -x /usr/local/sbin/criu ] && [ -f "$REPO/.device/criu-bundle.tar.xz" ]; then
+# the carried bundle, also over one an earlier `up` installed with other patches
+bundle_stamp() { tar -xJOf "$REPO/.device/criu-bundle.tar.xz" bundle/share/spswap/criu-patches 2>/dev/null; }
+if [ -f "$REPO/.device/criu-bundle.tar.xz" ] && { [ ! -x /usr/local/sbin/criu ] || {
+   [ "$(readlink /usr/local/sbin/criu)" = "$PREFIX/criu/bundle/criu" ] &&
+   [ "$(cat "$PREFIX/criu/bundle/share/spswap/criu-patches" 2>/dev/null)" != "$(bundle_stamp)" ]; }; }; then
+    rm -rf "$PREFIX/criu/bundle"
     mkdir -p "$PREFIX/criu" && tar -C "$PREFIX/criu" -xJf "$REPO/.device/criu-bundle.tar.xz"
     ln -sf "$PREFIX/criu/bundle/criu" /usr/local/sbin/criu
 fi

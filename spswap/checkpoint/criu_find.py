@@ -49,7 +49,7 @@ def missing_text(setting: str) -> str:
         return (f"SPSWAP_CRIU={setting} is not an executable file: set SPSWAP_CRIU to the "
                 "criu binary (in /etc/default/spswap), or remove it to use PATH's or "
                 "/usr/local/sbin/criu")  # fmt: skip
-    return f"no CRIU on this node: {BUILD_HINT}"
+    return f"no criu found (SPSWAP_CRIU, PATH, /usr/local/sbin): {BUILD_HINT}"
 
 
 def criu_version(path: Path) -> tuple[int, int, int]:
@@ -97,7 +97,7 @@ def available() -> bool:
 def _require_criu(criu: Path | None) -> tuple[Path, tuple[int, int, int]]:
     path = criu or find_criu()
     if path is None:
-        raise CheckpointFailed(f"no criu found (SPSWAP_CRIU, PATH, /usr/local/sbin); {BUILD_HINT}")
+        raise CheckpointFailed(missing_text(criu_setting()))
     version = criu_version(path)
     if version < MIN_VERSION:
         have = ".".join(map(str, version))

@@ -134,9 +134,12 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base's name
         pass  # no access log on the job's stderr
 
-    def _send(self, status: int, body: bytes, ctype: str = "application/json") -> None:
+    def _send(self, status: int, body: bytes, ctype: str = "application/json",
+              headers: dict[str, str] | None = None) -> None:  # fmt: skip
         self.send_response(status)
         self.send_header("content-type", ctype)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.send_header("content-length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -144,8 +147,10 @@ class _Handler(BaseHTTPRequestHandler):
     def _json(self, status: int, obj: Any) -> None:
         self._send(status, json.dumps(obj).encode())
 
-    def _error(self, status: int, message: str) -> None:
-        self._json(status, {"error": {"message": message, "code": status}})
+    def _error(self, status: int, message: str, allow: str | None = None) -> None:
+        """An OpenAI-style error body; ``allow``: the method a 405 names (its Allow header)."""
+        body = json.dumps({"error": {"message": message, "code": status}}).encode()
+        self._send(status, body, headers={"allow": allow} if allow else None)
 
     def do_GET(self) -> None:  # noqa: N802 - the base class's name
         path = self.path.split("?", 1)[0]
@@ -158,7 +163,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(200, {"ok": True})
         elif path == "/v1/completions":
             self._error(405, "/v1/completions takes POST (a JSON body with model, prompt, "
-                             "max_tokens)")  # fmt: skip
+                             "max_tokens)", allow="POST")  # fmt: skip
         else:
             self._error(404, f"{path}: not here (GET /v1/models, /metrics; "
                              "POST /v1/completions)")  # fmt: skip
@@ -183,7 +188,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         body = self.rfile.read(int(length))
         if path in ("/v1/models", "/metrics"):
-            self._error(405, f"{path} takes GET")
+            self._error(405, f"{path} takes GET", allow="GET")
             return
         if path != "/v1/completions":
             self._error(404, f"{path}: not here (POST /v1/completions)")

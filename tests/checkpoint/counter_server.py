@@ -4,6 +4,7 @@ Each connection gets ``"<token> <count> <sum>"`` and increments the count; ``tok
 per process start, so an answer after a restore proves the same memory came back.
 """
 
+import ctypes
 import hashlib
 import mmap
 import os
@@ -65,6 +66,23 @@ def anon_region(size_mib: int) -> mmap.mmap:
     return region
 
 
+MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)  # (Linux's; Python names it from 3.13)
+
+
+def sparse_region(size_mib: int) -> mmap.mmap:
+    """A private anonymous region of ``size_mib`` MiB with one written page per 2 MiB (a
+    reserved arena); MAP_NORESERVE keeps the kernel from merging it with a dense one."""
+    region = mmap.mmap(-1, size_mib << 20,
+                       flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | MAP_NORESERVE)  # fmt: skip
+    for off in range(0, size_mib << 20, 2 << 20):
+        region[off] = 1
+    return region
+
+
+def address(region: mmap.mmap) -> int:
+    return ctypes.addressof(ctypes.c_char.from_buffer(region))
+
+
 def main() -> None:
     path = sys.argv[1]
     token = secrets.token_hex(8)
@@ -77,6 +95,8 @@ def main() -> None:
     shared = linked_map(sem_dir, token) if sem_dir else None
     anon = anon_region(int(sys.argv[sys.argv.index("--anon-mib") + 1])) if (
         "--anon-mib" in sys.argv) else None  # fmt: skip
+    sparse = sparse_region(int(sys.argv[sys.argv.index("--sparse-mib") + 1])) if (
+        "--sparse-mib" in sys.argv) else None  # fmt: skip
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(path)
     srv.listen(4)
@@ -96,6 +116,9 @@ def main() -> None:
                 continue
             if cmd == b"anon" and anon is not None:  # what the large region holds
                 conn.sendall(hashlib.sha256(anon).hexdigest().encode() + b"\n")
+                continue
+            if cmd == b"where" and anon is not None and sparse is not None:
+                conn.sendall(f"{address(anon):x} {address(sparse):x}\n".encode())
                 continue
             if cmd == b"hold":  # keep this connection open (an outside peer) until told
                 conn.sendall(b"holding\n")

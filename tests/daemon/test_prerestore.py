@@ -6,6 +6,10 @@ spswapd: tests/checkpoint/test_faults.py (the no-keep and keep-budget cases)."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
 
 from spswap.daemon.kept import HeldCgroups
 from spswap.daemon.memory_claims import (
@@ -105,3 +109,27 @@ def test_why_a_parked_tree_is_not_kept_alive_is_said_in_the_settings_words() -> 
         "1/8 of the node's memory, 2.0 GiB) keeps alive"
     )
     assert _not_kept_because(8 * GIB, 3 * GIB, set_bytes=None) is None
+
+
+def test_the_early_restore_asks_criu_for_huge_pages_as_the_node_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SPSWAP_RESTORE_HUGEPAGES reaches CRIU's restore at the prolog (the real fill:
+    tests/checkpoint/test_criu_real.py); CRIU stood in for, as it cannot start here."""
+    from spswap.config import Config
+    from spswap.daemon import prerestore
+    from spswap.errors import CriuNotStarted
+
+    asked: list[bool] = []
+
+    def restore(*_args: Any, hugepages: bool = False, **_kw: Any) -> int:
+        asked.append(hugepages)
+        raise CriuNotStarted("stood in for")
+
+    monkeypatch.setattr(prerestore.criu, "restore", restore)
+    parking = SimpleNamespace(dirs={}, freeze=lambda: True)
+    for setting in ("0", "1"):
+        cfg = Config.from_env({"SPSWAP_RESTORE_HUGEPAGES": setting}, root=tmp_path)
+        with pytest.raises(CriuNotStarted):
+            prerestore._restore_into(SimpleNamespace(cfg=cfg), "7", 0, tmp_path, parking, 0.0)
+    assert asked == [False, True]

@@ -60,6 +60,14 @@ def test_three_models_two_awake_route_swap_and_report(tmp_path, cfg):
         )
         status, raw = http_api.request(opts.socket_path, "POST", "/v1/models", {})
         assert (status, json.loads(raw)["error"]["message"]) == (405, "/v1/models takes GET")
+        conn = http_api._UnixConnection(opts.socket_path, 10.0)  # a 405 says what is allowed
+        try:
+            conn.request("GET", "/v1/completions")
+            resp = conn.getresponse()
+            assert (resp.status, resp.getheader("allow")) == (405, "POST")
+            resp.read()
+        finally:
+            conn.close()
         assert http_api.complete(opts.socket_path, "m1", PROMPT, MAX_NEW)["status"] == 200
     finally:
         api.stop()
