@@ -70,15 +70,13 @@ def cgroup_mode(sys_fs_cgroup: Path) -> str:
 # ---- the checks -----------------------------------------------------------------------------
 
 
-def _criu_checks(release: str) -> list[dict[str, Any]]:
+def _criu_checks(release: str, path: Path | None, setting: str) -> list[dict[str, Any]]:
+    """The CRIU rows: ``path`` the criu found (None: none), ``setting`` SPSWAP_CRIU."""
     needs_41 = kernel_version(release) >= KERNEL_NEEDS_CRIU_41
     why = "kernels >= 6.13 need CRIU >= 4.1" if needs_41 else "spswap needs CRIU >= 4.1"
-    path, setting = criu.find_criu(), criu.criu_setting()
     if path is None and setting:
         return [check("criu", False, f"SPSWAP_CRIU={setting}: not found",
-                      "not an executable file: set SPSWAP_CRIU to the criu binary (in "
-                      "/etc/default/spswap), or remove it to use PATH's or "
-                      "/usr/local/sbin/criu", required=True)]  # fmt: skip
+                      f"not an executable file: {criu.SETTING_FIX}", required=True)]  # fmt: skip
     if path is None:
         return [
             check("criu", False, "not found", f"run scripts/build_criu.sh ({why})", required=True)
@@ -123,8 +121,7 @@ def patched_criu(path: Path) -> bool:
     return "sockopts-linux-6.16.patch" in (criu_patches(path) or ())
 
 
-def _hugepages(cfg: Config) -> dict[str, Any]:
-    path = criu.find_criu()
+def _hugepages(cfg: Config, path: Path | None) -> dict[str, Any]:
     try:
         thp = doctor_node.THP_ENABLED.read_text()
     except OSError:
@@ -300,11 +297,12 @@ def collect(cfg: Config) -> dict[str, Any]:
     """Every check for this node: ``{"version", "node", "checks": [...]}``."""
     release = platform.release()
     checks: list[dict[str, Any]] = []
-    criu_rows = _criu_checks(release)
+    criu_path = criu.find_criu()  # (both read the settings file: once each for all rows)
+    criu_rows = _criu_checks(release, criu_path, criu.criu_setting())
     checks += criu_rows
     usable = all(c["ok"] for c in criu_rows if c["name"] in ("criu", "criu check"))
     checks += doctor_criu.checks(cfg, usable)
-    checks.append(_hugepages(cfg))
+    checks.append(_hugepages(cfg, criu_path))
     # an ok row carries no detail: what a kernel >= 6.13 needs of CRIU is the criu row's
     checks.append(check("kernel", True, release))
     checks.append(_kernel_config(release))

@@ -110,7 +110,7 @@ def test_the_kernel_row_is_clean_when_ok(monkeypatch: pytest.MonkeyPatch, tmp_pa
                                          release: str) -> None:  # fmt: skip
     # an ok kernel row said "CRIU >= 4.1 needed (>= 6.13)" (newcomer walk): the criu row
     # says that when CRIU is too old for the kernel
-    monkeypatch.setattr(doctor, "_criu_checks", lambda release: [])
+    monkeypatch.setattr(doctor, "_criu_checks", lambda release, path, setting: [])
     monkeypatch.setattr(doctor.doctor_criu, "checks", lambda cfg, usable: [])
     monkeypatch.setattr(doctor.platform, "release", lambda: release)
     rows = {c["name"]: c for c in doctor.collect(Config(root=tmp_path / "root"))["checks"]}

@@ -41,6 +41,7 @@ from spswap.checkpoint import criu_argv, link_remap, proctree
 from spswap.checkpoint.criu_find import (  # noqa: F401 - callers use them from here
     BUILD_HINT,
     MIN_VERSION,
+    SETTING_FIX,
     _require_criu,
     available,
     criu_check,

@@ -42,13 +42,16 @@ def find_criu(env: dict[str, str] | None = None) -> Path | None:
     return fallback if os.access(fallback, os.X_OK) else None
 
 
+# what to do where SPSWAP_CRIU names no executable file (also spswap doctor's advice)
+SETTING_FIX = ("set SPSWAP_CRIU to the criu binary (in /etc/default/spswap), or remove it to "
+               "use PATH's or /usr/local/sbin/criu")  # fmt: skip
+
+
 def missing_text(setting: str) -> str:
     """Why no CRIU was found, and the fix: a ``SPSWAP_CRIU`` naming no program is the
     setting's fault, not a missing CRIU."""
     if setting:
-        return (f"SPSWAP_CRIU={setting} is not an executable file: set SPSWAP_CRIU to the "
-                "criu binary (in /etc/default/spswap), or remove it to use PATH's or "
-                "/usr/local/sbin/criu")  # fmt: skip
+        return f"SPSWAP_CRIU={setting} is not an executable file: {SETTING_FIX}"
     return f"no criu found (SPSWAP_CRIU, PATH, /usr/local/sbin): {BUILD_HINT}"
 
 
