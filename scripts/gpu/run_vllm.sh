@@ -18,7 +18,7 @@
 #             PROBE_ARGS: other options, e.g. "--first-only --kv-gib 4")
 #   release   scripts/gpu/release_probe.py (are copies slow after memory goes back to the driver?)
 #   sleepprobe scripts/gpu/sleep_probe.py on 1.5B (where a cycle's time goes inside vLLM)
-#   asleep    scripts/gpu/asleep_probe.py on 0.5B, compiled then eager (what a sleeping vLLM
+#   asleep    scripts/gpu/asleep_probe.py on 0.5B (ASLEEP_SIZES: e.g. "0.5b 3b"), compiled then eager (what a sleeping vLLM
 #             leaves on the GPU, what each trim saves, CUDA checkpoint/restore times;
 #             ASLEEP_MODES: "compiled eager" by default)
 #   servecriu spswap serve --engine vllm preempted, dumped and restored with a real spswapd
@@ -59,6 +59,7 @@ df -h /tmp /dev/shm | tail -2
 step models
 sizes="0.5b 1.5b"
 want bench7b && sizes="$sizes 7b"
+for s in ${ASLEEP_SIZES:-}; do [[ " $sizes " == *" $s "* ]] || sizes="$sizes $s"; done
 timeout -k 5 180 python3 scripts/gpu/make_models.py --out "$MODELS" --sizes $sizes || exit 3
 
 # CRIU steps: the carried bundle, and no io_uring for the engines they start (restored after)
@@ -143,11 +144,13 @@ fi
 
 if want asleep; then
   step asleep
+  for size in ${ASLEEP_SIZES:-0.5b}; do
   for mode in ${ASLEEP_MODES:-compiled eager}; do
     [ "$(left)" -gt 150 ] || break
     flag=""; [ "$mode" = eager ] && flag=--eager
-    timeout -k 5 150 python3 scripts/gpu/asleep_probe.py "$MODELS/qwen2-0.5b" $flag 2>&1 \
+    timeout -k 5 150 python3 scripts/gpu/asleep_probe.py "$MODELS/qwen2-$size" $flag 2>&1 \
       | grep "START\|MEM\|TREE\|CKPT\|Error\|error" | tee -a "$OUT/asleep.jsonl"
+  done
   done
 fi
 

@@ -14,7 +14,8 @@
 #
 # Environment: MODEL (a model directory the user can read; a missing qwen2-SIZE[-sSEED]
 # is made by make_models.py first), SPSWAP_USER (spuser),
-# VLLM_ARGS (the template's vLLM options), HIGH_S (how long the high job holds the GPU,
+# VLLM_ARGS (the template's vLLM options), SERVE_ARGS (its spswap serve options, e.g.
+# "--units 4 --no-eager" for vLLM's CUDA graphs; default: the template's), HIGH_S (how long the high job holds the GPU,
 # default 15), TIMEOUT_S (per wait, default 300).
 set -uo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -24,6 +25,7 @@ OUT=${OUT:-/tmp/spswap-flow}
 HIGH_S=${HIGH_S:-15}
 TIMEOUT_S=${TIMEOUT_S:-300}
 VLLM_ARGS=${VLLM_ARGS:---max-model-len 512 --kv-cache-memory-bytes 4294967296}
+SERVE_ARGS=${SERVE_ARGS:-}
 HOME_U=$(getent passwd "$U" | cut -d: -f6)
 WORK="$HOME_U/flow"
 mkdir -p "$OUT"
@@ -66,11 +68,14 @@ wait_for() {  # description, shell test; polls every 0.1 s up to TIMEOUT_S
 # A umask of 002 (Ubuntu's useradd) makes group-writable folders, which spswap refuses
 # for state: the user works in a private one, as the template's comment says.
 as_user "mkdir -p -m 700 '$WORK' && chmod 700 '$WORK'"
+serve_sed=()
+[ -n "$SERVE_ARGS" ] && serve_sed=(-e "s|^SERVE_ARGS=(.*)   # CHANGE|SERVE_ARGS=($SERVE_ARGS)   # CHANGE|")
 sed -e "s|^MODEL=/path/to/model |MODEL=$MODEL |" \
-    -e "s|^VLLM_ARGS=(.*)   # CHANGE|VLLM_ARGS=($VLLM_ARGS)   # CHANGE|" \
+    -e "s|^VLLM_ARGS=(.*)   # CHANGE|VLLM_ARGS=($VLLM_ARGS)   # CHANGE|" "${serve_sed[@]}" \
     "$REPO/sbatch_templates/serve_vllm.sbatch" > "$WORK/serve.sbatch"
 diff "$REPO/sbatch_templates/serve_vllm.sbatch" "$WORK/serve.sbatch" > "$OUT/template.diff"
-[ "$(grep -c '^[<>]' "$OUT/template.diff")" = 4 ] || die "the rendered template differs in more than the CHANGE lines"
+grep '^[<>]' "$OUT/template.diff" | grep -qv '   # CHANGE' \
+    && die "the rendered template differs in more than the CHANGE lines"
 chown "$U:" "$WORK/serve.sbatch"
 cat > "$WORK/high.sbatch" <<EOF
 #!/bin/bash

@@ -194,12 +194,13 @@ class MultiBackend:
         queued = self.router.queued()  # kept across the stop: the run's log counts them
         return {"woken": woken, "queued": queued, "saved_requests": queued}
 
-    def probe(self) -> list[int] | None:
+    def probe(self) -> restore_check.CheckAnswer | None:
         """The awake models' answers to the check prompt (the asleep ones come back from
         their pool entries, which :meth:`check_pool` reads against their checksums)."""
         assert self.router is not None
-        return self.router.probe_awake(list(restore_check.PROBE_PROMPT),
-                                       restore_check.PROBE_TOKENS)  # fmt: skip
+        out = self.router.probe_awake(list(restore_check.PROBE_PROMPT),
+                                      restore_check.PROBE_TOKENS)  # fmt: skip
+        return None if out is None else restore_check.CheckAnswer(tuple(out))
 
     def check_pool(self) -> str | None:
         found = []

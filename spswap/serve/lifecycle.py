@@ -129,7 +129,7 @@ class Backend(Protocol):
         "3 request(s) unanswered"), or None when its work is done."""
         ...
 
-    def probe(self) -> list[int] | None:
+    def probe(self) -> restore_check.CheckAnswer | None:
         """The engine's greedy answer to a fixed check prompt, asked before a dump and
         again after the restore's wake (they must be equal); None where this engine has
         no such check yet (the restore is then trusted as it is)."""
@@ -359,7 +359,7 @@ class ServeRun(Generic[B]):
         run_steps(steps, self.log)
 
     # -- the check of a restore ---------------------------------------------------------
-    def _probe(self, when: str) -> list[int] | None:
+    def _probe(self, when: str) -> restore_check.CheckAnswer | None:
         t0 = time.perf_counter()
         try:
             return self.backend.probe()
@@ -370,7 +370,7 @@ class ServeRun(Generic[B]):
         finally:
             self.probe_s = time.perf_counter() - t0
 
-    def _check_restored(self, expected: list[int] | None) -> str | None:
+    def _check_restored(self, expected: restore_check.CheckAnswer | None) -> str | None:
         """None when the restored instance answers the check prompt as it did before its
         checkpoint (or there is no check); else why it must not serve."""
         return restore_check.refusal(expected, self.backend.probe)

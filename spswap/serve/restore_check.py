@@ -1,18 +1,59 @@
 """The check of a restore: a restored instance answers a fixed prompt after its wake and
 serves only if the answer is the one it gave before its checkpoint (greedy decoding:
-the same weights and state give the same tokens). vLLM's own ``snapshot`` refuses to
-serve on such a mismatch; spswap does too: a damaged pool entry (the restored process
-maps it), GPU state that did not come back, a wrong GPU mapping all show here, before a
-single request is answered."""
+the same weights and state give the same tokens, and the same log-probabilities where
+the engine gives them). vLLM's own ``snapshot`` refuses to serve on such a mismatch;
+spswap does too: a damaged pool entry (the restored process maps it), GPU state that did
+not come back, a wrong GPU mapping all show here, before a single request is answered."""
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 PROBE_PROMPT = (3, 1, 4, 1, 5, 9, 2, 6)  # token ids every engine and model accept
-PROBE_TOKENS = 8
+PROBE_TOKENS = 8  # an engine that answers with tokens only
+# An engine that also gives the log-probabilities of the prompt's tokens and of its own
+# answers in fewer: they move with any change to the weights, where greedy tokens can
+# stay; each token is a forward pass on the restore's path (26 ms for a 3B vLLM, eager).
+PROBE_TOKENS_WITH_LOGPROBS = 2
+# Before the checkpoint and after the restore the check runs alone on the same GPU and
+# kernels, so its log-probabilities repeat; the margin absorbs a kernel that reduces in
+# another order, far below what a damaged tensor moves (whole nats).
+LOGPROB_TOLERANCE = 0.1
+
+
+@dataclass(frozen=True)
+class CheckAnswer:
+    """An engine's answer to the check prompt: its greedy tokens and, where the engine
+    gives them, the log-probabilities it computed (of the prompt's tokens after the
+    first, then of its own), in that order; empty where it gives none."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...] = ()
+
+
+def difference(before: CheckAnswer, after: CheckAnswer) -> str | None:
+    """None when ``after`` is ``before`` again (tokens equal, log-probabilities within
+    :data:`LOGPROB_TOLERANCE`); else how they differ, in the job log's words."""
+    if after.token_ids != before.token_ids:
+        return (f"it answered the check prompt with {tokens_text(list(after.token_ids))} "
+                f"where it answered {tokens_text(list(before.token_ids))} before its "
+                "checkpoint")  # fmt: skip
+    if len(after.logprobs) != len(before.logprobs):
+        return (f"it answered the check prompt with {len(after.logprobs)} log-probabilities "
+                f"where it gave {len(before.logprobs)} before its checkpoint")  # fmt: skip
+    gaps = [abs(a - b) for a, b in zip(after.logprobs, before.logprobs, strict=True)]
+    # max() would pass over a NaN that is not first: a NaN is the worst gap
+    worst = math.nan if any(map(math.isnan, gaps)) else max(gaps, default=0.0)
+    if worst <= LOGPROB_TOLERANCE:  # (NaN fails this)
+        return None
+    shown = "not a number" if math.isnan(worst) else f"{worst:.3g}"
+    return (f"it answered the check prompt with the same tokens "
+            f"{tokens_text(list(after.token_ids))} but log-probabilities up to {shown} away "
+            f"from those before its checkpoint (at most {LOGPROB_TOLERANCE} allowed)")  # fmt: skip
 
 
 def tokens_text(ids: list[int] | None, shown: int = 8) -> str:
@@ -66,19 +107,20 @@ def restored_text(how: str, run: int, *, wake_s: float, check_s: float,
             f"{checked}{resumed}")  # fmt: skip
 
 
-def refusal(expected: list[int] | None, probe: Callable[[], list[int] | None]) -> str | None:
-    """None when ``probe()`` answers ``expected`` (or nothing was expected: no check);
-    else why the restored instance must not serve, in the job log's words."""
+def refusal(expected: CheckAnswer | None,
+            probe: Callable[[], CheckAnswer | None]) -> str | None:  # fmt: skip
+    """None when ``probe()`` answers ``expected`` again (or nothing was expected: no
+    check); else why the restored instance must not serve, in the job log's words."""
     if expected is None:
         return None
     try:
         got = probe()
     except Exception as e:  # noqa: BLE001 - an instance that cannot answer must not serve
-        problem = f"it could not answer the check prompt ({e})"
+        problem: str | None = f"it could not answer the check prompt ({e})"
     else:
-        if got == expected:
+        problem = ("it gave no answer to the check prompt" if got is None
+                   else difference(expected, got))  # fmt: skip
+        if problem is None:
             return None
-        problem = (f"it answered the check prompt with {tokens_text(got)} where it answered "
-                   f"{tokens_text(expected)} before its checkpoint")  # fmt: skip
     return (f"the restored instance does not serve: {problem}: its weights or state did not "
             "come back whole; it ends, and the job's run starts cold")  # fmt: skip

@@ -200,12 +200,12 @@ class ReferenceBackend:
         result.resumed, result.answered_before = self._pending(), result.answered
         return {"saved_requests": result.resumed}
 
-    def probe(self) -> list[int] | None:
+    def probe(self) -> restore_check.CheckAnswer | None:
         if self.model is None:
             return None
         prompt = list(restore_check.PROBE_PROMPT)
         out: list[int] = self.model.generate([prompt], restore_check.PROBE_TOKENS)[0]
-        return out
+        return restore_check.CheckAnswer(tuple(out))
 
     def check_pool(self) -> str | None:
         if self.manifest is None:

@@ -74,7 +74,8 @@ _VLLM_COMMENT = """\
 # its path is in $STATE/endpoint.json ("uds"). From the job or another job of yours:
 #   curl --unix-socket "$STATE/sock/vllm.sock" http://localhost/v1/completions \\
 #        -H 'Content-Type: application/json' -d '{"model": "'$MODEL'", "prompt": "Hi"}'
-# Add --port 8000 for TCP on 127.0.0.1, every request with the key in $STATE/api_key.
+# Add --port 8000 to SERVE_ARGS for TCP on 127.0.0.1, each request with the key in
+# $STATE/api_key.
 # The state directory keeps the server's log (vllm.log) and must outlive the job; no
 # directory above it may be writable by others (a group project directory is refused:
 # use STATE="$HOME/.spswap/${SLURM_JOB_ID}" there).
@@ -100,10 +101,18 @@ def render_serve(opts: SbatchOptions = SbatchOptions()) -> str:
         requests_line = (f"REQUESTS={shlex.quote(opts.requests or '')}   "
                          "# CHANGE: one JSON request per line\n")  # fmt: skip
         extra = ' \\\n    --requests "$REQUESTS" --exit-when-idle'
+    units = f" --units {opts.units}"
     if vllm:
         args = " ".join(shlex.quote(a) for a in shlex.split(opts.vllm_args))
-        requests_line = (f"VLLM_ARGS=({args})   # CHANGE: vLLM's own options (not those "
+        # spswap serve's own options beside vLLM's: --no-eager is how a user gets vLLM's
+        # CUDA graphs (spswap passes --enforce-eager otherwise, which VLLM_ARGS cannot undo)
+        requests_line = (f"SERVE_ARGS=(--units {opts.units} --eager)   # CHANGE: spswap "
+                         "serve's options (spswap serve --help): --no-eager for vLLM's CUDA "
+                         "graphs and compilation (faster answers, a cold start about a "
+                         "minute longer)\n"
+                         f"VLLM_ARGS=({args})   # CHANGE: vLLM's own options (not those "
                          f"spswap sets: {'/'.join(RESERVED_ARGS)})\n")  # fmt: skip
+        units = ' "${SERVE_ARGS[@]}"'
         extra = ' --engine vllm -- "${VLLM_ARGS[@]}"'
     state_comment = _VLLM_COMMENT if vllm else _STATE_COMMENT
     if not vllm:  # the front door on the node; `spswap ask --job N` works from anywhere
@@ -128,7 +137,7 @@ MODEL={shlex.quote(opts.model)}   # CHANGE: {_MODEL_COMMENT[vllm]}
 STATE="$PWD/.spswap/${{SLURM_JOB_ID}}"
 
 echo "spswap: job ${{SLURM_JOB_ID}} run ${{SLURM_RESTART_COUNT:-0}} on $(hostname)"
-spswap serve "$MODEL" --state-dir "$STATE" --units {opts.units}{extra} &
+spswap serve "$MODEL" --state-dir "$STATE"{units}{extra} &
 PID=$!
 {handler_block()}"""
 

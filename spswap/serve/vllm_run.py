@@ -216,15 +216,14 @@ class VllmBackend:
         copy = self.server.wake()  # (reachable again in serve(), after the check)
         return {"copy": copy}
 
-    def probe(self) -> list[int] | None:
+    def probe(self) -> restore_check.CheckAnswer | None:
         """vLLM's greedy answer to the check prompt, through its socket (the server is up,
-        its fronts aside, before a sleep and after a wake)."""
-        body = {"model": str(self.opts.model), "prompt": list(restore_check.PROBE_PROMPT),
-                "max_tokens": restore_check.PROBE_TOKENS, "temperature": 0.0,
-                "ignore_eos": True, "return_token_ids": True}  # fmt: skip
+        its fronts aside, before a sleep and after a wake), with the log-probabilities
+        of the prompt's tokens and of its answer (:func:`probe_request`)."""
         # a few tens of ms on a GPU; bounded: at a stop it runs inside KillWait's budget
-        data = self.server.call("POST", "/v1/completions", body, timeout_s=PROBE_TIMEOUT_S)
-        return [int(t) for t in data["choices"][0]["token_ids"]]
+        data = self.server.call("POST", "/v1/completions", probe_request(self.opts.model),
+                                timeout_s=PROBE_TIMEOUT_S)  # fmt: skip
+        return probe_answer(data)
 
     def check_pool(self) -> str | None:
         entry = find_entry(self.pool, self.identity())
@@ -314,3 +313,26 @@ def vllm_run(
     return ServeRun(cfg, backend, stop, model_name=opts.model.name, job_id=job_id,
                     restart_count=restart_count, requeue=requeue, checkpointer=checkpointer,
                     log=log)  # fmt: skip
+
+
+def probe_request(model: Path | str) -> dict[str, Any]:
+    """The check prompt's request to vLLM's completions endpoint: greedy, the token ids
+    back, and (``echo`` with ``logprobs`` 0) the log-probability of each prompt token
+    after the first and of each answer token, named by id (the server may have no
+    tokenizer)."""
+    return {"model": str(model), "prompt": list(restore_check.PROBE_PROMPT),
+            "max_tokens": restore_check.PROBE_TOKENS_WITH_LOGPROBS, "temperature": 0.0,
+            "ignore_eos": True, "return_token_ids": True, "echo": True, "logprobs": 0,
+            "return_tokens_as_token_ids": True}  # fmt: skip
+
+
+def probe_answer(data: Any) -> restore_check.CheckAnswer:
+    """The check's answer from the completions response to :func:`probe_request`: the
+    answer's token ids (``token_ids``) and the log-probabilities in
+    ``logprobs.token_logprobs`` (the prompt's first token has none: null)."""
+    choice = data["choices"][0]
+    logprobs = (choice.get("logprobs") or {}).get("token_logprobs") or []
+    return restore_check.CheckAnswer(
+        tuple(int(t) for t in choice["token_ids"]),
+        tuple(float(x) for x in logprobs if x is not None),
+    )  # fmt: skip

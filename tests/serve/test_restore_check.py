@@ -3,32 +3,81 @@ the check prompt otherwise than before its checkpoint, or cannot answer it."""
 
 from __future__ import annotations
 
-from spswap.serve.restore_check import refusal, restored_text, timings_text, tokens_text
+from spswap.serve.restore_check import (
+    LOGPROB_TOLERANCE,
+    CheckAnswer,
+    refusal,
+    restored_text,
+    timings_text,
+    tokens_text,
+)
+from spswap.serve.vllm_run import probe_answer, probe_request
+
+END = "its weights or state did not come back whole; it ends, and the job's run starts cold"
 
 
 def test_the_same_answer_serves_and_no_expectation_means_no_check() -> None:
-    assert refusal([5, 6, 7], lambda: [5, 6, 7]) is None
-    assert refusal(None, lambda: [1]) is None
+    assert refusal(CheckAnswer((5, 6, 7)), lambda: CheckAnswer((5, 6, 7))) is None
+    assert refusal(None, lambda: CheckAnswer((1,))) is None
+    before = CheckAnswer((5, 6), (-1.5, -0.25, -3.0))
+    # within the tolerance: a kernel that reduced in another order
+    near = CheckAnswer((5, 6), (-1.5 + LOGPROB_TOLERANCE * 0.9, -0.25, -3.0))
+    assert refusal(before, lambda: near) is None
 
 
 def test_another_answer_is_refused_with_both_answers() -> None:
-    assert refusal(list(range(10)), lambda: [9, 9]) == (
+    assert refusal(CheckAnswer(tuple(range(10))), lambda: CheckAnswer((9, 9))) == (
         "the restored instance does not serve: it answered the check prompt with [9, 9] "
-        "where it answered [0, 1, 2, 3, 4, 5, 6, 7, ...] before its checkpoint: its weights "
-        "or state did not come back whole; it ends, and the job's run starts cold"
+        "where it answered [0, 1, 2, 3, 4, 5, 6, 7, ...] before its checkpoint: " + END
+    )
+
+
+def test_the_same_tokens_with_moved_logprobs_are_refused() -> None:
+    """Greedy tokens can survive a damaged tensor; the log-probabilities do not."""
+    before = CheckAnswer((5, 6), (-1.5, -0.25, -3.0))
+    after = CheckAnswer((5, 6), (-1.5, -2.5, -3.0))
+    assert refusal(before, lambda: after) == (
+        "the restored instance does not serve: it answered the check prompt with the same "
+        "tokens [5, 6] but log-probabilities up to 2.25 away from those before its "
+        f"checkpoint (at most {LOGPROB_TOLERANCE} allowed): " + END
+    )
+    nan = CheckAnswer((5, 6), (-1.5, float("nan"), -3.0))
+    assert "up to not a number away" in (refusal(before, lambda: nan) or "")
+    fewer = CheckAnswer((5, 6), ())
+    assert refusal(before, lambda: fewer) == (
+        "the restored instance does not serve: it answered the check prompt with 0 "
+        "log-probabilities where it gave 3 before its checkpoint: " + END
     )
 
 
 def test_no_answer_is_refused_with_the_error() -> None:
-    def broken() -> list[int]:
+    def broken() -> CheckAnswer:
         raise ConnectionRefusedError("the server is gone")
 
-    assert refusal([1], broken) == (
+    assert refusal(CheckAnswer((1,)), broken) == (
         "the restored instance does not serve: it could not answer the check prompt (the "
-        "server is gone): its weights or state did not come back whole; it ends, and the "
-        "job's run starts cold"
+        "server is gone): " + END
+    )
+    assert refusal(CheckAnswer((1,)), lambda: None) == (
+        "the restored instance does not serve: it gave no answer to the check prompt: " + END
     )
     assert tokens_text(None) == "nothing"
+
+
+def test_vllm_s_check_asks_for_logprobs_by_token_id_and_reads_them() -> None:
+    """The request vLLM's completions endpoint gets (no tokenizer needed: the tokens are
+    named by id), and the answer read from its response's shape."""
+    assert probe_request("/m/qwen") == {
+        "model": "/m/qwen", "prompt": [3, 1, 4, 1, 5, 9, 2, 6], "max_tokens": 2,
+        "temperature": 0.0, "ignore_eos": True, "return_token_ids": True, "echo": True,
+        "logprobs": 0, "return_tokens_as_token_ids": True,
+    }  # fmt: skip
+    response = {"choices": [{"index": 0, "text": "", "token_ids": [17, 4],
+                             "logprobs": {"tokens": ["token_id:3", "token_id:1"],
+                                          "token_logprobs": [None, -9.5, -0.125],
+                                          "top_logprobs": [None, {}, {}]}}]}  # fmt: skip
+    assert probe_answer(response) == CheckAnswer((17, 4), (-9.5, -0.125))
+    assert probe_answer({"choices": [{"token_ids": [1]}]}) == CheckAnswer((1,), ())
 
 
 def test_a_restore_s_timings_read_in_milliseconds() -> None:

@@ -62,9 +62,23 @@ def test_vllm_template_passes_vllm_options_after_the_dashes():
         )
     )
     assert "VLLM_ARGS=(--max-num-seqs 8 --served-model-name 'a b')" in text
-    assert 'spswap serve "$MODEL" --state-dir "$STATE" --units 4 --engine vllm -- ' \
+    assert "SERVE_ARGS=(--units 4 --eager)   # CHANGE: spswap serve's options" in text
+    assert 'spswap serve "$MODEL" --state-dir "$STATE" "${SERVE_ARGS[@]}" --engine vllm -- ' \
         '"${VLLM_ARGS[@]}" &' in text  # fmt: skip
     head = text.split("\nSTATE=")[0]
-    out = subprocess.run(["bash", "-c", head + '\nprintf "%s|" "${VLLM_ARGS[@]}"'],
+    out = subprocess.run(["bash", "-c", head + '\nprintf "%s|" "${SERVE_ARGS[@]}" '
+                          '"${VLLM_ARGS[@]}"'],
                          capture_output=True, text=True, check=True).stdout  # fmt: skip
-    assert out == "--max-num-seqs|8|--served-model-name|a b|"
+    assert out == "--units|4|--eager|--max-num-seqs|8|--served-model-name|a b|"
+
+
+def test_vllm_template_s_serve_options_are_spswap_serve_s_own():
+    """What SERVE_ARGS holds is what `spswap serve` takes: --no-eager there is how a user
+    gets vLLM's CUDA graphs (spswap passes --enforce-eager otherwise)."""
+    from typer.testing import CliRunner
+
+    from spswap.cli.app import app
+
+    help_text = CliRunner().invoke(app, ["serve", "--help"], env={"COLUMNS": "200"}).output
+    for option in ("--units", "--eager", "--no-eager", "--port"):
+        assert option in help_text, option

@@ -7,7 +7,8 @@ ignored), listens on the Unix socket, and runs spswap's REAL worker extension on
 torch model: weights from ``MODEL/model.safetensors`` with ``--load-format auto``, random
 ones with ``dummy``. Endpoints: ``/health``, ``/sleep`` (the weights are discarded: zeroed),
 ``/wake_up``, ``/is_sleeping``, ``/collective_rpc``, and ``/v1/completions`` (greedy token
-ids from a token-id prompt; 503 while asleep).
+ids from a token-id prompt, their ``logprobs`` and with ``echo`` the prompt's; 503 while
+asleep).
 """
 
 from __future__ import annotations
@@ -43,9 +44,16 @@ class Tiny(torch.nn.Module):
         self.proj = torch.nn.Linear(DIM, DIM)
 
     @torch.inference_mode()
-    def next_token(self, token: int) -> int:
+    def logits(self, token: int) -> torch.Tensor:
         h = torch.tanh(self.proj(self.embed.weight[token]))
-        return int(torch.argmax(self.embed.weight @ h))
+        return self.embed.weight @ h
+
+    def next_token(self, token: int) -> int:
+        return int(torch.argmax(self.logits(token)))
+
+    def logprob(self, token: int, following: int) -> float:
+        """log P(following | token), as vLLM's ``logprobs`` give it."""
+        return float(torch.log_softmax(self.logits(token).float(), dim=0)[following])
 
 
 def save_model(model_dir: Path, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -165,14 +173,21 @@ def main() -> None:
                     # a long generation, for the drain tests (not a vLLM option)
                     time.sleep(float(body.get("standin_delay_s", 0)))
                     with lock:
+                        n = len(body["prompt"])
                         tokens = list(body["prompt"])
                         for _ in range(int(body.get("max_tokens", 8))):
                             tokens.append(model.next_token(tokens[-1]))
+                        # as vLLM's: with echo the prompt's too, its first token's null
+                        shown = tokens if body.get("echo") else tokens[n - 1 :]
+                        lps = [None] if body.get("echo") else []
+                        lps += [model.logprob(a, b) for a, b in zip(shown, shown[1:], strict=False)]
                 finally:
                     with lock:
                         state["running"] -= 1
-                out = tokens[len(body["prompt"]) :]
-                self._send(200, {"choices": [{"token_ids": out}]})
+                choice: dict[str, Any] = {"token_ids": tokens[n:]}
+                if body.get("logprobs") is not None:
+                    choice["logprobs"] = {"token_logprobs": lps}
+                self._send(200, {"choices": [choice]})
             else:
                 self._send(404, {"error": path})
 
