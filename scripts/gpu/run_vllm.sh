@@ -145,12 +145,12 @@ fi
 if want asleep; then
   step asleep
   for size in ${ASLEEP_SIZES:-0.5b}; do
-  for mode in ${ASLEEP_MODES:-compiled eager}; do
-    [ "$(left)" -gt 150 ] || break
-    flag=""; [ "$mode" = eager ] && flag=--eager
-    timeout -k 5 150 python3 scripts/gpu/asleep_probe.py "$MODELS/qwen2-$size" $flag 2>&1 \
-      | grep "START\|MEM\|TREE\|CKPT\|Error\|error" | tee -a "$OUT/asleep.jsonl"
-  done
+    for mode in ${ASLEEP_MODES:-compiled eager}; do
+      [ "$(left)" -gt 150 ] || break
+      flag=""; [ "$mode" = eager ] && flag=--eager
+      timeout -k 5 150 python3 scripts/gpu/asleep_probe.py "$MODELS/qwen2-$size" $flag 2>&1 \
+        | grep "START\|MEM\|TREE\|CKPT\|Error\|error" | tee -a "$OUT/asleep.jsonl"
+    done
   done
 fi
 

@@ -194,7 +194,8 @@ class MultiBackend:
         queued = self.router.queued()  # kept across the stop: the run's log counts them
         return {"woken": woken, "queued": queued, "saved_requests": queued}
 
-    def probe(self) -> restore_check.CheckAnswer | None:
+    def probe(self, like: restore_check.CheckAnswer | None = None,
+              ) -> restore_check.CheckAnswer | None:  # fmt: skip
         """The awake models' answers to the check prompt (the asleep ones come back from
         their pool entries, which :meth:`check_pool` reads against their checksums)."""
         assert self.router is not None

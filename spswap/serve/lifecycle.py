@@ -129,10 +129,12 @@ class Backend(Protocol):
         "3 request(s) unanswered"), or None when its work is done."""
         ...
 
-    def probe(self) -> restore_check.CheckAnswer | None:
-        """The engine's greedy answer to a fixed check prompt, asked before a dump and
-        again after the restore's wake (they must be equal); None where this engine has
-        no such check yet (the restore is then trusted as it is)."""
+    def probe(self, like: restore_check.CheckAnswer | None = None,
+              ) -> restore_check.CheckAnswer | None:  # fmt: skip
+        """The engine's greedy answer to a fixed check prompt, asked before a dump
+        (``like`` None: the engine chooses how) and again after the restore's wake, asked
+        as ``like`` was (:func:`restore_check.difference` says whether they agree); None
+        where this engine has no such check yet (the restore is then trusted as it is)."""
         ...
 
     def check_pool(self) -> str | None:
@@ -373,7 +375,7 @@ class ServeRun(Generic[B]):
     def _check_restored(self, expected: restore_check.CheckAnswer | None) -> str | None:
         """None when the restored instance answers the check prompt as it did before its
         checkpoint (or there is no check); else why it must not serve."""
-        return restore_check.refusal(expected, self.backend.probe)
+        return restore_check.refusal(expected, lambda: self.backend.probe(expected))
 
     # -- records ------------------------------------------------------------------------
     def _cold(self, result: ServeResult, reason: str) -> None:

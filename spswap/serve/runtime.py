@@ -200,7 +200,8 @@ class ReferenceBackend:
         result.resumed, result.answered_before = self._pending(), result.answered
         return {"saved_requests": result.resumed}
 
-    def probe(self) -> restore_check.CheckAnswer | None:
+    def probe(self, like: restore_check.CheckAnswer | None = None,
+              ) -> restore_check.CheckAnswer | None:  # fmt: skip
         if self.model is None:
             return None
         prompt = list(restore_check.PROBE_PROMPT)

@@ -105,7 +105,7 @@ def render_serve(opts: SbatchOptions = SbatchOptions()) -> str:
     if vllm:
         args = " ".join(shlex.quote(a) for a in shlex.split(opts.vllm_args))
         # spswap serve's own options beside vLLM's: --no-eager is how a user gets vLLM's
-        # CUDA graphs (spswap passes --enforce-eager otherwise, which VLLM_ARGS cannot undo)
+        # CUDA graphs (spswap passes --enforce-eager otherwise)
         requests_line = (f"SERVE_ARGS=(--units {opts.units} --eager)   # CHANGE: spswap "
                          "serve's options (spswap serve --help): --no-eager for vLLM's CUDA "
                          "graphs and compilation (faster answers, a cold start about a "

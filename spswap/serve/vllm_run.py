@@ -216,14 +216,22 @@ class VllmBackend:
         copy = self.server.wake()  # (reachable again in serve(), after the check)
         return {"copy": copy}
 
-    def probe(self) -> restore_check.CheckAnswer | None:
+    def probe(self, like: restore_check.CheckAnswer | None = None,
+              ) -> restore_check.CheckAnswer | None:  # fmt: skip
         """vLLM's greedy answer to the check prompt, through its socket (the server is up,
-        its fronts aside, before a sleep and after a wake), with the log-probabilities
-        of the prompt's tokens and of its answer (:func:`probe_request`)."""
+        its fronts aside, before a sleep and after a wake): 2 tokens with the
+        log-probabilities of the prompt's tokens and of its own where the engine runs
+        nothing else (``like`` None: before a checkpoint) or ran nothing else then
+        (``like`` has them), else 8 tokens alone (:func:`probe_request`)."""
+        if like is None:  # a request still running (the drain ended) would share the
+            # batch, and vLLM's log-probabilities are not batch-invariant; tokens are
+            logprobs = self.server.in_flight() == 0
+        else:
+            logprobs = bool(like.logprobs)
         # a few tens of ms on a GPU; bounded: at a stop it runs inside KillWait's budget
-        data = self.server.call("POST", "/v1/completions", probe_request(self.opts.model),
+        data = self.server.call("POST", "/v1/completions", probe_request(logprobs=logprobs),
                                 timeout_s=PROBE_TIMEOUT_S)  # fmt: skip
-        return probe_answer(data)
+        return probe_answer(data, logprobs=logprobs)
 
     def check_pool(self) -> str | None:
         entry = find_entry(self.pool, self.identity())
@@ -315,24 +323,34 @@ def vllm_run(
                     log=log)  # fmt: skip
 
 
-def probe_request(model: Path | str) -> dict[str, Any]:
+def probe_request(*, logprobs: bool) -> dict[str, Any]:
     """The check prompt's request to vLLM's completions endpoint: greedy, the token ids
-    back, and (``echo`` with ``logprobs`` 0) the log-probability of each prompt token
-    after the first and of each answer token, named by id (the server may have no
-    tokenizer)."""
-    return {"model": str(model), "prompt": list(restore_check.PROBE_PROMPT),
-            "max_tokens": restore_check.PROBE_TOKENS_WITH_LOGPROBS, "temperature": 0.0,
-            "ignore_eos": True, "return_token_ids": True, "echo": True, "logprobs": 0,
-            "return_tokens_as_token_ids": True}  # fmt: skip
+    back, no model named (the server's own, whatever ``--served-model-name`` says); with
+    ``logprobs`` 2 tokens and (``echo`` with ``logprobs`` 0) the log-probability of each
+    prompt token after the first and of each answer token, named by id (the server may
+    have no tokenizer), else 8 tokens."""
+    body: dict[str, Any] = {"prompt": list(restore_check.PROBE_PROMPT), "temperature": 0.0,
+                            "ignore_eos": True, "return_token_ids": True}  # fmt: skip
+    if not logprobs:
+        return {**body, "max_tokens": restore_check.PROBE_TOKENS}
+    return {**body, "max_tokens": restore_check.PROBE_TOKENS_WITH_LOGPROBS, "echo": True,
+            "logprobs": 0, "return_tokens_as_token_ids": True}  # fmt: skip
 
 
-def probe_answer(data: Any) -> restore_check.CheckAnswer:
+def probe_answer(data: Any, *, logprobs: bool) -> restore_check.CheckAnswer:
     """The check's answer from the completions response to :func:`probe_request`: the
-    answer's token ids (``token_ids``) and the log-probabilities in
-    ``logprobs.token_logprobs`` (the prompt's first token has none: null)."""
+    answer's token ids (``token_ids``) and, asked ``logprobs``, the log-probabilities in
+    ``logprobs.token_logprobs``: one per prompt token (the first's null) and per answer
+    token. Raises :class:`EngineError` for any other shape: a check that silently lost
+    its log-probabilities would be weaker than the one it replaced."""
     choice = data["choices"][0]
-    logprobs = (choice.get("logprobs") or {}).get("token_logprobs") or []
-    return restore_check.CheckAnswer(
-        tuple(int(t) for t in choice["token_ids"]),
-        tuple(float(x) for x in logprobs if x is not None),
-    )  # fmt: skip
+    token_ids = tuple(int(t) for t in choice["token_ids"])
+    if not logprobs:
+        return restore_check.CheckAnswer(token_ids)
+    found = (choice.get("logprobs") or {}).get("token_logprobs")
+    want = len(restore_check.PROBE_PROMPT) + len(token_ids)
+    if (not isinstance(found, list) or len(found) != want or found[0] is not None
+            or not all(isinstance(x, (int, float)) for x in found[1:])):  # fmt: skip
+        raise EngineError(f"vLLM answered the check prompt without its {want - 1} log-"
+                          f"probabilities (logprobs.token_logprobs: {found!r:.120})")  # fmt: skip
+    return restore_check.CheckAnswer(token_ids, tuple(float(x) for x in found[1:]))

@@ -3,6 +3,9 @@ the check prompt otherwise than before its checkpoint, or cannot answer it."""
 
 from __future__ import annotations
 
+import pytest
+
+from spswap.errors import EngineError
 from spswap.serve.restore_check import (
     LOGPROB_TOLERANCE,
     CheckAnswer,
@@ -66,18 +69,44 @@ def test_no_answer_is_refused_with_the_error() -> None:
 
 def test_vllm_s_check_asks_for_logprobs_by_token_id_and_reads_them() -> None:
     """The request vLLM's completions endpoint gets (no tokenizer needed: the tokens are
-    named by id), and the answer read from its response's shape."""
-    assert probe_request("/m/qwen") == {
-        "model": "/m/qwen", "prompt": [3, 1, 4, 1, 5, 9, 2, 6], "max_tokens": 2,
-        "temperature": 0.0, "ignore_eos": True, "return_token_ids": True, "echo": True,
-        "logprobs": 0, "return_tokens_as_token_ids": True,
+    named by id; no model named: the server's own, whatever --served-model-name says),
+    and the answer read from its response's shape (vLLM 0.26: with echo, one entry per
+    prompt token, the first null, then one per answer token)."""
+    assert probe_request(logprobs=True) == {
+        "prompt": [3, 1, 4, 1, 5, 9, 2, 6], "max_tokens": 2, "temperature": 0.0,
+        "ignore_eos": True, "return_token_ids": True, "echo": True, "logprobs": 0,
+        "return_tokens_as_token_ids": True,
     }  # fmt: skip
+    lps = [None, -9.5, -11.0, -8.25, -10.0, -12.5, -7.0, -9.0, -0.125, -0.5]
     response = {"choices": [{"index": 0, "text": "", "token_ids": [17, 4],
-                             "logprobs": {"tokens": ["token_id:3", "token_id:1"],
-                                          "token_logprobs": [None, -9.5, -0.125],
-                                          "top_logprobs": [None, {}, {}]}}]}  # fmt: skip
-    assert probe_answer(response) == CheckAnswer((17, 4), (-9.5, -0.125))
-    assert probe_answer({"choices": [{"token_ids": [1]}]}) == CheckAnswer((1,), ())
+                             "logprobs": {"tokens": [f"token_id:{t}" for t in range(10)],
+                                          "token_logprobs": lps,
+                                          "top_logprobs": [None] + [{}] * 9}}]}  # fmt: skip
+    assert probe_answer(response, logprobs=True) == CheckAnswer((17, 4), tuple(lps[1:]))
+
+
+def test_vllm_s_check_without_its_logprobs_is_no_check() -> None:
+    """A response that lost its log-probabilities (or has them misplaced) is an error:
+    before a checkpoint that means no check (said in the log), after a restore a
+    refusal; never a silently weaker check."""
+    for lps in (None, [], [None, -1.0], [-1.0] * 10, [None] + [-1.0] * 8 + [None]):
+        bad = {"choices": [{"token_ids": [17, 4], "logprobs": {"token_logprobs": lps}}]}
+        with pytest.raises(EngineError, match="without its 9 log-probabilities"):
+            probe_answer(bad, logprobs=True)
+    with pytest.raises(EngineError):
+        probe_answer({"choices": [{"token_ids": [17, 4]}]}, logprobs=True)
+
+
+def test_vllm_s_check_asks_tokens_alone_where_the_engine_was_busy() -> None:
+    """A request still running when the check was asked before the checkpoint shares its
+    batch (log-probabilities are not batch-invariant): 8 tokens then, and the same
+    after the restore (asked as the answer it is compared with was)."""
+    assert probe_request(logprobs=False) == {
+        "prompt": [3, 1, 4, 1, 5, 9, 2, 6], "max_tokens": 8, "temperature": 0.0,
+        "ignore_eos": True, "return_token_ids": True,
+    }  # fmt: skip
+    answer = probe_answer({"choices": [{"token_ids": list(range(8))}]}, logprobs=False)
+    assert answer == CheckAnswer(tuple(range(8)))
 
 
 def test_a_restore_s_timings_read_in_milliseconds() -> None:

@@ -355,6 +355,48 @@ def test_a_stop_drains_running_requests_first(tmp_path: Path, drain_s: float) ->
         assert any("still running after" in line for line in logs), logs
 
 
+def test_the_check_prompt_asks_logprobs_only_of_an_idle_engine(tmp_path: Path) -> None:
+    """The restore's check through the server: with nothing else running, 2 tokens and
+    the log-probabilities; with a request still running (it would share the batch), 8
+    tokens alone; after a restore it asks as the answer it is compared with was."""
+    import threading
+
+    from spswap.serve.restore_check import PROBE_PROMPT, CheckAnswer, difference
+
+    model = tmp_path / "m"
+    save_model(model)
+    cfg = Config.from_env({}, root=tmp_path / "root")
+    opts = VllmServeOptions(model=model, state_dir=tmp_path / "s", launcher=STANDIN,
+                            start_timeout_s=60)  # fmt: skip
+    run = vllm_run(cfg, opts, vllm_version="x", log=lambda _m: None)
+    th, out = _run_in_thread(run)
+    try:
+        backend = run.backend
+        idle = backend.probe()
+        assert idle is not None and len(idle.token_ids) == 2
+        assert len(idle.logprobs) == len(PROBE_PROMPT) + 1  # 7 prompt tokens + 2 answers
+        again = backend.probe(idle)
+        assert again is not None and difference(idle, again) is None
+
+        body = {"prompt": [4, 5, 6], "max_tokens": 2, "standin_delay_s": 2.0}
+        slow = threading.Thread(target=lambda: backend.server.call(
+            "POST", "/v1/completions", body, timeout_s=20))  # fmt: skip
+        slow.start()
+        deadline = time.monotonic() + 10
+        while backend.server.in_flight() != 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        busy = backend.probe()
+        slow.join(30)
+        assert busy is not None and len(busy.token_ids) == 8 and busy.logprobs == ()
+        assert busy.token_ids[:2] == idle.token_ids
+        after = backend.probe(busy)  # idle now, but asked as before: tokens alone
+        assert after == busy and after != CheckAnswer(idle.token_ids)
+    finally:
+        run.handle_signal(signal.SIGTERM)
+        th.join(30)
+    assert "error" not in out, out.get("error")
+
+
 def test_a_state_directory_others_could_swap_is_refused(tmp_path: Path) -> None:
     """The server's socket (dev endpoints included) goes under the state directory: a
     group-writable directory above it would let another user put their own in place."""

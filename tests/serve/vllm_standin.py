@@ -167,6 +167,13 @@ def main() -> None:
                 if state["asleep"]:
                     self._send(503, {"error": "asleep"})
                     return
+                # as vLLM without a tokenizer (spswap starts it so): tokens named by id
+                if (body.get("logprobs") is not None
+                        and not body.get("return_tokens_as_token_ids")) or (
+                        body.get("echo") and not body.get("return_token_ids")):  # fmt: skip
+                    self._send(400, {"error": "Unable to get tokenizer because "
+                                              "`skip_tokenizer_init=True`"})  # fmt: skip
+                    return
                 with lock:
                     state["running"] += 1
                 try:
