@@ -297,8 +297,9 @@ def collect(cfg: Config) -> dict[str, Any]:
     """Every check for this node: ``{"version", "node", "checks": [...]}``."""
     release = platform.release()
     checks: list[dict[str, Any]] = []
-    criu_path = criu.find_criu()  # (both read the settings file: once each for all rows)
-    criu_rows = _criu_checks(release, criu_path, criu.criu_setting())
+    setting = criu.criu_setting()  # the settings file read once for every CRIU row
+    criu_path = criu.find_criu({**os.environ, "SPSWAP_CRIU": setting})
+    criu_rows = _criu_checks(release, criu_path, setting)
     checks += criu_rows
     usable = all(c["ok"] for c in criu_rows if c["name"] in ("criu", "criu check"))
     checks += doctor_criu.checks(cfg, usable)

@@ -117,7 +117,8 @@ class RateRow:
         def s(v: float | None) -> str:
             return "-" if v is None else f"{v:.3f} s"
 
-        return (f"{self.n_models} models, {self.awake or 'all'} awake, {self.rate_per_min:g}/min: "
+        awake = f"{self.awake} awake" if self.awake else "as many awake as fit"
+        return (f"{self.n_models} models, {awake}, {self.rate_per_min:g}/min: "
                 f"{self.requests} requests, {self.failed} failed, {self.wrong} wrong, p50 "
                 f"{s(self.p50_s)}, p95 {s(self.p95_s)}, p99 {s(self.p99_s)}; {self.swaps} swaps, "
                 f"p50 {s(self.swap_p50_s)}, p95 {s(self.swap_p95_s)}")  # fmt: skip
