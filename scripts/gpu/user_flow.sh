@@ -14,8 +14,8 @@
 #
 # Environment: MODEL (a model directory the user can read; a missing qwen2-SIZE[-sSEED]
 # is made by make_models.py first), SPSWAP_USER (spuser),
-# VLLM_ARGS (the template's vLLM options), SERVE_ARGS (its spswap serve options, e.g.
-# "--units 4 --no-eager" for vLLM's CUDA graphs; default: the template's), HIGH_S (how long the high job holds the GPU,
+# VLLM_ARGS (the template's vLLM options), SERVE_ARGS (its spswap serve options; default
+# "--units 4 --eager --max-model-len 512"; --no-eager for vLLM's CUDA graphs), HIGH_S (how long the high job holds the GPU,
 # default 15), TIMEOUT_S (per wait, default 300).
 set -uo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -24,8 +24,8 @@ MODEL=${MODEL:?set MODEL to a model directory}
 OUT=${OUT:-/tmp/spswap-flow}
 HIGH_S=${HIGH_S:-15}
 TIMEOUT_S=${TIMEOUT_S:-300}
-VLLM_ARGS=${VLLM_ARGS:---max-model-len 512 --kv-cache-memory-bytes 4294967296}
-SERVE_ARGS=${SERVE_ARGS:-}
+VLLM_ARGS=${VLLM_ARGS:---kv-cache-memory-bytes 4294967296}
+SERVE_ARGS=${SERVE_ARGS:---units 4 --eager --max-model-len 512}
 HOME_U=$(getent passwd "$U" | cut -d: -f6)
 WORK="$HOME_U/flow"
 mkdir -p "$OUT"

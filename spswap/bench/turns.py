@@ -259,11 +259,8 @@ def job_script(opts: TurnsOptions, job: TurnJob, index: int) -> str:
     script = render_serve(SbatchOptions(
         model=str(job.model), job_name=f"turns-{index}-{job.name}", partition=opts.partition,
         gpus=opts.gpus, units=opts.units, time_limit=opts.time_limit, engine=opts.engine,
-        vllm_args=opts.vllm_args or SbatchOptions().vllm_args))  # fmt: skip
-    if opts.serve_args:
-        script = script.replace(
-            f"--units {opts.units}", f"--units {opts.units} {opts.serve_args}", 1
-        )
+        vllm_args=opts.vllm_args or SbatchOptions().vllm_args,
+        serve_args=opts.serve_args))  # fmt: skip
     # the jobs run the spswap this bench runs (sbatch passes the environment on)
     return script.replace("\nMODEL=", f"\nexport PATH={Path(sys.executable).parent}:$PATH\n"
                           "MODEL=", 1)  # fmt: skip

@@ -181,7 +181,8 @@ def turns(
     ),
     vllm_args: str = typer.Option(
         "",
-        help="vLLM's own options for every job, e.g. '--max-model-len 2048'.",
+        help="vLLM's own options for every job (the template's VLLM_ARGS), e.g. "
+        "'--max-num-seqs 8'.",
     ),
     eager: bool = typer.Option(
         False,

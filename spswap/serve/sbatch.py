@@ -30,6 +30,7 @@ class SbatchOptions:
     requests: str | None = None  # batch jobs: a JSON-lines file of requests
     engine: str = "reference"  # "vllm": vLLM's OpenAI server (serve_vllm.sbatch)
     vllm_args: str = "--max-num-seqs 64"  # vLLM's own options (after --)
+    serve_args: str = ""  # more `spswap serve` options (vLLM: SERVE_ARGS), e.g. --no-eager
 
 
 _STATE_COMMENT = """\
@@ -74,8 +75,8 @@ _VLLM_COMMENT = """\
 # its path is in $STATE/endpoint.json ("uds"). From the job or another job of yours:
 #   curl --unix-socket "$STATE/sock/vllm.sock" http://localhost/v1/completions \\
 #        -H 'Content-Type: application/json' -d '{"model": "'$MODEL'", "prompt": "Hi"}'
-# Add --port 8000 to SERVE_ARGS for TCP on 127.0.0.1, each request with the key in
-# $STATE/api_key.
+# Add --port 0 to SERVE_ARGS for TCP on 127.0.0.1 (a free port: endpoint.json's "http"),
+# each request with the key: -H "Authorization: Bearer $(cat $STATE/api_key)".
 # The state directory keeps the server's log (vllm.log) and must outlive the job; no
 # directory above it may be writable by others (a group project directory is refused:
 # use STATE="$HOME/.spswap/${SLURM_JOB_ID}" there).
@@ -101,15 +102,18 @@ def render_serve(opts: SbatchOptions = SbatchOptions()) -> str:
         requests_line = (f"REQUESTS={shlex.quote(opts.requests or '')}   "
                          "# CHANGE: one JSON request per line\n")  # fmt: skip
         extra = ' \\\n    --requests "$REQUESTS" --exit-when-idle'
-    units = f" --units {opts.units}"
+    more = [shlex.quote(a) for a in shlex.split(opts.serve_args)]
+    units = " ".join([f" --units {opts.units}", *more])
     if vllm:
         args = " ".join(shlex.quote(a) for a in shlex.split(opts.vllm_args))
         # spswap serve's own options beside vLLM's: --no-eager is how a user gets vLLM's
-        # CUDA graphs (spswap passes --enforce-eager otherwise)
-        requests_line = (f"SERVE_ARGS=(--units {opts.units} --eager)   # CHANGE: spswap "
-                         "serve's options (spswap serve --help): --no-eager for vLLM's CUDA "
-                         "graphs and compilation (faster answers, a cold start about a "
-                         "minute longer)\n"
+        # CUDA graphs (spswap passes --enforce-eager otherwise); shown, unless chosen
+        eager = [] if {"--eager", "--no-eager"} & set(more) else ["--eager"]
+        serve = " ".join([f"--units {opts.units}", *eager, *more])
+        requests_line = (f"SERVE_ARGS=({serve})   # CHANGE: spswap "
+                         "serve's options (spswap serve --help): --eager -> --no-eager for "
+                         "vLLM's CUDA graphs and compilation (faster answers, a cold start "
+                         "about a minute longer)\n"
                          f"VLLM_ARGS=({args})   # CHANGE: vLLM's own options (not those "
                          f"spswap sets: {'/'.join(RESERVED_ARGS)})\n")  # fmt: skip
         units = ' "${SERVE_ARGS[@]}"'

@@ -42,16 +42,42 @@ RESERVED_ARGS = ("--uds", "--host", "--port", "--enable-sleep-mode", "--worker-e
 READY_POLL_S = 0.25
 
 
+# vLLM options `spswap serve` sets from its own (it records them with the pool entry and
+# the checkpoint, and sizes the GPU slot by them): given after -- too, vLLM would take
+# the later one behind spswap's back. Option -> what to do instead.
+_INSTEAD = "before -- (SERVE_ARGS in the vLLM template) instead"
+OWN_ARGS = {
+    "--max-model-len": f"give spswap serve --max-model-len N {_INSTEAD}",
+    "--gpu-memory-utilization": f"give spswap serve --units (or --gpu-memory-utilization) "
+                                f"{_INSTEAD}",  # fmt: skip
+    "--enforce-eager": f"give spswap serve --eager (its default) {_INSTEAD}",
+    "--no-enforce-eager": f"give spswap serve --no-eager {_INSTEAD}",
+    "--dtype": "spswap serve runs vLLM in bfloat16 (as the pool entry records it)",
+    "--tensor-parallel-size": "spswap serve runs vLLM on one GPU per model",
+    "-tp": "spswap serve runs vLLM on one GPU per model",
+}
+
+
 def check_user_args(args: Sequence[str]) -> None:
-    """Refuse vLLM options spswap owns (see :data:`RESERVED_ARGS`), naming the fix."""
+    """Refuse vLLM options spswap owns (see :data:`RESERVED_ARGS` and :data:`OWN_ARGS`),
+    naming the fix."""
     for a in args:
         key = a.split("=", 1)[0]
+        if key in ("--port", "--host"):
+            raise EngineError(
+                f"vLLM option {key} is set by spswap serve (the server listens on a private "
+                f"Unix socket); for TCP give spswap serve {key} before -- (SERVE_ARGS in "
+                "the vLLM template), each request then with the job's key")  # fmt: skip
         if key in RESERVED_ARGS:
             raise EngineError(
                 f"vLLM option {key} is set by spswap serve (the server listens on a private "
                 "Unix socket, sleep mode and the weights come from the pool); remove it from "
                 "the arguments after --"
             )
+        if key in OWN_ARGS:
+            raise EngineError(f"vLLM option {key} is one spswap serve sets itself: "
+                              f"{OWN_ARGS[key]}; remove it from the arguments after "
+                              "--")  # fmt: skip
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")

@@ -157,6 +157,19 @@ def test_job_script_is_the_template_with_the_model_and_the_bench_options(tmp_pat
     assert script.count("export PATH=") == 1 and f"MODEL={tmp_path / 'm'}" in script
 
 
+def test_a_vllm_job_script_carries_the_bench_options_in_serve_args(tmp_path: Path) -> None:
+    """vLLM's template takes `spswap serve`'s options on its SERVE_ARGS line: the bench's
+    --no-eager there replaces the template's --eager (never both: the last would win)."""
+    opts = TurnsOptions(models=(tmp_path / "m",), work_dir=tmp_path, engine="vllm",
+                        serve_args=turns_serve_args("vllm", 4.0, eager=False))  # fmt: skip
+    script = job_script(opts, TurnJob(name="m", model=tmp_path / "m"), 0)
+    assert "\nSERVE_ARGS=(--units 4 --kv-cache-gib 4 --no-eager)   # CHANGE:" in script
+    assert 'spswap serve "$MODEL" --state-dir "$STATE" "${SERVE_ARGS[@]}" --engine vllm' in script
+    eager = TurnsOptions(models=(tmp_path / "m",), work_dir=tmp_path, engine="vllm")
+    assert "\nSERVE_ARGS=(--units 4 --eager)   # CHANGE:" in job_script(
+        eager, TurnJob(name="m", model=tmp_path / "m"), 0)  # fmt: skip
+
+
 def test_serve_args_name_the_kv_cache_and_compiled_vllm_unless_eager() -> None:
     assert turns_serve_args("vllm", 4.0, eager=False) == "--kv-cache-gib 4 --no-eager"
     assert turns_serve_args("vllm", None, eager=True) == ""

@@ -72,6 +72,27 @@ def test_options_spswap_owns_are_refused(arg: str) -> None:
     check_user_args(["--max-num-seqs", "4", "--port-range-is-not-port"])
 
 
+def test_options_spswap_serve_sets_from_its_own_are_refused_naming_them() -> None:
+    """Given after -- too, vLLM would take the later value behind spswap's back (its
+    records, the pool entry's identity and the GPU slot would say otherwise)."""
+    with pytest.raises(EngineError) as e:
+        check_user_args(["--max-model-len=512"])
+    assert str(e.value) == (
+        "vLLM option --max-model-len is one spswap serve sets itself: give spswap serve "
+        "--max-model-len N before -- (SERVE_ARGS in the vLLM template) instead; remove it "
+        "from the arguments after --"
+    )
+    with pytest.raises(EngineError, match="--no-eager before --"):
+        check_user_args(["--no-enforce-eager"])
+    with pytest.raises(EngineError, match="--units .* before --"):
+        check_user_args(["--gpu-memory-utilization", "0.95"])
+    with pytest.raises(EngineError, match="runs vLLM in bfloat16"):
+        check_user_args(["--dtype", "float16"])
+    with pytest.raises(EngineError, match="for TCP give spswap serve --port before --"):
+        check_user_args(["--port", "8000"])
+    check_user_args(["--kv-cache-memory-bytes", "4294967296", "--max-num-seqs", "8"])
+
+
 def test_env_turns_the_dev_endpoints_on_and_the_hub_off(tmp_path: Path) -> None:
     env = api_server_env(VllmSettings(), base={"PATH": "/bin"})
     assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["HF_HUB_OFFLINE"] == "1"
