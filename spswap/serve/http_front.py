@@ -31,6 +31,7 @@ import json
 import os
 import re
 import secrets
+import socket
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -188,6 +189,21 @@ def admit(kind: str, unproven: int) -> str:
     if unproven < cap:
         return "take"
     return "refuse" if kind == "own" else "evict"
+
+
+def port_taken(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be listened on now (another process holds it, the address
+    is not this node's), or None: asked before a first run loads its model, so a taken
+    port fails the job at once rather than after the model's minutes of loading."""
+    try:
+        family, kind, proto, _name, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM)[0]  # fmt: skip
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the front listens
+            s.bind(address)
+    except OSError as e:
+        return f"{host}:{port} cannot be listened on ({e.strerror or e})"
+    return None
 
 
 class HttpFront:

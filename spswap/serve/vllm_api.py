@@ -49,7 +49,7 @@ _INSTEAD = "before -- (SERVE_ARGS in the vLLM template) instead"
 OWN_ARGS = {
     "--max-model-len": f"give spswap serve --max-model-len N {_INSTEAD}",
     "--gpu-memory-utilization": f"give spswap serve --units (or --gpu-memory-utilization) "
-                                f"{_INSTEAD}",  # fmt: skip
+    f"{_INSTEAD}",  # fmt: skip
     "--enforce-eager": f"give spswap serve --eager (its default) {_INSTEAD}",
     "--no-enforce-eager": f"give spswap serve --no-eager {_INSTEAD}",
     "--dtype": "spswap serve runs vLLM in bfloat16 (as the pool entry records it)",

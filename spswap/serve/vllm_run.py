@@ -42,7 +42,7 @@ from spswap.errors import EngineError, PoolEntryNotFound, SpswapError
 from spswap.fsutil import atomic_write_json, make_private_dirs
 from spswap.serve import restore_check
 from spswap.serve.checkpointer import DaemonCheckpointer
-from spswap.serve.http_front import HttpFront, new_key
+from spswap.serve.http_front import HttpFront, new_key, port_taken
 from spswap.serve.lifecycle import Log, ServeResult, ServeRun, run_steps
 from spswap.serve.run_log import RunPath
 from spswap.serve.slot_hold import RunSlot, StopSignals
@@ -123,6 +123,14 @@ class VllmBackend:
         # may be able to swap the directory, or a part above it, for their own
         make_private_dirs(self.opts.state_dir, os.getuid())
         self.identity()  # a clear error before any slot is taken
+        port = self.opts.http_port
+        # a first run's port is free now or fails the job now, not after the model loads
+        # (a later run's restored instance may hold it already)
+        if port and result.restart_count == 0:
+            taken = port_taken(self.opts.http_host, port)
+            if taken is not None:
+                raise EngineError(f"--port {port}: {taken}; choose another port, or --port 0 "
+                                  "for a free one (endpoint.json names it)")  # fmt: skip
 
     def checkpoint_identity(self) -> dict[str, str]:
         digest = self._digest

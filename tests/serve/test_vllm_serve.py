@@ -418,6 +418,34 @@ def test_the_check_prompt_asks_logprobs_only_of_an_idle_engine(tmp_path: Path) -
     assert "error" not in out, out.get("error")
 
 
+def test_a_taken_port_fails_a_first_run_before_its_model_loads(tmp_path: Path) -> None:
+    """--port N held by another process (another job's server on the node): the first
+    run says so at once, naming the fix, before any slot, pool or server start."""
+    import socket
+
+    from spswap.serve.http_front import port_taken
+
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        assert port_taken("127.0.0.1", port) == (
+            f"127.0.0.1:{port} cannot be listened on (Address already in use)")  # fmt: skip
+        model = tmp_path / "m"
+        save_model(model)
+        state = tmp_path / "s"
+        opts = VllmServeOptions(model=model, state_dir=state, launcher=STANDIN,
+                                start_timeout_s=60, http_port=port)  # fmt: skip
+        run = vllm_run(Config.from_env({}, root=tmp_path / "root"), opts, vllm_version="x")
+        with pytest.raises(EngineError) as e:
+            run.run()
+        assert str(e.value) == (
+            f"--port {port}: 127.0.0.1:{port} cannot be listened on (Address already in use); "
+            "choose another port, or --port 0 for a free one (endpoint.json names it)")  # fmt: skip
+        assert not (state / "vllm.log").exists()  # no server was started
+    assert port_taken("127.0.0.1", port) is None  # free again
+
+
 def test_a_state_directory_others_could_swap_is_refused(tmp_path: Path) -> None:
     """The server's socket (dev endpoints included) goes under the state directory: a
     group-writable directory above it would let another user put their own in place."""
