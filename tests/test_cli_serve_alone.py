@@ -36,3 +36,16 @@ def test_the_console_script_loads_serve_alone() -> None:
     assert "spswap.cli.serve'" in loaded
     for other in ("spswap.cli.app", "spswap.cli.bench", "spswap.cli.daemon", "spswap.cli.pool"):
         assert f"'{other}'" not in loaded, other
+
+
+def test_help_read_through_a_pipe_keeps_option_names_whole() -> None:
+    """No terminal (a pipe, a job log): rich would lay the help out in 80 columns and cut
+    "--gpu-memory-utilization" short; the usage line names what follows --."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    out = subprocess.run([sys.executable, "-m", "spswap.cli", "serve", "--help"],
+                         env=env, capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert "serve [OPTIONS] MODEL [-- VLLM_OPTIONS...]" in out  # (python -m spswap.cli)
+    for option in ("--gpu-memory-utilization", "--latency-target-s", "--no-exit-when-idle"):
+        assert option in out, option

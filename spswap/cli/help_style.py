@@ -8,10 +8,32 @@ it the way the docs do. Options that take a value keep their type (``<int>``, ``
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
 from typing import Any
 
 import typer
 from typer.core import TyperCommand, TyperGroup
+
+# Help read through a pipe or in a job log (no terminal: rich assumes 80 columns) cut
+# option names short ("--gpu-memory-uti…"); this width fits them.
+PIPED_HELP_COLUMNS = 120
+
+
+@contextlib.contextmanager
+def _wide_when_piped() -> Iterator[None]:
+    """COLUMNS for the help's rich console where no terminal gives a width and the
+    caller set none (a terminal's own width, or COLUMNS, is kept)."""
+    if "COLUMNS" in os.environ or sys.stdout.isatty():
+        yield
+        return
+    os.environ["COLUMNS"] = str(PIPED_HELP_COLUMNS)
+    try:
+        yield
+    finally:
+        os.environ.pop("COLUMNS", None)
 
 
 def _tidy(params: list[Any]) -> None:
@@ -35,12 +57,18 @@ def _usage(cmd: Any, ctx: Any) -> list[str]:
 class Command(TyperCommand):
     """A command whose help reads ``[OPTIONS] MODEL`` and shows no type for flags."""
 
+    extra_usage = ""  # what the usage line shows after the arguments (a subclass's)
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         _tidy(self.params)
 
+    def get_help(self, ctx: Any) -> str:
+        with _wide_when_piped():
+            return str(super().get_help(ctx))
+
     def collect_usage_pieces(self, ctx: Any) -> list[str]:
-        return _usage(self, ctx)
+        return _usage(self, ctx) + ([self.extra_usage] if self.extra_usage else [])
 
     def get_help_option(self, ctx: Any) -> Any:
         opt = super().get_help_option(ctx)
@@ -55,6 +83,10 @@ class Group(TyperGroup):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         _tidy(self.params)
+
+    def get_help(self, ctx: Any) -> str:
+        with _wide_when_piped():
+            return str(super().get_help(ctx))
 
     def collect_usage_pieces(self, ctx: Any) -> list[str]:
         metavar = getattr(self, "subcommand_metavar", None)

@@ -23,9 +23,15 @@ from spswap.errors import SpswapError
 SERVE_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
+class ServeCommand(help_style.Command):
+    """``serve``: its usage line names what follows ``--``."""
+
+    extra_usage = "[-- VLLM_OPTIONS...]"
+
+
 def register(app: typer.Typer) -> None:
     """Add ``serve`` to ``app``."""
-    app.command("serve", context_settings=SERVE_CONTEXT)(serve.serve)
+    app.command("serve", context_settings=SERVE_CONTEXT, cls=ServeCommand)(serve.serve)
 
 
 def make_app(**typer_kwargs: object) -> typer.Typer:
