@@ -45,6 +45,7 @@ from spswap.serve.checkpointer import (
     restored_how,
     stand_in_for,
 )
+from spswap.serve.restore_check import CheckAnswer
 from spswap.serve.run_log import RunPath, note_run, process_started_s
 from spswap.serve.run_watch import left_job
 from spswap.serve.slot_hold import RunSlot, StopSignals
@@ -129,12 +130,10 @@ class Backend(Protocol):
         "3 request(s) unanswered"), or None when its work is done."""
         ...
 
-    def probe(self, like: restore_check.CheckAnswer | None = None,
-              ) -> restore_check.CheckAnswer | None:  # fmt: skip
-        """The engine's greedy answer to a fixed check prompt, asked before a dump
-        (``like`` None: the engine chooses how) and again after the restore's wake, asked
-        as ``like`` was (:func:`restore_check.difference` says whether they agree); None
-        where this engine has no such check yet (the restore is then trusted as it is)."""
+    def probe(self, like: CheckAnswer | None = None) -> CheckAnswer | None:
+        """The engine's greedy answer to a fixed check prompt, asked before a dump (``like``
+        None) and after the restore's wake as ``like`` was (:func:`restore_check.difference`
+        compares them); None where this engine has no such check (the restore is trusted)."""
         ...
 
     def check_pool(self) -> str | None:
@@ -361,7 +360,7 @@ class ServeRun(Generic[B]):
         run_steps(steps, self.log)
 
     # -- the check of a restore ---------------------------------------------------------
-    def _probe(self, when: str) -> restore_check.CheckAnswer | None:
+    def _probe(self, when: str) -> CheckAnswer | None:
         t0 = time.perf_counter()
         try:
             return self.backend.probe()
@@ -372,9 +371,8 @@ class ServeRun(Generic[B]):
         finally:
             self.probe_s = time.perf_counter() - t0
 
-    def _check_restored(self, expected: restore_check.CheckAnswer | None) -> str | None:
-        """None when the restored instance answers the check prompt as it did before its
-        checkpoint (or there is no check); else why it must not serve."""
+    def _check_restored(self, expected: CheckAnswer | None) -> str | None:
+        """None when the restored instance answers as before (or no check); else why not."""
         return restore_check.refusal(expected, lambda: self.backend.probe(expected))
 
     # -- records ------------------------------------------------------------------------
