@@ -11,8 +11,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from spswap.serve.vllm_api import RESERVED_ARGS
-
 TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "sbatch_templates"
 
 
@@ -114,8 +112,9 @@ def render_serve(opts: SbatchOptions = SbatchOptions()) -> str:
                          "serve's options (spswap serve --help): --eager -> --no-eager for "
                          "vLLM's CUDA graphs and compilation (faster answers, a cold start "
                          "about a minute longer)\n"
-                         f"VLLM_ARGS=({args})   # CHANGE: vLLM's own options (not those "
-                         f"spswap sets: {'/'.join(RESERVED_ARGS)})\n")  # fmt: skip
+                         f"VLLM_ARGS=({args})   # CHANGE: vLLM's own options, e.g. "
+                         "--max-num-seqs (spswap serve refuses those it sets itself, naming "
+                         "what to give instead)\n")  # fmt: skip
         units = ' "${SERVE_ARGS[@]}"'
         extra = ' --engine vllm -- "${VLLM_ARGS[@]}"'
     state_comment = _VLLM_COMMENT if vllm else _STATE_COMMENT
