@@ -232,8 +232,12 @@ class VllmBackend:
         nothing else (``like`` None: before a checkpoint) or ran nothing else then
         (``like`` has them), else 8 tokens alone (:func:`probe_request`)."""
         if like is None:  # a request still running (the drain ended) would share the
-            # batch, and vLLM's log-probabilities are not batch-invariant; tokens are
-            logprobs = self.server.in_flight() == 0
+            # batch, and vLLM's log-probabilities are not batch-invariant; tokens are.
+            # With --kv-sharing-fast-prefill vLLM's model runner asserts on any request
+            # for prompt log-probabilities: the engine would die of the check.
+            fast_prefill = any(a.split("=", 1)[0] == "--kv-sharing-fast-prefill"
+                               for a in self.opts.vllm_args)  # fmt: skip
+            logprobs = not fast_prefill and self.server.in_flight() == 0
         else:
             logprobs = bool(like.logprobs)
         # a few tens of ms on a GPU; bounded: at a stop it runs inside KillWait's budget

@@ -418,6 +418,26 @@ def test_the_check_prompt_asks_logprobs_only_of_an_idle_engine(tmp_path: Path) -
     assert "error" not in out, out.get("error")
 
 
+def test_the_check_asks_no_logprobs_of_a_server_that_dies_of_them(tmp_path: Path) -> None:
+    """vLLM's --kv-sharing-fast-prefill asserts on a request for prompt log-probabilities
+    (vLLM 0.26's model runner): the check asks that server 8 tokens alone."""
+    model = tmp_path / "m"
+    save_model(model)
+    opts = VllmServeOptions(model=model, state_dir=tmp_path / "s", launcher=STANDIN,
+                            start_timeout_s=60,
+                            vllm_args=("--kv-sharing-fast-prefill",))  # fmt: skip
+    run = vllm_run(Config.from_env({}, root=tmp_path / "root"), opts, vllm_version="x",
+                   log=lambda _m: None)  # fmt: skip
+    th, out = _run_in_thread(run)
+    try:
+        answer = run.backend.probe()
+        assert answer is not None and len(answer.token_ids) == 8 and answer.logprobs == ()
+    finally:
+        run.handle_signal(signal.SIGTERM)
+        th.join(30)
+    assert "error" not in out, out.get("error")
+
+
 def test_a_taken_port_fails_a_first_run_before_its_model_loads(tmp_path: Path) -> None:
     """--port N held by another process (another job's server on the node): the first
     run says so at once, naming the fix, before any slot, pool or server start."""
