@@ -15,8 +15,8 @@
 # Environment: MODEL (a model directory the user can read; a missing qwen2-SIZE[-sSEED]
 # is made by make_models.py first), SPSWAP_USER (spuser),
 # VLLM_ARGS (the template's vLLM options), SERVE_ARGS (its spswap serve options; default
-# "--units 4 --eager --max-model-len 512"; --no-eager for vLLM's CUDA graphs), HIGH_S (how long the high job holds the GPU,
-# default 15), TIMEOUT_S (per wait, default 300).
+# "--units 4 --eager --max-model-len 512"; --no-eager for vLLM's CUDA graphs), HIGH_S
+# (how long the high job holds the GPU, default 15), TIMEOUT_S (per wait, default 300).
 set -uo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 U=${SPSWAP_USER:-spuser}
