@@ -83,7 +83,8 @@ def path_without_slurm(path: str, shadow: Path) -> str:
 
 def detect_mode() -> DemoMode:
     """CRIU where this process is root and a CRIU >= 4.1 is found, else the pool."""
-    path = criu.find_criu()
+    setting = criu.criu_setting()  # the settings file read once
+    path = criu.find_criu(setting=setting)
     version = None
     if path is not None:
         try:
@@ -91,7 +92,7 @@ def detect_mode() -> DemoMode:
         except SpswapError:
             version = None
     return choose_mode(os.geteuid(), str(path) if path else None, version, criu.MIN_VERSION,
-                       criu.criu_setting())  # fmt: skip
+                       setting)  # fmt: skip
 
 
 @dataclass

@@ -298,7 +298,7 @@ def collect(cfg: Config) -> dict[str, Any]:
     release = platform.release()
     checks: list[dict[str, Any]] = []
     setting = criu.criu_setting()  # the settings file read once for every CRIU row
-    criu_path = criu.find_criu({**os.environ, "SPSWAP_CRIU": setting})
+    criu_path = criu.find_criu(setting=setting)
     criu_rows = _criu_checks(release, criu_path, setting)
     checks += criu_rows
     usable = all(c["ok"] for c in criu_rows if c["name"] in ("criu", "criu check"))

@@ -195,6 +195,9 @@ def test_the_criu_named_in_the_settings_file_is_the_one_run(tmp_path: Path) -> N
         assert find_criu() == old
         mp.setenv("SPSWAP_CRIU", str(other))
         assert find_criu() == other
+        # a setting already read (doctor, the demo) is taken as it is
+        assert find_criu(setting=str(old)) == old
+        assert find_criu(setting=str(tmp_path / "nowhere")) is None
 
 
 def test_state_tree_writable_by_others_is_a_required_failure(tmp_path):

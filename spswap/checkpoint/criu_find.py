@@ -29,9 +29,10 @@ def criu_setting(env: dict[str, str] | None = None) -> str:
     return setting_text(env.get("SPSWAP_CRIU") or "")  # as the hooks' shell reads it
 
 
-def find_criu(env: dict[str, str] | None = None) -> Path | None:
-    """The criu to use: :func:`criu_setting`, then PATH, then /usr/local/sbin/criu."""
-    explicit = criu_setting(env)
+def find_criu(env: dict[str, str] | None = None, *, setting: str | None = None) -> Path | None:
+    """The criu to use: :func:`criu_setting` (``setting``: that value, already read), then
+    PATH, then /usr/local/sbin/criu."""
+    explicit = criu_setting(env) if setting is None else setting
     env = dict(os.environ) if env is None else env
     if explicit:
         return Path(explicit) if os.access(explicit, os.X_OK) else None
