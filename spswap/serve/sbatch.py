@@ -101,21 +101,21 @@ def render_serve(opts: SbatchOptions = SbatchOptions()) -> str:
                          "# CHANGE: one JSON request per line\n")  # fmt: skip
         extra = ' \\\n    --requests "$REQUESTS" --exit-when-idle'
     more = [shlex.quote(a) for a in shlex.split(opts.serve_args)]
-    units = " ".join([f" --units {opts.units}", *more])
+    # spswap serve's own options beside vLLM's: --no-eager is how a user gets vLLM's CUDA
+    # graphs (spswap passes --enforce-eager otherwise); shown, unless chosen
+    shown_eager = vllm and not {"--eager", "--no-eager"} & set(more)
+    own = " ".join([f"--units {opts.units}", *(["--eager"] if shown_eager else []), *more])
+    serve_opts = f" {own}"  # the serve line's; vLLM's template holds them in SERVE_ARGS
     if vllm:
         args = " ".join(shlex.quote(a) for a in shlex.split(opts.vllm_args))
-        # spswap serve's own options beside vLLM's: --no-eager is how a user gets vLLM's
-        # CUDA graphs (spswap passes --enforce-eager otherwise); shown, unless chosen
-        eager = [] if {"--eager", "--no-eager"} & set(more) else ["--eager"]
-        serve = " ".join([f"--units {opts.units}", *eager, *more])
-        requests_line = (f"SERVE_ARGS=({serve})   # CHANGE: spswap "
+        requests_line = (f"SERVE_ARGS=({own})   # CHANGE: spswap "
                          "serve's options (spswap serve --help): --eager -> --no-eager for "
                          "vLLM's CUDA graphs and compilation (faster answers, a cold start "
                          "about a minute longer)\n"
                          f"VLLM_ARGS=({args})   # CHANGE: vLLM's own options, e.g. "
                          "--max-num-seqs (spswap serve refuses those it sets itself, naming "
                          "what to give instead)\n")  # fmt: skip
-        units = ' "${SERVE_ARGS[@]}"'
+        serve_opts = ' "${SERVE_ARGS[@]}"'
         extra = ' --engine vllm -- "${VLLM_ARGS[@]}"'
     state_comment = _VLLM_COMMENT if vllm else _STATE_COMMENT
     if not vllm:  # the front door on the node; `spswap ask --job N` works from anywhere
@@ -140,7 +140,7 @@ MODEL={shlex.quote(opts.model)}   # CHANGE: {_MODEL_COMMENT[vllm]}
 STATE="$PWD/.spswap/${{SLURM_JOB_ID}}"
 
 echo "spswap: job ${{SLURM_JOB_ID}} run ${{SLURM_RESTART_COUNT:-0}} on $(hostname)"
-spswap serve "$MODEL" --state-dir "$STATE"{units}{extra} &
+spswap serve "$MODEL" --state-dir "$STATE"{serve_opts}{extra} &
 PID=$!
 {handler_block()}"""
 
