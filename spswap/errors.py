@@ -156,3 +156,9 @@ class ImageRejected(CheckpointFailed):
 class CriuNotStarted(CheckpointFailed):
     """CRIU itself could not be started (its binary, or the cgroup it was to start in):
     nothing was dumped or restored, and the image is as it was."""
+
+
+class ImageUnreadable(SpswapError):
+    """A checkpoint image's files are missing, cut short or not in CRIU's format: what
+    they hold cannot be read (a restore then refuses the image: its credentials cannot
+    be checked; `spswap images show` says so)."""

@@ -8,27 +8,21 @@ program's rights. So every image is read back here after the dump (before it get
 name) and again before a restore, and one that holds a task of another uid, gid, group or
 with a capability is refused.
 
-A small pure reader of CRIU's image format (no ``crit``/pycriu: CRIU's bundle ships
-neither): an image file is a little-endian u32 magic (most files have the common magic
-first, then their own), then entries, each a u32 length and a protobuf message. Only the
-fields needed are decoded (images/core.proto, creds.proto and pstree.proto of CRIU 4.1);
-unknown fields are skipped by wire type, as protobuf does.
+Read with :mod:`criu_image` (no ``crit``/pycriu: CRIU's bundle ships neither); only the
+fields needed are decoded (images/core.proto, creds.proto and pstree.proto of CRIU 4.1).
 """
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-IMG_COMMON_MAGIC = 0x54564319
+from spswap.checkpoint.criu_image import entries, fields, varint
+from spswap.errors import ImageUnreadable
+
 CORE_MAGIC = 0x55053847
 PSTREE_MAGIC = 0x50273030
 TASK_DEAD = 2  # a zombie: CRIU records no credentials, and restores it only to exit
-
-
-class ImageFormatError(ValueError):
-    """The bytes are not a CRIU image of the kind expected."""
 
 
 @dataclass(frozen=True)
@@ -61,51 +55,6 @@ class PstreeEntry:
     threads: list[int] = field(default_factory=list)
 
 
-def _varint(buf: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if pos >= len(buf):
-            raise ImageFormatError("truncated varint")
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return result, pos
-        shift += 7
-        if shift > 63:
-            raise ImageFormatError("varint too long")
-
-
-def fields(msg: bytes) -> list[tuple[int, int, int | bytes]]:
-    """A protobuf message's fields in order: (number, wire type, value): an int for
-    varints and fixed ints, bytes for length-delimited ones."""
-    out: list[tuple[int, int, int | bytes]] = []
-    pos = 0
-    while pos < len(msg):
-        key, pos = _varint(msg, pos)
-        number, wire = key >> 3, key & 7
-        value: int | bytes
-        if wire == 0:
-            value, pos = _varint(msg, pos)
-        elif wire == 1:
-            if pos + 8 > len(msg):
-                raise ImageFormatError("truncated fixed64")
-            value, pos = struct.unpack_from("<Q", msg, pos)[0], pos + 8
-        elif wire == 2:
-            size, pos = _varint(msg, pos)
-            if pos + size > len(msg):
-                raise ImageFormatError("truncated field")
-            value, pos = msg[pos : pos + size], pos + size
-        elif wire == 5:
-            if pos + 4 > len(msg):
-                raise ImageFormatError("truncated fixed32")
-            value, pos = struct.unpack_from("<I", msg, pos)[0], pos + 4
-        else:
-            raise ImageFormatError(f"wire type {wire} (field {number}) is not supported")
-        out.append((number, wire, value))
-    return out
-
-
 def _repeated_u32(entries: list[tuple[int, int, int | bytes]], number: int) -> tuple[int, ...]:
     """A repeated uint32 field, packed or not."""
     values: list[int] = []
@@ -117,7 +66,7 @@ def _repeated_u32(entries: list[tuple[int, int, int | bytes]], number: int) -> t
         elif wire == 2:
             pos, raw = 0, bytes(v)  # type: ignore[arg-type]
             while pos < len(raw):
-                x, pos = _varint(raw, pos)
+                x, pos = varint(raw, pos)
                 values.append(x)
     return tuple(values)
 
@@ -125,33 +74,6 @@ def _repeated_u32(entries: list[tuple[int, int, int | bytes]], number: int) -> t
 def _one(entries: list[tuple[int, int, int | bytes]], number: int) -> int | bytes | None:
     found = [v for n, _, v in entries if n == number]
     return found[-1] if found else None  # protobuf: the last one wins
-
-
-def entries(data: bytes, magic: int) -> list[bytes]:
-    """The messages of an image file whose own magic is ``magic``."""
-    if len(data) < 4:
-        raise ImageFormatError("shorter than a magic")
-    pos = 0
-    (first,) = struct.unpack_from("<I", data, 0)
-    pos = 4
-    if first == IMG_COMMON_MAGIC:
-        if len(data) < 8:
-            raise ImageFormatError("no magic after the common one")
-        (first,) = struct.unpack_from("<I", data, 4)
-        pos = 8
-    if first != magic:
-        raise ImageFormatError(f"magic {first:#x}, expected {magic:#x}")
-    out = []
-    while pos < len(data):
-        if pos + 4 > len(data):
-            raise ImageFormatError("truncated entry size")
-        (size,) = struct.unpack_from("<I", data, pos)
-        pos += 4
-        if pos + size > len(data):
-            raise ImageFormatError("truncated entry")
-        out.append(data[pos : pos + size])
-        pos += size
-    return out
 
 
 def parse_creds(msg: bytes) -> Creds:
@@ -162,7 +84,7 @@ def parse_creds(msg: bytes) -> Creds:
     for n in range(1, 9):
         v = _one(f, n)
         if not isinstance(v, int):
-            raise ImageFormatError(f"creds_entry lacks field {n}")
+            raise ImageUnreadable(f"creds_entry lacks field {n}")
         ids[n] = v
     return Creds(
         uids=(ids[1], ids[3], ids[5], ids[7]), gids=(ids[2], ids[4], ids[6], ids[8]),
@@ -177,7 +99,7 @@ def parse_core(data: bytes, tid: int) -> TaskCore:
     creds 10)."""
     msgs = entries(data, CORE_MAGIC)
     if len(msgs) != 1:
-        raise ImageFormatError(f"core image of {tid} holds {len(msgs)} entries, not 1")
+        raise ImageUnreadable(f"core image of {tid} holds {len(msgs)} entries, not 1")
     core = fields(msgs[0])
     tc, thread_core = _one(core, 3), _one(core, 5)
     state = _one(fields(tc), 1) if isinstance(tc, bytes) else None
@@ -195,18 +117,18 @@ def parse_pstree(data: bytes) -> list[PstreeEntry]:
         f = fields(msg)
         pid = _one(f, 1)
         if not isinstance(pid, int):
-            raise ImageFormatError("pstree entry without a pid")
+            raise ImageUnreadable("pstree entry without a pid")
         out.append(PstreeEntry(pid, list(_repeated_u32(f, 5))))
     return out
 
 
 def read_cores(image_dir: Path) -> list[TaskCore]:
     """Every task the image would restore (by its pstree), with its recorded creds.
-    ImageFormatError when a file is missing or not what it should be."""
+    ImageUnreadable when a file is missing or not what it should be."""
     try:
         tree = parse_pstree((image_dir / "pstree.img").read_bytes())
     except OSError as e:
-        raise ImageFormatError(f"no readable pstree.img ({e.strerror or e})") from None
+        raise ImageUnreadable(f"no readable pstree.img ({e.strerror or e})") from None
     cores = []
     for entry in tree:
         main = _read_core(image_dir, entry.pid)
@@ -221,7 +143,7 @@ def _read_core(image_dir: Path, tid: int) -> TaskCore:
     try:
         data = (image_dir / f"core-{tid}.img").read_bytes()
     except OSError as e:
-        raise ImageFormatError(f"no readable core-{tid}.img ({e.strerror or e})") from None
+        raise ImageUnreadable(f"no readable core-{tid}.img ({e.strerror or e})") from None
     return parse_core(data, tid)
 
 
@@ -262,6 +184,6 @@ def image_problem(image_dir: Path, uid: int, allowed_groups: set[int] | None) ->
     is a problem too (it cannot be shown to be harmless)."""
     try:
         cores = read_cores(image_dir)
-    except ImageFormatError as e:
+    except ImageUnreadable as e:
         return f"its credentials cannot be read ({e})"
     return creds_problem(cores, uid, allowed_groups)

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Any
 
 import typer
+from rich import box
 from rich.table import Table
 
+from spswap.checkpoint.image_layout import KINDS, ImageLayout, image_layout
 from spswap.checkpoint.images import read_meta
+from spswap.checkpoint.service import images_of_job
 from spswap.cli.common import JsonOpt, RootOpt, console, emit_json, load_config
 from spswap.daemon.image_room import ImageRoom
-from spswap.errors import PermissionDenied
+from spswap.errors import ConfigError, PermissionDenied
 from spswap.fsutil import dir_size_bytes, read_json
 from spswap.plain import plain_row
 from spswap.units import fmt_bytes
@@ -77,3 +81,77 @@ def ls(json: bool = JsonOpt, root: Path | None = RootOpt) -> None:
                   str(ident.get("engine", "?")), str(ident.get("model_digest", "?"))[:12],
                   str(ident.get("uid", "?")), age)  # fmt: skip
     console.print(t)
+
+
+def layout_rows(layout: ImageLayout) -> list[tuple[str, ...]]:
+    """`spswap images show`'s table, its header first: a row per kind of memory (KINDS)
+    and their sum, a column per process and one for the whole image; the dumped bytes
+    (what a restore reads back)."""
+    total = layout.bytes_by_kind()
+    rows: list[tuple[str, ...]] = [("", *(f"pid {p.pid}" for p in layout.processes), "image")]
+    for kind in KINDS:
+        rows.append((kind, *(fmt_bytes(p.bytes_by_kind[kind]) for p in layout.processes),
+                     fmt_bytes(total[kind])))  # fmt: skip
+    rows.append(("dumped", *(fmt_bytes(p.dumped_bytes) for p in layout.processes),
+                 fmt_bytes(sum(total.values()))))  # fmt: skip
+    return rows
+
+
+def largest_lines(layout: ImageLayout) -> list[str]:
+    """The largest heap and anonymous areas of each process, a line each, dumped bytes
+    first (an area's dumped bytes can be fewer than its size: pages never touched)."""
+    lines = [f"  pid {p.pid}  {fmt_bytes(a.dumped_bytes):>10}  {a.kind:<9}  at {a.start:#x} "
+             f"(area {fmt_bytes(a.size_bytes)})"
+             for p in layout.processes for a in p.largest]  # fmt: skip
+    return ["largest areas:", *lines] if lines else []
+
+
+def find_image(images_root: Path, job_or_key: str) -> Path:
+    """The image named ``job_or_key`` (its key), else the image of that job."""
+    exact = images_root / job_or_key
+    if "/" not in job_or_key and not job_or_key.startswith(".") and exact.is_dir():
+        return exact
+    safe = re.fullmatch(r"[A-Za-z0-9_.+-]{1,64}", job_or_key) is not None
+    found = images_of_job(images_root, job_or_key) if safe else []
+    if not found:
+        raise ConfigError(f"no checkpoint image of job {job_or_key!r} in {images_root}: "
+                          "`spswap images ls` lists the node's images")  # fmt: skip
+    return found[-1]
+
+
+@app.command("show")
+def show(
+    job: str = typer.Argument(
+        ...,
+        metavar="JOB",
+        help="The image's job id (as `spswap images ls` shows it), "
+        "or the image's key (its directory's name)",
+    ),  # fmt: skip
+    json: bool = JsonOpt,
+    root: Path | None = RootOpt,
+) -> None:
+    """Show what a checkpoint image holds, by kind of memory, per process: what a restore
+    from it reads back and fills, at about 2 GB/s a process.
+
+    heap: the C heap (memory freed in its middle stays there: spswap gives it back before
+    a dump); anonymous: other private memory (a CUDA checkpoint's copy of the GPU's memory
+    is here); file private: pages of mapped files the process changed; shared: shared
+    memory. The largest heap and anonymous areas of each process are listed below.
+    """
+    cfg = load_config(root)
+    try:
+        layout = image_layout(find_image(cfg.paths.images, job))
+    except PermissionError:
+        raise PermissionDenied(f"{cfg.paths.images} is root's: run as root") from None
+    if json:
+        emit_json(layout.to_json())
+        return
+    header, *rows = layout_rows(layout)
+    t = Table(title=f"job {job}'s image: dumped bytes", box=box.SIMPLE_HEAD)
+    for i, col in enumerate(header):  # sizes are never folded over two lines
+        t.add_column(col, justify="right" if i else "left", no_wrap=True)
+    for row in rows:
+        plain_row(t, *row)
+    console.print(t)
+    for line in largest_lines(layout):
+        console.print(line, markup=False)

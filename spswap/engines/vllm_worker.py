@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from spswap.engines.host_heap import release_free_heap
 from spswap.engines.vllm_pull import pull_share
 from spswap.errors import EngineError
 from spswap.pool.manifest import Manifest, align_up
@@ -220,15 +221,18 @@ class SpswapWorkerExtension:
     def spswap_trim(self) -> dict[str, Any]:
         """Before a CUDA checkpoint (after a level-2 sleep): hand the caching allocator's
         free blocks back to the driver, so only live memory is checkpointed (it moves at
-        ~2 GB/s). Returns the device's free/total bytes and torch's reserved/allocated."""
+        ~2 GB/s), and the heap's freed pages back to the kernel, so CRIU dumps only live
+        host memory (:mod:`spswap.engines.host_heap`). Returns the device's free/total
+        bytes, torch's reserved/allocated and what the heap release did."""
         import gc
 
         gc.collect()
+        heap = release_free_heap().to_json()
         if not torch.cuda.is_available():
-            return {}
+            return heap
         torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info()
-        return {"free_bytes": int(free), "total_bytes": int(total),
+        return {**heap, "free_bytes": int(free), "total_bytes": int(total),
                 "torch_reserved_bytes": int(torch.cuda.memory_reserved()),
                 "torch_allocated_bytes": int(torch.cuda.memory_allocated())}  # fmt: skip
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from spswap.access import PoolAccess
 from spswap.config import Config
+from spswap.engines.host_heap import release_free_heap
 from spswap.engines.protocol import Engine
 from spswap.engines.vllm_engine import VllmEngine, VllmSettings
 from spswap.errors import RequestRejected, SpswapError
@@ -93,8 +94,10 @@ def handle(engine: Any, req: dict[str, Any]) -> dict[str, Any]:
                 return {"ok": True, **engine.health().to_json()}
             except Exception as e:  # noqa: BLE001 - e.g. vLLM asked about weights asleep
                 return {"ok": True, "resident_bytes": 0, "health_error": str(e)}
-        if op == "trim":  # asleep, before a checkpoint: cached device blocks given back
-            return {"ok": True, **(engine.trim() if hasattr(engine, "trim") else {})}
+        if op == "trim":  # asleep, before a checkpoint: cached device blocks given back,
+            # and this process's freed heap (CRIU dumps every resident page)
+            trimmed = engine.trim() if hasattr(engine, "trim") else {}
+            return {"ok": True, **trimmed, "worker": release_free_heap().to_json()}
         return {"ok": False, "error": f"unknown op {op!r}"}
     except RequestRejected as e:  # the request's own fault: the client fixes it
         return {"ok": False, "error": str(e), "rejected": True}

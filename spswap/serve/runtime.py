@@ -28,6 +28,7 @@ from typing import Any
 from spswap.access import PoolAccess
 from spswap.checkpoint.images import config_hash, process_identity
 from spswap.config import Config
+from spswap.engines.host_heap import release_free_heap
 from spswap.errors import RequestAborted, RequestIdTaken, RequestRejected, SpswapError
 from spswap.pool.manifest import Manifest
 from spswap.serve import restore_check
@@ -192,6 +193,7 @@ class ReferenceBackend:
 
     def sleep(self) -> None:
         self.model.sleep()
+        release_free_heap()  # the image holds only live host memory
 
     def wake(self, result: ServeResult) -> dict[str, Any]:
         self.model.wake()

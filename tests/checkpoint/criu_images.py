@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import struct
 
-from spswap.checkpoint.image_creds import CORE_MAGIC, IMG_COMMON_MAGIC, PSTREE_MAGIC
+from spswap.checkpoint.criu_image import IMG_COMMON_MAGIC
+from spswap.checkpoint.image_creds import CORE_MAGIC, PSTREE_MAGIC
 
 
 def varint(n: int) -> bytes:
@@ -80,3 +81,32 @@ def pstree_img(entries: list[tuple[int, int, list[int]]]) -> bytes:
         m = b"".join(field_varint(n, v) for n, v in ((1, pid), (2, ppid), (3, pid), (4, pid)))
         msgs.append(m + b"".join(field_varint(5, t) for t in threads))
     return image_file(PSTREE_MAGIC, msgs)
+
+
+def mm_img(vmas: list[tuple[int, int, int]], start_stack: int = 0) -> bytes:
+    """An mm image: (start, end, status) per area, and mm_start_stack."""
+    from spswap.checkpoint.image_layout import MM_MAGIC
+
+    msg = field_varint(5, start_stack)
+    for start, end, status in vmas:
+        vma = (field_varint(1, start) + field_varint(2, end) + field_varint(3, 0)
+               + field_varint(4, 0) + field_varint(5, 3) + field_varint(6, 0x22)
+               + field_varint(7, status) + field_varint(8, 1))  # fmt: skip
+        msg += field_bytes(14, vma)
+    return image_file(MM_MAGIC, [msg])
+
+
+def pagemap_img(runs: list[tuple[int, int, int | None, bool]]) -> bytes:
+    """A pagemap image: its head, then (vaddr, nr_pages, flags or None, in_parent) per run
+    (flags None: an old image that says in_parent instead)."""
+    from spswap.checkpoint.image_layout import PAGEMAP_MAGIC
+
+    msgs = [field_varint(1, 1)]
+    for vaddr, nr_pages, flags, in_parent in runs:
+        msg = field_varint(1, vaddr) + field_varint(2, nr_pages)
+        if in_parent:
+            msg += field_varint(3, 1)
+        if flags is not None:
+            msg += field_varint(4, flags)
+        msgs.append(msg)
+    return image_file(PAGEMAP_MAGIC, msgs)

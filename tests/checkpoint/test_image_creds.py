@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from spswap.checkpoint import image_creds as ic
+from spswap.errors import ImageUnreadable
 
 from . import criu_images as ci
 
@@ -129,5 +130,5 @@ def test_an_image_directory(tmp_path: Path) -> None:
      "wire type 3 (field 1) is not supported"),
 ])  # fmt: skip
 def test_bad_bytes_are_refused(data: bytes, error: str) -> None:
-    with pytest.raises(ic.ImageFormatError, match=error.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(ImageUnreadable, match=error.replace("(", r"\(").replace(")", r"\)")):
         ic.parse_core(data, 1)

@@ -117,6 +117,14 @@ def test_stop_dump_restore_answers_like_cold(node: Config, tmp_path: Path) -> No
     (image,) = json.loads(listed.stdout)
     assert (image["job_id"], image["state"]) == (JOB, "saved") and image["size_bytes"] > 0
     assert image["identity"]["engine"] == "reference" and image["identity"]["uid"] == 0
+    # what the image holds by kind of memory: as `images show` reads it, and as spswapd's
+    # event recorded it right after the dump
+    shown = CliRunner().invoke(app, ["images", "show", JOB, "--json", "--root", str(node.root)])
+    layout = json.loads(shown.stdout)
+    (saved,) = [e for e in Client(node).call("events.tail", n=50)
+                if e["kind"] == "checkpoint.saved"]  # fmt: skip
+    assert saved["detail"]["image"]["layout"] == layout
+    assert 0 < sum(layout["bytes_by_kind"].values()) <= image["size_bytes"]
 
     second = _serve(node, tmp_path, model, 1, "run1.log")
     assert second.wait(timeout=300) == 0, (tmp_path / "run1.log").read_text()

@@ -1,0 +1,169 @@
+"""spswap.checkpoint.image_layout: an image's dumped bytes by kind of memory, read from
+CRIU's own files (written here by hand, and by the real CRIU)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from spswap.checkpoint import criu
+from spswap.checkpoint import image_layout as il
+from spswap.cli.app import app
+from spswap.cli.images import find_image, largest_lines, layout_rows
+from spswap.errors import ConfigError, ImageUnreadable
+
+from . import criu_images as ci
+from .criu_helpers import needs_criu
+
+P = il.PAGE_BYTES
+HEAP = il.VMA_AREA_HEAP | il.VMA_ANON_PRIVATE | 1
+ANON = il.VMA_ANON_PRIVATE | 1
+FILE = il.VMA_FILE_PRIVATE | 1
+SHM = il.VMA_ANON_SHARED | 1
+VDSO = il.VMA_AREA_VDSO | 1
+
+
+Run = tuple[int, int, int | None, bool]
+
+
+def _write(d: Path, pid: int, vmas: list[tuple[int, int, int]], runs: list[Run],
+           start_stack: int = 0) -> None:  # fmt: skip
+    d.mkdir(parents=True, exist_ok=True)
+    (d / f"mm-{pid}.img").write_bytes(ci.mm_img(vmas, start_stack))
+    (d / f"pagemap-{pid}.img").write_bytes(ci.pagemap_img(runs))
+
+
+def test_each_kind_of_area_counts_its_dumped_pages(tmp_path: Path) -> None:
+    vmas = [(0x10000, 0x20000, HEAP), (0x100000, 0x200000, ANON), (0x300000, 0x302000, FILE),
+            (0x400000, 0x404000, SHM), (0x500000, 0x501000, VDSO),
+            (0x7000000, 0x7010000, ANON)]  # fmt: skip
+    runs = [
+        (0x10000, 4, il.PE_PRESENT, False),  # heap: 4 pages
+        (0x1FF000, 3, il.PE_PRESENT, False),  # 1 page anon, then 2 pages past it: no area
+        (0x300000, 2, il.PE_PRESENT, False),  # file private
+        (0x100000, 8, il.PE_PRESENT | il.PE_PARENT, False),  # in a parent image: not here
+        (0x100000, 5, None, True),  # an old image's in_parent: not here either
+        (0x100000, 6, None, False),  # an old image's run in this one: counted
+        (0x500000, 1, il.PE_PRESENT, False),  # vdso
+        (0x7008000, 2, il.PE_PRESENT, False),  # the stack (holds mm_start_stack)
+    ]
+    _write(tmp_path, 7, vmas, runs, start_stack=0x700F000)
+    layout = il.image_layout(tmp_path)
+    assert [p.pid for p in layout.processes] == [7]
+    assert layout.bytes_by_kind() == {"heap": 4 * P, "anonymous": 7 * P, "stack": 2 * P,
+                                      "file private": 2 * P, "shared": 0,
+                                      "other": 3 * P}  # fmt: skip
+    largest = layout.processes[0].largest
+    assert [(a.start, a.kind, a.dumped_bytes, a.size_bytes) for a in largest] == [
+        (0x100000, "anonymous", 7 * P, 0x100000), (0x10000, "heap", 4 * P, 0x10000)]  # fmt: skip
+
+
+def test_a_run_across_two_areas_is_split_between_them() -> None:
+    vmas = [il.Vma(0x1000, 0x3000, HEAP), il.Vma(0x3000, 0x6000, ANON)]
+    layout = il.process_layout(1, vmas, [il.PageRun(0x2000, 3, True)])
+    assert layout.bytes_by_kind["heap"] == P and layout.bytes_by_kind["anonymous"] == 2 * P
+    assert layout.dumped_bytes == 3 * P
+
+
+def test_kinds_of_status_bits() -> None:
+    assert [il.vma_kind(s) for s in (HEAP, ANON, FILE, SHM, VDSO, il.VMA_AREA_MEMFD, 0)] == [
+        "heap", "anonymous", "file private", "shared", "other", "shared", "other"]  # fmt: skip
+
+
+def test_rows_and_lines_as_the_command_shows_them(tmp_path: Path) -> None:
+    _write(tmp_path, 5, [(0x10000, 0x110000, HEAP)], [(0x10000, 256, il.PE_PRESENT, False)])
+    _write(tmp_path, 6, [(0x2000000, 0x6000000, ANON)], [(0x2000000, 16384, il.PE_PRESENT, False)])
+    layout = il.image_layout(tmp_path)
+    assert layout_rows(layout) == [
+        ("", "pid 5", "pid 6", "image"),
+        ("heap", "1.0 MiB", "0 B", "1.0 MiB"),
+        ("anonymous", "0 B", "64.0 MiB", "64.0 MiB"),
+        ("stack", "0 B", "0 B", "0 B"),
+        ("file private", "0 B", "0 B", "0 B"),
+        ("shared", "0 B", "0 B", "0 B"),
+        ("other", "0 B", "0 B", "0 B"),
+        ("dumped", "1.0 MiB", "64.0 MiB", "65.0 MiB"),
+    ]
+    assert largest_lines(layout) == [
+        "largest areas:",
+        "  pid 5     1.0 MiB  heap       at 0x10000 (area 1.0 MiB)",
+        "  pid 6    64.0 MiB  anonymous  at 0x2000000 (area 64.0 MiB)",
+    ]
+
+
+def test_what_is_not_an_image_says_so(tmp_path: Path) -> None:
+    with pytest.raises(ImageUnreadable, match="no process images"):
+        il.image_layout(tmp_path)
+    (tmp_path / "mm-3.img").write_bytes(b"\x19\x43\x56\x54\x00\x00\x00\x00")
+    with pytest.raises(ImageUnreadable, match="magic 0x0, expected 0x57492820"):
+        il.image_layout(tmp_path)
+    (tmp_path / "mm-3.img").write_bytes(ci.mm_img([(0x1000, 0x2000, ANON)]))
+    with pytest.raises(ImageUnreadable, match=r"cannot read .*pagemap-3\.img"):
+        il.image_layout(tmp_path)
+    (tmp_path / "pagemap-3.img").write_bytes(ci.pagemap_img([(0x1000, 1, 4, False)])[:-2])
+    with pytest.raises(ImageUnreadable, match="truncated"):
+        il.image_layout(tmp_path)
+
+
+def test_images_show_finds_a_job_s_image_and_prints_json(tmp_path: Path) -> None:
+    image = tmp_path / "images" / "job12-abc-def"
+    _write(image, 9, [(0x10000, 0x20000, HEAP)], [(0x10000, 2, il.PE_PRESENT, False)])
+    assert find_image(tmp_path / "images", "12") == image
+    assert find_image(tmp_path / "images", "job12-abc-def") == image
+    with pytest.raises(ConfigError, match="no checkpoint image of job '1' .*spswap images ls"):
+        find_image(tmp_path / "images", "1")
+    with pytest.raises(ConfigError):
+        find_image(tmp_path / "images", "../images/job12-abc-def")
+    out = CliRunner().invoke(app, ["images", "show", "12", "--json", "--root", str(tmp_path)])
+    assert out.exit_code == 0, out.output
+    report = json.loads(out.output)
+    assert report["bytes_by_kind"]["heap"] == 2 * P and report["processes"][0]["pid"] == 9
+    out = CliRunner().invoke(app, ["images", "show", "12", "--root", str(tmp_path)])
+    assert out.exit_code == 0 and "heap" in out.output and "largest areas:" in out.output
+
+
+# A process with 200 MB freed in its heap's middle (100 kB blocks, every 50th kept), then
+# 64 MiB in one mapping; with "trim" it gives its freed heap back before it is dumped.
+_HOLEY = """
+import sys, time
+from spswap.engines.host_heap import release_free_heap
+blocks = [bytearray(b"x" * 100_000) for _ in range(2000)]
+keep = blocks[::50]
+del blocks
+big = bytearray(b"y" * (64 << 20))
+if sys.argv[1] == "trim":
+    release_free_heap()
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.criu
+@needs_criu
+@pytest.mark.parametrize("mode", ["as-is", "trim"])
+def test_a_real_image_shows_the_freed_heap_and_the_release_takes_it_out(
+    tmp_path: Path, mode: str
+) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", _HOLEY, mode], text=True,
+                            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                            start_new_session=True)  # fmt: skip
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        info = criu.dump(proc.pid, "holey", tmp_path / "images")
+    finally:
+        proc.kill()
+        proc.wait()
+    layout = il.image_layout(info.path)
+    by_kind = layout.bytes_by_kind()
+    pages = sum(p.stat().st_size for p in info.path.glob("pages-*.img"))
+    assert sum(by_kind.values()) == pages  # every dumped byte is placed
+    assert by_kind["anonymous"] >= 64 << 20  # the 64 MiB mapping
+    if mode == "as-is":
+        assert by_kind["heap"] > 150_000_000  # the freed blocks are dumped
+    else:
+        assert by_kind["heap"] < 50_000_000  # given back before the dump
