@@ -12,6 +12,8 @@
 #   tests     tests/engines/test_vllm.py and test_vllm_serve_gpu.py on 0.5B
 #   bench7b   python -m spswap.bench.swap on 7B (--cycles 2; BENCH_ARGS and BENCH_TAG too)
 #   pcie      scripts/gpu/pcie_idle_probe.py (is a copy after an idle pause slow?)
+#   regprobe  scripts/gpu/register_probe.py (does a CUDA restore pin a registered mapping
+#             again; 4 KiB tmpfs pages against a tmpfs mounted huge=always)
 #   pagefill  scripts/gpu/page_fill_probe.py (how fast a restore can fill fresh memory)
 #   restorefill scripts/gpu/restore_fill_probe.sh (CRIU's restore, 4 KiB vs huge pages)
 #   probe     scripts/gpu/vllm_copy_probe.py --first on 1.5B (why a copy runs below the limit;
@@ -87,6 +89,14 @@ if want restorefill; then
   criu_on
   timeout -k 5 120 bash scripts/gpu/restore_fill_probe.sh 2048 3 | tee "$OUT/restorefill.jsonl"
   criu_off
+fi
+
+if want regprobe; then
+  step regprobe
+  mkdir -p /tmp/spswap-huge && mount -t tmpfs -o huge=always,size=16G spswap-huge /tmp/spswap-huge
+  timeout -k 5 300 python3 scripts/gpu/register_probe.py --sizes-gib 1 6 \
+    --dirs /dev/shm/spswap-regprobe /tmp/spswap-huge 2>&1 | grep -v Warning | tee "$OUT/regprobe.jsonl"
+  umount /tmp/spswap-huge; rm -rf /dev/shm/spswap-regprobe
 fi
 
 if want pagefill; then

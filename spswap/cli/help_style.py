@@ -54,49 +54,40 @@ def _usage(cmd: Any, ctx: Any) -> list[str]:
     return pieces
 
 
-class Command(TyperCommand):
+class _Tidied:
+    """What :class:`Command` and :class:`Group` share: their options named the same way
+    (no type shown for flags), help laid out wide when piped (a job log, a grep)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _tidy(self.params)  # type: ignore[attr-defined]
+
+    def get_help(self, ctx: Any) -> str:
+        with _wide_when_piped():
+            return str(super().get_help(ctx))  # type: ignore[misc]
+
+    def get_help_option(self, ctx: Any) -> Any:
+        opt = super().get_help_option(ctx)  # type: ignore[misc]
+        if opt is not None:
+            _tidy([opt])
+        return opt
+
+
+class Command(_Tidied, TyperCommand):
     """A command whose help reads ``[OPTIONS] MODEL`` and shows no type for flags."""
 
     extra_usage = ""  # what the usage line shows after the arguments (a subclass's)
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        _tidy(self.params)
-
-    def get_help(self, ctx: Any) -> str:
-        with _wide_when_piped():
-            return str(super().get_help(ctx))
-
     def collect_usage_pieces(self, ctx: Any) -> list[str]:
         return _usage(self, ctx) + ([self.extra_usage] if self.extra_usage else [])
 
-    def get_help_option(self, ctx: Any) -> Any:
-        opt = super().get_help_option(ctx)
-        if opt is not None:
-            _tidy([opt])
-        return opt
 
-
-class Group(TyperGroup):
+class Group(_Tidied, TyperGroup):
     """A group of commands, named the same way as :class:`Command`."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        _tidy(self.params)
-
-    def get_help(self, ctx: Any) -> str:
-        with _wide_when_piped():
-            return str(super().get_help(ctx))
 
     def collect_usage_pieces(self, ctx: Any) -> list[str]:
         metavar = getattr(self, "subcommand_metavar", None)
         return _usage(self, ctx) + ([metavar] if metavar else [])
-
-    def get_help_option(self, ctx: Any) -> Any:
-        opt = super().get_help_option(ctx)
-        if opt is not None:
-            _tidy([opt])
-        return opt
 
 
 def apply(app: typer.Typer) -> None:
