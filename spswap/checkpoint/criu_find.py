@@ -99,9 +99,10 @@ def available() -> bool:
 
 
 def _require_criu(criu: Path | None) -> tuple[Path, tuple[int, int, int]]:
-    path = criu or find_criu()
+    setting = None if criu else criu_setting()  # read once, for the search and the message
+    path = criu or find_criu(setting=setting)
     if path is None:
-        raise CheckpointFailed(missing_text(criu_setting()))
+        raise CheckpointFailed(missing_text(setting or ""))
     version = criu_version(path)
     if version < MIN_VERSION:
         have = ".".join(map(str, version))

@@ -49,8 +49,9 @@ def op_checkpoint(ctx: Context, args: dict[str, Any]) -> Answer:
     pid_start = pid_start_time(pid)
     identity = identity_of(args, rec.uid)
 
-    if find_criu() is None:
-        raise CheckpointFailed(f"{missing_text(criu_setting())} (see spswap doctor)")
+    setting = criu_setting()  # the settings file read once, for the search and the message
+    if find_criu(setting=setting) is None:
+        raise CheckpointFailed(f"{missing_text(setting)} (see spswap doctor)")
     # held until the dump thread ends (it releases it)
     if not st.job_locks.of(job_id).acquire(blocking=False):
         raise CheckpointFailed(f"job {job_id} is being checkpointed or restored already")

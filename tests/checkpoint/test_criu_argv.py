@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -123,3 +124,16 @@ def test_restore_every_flag() -> None:
 )
 def test_parse_version(text: str, expected: tuple[int, int, int] | None) -> None:
     assert a.parse_version(text) == expected
+
+
+def test_a_dump_with_a_criu_setting_naming_no_program_says_the_setting_is_wrong(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from spswap.checkpoint import criu as criu_mod
+    from spswap.errors import CheckpointFailed
+
+    monkeypatch.setenv("SPSWAP_CRIU", str(tmp_path / "no-criu"))
+    with pytest.raises(CheckpointFailed, match=f"SPSWAP_CRIU={tmp_path}/no-criu is not an "
+                                               "executable file"):  # fmt: skip
+        criu_mod.dump(os.getpid(), "k", tmp_path / "images")
+    assert not (tmp_path / "images").exists() or not any((tmp_path / "images").iterdir())
