@@ -93,10 +93,16 @@ fi
 
 if want regprobe; then
   step regprobe
-  mkdir -p /tmp/spswap-huge && mount -t tmpfs -o huge=always,size=16G spswap-huge /tmp/spswap-huge
+  dirs=/dev/shm/spswap-regprobe
+  mkdir -p /tmp/spswap-huge
+  if mount -t tmpfs -o huge=always,size=16G spswap-huge /tmp/spswap-huge; then
+    dirs="$dirs /tmp/spswap-huge"
+  else
+    echo "regprobe: could not mount a huge=always tmpfs: 4 KiB pages only"
+  fi
   timeout -k 5 300 python3 scripts/gpu/register_probe.py --sizes-gib 1 6 \
-    --dirs /dev/shm/spswap-regprobe /tmp/spswap-huge 2>&1 | grep -v Warning | tee "$OUT/regprobe.jsonl"
-  umount /tmp/spswap-huge; rm -rf /dev/shm/spswap-regprobe
+    --dirs $dirs 2>&1 | grep -v Warning | tee "$OUT/regprobe.jsonl"
+  mountpoint -q /tmp/spswap-huge && umount /tmp/spswap-huge; rm -rf /dev/shm/spswap-regprobe
 fi
 
 if want pagefill; then

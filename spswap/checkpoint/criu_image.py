@@ -7,7 +7,10 @@ Unknown fields are skipped by wire type, as protobuf does. Used by :mod:`image_c
 
 from __future__ import annotations
 
+import os
+import stat
 import struct
+from pathlib import Path
 
 from spswap.errors import ImageUnreadable
 
@@ -84,3 +87,26 @@ def entries(data: bytes, magic: int) -> list[bytes]:
         out.append(data[pos : pos + size])
         pos += size
     return out
+
+
+# mm, pagemap, core and pstree files are kilobytes to a few MiB (a pagemap entry per run
+# of pages): far more than that is not an image CRIU wrote
+MAX_IMAGE_FILE_BYTES = 64 << 20
+
+
+def read_image_file(path: Path, max_bytes: int = MAX_IMAGE_FILE_BYTES) -> bytes:
+    """One of an image's small files, read by root from a directory the job's user's CRIU
+    wrote: a link, a FIFO, a device or an outsized file is refused (ImageUnreadable),
+    never followed, waited on or read whole."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise ImageUnreadable(f"cannot read {path.name}: {e.strerror or e}") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ImageUnreadable(f"{path.name} is not a regular file")
+        if st.st_size > max_bytes:
+            raise ImageUnreadable(f"{path.name} holds {st.st_size} bytes, more than an "
+                                  f"image file of its kind ({max_bytes})")  # fmt: skip
+        return f.read(max_bytes + 1)[:max_bytes]

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from spswap.checkpoint.criu_image import entries, fields, varint
+from spswap.checkpoint.criu_image import entries, fields, read_image_file, varint
 from spswap.errors import ImageUnreadable
 
 CORE_MAGIC = 0x55053847
@@ -125,10 +125,7 @@ def parse_pstree(data: bytes) -> list[PstreeEntry]:
 def read_cores(image_dir: Path) -> list[TaskCore]:
     """Every task the image would restore (by its pstree), with its recorded creds.
     ImageUnreadable when a file is missing or not what it should be."""
-    try:
-        tree = parse_pstree((image_dir / "pstree.img").read_bytes())
-    except OSError as e:
-        raise ImageUnreadable(f"no readable pstree.img ({e.strerror or e})") from None
+    tree = parse_pstree(read_image_file(image_dir / "pstree.img"))
     cores = []
     for entry in tree:
         main = _read_core(image_dir, entry.pid)
@@ -140,11 +137,7 @@ def read_cores(image_dir: Path) -> list[TaskCore]:
 
 
 def _read_core(image_dir: Path, tid: int) -> TaskCore:
-    try:
-        data = (image_dir / f"core-{tid}.img").read_bytes()
-    except OSError as e:
-        raise ImageUnreadable(f"no readable core-{tid}.img ({e.strerror or e})") from None
-    return parse_core(data, tid)
+    return parse_core(read_image_file(image_dir / f"core-{tid}.img"), tid)
 
 
 def creds_problem(cores: list[TaskCore], uid: int, allowed_groups: set[int] | None) -> str | None:

@@ -15,17 +15,18 @@ ImageUnreadable.
 from __future__ import annotations
 
 import bisect
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from spswap.checkpoint.criu_image import entries, fields
+from spswap.checkpoint.criu_image import entries, fields, read_image_file
 from spswap.errors import ImageUnreadable
 
 MM_MAGIC = 0x57492820
 PAGEMAP_MAGIC = 0x56084025
-PAGE_BYTES = 4096  # CRIU's pagemap counts 4 KiB pages, huge pages too
+PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")  # CRIU's pagemap counts base pages, huge pages too
 
 # vma_entry.status bits (criu/include/image.h)
 VMA_AREA_STACK = 1 << 1
@@ -105,9 +106,12 @@ class ProcessLayout:
 
 @dataclass(frozen=True)
 class ImageLayout:
-    """Every process of an image, by pid."""
+    """Every process of an image, by pid, and the image's shared memory: CRIU dumps the
+    pages of shared memory (anonymous shared, memfd, SysV) once for the image, in
+    ``pagemap-shmem-<id>.img``, not in any process's pagemap."""
 
     processes: list[ProcessLayout]
+    shared_bytes: int = 0
 
     def bytes_by_kind(self) -> dict[str, int]:
         """The whole image's dumped bytes by kind (every kind named, zeros too)."""
@@ -115,25 +119,35 @@ class ImageLayout:
         for p in self.processes:
             for k, n in p.bytes_by_kind.items():
                 out[k] += n
+        out["shared"] += self.shared_bytes
         return out
 
     def to_json(self) -> dict[str, Any]:
-        return {"bytes_by_kind": self.bytes_by_kind(),
+        return {"bytes_by_kind": self.bytes_by_kind(), "shared_bytes": self.shared_bytes,
                 "processes": [p.to_json() for p in self.processes]}  # fmt: skip
+
+    def summary_json(self) -> dict[str, Any]:
+        """:meth:`to_json` without each process's largest areas: what an event holds (an
+        event is at most 4 KiB, and a vLLM tree has four processes or more)."""
+        processes = [{"pid": p.pid, "dumped_bytes": p.dumped_bytes,
+                      "bytes_by_kind": p.bytes_by_kind} for p in self.processes]  # fmt: skip
+        return {"bytes_by_kind": self.bytes_by_kind(), "shared_bytes": self.shared_bytes,
+                "processes": processes}  # fmt: skip
 
 
 def vma_kind(status: int) -> str:
-    """The kind a memory area's dumped bytes count as (see KINDS)."""
+    """The kind a memory area's dumped bytes count as (see KINDS). A private mapping of a
+    file (a memfd's too) counts as "file private": its dumped pages are its own copies."""
     if status & VMA_AREA_HEAP:
         return "heap"
     if status & VMA_AREA_STACK:
         return "stack"
-    if status & (VMA_ANON_SHARED | VMA_FILE_SHARED | VMA_AREA_SYSVIPC | VMA_AREA_MEMFD):
-        return "shared"
     if status & (VMA_AREA_VDSO | VMA_AREA_VVAR | VMA_AREA_VSYSCALL):
         return "other"
     if status & VMA_FILE_PRIVATE:
         return "file private"
+    if status & (VMA_ANON_SHARED | VMA_FILE_SHARED | VMA_AREA_SYSVIPC | VMA_AREA_MEMFD):
+        return "shared"
     if status & VMA_ANON_PRIVATE:
         return "anonymous"
     return "other"
@@ -201,21 +215,24 @@ def process_layout(pid: int, vmas: list[Vma], runs: list[PageRun]) -> ProcessLay
     return ProcessLayout(pid, by_kind, anon[:LARGEST_AREAS])
 
 
+def _in_image_bytes(runs: list[PageRun]) -> int:
+    return sum(r.nr_pages for r in runs if r.in_image) * PAGE_BYTES
+
+
 def image_layout(image_dir: Path) -> ImageLayout:
-    """The layout of every process dumped in ``image_dir`` (its ``mm-<pid>.img`` files);
-    ImageUnreadable where a file is missing or not a CRIU image."""
+    """The layout of every process dumped in ``image_dir`` (its ``mm-<pid>.img`` files)
+    and its shared memory; ImageUnreadable where a file is missing or not a CRIU image."""
     processes = []
     for mm in sorted(image_dir.glob("mm-*.img")):
         m = re.fullmatch(r"mm-(\d+)\.img", mm.name)
         if m is None:
             continue
         pid = int(m.group(1))
-        pagemap = image_dir / f"pagemap-{pid}.img"
-        try:
-            vmas, runs = parse_mm(mm.read_bytes()), parse_pagemap(pagemap.read_bytes())
-        except OSError as e:
-            raise ImageUnreadable(f"cannot read {e.filename}: {e.strerror}") from None
+        vmas = parse_mm(read_image_file(mm))
+        runs = parse_pagemap(read_image_file(image_dir / f"pagemap-{pid}.img"))
         processes.append(process_layout(pid, vmas, runs))
     if not processes:
         raise ImageUnreadable(f"no process images (mm-<pid>.img) in {image_dir}")
-    return ImageLayout(processes)
+    shared = sum(_in_image_bytes(parse_pagemap(read_image_file(p)))
+                 for p in sorted(image_dir.glob("pagemap-shmem-*.img")))  # fmt: skip
+    return ImageLayout(processes, shared)

@@ -42,7 +42,7 @@ from spswap.checkpoint.images import (
     verify_before_restore,
     write_meta,
 )
-from spswap.errors import CheckpointFailed, ImageRejected, ImageUnreadable
+from spswap.errors import CheckpointFailed, ImageRejected
 from spswap.fsutil import atomic_write_json, read_json
 from spswap.liveness import pid_alive
 
@@ -57,7 +57,7 @@ class DumpReport:
     cuda_pids: list[int]
     timings_s: dict[str, float] = field(default_factory=dict)
     kept: bool = False  # the tree runs on after the dump (CUDA-checkpointed)
-    layout: dict[str, Any] | None = None  # ImageLayout.to_json(): the bytes by kind
+    layout: dict[str, Any] | None = None  # ImageLayout.summary_json(): the bytes by kind
 
     def to_json(self) -> dict[str, Any]:
         return {"key": self.key, "path": str(self.path), "size_bytes": self.size_bytes,
@@ -264,8 +264,8 @@ def _layout_quietly(path: Path, timings: dict[str, float]) -> dict[str, Any] | N
     report and event; None where its files cannot be read so (the image is good anyway)."""
     t0 = time.monotonic()
     try:
-        layout = image_layout(path).to_json()
-    except ImageUnreadable:
+        layout = image_layout(path).summary_json()
+    except Exception:  # noqa: BLE001 - the dump is done: a report's detail never fails it
         return None
     timings["layout"] = time.monotonic() - t0
     return layout

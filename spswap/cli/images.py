@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,12 +12,12 @@ import typer
 from rich import box
 from rich.table import Table
 
-from spswap.checkpoint.image_layout import KINDS, ImageLayout, image_layout
+from spswap.checkpoint.image_layout import KINDS, ImageLayout, ProcessLayout, image_layout
 from spswap.checkpoint.images import read_meta
 from spswap.checkpoint.service import images_of_job
 from spswap.cli.common import JsonOpt, RootOpt, console, emit_json, load_config
 from spswap.daemon.image_room import ImageRoom
-from spswap.errors import ConfigError, PermissionDenied
+from spswap.errors import ConfigError, ImageUnreadable, PermissionDenied
 from spswap.fsutil import dir_size_bytes, read_json
 from spswap.plain import plain_row
 from spswap.units import fmt_bytes
@@ -83,17 +84,33 @@ def ls(json: bool = JsonOpt, root: Path | None = RootOpt) -> None:
     console.print(t)
 
 
+SHOWN_PROCESSES = 2  # columns of their own; the rest of an image's processes in one
+
+
 def layout_rows(layout: ImageLayout) -> list[tuple[str, ...]]:
     """`spswap images show`'s table, its header first: a row per kind of memory (KINDS)
-    and their sum, a column per process and one for the whole image; the dumped bytes
-    (what a restore reads back)."""
+    and their sum; a column for each of the two processes with the most dumped bytes,
+    one for the rest (where there are more) and one for the whole image (its shared
+    memory too); the dumped bytes, what a restore reads back."""
+    ranked = sorted(layout.processes, key=lambda p: p.dumped_bytes, reverse=True)
+    shown, rest = ranked[:SHOWN_PROCESSES], ranked[SHOWN_PROCESSES:]
     total = layout.bytes_by_kind()
-    rows: list[tuple[str, ...]] = [("", *(f"pid {p.pid}" for p in layout.processes), "image")]
-    for kind in KINDS:
-        rows.append((kind, *(fmt_bytes(p.bytes_by_kind[kind]) for p in layout.processes),
-                     fmt_bytes(total[kind])))  # fmt: skip
-    rows.append(("dumped", *(fmt_bytes(p.dumped_bytes) for p in layout.processes),
-                 fmt_bytes(sum(total.values()))))  # fmt: skip
+
+    def row(name: str, value: Callable[[ProcessLayout], int], whole: int) -> tuple[str, ...]:
+        cells = [fmt_bytes(value(p)) for p in shown]
+        if rest:
+            cells.append(fmt_bytes(sum(value(p) for p in rest)))
+        return (name, *cells, fmt_bytes(whole))
+
+    header = ("", *(f"pid {p.pid}" for p in shown),
+              *((f"{len(rest)} more",) if rest else ()), "image")  # fmt: skip
+    rows: list[tuple[str, ...]] = [header]
+
+    def of_kind(kind: str) -> Callable[[ProcessLayout], int]:
+        return lambda p: p.bytes_by_kind[kind]
+
+    rows += [row(kind, of_kind(kind), total[kind]) for kind in KINDS]
+    rows.append(row("dumped", lambda p: p.dumped_bytes, sum(total.values())))
     return rows
 
 
@@ -107,16 +124,18 @@ def largest_lines(layout: ImageLayout) -> list[str]:
 
 
 def find_image(images_root: Path, job_or_key: str) -> Path:
-    """The image named ``job_or_key`` (its key), else the image of that job."""
+    """The image named ``job_or_key`` (its key), else the newest image of that job."""
+    if re.fullmatch(r"[A-Za-z0-9_+-][A-Za-z0-9_.+-]{0,199}", job_or_key) is None:
+        raise ConfigError(f"{job_or_key!r} is neither a job id nor an image's key: "
+                          "`spswap images ls` lists the node's images")  # fmt: skip
     exact = images_root / job_or_key
-    if "/" not in job_or_key and not job_or_key.startswith(".") and exact.is_dir():
+    if exact.is_dir():
         return exact
-    safe = re.fullmatch(r"[A-Za-z0-9_.+-]{1,64}", job_or_key) is not None
-    found = images_of_job(images_root, job_or_key) if safe else []
+    found = images_of_job(images_root, job_or_key) if len(job_or_key) <= 64 else []
     if not found:
         raise ConfigError(f"no checkpoint image of job {job_or_key!r} in {images_root}: "
                           "`spswap images ls` lists the node's images")  # fmt: skip
-    return found[-1]
+    return max(found, key=lambda p: p.stat().st_mtime)
 
 
 @app.command("show")
@@ -140,16 +159,23 @@ def show(
     """
     cfg = load_config(root)
     try:
-        layout = image_layout(find_image(cfg.paths.images, job))
+        image = find_image(cfg.paths.images, job)
+        layout = image_layout(image)
     except PermissionError:
         raise PermissionDenied(f"{cfg.paths.images} is root's: run as root") from None
+    except ImageUnreadable as e:
+        raise ImageUnreadable(
+            f"{image} cannot be read as a CRIU image ({e}): a dump under "
+            "way or damaged; `spswap images ls` lists the finished "
+            "ones"
+        ) from None
     if json:
         emit_json(layout.to_json())
         return
     header, *rows = layout_rows(layout)
     t = Table(title=f"job {job}'s image: dumped bytes", box=box.SIMPLE_HEAD)
-    for i, col in enumerate(header):  # sizes are never folded over two lines
-        t.add_column(col, justify="right" if i else "left", no_wrap=True)
+    for i, col in enumerate(header):  # a narrow terminal folds values, never cuts them
+        t.add_column(col, justify="right" if i else "left", overflow="fold")
     for row in rows:
         plain_row(t, *row)
     console.print(t)

@@ -6,39 +6,42 @@ GB/s, on the restore's critical path). A model process can leave much of that be
 the host copies of a load or a pool export (tensors of a few MiB come from the heap once
 glibc's mmap threshold has risen to their size). ``malloc_trim(0)`` releases the free
 pages of every arena and keeps every live byte. (On the H200, a 3B vLLM engine that had
-loaded from disk without a pool export gave back 10 MB of its 8.6 GB resident: what it
-saves after a pool export is to be measured from the dump's image size.)
+loaded from disk gave back 10 MB of its 8.6 GB resident, `STEPS=asleep ASLEEP_SIZES=3b`
+of scripts/gpu/run_vllm.sh; what a served engine gives back shows in its image's heap,
+`spswap images show`.)
 
-No torch, no CUDA: called in vLLM's worker (``spswap_trim``) and in spswap serve's own
-process (the reference engine) after their sleep.
+No torch, no CUDA: called after a sleep in vLLM's engine process (``spswap_trim``), in
+spswap serve's own process and in each multi-model worker. vLLM's API server process is
+not spswap's code and keeps its heap as it is.
 """
 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
+import time
 from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
 class HeapRelease:
-    """What one release did: the process's resident bytes before and after, and
-    whether this C library has ``malloc_trim`` (musl has not: then nothing is done)."""
+    """What one release did: the process's resident bytes before and after, how long it
+    took, and whether it ran (``malloc_trim`` is glibc's: elsewhere nothing is done)."""
 
     rss_before_bytes: int
     rss_after_bytes: int
     trimmed: bool
+    seconds: float = 0.0
 
     @property
     def released_bytes(self) -> int:
         return max(0, self.rss_before_bytes - self.rss_after_bytes)
 
-    def to_json(self) -> dict[str, int | bool]:
+    def to_json(self) -> dict[str, int | bool | float]:
         return {"rss_before_bytes": self.rss_before_bytes,
                 "rss_after_bytes": self.rss_after_bytes,
                 "heap_released_bytes": self.released_bytes,
-                "heap_trimmed": self.trimmed}  # fmt: skip
+                "heap_trimmed": self.trimmed, "heap_trim_s": round(self.seconds, 4)}  # fmt: skip
 
 
 def resident_bytes() -> int:
@@ -49,11 +52,15 @@ def resident_bytes() -> int:
 
 def release_free_heap() -> HeapRelease:
     """Give the heap's free pages back to the kernel (``malloc_trim(0)``); live memory
-    is untouched. Safe at any time; meant for just before a checkpoint."""
+    is untouched. Safe at any time and from any thread (glibc locks each arena); meant
+    for just before a checkpoint. Never raises for a C library without it."""
+    t0 = time.perf_counter()
     before = resident_bytes()
-    name = ctypes.util.find_library("c")
-    trim = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+    try:
+        trim = getattr(ctypes.CDLL(None), "malloc_trim", None)  # the C library loaded
+    except OSError:
+        trim = None
     if trim is not None:
         trim.argtypes = [ctypes.c_size_t]
         trim(0)
-    return HeapRelease(before, resident_bytes(), trim is not None)
+    return HeapRelease(before, resident_bytes(), trim is not None, time.perf_counter() - t0)

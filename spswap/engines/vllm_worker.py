@@ -227,10 +227,10 @@ class SpswapWorkerExtension:
         import gc
 
         gc.collect()
-        heap = release_free_heap().to_json()
         if not torch.cuda.is_available():
-            return heap
+            return release_free_heap().to_json()
         torch.cuda.empty_cache()
+        heap = release_free_heap().to_json()  # after the device's: a failure here costs less
         free, total = torch.cuda.mem_get_info()
         return {**heap, "free_bytes": int(free), "total_bytes": int(total),
                 "torch_reserved_bytes": int(torch.cuda.memory_reserved()),

@@ -160,12 +160,11 @@ class Router:
                 self._cond.notify_all()
         return victims
 
-    def trim_all(self) -> None:
-        """Every model asleep (before a checkpoint): cached device blocks given back to
-        the driver, a smaller image (vLLM; the reference engine has none)."""
-        if self.engine == "vllm":
-            for proc in self.procs.values():
-                proc.call("trim")
+    def trim_all(self) -> dict[str, dict[str, Any]]:
+        """Every model asleep (before a checkpoint): cached device blocks (vLLM's) and
+        each engine process's freed heap given back, a smaller image. Returns each
+        model's answer (what was given back)."""
+        return {name: proc.call("trim") for name, proc in self.procs.items()}
 
     # -- a stop of the job -------------------------------------------------------------
     @property

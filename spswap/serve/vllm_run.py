@@ -36,6 +36,7 @@ from typing import Any
 from spswap.access import PoolAccess
 from spswap.checkpoint.images import config_hash, process_identity
 from spswap.config import Config
+from spswap.engines.host_heap import release_free_heap
 from spswap.engines.vllm_engine import VllmSettings, engine_identity
 from spswap.engines.vllm_identity import find_entry
 from spswap.errors import EngineError, PoolEntryNotFound, SpswapError
@@ -48,10 +49,12 @@ from spswap.serve.run_log import RunPath
 from spswap.serve.slot_hold import RunSlot, StopSignals
 from spswap.serve.vllm_api import VllmApiServer, installed_vllm_version, rpc_dir_fits
 from spswap.serve.vllm_export import export_weights
+from spswap.units import fmt_bytes
 
 ENDPOINT_FILE = "endpoint.json"
 PROBE_TIMEOUT_S = 5.0
 API_KEY_FILE = "api_key"
+HEAP_NOTE_BYTES = 64 << 20  # a heap release this large is logged before the dump
 
 
 @dataclass
@@ -215,9 +218,15 @@ class VllmBackend:
         self.reachable = False
         self.server.sleep()
         try:
-            self.server.rpc("spswap_trim")
+            trimmed = self.server.rpc("spswap_trim")
         except (SpswapError, OSError) as e:  # only a smaller image is lost
             self.log(f"spswap serve: could not trim the GPU memory before the dump ({e})")
+        else:
+            released = int(trimmed.get("heap_released_bytes") or 0)
+            if released >= HEAP_NOTE_BYTES:  # worth a line: the image is that much smaller
+                self.log(f"spswap serve: the engine gave back {fmt_bytes(released)} of freed "
+                         "heap before the dump")  # fmt: skip
+        release_free_heap()  # spswap serve's own process is dumped with the server
 
     def wake(self, result: ServeResult) -> dict[str, Any]:
         self.restart_count = result.restart_count

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from spswap.checkpoint import image_creds as ic
+from spswap.checkpoint.criu_image import MAX_IMAGE_FILE_BYTES
 from spswap.errors import ImageUnreadable
 
 from . import criu_images as ci
@@ -117,8 +119,22 @@ def test_an_image_directory(tmp_path: Path) -> None:
     )
     (tmp_path / "core-11.img").unlink()
     assert ic.image_problem(tmp_path, 999, {995}) == (
-        "its credentials cannot be read (no readable core-11.img (No such file or directory))"
+        "its credentials cannot be read (cannot read core-11.img: No such file or directory)"
     )
+    # a user's CRIU writes the directory: a link (to a file root could read), a FIFO (that
+    # would hang root's read) or an outsized file is refused, never followed nor read
+    (tmp_path / "core-11.img").symlink_to(tmp_path / "core-10.img")
+    assert "cannot read core-11.img: Too many levels of symbolic links" in str(
+        ic.image_problem(tmp_path, 999, {995}))  # fmt: skip
+    (tmp_path / "core-11.img").unlink()
+    os.mkfifo(tmp_path / "core-11.img")
+    assert ic.image_problem(tmp_path, 999, {995}) == (
+        "its credentials cannot be read (core-11.img is not a regular file)")  # fmt: skip
+    (tmp_path / "core-11.img").unlink()
+    with open(tmp_path / "core-11.img", "wb") as f:
+        f.truncate(MAX_IMAGE_FILE_BYTES + 1)
+    assert "holds 67108865 bytes, more than an image file" in str(
+        ic.image_problem(tmp_path, 999, {995}))  # fmt: skip
 
 
 @pytest.mark.parametrize(("data", "error"), [

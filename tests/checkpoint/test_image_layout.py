@@ -4,6 +4,8 @@ CRIU's own files (written here by hand, and by the real CRIU)."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -71,8 +73,11 @@ def test_a_run_across_two_areas_is_split_between_them() -> None:
 
 
 def test_kinds_of_status_bits() -> None:
-    assert [il.vma_kind(s) for s in (HEAP, ANON, FILE, SHM, VDSO, il.VMA_AREA_MEMFD, 0)] == [
-        "heap", "anonymous", "file private", "shared", "other", "shared", "other"]  # fmt: skip
+    memfd_private = il.VMA_AREA_MEMFD | il.VMA_FILE_PRIVATE | 1  # its own copied pages
+    kinds = [il.vma_kind(s) for s in (HEAP, ANON, FILE, SHM, VDSO, il.VMA_AREA_MEMFD,
+                                      memfd_private, 0)]  # fmt: skip
+    assert kinds == ["heap", "anonymous", "file private", "shared", "other", "shared",
+                     "file private", "other"]  # fmt: skip
 
 
 def test_rows_and_lines_as_the_command_shows_them(tmp_path: Path) -> None:
@@ -80,20 +85,43 @@ def test_rows_and_lines_as_the_command_shows_them(tmp_path: Path) -> None:
     _write(tmp_path, 6, [(0x2000000, 0x6000000, ANON)], [(0x2000000, 16384, il.PE_PRESENT, False)])
     layout = il.image_layout(tmp_path)
     assert layout_rows(layout) == [
-        ("", "pid 5", "pid 6", "image"),
-        ("heap", "1.0 MiB", "0 B", "1.0 MiB"),
-        ("anonymous", "0 B", "64.0 MiB", "64.0 MiB"),
+        ("", "pid 6", "pid 5", "image"),  # the process with the most dumped bytes first
+        ("heap", "0 B", "1.0 MiB", "1.0 MiB"),
+        ("anonymous", "64.0 MiB", "0 B", "64.0 MiB"),
         ("stack", "0 B", "0 B", "0 B"),
         ("file private", "0 B", "0 B", "0 B"),
         ("shared", "0 B", "0 B", "0 B"),
         ("other", "0 B", "0 B", "0 B"),
-        ("dumped", "1.0 MiB", "64.0 MiB", "65.0 MiB"),
+        ("dumped", "64.0 MiB", "1.0 MiB", "65.0 MiB"),
     ]
     assert largest_lines(layout) == [
         "largest areas:",
         "  pid 5     1.0 MiB  heap       at 0x10000 (area 1.0 MiB)",
         "  pid 6    64.0 MiB  anonymous  at 0x2000000 (area 64.0 MiB)",
     ]
+
+
+def test_more_processes_share_a_column_and_shared_memory_counts_once(tmp_path: Path) -> None:
+    mib = (1 << 20) // P
+    for pid, pages in ((3, 3 * mib), (4, 4 * mib), (7, 2 * mib), (8, mib)):
+        _write(tmp_path, pid, [(0x100000, 0x100000 + pages * P, ANON)],
+               [(0x100000, pages, il.PE_PRESENT, False)])  # fmt: skip
+    # shared memory's pages: once for the image, in its own pagemap, none in a process's
+    (tmp_path / "pagemap-shmem-77.img").write_bytes(
+        ci.pagemap_img([(0, 5 * mib, il.PE_PRESENT, False), (0, mib, il.PE_PARENT, False)])
+    )
+    layout = il.image_layout(tmp_path)
+    rows = layout_rows(layout)
+    assert rows[0] == ("", "pid 4", "pid 3", "2 more", "image")
+    assert rows[2] == ("anonymous", "4.0 MiB", "3.0 MiB", "3.0 MiB", "10.0 MiB")
+    assert rows[5] == ("shared", "0 B", "0 B", "0 B", "5.0 MiB")
+    assert rows[-1] == ("dumped", "4.0 MiB", "3.0 MiB", "3.0 MiB", "15.0 MiB")
+    summary = layout.summary_json()  # what a dump's event records: no largest areas
+    assert summary["shared_bytes"] == 5 << 20
+    assert summary["processes"][0] == {"pid": 3, "dumped_bytes": 3 << 20,
+                                       "bytes_by_kind": {**dict.fromkeys(il.KINDS, 0),
+                                                         "anonymous": 3 << 20}}  # fmt: skip
+    assert "largest" in layout.to_json()["processes"][0]
 
 
 def test_what_is_not_an_image_says_so(tmp_path: Path) -> None:
@@ -117,8 +145,14 @@ def test_images_show_finds_a_job_s_image_and_prints_json(tmp_path: Path) -> None
     assert find_image(tmp_path / "images", "job12-abc-def") == image
     with pytest.raises(ConfigError, match="no checkpoint image of job '1' .*spswap images ls"):
         find_image(tmp_path / "images", "1")
-    with pytest.raises(ConfigError):
-        find_image(tmp_path / "images", "../images/job12-abc-def")
+    for bad in ("../images/job12-abc-def", "", ".", ".."):
+        with pytest.raises(ConfigError, match="neither a job id nor an image's key"):
+            find_image(tmp_path / "images", bad)
+    newer = tmp_path / "images" / "job12-abc-xyz"
+    _write(newer, 9, [(0x10000, 0x20000, HEAP)], [(0x10000, 1, il.PE_PRESENT, False)])
+    os.utime(image, (1, 1))
+    assert find_image(tmp_path / "images", "12") == newer  # the newest of the job's
+    shutil.rmtree(newer)
     out = CliRunner().invoke(app, ["images", "show", "12", "--json", "--root", str(tmp_path)])
     assert out.exit_code == 0, out.output
     report = json.loads(out.output)
@@ -167,3 +201,15 @@ def test_a_real_image_shows_the_freed_heap_and_the_release_takes_it_out(
         assert by_kind["heap"] > 150_000_000  # the freed blocks are dumped
     else:
         assert by_kind["heap"] < 50_000_000  # given back before the dump
+
+
+def test_images_show_says_what_to_do_with_an_image_it_cannot_read(tmp_path: Path) -> None:
+    image = tmp_path / "images" / "job5-abc"
+    image.mkdir(parents=True)
+    (image / "mm-3.img").write_bytes(b"not an image")
+    out = subprocess.run([sys.executable, "-m", "spswap.cli", "images", "show", "5", "--root",
+                          str(tmp_path)], capture_output=True, text=True, timeout=120)  # fmt: skip
+    err = " ".join(out.stderr.split())
+    assert out.returncode == 1 and "Traceback" not in err, out.stderr
+    assert f"error: {image} cannot be read as a CRIU image (magic 0x20746f6e, expected " in err
+    assert "a dump under way or damaged; `spswap images ls` lists the finished ones" in err

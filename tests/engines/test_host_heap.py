@@ -40,9 +40,9 @@ def test_release_reports_resident_bytes_before_and_after() -> None:
 def test_released_bytes_never_negative_and_json_names_units() -> None:
     grew = HeapRelease(rss_before_bytes=100, rss_after_bytes=300, trimmed=True)
     assert grew.released_bytes == 0
-    assert HeapRelease(500, 200, True).to_json() == {
+    assert HeapRelease(500, 200, True, 0.01234).to_json() == {
         "rss_before_bytes": 500, "rss_after_bytes": 200,
-        "heap_released_bytes": 300, "heap_trimmed": True}  # fmt: skip
+        "heap_released_bytes": 300, "heap_trimmed": True, "heap_trim_s": 0.0123}  # fmt: skip
 
 
 def test_a_multi_model_worker_s_trim_gives_its_heap_back_with_or_without_an_engine_trim() -> None:
