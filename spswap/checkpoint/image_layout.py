@@ -5,7 +5,8 @@ the GPU nodes measured): to make it shorter, first know what the bytes are. This
 the image's own files, no CRIU and no ``crit`` needed: ``mm-<pid>.img`` (the process's
 memory areas and what CRIU made of each: heap, stack, anonymous, a file's private
 pages, shared memory) and ``pagemap-<pid>.img`` (which pages were dumped), and adds the
-dumped bytes of each area up by kind, per process, with the largest anonymous areas.
+dumped bytes of each area up by kind, per process, with the largest heap and anonymous
+areas.
 
 Read with :mod:`criu_image`; only the fields used here are decoded (images/mm.proto,
 vma.proto, pagemap.proto of CRIU 4.1); a file that is not such an image raises
@@ -88,7 +89,8 @@ class Area:
 
 @dataclass(frozen=True)
 class ProcessLayout:
-    """One process of the image: its dumped bytes by kind and its largest anonymous areas."""
+    """One process of the image: its dumped bytes by kind, its largest heap and anonymous
+    areas."""
 
     pid: int
     bytes_by_kind: dict[str, int]
