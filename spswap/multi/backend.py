@@ -39,9 +39,10 @@ from spswap.multi.serve import MultiOptions, check_names, start_router
 from spswap.multi.vllm_start import vllm_specs
 from spswap.pool.manifest import Manifest
 from spswap.serve import restore_check
+from spswap.serve.backend import Log, ServeResult
 from spswap.serve.checkpointer import DaemonCheckpointer
 from spswap.serve.http_front import HttpFront, new_key
-from spswap.serve.lifecycle import Log, ServeResult, ServeRun
+from spswap.serve.lifecycle import ServeRun
 from spswap.serve.run_log import RunPath
 from spswap.serve.slot_hold import RunSlot, StopSignals
 from spswap.serve.spool_ask import write_multi_endpoint
@@ -50,6 +51,8 @@ from spswap.units import fmt_bytes
 
 class MultiBackend:
     """The models of one job behind one endpoint (see the module doc)."""
+
+    probe_at_start = False  # the awake models at a stop are checked: asked then
 
     def __init__(self, cfg: Config, opts: MultiOptions, *, job_id: str | None,
                  stop: StopSignals, log: Log) -> None:  # fmt: skip

@@ -26,16 +26,15 @@ import math
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from types import FrameType
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, TypeVar
 
 from spswap.config import Config
 from spswap.daemon.statuses import CheckpointState
 from spswap.errors import SpswapError, StopRequested
 from spswap.instance.registry import InstanceRecord, InstanceRegistry
 from spswap.serve import restore_check
+from spswap.serve.backend import Backend, Log, ServeResult
 from spswap.serve.checkpointer import (
     DaemonCheckpointer,
     ParkOutcome,
@@ -49,104 +48,6 @@ from spswap.serve.restore_check import CheckAnswer
 from spswap.serve.run_log import RunPath, note_run, process_started_s
 from spswap.serve.run_watch import left_job
 from spswap.serve.slot_hold import RunSlot, StopSignals
-
-Log = Callable[[str], None]
-
-
-@dataclass
-class ServeResult:
-    """What a run did, for ``spswap serve --json`` and the tests (both engines)."""
-
-    restart_count: int = 0  # the run it ended as (a restored process ends in a later one)
-    started_s: float = 0.0  # when this run's process started (epoch seconds)
-    path: RunPath | None = None  # how it came to serve itself; None: it did not start one
-    digest: str = ""  # the pool entry of the weights it served
-    start_s: float | None = None  # seconds from asking the engine to start to serving
-    stopped_by: str | None = None  # the signal that stopped it (None: it ended by itself)
-    restored_pid: int | None = None  # the restored instance this run stood in for
-    cold_reason: str | None = None  # why a run that could have restored started cold
-    resumed: int = 0  # (reference) requests found saved by an earlier run
-    answered: int = 0  # (reference) requests answered with tokens
-    answered_before: int = 0  # (reference) of answered: those of earlier runs (a restored one)
-    refused: int = 0  # (reference) requests answered with an error (bad input)
-    pending_left: int = 0  # (reference) requests left in the spool for the next run
-    copy: dict[str, Any] | None = None  # the start's copy from the pool (its gb_per_s)
-    drain: dict[str, Any] | None = None  # (vllm) the last stop's drain
-    stop_s: float | None = None  # (vllm) how long stopping the server took
-    events: list[dict[str, Any]] = field(default_factory=list)  # restores, failed dumps
-
-    def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["path"] = self.path.value if self.path is not None else None
-        return d
-
-
-class Backend(Protocol):
-    """One engine's server, as the lifecycle drives it. Methods run in this order:
-    prepare, then start (or nothing, when a restored instance serves the run), then
-    serve / drain / sleep / wake as stops and restores come, and close at the end."""
-
-    engine: str  # "reference", "vllm": named in the instance record
-    device: str
-    state_dir: Path  # the job's state directory (runs.jsonl, the spool, the sockets)
-
-    def prepare(self, result: ServeResult) -> None:
-        """Before the GPU slot: the state directory, saved requests, the model in the
-        pool; raise (SpswapError) here rather than after a slot is taken."""
-        ...
-
-    def checkpoint_identity(self) -> dict[str, str]:
-        """What this instance names of itself at a dump and expects at a restore (the
-        same fields both times, or the image is refused); SpswapError (a cold start,
-        with its reason) when there is nothing a restore could be checked against."""
-        ...
-
-    def start(self, result: ServeResult) -> RunPath:
-        """Start the engine (from the pool, or cold) and open its ways in; returns how."""
-        ...
-
-    def serve(self, result: ServeResult) -> None:
-        """Serve until the run's stop event is set or the work is done; raises when the
-        engine died under it."""
-        ...
-
-    def drain(self, result: ServeResult) -> None:
-        """At a stop: take no new request; those running get the run's drain time."""
-        ...
-
-    def sleep(self) -> None:
-        """Before a dump: the engine out of the GPU and nothing connected (a dump cannot
-        keep connections). SpswapError or OSError: not checkpointed."""
-        ...
-
-    def wake(self, result: ServeResult) -> dict[str, Any]:
-        """Restored into a later run: weights back from the pool; returns what to add to
-        the restore's event. Nothing is answered before the restore's check passed: the
-        ways in that answer at once open again in :meth:`serve`."""
-        ...
-
-    def left_undone(self) -> str | None:
-        """What a serving instance of this run would still have to do, in words (e.g.
-        "3 request(s) unanswered"), or None when its work is done."""
-        ...
-
-    def probe(self, like: CheckAnswer | None = None) -> CheckAnswer | None:
-        """The engine's greedy answer to a fixed check prompt, asked before a dump (``like``
-        None) and after the restore's wake as ``like`` was (:func:`restore_check.difference`
-        compares them); None where this engine has no such check (the restore is trusted)."""
-        ...
-
-    def check_pool(self) -> str | None:
-        """A restored instance failed (its check, or it died): before the cold start that
-        follows, make sure the pool entry it would read is whole; returns what was found
-        wrong and what the start does instead (in words), or None."""
-        ...
-
-    def close(self, result: ServeResult, *, served: bool) -> None:
-        """At the end, also after an error: give back what the backend holds (``served``
-        False: a restored instance served this run and owns the engine and its fronts)."""
-        ...
-
 
 B = TypeVar("B", bound=Backend)
 
@@ -193,7 +94,8 @@ class ServeRun(Generic[B]):
         forked_s = checkpointer.run_started_s if checkpointer is not None else None
         self.started_s = forked_s if forked_s is not None else process_started_s()
         self.marks_s: dict[str, float] = {}  # step -> epoch seconds, for runs.jsonl
-        self.probe_s: float | None = None  # the check prompt's time before the checkpoint
+        self.expected: CheckAnswer | None = None  # the check prompt's answer, from the start
+        self.probe_s: float | None = None  # how long that answer took
 
     def handle_signal(self, signum: int, frame: FrameType | None = None) -> None:
         """A stop signal (see :meth:`StopSignals.handle_signal`)."""
@@ -221,6 +123,8 @@ class ServeRun(Generic[B]):
             result.path = self.backend.start(result)
             result.start_s = time.perf_counter() - t0
             self._record("up")
+            if self.backend.probe_at_start and self.checkpointer is not None and self.job_id:
+                self.expected = self._probe("at its start")
             self._note_run(result.path, copy=result.copy)
             while True:
                 self.backend.serve(result)
@@ -246,7 +150,8 @@ class ServeRun(Generic[B]):
             return False
         if not_coming_back(self.job_id, self.stop.stop_signal, self.restart_count, log=self.log):
             return False
-        expected = self._probe("before its checkpoint")
+        expected = (self.expected if self.backend.probe_at_start
+                    else self._probe("before its checkpoint"))  # fmt: skip
         try:
             self.backend.sleep()
         except (SpswapError, OSError) as e:  # the engine is given back by close()

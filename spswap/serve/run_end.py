@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from spswap.serve.lifecycle import ServeResult
+from spswap.serve.backend import ServeResult
 
 
 def stood_in_text(run: int, pid: int, *, models: bool = False) -> str:

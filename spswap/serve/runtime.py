@@ -32,9 +32,10 @@ from spswap.engines.host_heap import release_free_heap
 from spswap.errors import RequestAborted, RequestIdTaken, RequestRejected, SpswapError
 from spswap.pool.manifest import Manifest
 from spswap.serve import restore_check
+from spswap.serve.backend import Log, ServeResult
 from spswap.serve.checkpointer import DaemonCheckpointer
 from spswap.serve.front import Front
-from spswap.serve.lifecycle import Log, ServeResult, ServeRun
+from spswap.serve.lifecycle import ServeRun
 from spswap.serve.run_log import RunPath
 from spswap.serve.slot_hold import RunSlot, StopSignals
 from spswap.serve.spool import Request, Spool
@@ -63,6 +64,8 @@ EngineFactory = Callable[[ServeOptions], Any]
 
 class ReferenceBackend:
     """The reference engine's side of a run (see the module doc)."""
+
+    probe_at_start = True  # one model: its check's answer taken when it is first up
 
     def __init__(self, cfg: Config, opts: ServeOptions, *, engine_factory: EngineFactory,
                  job_id: str | None, stop: StopSignals, log: Log) -> None:  # fmt: skip

@@ -42,9 +42,10 @@ from spswap.engines.vllm_identity import find_entry
 from spswap.errors import EngineError, PoolEntryNotFound, SpswapError
 from spswap.fsutil import atomic_write_json, make_private_dirs
 from spswap.serve import restore_check
+from spswap.serve.backend import Log, ServeResult
 from spswap.serve.checkpointer import DaemonCheckpointer
 from spswap.serve.http_front import HttpFront, new_key, port_taken
-from spswap.serve.lifecycle import Log, ServeResult, ServeRun, run_steps
+from spswap.serve.lifecycle import ServeRun, run_steps
 from spswap.serve.run_log import RunPath
 from spswap.serve.slot_hold import RunSlot, StopSignals
 from spswap.serve.vllm_api import VllmApiServer, installed_vllm_version, rpc_dir_fits
@@ -84,6 +85,7 @@ class VllmBackend:
 
     engine = "vllm"
     device = "cuda"
+    probe_at_start = True  # one model, idle at its start: the check with log-probabilities
 
     def __init__(self, cfg: Config, opts: VllmServeOptions, *, job_id: str | None,
                  stop: StopSignals, pool: Any, log: Log,

@@ -155,7 +155,7 @@ def test_a_damaged_entry_found_after_a_failed_restore_is_imported_again(tmp_path
     again from its files (before, the run refused to start until root ran `spswap pool
     rm`); the other models' entries stay as they were."""
     from spswap.multi.backend import multi_run
-    from spswap.serve.lifecycle import ServeResult
+    from spswap.serve.backend import ServeResult
 
     models = make_models(tmp_path, 2)
     run = multi_run(cfg, options(tmp_path, models), log=lambda _m: None)
@@ -181,7 +181,7 @@ def test_a_damaged_entry_found_after_a_failed_restore_is_imported_again(tmp_path
 
 def test_every_models_entry_is_checked_not_only_the_first_damaged_one(tmp_path, cfg):
     from spswap.multi.backend import multi_run
-    from spswap.serve.lifecycle import ServeResult
+    from spswap.serve.backend import ServeResult
 
     models = make_models(tmp_path, 2)
     backend = multi_run(cfg, options(tmp_path, models), log=lambda _m: None).backend

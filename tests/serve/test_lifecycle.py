@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,8 +23,8 @@ from spswap.config import Config
 torch = pytest.importorskip("torch")
 from spswap.engines.reference import save_checkpoint  # noqa: E402
 from spswap.engines.reference_model import preset  # noqa: E402
+from spswap.serve.backend import ServeResult  # noqa: E402
 from spswap.serve.factory import make_engine  # noqa: E402
-from spswap.serve.lifecycle import ServeResult  # noqa: E402
 from spswap.serve.run_log import RunPath, read_runs  # noqa: E402
 from spswap.serve.runtime import ServeOptions, reference_run  # noqa: E402
 from tests.helpers.reference import cold_answers  # noqa: E402
@@ -164,3 +165,81 @@ def test_a_requests_file_line_that_reuses_an_id_with_another_prompt_is_not_asked
         "tokens: ask with that prompt (and --max-new-tokens) to get its answer, or use a new " \
         "--id; that line is not asked" in logs, logs  # fmt: skip
     assert not any("answered before" in line for line in logs), logs
+
+
+class _ParkRestoredAtOnce:
+    """Plays spswapd for a run's parks: the first is restored into run 1 at once (this
+    process serves on), the next refused."""
+
+    run_started_s = None
+
+    def __init__(self) -> None:
+        self.parks = 0
+
+    def park(self, job_id: str, identity: dict[str, str], *, requeue: bool = False) -> Any:
+        from spswap.daemon.statuses import CheckpointState
+        from spswap.serve.checkpointer import ParkOutcome
+
+        self.parks += 1
+        if self.parks == 1:
+            return ParkOutcome(CheckpointState.RESTORED, restart_count=1,
+                               timings_s={"restore": 0.01})  # fmt: skip
+        return ParkOutcome(CheckpointState.FAILED, reason="no second dump in this test")
+
+
+@pytest.mark.parametrize("at_start", [True, False])
+def test_the_check_s_answer_is_taken_at_the_start_not_on_the_stop_s_path(
+    tmp_path: Path, at_start: bool
+) -> None:
+    """One model: its check prompt's answer is taken once, when it is first up, so a stop
+    (the preempting job waits on it) asks nothing; a backend whose awake models change
+    (multi-model) is asked at each stop. After the restore it is asked as before."""
+    import signal
+    import threading
+
+    model = tmp_path / "model"
+    save_checkpoint(preset("tiny"), model)
+    opts = ServeOptions(model=model, state_dir=tmp_path / "state", exit_when_idle=False)
+    checkpointer = _ParkRestoredAtOnce()
+    run = reference_run(
+        Config.from_env({}, root=tmp_path / "root"),
+        opts,
+        engine_factory=make_engine,
+        job_id="78",
+        restart_count=0,
+        checkpointer=checkpointer,
+        log=lambda _m: None,
+    )  # type: ignore[arg-type]
+    run.backend.probe_at_start = at_start  # type: ignore[misc]
+    asked: list[tuple[str, Any, Any]] = []  # (when, like, answer) for each check prompt
+    probe = run.backend.probe
+
+    def recording(like: Any = None) -> Any:
+        when = "stopping" if run.stop.stop_event.is_set() else "serving"
+        answer = probe(like)
+        asked.append((when, like, answer))
+        return answer
+
+    run.backend.probe = recording  # type: ignore[method-assign]
+    out: dict[str, Any] = {}
+    th = threading.Thread(target=lambda: out.update(result=run.run()))
+    th.start()
+    try:
+        for parks in (1, 2):  # preempted twice: restored at once, then refused
+            deadline = time.monotonic() + 120
+            while len(asked) < parks - int(not at_start) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(0.3)
+            run.handle_signal(signal.SIGUSR1, None)
+            while checkpointer.parks < parks and time.monotonic() < deadline:
+                time.sleep(0.05)
+    finally:
+        th.join(120)
+    assert asked[0][1] is None and asked[0][2] is not None  # asked plainly, answered
+    assert asked[1][1] == asked[0][2]  # after the restore: asked as that answer was
+    if at_start:  # at the start (serving), then only after the restore
+        assert [w for w, _, _ in asked] == ["serving", "serving"]
+    else:  # at each stop, and after the restore
+        assert [w for w, _, _ in asked] == ["stopping", "serving", "stopping"]
+    restored = [e for e in out["result"].events if e.get("restored")]
+    assert restored and restored[0]["probed"] is True and "probe" not in restored[0]

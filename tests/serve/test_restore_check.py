@@ -134,7 +134,7 @@ def test_the_restored_line_sets_the_check_beside_the_one_before_the_checkpoint()
         "from its image", 2, wake_s=0.1234, check_s=0.15, check_before_s=0.05
     ) == (  # fmt: skip
         "spswap serve: restored from its image into run 2; weights back in 0.123 s, its "
-        "check prompt answered as before in 0.150 s (it took 0.050 s before its checkpoint)"
+        "check prompt answered as before in 0.150 s (it took 0.050 s when first asked)"
     )
     assert restored_text("from its image", 1, wake_s=0.2, check_s=0.0, check_before_s=None) \
         == "spswap serve: restored from its image into run 1; weights back in 0.200 s"  # fmt: skip
@@ -149,7 +149,7 @@ def test_a_run_that_started_cold_after_its_restored_instance_died_counts_its_ans
     line is its own count, not that it stood in (the restored pid stays in the result)."""
     from pathlib import Path
 
-    from spswap.serve.lifecycle import ServeResult
+    from spswap.serve.backend import ServeResult
     from spswap.serve.run_end import run_end_text
     from spswap.serve.run_log import RunPath
 

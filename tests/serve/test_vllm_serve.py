@@ -23,7 +23,8 @@ from spswap.config import Config  # noqa: E402
 from spswap.engines.vllm_engine import VllmSettings  # noqa: E402
 from spswap.errors import EngineError  # noqa: E402
 from spswap.pool.store import Pool  # noqa: E402
-from spswap.serve.lifecycle import ServeResult, ServeRun  # noqa: E402
+from spswap.serve.backend import ServeResult  # noqa: E402
+from spswap.serve.lifecycle import ServeRun  # noqa: E402
 from spswap.serve.run_log import RunPath  # noqa: E402
 from spswap.serve.vllm_api import (  # noqa: E402
     VllmApiServer,
