@@ -14,7 +14,7 @@ from rich.table import Table
 
 from spswap.checkpoint.image_layout import KINDS, ImageLayout, ProcessLayout, image_layout
 from spswap.checkpoint.images import read_meta
-from spswap.checkpoint.service import images_of_job
+from spswap.checkpoint.service import images_of_job, job_of_key
 from spswap.cli.common import JsonOpt, RootOpt, console, emit_json, load_config
 from spswap.daemon.image_room import ImageRoom
 from spswap.errors import ConfigError, ImageUnreadable, PermissionDenied
@@ -25,12 +25,19 @@ from spswap.units import fmt_bytes
 app = typer.Typer(help="Checkpoint images kept for requeued jobs.", no_args_is_help=True)
 
 
+def _by_job(p: Path) -> tuple[int, str]:
+    """Images in job order (7 before 10), then by name."""
+    job = job_of_key(p.name) or ""
+    head = job.split("_", 1)[0]
+    return (int(head) if head.isdigit() else 1 << 62, p.name)
+
+
 def collect_images(images_root: Path, statuses_dir: Path) -> list[dict[str, Any]]:
     """One dict per finished image: key, job, size, identity, and its job's status."""
     out: list[dict[str, Any]] = []
     if not images_root.is_dir():
         return out
-    for p in sorted(images_root.iterdir()):
+    for p in sorted(images_root.iterdir(), key=_by_job):
         if not p.is_dir() or p.name.startswith("."):
             continue
         meta = read_meta(p) or {}
@@ -123,6 +130,26 @@ def largest_lines(layout: ImageLayout) -> list[str]:
     return ["largest areas:", *lines] if lines else []
 
 
+# what CRIU's restore filled a process's memory at on the GPU nodes measured (H100, H200:
+# 1.4-2.4 GB/s, docs/benchmarks.md): for the note's estimate only
+RESTORE_FILL_BYTES_PER_S = 2e9
+
+
+def layout_notes(layout: ImageLayout) -> list[str]:
+    """What the table means for a restore: the bytes it fills and about how long the
+    largest process takes (processes fill side by side); where shared memory shows."""
+    total = sum(layout.bytes_by_kind().values())
+    largest = max(layout.processes, key=lambda p: p.dumped_bytes)
+    fill_s = largest.dumped_bytes / RESTORE_FILL_BYTES_PER_S
+    notes = [f"a restore from it fills {fmt_bytes(total)}; each process fills its own, side "
+             f"by side: the largest, pid {largest.pid}, {fmt_bytes(largest.dumped_bytes)} in "
+             f"about {fill_s:.1f} s at ~2 GB/s"]  # fmt: skip
+    if layout.shared_bytes:
+        notes.append(f"shared memory ({fmt_bytes(layout.shared_bytes)}) is dumped once for "
+                     "the image: only the image column counts it")  # fmt: skip
+    return notes
+
+
 def find_image(images_root: Path, job_or_key: str) -> Path:
     """The image named ``job_or_key`` (its key), else the newest image of that job."""
     if re.fullmatch(r"[A-Za-z0-9_+-][A-Za-z0-9_.+-]{0,199}", job_or_key) is None:
@@ -133,51 +160,55 @@ def find_image(images_root: Path, job_or_key: str) -> Path:
         return exact
     found = images_of_job(images_root, job_or_key) if len(job_or_key) <= 64 else []
     if not found:
-        raise ConfigError(f"no checkpoint image of job {job_or_key!r} in {images_root}: "
-                          "`spswap images ls` lists the node's images")  # fmt: skip
+        raise ConfigError(f"no checkpoint image of job {job_or_key!r}, nor one of that "
+                          f"name, in {images_root}: `spswap images ls` lists the node's "
+                          "images")  # fmt: skip
     return max(found, key=lambda p: p.stat().st_mtime)
 
 
-@app.command("show")
-def show(
-    job: str = typer.Argument(
-        ...,
-        metavar="JOB",
-        help="The image's job id (as `spswap images ls` shows it), "
-        "or the image's key (its directory's name)",
-    ),  # fmt: skip
-    json: bool = JsonOpt,
-    root: Path | None = RootOpt,
-) -> None:
-    """Show what a checkpoint image holds, by kind of memory, per process: what a restore
-    from it reads back and fills, at about 2 GB/s a process.
+JOB_ARG = typer.Argument(..., metavar="JOB", help="The image's job id (as `spswap images ls` "
+                         "shows it), or the image's key (its directory's name)")  # fmt: skip
 
-    heap: the C heap (memory freed in its middle stays there: spswap gives it back before
-    a dump); anonymous: other private memory (a CUDA checkpoint's copy of the GPU's memory
-    is here); file private: pages of mapped files the process changed; shared: shared
-    memory. The largest heap and anonymous areas of each process are listed below.
+
+@app.command("show")
+def show(job: str = JOB_ARG, json: bool = JsonOpt, root: Path | None = RootOpt) -> None:
+    """Show what a checkpoint image holds, by kind of memory: the bytes a restore from it
+    reads back and fills, at about 2 GB/s a process (processes fill side by side), so
+    what makes a restore from an image slow.
+
+    Rows: heap (the C heap; spswap gives its freed pages back before a dump), anonymous
+    (other private memory; a CUDA checkpoint's copy of the GPU state is here), stack,
+    file private (pages of mapped files the process changed), shared (shared memory,
+    dumped once for the image), other (vDSO and pages in no area), dumped (their sum).
+    Columns: the two processes with the most dumped bytes, the rest together ("N more"),
+    and the whole image. The `largest areas:` list after the table names each process's
+    largest heap and anonymous areas. A job with several images: its newest.
     """
     cfg = load_config(root)
     try:
         image = find_image(cfg.paths.images, job)
         layout = image_layout(image)
     except PermissionError:
-        raise PermissionDenied(f"{cfg.paths.images} is root's: run as root") from None
+        raise PermissionDenied(f"{cfg.paths.images} is root's: run as root (users see their "
+                               "jobs' images by kind in `spswap events --json`: "
+                               "checkpoint.saved)") from None  # fmt: skip
     except ImageUnreadable as e:
-        raise ImageUnreadable(
-            f"{image} cannot be read as a CRIU image ({e}): a dump under "
-            "way or damaged; `spswap images ls` lists the finished "
-            "ones"
-        ) from None
+        raise ImageUnreadable(f"{image} cannot be read as a CRIU image ({e}): it is damaged; "
+                              "a restore refuses it and deletes it, or `rm -r` it "
+                              "now") from None  # fmt: skip
+    job_id = job_of_key(image.name) or job
     if json:
-        emit_json(layout.to_json())
+        dumped = sum(layout.bytes_by_kind().values())
+        emit_json({"job_id": job_id, "key": image.name, "dumped_bytes": dumped,
+                   **layout.to_json()})  # fmt: skip
         return
     header, *rows = layout_rows(layout)
-    t = Table(title=f"job {job}'s image: dumped bytes", box=box.SIMPLE_HEAD)
+    t = Table(title=f"job {job_id}'s image: dumped bytes", box=box.SIMPLE_HEAD,
+              caption=f"key: {image.name}")  # fmt: skip
     for i, col in enumerate(header):  # a narrow terminal folds values, never cuts them
         t.add_column(col, justify="right" if i else "left", overflow="fold")
     for row in rows:
         plain_row(t, *row)
     console.print(t)
-    for line in largest_lines(layout):
+    for line in [*layout_notes(layout), *largest_lines(layout)]:
         console.print(line, markup=False)

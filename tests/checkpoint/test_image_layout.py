@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from spswap.checkpoint import criu
 from spswap.checkpoint import image_layout as il
 from spswap.cli.app import app
-from spswap.cli.images import find_image, largest_lines, layout_rows
+from spswap.cli.images import collect_images, find_image, largest_lines, layout_notes, layout_rows
 from spswap.errors import ConfigError, ImageUnreadable
 
 from . import criu_images as ci
@@ -116,6 +116,11 @@ def test_more_processes_share_a_column_and_shared_memory_counts_once(tmp_path: P
     assert rows[2] == ("anonymous", "4.0 MiB", "3.0 MiB", "3.0 MiB", "10.0 MiB")
     assert rows[5] == ("shared", "0 B", "0 B", "0 B", "5.0 MiB")
     assert rows[-1] == ("dumped", "4.0 MiB", "3.0 MiB", "3.0 MiB", "15.0 MiB")
+    assert layout_notes(layout) == [
+        "a restore from it fills 15.0 MiB; each process fills its own, side by side: the "
+        "largest, pid 4, 4.0 MiB in about 0.0 s at ~2 GB/s",
+        "shared memory (5.0 MiB) is dumped once for the image: only the image column counts it",
+    ]
     summary = layout.summary_json()  # what a dump's event records: no largest areas
     assert summary["shared_bytes"] == 5 << 20
     assert summary["processes"][0] == {"pid": 3, "dumped_bytes": 3 << 20,
@@ -143,7 +148,7 @@ def test_images_show_finds_a_job_s_image_and_prints_json(tmp_path: Path) -> None
     _write(image, 9, [(0x10000, 0x20000, HEAP)], [(0x10000, 2, il.PE_PRESENT, False)])
     assert find_image(tmp_path / "images", "12") == image
     assert find_image(tmp_path / "images", "job12-abc-def") == image
-    with pytest.raises(ConfigError, match="no checkpoint image of job '1' .*spswap images ls"):
+    with pytest.raises(ConfigError, match="image of job '1', nor one of that name.*images ls"):
         find_image(tmp_path / "images", "1")
     for bad in ("../images/job12-abc-def", "", ".", ".."):
         with pytest.raises(ConfigError, match="neither a job id nor an image's key"):
@@ -157,6 +162,8 @@ def test_images_show_finds_a_job_s_image_and_prints_json(tmp_path: Path) -> None
     assert out.exit_code == 0, out.output
     report = json.loads(out.output)
     assert report["bytes_by_kind"]["heap"] == 2 * P and report["processes"][0]["pid"] == 9
+    assert (report["job_id"], report["key"], report["dumped_bytes"]) == (
+        "12", "job12-abc-def", 2 * P)  # fmt: skip
     out = CliRunner().invoke(app, ["images", "show", "12", "--root", str(tmp_path)])
     assert out.exit_code == 0 and "heap" in out.output and "largest areas:" in out.output
 
@@ -212,4 +219,11 @@ def test_images_show_says_what_to_do_with_an_image_it_cannot_read(tmp_path: Path
     err = " ".join(out.stderr.split())
     assert out.returncode == 1 and "Traceback" not in err, out.stderr
     assert f"error: {image} cannot be read as a CRIU image (magic 0x20746f6e, expected " in err
-    assert "a dump under way or damaged; `spswap images ls` lists the finished ones" in err
+    assert "it is damaged; a restore refuses it and deletes it, or `rm -r` it now" in err
+
+
+def test_images_ls_lists_jobs_in_their_order(tmp_path: Path) -> None:
+    for job in ("10", "7", "9_2", "11"):
+        (tmp_path / f"job{job}-abc").mkdir()
+    assert [i["job_id"] for i in collect_images(tmp_path, tmp_path / "none")] == [
+        "7", "9_2", "10", "11"]  # fmt: skip
