@@ -194,10 +194,10 @@ class ServeRun(Generic[B]):
         result.events.append({"restored": True, "restart_count": self.restart_count,
                               "timings_s": outcome.timings_s, "wake_s": wake_s,
                               "check_s": check_s, "probed": expected is not None,
-                              "probe_before_s": probe_s, **woken})  # fmt: skip
+                              "probe_first_s": probe_s, **woken})  # fmt: skip
         self.log(restore_check.restored_text(restored_how(outcome.kept), self.restart_count,
                                              wake_s=wake_s, check_s=check_s,
-                                             check_before_s=probe_s,
+                                             check_first_s=probe_s,
                                              saved=woken.get("saved_requests")))  # fmt: skip
         return True
 

@@ -131,15 +131,15 @@ def test_a_restore_s_timings_read_in_milliseconds() -> None:
 
 def test_the_restored_line_sets_the_check_beside_the_one_before_the_checkpoint() -> None:
     assert restored_text(
-        "from its image", 2, wake_s=0.1234, check_s=0.15, check_before_s=0.05
+        "from its image", 2, wake_s=0.1234, check_s=0.15, check_first_s=0.05
     ) == (  # fmt: skip
         "spswap serve: restored from its image into run 2; weights back in 0.123 s, its "
         "check prompt answered as before in 0.150 s (it took 0.050 s when first asked)"
     )
-    assert restored_text("from its image", 1, wake_s=0.2, check_s=0.0, check_before_s=None) \
+    assert restored_text("from its image", 1, wake_s=0.2, check_s=0.0, check_first_s=None) \
         == "spswap serve: restored from its image into run 1; weights back in 0.200 s"  # fmt: skip
     assert restored_text("from its kept instance", 3, wake_s=0.004, check_s=0.0,
-                         check_before_s=None, saved=2) == (
+                         check_first_s=None, saved=2) == (
         "spswap serve: restored from its kept instance into run 3; weights back in 0.004 s; "
         "2 saved request(s) to resume")  # fmt: skip
 
