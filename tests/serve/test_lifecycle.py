@@ -34,6 +34,15 @@ MAX_NEW = 6
 PROMPTS = [[3, 1, 4], [1, 5, 9, 2], [6, 5]]
 
 
+def _run(tmp: Path, opts: ServeOptions, checkpointer: Any, *, job_id: str, restart_count: int,
+         log: Any) -> Any:  # fmt: skip
+    """A reference engine's run of job ``job_id`` whose spswapd ``checkpointer`` plays."""
+    return reference_run(Config.from_env({}, root=tmp / "root"), opts,
+                         engine_factory=make_engine, job_id=job_id,
+                         restart_count=restart_count, checkpointer=checkpointer,
+                         log=log)  # fmt: skip
+
+
 def _requeued_run(tmp: Path, restore: RestoreStandIn, *, exit_when_idle: bool = True,
                   requests: bool = True) -> tuple[ServeResult, list[str]]:  # fmt: skip
     model = tmp / "model"
@@ -46,15 +55,7 @@ def _requeued_run(tmp: Path, restore: RestoreStandIn, *, exit_when_idle: bool = 
     opts = ServeOptions(model=model, state_dir=tmp / "state", requests_file=reqs,
                         exit_when_idle=exit_when_idle)  # fmt: skip
     logs: list[str] = []
-    run = reference_run(
-        Config.from_env({}, root=tmp / "root"),
-        opts,
-        engine_factory=make_engine,
-        job_id="77",
-        restart_count=1,
-        checkpointer=restore,
-        log=logs.append,
-    )  # type: ignore[arg-type]
+    run = _run(tmp, opts, restore, job_id="77", restart_count=1, log=logs.append)
     try:
         return run.run(), logs
     finally:
@@ -201,15 +202,7 @@ def test_the_check_s_answer_is_taken_at_the_start_not_on_the_stop_s_path(
     save_checkpoint(preset("tiny"), model)
     opts = ServeOptions(model=model, state_dir=tmp_path / "state", exit_when_idle=False)
     checkpointer = _ParkRestoredAtOnce()
-    run = reference_run(
-        Config.from_env({}, root=tmp_path / "root"),
-        opts,
-        engine_factory=make_engine,
-        job_id="78",
-        restart_count=0,
-        checkpointer=checkpointer,
-        log=lambda _m: None,
-    )  # type: ignore[arg-type]
+    run = _run(tmp_path, opts, checkpointer, job_id="78", restart_count=0, log=lambda _m: None)
     run.backend.probe_at_start = at_start  # type: ignore[misc]
     asked: list[tuple[str, Any, Any]] = []  # (when, like, answer) for each check prompt
     probe = run.backend.probe
