@@ -184,6 +184,10 @@ HOW=$(python3 -c "import json,sys; print([json.loads(l)['path'] for l in open(sy
 flow "{\"step\": \"restored\", \"path\": \"$HOW\", \"high_end_to_serving_s\": $(python3 -c "print(round($t_seen1-$t_hend_own,2))"), \"high_end_to_first_answer_s\": $(python3 -c "print(round($t_ans1-$t_hend_own,2))"), \"polled_high_end_to_serving_s\": $(python3 -c "print(round($t_up1-$t_hend,2))"), \"identical\": $same, \"ask\": $A1}"
 UDS1=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['uds'])" "$EP")
 T1=$(as_user "python3 '$WORK/ask.py' times '$UDS1' '$MODEL'") && flow "{\"step\": \"answer_times\", \"run\": 1, \"times\": $T1}"
+# the restore's steps after the high job's end (spswapd's events, the client's clock)
+TL=$(SPSWAP_ROOT=${SPSWAP_ROOT:-/dev/shm/spswap} /opt/spswap/bin/spswap events -n 200 --json 2>/dev/null \
+    | python3 "$REPO/scripts/gpu/flow_timeline.py" "$JOB" "$t_hend_own" "$t_seen1" "$t_ans1" 2>/dev/null || echo '{}')
+flow "{\"step\": \"timeline\", \"job\": $JOB, \"steps\": $TL}"
 # what the job's image held, by kind of memory (spswapd's checkpoint.saved event)
 IMG=$(SPSWAP_ROOT=${SPSWAP_ROOT:-/dev/shm/spswap} /opt/spswap/bin/spswap events -n 200 --json 2>/dev/null | python3 -c "import json,sys; s=[e['detail']['image'] for e in json.load(sys.stdin) if e['kind']=='checkpoint.saved' and e.get('job_id')=='$JOB']; i=s[-1] if s else {}; print(json.dumps({'size_bytes': i.get('size_bytes'), 'kept': i.get('kept'), 'bytes_by_kind': (i.get('layout') or {}).get('bytes_by_kind'), 'processes': [(p['pid'], p['dumped_bytes'], p['bytes_by_kind']) for p in (i.get('layout') or {}).get('processes', [])]}))" 2>/dev/null || echo '{}')
 flow "{\"step\": \"image\", \"job\": $JOB, \"image\": $IMG}"
