@@ -18,6 +18,7 @@ IMG_COMMON_MAGIC = 0x54564319
 
 
 def varint(buf: bytes, pos: int) -> tuple[int, int]:
+    """The protobuf varint at ``pos``: (its value, the position after it)."""
     result = shift = 0
     while True:
         if pos >= len(buf):
