@@ -219,6 +219,36 @@ def read_meta(image_dir: Path) -> dict[str, Any] | None:
     return meta if isinstance(meta, dict) else None
 
 
+def _record_problem(image_dir: Path) -> tuple[str | None, dict[str, Any]]:
+    """Its owner and modes (when we are root), its meta.json and that record's version:
+    (what is wrong or None, the meta)."""
+    try:
+        st = image_dir.stat()
+    except FileNotFoundError:
+        return f"no image at {image_dir}", {}
+    if os.geteuid() == 0 and (st.st_uid != 0 or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)):
+        return (f"{image_dir} is not owned by root or is writable by others: only images "
+                "the daemon dumped itself are restored"), {}  # fmt: skip
+    meta = read_meta(image_dir)
+    if meta is None or "identity" not in meta:
+        return f"{image_dir} has no {META_FILE}: not a complete spswap image", {}
+    if meta.get("version") != META_VERSION:
+        return (f"{image_dir}/{META_FILE} has version {meta.get('version')}, expected "
+                f"{META_VERSION}"), meta  # fmt: skip
+    return None, meta
+
+
+def files_problem(image_dir: Path) -> str | None:
+    """What makes a restore refuse this image whatever its job (its owner and modes, its
+    record, its files' names and sizes against the record), or None. No byte of the
+    image is read: for `spswap images ls`."""
+    problem, meta = _record_problem(image_dir)
+    if problem is None and meta.get("layout") and layout_hash(image_dir) != meta["layout"]:
+        problem = (f"{image_dir} changed since it was dumped (a file is missing, added or "
+                   "of another size)")  # fmt: skip
+    return problem
+
+
 def verify_before_restore(
     image_dir: Path, expected: Identity, *, check_integrity: bool = True,
     read_content: bool = True,
@@ -232,20 +262,9 @@ def verify_before_restore(
     size (no file missing, added or cut short; an image recorded before the layout hash
     existed is read whole).
     """
-    try:
-        st = image_dir.stat()
-    except FileNotFoundError:
-        return f"no image at {image_dir}"
-    if os.geteuid() == 0 and (st.st_uid != 0 or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)):
-        return (
-            f"{image_dir} is not owned by root or is writable by others: only images the "
-            "daemon dumped itself are restored"
-        )
-    meta = read_meta(image_dir)
-    if meta is None or "identity" not in meta:
-        return f"{image_dir} has no {META_FILE}: not a complete spswap image, dump it again"
-    if meta.get("version") != META_VERSION:
-        return f"{image_dir}/{META_FILE} has version {meta.get('version')}, expected {META_VERSION}"
+    problem, meta = _record_problem(image_dir)
+    if problem is not None:
+        return problem
     recorded = meta["identity"]
     diffs = [
         f"{f.name}: image {recorded.get(f.name)!r}, here {getattr(expected, f.name)!r}"

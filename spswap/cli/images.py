@@ -13,7 +13,7 @@ from rich import box
 from rich.table import Table
 
 from spswap.checkpoint.image_layout import KINDS, ImageLayout, ProcessLayout, image_layout
-from spswap.checkpoint.images import read_meta
+from spswap.checkpoint.images import files_problem, read_meta
 from spswap.checkpoint.service import images_of_job, job_of_key
 from spswap.cli.common import JsonOpt, RootOpt, console, emit_json, load_config
 from spswap.daemon.image_room import ImageRoom
@@ -43,12 +43,20 @@ def collect_images(images_root: Path, statuses_dir: Path) -> list[dict[str, Any]
         meta = read_meta(p) or {}
         job = p.name[3:].split("-", 1)[0] if p.name.startswith("job") else ""
         status = read_json(statuses_dir / f"{job}.json") or {}
+        problem = files_problem(p)  # what a restore would refuse it for, whatever the job
         out.append({
             "key": p.name, "job_id": job, "size_bytes": dir_size_bytes(p),
             "created": meta.get("created_at"), "identity": meta.get("identity", {}),
-            "state": status.get("state", "unknown"),
+            "state": "refused" if problem else status.get("state", "unknown"),
+            "problem": problem,
         })  # fmt: skip
     return out
+
+
+def refused_lines(images: list[dict[str, Any]]) -> list[str]:
+    """A line for each image a restore would refuse, saying why and what becomes of it."""
+    return [f"job {i['job_id'] or i['key']}: {i['problem']}; a restore refuses it (and "
+            "deletes it), or `rm -r` it now" for i in images if i.get("problem")]  # fmt: skip
 
 
 @app.command("ls")
@@ -56,7 +64,9 @@ def ls(json: bool = JsonOpt, root: Path | None = RootOpt) -> None:
     """List the checkpoint images on this node: job, size, engine, model and state.
 
     Images are single use: restoring one deletes it; the epilog and later prologs delete
-    the images of jobs that will not come back.
+    the images of jobs that will not come back. State "refused": a restore would refuse
+    the image whatever its job (its owner or modes, no record, files missing or changed
+    in size); the line under the table says why.
     """
     cfg = load_config(root)
     try:
@@ -89,6 +99,8 @@ def ls(json: bool = JsonOpt, root: Path | None = RootOpt) -> None:
                   str(ident.get("engine", "?")), str(ident.get("model_digest", "?"))[:12],
                   str(ident.get("uid", "?")), age)  # fmt: skip
     console.print(t)
+    for line in refused_lines(images):
+        console.print(line, markup=False)
 
 
 SHOWN_PROCESSES = 2  # columns of their own; the rest of an image's processes in one

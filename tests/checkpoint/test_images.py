@@ -216,3 +216,32 @@ def test_an_image_recorded_without_a_layout_is_read_whole(tmp_path: Path) -> Non
     with open(d / "pages-1.img", "r+b") as f:
         f.write(b"X")
     assert "changed since" in (images.verify_before_restore(d, ID, read_content=False) or "")
+
+
+def test_what_a_restore_would_refuse_whatever_the_job_is_seen_without_reading(
+    tmp_path: Path,
+) -> None:
+    """`spswap images ls`: an image without its record, or whose files changed in name or
+    size, is one a restore refuses; a whole one is not (no byte is hashed for this)."""
+    from spswap.cli.images import collect_images, refused_lines
+
+    root = tmp_path / "images"
+    root.mkdir()
+    whole = _image(root)
+    images.write_meta(whole, ID)
+    whole = whole.rename(root / "job7-whole")
+    bare = root / "job9-bare"
+    bare.mkdir(mode=0o700)
+    (bare / "pages-1.img").write_bytes(b"x")
+    assert images.files_problem(whole) is None
+    assert images.files_problem(bare) == f"{bare} has no meta.json: not a complete spswap image"
+    listed = {i["job_id"]: i for i in collect_images(root, tmp_path / "statuses")}
+    assert (listed["7"]["state"], listed["7"]["problem"]) == ("unknown", None)
+    assert listed["9"]["state"] == "refused"
+    assert refused_lines(list(listed.values())) == [
+        f"job 9: {bare} has no meta.json: not a complete spswap image; a restore refuses it "
+        "(and deletes it), or `rm -r` it now"]  # fmt: skip
+    (whole / "pages-2.img").write_bytes(b"added")
+    assert images.files_problem(whole) == (
+        f"{whole} changed since it was dumped (a file is missing, added or of another size)"
+    )
