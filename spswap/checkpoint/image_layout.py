@@ -124,6 +124,11 @@ class ImageLayout:
         out["shared"] += self.shared_bytes
         return out
 
+    @property
+    def dumped_bytes(self) -> int:
+        """Every byte the image holds of its processes' memory: what a restore fills."""
+        return sum(self.bytes_by_kind().values())
+
     def to_json(self) -> dict[str, Any]:
         return {"bytes_by_kind": self.bytes_by_kind(), "shared_bytes": self.shared_bytes,
                 "processes": [p.to_json() for p in self.processes]}  # fmt: skip

@@ -25,11 +25,10 @@ from spswap.units import fmt_bytes
 app = typer.Typer(help="Checkpoint images kept for requeued jobs.", no_args_is_help=True)
 
 
-def _by_job(p: Path) -> tuple[int, str]:
-    """Images in job order (7 before 10), then by name."""
-    job = job_of_key(p.name) or ""
-    head = job.split("_", 1)[0]
-    return (int(head) if head.isdigit() else 1 << 62, p.name)
+def _job_order(image: dict[str, Any]) -> tuple[int, str]:
+    """Images in job order (7 before 10), then by key."""
+    head = image["job_id"].split("_", 1)[0]
+    return (int(head) if head.isdigit() else 1 << 62, image["key"])
 
 
 def collect_images(images_root: Path, statuses_dir: Path) -> list[dict[str, Any]]:
@@ -37,7 +36,7 @@ def collect_images(images_root: Path, statuses_dir: Path) -> list[dict[str, Any]
     out: list[dict[str, Any]] = []
     if not images_root.is_dir():
         return out
-    for p in sorted(images_root.iterdir(), key=_by_job):
+    for p in images_root.iterdir():
         if not p.is_dir() or p.name.startswith("."):
             continue
         meta = read_meta(p) or {}
@@ -50,7 +49,7 @@ def collect_images(images_root: Path, statuses_dir: Path) -> list[dict[str, Any]
             "state": "refused" if problem else status.get("state", "unknown"),
             "problem": problem,
         })  # fmt: skip
-    return out
+    return sorted(out, key=_job_order)
 
 
 def refused_lines(images: list[dict[str, Any]]) -> list[str]:
@@ -129,7 +128,7 @@ def layout_rows(layout: ImageLayout) -> list[tuple[str, ...]]:
         return lambda p: p.bytes_by_kind[kind]
 
     rows += [row(kind, of_kind(kind), total[kind]) for kind in KINDS]
-    rows.append(row("dumped", lambda p: p.dumped_bytes, sum(total.values())))
+    rows.append(row("dumped", lambda p: p.dumped_bytes, layout.dumped_bytes))
     return rows
 
 
@@ -150,7 +149,7 @@ RESTORE_FILL_BYTES_PER_S = 2e9
 def layout_notes(layout: ImageLayout) -> list[str]:
     """What the table means for a restore: the bytes it fills and about how long the
     largest process takes (processes fill side by side); where shared memory shows."""
-    total = sum(layout.bytes_by_kind().values())
+    total = layout.dumped_bytes
     largest = max(layout.processes, key=lambda p: p.dumped_bytes)
     fill_s = largest.dumped_bytes / RESTORE_FILL_BYTES_PER_S
     notes = [f"a restore from it fills {fmt_bytes(total)}; each process fills its own, side "
@@ -210,8 +209,7 @@ def show(job: str = JOB_ARG, json: bool = JsonOpt, root: Path | None = RootOpt) 
                               "now") from None  # fmt: skip
     job_id = job_of_key(image.name) or job
     if json:
-        dumped = sum(layout.bytes_by_kind().values())
-        emit_json({"job_id": job_id, "key": image.name, "dumped_bytes": dumped,
+        emit_json({"job_id": job_id, "key": image.name, "dumped_bytes": layout.dumped_bytes,
                    **layout.to_json()})  # fmt: skip
         return
     header, *rows = layout_rows(layout)

@@ -238,12 +238,12 @@ class VllmBackend:
     def probe(self, like: restore_check.CheckAnswer | None = None,
               ) -> restore_check.CheckAnswer | None:  # fmt: skip
         """vLLM's greedy answer to the check prompt, through its socket (the server is up,
-        its fronts aside, before a sleep and after a wake): 2 tokens with the
+        its fronts aside, when first up and after a wake): 2 tokens with the
         log-probabilities of the prompt's tokens and of its own where the engine runs
-        nothing else (``like`` None: before a checkpoint) or ran nothing else then
-        (``like`` has them), else 8 tokens alone (:func:`probe_request`)."""
-        if like is None:  # a request still running (the drain ended) would share the
-            # batch, and vLLM's log-probabilities are not batch-invariant; tokens are.
+        nothing else (``like`` None: the first answer) or ran nothing else then (``like``
+        has them), else 8 tokens alone (:func:`probe_request`)."""
+        if like is None:  # a request still running would share the batch, and vLLM's
+            # log-probabilities are not batch-invariant; tokens are.
             # With --kv-sharing-fast-prefill vLLM's model runner asserts on any request
             # for prompt log-probabilities: the engine would die of the check.
             fast_prefill = any(a.split("=", 1)[0] == "--kv-sharing-fast-prefill"
@@ -251,7 +251,7 @@ class VllmBackend:
             logprobs = not fast_prefill and self.server.in_flight() == 0
         else:
             logprobs = bool(like.logprobs)
-        # a few tens of ms on a GPU; bounded: at a stop it runs inside KillWait's budget
+        # a few tens of ms on a GPU; bounded: after a restore it is on the swap's path
         data = self.server.call("POST", "/v1/completions", probe_request(logprobs=logprobs),
                                 timeout_s=PROBE_TIMEOUT_S)  # fmt: skip
         return probe_answer(data, logprobs=logprobs)
