@@ -40,7 +40,7 @@ def collect_images(images_root: Path, statuses_dir: Path) -> list[dict[str, Any]
         if not p.is_dir() or p.name.startswith("."):
             continue
         meta = read_meta(p) or {}
-        job = p.name[3:].split("-", 1)[0] if p.name.startswith("job") else ""
+        job = job_of_key(p.name) or ""
         status = read_json(statuses_dir / f"{job}.json") or {}
         problem = files_problem(p)  # what a restore would refuse it for, whatever the job
         out.append({

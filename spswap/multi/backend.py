@@ -70,6 +70,8 @@ class MultiBackend:
         self.last_summary: dict[str, Any] = {}
         self.manifests: list[Manifest] = []
         self.damaged: str | None = None  # what check_pool found wrong with an entry
+        # each model's answer to the check prompt, asked at its first stop awake (probe)
+        self.check_answers: dict[str, tuple[int, ...]] = {}
 
     # -- before the slot ----------------------------------------------------------------
     def prepare(self, result: ServeResult) -> None:
@@ -129,6 +131,7 @@ class MultiBackend:
     def start(self, result: ServeResult) -> RunPath:
         if self.damaged is not None:  # never serve from it
             raise SpswapError(f"not started: {self.damaged}")
+        self.check_answers = {}  # new engines: asked again at their first stop
         self.router = start_router(self.cfg, self.opts, job_id=self.job_id, log=self.log,
                                    on_state=self.records.update, specs=self.specs)  # fmt: skip
         # a vLLM model's first start exported its entry: the image's and the check's now
@@ -200,11 +203,18 @@ class MultiBackend:
     def probe(self, like: restore_check.CheckAnswer | None = None,
               ) -> restore_check.CheckAnswer | None:  # fmt: skip
         """The awake models' answers to the check prompt (the asleep ones come back from
-        their pool entries, which :meth:`check_pool` reads against their checksums)."""
+        their pool entries, which :meth:`check_pool` reads against their checksums).
+        Before a dump (``like`` None) a model asked once in this job is not asked again:
+        its weights never change, and each answer asked at the stop holds the GPU from
+        the job that preempts this one; after the restore every awake model is asked."""
         assert self.router is not None
-        out = self.router.probe_awake(list(restore_check.PROBE_PROMPT),
-                                      restore_check.PROBE_TOKENS)  # fmt: skip
-        return None if out is None else restore_check.CheckAnswer(tuple(out))
+        known = self.check_answers if like is None else None
+        answers = self.router.probe_awake(list(restore_check.PROBE_PROMPT),
+                                          restore_check.PROBE_TOKENS, known)  # fmt: skip
+        if like is None:
+            self.check_answers.update(answers)
+        tokens = tuple(t for answer in answers.values() for t in answer)
+        return restore_check.CheckAnswer(tokens) if answers else None
 
     def check_pool(self) -> str | None:
         found = []

@@ -19,7 +19,7 @@ import queue
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -206,19 +206,25 @@ class Router:
                     done.append(name)
         return done
 
-    def probe_awake(self, prompt_ids: list[int], max_new_tokens: int) -> list[int] | None:
-        """Every awake model's greedy answer to ``prompt_ids``, in the job's order, as one
-        list (None: none awake); no request, no metrics. Asked before a checkpoint and
-        after the restore's :meth:`wake_all` (which wakes the same models), the two must
-        be equal (:mod:`spswap.serve.restore_check`)."""
-        out: list[int] = []
+    def probe_awake(self, prompt_ids: list[int], max_new_tokens: int,
+                    known: Mapping[str, tuple[int, ...]] | None = None,
+                    ) -> dict[str, tuple[int, ...]]:  # fmt: skip
+        """Every awake model's greedy answer to ``prompt_ids``, in the job's order (empty:
+        none awake), those in ``known`` taken from there; no request, no metrics. Asked
+        before a checkpoint and after the restore's :meth:`wake_all`, the two must be
+        equal (:mod:`spswap.serve.restore_check`)."""
+        out: dict[str, tuple[int, ...]] = {}
         with self._swap_lock:
-            awake = [n for n in self.specs if self.placement.states[n] is ModelState.AWAKE]
-            for name in awake:
+            for name in self.specs:
+                if self.placement.states[name] is not ModelState.AWAKE:
+                    continue
+                if known is not None and name in known:
+                    out[name] = known[name]
+                    continue
                 answer = self.procs[name].call("generate", prompt_ids=list(prompt_ids),
                                                max_new_tokens=max_new_tokens)  # fmt: skip
-                out += [int(t) for t in answer["token_ids"]]
-        return out if awake else None
+                out[name] = tuple(int(t) for t in answer["token_ids"])
+        return out
 
     def resume(self) -> None:
         """Serve again: the queued requests are answered in their order."""

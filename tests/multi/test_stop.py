@@ -127,7 +127,8 @@ def test_the_restore_check_asks_every_awake_model_and_sees_a_damaged_entry(tmp_p
     prompt, n = list(restore_check.PROBE_PROMPT), restore_check.PROBE_TOKENS
 
     def probe() -> restore_check.CheckAnswer:
-        return restore_check.CheckAnswer(tuple(router.probe_awake(prompt, n) or ()))
+        answers = router.probe_awake(prompt, n)
+        return restore_check.CheckAnswer(tuple(t for a in answers.values() for t in a))
 
     try:
         cold = {m.name: cold_answers(m, [prompt], n)[0] for m in models}
@@ -195,3 +196,37 @@ def test_every_models_entry_is_checked_not_only_the_first_damaged_one(tmp_path, 
     for e in pool.entries():
         pool.verify(e.manifest.digest)  # both whole again
     assert len(pool.entries()) == 2
+
+
+def test_a_model_asked_at_one_stop_is_not_asked_again_before_the_next_dump(tmp_path, cfg):
+    """The check's answer a multi-model job takes before its dump: each awake model is
+    asked once in the job (each answer holds the GPU from the preempting job); after a
+    restore every awake model is asked. Seen through a pool entry damaged while its model
+    slept: before the next dump the answer is the first one, after the wake it is not."""
+    from spswap.multi.backend import multi_run
+    from spswap.serve.backend import ServeResult
+
+    models = make_models(tmp_path, 3)
+    backend = multi_run(cfg, options(tmp_path, models), log=lambda _m: None).backend
+    result = ServeResult()
+    backend.prepare(result)
+    backend.start(result)
+    router = backend.router
+    try:
+        cold = {m.name: cold_answers(m, [list(restore_check.PROBE_PROMPT)],
+                                     restore_check.PROBE_TOKENS)[0] for m in models}  # fmt: skip
+        first = backend.probe()
+        assert first is not None and list(first.token_ids) == cold["m0"] + cold["m1"]
+        assert sorted(backend.check_answers) == ["m0", "m1"]
+        assert router.pause(5.0) == 0
+        router.sleep_all()
+        pool = Pool.from_config(cfg)
+        (m1,) = [e for e in pool.entries() if e.manifest.name == "m1"]
+        reverse_largest_tensor(pool, m1.manifest)
+        router.wake_all()  # m1 answers otherwise now
+        assert backend.probe() == first  # not asked again
+        why = restore_check.refusal(first, lambda: backend.probe(first))  # a restore's: asked
+        assert why is not None and "the restored instance does not serve" in why, why
+    finally:
+        backend.router = None
+        router.close()
