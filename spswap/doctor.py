@@ -311,7 +311,7 @@ def collect(cfg: Config) -> dict[str, Any]:
     checks.append(_driver())
     checks += _nvml_checks(cfg.gpus)
     checks.append(_cuda_checkpoint())
-    checks.append(doctor_node.storage(cfg))
+    checks += doctor_node.storage(cfg)
     checks.append(doctor_node.budgets(cfg))
     checks.append(check("cgroup mode", True, cgroup_mode(Path("/sys/fs/cgroup"))))
     parking = _parking()

@@ -71,6 +71,46 @@ def test_mount_for(path: str, expected: tuple[str, str]) -> None:
     assert doctor_node.mount_for(Path(path), MOUNTS) == expected
 
 
+def test_mount_entry_gives_the_mounts_options() -> None:
+    mounts = (
+        MOUNTS + "spswap-root /dev/shm/spswap tmpfs rw,relatime,size=100g,huge=within_size 0 0\n"
+    )
+    assert doctor_node.mount_entry(Path("/dev/shm/spswap/pool/x"), mounts) == (
+        "/dev/shm/spswap", "tmpfs", "rw,relatime,size=100g,huge=within_size")  # fmt: skip
+    assert doctor_node.mount_entry(Path("/var"), "/dev/vda / ext4\n") == ("/", "ext4", "")
+
+
+ROOT_FIX = doctor_node.ROOT_HUGE_FIX
+
+
+@pytest.mark.parametrize(("mount", "shmem", "row"), [
+    (("/dev/shm/spswap", "tmpfs", "rw,size=100g,huge=within_size"), "never",
+     (True, "tmpfs at /dev/shm/spswap, huge=within_size: 2 MiB pages", "")),
+    (("/run/spswap", "tmpfs", "rw,huge=always"), None,
+     (True, "tmpfs at /run/spswap, huge=always: 2 MiB pages", "")),
+    (("/dev/shm", "tmpfs", "rw,nosuid,nodev"), "never",
+     (None, "tmpfs at /dev/shm, huge=never: 4 KiB pages", ROOT_FIX)),
+    (("/dev/shm", "tmpfs", "rw,huge=advise"), "never",
+     (None, "tmpfs at /dev/shm, huge=advise: 4 KiB pages", ROOT_FIX)),
+    (("/dev/shm", "tmpfs", "rw"), "force",
+     (True, "tmpfs at /dev/shm, huge=never; shmem_enabled force: 2 MiB pages", "")),
+    (("/dev/shm/spswap", "tmpfs", "rw,huge=within_size"), "deny",
+     (None, "tmpfs at /dev/shm/spswap, huge=within_size, but shmem_enabled is deny: 4 KiB "
+      "pages", "set /sys/kernel/mm/transparent_hugepage/shmem_enabled to never (it then "
+      "follows the mount)")),
+    (("/", "ext4", "rw"), "never",
+     (None, "/dev/shm/spswap is not on a tmpfs (see the storage row)", ROOT_FIX)),
+    (None, None, (None, "/dev/shm/spswap is not on a tmpfs (see the storage row)", ROOT_FIX)),
+])  # fmt: skip
+def test_the_root_huge_pages_row(
+    mount: tuple[str, str, str] | None, shmem: str | None, row: tuple[bool | None, str, str]
+) -> None:
+    got = doctor_node.root_huge_check("/dev/shm/spswap", mount, shmem)
+    assert (got["name"], got["ok"], got["value"], got["detail"]) == ("root huge pages", *row)
+    assert got["required"] is False
+    assert "huge=within_size" in ROOT_FIX and "docs/slurm.md" in ROOT_FIX
+
+
 def test_cgroup_mode(tmp_path: Path) -> None:
     assert doctor.cgroup_mode(tmp_path) == "v1"
     (tmp_path / "unified").mkdir()

@@ -235,7 +235,7 @@ def test_the_real_server_is_dumped_and_restored_into_the_next_run(
         layout = (saved[0].get("layout") or {}) if saved else {}
         print(json.dumps({"kept": kept, "stop_to_saved_s": dump_s,
                           "image_bytes_by_kind": layout.get("bytes_by_kind"),
-                          "image_processes": [(p["pid"], p["bytes_by_kind"], p["largest"][:3])
+                          "image_processes": [(p["pid"], p["bytes_by_kind"])
                                               for p in layout.get("processes", [])],
                           "run1_start_to_serving_s": restore_s,
                           "answers_s": {"before": before_s, "after": after_s},
