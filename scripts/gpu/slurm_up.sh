@@ -23,7 +23,8 @@
 # Environment: SPSWAP_USER, GRACE_TIME (default 30), SPSWAP_PREFIX (default /opt/spswap),
 # KEEP_BYTES (spswapd's SPSWAP_KEEP_BYTES; 0: every restore from its image),
 # RESTORE_HUGEPAGES (SPSWAP_RESTORE_HUGEPAGES; 1: CRIU's restore fills in huge pages),
-# ROOT_HUGE (1: /dev/shm/spswap its own tmpfs with huge=within_size; 0: undo).
+# ROOT_HUGE (1, the default: /dev/shm/spswap its own tmpfs mounted huge=within_size, as
+# docs/slurm.md recommends; 0: back on /dev/shm, 4 KiB pages).
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 PREFIX=${SPSWAP_PREFIX:-/opt/spswap}
@@ -137,10 +138,11 @@ command -v criu >/dev/null && echo "SPSWAP_CRIU=$(command -v criu)" >> /etc/defa
 # ROOT_HUGE=1: spswap's root (pool, images) on its own tmpfs mounted huge=within_size, its
 # files in 2 MiB pages (a registered pool entry is pinned per page); 0: back on /dev/shm.
 ROOT_DIR=/dev/shm/spswap
-if [ "${ROOT_HUGE:-}" = 1 ] && ! mountpoint -q "$ROOT_DIR"; then
+ROOT_HUGE=${ROOT_HUGE:-1}
+if [ "$ROOT_HUGE" = 1 ] && ! mountpoint -q "$ROOT_DIR"; then
     rm -rf "$ROOT_DIR" && mkdir -p "$ROOT_DIR"
     mount -t tmpfs -o huge=within_size,mode=0755,size=100G spswap-root "$ROOT_DIR"
-elif [ "${ROOT_HUGE:-}" = 0 ] && mountpoint -q "$ROOT_DIR"; then
+elif [ "$ROOT_HUGE" = 0 ] && mountpoint -q "$ROOT_DIR"; then
     umount "$ROOT_DIR" && rm -rf "$ROOT_DIR"
 fi
 mountpoint -q "$ROOT_DIR" && say "spswap's root: $(findmnt -no OPTIONS "$ROOT_DIR")"
