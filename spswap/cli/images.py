@@ -12,10 +12,12 @@ import typer
 from rich import box
 from rich.table import Table
 
+from spswap.access import privileged
 from spswap.checkpoint.image_layout import KINDS, ImageLayout, ProcessLayout, image_layout
 from spswap.checkpoint.images import files_problem, read_meta
 from spswap.checkpoint.service import images_of_job, job_of_key
 from spswap.cli.common import JsonOpt, RootOpt, console, emit_json, load_config
+from spswap.daemon.client import Client
 from spswap.daemon.image_room import ImageRoom
 from spswap.errors import ConfigError, ImageUnreadable, PermissionDenied
 from spswap.fsutil import dir_size_bytes, read_json
@@ -55,7 +57,8 @@ def collect_images(images_root: Path, statuses_dir: Path) -> list[dict[str, Any]
 def refused_lines(images: list[dict[str, Any]]) -> list[str]:
     """A line for each image a restore would refuse, saying why and what becomes of it."""
     return [f"job {i['job_id'] or i['key']}: {i['problem']}; a restore refuses it (and "
-            "deletes it), or `rm -r` it now" for i in images if i.get("problem")]  # fmt: skip
+            f"deletes it), or `spswap images rm {i['job_id'] or i['key']}` now"
+            for i in images if i.get("problem")]  # fmt: skip
 
 
 @app.command("ls")
@@ -205,8 +208,8 @@ def show(job: str = JOB_ARG, json: bool = JsonOpt, root: Path | None = RootOpt) 
                                "checkpoint.saved)") from None  # fmt: skip
     except ImageUnreadable as e:
         raise ImageUnreadable(f"{image} cannot be read as a CRIU image ({e}): it is damaged; "
-                              "a restore refuses it and deletes it, or `rm -r` it "
-                              "now") from None  # fmt: skip
+                              "a restore refuses it and deletes it, or `spswap images rm "
+                              f"{job}` now") from None  # fmt: skip
     job_id = job_of_key(image.name) or job
     if json:
         emit_json({"job_id": job_id, "key": image.name, "dumped_bytes": layout.dumped_bytes,
@@ -222,3 +225,30 @@ def show(job: str = JOB_ARG, json: bool = JsonOpt, root: Path | None = RootOpt) 
     console.print(t)
     for line in [*layout_notes(layout), *largest_lines(layout)]:
         console.print(line, markup=False)
+
+
+@app.command("rm")
+def rm(job: str = typer.Argument(..., metavar="JOB", help="The job id whose images go (as "
+                                 "`spswap images ls` shows it)"),
+       json: bool = JsonOpt, root: Path | None = RootOpt) -> None:  # fmt: skip
+    """Delete a job's checkpoint images on this node, and its instance kept alive, as if
+    the job would not come back: its memory on the tmpfs (and the kept tree's) is freed
+    and its next run here starts from the pool. Root only; spswapd does it (it accounts
+    for the images and their pool entries), refusing while the job is being saved or
+    restored or runs here. Images of jobs that end for good go by themselves.
+    """
+    cfg = load_config(root)
+    if not privileged():
+        raise PermissionDenied(f"only root deletes checkpoint images: ask the node's admin to "
+                               f"run `spswap images rm {job}` (yours go by themselves when "
+                               "your job ends for good)")  # fmt: skip
+    result = Client(cfg, timeout_s=60.0).call("images.remove", job_id=job)
+    if json:
+        emit_json(result)
+    elif not result["found"]:
+        console.print(f"job {job} has no checkpoint image on this node (`spswap images ls` "
+                      "lists them)", markup=False)  # fmt: skip
+    else:
+        what = ", ".join(result["images_deleted"]) or "its instance kept alive"
+        console.print(f"deleted job {job}'s checkpoint image ({what}): its next run here "
+                      "starts from the pool", markup=False)  # fmt: skip

@@ -14,12 +14,12 @@ from spswap.checkpoint.service import image_job_ids, images_of_job, temp_dirs
 from spswap.daemon import prewake
 from spswap.daemon.ckpt_status import running_job
 from spswap.daemon.image_uses import drop_job_images
-from spswap.daemon.jobs import JobRecord, JobState
+from spswap.daemon.jobs import JobRecord, JobState, check_job_id
 from spswap.daemon.protocol import Answer
 from spswap.daemon.slot_ops import give_way_to_job
 from spswap.daemon.state import Context, DaemonState, require_root
 from spswap.daemon.statuses import CheckpointState
-from spswap.errors import SpswapError
+from spswap.errors import RequestRefused, SpswapError
 from spswap.pool.store import Pool
 from spswap.slurm.parse import JobInfo, job_fate, stopped_for_good
 
@@ -69,6 +69,37 @@ def op_job_starting(ctx: Context, args: dict[str, Any]) -> Answer:
     st.event("job.starting", job_id=rec.job_id, uid=rec.uid, pid=ctx.peer_pid,
              restart_count=rec.restart_count, waking=waking)  # fmt: skip
     return {"job_id": rec.job_id, "restart_count": rec.restart_count, "waking": waking}
+
+
+def op_images_remove(ctx: Context, args: dict[str, Any]) -> Answer:
+    """``spswap images rm JOB`` (root): delete the job's checkpoint images on this node and
+    end its kept tree, with their pool uses and images budget, as when the job will not come
+    back; its next run here starts from the pool. Refused while the job is dumped or
+    restored, or runs here (its run is about to take its image)."""
+    require_root(ctx.peer_uid, "images.remove", "root (`spswap images rm`)")
+    st = ctx.state
+    job_id = check_job_id(args["job_id"])
+    lock = st.job_locks.of(job_id)
+    if not lock.acquire(blocking=False):
+        raise RequestRefused(f"job {job_id}'s checkpoint is being saved or restored now: run "
+                             f"`spswap images rm {job_id}` again once `spswap status` shows it "
+                             "saved")  # fmt: skip
+    try:
+        rec = st.jobs.get(job_id)
+        if rec is not None and rec.state is JobState.RUNNING:
+            raise RequestRefused(f"job {job_id} runs on this node now and restores its image "
+                                 f"from it: run `spswap images rm {job_id}` after the job "
+                                 "ends or is requeued")  # fmt: skip
+        images = st.cfg.paths.images
+        found = bool(images_of_job(images, job_id) or temp_dirs(images, job_id)
+                     or st.kept.has(job_id))  # fmt: skip
+        gone = drop_job_images(st, job_id, "removed by root (spswap images rm): its next run "
+                               "starts from the pool") if found else []  # fmt: skip
+    finally:
+        lock.release()
+    if found:
+        st.event("images.removed", job_id=job_id, images_deleted=gone)
+    return {"job_id": job_id, "found": found, "images_deleted": gone}
 
 
 def collect_images(st: DaemonState, current_job: str) -> list[str]:

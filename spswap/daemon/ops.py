@@ -41,6 +41,7 @@ HANDLERS: Mapping[str, Handler] = MappingProxyType(
         "job.end": job_ops.op_job_end,
         "job.starting": job_ops.op_job_starting,
         "jobs.list": info_ops.op_jobs_list,
+        "images.remove": job_ops.op_images_remove,
         "events.tail": info_ops.op_events_tail,
         "checkpoint": ckpt_dump.op_checkpoint,
         "restore": ckpt_restore.op_restore,

@@ -80,6 +80,8 @@ OPS: dict[str, ArgSpec] = {
     # job only, running on this node
     "job.starting": {"job_id": ("str", True)},
     "jobs.list": {},
+    # root: delete a job's checkpoint images here (spswap images rm)
+    "images.remove": {"job_id": ("str", True)},
     "events.tail": {"n": ("int", False)},
     # The instance names its engine, versions, model and config; the daemon adds the uid,
     # driver, GPU model and CRIU version itself.

@@ -46,12 +46,10 @@ def authorize(peer_uid: int, owner_uid: int, what: str) -> None:
         )
 
 
-def require_root(peer_uid: int, op: str) -> None:
-    """Only root (the Slurm prolog and epilog) may ask for ``op``."""
+def require_root(peer_uid: int, op: str, who: str = "the Slurm prolog/epilog (root)") -> None:
+    """Only root (``who``: by default the Slurm prolog and epilog) may ask for ``op``."""
     if peer_uid != ROOT_UID:
-        raise PermissionDenied(
-            f"{op} is for the Slurm prolog/epilog (root) only; you are uid {peer_uid}"
-        )
+        raise PermissionDenied(f"{op} is for {who} only; you are uid {peer_uid}")
 
 
 class JobLocks:

@@ -219,7 +219,7 @@ def test_images_show_says_what_to_do_with_an_image_it_cannot_read(tmp_path: Path
     err = " ".join(out.stderr.split())
     assert out.returncode == 1 and "Traceback" not in err, out.stderr
     assert f"error: {image} cannot be read as a CRIU image (magic 0x20746f6e, expected " in err
-    assert "it is damaged; a restore refuses it and deletes it, or `rm -r` it now" in err
+    assert "it is damaged; a restore refuses it and deletes it, or `spswap images rm 5` now" in err
 
 
 def test_images_ls_lists_jobs_in_their_order(tmp_path: Path) -> None:

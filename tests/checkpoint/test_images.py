@@ -240,7 +240,7 @@ def test_what_a_restore_would_refuse_whatever_the_job_is_seen_without_reading(
     assert listed["9"]["state"] == "refused"
     assert refused_lines(list(listed.values())) == [
         f"job 9: {bare} has no meta.json: not a complete spswap image; a restore refuses it "
-        "(and deletes it), or `rm -r` it now"]  # fmt: skip
+        "(and deletes it), or `spswap images rm 9` now"]  # fmt: skip
     (whole / "pages-2.img").write_bytes(b"added")
     assert images.files_problem(whole) == (
         f"{whole} changed since it was dumped (a file is missing, added or of another size)"

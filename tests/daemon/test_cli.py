@@ -48,3 +48,25 @@ def test_events_without_a_log(cfg: Config) -> None:
 def test_node_help_explains_exit_code(cfg: Config) -> None:
     out = spswap(cfg, "node", "prolog", "--help").stdout
     assert "Always exits 0" in out and "prolog.log" in out
+
+
+def test_images_rm_through_a_running_spswapd(cfg: Config, daemon: int) -> None:
+    """`spswap images rm JOB` as root: the real spswapd deletes the job's image and says
+    so (text and --json), and a job without one is told so."""
+    import pytest
+
+    if os.geteuid() != 0:
+        pytest.skip("images rm is root's")
+    image = cfg.paths.images / "job41-aaaa-bbbb"
+    image.mkdir(parents=True)
+    (image / "pages-1.img").write_bytes(b"x")
+    r = spswap(cfg, "images", "rm", "41")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == (f"deleted job 41's checkpoint image ({image.name}): its next "
+                                "run here starts from the pool")  # fmt: skip
+    assert not image.exists()
+    r = spswap(cfg, "images", "rm", "41", "--json")
+    assert json.loads(r.stdout) == {"job_id": "41", "found": False, "images_deleted": []}
+    assert "job 41 has no checkpoint image on this node" in spswap(cfg, "images", "rm", "41").stdout
+    kinds = [e["kind"] for e in json.loads(spswap(cfg, "events", "--json").stdout)]
+    assert kinds.count("images.removed") == 1

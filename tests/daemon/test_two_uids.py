@@ -59,6 +59,8 @@ def test_user_acts_only_on_own(cfg: Config, daemon: int, user_uid: int) -> None:
     root.call("job.register", job_id="200", uid=user_uid, user=TEST_USER)
     table = SlotTable(cfg.paths.slots, [0])
     rootres = table.reserve(model="root-model", units=2, holder=Holder.current(), timeout_s=5)
+    image = cfg.paths.images / "job200-aaaa-bbbb"  # the user's own job's image
+    image.mkdir(parents=True)
 
     out = run_as_user(cfg, [
         ["slots.release", {"reservation_id": rootres.id}],
@@ -72,6 +74,7 @@ def test_user_acts_only_on_own(cfg: Config, daemon: int, user_uid: int) -> None:
         ["slots.list", {}],
         ["job.starting", {"job_id": "100"}],
         ["job.starting", {"job_id": "200"}],
+        ["images.remove", {"job_id": "200"}],
     ], user_uid)  # fmt: skip
     assert out[0].startswith("PermissionDenied: ") and f"uid {user_uid}" in out[0], out[0]
     assert out[1].startswith("PermissionDenied: job 100 belongs to uid 0"), out[1]
@@ -87,6 +90,10 @@ def test_user_acts_only_on_own(cfg: Config, daemon: int, user_uid: int) -> None:
     # a run's start wakes only the caller's own job's kept instance
     assert out[9].startswith("PermissionDenied: job 100 belongs to uid 0"), out[9]
     assert out[10] == "ok"
+    # only root deletes images, a user's own job's too (spswapd accounts for them)
+    assert out[11] == ("PermissionDenied: images.remove is for root (`spswap images rm`) only; "
+                       f"you are uid {user_uid}")  # fmt: skip
+    assert image.is_dir()
     # root's reservation and job are untouched; root may release anyone's
     assert [r.id for r in table.reservations()] == [rootres.id]
     assert {j["job_id"]: j["state"] for j in root.call("jobs.list")} == {
