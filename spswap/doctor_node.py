@@ -30,7 +30,8 @@ from spswap.units import fmt_bytes
 
 def mount_entry(path: Path, mounts_text: str) -> tuple[str, str, str] | None:
     """``(mount point, fs type, options)`` of the mount holding ``path``, from
-    ``/proc/mounts`` text. Pure."""
+    ``/proc/mounts`` text: of two mounts on one point the later, which hides the other.
+    Pure."""
     best: tuple[str, str, str] | None = None
     target = str(path)
     for line in mounts_text.splitlines():
@@ -39,7 +40,7 @@ def mount_entry(path: Path, mounts_text: str) -> tuple[str, str, str] | None:
             continue
         point = parts[1].replace("\\040", " ")
         inside = target == point or target.startswith(point.rstrip("/") + "/") or point == "/"
-        if inside and (best is None or len(point) > len(best[0])):
+        if inside and (best is None or len(point) >= len(best[0])):
             best = (point, parts[2], parts[3] if len(parts) > 3 else "")
     return best
 
@@ -63,14 +64,16 @@ def storage(cfg: Config) -> list[dict[str, Any]]:
         shmem = thp_mode(SHMEM_ENABLED.read_text())
     except OSError:
         shmem = None
-    huge = root_huge_check(str(cfg.root), found, shmem)
+    huge = root_huge_check(str(cfg.root), found, shmem, gpu_node=Path("/dev/nvidiactl").exists())
     fstype = found[1] if found else "unknown"
     value = f"{fstype} at {found[0] if found else probe}: {fmt_bytes(size)}, {fmt_bytes(free)} free"
     if fstype == "tmpfs":
         return [check(f"storage ({cfg.root})", True, value, required=True), huge]
     return [check(
         f"storage ({cfg.root})", None, value,
-        "not tmpfs: pool and images are slower; set SPSWAP_ROOT to a tmpfs such as /dev/shm/spswap",
+        "not tmpfs: pool and images are slower; set SPSWAP_ROOT to a tmpfs such as "
+        "/dev/shm/spswap (on a GPU node one of its own: docs/slurm.md, \"The root's tmpfs in "
+        "huge pages\")",
     ), huge]  # fmt: skip
 
 
@@ -213,35 +216,41 @@ def hugepages_check(on: bool, criu_path: str | None, criu_patches: frozenset[str
 
 
 ROOT_HUGE_FIX = (
-    'mount SPSWAP_ROOT on a tmpfs of its own with huge=within_size (docs/slurm.md, "The '
-    "root's tmpfs in huge pages\"): on an H100 a 3B model's restore from its image came to "
-    "its first answer in 2.4-2.7 s instead of 3.8 s"
+    "mount a tmpfs of its own at SPSWAP_ROOT with huge=within_size: faster CUDA restores "
+    '(docs/slurm.md, "The root\'s tmpfs in huge pages")'
 )
 
 
-def root_huge_check(root: str, mount: tuple[str, str, str] | None,
-                    shmem: str | None) -> dict[str, Any]:  # fmt: skip
-    """Whether the root's tmpfs keeps its files in 2 MiB pages (its mount's ``huge=``,
+def root_huge_check(root: str, mount: tuple[str, str, str] | None, shmem: str | None,
+                    gpu_node: bool = True) -> dict[str, Any]:  # fmt: skip
+    """Whether the root's tmpfs keeps its files in huge pages (its mount's ``huge=``,
     ``mount`` as :func:`mount_entry` gives it; ``shmem``: the chosen word of
     ``transparent_hugepage/shmem_enabled``, which can deny or force it). A job's pool
     entry is pinned for the GPU's copies page by page, at the first wake and again at
-    every CUDA restore. Information, not required. Pure."""
+    every CUDA restore: on a node without a GPU (``gpu_node`` False) it does not matter.
+    Information, not required. Pure."""
     name = "root huge pages"
+    fix = ROOT_HUGE_FIX
     if mount is None or mount[1] != "tmpfs":
-        return check(name, None, f"{root} is not on a tmpfs (see the storage row)",
-                     ROOT_HUGE_FIX)  # fmt: skip
-    point, _fstype, options = mount
-    huge = next((o.split("=", 1)[1] for o in options.split(",") if o.startswith("huge=")),
-                "never")  # fmt: skip
-    where = f"tmpfs at {point}, huge={huge}"
-    if shmem == "deny":
-        return check(name, None, f"{where}, but shmem_enabled is deny: 4 KiB pages",
-                     f"set {SHMEM_ENABLED} to never (it then follows the mount)")  # fmt: skip
-    if shmem == "force":
-        return check(name, True, f"{where}; shmem_enabled force: 2 MiB pages")
-    if huge in ("within_size", "always"):
-        return check(name, True, f"{where}: 2 MiB pages")
-    return check(name, None, f"{where}: 4 KiB pages", ROOT_HUGE_FIX)
+        where, huge_pages = f"{root} is not on a tmpfs (see the storage row)", False
+    else:
+        point, _fstype, options = mount
+        huge = next((o.split("=", 1)[1] for o in options.split(",")
+                     if o.startswith("huge=")), "never")  # fmt: skip
+        where = f"tmpfs at {point}, huge={huge}"
+        if shmem == "deny":
+            where, huge_pages = f"{where}, but shmem_enabled is deny", False
+            fix = f"set {SHMEM_ENABLED} to never (it then follows the mount)"
+        elif shmem == "force":
+            where, huge_pages = f"{where}; shmem_enabled force", True
+        else:
+            huge_pages = huge in ("within_size", "always")
+        where += ": 2 MiB pages" if huge_pages else ": 4 KiB pages"
+    if huge_pages:
+        return check(name, True, where)
+    if not gpu_node:
+        return check(name, True, f"{where} (no GPU here: they matter for GPU copies only)")
+    return check(name, None, where, fix)
 
 
 def settings(cfg: Config) -> dict[str, Any]:

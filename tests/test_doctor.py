@@ -109,6 +109,19 @@ def test_the_root_huge_pages_row(
     assert (got["name"], got["ok"], got["value"], got["detail"]) == ("root huge pages", *row)
     assert got["required"] is False
     assert "huge=within_size" in ROOT_FIX and "docs/slurm.md" in ROOT_FIX
+    # a node without a GPU: information only, the same pages said
+    cpu = doctor_node.root_huge_check("/dev/shm/spswap", mount, shmem, gpu_node=False)
+    assert cpu["ok"] is True and cpu["detail"] == ""
+    assert cpu["value"].startswith(row[1]), cpu
+    if row[0] is None:
+        assert cpu["value"].endswith(" (no GPU here: they matter for GPU copies only)")
+
+
+def test_of_two_mounts_on_one_point_the_later_one_counts() -> None:
+    mounts = (MOUNTS + "a /dev/shm/spswap tmpfs rw,huge=never 0 0\n"
+              "b /dev/shm/spswap tmpfs rw,huge=within_size 0 0\n")  # fmt: skip
+    assert doctor_node.mount_entry(Path("/dev/shm/spswap"), mounts) == (
+        "/dev/shm/spswap", "tmpfs", "rw,huge=within_size")  # fmt: skip
 
 
 def test_cgroup_mode(tmp_path: Path) -> None:

@@ -5,7 +5,8 @@
 # scripts/gpu/kits.sh in .device/ (they travel with the call).
 #
 #   bash scripts/gpu/slurm_up.sh [up]   install, configure, start, wait until idle
-#   bash scripts/gpu/slurm_up.sh down   cancel every job, stop Slurm and munged
+#   bash scripts/gpu/slurm_up.sh down   cancel every job, stop Slurm and munged; unmount
+#                                       spswap's root if `up` mounted it (its pool and images go)
 #
 # What "up" does:
 #   - unpacks .device/slurmdebs/*.deb into /opt/slurmkit and copies into /usr only what is
@@ -36,6 +37,11 @@ die() { echo "gpu/slurm_up: $*" >&2; exit 1; }
 if [ "${1:-up}" = down ]; then
     [ -x "$PREFIX/src/scripts/slurm_up.sh" ] && bash "$PREFIX/src/scripts/slurm_up.sh" down
     pkill -x munged 2>/dev/null || true
+    # spswap's root mounted by `up` (ROOT_HUGE): spswapd first, then the mount goes
+    if mountpoint -q /dev/shm/spswap; then
+        "$PREFIX/bin/spswap" daemon stop >/dev/null 2>&1 || true
+        umount /dev/shm/spswap && rmdir /dev/shm/spswap
+    fi
     exit 0
 fi
 [ "${1:-up}" = up ] || die "unknown command '$1': use 'up' or 'down'"
@@ -141,7 +147,7 @@ ROOT_DIR=/dev/shm/spswap
 ROOT_HUGE=${ROOT_HUGE:-1}
 if [ "$ROOT_HUGE" = 1 ] && ! mountpoint -q "$ROOT_DIR"; then
     rm -rf "$ROOT_DIR" && mkdir -p "$ROOT_DIR"
-    mount -t tmpfs -o huge=within_size,mode=0755,size=100G spswap-root "$ROOT_DIR"
+    mount -t tmpfs -o huge=within_size,mode=0755,nosuid,nodev,size=100G spswap-root "$ROOT_DIR"
 elif [ "$ROOT_HUGE" = 0 ] && mountpoint -q "$ROOT_DIR"; then
     umount "$ROOT_DIR" && rm -rf "$ROOT_DIR"
 fi

@@ -20,8 +20,9 @@ StrictOpt = typer.Option(
 def doctor(json: bool = JsonOpt, root: Path | None = RootOpt, strict: bool = StrictOpt) -> None:
     """Check this node: CRIU version and `criu check`, kernel, io_uring sysctl, NVIDIA driver
     (>= 570 for checkpoint, >= 580 to restore onto another GPU), persistence mode, the tmpfs
-    under SPSWAP_ROOT, cgroup mode and whether a dumped tree can be moved out of its job's
-    cgroup, vLLM, and whether the daemon runs.
+    under SPSWAP_ROOT and whether it holds the pool in huge pages (faster CUDA restores on a
+    GPU node), cgroup mode and whether a dumped tree can be moved out of its job's cgroup,
+    vLLM, and whether the daemon runs.
 
     As root it also test-dumps and restores a short-lived process of another uid (nobody)
     the way spswapd dumps a job's: CRIU as that user in --unprivileged mode, and root's
