@@ -45,12 +45,6 @@ def mount_entry(path: Path, mounts_text: str) -> tuple[str, str, str] | None:
     return best
 
 
-def mount_for(path: Path, mounts_text: str) -> tuple[str, str] | None:
-    """``(mount point, fs type)`` of the mount holding ``path``, from ``/proc/mounts`` text."""
-    found = mount_entry(path, mounts_text)
-    return None if found is None else (found[0], found[1])
-
-
 def storage(cfg: Config) -> list[dict[str, Any]]:
     """The file system under the root: a tmpfs (pool and images at memory speed), and
     whether it holds its files in huge pages (:func:`root_huge_check`)."""

@@ -68,7 +68,8 @@ def test_parse_nvidia_version() -> None:
     ],
 )
 def test_mount_for(path: str, expected: tuple[str, str]) -> None:
-    assert doctor_node.mount_for(Path(path), MOUNTS) == expected
+    found = doctor_node.mount_entry(Path(path), MOUNTS)
+    assert found is not None and found[:2] == expected
 
 
 def test_mount_entry_gives_the_mounts_options() -> None:
