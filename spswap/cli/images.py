@@ -57,8 +57,14 @@ def collect_images(images_root: Path, statuses_dir: Path) -> list[dict[str, Any]
 def refused_lines(images: list[dict[str, Any]]) -> list[str]:
     """A line for each image a restore would refuse, saying why and what becomes of it."""
     return [f"job {i['job_id'] or i['key']}: {i['problem']}; a restore refuses it (and "
-            f"deletes it), or `spswap images rm {i['job_id'] or i['key']}` now"
+            f"deletes it), or {_rm_hint(i['job_id'], i['key'])} now"
             for i in images if i.get("problem")]  # fmt: skip
+
+
+def _rm_hint(job_id: str, key: str) -> str:
+    """How root deletes an image: through spswapd by its job, or by hand when its name
+    holds no job (spswap never makes such a name)."""
+    return f"`spswap images rm {job_id}`" if job_id else f"`rm -r` {key}"
 
 
 @app.command("ls")
@@ -208,8 +214,9 @@ def show(job: str = JOB_ARG, json: bool = JsonOpt, root: Path | None = RootOpt) 
                                "checkpoint.saved)") from None  # fmt: skip
     except ImageUnreadable as e:
         raise ImageUnreadable(f"{image} cannot be read as a CRIU image ({e}): it is damaged; "
-                              "a restore refuses it and deletes it, or `spswap images rm "
-                              f"{job}` now") from None  # fmt: skip
+                              "a restore refuses it and deletes it, or "
+                              f"{_rm_hint(job_of_key(image.name) or '', str(image))} "
+                              "now") from None  # fmt: skip
     job_id = job_of_key(image.name) or job
     if json:
         emit_json({"job_id": job_id, "key": image.name, "dumped_bytes": layout.dumped_bytes,
