@@ -25,7 +25,7 @@
 # KEEP_BYTES (spswapd's SPSWAP_KEEP_BYTES; 0: every restore from its image),
 # RESTORE_HUGEPAGES (SPSWAP_RESTORE_HUGEPAGES; 1: CRIU's restore fills in huge pages),
 # ROOT_HUGE (1, the default: /dev/shm/spswap its own tmpfs mounted huge=within_size, as
-# docs/slurm.md recommends; 0: back on /dev/shm, 4 KiB pages).
+# docs/slurm.md recommends; always: huge=always; 0: back on /dev/shm, 4 KiB pages).
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 PREFIX=${SPSWAP_PREFIX:-/opt/spswap}
@@ -141,15 +141,24 @@ command -v criu >/dev/null && echo "SPSWAP_CRIU=$(command -v criu)" >> /etc/defa
 [ -n "${RESTORE_HUGEPAGES:-}" ] && echo "SPSWAP_RESTORE_HUGEPAGES=$RESTORE_HUGEPAGES" >> /etc/default/spswap
 # a spswapd of an earlier `up` keeps the settings it read: the next prolog starts it anew
 "$PREFIX/bin/spswap" daemon stop >/dev/null 2>&1 || true
-# ROOT_HUGE=1: spswap's root (pool, images) on its own tmpfs mounted huge=within_size, its
-# files in 2 MiB pages (a registered pool entry is pinned per page); 0: back on /dev/shm.
+# ROOT_HUGE=1: spswap's root (pool, images) on its own tmpfs mounted huge=within_size (the
+# pool's entries in 2 MiB pages: a registered entry is pinned per page); always: huge=always
+# (the images too); 0: back on /dev/shm. A mount with another huge= is made anew (its pool
+# and images go: the next flow starts cold).
 ROOT_DIR=/dev/shm/spswap
 ROOT_HUGE=${ROOT_HUGE:-1}
-if [ "$ROOT_HUGE" = 1 ] && ! mountpoint -q "$ROOT_DIR"; then
-    rm -rf "$ROOT_DIR" && mkdir -p "$ROOT_DIR"
-    mount -t tmpfs -o huge=within_size,mode=0755,nosuid,nodev,size=100G spswap-root "$ROOT_DIR"
-elif [ "$ROOT_HUGE" = 0 ] && mountpoint -q "$ROOT_DIR"; then
+case "$ROOT_HUGE" in
+    1) want_huge=within_size ;;
+    always) want_huge=always ;;
+    0) want_huge= ;;
+    *) die "ROOT_HUGE=$ROOT_HUGE: use 1 (huge=within_size), always or 0" ;;
+esac
+if mountpoint -q "$ROOT_DIR" && [ "$(findmnt -no OPTIONS "$ROOT_DIR" | tr , '\n' | sed -n 's/^huge=//p')" != "$want_huge" ]; then
     umount "$ROOT_DIR" && rm -rf "$ROOT_DIR"
+fi
+if [ -n "$want_huge" ] && ! mountpoint -q "$ROOT_DIR"; then
+    rm -rf "$ROOT_DIR" && mkdir -m 0755 "$ROOT_DIR"
+    mount -t tmpfs -o "huge=$want_huge,mode=0755,nosuid,nodev,size=100G" spswap-root "$ROOT_DIR"
 fi
 mountpoint -q "$ROOT_DIR" && say "spswap's root: $(findmnt -no OPTIONS "$ROOT_DIR")"
 say "up: user $USER_NAME, spswap $PREFIX/bin/spswap, $(cat /etc/slurm/gres.conf | wc -l) gres lines"
