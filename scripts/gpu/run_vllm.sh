@@ -26,6 +26,7 @@
 #   servecriu spswap serve --engine vllm preempted, dumped and restored with a real spswapd
 #             (root, CRIU bundle, .device/serveaddon; test_vllm_serve_gpu.py), from its image
 #             and kept alive (SERVECRIU_K: a pytest -k to run one of them)
+# POOL_HUGE=1 puts the pools on a tmpfs mounted huge=within_size.
 # Everything goes to $OUT (default /tmp/spswap-gpu-out). Each step has its own time limit
 # and runs only while BUDGET_S seconds (default 560) leave room for it.
 set -uo pipefail
@@ -37,6 +38,15 @@ POOL=/dev/shm/spswap-bench/pool
 mkdir -p "$OUT"
 # The pool belongs on tmpfs; a container's /dev/shm may be too small for it.
 if [ "$(df -B1G --output=avail /dev/shm | tail -1)" -lt 40 ]; then POOL=/tmp/spswap-bench/pool; fi
+# POOL_HUGE=1: the bench's and the tests' pools on a tmpfs of their own mounted
+# huge=within_size, as docs/slurm.md recommends for SPSWAP_ROOT (entries in 2 MiB pages)
+if [ "${POOL_HUGE:-0}" = 1 ]; then
+  POOL=/tmp/spswap-bench-huge/pool
+  mkdir -p /tmp/spswap-bench-huge
+  mountpoint -q /tmp/spswap-bench-huge ||
+    mount -t tmpfs -o huge=within_size,size=64G spswap-bench /tmp/spswap-bench-huge ||
+    { echo "POOL_HUGE=1: could not mount a tmpfs"; exit 2; }
+fi
 echo "pool: $POOL; steps: $STEPS"
 start=$(date +%s)
 left() { echo $(( BUDGET_S - ($(date +%s) - start) )); }
