@@ -70,8 +70,10 @@ class MultiBackend:
         self.last_summary: dict[str, Any] = {}
         self.manifests: list[Manifest] = []
         self.damaged: str | None = None  # what check_pool found wrong with an entry
-        # each model's answer to the check prompt, asked at its first stop awake (probe)
+        # each model's answer to the check prompt, asked at its first stop awake (probe),
+        # and about how long that asking took
         self.check_answers: dict[str, tuple[int, ...]] = {}
+        self.check_first_s: dict[str, float] = {}
 
     # -- before the slot ----------------------------------------------------------------
     def prepare(self, result: ServeResult) -> None:
@@ -131,7 +133,7 @@ class MultiBackend:
     def start(self, result: ServeResult) -> RunPath:
         if self.damaged is not None:  # never serve from it
             raise SpswapError(f"not started: {self.damaged}")
-        self.check_answers = {}  # new engines: asked again at their first stop
+        self.check_answers, self.check_first_s = {}, {}  # new engines: asked anew
         self.router = start_router(self.cfg, self.opts, job_id=self.job_id, log=self.log,
                                    on_state=self.records.update, specs=self.specs)  # fmt: skip
         # a vLLM model's first start exported its entry: the image's and the check's now
@@ -208,13 +210,21 @@ class MultiBackend:
         its weights never change, and each answer asked at the stop holds the GPU from
         the job that preempts this one; after the restore every awake model is asked."""
         assert self.router is not None
-        known = self.check_answers if like is None else None
+        known = dict(self.check_answers) if like is None else None
+        t0 = time.perf_counter()
         answers = self.router.probe_awake(list(restore_check.PROBE_PROMPT),
                                           restore_check.PROBE_TOKENS, known)  # fmt: skip
-        if like is None:
-            self.check_answers.update(answers)
+        asked_s = time.perf_counter() - t0
+        if not answers:
+            return None
         tokens = tuple(t for answer in answers.values() for t in answer)
-        return restore_check.CheckAnswer(tokens) if answers else None
+        if like is not None:
+            return restore_check.CheckAnswer(tokens)
+        new = [name for name in answers if name not in self.check_answers]
+        self.check_answers.update(answers)
+        self.check_first_s.update({name: asked_s / len(new) for name in new})
+        first_s = sum(self.check_first_s[name] for name in answers)
+        return restore_check.CheckAnswer(tokens, asked_s=first_s)
 
     def check_pool(self) -> str | None:
         found = []

@@ -268,13 +268,15 @@ class ServeRun(Generic[B]):
     def _probe(self, when: str) -> CheckAnswer | None:
         t0 = time.perf_counter()
         try:
-            return self.backend.probe()
+            answer = self.backend.probe()
         except Exception as e:  # noqa: BLE001 - no check then, but the dump goes on
             self.log(f"spswap serve: the check prompt got no answer {when} ({e}); the "
                      "restore will not be checked")  # fmt: skip
-            return None
-        finally:
-            self.probe_s = time.perf_counter() - t0
+            answer = None
+        # an answer kept from its first asking says how long that took
+        kept_s = answer.asked_s if answer is not None else None
+        self.probe_s = time.perf_counter() - t0 if kept_s is None else kept_s
+        return answer
 
     def _check_restored(self, expected: CheckAnswer | None) -> str | None:
         """None when the restored instance answers as before (or no check); else why not."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 PROBE_PROMPT = (3, 1, 4, 1, 5, 9, 2, 6)  # token ids every engine and model accept
@@ -34,6 +34,9 @@ class CheckAnswer:
 
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...] = ()
+    # how long taking it took when the engine was first asked, where the engine kept the
+    # answer from then (None: as long as this call took); never compared
+    asked_s: float | None = field(default=None, compare=False)
 
 
 def difference(before: CheckAnswer, after: CheckAnswer) -> str | None:

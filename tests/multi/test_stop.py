@@ -224,7 +224,11 @@ def test_a_model_asked_at_one_stop_is_not_asked_again_before_the_next_dump(tmp_p
         (m1,) = [e for e in pool.entries() if e.manifest.name == "m1"]
         reverse_largest_tensor(pool, m1.manifest)
         router.wake_all()  # m1 answers otherwise now
-        assert backend.probe() == first  # not asked again
+        again = backend.probe()
+        assert again == first  # not asked again
+        # the time the job log gives is the first asking's, not a lookup's
+        assert first.asked_s is not None and first.asked_s > 0
+        assert again is not None and again.asked_s == first.asked_s
         why = restore_check.refusal(first, lambda: backend.probe(first))  # a restore's: asked
         assert why is not None and "the restored instance does not serve" in why, why
     finally:
