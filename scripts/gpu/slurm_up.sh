@@ -40,7 +40,8 @@ if [ "${1:-up}" = down ]; then
     # spswap's root mounted by `up` (ROOT_HUGE): spswapd first, then the mount goes
     if mountpoint -q /dev/shm/spswap; then
         "$PREFIX/bin/spswap" daemon stop >/dev/null 2>&1 || true
-        umount /dev/shm/spswap && rmdir /dev/shm/spswap
+        umount /dev/shm/spswap || die "could not unmount /dev/shm/spswap (busy?)"
+        rmdir /dev/shm/spswap 2>/dev/null || true
     fi
     exit 0
 fi
@@ -153,8 +154,10 @@ case "$ROOT_HUGE" in
     0) want_huge= ;;
     *) die "ROOT_HUGE=$ROOT_HUGE: use 1 (huge=within_size), always or 0" ;;
 esac
-if mountpoint -q "$ROOT_DIR" && [ "$(findmnt -no OPTIONS "$ROOT_DIR" | tr , '\n' | sed -n 's/^huge=//p')" != "$want_huge" ]; then
-    umount "$ROOT_DIR" && rm -rf "$ROOT_DIR"
+have_huge=$({ findmnt -no OPTIONS "$ROOT_DIR" 2>/dev/null || true; } | tail -1 | tr , '\n' | sed -n 's/^huge=//p')
+if mountpoint -q "$ROOT_DIR" && { [ -z "$want_huge" ] || [ "$have_huge" != "$want_huge" ]; }; then
+    umount "$ROOT_DIR" || die "could not unmount $ROOT_DIR (busy?)"
+    rm -rf "$ROOT_DIR"
 fi
 if [ -n "$want_huge" ] && ! mountpoint -q "$ROOT_DIR"; then
     rm -rf "$ROOT_DIR" && mkdir -m 0755 "$ROOT_DIR"

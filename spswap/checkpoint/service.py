@@ -370,15 +370,22 @@ def image_digests(images_root: Path) -> dict[str, str]:
     return out
 
 
-def image_job_ids(images_root: Path, statuses_dir: Path | None = None) -> list[str]:
-    """The jobs that have finished images. Keys hold the job id with '+' (het jobs) made
-    '_': the checkpoint status files, which hold the real id, put it back."""
+def real_job_ids(statuses_dir: Path | None) -> dict[str, str]:
+    """Each job with a checkpoint status, by its images' name prefix (:func:`job_prefix`:
+    a het job's '+' shows as '_' there), from the status files, which hold the real id."""
     real: dict[str, str] = {}
     for path in sorted(statuses_dir.glob("*.json")) if statuses_dir and statuses_dir.is_dir() \
             else []:  # fmt: skip
         job = str((read_json(path) or {}).get("job_id") or "")
         if job:
             real[job_prefix(job)] = job
+    return real
+
+
+def image_job_ids(images_root: Path, statuses_dir: Path | None = None) -> list[str]:
+    """The jobs that have finished images. Keys hold the job id with '+' (het jobs) made
+    '_': the checkpoint status files, which hold the real id, put it back."""
+    real = real_job_ids(statuses_dir)
     ids = set()
     if images_root.is_dir():
         for p in images_root.iterdir():

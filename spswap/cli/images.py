@@ -15,7 +15,7 @@ from rich.table import Table
 from spswap.access import privileged
 from spswap.checkpoint.image_layout import KINDS, ImageLayout, ProcessLayout, image_layout
 from spswap.checkpoint.images import files_problem, read_meta
-from spswap.checkpoint.service import images_of_job, job_of_key
+from spswap.checkpoint.service import images_of_job, job_of_key, job_prefix, real_job_ids
 from spswap.cli.common import JsonOpt, RootOpt, console, emit_json, load_config
 from spswap.daemon.client import Client
 from spswap.daemon.image_room import ImageRoom
@@ -38,15 +38,17 @@ def collect_images(images_root: Path, statuses_dir: Path) -> list[dict[str, Any]
     out: list[dict[str, Any]] = []
     if not images_root.is_dir():
         return out
+    real = real_job_ids(statuses_dir)  # a het job's '+' is '_' in its images' names
     for p in images_root.iterdir():
         if not p.is_dir() or p.name.startswith("."):
             continue
         meta = read_meta(p) or {}
-        job = job_of_key(p.name) or ""
-        status = read_json(statuses_dir / f"{job}.json") or {}
+        key_job = job_of_key(p.name)
+        job = real.get(job_prefix(key_job), key_job) if key_job else ""
+        status = (read_json(statuses_dir / f"{job}.json") or {}) if job else {}
         problem = files_problem(p)  # what a restore would refuse it for, whatever the job
         out.append({
-            "key": p.name, "job_id": job, "size_bytes": dir_size_bytes(p),
+            "key": p.name, "path": str(p), "job_id": job, "size_bytes": dir_size_bytes(p),
             "created": meta.get("created_at"), "identity": meta.get("identity", {}),
             "state": "refused" if problem else status.get("state", "unknown"),
             "problem": problem,
@@ -57,14 +59,14 @@ def collect_images(images_root: Path, statuses_dir: Path) -> list[dict[str, Any]
 def refused_lines(images: list[dict[str, Any]]) -> list[str]:
     """A line for each image a restore would refuse, saying why and what becomes of it."""
     return [f"job {i['job_id'] or i['key']}: {i['problem']}; a restore refuses it (and "
-            f"deletes it), or {_rm_hint(i['job_id'], i['key'])} now"
+            f"deletes it), or {_rm_hint(i['job_id'], i['path'])} now"
             for i in images if i.get("problem")]  # fmt: skip
 
 
-def _rm_hint(job_id: str, key: str) -> str:
+def _rm_hint(job_id: str, path: str) -> str:
     """How root deletes an image: through spswapd by its job, or by hand when its name
     holds no job (spswap never makes such a name)."""
-    return f"`spswap images rm {job_id}`" if job_id else f"`rm -r` {key}"
+    return f"`spswap images rm {job_id}`" if job_id else f"`rm -r {path}`"
 
 
 @app.command("ls")
@@ -256,6 +258,7 @@ def rm(job: str = typer.Argument(..., metavar="JOB", help="The job id whose imag
         console.print(f"job {job} has no checkpoint image on this node (`spswap images ls` "
                       "lists them)", markup=False)  # fmt: skip
     else:
-        what = ", ".join(result["images_deleted"]) or "its instance kept alive"
-        console.print(f"deleted job {job}'s checkpoint image ({what}): its next run here "
-                      "starts from the pool", markup=False)  # fmt: skip
+        gone = ", ".join(result["images_deleted"])
+        what = f"deleted job {job}'s checkpoint image ({gone})" if gone else \
+            f"ended job {job}'s instance kept alive"  # fmt: skip
+        console.print(f"{what}: its next run here starts from the pool", markup=False)

@@ -10,7 +10,13 @@ import threading
 import time
 from typing import Any
 
-from spswap.checkpoint.service import image_job_ids, images_of_job, temp_dirs
+from spswap.checkpoint.service import (
+    image_job_ids,
+    images_of_job,
+    job_prefix,
+    real_job_ids,
+    temp_dirs,
+)
 from spswap.daemon import prewake
 from spswap.daemon.ckpt_status import running_job
 from spswap.daemon.image_uses import drop_job_images
@@ -79,20 +85,23 @@ def op_images_remove(ctx: Context, args: dict[str, Any]) -> Answer:
     require_root(ctx.peer_uid, "images.remove", "root (`spswap images rm`)")
     st = ctx.state
     job_id = check_job_id(args["job_id"])
+    # a het job's images show its '+' as '_' (`spswap images ls`): its locks and records
+    # are under the real id
+    job_id = real_job_ids(st.statuses.dir).get(job_prefix(job_id), job_id)
     lock = st.job_locks.of(job_id)
     if not lock.acquire(blocking=False):
         raise RequestRefused(f"job {job_id}'s checkpoint is being saved or restored now: run "
-                             f"`spswap images rm {job_id}` again once `spswap status` shows it "
-                             "saved")  # fmt: skip
+                             f"`spswap images rm {job_id}` again when that has ended "
+                             "(`spswap status`)")  # fmt: skip
     try:
         rec = st.jobs.get(job_id)
         if rec is not None and rec.state is JobState.RUNNING:
-            raise RequestRefused(f"job {job_id} runs on this node now and restores its image "
-                                 f"from it: run `spswap images rm {job_id}` after the job "
-                                 "ends or is requeued")  # fmt: skip
+            raise RequestRefused(f"job {job_id} runs on this node now (its run takes its "
+                                 f"image, if it has one): run `spswap images rm {job_id}` "
+                                 "after the job ends or is requeued")  # fmt: skip
         images = st.cfg.paths.images
         found = bool(images_of_job(images, job_id) or temp_dirs(images, job_id)
-                     or st.kept.has(job_id))  # fmt: skip
+                     or st.kept.has(job_id) or st.held_cgroups.has(job_id))  # fmt: skip
         gone = drop_job_images(st, job_id, "removed by root (spswap images rm): its next run "
                                "starts from the pool") if found else []  # fmt: skip
     finally:

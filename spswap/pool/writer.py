@@ -158,6 +158,9 @@ class EntryWriter:
 
     def _preallocate(self, size_bytes: int) -> None:
         try:
+            # the size first: a tmpfs mounted huge=within_size gives huge pages only within
+            # the file's size, which an older kernel's fallocate sets only at its end
+            os.ftruncate(self._fd, size_bytes)
             os.posix_fallocate(self._fd, 0, size_bytes)
         except OSError as e:
             if e.errno != errno.ENOSPC:

@@ -227,3 +227,16 @@ def test_images_ls_lists_jobs_in_their_order(tmp_path: Path) -> None:
         (tmp_path / f"job{job}-abc").mkdir()
     assert [i["job_id"] for i in collect_images(tmp_path, tmp_path / "none")] == [
         "7", "9_2", "10", "11"]  # fmt: skip
+
+
+def test_images_ls_gives_a_het_jobs_real_id(tmp_path: Path) -> None:
+    """A het job's image is named with '_' for its '+': ls gives the job's real id (from
+    its checkpoint status, which is kept under that id), as `spswap images rm` takes it."""
+    from spswap.daemon.statuses import CheckpointState, CheckpointStatuses
+
+    images, statuses = tmp_path / "images", tmp_path / "statuses"
+    (images / "job1234_0-abc").mkdir(parents=True)
+    CheckpointStatuses(statuses).write("1234+0", state=CheckpointState.SAVED)
+    (listed,) = collect_images(images, statuses)
+    assert (listed["job_id"], listed["key"]) == ("1234+0", "job1234_0-abc")
+    assert listed["path"] == str(images / "job1234_0-abc")

@@ -242,9 +242,9 @@ def test_what_a_restore_would_refuse_whatever_the_job_is_seen_without_reading(
         f"job 9: {bare} has no meta.json: not a complete spswap image; a restore refuses it "
         "(and deletes it), or `spswap images rm 9` now"]  # fmt: skip
     # a name that holds no job (spswap never makes one): deleted by hand
-    odd = {"job_id": "", "key": "odd", "problem": "P"}
+    odd = {"job_id": "", "key": "odd", "path": "/i/odd", "problem": "P"}
     assert refused_lines([odd]) == ["job odd: P; a restore refuses it (and deletes it), or "
-                                    "`rm -r` odd now"]  # fmt: skip
+                                    "`rm -r /i/odd` now"]  # fmt: skip
     (whole / "pages-2.img").write_bytes(b"added")
     assert images.files_problem(whole) == (
         f"{whole} changed since it was dumped (a file is missing, added or of another size)"

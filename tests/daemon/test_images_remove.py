@@ -64,7 +64,7 @@ def test_images_rm_is_refused_where_it_would_break_a_run(tmp_path: Path) -> None
         with pytest.raises(
             RequestRefused,
             match=r"being saved or restored now: run `spswap "
-            r"images rm 8` again once `spswap status` shows it saved",
+            r"images rm 8` again when that has ended \(`spswap status`\)",
         ):
             op_images_remove(root, {"job_id": "8"})
     st.jobs.put(JobRecord(job_id="8", uid=1000, state=JobState.RUNNING))
@@ -93,3 +93,18 @@ def test_a_user_is_told_to_ask_root(tmp_path: Path, user_uid: int) -> None:
     assert as_user(user_uid, _rm, str(tmp_path)) == (
         "only root deletes checkpoint images: ask the node's admin to run `spswap images rm "
         "7` (yours go by themselves when your job ends for good)")  # fmt: skip
+
+
+def test_a_het_jobs_image_is_found_by_the_name_images_ls_shows(tmp_path: Path) -> None:
+    """A het job's '+' is '_' in its images' names (and `spswap images ls`): `images rm
+    1234_0` takes the real job's lock and records (its status says deleted), and a dump
+    of the real job under way refuses it."""
+    st = _state(tmp_path)
+    image = _image(st, "job1234_0-aaaa-bbbb")
+    st.statuses.write("1234+0", state=CheckpointState.SAVED)
+    root = Context(peer_uid=0, peer_pid=1, state=st)
+    with st.job_locks.of("1234+0"), pytest.raises(RequestRefused, match=r"job 1234\+0's"):
+        op_images_remove(root, {"job_id": "1234_0"})
+    got = op_images_remove(root, {"job_id": "1234_0"})
+    assert (got["job_id"], got["found"]) == ("1234+0", True) and not image.exists()
+    assert st.statuses.read("1234+0")["state"] == CheckpointState.DELETED
