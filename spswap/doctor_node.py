@@ -6,6 +6,7 @@ restore in huge pages and the root's tmpfs in huge pages."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,12 @@ from spswap.settings_file import read_settings_file, settings_file_path
 from spswap.units import fmt_bytes
 
 
+def _unescape_mount(field: str) -> str:
+    """A /proc/mounts field as the path it names (the kernel writes a space, tab, newline
+    and backslash as octal escapes: ``\\040``, ``\\011``, ``\\012``, ``\\134``)."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
 def mount_entry(path: Path, mounts_text: str) -> tuple[str, str, str] | None:
     """``(mount point, fs type, options)`` of the mount holding ``path``, from
     ``/proc/mounts`` text: of two mounts on one point the later, which hides the other.
@@ -38,7 +45,7 @@ def mount_entry(path: Path, mounts_text: str) -> tuple[str, str, str] | None:
         parts = line.split()
         if len(parts) < 3:
             continue
-        point = parts[1].replace("\\040", " ")
+        point = _unescape_mount(parts[1])
         inside = target == point or target.startswith(point.rstrip("/") + "/") or point == "/"
         if inside and (best is None or len(point) >= len(best[0])):
             best = (point, parts[2], parts[3] if len(parts) > 3 else "")

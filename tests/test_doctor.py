@@ -118,6 +118,12 @@ def test_the_root_huge_pages_row(
         assert cpu["value"].endswith(" (no GPU here: they matter for GPU copies only)")
 
 
+def test_mount_points_with_escaped_characters() -> None:
+    mounts = "/dev/vda / ext4 rw 0 0\nt /mnt/a\\011b\\134c tmpfs rw,huge=always 0 0\n"
+    assert doctor_node.mount_entry(Path("/mnt/a\tb\\c/x"), mounts) == (
+        "/mnt/a\tb\\c", "tmpfs", "rw,huge=always")  # fmt: skip
+
+
 def test_of_two_mounts_on_one_point_the_later_one_counts() -> None:
     mounts = (MOUNTS + "a /dev/shm/spswap tmpfs rw,huge=never 0 0\n"
               "b /dev/shm/spswap tmpfs rw,huge=within_size 0 0\n")  # fmt: skip
