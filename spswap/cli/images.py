@@ -244,7 +244,9 @@ def rm(job: str = typer.Argument(..., metavar="JOB", help="The job id whose imag
     the job would not come back: its memory on the tmpfs (and the kept tree's) is freed
     and its next run here starts from the pool. Root only; spswapd does it (it accounts
     for the images and their pool entries), refusing while the job is being saved or
-    restored or runs here. Images of jobs that end for good go by themselves.
+    restored or runs here (hold a requeued job first: `scontrol hold JOB`). Images of jobs
+    that end for good go by themselves. Exits 0 when done or when the job has nothing here
+    (--json: found false), 1 when refused, 3 for a user.
     """
     cfg = load_config(root)
     if not privileged():
@@ -254,11 +256,19 @@ def rm(job: str = typer.Argument(..., metavar="JOB", help="The job id whose imag
     result = Client(cfg, timeout_s=60.0).call("images.remove", job_id=job)
     if json:
         emit_json(result)
-    elif not result["found"]:
-        console.print(f"job {job} has no checkpoint image on this node (`spswap images ls` "
-                      "lists them)", markup=False)  # fmt: skip
     else:
-        gone = ", ".join(result["images_deleted"])
-        what = f"deleted job {job}'s checkpoint image ({gone})" if gone else \
-            f"ended job {job}'s instance kept alive"  # fmt: skip
-        console.print(f"{what}: its next run here starts from the pool", markup=False)
+        console.print(removed_text(job, result), markup=False)
+
+
+def removed_text(job: str, result: dict[str, Any]) -> str:
+    """What ``spswap images rm`` did, from spswapd's answer (found, images_deleted,
+    kept_ended). Pure."""
+    if not result["found"]:
+        return f"job {job} has no checkpoint image on this node (`spswap images ls` lists them)"
+    done = []
+    if result["images_deleted"]:
+        done.append(f"deleted job {job}'s checkpoint image ({', '.join(result['images_deleted'])})")
+    if result.get("kept_ended"):
+        done.append(("ended its" if done else f"ended job {job}'s") + " instance kept alive")
+    what = " and ".join(done) or f"released what spswapd held for job {job}"
+    return f"{what}: its next run here starts from the pool"

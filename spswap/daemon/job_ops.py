@@ -97,18 +97,20 @@ def op_images_remove(ctx: Context, args: dict[str, Any]) -> Answer:
         rec = st.jobs.get(job_id)
         if rec is not None and rec.state is JobState.RUNNING:
             raise RequestRefused(f"job {job_id} runs on this node now (its run takes its "
-                                 f"image, if it has one): run `spswap images rm {job_id}` "
-                                 "after the job ends or is requeued")  # fmt: skip
+                                 "image, if it has one): once it is queued again, hold it "
+                                 f"there (`scontrol hold {job_id}`) and run `spswap images rm "
+                                 f"{job_id}`")  # fmt: skip
         images = st.cfg.paths.images
-        found = bool(images_of_job(images, job_id) or temp_dirs(images, job_id)
-                     or st.kept.has(job_id) or st.held_cgroups.has(job_id))  # fmt: skip
+        kept = st.kept.has(job_id)
+        found = bool(images_of_job(images, job_id) or temp_dirs(images, job_id) or kept
+                     or st.held_cgroups.has(job_id))  # fmt: skip
         gone = drop_job_images(st, job_id, "removed by root (spswap images rm): its next run "
                                "starts from the pool") if found else []  # fmt: skip
     finally:
         lock.release()
     if found:
-        st.event("images.removed", job_id=job_id, images_deleted=gone)
-    return {"job_id": job_id, "found": found, "images_deleted": gone}
+        st.event("images.removed", job_id=job_id, images_deleted=gone, kept_ended=kept)
+    return {"job_id": job_id, "found": found, "images_deleted": gone, "kept_ended": kept}
 
 
 def collect_images(st: DaemonState, current_job: str) -> list[str]:

@@ -66,7 +66,8 @@ def test_images_rm_through_a_running_spswapd(cfg: Config, daemon: int) -> None:
                                 "run here starts from the pool")  # fmt: skip
     assert not image.exists()
     r = spswap(cfg, "images", "rm", "41", "--json")
-    assert json.loads(r.stdout) == {"job_id": "41", "found": False, "images_deleted": []}
+    assert json.loads(r.stdout) == {"job_id": "41", "found": False, "images_deleted": [],
+                                    "kept_ended": False}  # fmt: skip
     assert "job 41 has no checkpoint image on this node" in spswap(cfg, "images", "rm", "41").stdout
     kinds = [e["kind"] for e in json.loads(spswap(cfg, "events", "--json").stdout)]
     assert kinds.count("images.removed") == 1

@@ -50,7 +50,8 @@ def test_root_deletes_a_jobs_images_and_the_job_is_told_so(tmp_path: Path) -> No
     assert event["job_id"] == "7"
     # nothing left: said so, and no event
     assert op_images_remove(root, {"job_id": "7"}) == {"job_id": "7", "found": False,
-                                                       "images_deleted": []}  # fmt: skip
+                                                       "images_deleted": [],
+                                                       "kept_ended": False}  # fmt: skip
     assert (
         len([e for e in events.tail(st.cfg.paths.events, 20) if e["kind"] == "images.removed"]) == 1
     )
@@ -108,3 +109,24 @@ def test_a_het_jobs_image_is_found_by_the_name_images_ls_shows(tmp_path: Path) -
     got = op_images_remove(root, {"job_id": "1234_0"})
     assert (got["job_id"], got["found"]) == ("1234+0", True) and not image.exists()
     assert st.statuses.read("1234+0")["state"] == CheckpointState.DELETED
+
+
+def test_what_images_rm_says_it_did() -> None:
+    from spswap.cli.images import removed_text
+
+    tail = ": its next run here starts from the pool"
+    assert removed_text("7", {"found": False, "images_deleted": []}) == (
+        "job 7 has no checkpoint image on this node (`spswap images ls` lists them)"
+    )
+    assert removed_text("7", {"found": True, "images_deleted": ["job7-a"],
+                              "kept_ended": False}) == (
+        "deleted job 7's checkpoint image (job7-a)" + tail)  # fmt: skip
+    assert removed_text("7", {"found": True, "images_deleted": ["job7-a"], "kept_ended": True}) == (
+        "deleted job 7's checkpoint image (job7-a) and ended its instance kept alive" + tail
+    )
+    assert removed_text("7", {"found": True, "images_deleted": [], "kept_ended": True}) == (
+        "ended job 7's instance kept alive" + tail
+    )
+    assert removed_text("7", {"found": True, "images_deleted": [], "kept_ended": False}) == (
+        "released what spswapd held for job 7" + tail
+    )
