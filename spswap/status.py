@@ -173,17 +173,30 @@ def render_pool(pool: dict[str, Any], now: float, where: str = "") -> Table:
     return t
 
 
-def render_instances(instances: list[dict[str, Any]], now: float) -> Table:
+def render_instances(instances: list[dict[str, Any]], now: float,
+                     checkpoints: list[dict[str, Any]] | None = None) -> Table:  # fmt: skip
     """One row per model instance the node knows of."""
     t = Table(title="instances")
     for col in ("id", "model", "engine", "state", "device", "job", "pid", "updated", "note"):
         t.add_column(col, overflow="fold")  # a narrow terminal folds values, never cuts them
+    by_job = {str(c.get("job_id")): c for c in checkpoints or []}
     for i in instances:
         pid = str(i["pid"]) + ("" if i["alive"] else " (gone)")
-        plain_row(t, i["id"], i["model"], i["engine"], i["state"], i["device"],
+        plain_row(t, i["id"], i["model"], i["engine"],
+                  instance_state_text(i, by_job.get(str(i.get("job_id")))), i["device"],
                   i.get("job_id") or "-", pid, _ago(i["updated"], now),
                   short_note(str(i.get("reason") or "")))  # fmt: skip
     return t
+
+
+def instance_state_text(instance: dict[str, Any], checkpoint: dict[str, Any] | None) -> str:
+    """An instance's state as its row shows it: a record whose process is gone after its
+    checkpoint (its last word) also says where its job's checkpoint stands now (saved,
+    restored, deleted ...), which spswapd keeps up to date and the record does not. Pure."""
+    state = str(instance["state"])
+    if instance["alive"] or state != "checkpoint" or not checkpoint:
+        return state
+    return f"{state}; job's checkpoint {checkpoint.get('state')}"
 
 
 NOTE_CHARS = 120
@@ -259,7 +272,8 @@ def render_status(data: dict[str, Any], *, now: float | None = None) -> Group:
     if data["gpus"]:
         parts.extend(render_slots(data["slots"]))
     parts.append(render_pool(data["pool"], now))
-    parts.append(render_instances(data["instances"], now) if data["instances"] else
+    parts.append(render_instances(data["instances"], now, data.get("checkpoints"))
+                 if data["instances"] else
                  "instances: none (a running `spswap serve` shows here)")  # fmt: skip
     if data.get("checkpoints"):
         parts.append(render_checkpoints(data["checkpoints"], data.get("images")))

@@ -223,3 +223,22 @@ def test_the_pool_title_shows_the_share_root_or_yours() -> None:
         "pool /dev/shm/spswap/pool: 3.0 GiB of 16.0 GiB; yours 1.0 GiB of 8.0 GiB"
     )
     assert pool_title({"used_bytes": 0, "capacity_bytes": 1 << 30}, 1000) == "pool: 0 B of 1.0 GiB"
+
+
+def test_a_gone_instance_after_its_checkpoint_says_where_its_job_stands() -> None:
+    """A record whose process is gone after its checkpoint (a kept tree ended, an image
+    deleted by `spswap images rm`) shows its job's checkpoint state beside its own."""
+    from spswap.status import instance_state_text, render_instances
+
+    gone = {"state": "checkpoint", "alive": False, "job_id": "533"}
+    assert instance_state_text(gone, {"job_id": "533", "state": "deleted"}) == (
+        "checkpoint; job's checkpoint deleted"
+    )
+    assert instance_state_text(gone, None) == "checkpoint"  # no status: as recorded
+    assert instance_state_text({**gone, "alive": True}, {"state": "saved"}) == "checkpoint"
+    assert instance_state_text({**gone, "state": "up"}, {"state": "deleted"}) == "up"
+    row = {**gone, "id": "533-1", "model": "m", "engine": "reference", "device": "cpu",
+           "pid": 1, "updated": 0.0}  # fmt: skip
+    table = render_instances([row], now=10.0, checkpoints=[{"job_id": "533",
+                                                           "state": "deleted"}])  # fmt: skip
+    assert [str(c) for c in table.columns[3]._cells] == ["checkpoint; job's checkpoint deleted"]
