@@ -189,6 +189,12 @@ def render_instances(instances: list[dict[str, Any]], now: float,
     return t
 
 
+def checkpoint_state_text(state: str, kept: bool) -> str:
+    """A job's checkpoint state as a table shows it: a saved one kept alive (frozen
+    beside its image) says so. Pure."""
+    return "saved, kept alive" if kept and state == "saved" else state
+
+
 def instance_state_text(instance: dict[str, Any], checkpoint: dict[str, Any] | None) -> str:
     """An instance's state as its row shows it: a record whose process is gone after its
     checkpoint (its last word) also says where its job's checkpoint stands now (saved,
@@ -227,9 +233,7 @@ def render_checkpoints(checkpoints: list[dict[str, Any]],
         t.add_column(col, overflow="fold")  # a narrow terminal folds values, never cuts them
     for c in checkpoints:
         size = fmt_bytes(c["size_bytes"]) if c.get("size_bytes") else "-"
-        state = str(c.get("state"))
-        if c.get("kept") and state == "saved":  # alive and frozen beside its image
-            state = "saved, kept alive"
+        state = checkpoint_state_text(str(c.get("state")), bool(c.get("kept")))
         plain_row(t, c.get("job_id"), state, size, short_note(str(c.get("reason") or "")))
     return t
 

@@ -242,3 +242,11 @@ def test_a_gone_instance_after_its_checkpoint_says_where_its_job_stands() -> Non
     table = render_instances([row], now=10.0, checkpoints=[{"job_id": "533",
                                                            "state": "deleted"}])  # fmt: skip
     assert [str(c) for c in table.columns[3]._cells] == ["checkpoint; job's checkpoint deleted"]
+
+
+def test_a_saved_checkpoint_kept_alive_says_so_in_status_and_images_ls() -> None:
+    from spswap.status import checkpoint_state_text
+
+    assert checkpoint_state_text("saved", True) == "saved, kept alive"
+    assert checkpoint_state_text("saved", False) == "saved"
+    assert checkpoint_state_text("restored", True) == "restored"

@@ -22,6 +22,7 @@ from spswap.daemon.image_room import ImageRoom
 from spswap.errors import ConfigError, ImageUnreadable, PermissionDenied
 from spswap.fsutil import dir_size_bytes, read_json
 from spswap.plain import plain_row
+from spswap.status import checkpoint_state_text
 from spswap.units import fmt_bytes
 
 app = typer.Typer(help="Checkpoint images kept for requeued jobs.", no_args_is_help=True)
@@ -51,7 +52,7 @@ def collect_images(images_root: Path, statuses_dir: Path) -> list[dict[str, Any]
             "key": p.name, "path": str(p), "job_id": job, "size_bytes": dir_size_bytes(p),
             "created": meta.get("created_at"), "identity": meta.get("identity", {}),
             "state": "refused" if problem else status.get("state", "unknown"),
-            "problem": problem,
+            "kept": bool(status.get("kept")) and not problem, "problem": problem,
         })  # fmt: skip
     return sorted(out, key=_job_order)
 
@@ -105,7 +106,8 @@ def ls(json: bool = JsonOpt, root: Path | None = RootOpt) -> None:
     for i in images:
         ident = i["identity"]
         age = f"{(now - i['created']) / 60:.0f} min" if i["created"] else "?"
-        plain_row(t, i["job_id"], i["state"], fmt_bytes(i["size_bytes"]),
+        plain_row(t, i["job_id"], checkpoint_state_text(i["state"], i["kept"]),
+                  fmt_bytes(i["size_bytes"]),
                   str(ident.get("engine", "?")), str(ident.get("model_digest", "?"))[:12],
                   str(ident.get("uid", "?")), age)  # fmt: skip
     console.print(t)
