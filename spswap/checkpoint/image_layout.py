@@ -100,10 +100,12 @@ class ProcessLayout:
     def dumped_bytes(self) -> int:
         return sum(self.bytes_by_kind.values())
 
-    def to_json(self) -> dict[str, Any]:
-        return {"pid": self.pid, "dumped_bytes": self.dumped_bytes,
-                "bytes_by_kind": self.bytes_by_kind,
-                "largest": [a.to_json() for a in self.largest]}  # fmt: skip
+    def to_json(self, *, largest: bool = True) -> dict[str, Any]:
+        out: dict[str, Any] = {"pid": self.pid, "dumped_bytes": self.dumped_bytes,
+                               "bytes_by_kind": self.bytes_by_kind}  # fmt: skip
+        if largest:
+            out["largest"] = [a.to_json() for a in self.largest]
+        return out
 
 
 @dataclass(frozen=True)
@@ -129,17 +131,14 @@ class ImageLayout:
         """Every byte the image holds of its processes' memory: what a restore fills."""
         return sum(self.bytes_by_kind().values())
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, *, largest: bool = True) -> dict[str, Any]:
         return {"bytes_by_kind": self.bytes_by_kind(), "shared_bytes": self.shared_bytes,
-                "processes": [p.to_json() for p in self.processes]}  # fmt: skip
+                "processes": [p.to_json(largest=largest) for p in self.processes]}  # fmt: skip
 
     def summary_json(self) -> dict[str, Any]:
         """:meth:`to_json` without each process's largest areas: what an event holds (an
         event is at most 4 KiB, and a vLLM tree has four processes or more)."""
-        processes = [{"pid": p.pid, "dumped_bytes": p.dumped_bytes,
-                      "bytes_by_kind": p.bytes_by_kind} for p in self.processes]  # fmt: skip
-        return {"bytes_by_kind": self.bytes_by_kind(), "shared_bytes": self.shared_bytes,
-                "processes": processes}  # fmt: skip
+        return self.to_json(largest=False)
 
 
 def vma_kind(status: int) -> str:

@@ -29,8 +29,9 @@ app = typer.Typer(help="Checkpoint images kept for requeued jobs.", no_args_is_h
 
 
 def _job_order(image: dict[str, Any]) -> tuple[int, str]:
-    """Images in job order (7 before 10), then by key."""
-    head = image["job_id"].split("_", 1)[0]
+    """Images in job order (7 before 10; an array's or het job's by its first number),
+    then by key."""
+    head = re.split(r"[_+]", image["job_id"], maxsplit=1)[0]
     return (int(head) if head.isdigit() else 1 << 62, image["key"])
 
 

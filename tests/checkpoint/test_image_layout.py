@@ -227,6 +227,13 @@ def test_images_ls_lists_jobs_in_their_order(tmp_path: Path) -> None:
         (tmp_path / f"job{job}-abc").mkdir()
     assert [i["job_id"] for i in collect_images(tmp_path, tmp_path / "none")] == [
         "7", "9_2", "10", "11"]  # fmt: skip
+    # a het job's real id (from its status) sorts by its first number too
+    from spswap.daemon.statuses import CheckpointState, CheckpointStatuses
+
+    (tmp_path / "job8_1-abc").mkdir()
+    CheckpointStatuses(tmp_path / ".st").write("8+1", state=CheckpointState.SAVED)
+    assert [i["job_id"] for i in collect_images(tmp_path, tmp_path / ".st")] == [
+        "7", "8+1", "9_2", "10", "11"]  # fmt: skip
 
 
 def test_images_ls_gives_a_het_jobs_real_id(tmp_path: Path) -> None:
