@@ -68,3 +68,30 @@ def test_an_empty_state_dir_is_refused_not_taken_as_the_current_directory(tmp_pa
         assert proc.returncode == 2, (cmd, proc.stderr)
         assert "'--state-dir': is empty (an unset shell variable?)" in proc.stderr, proc.stderr
         assert sorted(p.name for p in tmp_path.iterdir()) == [], cmd
+
+
+def test_a_failure_under_json_prints_one_json_object_on_stdout(tmp_path):
+    """A script that asked for --json reads the refusal as JSON; the text stays on stderr."""
+    import json
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "spswap.cli", "status", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", "SPSWAP_ROTO": "/x", "SPSWAP_ROOT": str(tmp_path)},
+    )
+    assert proc.returncode == 2
+    err = json.loads(proc.stdout)["error"]
+    assert err["kind"] == "ConfigError" and err["exit_code"] == 2
+    assert "unknown setting SPSWAP_ROTO" in err["message"]
+    assert "unknown setting SPSWAP_ROTO" in proc.stderr
+
+
+def test_error_json_is_the_class_message_and_exit_code():
+    from spswap.cli.serve_app import error_json
+    from spswap.errors import PermissionDenied
+
+    assert error_json(PermissionDenied("ask root")) == {
+        "error": {"kind": "PermissionDenied", "message": "ask root", "exit_code": 3}
+    }

@@ -16,7 +16,7 @@ import typer
 from rich.markup import escape
 
 from spswap.cli import help_style, serve
-from spswap.cli.common import err_console
+from spswap.cli.common import emit_json, err_console
 from spswap.errors import SpswapError
 
 # vLLM's own options follow `--`: they reach the command as ctx.args
@@ -55,7 +55,19 @@ def run_app(app: typer.Typer) -> None:
         command = " ".join(["spswap", *[a for a in sys.argv[1:] if not a.startswith("-")][:1]])
         err_console.print(f"{escape(command)}: [bold red]error:[/] {escape(str(e))}",
                           markup=True, soft_wrap=True)  # fmt: skip
+        if "--json" in sys.argv[1:]:
+            # a script that asked for JSON reads one object on stdout, a refusal included
+            emit_json(error_json(e))
         sys.exit(e.exit_code)
+
+
+def error_json(err: SpswapError) -> dict[str, object]:
+    """What a command run with ``--json`` prints on stdout when it fails with one of
+    spswap's own errors: ``{"error": {"kind", "message", "exit_code"}}`` (the same message
+    goes to stderr as text). ``kind`` is the error's class name, e.g. ``PermissionDenied``.
+    Pure."""
+    return {"error": {"kind": type(err).__name__, "message": str(err),
+                      "exit_code": err.exit_code}}  # fmt: skip
 
 
 def build() -> typer.Typer:
