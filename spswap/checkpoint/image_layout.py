@@ -242,3 +242,13 @@ def image_layout(image_dir: Path) -> ImageLayout:
     shared = sum(_in_image_bytes(parse_pagemap(read_image_file(p)))
                  for p in sorted(image_dir.glob("pagemap-shmem-*.img")))  # fmt: skip
     return ImageLayout(processes, shared)
+
+
+def layout_summary_quietly(image_dir: Path) -> dict[str, Any] | None:
+    """:meth:`ImageLayout.summary_json` of the image in ``image_dir``, or None where its
+    files cannot be read so (gone meanwhile, or damaged: a restore's checks judge that;
+    a report's detail never fails anything)."""
+    try:
+        return image_layout(image_dir).summary_json()
+    except Exception:  # noqa: BLE001 - see the docstring
+        return None

@@ -34,7 +34,6 @@ from spswap.checkpoint.credentials import (  # noqa: F401 - callers use them fro
 )
 from spswap.checkpoint.cuda_back import CUDA_RECORD, cuda_back, gpu_map_for
 from spswap.checkpoint.image_creds import image_problem
-from spswap.checkpoint.image_layout import image_layout
 from spswap.checkpoint.images import (
     Identity,
     image_key,
@@ -57,12 +56,11 @@ class DumpReport:
     cuda_pids: list[int]
     timings_s: dict[str, float] = field(default_factory=dict)
     kept: bool = False  # the tree runs on after the dump (CUDA-checkpointed)
-    layout: dict[str, Any] | None = None  # ImageLayout.summary_json(): the bytes by kind
 
     def to_json(self) -> dict[str, Any]:
         return {"key": self.key, "path": str(self.path), "size_bytes": self.size_bytes,
                 "cuda_pids": self.cuda_pids, "timings_s": self.timings_s,
-                "kept": self.kept, "layout": self.layout}  # fmt: skip
+                "kept": self.kept}  # fmt: skip
 
 
 def job_image_key(job_id: str, identity: Identity) -> str:
@@ -255,20 +253,7 @@ def dump_instance(
                                   "image was deleted")  # fmt: skip
         failed.tree_kept = keep  # type: ignore[attr-defined]
         raise failed from None
-    layout = _layout_quietly(info.path, timings)
-    return DumpReport(key, info.path, info.size_bytes, cuda, timings, kept=keep, layout=layout)
-
-
-def _layout_quietly(path: Path, timings: dict[str, float]) -> dict[str, Any] | None:
-    """The image's dumped bytes by kind of memory (:mod:`image_layout`), for the dump's
-    report and event; None where its files cannot be read so (the image is good anyway)."""
-    t0 = time.monotonic()
-    try:
-        layout = image_layout(path).summary_json()
-    except Exception:  # noqa: BLE001 - the dump is done: a report's detail never fails it
-        return None
-    timings["layout"] = time.monotonic() - t0
-    return layout
+    return DumpReport(key, info.path, info.size_bytes, cuda, timings, kept=keep)
 
 
 def restore_instance(

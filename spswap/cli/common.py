@@ -16,8 +16,12 @@ from spswap.config import Config
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
 
-JsonOpt = typer.Option(False, "--json", help="Print machine-readable JSON instead of tables "
-                       '(a failure: {"error": {"kind", "message", "exit_code"}}).')
+JsonOpt = typer.Option(
+    False,
+    "--json",
+    help="Print machine-readable JSON instead of tables "
+    '(a failure: {"error": {"kind", "message", "exit_code"}}).',
+)
 RootOpt = typer.Option(
     None, "--root", envvar="SPSWAP_ROOT",
     help="spswap's state directory (pool, slots, images) on node-local tmpfs.",

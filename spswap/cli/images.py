@@ -216,7 +216,7 @@ def show(job: str = JOB_ARG, json: bool = JsonOpt, root: Path | None = RootOpt) 
     except PermissionError:
         raise PermissionDenied(f"{cfg.paths.images} is root's: run as root (users see their "
                                "jobs' images by kind in `spswap events --json`: "
-                               "checkpoint.saved)") from None  # fmt: skip
+                               "checkpoint.layout)") from None  # fmt: skip
     except ImageUnreadable as e:
         raise ImageUnreadable(f"{image} cannot be read as a CRIU image ({e}): it is damaged; "
                               "a restore refuses it and deletes it, or "

@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 from spswap.checkpoint import cgroups, link_remap, proctree
 from spswap.checkpoint.criu import criu_setting, find_criu, missing_text
+from spswap.checkpoint.image_layout import layout_summary_quietly
 from spswap.checkpoint.images import Identity
 from spswap.checkpoint.proctree import anon_rss_bytes
-from spswap.checkpoint.service import dump_instance
+from spswap.checkpoint.service import DumpReport, dump_instance
 from spswap.daemon.ckpt_status import (
     identity_of,
     resume,
@@ -72,7 +73,7 @@ def _dump_locked(st: DaemonState, job_id: str, pid: int, pid_start: int | None,
     leave = _LeaveJob(st, job_id, requeue)
     try:
         try:
-            gone = _dump(st, job_id, pid, pid_start, identity, leave)
+            gone, report = _dump(st, job_id, pid, pid_start, identity, leave)
         finally:
             leave.close()
     finally:
@@ -83,6 +84,21 @@ def _dump_locked(st: DaemonState, job_id: str, pid: int, pid_start: int | None,
         # only once the process is gone (saved, or lost after CRIU ended it): the image is
         # worth nothing if the job does not come back, and a cold start needs it back too
         _requeue(st, job_id)
+    if report is not None:
+        _record_layout(st, job_id, report)
+
+
+def _record_layout(st: DaemonState, job_id: str, report: DumpReport) -> None:
+    """What the saved image holds by kind of memory (:mod:`image_layout`), in a
+    ``checkpoint.layout`` event of its own: reading a vLLM image's records takes 0.1-0.3 s,
+    which must delay neither "saved" nor a restore that comes at once, so it is read last,
+    outside the job lock. No event where the image is gone meanwhile (restored and
+    deleted) or cannot be read so."""
+    t0 = time.monotonic()
+    layout = layout_summary_quietly(report.path)
+    if layout is not None:
+        st.event_quietly("checkpoint.layout", job_id=job_id, key=report.key, layout=layout,
+                         read_s=round(time.monotonic() - t0, 4))  # fmt: skip
 
 
 class _LeaveJob:
@@ -277,9 +293,10 @@ def _park_out_of_job(st: DaemonState, job_id: str, tree: list[int],
 
 
 def _dump(st: DaemonState, job_id: str, pid: int, pid_start: int | None, identity: Identity,
-          leave: _LeaveJob) -> bool:  # fmt: skip
+          leave: _LeaveJob) -> tuple[bool, DumpReport | None]:  # fmt: skip
     """Dump and record the outcome; True when the instance is gone (dumped, or killed by
-    CRIU before a later step failed), False when it runs on."""
+    CRIU before a later step failed), False when it runs on; with the dump's report when
+    it was saved."""
     try:
         try:
             report = dump_instance(st.cfg.paths.images, job_id=job_id, pid=pid,
@@ -301,7 +318,7 @@ def _dump(st: DaemonState, job_id: str, pid: int, pid_start: int | None, identit
             resume(pid, pid_start)
         st.event("checkpoint.failed", job_id=job_id, uid=identity.uid, reason=reason[:2000])
         sync_quietly(st)  # an older image of the job was deleted before the dump
-        return not pid_alive(pid, pid_start)
+        return not pid_alive(pid, pid_start), None
     kept = report.kept = report.kept and leave.keep(pid, pid_start, report.key)
     sync_quietly(st)  # before "saved": a restore must find the entry held
     st.statuses.write(job_id, state=CheckpointState.SAVED, pid=pid, key=report.key,
@@ -309,7 +326,7 @@ def _dump(st: DaemonState, job_id: str, pid: int, pid_start: int | None, identit
                       size_bytes=report.size_bytes, timings_s=report.timings_s,
                       kept=kept)  # fmt: skip
     st.event("checkpoint.saved", job_id=job_id, uid=identity.uid, image=report.to_json())
-    return True
+    return True, report
 
 
 def _make_room(st: DaemonState, job_id: str, uid: int, tree: list[int]) -> None:

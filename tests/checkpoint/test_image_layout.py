@@ -127,6 +127,8 @@ def test_more_processes_share_a_column_and_shared_memory_counts_once(tmp_path: P
                                        "bytes_by_kind": {**dict.fromkeys(il.KINDS, 0),
                                                          "anonymous": 3 << 20}}  # fmt: skip
     assert "largest" in layout.to_json()["processes"][0]
+    assert il.layout_summary_quietly(tmp_path) == summary  # the daemon's event records this
+    assert il.layout_summary_quietly(tmp_path / "gone") is None  # restored and deleted
 
 
 def test_what_is_not_an_image_says_so(tmp_path: Path) -> None:

@@ -118,12 +118,21 @@ def test_stop_dump_restore_answers_like_cold(node: Config, tmp_path: Path) -> No
     assert (image["job_id"], image["state"]) == (JOB, "saved") and image["size_bytes"] > 0
     assert image["identity"]["engine"] == "reference" and image["identity"]["uid"] == 0
     # what the image holds by kind of memory: as `images show` reads it, and as spswapd's
-    # event recorded it right after the dump
+    # event recorded it after the dump, after "saved" (reading it delays no restore)
     shown = CliRunner().invoke(app, ["images", "show", JOB, "--json", "--root", str(node.root)])
     layout = json.loads(shown.stdout)
-    (saved,) = [e for e in Client(node).call("events.tail", n=50)
-                if e["kind"] == "checkpoint.saved"]  # fmt: skip
-    recorded = saved["detail"]["image"]["layout"]  # the event's summary: no largest areas
+
+    def layout_recorded() -> list[dict] | None:
+        events = Client(node).call("events.tail", n=50)
+        return events if any(e["kind"] == "checkpoint.layout" for e in events) else None
+
+    events = _wait("the image's layout event", layout_recorded)
+    kinds = [e["kind"] for e in events]
+    assert kinds.index("checkpoint.layout") > kinds.index("checkpoint.saved"), kinds
+    assert "layout" not in events[kinds.index("checkpoint.saved")]["detail"]["image"]
+    recorded = events[kinds.index("checkpoint.layout")]["detail"]
+    assert recorded["key"] == image["key"] and recorded["read_s"] >= 0
+    recorded = recorded["layout"]  # the event's summary: no largest areas
     assert recorded["bytes_by_kind"] == layout["bytes_by_kind"]
     assert recorded["processes"] == [{k: p[k] for k in ("pid", "dumped_bytes", "bytes_by_kind")}
                                      for p in layout["processes"]]  # fmt: skip

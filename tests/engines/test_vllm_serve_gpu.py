@@ -231,8 +231,8 @@ def test_the_real_server_is_dumped_and_restored_into_the_next_run(
             (tmp_path / "run1.log").read_text()[-3000:]  # fmt: skip
         events = Client(cfg).call("events.tail", n=60)
         done = [e for e in events if e["kind"] == "restore.done"]
-        saved = [e["detail"]["image"] for e in events if e["kind"] == "checkpoint.saved"]
-        layout = (saved[0].get("layout") or {}) if saved else {}
+        saved = [e["detail"] for e in events if e["kind"] == "checkpoint.layout"]
+        layout = saved[0]["layout"] if saved else {}
         print(json.dumps({"kept": kept, "stop_to_saved_s": dump_s,
                           "image_bytes_by_kind": layout.get("bytes_by_kind"),
                           "image_processes": [(p["pid"], p["bytes_by_kind"])
