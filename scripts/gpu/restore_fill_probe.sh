@@ -6,7 +6,9 @@
 # MiB of written anonymous memory is dumped to /dev/shm and restored (detached, timed),
 # the four ways alternating, ROUNDS times; prints one JSON line per restore. Root; needs
 # a CRIU built by scripts/build_criu.sh (with its thp-fill patch): $SPSWAP_CRIU, else
-# .criu-build/bundle/criu, else criu on PATH.
+# .criu-build/bundle/criu, else criu on PATH. WORK_DIR (default /dev/shm): where the
+# image goes, e.g. a tmpfs mounted huge=within_size against one mounted huge=always (the
+# image file's own pages: 4 KiB under within_size, which CRIU's appends never reach).
 #
 #   bash scripts/gpu/restore_fill_probe.sh [MIB (2048)] [ROUNDS (3)]
 set -uo pipefail
@@ -19,9 +21,9 @@ real=$(readlink -f "$CRIU")
 grep -qs thp-fill.patch "$(dirname "$real")/share/spswap/criu-patches" \
     "$(dirname "$(dirname "$real")")/share/spswap/criu-patches" \
   || { echo "restore_fill_probe: $CRIU was not built with scripts/criu-patches/thp-fill.patch: rebuild it (scripts/build_criu.sh, or scripts/gpu/kits.sh criu for the bundle)" >&2; exit 2; }
-W=$(mktemp -d /dev/shm/restore-fill.XXXXXX)
+W=$(mktemp -d "${WORK_DIR:-/dev/shm}/restore-fill.XXXXXX")
 trap 'rm -rf "$W"' EXIT
-echo "{\"thp\": \"$(cat /sys/kernel/mm/transparent_hugepage/enabled)\", \"criu\": \"$CRIU\"}"
+echo "{\"thp\": \"$(cat /sys/kernel/mm/transparent_hugepage/enabled)\", \"criu\": \"$CRIU\", \"work_mount\": \"$(findmnt -no OPTIONS --target "$W")\"}"
 for r in $(seq 1 "$ROUNDS"); do
   # dedup 1: --auto-dedup, as a run's restore from an image (its pages freed as they are
   # read); 0: without, as the restore at the job's prolog (the image stays, the way back)

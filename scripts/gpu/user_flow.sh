@@ -188,8 +188,9 @@ T1=$(as_user "python3 '$WORK/ask.py' times '$UDS1' '$MODEL'") && flow "{\"step\"
 TL=$(SPSWAP_ROOT=${SPSWAP_ROOT:-/dev/shm/spswap} /opt/spswap/bin/spswap events -n 200 --json 2>/dev/null \
     | python3 "$REPO/scripts/gpu/flow_timeline.py" "$JOB" "$t_hend_own" "$t_seen1" "$t_ans1" 2>/dev/null || echo '{}')
 flow "{\"step\": \"timeline\", \"job\": $JOB, \"steps\": $TL}"
-# what the job's image held, by kind of memory (spswapd's checkpoint.saved event)
-IMG=$(SPSWAP_ROOT=${SPSWAP_ROOT:-/dev/shm/spswap} /opt/spswap/bin/spswap events -n 200 --json 2>/dev/null | python3 -c "import json,sys; s=[e['detail']['image'] for e in json.load(sys.stdin) if e['kind']=='checkpoint.saved' and e.get('job_id')=='$JOB']; i=s[-1] if s else {}; print(json.dumps({'size_bytes': i.get('size_bytes'), 'kept': i.get('kept'), 'bytes_by_kind': (i.get('layout') or {}).get('bytes_by_kind'), 'processes': [(p['pid'], p['dumped_bytes'], p['bytes_by_kind']) for p in (i.get('layout') or {}).get('processes', [])]}))" 2>/dev/null || echo '{}')
+# what the job's image held (spswapd's checkpoint.saved event), by kind of memory (its
+# checkpoint.layout event, recorded right after)
+IMG=$(SPSWAP_ROOT=${SPSWAP_ROOT:-/dev/shm/spswap} /opt/spswap/bin/spswap events -n 200 --json 2>/dev/null | python3 -c "import json,sys; ev=[e for e in json.load(sys.stdin) if e.get('job_id')=='$JOB']; s=[e['detail']['image'] for e in ev if e['kind']=='checkpoint.saved']; l=[e['detail']['layout'] for e in ev if e['kind']=='checkpoint.layout']; i=s[-1] if s else {}; lay=l[-1] if l else {}; print(json.dumps({'size_bytes': i.get('size_bytes'), 'kept': i.get('kept'), 'bytes_by_kind': lay.get('bytes_by_kind'), 'processes': [(p['pid'], p['dumped_bytes'], p['bytes_by_kind']) for p in lay.get('processes', [])]}))" 2>/dev/null || echo '{}')
 flow "{\"step\": \"image\", \"job\": $JOB, \"image\": $IMG}"
 collect
 grep -h "restore\|checkpoint\|cold\|run 1" "$WORK"/spswap-vllm-"$JOB".log | tail -n 20

@@ -7,9 +7,14 @@ from __future__ import annotations
 # background, with the copy engines: host copies through them ran at ~20 GB/s for ~0.45 s
 # after a sleep that freed 57.6 GB, and at full rate at once after one that freed 7.6 GB
 # (H200, scripts/gpu/sleep_probe.py; docs/benchmarks.md). Meanwhile the GPU's cores pull
-# the pool mapping at ~49 GB/s, against ~54 for idle copy engines.
+# the pool mapping at ~49 GB/s on the H200 but ~34 GB/s on the H100 (a 7B, 15.2 GB,
+# pulled: 0.45 s, where the copy engines would take ~0.35 s), against ~54 for idle copy
+# engines on both: so the cores pull only where that is faster even at the H100's rate.
 SCRUB_FREE_BYTES = 8 << 30  # freed bytes that left the copy engines at full rate
 SCRUB_BYTES_PER_S = 100e9  # how fast the rest is cleared (conservative: ~130e9 measured)
+SCRUBBING_COPY_BYTES_PER_S = 20e9  # the copy engines' rate while the driver clears
+COPY_BYTES_PER_S = 54e9  # idle copy engines, pinned host -> GPU (H100, H200)
+PULL_BYTES_PER_S = 34e9  # the cores' pull, the slower of the GPUs measured (H100)
 PULL_WINDOW_S = 2.0  # the window when the bytes freed are not known
 
 
@@ -19,16 +24,34 @@ def scrub_busy_s(released_bytes: int) -> float:
     return max(0, released_bytes - SCRUB_FREE_BYTES) / SCRUB_BYTES_PER_S
 
 
-def pull_share(since_sleep_s: float | None, released_bytes: int | None = None) -> float:
+def copy_engines_s(copy_bytes: int, busy_s: float) -> float:
+    """How long the copy engines take to move ``copy_bytes`` while the driver still
+    clears for ``busy_s`` seconds: the slow rate first, the full rate after."""
+    during = busy_s * SCRUBBING_COPY_BYTES_PER_S
+    if copy_bytes <= during:
+        return copy_bytes / SCRUBBING_COPY_BYTES_PER_S
+    return busy_s + (copy_bytes - during) / COPY_BYTES_PER_S
+
+
+def pull_share(since_sleep_s: float | None, released_bytes: int | None = None,
+               copy_bytes: int | None = None) -> float:  # fmt: skip
     """How much of a wake's copy the GPU's cores should pull themselves (see
     :func:`spswap.transfer.copy.copy_into`): all of it while the driver is still clearing
-    what this process's own level-2 sleep released (:func:`scrub_busy_s`), when copies
-    through the copy engines run at under half rate; none otherwise (a small KV cache, a
-    restored, kept or long-asleep process: the idle copy engines' 52-54 GB/s beat the
-    pull's ~49). ``released_bytes`` None (not known): within :data:`PULL_WINDOW_S`.
-    ``since_sleep_s`` None: it never slept; negative: the clock is not the sleep's (a
-    restore on another boot), so not right after it either."""
+    what this process's own level-2 sleep released (:func:`scrub_busy_s`) and the pull
+    of ``copy_bytes`` is faster than the copy engines' slowed copy
+    (:func:`copy_engines_s`; a large model after a small KV cache: the copy outlasts the
+    clearing, so the engines' full rate wins); none otherwise (a small KV cache, a
+    restored, kept or long-asleep process: the idle copy engines beat the pull).
+    ``released_bytes`` None (not known): within :data:`PULL_WINDOW_S`. ``copy_bytes``
+    None: the copy's size is not weighed. ``since_sleep_s`` None: it never slept;
+    negative: the clock is not the sleep's (a restore on another boot), so not right
+    after it either."""
     if since_sleep_s is None or since_sleep_s < 0:
         return 0.0
     busy_s = PULL_WINDOW_S if released_bytes is None else scrub_busy_s(released_bytes)
-    return 1.0 if since_sleep_s < busy_s else 0.0
+    left_s = busy_s - since_sleep_s
+    if left_s <= 0:
+        return 0.0
+    if copy_bytes is None:
+        return 1.0
+    return 1.0 if copy_bytes / PULL_BYTES_PER_S < copy_engines_s(copy_bytes, left_s) else 0.0

@@ -195,7 +195,7 @@ class SpswapWorkerExtension:
         released = None
         if pull is None:
             released = self._spswap_sleep_pool_bytes() if since_sleep_s is not None else None
-            pull = pull_share(since_sleep_s, released)
+            pull = pull_share(since_sleep_s, released, mapping.size_bytes)
         report = copy_into(mapping, weight_tensors(self._spswap_model()),
                            staging_bytes=STAGING_BYTES, pull=pull)  # fmt: skip
         return {**report.to_json(), "pull": pull, "released_bytes": released,

@@ -413,9 +413,13 @@ def test_start_without_disk_gives_the_cold_outputs(cold: Any, vllm_model: Path) 
 
 def test_pull_share_pulls_only_while_the_driver_clears_what_the_sleep_freed() -> None:
     from spswap.engines.vllm_pull import (
+        COPY_BYTES_PER_S,
+        PULL_BYTES_PER_S,
         PULL_WINDOW_S,
         SCRUB_BYTES_PER_S,
         SCRUB_FREE_BYTES,
+        SCRUBBING_COPY_BYTES_PER_S,
+        copy_engines_s,
         pull_share,
         scrub_busy_s,
     )  # fmt: skip
@@ -431,3 +435,13 @@ def test_pull_share_pulls_only_while_the_driver_clears_what_the_sleep_freed() ->
     assert pull_share(0.05) == 1.0 and pull_share(PULL_WINDOW_S + 0.1) == 0.0
     assert pull_share(None, big) == 0.0  # never slept (a restored or new process)
     assert pull_share(-3.0, big) == 0.0  # another boot's clock: not right after a sleep
+    # the copy's size weighed: pulled where that beats the copy engines' slowed copy
+    assert pull_share(0.02, big, 1_260_335_232) == 1.0  # 0.5B after a 54 GB KV cache
+    assert pull_share(0.02, big, 3_554_000_000) == 1.0  # 1.5B: the same
+    # 7B after a 4 GiB KV cache (H100, 2026-12-05: pulled 34 GB/s, 0.45 s): the clearing
+    # ends early in its copy; the copy engines' full rate wins
+    seven_b, freed = 15_231_233_472, 19_702_743_040
+    assert copy_engines_s(seven_b, scrub_busy_s(freed)) < seven_b / PULL_BYTES_PER_S
+    assert pull_share(0.02, freed, seven_b) == 0.0 and pull_share(0.02, freed) == 1.0
+    assert copy_engines_s(10 << 30, 0.0) == (10 << 30) / COPY_BYTES_PER_S
+    assert copy_engines_s(1 << 30, 1.0) == (1 << 30) / SCRUBBING_COPY_BYTES_PER_S
