@@ -19,8 +19,8 @@ err_console = Console(stderr=True, highlight=False)
 JsonOpt = typer.Option(
     False,
     "--json",
-    help="Print machine-readable JSON instead of tables "
-    '(a failure: {"error": {"kind", "message", "exit_code"}}).',
+    help="Print machine-readable JSON instead of tables; when the command fails, "
+    '{"error": {"kind", "message", "exit_code"}} (a mistyped option: its usage text only).',
 )
 RootOpt = typer.Option(
     None, "--root", envvar="SPSWAP_ROOT",
