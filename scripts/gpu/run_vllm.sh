@@ -15,7 +15,9 @@
 #   regprobe  scripts/gpu/register_probe.py (does a CUDA restore pin a registered mapping
 #             again; 4 KiB tmpfs pages against a tmpfs mounted huge=always)
 #   pagefill  scripts/gpu/page_fill_probe.py (how fast a restore can fill fresh memory)
-#   restorefill scripts/gpu/restore_fill_probe.sh (CRIU's restore, 4 KiB vs huge pages)
+#   restorefill scripts/gpu/restore_fill_probe.sh (CRIU's restore, 4 KiB vs huge pages;
+#             RESTOREFILL_MOUNTS="within_size always": the image on a tmpfs mounted with
+#             each huge= in turn, alternating, instead of /dev/shm)
 #   probe     scripts/gpu/vllm_copy_probe.py --first on 1.5B (why a copy runs below the limit;
 #             PROBE_ARGS: other options, e.g. "--first-only --kv-gib 4")
 #   release   scripts/gpu/release_probe.py (are copies slow after memory goes back to the driver?)
@@ -97,7 +99,20 @@ fi
 if want restorefill; then
   step restorefill
   criu_on
-  timeout -k 5 120 bash scripts/gpu/restore_fill_probe.sh 2048 3 | tee "$OUT/restorefill.jsonl"
+  if [ -z "${RESTOREFILL_MOUNTS:-}" ]; then
+    timeout -k 5 120 bash scripts/gpu/restore_fill_probe.sh 2048 3 | tee "$OUT/restorefill.jsonl"
+  else
+    for round in 1 2; do
+      for huge in $RESTOREFILL_MOUNTS; do
+        d=/tmp/spswap-rf-$huge
+        mkdir -p "$d"
+        mountpoint -q "$d" || mount -t tmpfs -o "huge=$huge,size=16G" spswap-rf "$d" || continue
+        WORK_DIR=$d timeout -k 5 120 bash scripts/gpu/restore_fill_probe.sh 2048 1 |
+          tee -a "$OUT/restorefill.jsonl"
+      done
+    done
+    for huge in $RESTOREFILL_MOUNTS; do umount "/tmp/spswap-rf-$huge" 2>/dev/null; done
+  fi
   criu_off
 fi
 
