@@ -72,6 +72,7 @@ def child(args: argparse.Namespace) -> None:
 
 def parent(args: argparse.Namespace) -> dict:
     from spswap.checkpoint import cuda_ckpt
+    from spswap.checkpoint.image_layout import layout_summary_quietly
     from spswap.checkpoint.images import node_identity, probe_identity
     from spswap.checkpoint.service import dump_instance, restore_instance
     from spswap.engines.reference import ReferenceEngine, save_checkpoint
@@ -125,7 +126,7 @@ def parent(args: argparse.Namespace) -> dict:
     t0 = time.perf_counter()
     rep = dump_instance(work / "images", job_id="gpu", pid=proc.pid, identity=ident)
     out["dump_total_s"] = time.perf_counter() - t0
-    out["dump"] = rep.to_json()
+    out["dump"] = {**rep.to_json(), "layout": layout_summary_quietly(rep.path)}
     proc.wait()  # reap: the pid must be free for the restore
     print("dumped:", json.dumps(out["dump"]), flush=True)
     t0 = time.perf_counter()

@@ -106,9 +106,11 @@ if want restorefill; then
       for huge in $RESTOREFILL_MOUNTS; do
         d=/tmp/spswap-rf-$huge
         mkdir -p "$d"
-        mountpoint -q "$d" || mount -t tmpfs -o "huge=$huge,size=16G" spswap-rf "$d" || continue
-        WORK_DIR=$d timeout -k 5 120 bash scripts/gpu/restore_fill_probe.sh 2048 1 |
-          tee -a "$OUT/restorefill.jsonl"
+        mountpoint -q "$d" || mount -t tmpfs -o "huge=$huge,size=16G" spswap-rf "$d" ||
+          { echo "restorefill: could not mount a huge=$huge tmpfs: skipped"; continue; }
+        [ "$(left)" -gt 40 ] || { echo "restorefill: out of budget"; break 2; }
+        WORK_DIR=$d timeout -k 5 $(( $(left) < 125 ? $(left) - 5 : 120 )) \
+          bash scripts/gpu/restore_fill_probe.sh 2048 1 | tee -a "$OUT/restorefill.jsonl"
       done
     done
     for huge in $RESTOREFILL_MOUNTS; do umount "/tmp/spswap-rf-$huge" 2>/dev/null; done

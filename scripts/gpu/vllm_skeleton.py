@@ -246,7 +246,10 @@ class Parent:
             identity=self.identity(digest),
             before_criu=before_criu,
         )
-        return {"total_s": time.perf_counter() - t0, **rep.to_json(), **seen}
+        from spswap.checkpoint.image_layout import layout_summary_quietly
+
+        return {"total_s": time.perf_counter() - t0, **rep.to_json(), **seen,
+                "layout": layout_summary_quietly(rep.path)}  # fmt: skip
 
     def freeze(self, pid: int) -> Any:
         """Freeze a kept tree as spswapd does (a cgroup of our own), or SIGSTOP it."""

@@ -19,7 +19,7 @@ err_console = Console(stderr=True, highlight=False)
 JsonOpt = typer.Option(
     False,
     "--json",
-    help="Print machine-readable JSON instead of tables; when the command fails, "
+    help="Print machine-readable JSON instead of tables; when spswap refuses or fails, "
     '{"error": {"kind", "message", "exit_code"}} (a mistyped option: its usage text only).',
 )
 RootOpt = typer.Option(

@@ -55,10 +55,17 @@ def run_app(app: typer.Typer) -> None:
         command = " ".join(["spswap", *[a for a in sys.argv[1:] if not a.startswith("-")][:1]])
         err_console.print(f"{escape(command)}: [bold red]error:[/] {escape(str(e))}",
                           markup=True, soft_wrap=True)  # fmt: skip
-        if "--json" in sys.argv[1:]:
+        if asked_json(sys.argv[1:]):
             # a script that asked for JSON reads one object on stdout, a refusal included
             emit_json(error_json(e))
         sys.exit(e.exit_code)
+
+
+def asked_json(args: list[str]) -> bool:
+    """Whether the command line asks for ``--json`` (not after ``--``: vLLM's own options
+    follow it in ``spswap serve``). Pure."""
+    ours = args[: args.index("--")] if "--" in args else args
+    return "--json" in ours
 
 
 def error_json(err: SpswapError) -> dict[str, object]:

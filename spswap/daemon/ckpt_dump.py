@@ -85,20 +85,24 @@ def _dump_locked(st: DaemonState, job_id: str, pid: int, pid_start: int | None,
         # worth nothing if the job does not come back, and a cold start needs it back too
         _requeue(st, job_id)
     if report is not None:
-        _record_layout(st, job_id, report)
+        _record_layout(st, job_id, identity.uid, report)
 
 
-def _record_layout(st: DaemonState, job_id: str, report: DumpReport) -> None:
+def _record_layout(st: DaemonState, job_id: str, uid: int, report: DumpReport) -> None:
     """What the saved image holds by kind of memory (:mod:`image_layout`), in a
-    ``checkpoint.layout`` event of its own: reading a vLLM image's records takes 0.1-0.3 s,
-    which must delay neither "saved" nor a restore that comes at once, so it is read last,
-    outside the job lock. No event where the image is gone meanwhile (restored and
-    deleted) or cannot be read so."""
+    ``checkpoint.layout`` event of its own: reading a vLLM image's records takes 0.1-0.3 s
+    of Python, which must delay neither "saved" nor a restore that comes at once, so it
+    is read last, outside the job lock, and not at all once a restore (or `spswap images
+    rm`) of the job holds its lock: that one's own Python steps would wait for this
+    thread's. No event either where the image is gone or cannot be read so; one deleted
+    while it is read may give a partial count (a detail for reports, never a check)."""
+    if st.job_locks.of(job_id).locked():
+        return
     t0 = time.monotonic()
     layout = layout_summary_quietly(report.path)
     if layout is not None:
-        st.event_quietly("checkpoint.layout", job_id=job_id, key=report.key, layout=layout,
-                         read_s=round(time.monotonic() - t0, 4))  # fmt: skip
+        st.event_quietly("checkpoint.layout", job_id=job_id, uid=uid, key=report.key,
+                         layout=layout, read_s=round(time.monotonic() - t0, 4))  # fmt: skip
 
 
 class _LeaveJob:

@@ -27,10 +27,10 @@ def scrub_busy_s(released_bytes: int) -> float:
 def copy_engines_s(copy_bytes: int, busy_s: float) -> float:
     """How long the copy engines take to move ``copy_bytes`` while the driver still
     clears for ``busy_s`` seconds: the slow rate first, the full rate after."""
-    during = busy_s * SCRUBBING_COPY_BYTES_PER_S
-    if copy_bytes <= during:
+    during_bytes = busy_s * SCRUBBING_COPY_BYTES_PER_S
+    if copy_bytes <= during_bytes:
         return copy_bytes / SCRUBBING_COPY_BYTES_PER_S
-    return busy_s + (copy_bytes - during) / COPY_BYTES_PER_S
+    return busy_s + (copy_bytes - during_bytes) / COPY_BYTES_PER_S
 
 
 def pull_share(since_sleep_s: float | None, released_bytes: int | None = None,

@@ -182,9 +182,10 @@ class SpswapWorkerExtension:
         ``released_bytes`` it was chosen for. Call after ``wake_up(tags=["weights"])``.
         ``pull``: the share the GPU's cores pull themselves; None: chosen by
         :func:`~spswap.engines.vllm_pull.pull_share` from ``since_sleep_s`` (seconds
-        since this process's level-2 sleep; None: it never slept) and the bytes that
-        sleep handed back to the driver. ``worker_s``: the call's whole time in the worker
-        (the copy's ``seconds`` plus looking up the weights and checking the entry)."""
+        since this process's level-2 sleep; None: it never slept), the bytes that
+        sleep handed back to the driver and the copy's own size. ``worker_s``: the
+        call's whole time in the worker (the copy's ``seconds`` plus looking up the
+        weights and checking the entry)."""
         entered = time.perf_counter()
         mapping: MappedEntry | None = getattr(self, "_spswap_mapping", None)
         if mapping is None:

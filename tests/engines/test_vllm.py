@@ -436,8 +436,8 @@ def test_pull_share_pulls_only_while_the_driver_clears_what_the_sleep_freed() ->
     assert pull_share(None, big) == 0.0  # never slept (a restored or new process)
     assert pull_share(-3.0, big) == 0.0  # another boot's clock: not right after a sleep
     # the copy's size weighed: pulled where that beats the copy engines' slowed copy
-    assert pull_share(0.02, big, 1_260_335_232) == 1.0  # 0.5B after a 54 GB KV cache
-    assert pull_share(0.02, big, 3_554_000_000) == 1.0  # 1.5B: the same
+    assert pull_share(0.02, big, 3_554_000_000) == 1.0  # the 1.5B of `big` itself
+    assert pull_share(0.02, big, 1_260_335_232) == 1.0  # a 0.5B after as large a sleep
     # 7B after a 4 GiB KV cache (H100, 2026-12-05: pulled 34 GB/s, 0.45 s): the clearing
     # ends early in its copy; the copy engines' full rate wins
     seven_b, freed = 15_231_233_472, 19_702_743_040
