@@ -102,6 +102,10 @@ class EngineError(SpswapError):
     """An engine failed to load, sleep, wake or generate."""
 
 
+class PathUnusable(SpswapError):
+    """A file or directory spswap needs is missing or of the wrong kind."""
+
+
 class PermissionDenied(SpswapError):
     """The caller may not act on another user's job, reservation or image."""
 

@@ -98,3 +98,33 @@ def test_error_json_is_the_class_message_and_exit_code():
     assert error_json(PermissionDenied("ask root")) == {
         "error": {"kind": "PermissionDenied", "message": "ask root", "exit_code": 3}
     }
+
+
+def test_a_path_this_user_cannot_use_is_one_clear_error_not_a_traceback(tmp_path):
+    """The walk: `spswap status --json --root DIR` as a user on root's directory gave a
+    PermissionError traceback and no JSON."""
+    from spswap.cli.serve_app import path_error
+
+    denied = path_error(PermissionError(13, "Permission denied", "/root/spx/pool/index.json"))
+    assert type(denied).__name__ == "PermissionDenied" and denied.exit_code == 3
+    assert str(denied) == ("cannot use /root/spx/pool/index.json: permission denied; run as "
+                           "root, or give a --root (SPSWAP_ROOT) this user may read")  # fmt: skip
+    missing = path_error(FileNotFoundError(2, "No such file or directory", "/proc/1/slots"))
+    assert type(missing).__name__ == "PathUnusable" and str(missing).startswith(
+        "cannot use /proc/1/slots: no such file or directory; check the path"
+    )
+    assert path_error(OSError(28, "No space left on device")) is None  # not about a path
+    assert path_error(ConnectionRefusedError(111, "refused")) is None
+
+
+def test_status_under_root_s_proc_says_what_to_check(tmp_path):
+    import json
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "spswap.cli", "status", "--json", "--root", "/proc/1"],
+        capture_output=True, text=True, timeout=120,
+        env={"PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+    err = json.loads(proc.stdout)["error"]
+    assert err["message"].startswith("cannot use /proc/1/"), err

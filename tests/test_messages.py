@@ -222,3 +222,25 @@ def test_events_piped_are_one_plain_line_each(tmp_path: Path) -> None:
         f"checkpoint.parked job=88 uid=1001 cgroups=[{path}] pids=[15834]",
         "job.end        job=88 uid=1001 fate=back released_reservations=[] state=requeued",
     ]
+
+
+def test_an_images_layout_event_shows_its_sizes_in_the_events_table() -> None:
+    """checkpoint.layout: the dumped total and each kind the image holds, readable, largest
+    first (the walk found only `shared=0 B` shown and the rest left to --json)."""
+    kinds = {"anonymous": 114868224, "heap": 113713152, "file private": 6610944,
+             "stack": 86016, "other": 8192, "shared": 0}  # fmt: skip
+    layout = {
+        "bytes_by_kind": kinds,
+        "shared_bytes": 0,
+        "processes": [{"pid": 5, "dumped_bytes": 235286528, "bytes_by_kind": kinds}],
+    }
+    event = {"ts": 0, "kind": "checkpoint.layout", "job_id": "727", "uid": 1001,
+             "detail": {"key": "job727-m", "dumped_bytes": 235286528, "layout": layout,
+                        "read_s": 0.0046}}  # fmt: skip
+    assert event_line(event).endswith(
+        "uid=1001 dumped=224.4 MiB key=job727-m layout={anonymous=109.5 MiB heap=108.4 MiB "
+        "file_private=6.3 MiB stack=84.0 KiB other=8.0 KiB shared=0 B "
+        "(+1 more: spswap events --json)} read_s=0.0046")  # fmt: skip
+    kept = {"ts": 0, "kind": "checkpoint.kept", "job_id": "727", "uid": 1001,
+            "detail": {"pid": 9, "size_bytes": 235278336}}  # fmt: skip
+    assert event_line(kept).endswith("pid=9 size=224.4 MiB")

@@ -48,7 +48,12 @@ def ask(
         "asking again with the same id (and prompt, or no prompt) returns the saved answer.",
     ),
     timeout_s: float = typer.Option(600.0, help="How long to wait for the answer."),
-    json: bool = typer.Option(False, "--json", help="Print the whole answer as JSON."),
+    json: bool = typer.Option(
+        False,
+        "--json",
+        help="Print the whole answer as JSON (a refusal: "
+        '{"error": {"kind", "message", "exit_code"}}).',
+    ),
 ) -> None:
     """Send one generation request to a serving job and print the answer's token ids.
 

@@ -61,10 +61,14 @@ def short_value(value: Any, sep: str = "\n") -> str:
 
 
 def _short_object(value: dict[str, Any]) -> str:
-    plain = []
+    plain: list[str] = []
     nested = 0
     for k, v in sorted(value.items()):
-        if isinstance(v, dict | list):
+        if k.endswith("bytes_by_kind") and isinstance(v, dict):
+            # an image's memory by kind (checkpoint.layout): the kinds it holds, largest first
+            held = sorted(((n, kind) for kind, n in v.items() if n), reverse=True)
+            plain.extend(f"{kind.replace(' ', '_')}={fmt_bytes(n)}" for n, kind in held)
+        elif isinstance(v, dict | list):
             nested += 1 if v else 0
         elif k.endswith("_bytes") and isinstance(v, int | float):
             plain.append(f"{k.removesuffix('_bytes')}={fmt_bytes(v)}")
@@ -80,7 +84,9 @@ def _short_object(value: dict[str, Any]) -> str:
 
 def _details(event: dict[str, Any], sep: str) -> str:
     items = sorted((event.get("detail") or {}).items())
-    return " ".join(f"{k}={short_value(v, sep)}" for k, v in items)
+    return " ".join(f"{k.removesuffix('_bytes')}={fmt_bytes(v)}"
+                    if k.endswith("_bytes") and isinstance(v, int) and not isinstance(v, bool)
+                    else f"{k}={short_value(v, sep)}" for k, v in items)  # fmt: skip
 
 
 def event_line(event: dict[str, Any]) -> str:
@@ -114,7 +120,8 @@ def events(
     root: Path | None = RootOpt,
 ) -> None:
     """Show the node's event log ($SPSWAP_ROOT/log/events.jsonl, written by spswapd):
-    job starts and ends, reservation releases, daemon starts and stops. Reads the file
+    job starts and ends, reservation releases, checkpoints (saved, kept, what an image
+    holds: checkpoint.layout), restores, daemon starts and stops. Reads the file
     directly, so it works while the daemon is down. In a terminal: a table; piped (or with
     --follow): one line per event, for grep. Pool digests show their first 12 characters
     (as `spswap pool ls`) and long details are shortened; --json has everything: a JSON

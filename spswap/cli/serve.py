@@ -174,7 +174,12 @@ def serve(
         "/tmp/spswap-$UID/ when that path is too long for a socket).",
     ),
     root: Path = RootOpt,
-    json: bool = typer.Option(False, "--json", help="Print a JSON summary when the run ends."),
+    json: bool = typer.Option(
+        False,
+        "--json",
+        help="Print a JSON summary when the run ends (a refusal: "
+        '{"error": {"kind", "message", "exit_code"}}).',
+    ),
 ) -> None:
     """Serve MODEL (or several: --models) inside a Slurm job, surviving preemption and requeue.
 

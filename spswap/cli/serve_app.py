@@ -17,7 +17,7 @@ from rich.markup import escape
 
 from spswap.cli import help_style, serve
 from spswap.cli.common import emit_json, err_console
-from spswap.errors import SpswapError
+from spswap.errors import PathUnusable, PermissionDenied, SpswapError
 
 # vLLM's own options follow `--`: they reach the command as ctx.args
 SERVE_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
@@ -48,7 +48,13 @@ def run_app(app: typer.Typer) -> None:
     """Run ``app``; spswap's own errors print as one clear message and exit with their
     code."""
     try:
-        app()
+        try:
+            app()
+        except OSError as os_err:  # a path this user cannot use: one clear line, not a trace
+            error = path_error(os_err)
+            if error is None:
+                raise
+            raise error from None
     except SpswapError as e:
         # the message is text, not markup: "spswap[torch]" must print as written; the
         # command's name first, as its other lines in a job log have it
@@ -59,6 +65,22 @@ def run_app(app: typer.Typer) -> None:
             # a script that asked for JSON reads one object on stdout, a refusal included
             emit_json(error_json(e))
         sys.exit(e.exit_code)
+
+
+def path_error(err: OSError) -> SpswapError | None:
+    """The error to show for an OSError about one path (another user's, missing, not a
+    directory), in the user's words with what to check; None for any other OSError (a
+    bug: its traceback stays). Pure."""
+    if err.filename is None or not isinstance(
+        err, PermissionError | FileNotFoundError | NotADirectoryError | IsADirectoryError
+    ):
+        return None
+    what = f"cannot use {err.filename}: {(err.strerror or str(err)).lower()}"
+    if isinstance(err, PermissionError):
+        return PermissionDenied(f"{what}; run as root, or give a --root (SPSWAP_ROOT) this "
+                                "user may read")  # fmt: skip
+    return PathUnusable(f"{what}; check the path, and --root (SPSWAP_ROOT: spswap's state "
+                        "directory, e.g. /dev/shm/spswap)")  # fmt: skip
 
 
 def asked_json(args: list[str]) -> bool:

@@ -101,8 +101,10 @@ def _record_layout(st: DaemonState, job_id: str, uid: int, report: DumpReport) -
     t0 = time.monotonic()
     layout = layout_summary_quietly(report.path)
     if layout is not None:
+        dumped = sum(layout["bytes_by_kind"].values())  # (what `images show` calls dumped)
         st.event_quietly("checkpoint.layout", job_id=job_id, uid=uid, key=report.key,
-                         layout=layout, read_s=round(time.monotonic() - t0, 4))  # fmt: skip
+                         dumped_bytes=dumped, layout=layout,
+                         read_s=round(time.monotonic() - t0, 4))  # fmt: skip
 
 
 class _LeaveJob:
