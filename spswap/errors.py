@@ -162,6 +162,10 @@ class CriuNotStarted(CheckpointFailed):
     nothing was dumped or restored, and the image is as it was."""
 
 
+class ImageNotFound(SpswapError):
+    """No checkpoint image matches the job id or image name given."""
+
+
 class ImageUnreadable(SpswapError):
     """A checkpoint image's files are missing, cut short or not in CRIU's format: what
     they hold cannot be read (a restore then refuses the image: its credentials cannot

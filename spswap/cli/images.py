@@ -19,7 +19,7 @@ from spswap.checkpoint.service import images_of_job, job_of_key, job_prefix, rea
 from spswap.cli.common import JsonOpt, RootOpt, console, emit_json, load_config
 from spswap.daemon.client import Client
 from spswap.daemon.image_room import ImageRoom
-from spswap.errors import ConfigError, ImageUnreadable, PermissionDenied
+from spswap.errors import ConfigError, ImageNotFound, ImageUnreadable, PermissionDenied
 from spswap.fsutil import dir_size_bytes, read_json
 from spswap.plain import plain_row
 from spswap.status import checkpoint_state_text
@@ -185,7 +185,7 @@ def find_image(images_root: Path, job_or_key: str) -> Path:
         return exact
     found = images_of_job(images_root, job_or_key) if len(job_or_key) <= 64 else []
     if not found:
-        raise ConfigError(f"no checkpoint image of job {job_or_key!r}, nor one of that "
+        raise ImageNotFound(f"no checkpoint image of job {job_or_key!r}, nor one of that "
                           f"name, in {images_root}: `spswap images ls` lists the node's "
                           "images")  # fmt: skip
     return max(found, key=lambda p: p.stat().st_mtime)

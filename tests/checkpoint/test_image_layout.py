@@ -17,7 +17,7 @@ from spswap.checkpoint import criu
 from spswap.checkpoint import image_layout as il
 from spswap.cli.app import app
 from spswap.cli.images import collect_images, find_image, largest_lines, layout_notes, layout_rows
-from spswap.errors import ConfigError, ImageUnreadable
+from spswap.errors import ConfigError, ImageNotFound, ImageUnreadable
 
 from . import criu_images as ci
 from .criu_helpers import needs_criu
@@ -150,7 +150,7 @@ def test_images_show_finds_a_job_s_image_and_prints_json(tmp_path: Path) -> None
     _write(image, 9, [(0x10000, 0x20000, HEAP)], [(0x10000, 2, il.PE_PRESENT, False)])
     assert find_image(tmp_path / "images", "12") == image
     assert find_image(tmp_path / "images", "job12-abc-def") == image
-    with pytest.raises(ConfigError, match="image of job '1', nor one of that name.*images ls"):
+    with pytest.raises(ImageNotFound, match="image of job '1', nor one of that name.*images ls"):
         find_image(tmp_path / "images", "1")
     for bad in ("../images/job12-abc-def", "", ".", ".."):
         with pytest.raises(ConfigError, match="neither a job id nor an image's key"):
