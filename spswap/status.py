@@ -33,6 +33,7 @@ from spswap.settings_check import (
 )
 from spswap.settings_file import settings_file_path
 from spswap.slots.gpus import discover_gpus
+from spswap.slots.state import build_snapshot
 from spswap.slots.table import SlotTable
 from spswap.slurm.backend import job_probe
 from spswap.units import fmt_bytes
@@ -54,9 +55,13 @@ def collect_status(cfg: Config, *, gpus: list[dict[str, Any]] | None = None) -> 
     pool = Pool.from_config(cfg)
     entries = pool.entries()
 
-    # with the job probe: a reservation of a live job outlives the process that made it
-    slots = SlotTable(cfg.paths.slots, [g["index"] for g in gpus],
-                      job_alive=job_probe()).snapshot()  # fmt: skip
+    if cfg.root.is_dir():
+        # with the job probe: a reservation of a live job outlives the process that made it
+        slots = SlotTable(cfg.paths.slots, [g["index"] for g in gpus],
+                          job_alive=job_probe()).snapshot()  # fmt: skip
+    else:  # a read makes nothing: the slot table would make the root (and be a user's)
+        slots = build_snapshot([g["index"] for g in gpus], [], [])
+        settings["problems"].append(missing_root_text(str(cfg.root)))
     instances = [
         {**rec.to_json(), "alive": alive}
         for rec, alive in InstanceRegistry(cfg.paths.run / "instances").list()
@@ -92,6 +97,13 @@ def collect_status(cfg: Config, *, gpus: list[dict[str, Any]] | None = None) -> 
         },  # fmt: skip
         "settings": settings,
     }
+
+
+def missing_root_text(root: str) -> str:
+    """What ``spswap status`` says of a root that does not exist. Pure."""
+    return (f"{root} does not exist: nothing of spswap has run on this node yet (a job's "
+            "prolog starts spswapd, which makes it), or SPSWAP_ROOT / --root names another "
+            "directory")  # fmt: skip
 
 
 def _settings(cfg: Config, daemon_up: bool) -> dict[str, Any]:

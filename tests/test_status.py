@@ -250,3 +250,14 @@ def test_a_saved_checkpoint_kept_alive_says_so_in_status_and_images_ls() -> None
     assert checkpoint_state_text("saved", True) == "saved, kept alive"
     assert checkpoint_state_text("saved", False) == "saved"
     assert checkpoint_state_text("restored", True) == "restored"
+
+
+def test_status_of_a_root_that_does_not_exist_makes_nothing_and_says_why(tmp_path: Path):
+    """The walk: a mistyped `--root` (or SPSWAP_ROOT) gave an empty, plausible status, and
+    status, a read, made the root's slot directory (a user's, where the daemon would come)."""
+    root = tmp_path / "no" / "root"
+    data = collect_status(Config.load({}, root=root), gpus=[{"index": 0}])
+    assert not (tmp_path / "no").exists()
+    assert data["slots"]["gpus"][0]["index"] == 0 and data["slots"]["reservations"] == []
+    assert f"{root} does not exist: nothing of spswap has run on this node yet" in \
+        data["settings"]["problems"][-1]  # fmt: skip
