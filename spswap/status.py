@@ -55,12 +55,12 @@ def collect_status(cfg: Config, *, gpus: list[dict[str, Any]] | None = None) -> 
     pool = Pool.from_config(cfg)
     entries = pool.entries()
 
+    indexes = [g["index"] for g in gpus]
     if cfg.root.is_dir():
         # with the job probe: a reservation of a live job outlives the process that made it
-        slots = SlotTable(cfg.paths.slots, [g["index"] for g in gpus],
-                          job_alive=job_probe()).snapshot()  # fmt: skip
+        slots = SlotTable(cfg.paths.slots, indexes, job_alive=job_probe()).snapshot()
     else:  # a read makes nothing: the slot table would make the root (and be a user's)
-        slots = build_snapshot([g["index"] for g in gpus], [], [])
+        slots = build_snapshot(indexes, [], [])
         settings["problems"].append(missing_root_text(str(cfg.root)))
     instances = [
         {**rec.to_json(), "alive": alive}

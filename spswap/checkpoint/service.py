@@ -367,6 +367,12 @@ def real_job_ids(statuses_dir: Path | None) -> dict[str, str]:
     return real
 
 
+def real_job_id(real: dict[str, str], job_id: str) -> str:
+    """``job_id`` as named in an image's key (a het job's '+' as '_') made the real id,
+    through :func:`real_job_ids`' map; as given where the map does not know it."""
+    return real.get(job_prefix(job_id), job_id)
+
+
 def image_job_ids(images_root: Path, statuses_dir: Path | None = None) -> list[str]:
     """The jobs that have finished images. Keys hold the job id with '+' (het jobs) made
     '_': the checkpoint status files, which hold the real id, put it back."""
@@ -375,5 +381,5 @@ def image_job_ids(images_root: Path, statuses_dir: Path | None = None) -> list[s
     if images_root.is_dir():
         for p in images_root.iterdir():
             if p.is_dir() and (key_job := job_of_key(p.name)) is not None:
-                ids.add(real.get(job_prefix(key_job), key_job))
+                ids.add(real_job_id(real, key_job))
     return sorted(ids)

@@ -60,6 +60,14 @@ def short_value(value: Any, sep: str = "\n") -> str:
     return sep.join([lines[0], *errors, f"(+{rest} more lines: spswap events --json)"])
 
 
+def _size_pair(key: str, value: Any) -> str | None:
+    """``key=value`` for a byte count (a key ending in ``_bytes``), the size made readable
+    and the suffix dropped; None for anything else."""
+    if key.endswith("_bytes") and isinstance(value, int | float) and not isinstance(value, bool):
+        return f"{key.removesuffix('_bytes')}={fmt_bytes(value)}"
+    return None
+
+
 def _short_object(value: dict[str, Any]) -> str:
     plain: list[str] = []
     nested = 0
@@ -70,8 +78,8 @@ def _short_object(value: dict[str, Any]) -> str:
             plain.extend(f"{kind.replace(' ', '_')}={fmt_bytes(n)}" for n, kind in held)
         elif isinstance(v, dict | list):
             nested += 1 if v else 0
-        elif k.endswith("_bytes") and isinstance(v, int | float):
-            plain.append(f"{k.removesuffix('_bytes')}={fmt_bytes(v)}")
+        elif (size := _size_pair(k, v)) is not None:
+            plain.append(size)
         elif isinstance(v, float):
             plain.append(f"{k}={v:.4g}")
         elif isinstance(v, str) and _is_digest(v):
@@ -84,9 +92,7 @@ def _short_object(value: dict[str, Any]) -> str:
 
 def _details(event: dict[str, Any], sep: str) -> str:
     items = sorted((event.get("detail") or {}).items())
-    return " ".join(f"{k.removesuffix('_bytes')}={fmt_bytes(v)}"
-                    if k.endswith("_bytes") and isinstance(v, int) and not isinstance(v, bool)
-                    else f"{k}={short_value(v, sep)}" for k, v in items)  # fmt: skip
+    return " ".join(_size_pair(k, v) or f"{k}={short_value(v, sep)}" for k, v in items)
 
 
 def event_line(event: dict[str, Any]) -> str:

@@ -15,7 +15,7 @@ from rich.table import Table
 from spswap.access import privileged
 from spswap.checkpoint.image_layout import KINDS, ImageLayout, ProcessLayout, image_layout
 from spswap.checkpoint.images import files_problem, read_meta
-from spswap.checkpoint.service import images_of_job, job_of_key, job_prefix, real_job_ids
+from spswap.checkpoint.service import images_of_job, job_of_key, real_job_id, real_job_ids
 from spswap.cli.common import JsonOpt, RootOpt, console, emit_json, load_config
 from spswap.daemon.client import Client
 from spswap.daemon.image_room import ImageRoom
@@ -46,7 +46,7 @@ def collect_images(images_root: Path, statuses_dir: Path) -> list[dict[str, Any]
             continue
         meta = read_meta(p) or {}
         key_job = job_of_key(p.name)
-        job = real.get(job_prefix(key_job), key_job) if key_job else ""
+        job = real_job_id(real, key_job) if key_job else ""
         status = (read_json(statuses_dir / f"{job}.json") or {}) if job else {}
         problem = files_problem(p)  # what a restore would refuse it for, whatever the job
         out.append({
@@ -186,8 +186,8 @@ def find_image(images_root: Path, job_or_key: str) -> Path:
     found = images_of_job(images_root, job_or_key) if len(job_or_key) <= 64 else []
     if not found:
         raise ImageNotFound(f"no checkpoint image of job {job_or_key!r}, nor one of that "
-                          f"name, in {images_root}: `spswap images ls` lists the node's "
-                          "images")  # fmt: skip
+                            f"name, in {images_root}: `spswap images ls` lists the node's "
+                            "images")  # fmt: skip
     return max(found, key=lambda p: p.stat().st_mtime)
 
 

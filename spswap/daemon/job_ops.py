@@ -13,7 +13,7 @@ from typing import Any
 from spswap.checkpoint.service import (
     image_job_ids,
     images_of_job,
-    job_prefix,
+    real_job_id,
     real_job_ids,
     temp_dirs,
 )
@@ -87,7 +87,7 @@ def op_images_remove(ctx: Context, args: dict[str, Any]) -> Answer:
     job_id = check_job_id(args["job_id"])
     # a het job's images show its '+' as '_' (`spswap images ls`): its locks and records
     # are under the real id
-    job_id = real_job_ids(st.statuses.dir).get(job_prefix(job_id), job_id)
+    job_id = real_job_id(real_job_ids(st.statuses.dir), job_id)
     lock = st.job_locks.of(job_id)
     if not lock.acquire(blocking=False):
         raise RequestRefused(f"job {job_id}'s checkpoint is being saved or restored now: run "
