@@ -150,7 +150,7 @@ def node(tmp_path: Path) -> Config:
             uid=0,
             job_id="78",
             device="cuda:1",
-            reason="cold start: image identity differs (driver 570 != 580)",
+            reason="starts anew: image identity differs (driver 570 != 580)",
         )
     )
     return cfg

@@ -9,13 +9,23 @@ from __future__ import annotations
 # (H200, scripts/gpu/sleep_probe.py; docs/benchmarks.md). Meanwhile the GPU's cores pull
 # the pool mapping at ~49 GB/s on the H200 but ~34 GB/s on the H100 (a 7B, 15.2 GB,
 # pulled: 0.45 s, where the copy engines would take ~0.35 s), against ~54 for idle copy
-# engines on both: so the cores pull only where that is faster even at the H100's rate.
+# engines on both: so the cores pull only where that is faster at the GPU's own rate.
 SCRUB_FREE_BYTES = 8 << 30  # freed bytes that left the copy engines at full rate
 SCRUB_BYTES_PER_S = 100e9  # how fast the rest is cleared (conservative: ~130e9 measured)
 SCRUBBING_COPY_BYTES_PER_S = 20e9  # the copy engines' rate while the driver clears
 COPY_BYTES_PER_S = 54e9  # idle copy engines, pinned host -> GPU (H100, H200)
-PULL_BYTES_PER_S = 34e9  # the cores' pull, the slower of the GPUs measured (H100)
+PULL_BYTES_PER_S = 34e9  # the cores' pull on a GPU not measured: the slower one (H100)
+# the cores' pull where measured, by a word of the GPU's name (docs/benchmarks.md)
+PULL_BYTES_PER_S_BY_GPU = {"H200": 49e9, "H100": 34e9}
 PULL_WINDOW_S = 2.0  # the window when the bytes freed are not known
+
+
+def pull_bytes_per_s(gpu_name: str) -> float:
+    """How fast the cores of the GPU named ``gpu_name`` (as CUDA names it, e.g. "NVIDIA
+    H200") pull the pool mapping: its measured rate, else :data:`PULL_BYTES_PER_S`."""
+    words = gpu_name.upper().replace("-", " ").split()
+    rates = [rate for gpu, rate in PULL_BYTES_PER_S_BY_GPU.items() if gpu in words]
+    return rates[0] if rates else PULL_BYTES_PER_S
 
 
 def scrub_busy_s(released_bytes: int) -> float:
@@ -34,11 +44,13 @@ def copy_engines_s(copy_bytes: int, busy_s: float) -> float:
 
 
 def pull_share(since_sleep_s: float | None, released_bytes: int | None = None,
-               copy_bytes: int | None = None) -> float:  # fmt: skip
+               copy_bytes: int | None = None,
+               pull_rate_bytes_per_s: float = PULL_BYTES_PER_S) -> float:  # fmt: skip
     """How much of a wake's copy the GPU's cores should pull themselves (see
     :func:`spswap.transfer.copy.copy_into`): all of it while the driver is still clearing
     what this process's own level-2 sleep released (:func:`scrub_busy_s`) and the pull
-    of ``copy_bytes`` is faster than the copy engines' slowed copy
+    of ``copy_bytes`` (at ``pull_rate_bytes_per_s``: :func:`pull_bytes_per_s` of the
+    GPU) is faster than the copy engines' slowed copy
     (:func:`copy_engines_s`; a large model after a small KV cache: the copy outlasts the
     clearing, so the engines' full rate wins); none otherwise (a small KV cache, a
     restored, kept or long-asleep process: the idle copy engines beat the pull).
@@ -54,4 +66,5 @@ def pull_share(since_sleep_s: float | None, released_bytes: int | None = None,
         return 0.0
     if copy_bytes is None:
         return 1.0
-    return 1.0 if copy_bytes / PULL_BYTES_PER_S < copy_engines_s(copy_bytes, left_s) else 0.0
+    pull_s = copy_bytes / pull_rate_bytes_per_s
+    return 1.0 if pull_s < copy_engines_s(copy_bytes, left_s) else 0.0

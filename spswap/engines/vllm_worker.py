@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from spswap.engines.host_heap import release_free_heap
-from spswap.engines.vllm_pull import pull_share
+from spswap.engines.vllm_pull import pull_bytes_per_s, pull_share
 from spswap.errors import EngineError
 from spswap.pool.manifest import Manifest, align_up
 from spswap.pool.store import Pool
@@ -183,9 +183,9 @@ class SpswapWorkerExtension:
         ``pull``: the share the GPU's cores pull themselves; None: chosen by
         :func:`~spswap.engines.vllm_pull.pull_share` from ``since_sleep_s`` (seconds
         since this process's level-2 sleep; None: it never slept), the bytes that
-        sleep handed back to the driver and the copy's own size. ``worker_s``: the
-        call's whole time in the worker (the copy's ``seconds`` plus looking up the
-        weights and checking the entry)."""
+        sleep handed back to the driver, the copy's own size and this GPU's pull rate.
+        ``worker_s``: the call's whole time in the worker (the copy's ``seconds`` plus
+        looking up the weights and checking the entry)."""
         entered = time.perf_counter()
         mapping: MappedEntry | None = getattr(self, "_spswap_mapping", None)
         if mapping is None:
@@ -196,7 +196,8 @@ class SpswapWorkerExtension:
         released = None
         if pull is None:
             released = self._spswap_sleep_pool_bytes() if since_sleep_s is not None else None
-            pull = pull_share(since_sleep_s, released, mapping.size_bytes)
+            rate = pull_bytes_per_s(torch.cuda.get_device_name())
+            pull = pull_share(since_sleep_s, released, mapping.size_bytes, rate)
         report = copy_into(mapping, weight_tensors(self._spswap_model()),
                            staging_bytes=STAGING_BYTES, pull=pull)  # fmt: skip
         return {**report.to_json(), "pull": pull, "released_bytes": released,

@@ -210,7 +210,7 @@ class ServeRun(Generic[B]):
             info = self.checkpointer.restore(self.job_id, self.backend.checkpoint_identity(),
                                              self.restart_count)  # fmt: skip
         except SpswapError as e:
-            self._cold(result, "cold start: " + str(e).removesuffix(": cold start"))
+            self._cold(result, "starts anew: " + str(e).removesuffix(": cold start"))
             return False
         self.marks_s["restored"] = time.time()
         pid, kept = int(info["pid"]), bool(info.get("kept"))
@@ -233,7 +233,7 @@ class ServeRun(Generic[B]):
         # It ended on its own before its work was done (a crash, a kill): serve on from
         # the pool in this run rather than leave the job idle; what it left running (a
         # vLLM server, its engine core) would hold the GPU the cold start needs.
-        reason = f"cold start: the restored instance (pid {pid}) ended on its own ({left})"
+        reason = f"starts anew: the restored instance (pid {pid}) ended on its own ({left})"
         ended = end_left_behind(tree)
         if ended:
             reason += f"; ended what it left running (pid {', '.join(map(str, ended))})"

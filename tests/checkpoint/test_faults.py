@@ -154,7 +154,7 @@ class Runs:
         proc = self.start(restart)
         assert proc.wait(timeout=300) == 0, self.log(restart)
         log = self.log(restart)
-        assert "cold start" in log and needle in log, log
+        assert "starts anew" in log and needle in log, log
         assert self.summary(restart)["pending_left"] == 0
         answers = _answers(self.tmp)
         cold = cold_answers(self.model, self.prompts, MAX_NEW)
@@ -293,7 +293,7 @@ def test_engine_killed_during_a_restore(runs: Runs, when: str) -> None:
     assert _job_dirs(cfg) == []  # single use: never restored twice
     # the restore failed, or the restored process died before it was done: either way
     # run 1 carries on from a cold start in the same run and answers everything
-    assert runs.summary(1)["pending_left"] == 0 and "cold start" in log1, log1
+    assert runs.summary(1)["pending_left"] == 0 and "starts anew" in log1, log1
     answers = _answers(runs.tmp)
     cold = cold_answers(runs.model, runs.prompts, MAX_NEW)
     assert [answers[f"q{i:02d}"] for i in range(N_REQ)] == cold

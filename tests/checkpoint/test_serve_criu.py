@@ -197,7 +197,7 @@ def test_a_damaged_or_foreign_image_is_never_restored(
     second = _serve(node, tmp_path, model, 1, "run1.log")
     assert second.wait(timeout=300) == 0, (tmp_path / "run1.log").read_text()
     log1 = (tmp_path / "run1.log").read_text()
-    assert "cold start" in log1 and needle in log1, log1
+    assert "starts anew" in log1 and needle in log1, log1
     answers = _answers(tmp_path)
     assert [answers[f"q{i:02d}"] for i in range(N_REQ)] == cold_answers(model, prompts, MAX_NEW)
     assert not image.exists()  # a rejected image is deleted, never retried

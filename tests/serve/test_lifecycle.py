@@ -72,7 +72,7 @@ def test_a_restored_instance_that_dies_with_work_left_is_replaced_by_a_cold_star
     assert result.restored_pid == restore.proc.pid and result.stopped_by is None  # type: ignore[union-attr]
     reason = result.cold_reason
     assert reason is not None and reason.startswith(
-        f"cold start: the restored instance (pid {result.restored_pid}) ended on its own "
+        f"starts anew: the restored instance (pid {result.restored_pid}) ended on its own "
         f"({len(PROMPTS)} request(s) unanswered)"
     ), reason
     assert f"ended what it left running (pid {child})" in reason
@@ -105,7 +105,7 @@ def test_a_restored_instance_that_finished_its_work_starts_nothing(tmp_path: Pat
 def test_a_refused_restore_starts_cold_and_says_why(tmp_path: Path) -> None:
     restore = RestoreStandIn(None, refuse="the image of job 77 was changed: not restored")
     result, logs = _requeued_run(tmp_path, restore)
-    reason = "cold start: the image of job 77 was changed: not restored"
+    reason = "starts anew: the image of job 77 was changed: not restored"
     assert result.cold_reason == reason and f"spswap serve: {reason}" in logs
     assert result.restored_pid is None and result.answered == len(PROMPTS)
     assert [(r.path, r.reason) for r in read_runs(tmp_path / "state")] == [(result.path, reason)]

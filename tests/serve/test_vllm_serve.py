@@ -541,7 +541,7 @@ os._exit(9)
     assert "error" not in out, out.get("error")
     result = out["result"]
     reason = result.cold_reason
-    assert reason == (f"cold start: the restored instance (pid {result.restored_pid}) ended "
+    assert reason == (f"starts anew: the restored instance (pid {result.restored_pid}) ended "
                       "on its own (its server was to serve until stopped); ended what it "
                       f"left running (pid {left_server})")  # fmt: skip
     assert f"spswap serve: {reason}" in logs and result.path is RunPath.POOL
