@@ -89,7 +89,8 @@ def test_a_failure_under_json_prints_one_json_object_on_stdout(tmp_path):
 
 
 def test_error_json_is_the_class_message_and_exit_code():
-    from spswap.cli.serve_app import asked_json, error_json
+    from spswap.cli.common import error_json
+    from spswap.cli.serve_app import asked_json
 
     assert asked_json(["images", "rm", "5", "--json"]) and not asked_json(["status"])
     assert not asked_json(["serve", "M", "--engine", "vllm", "--", "--json"])  # vLLM's

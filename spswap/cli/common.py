@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 
 from spswap.config import Config
+from spswap.errors import SpswapError
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
@@ -39,6 +40,15 @@ def load_config(root: Path | None = None) -> Config:
 def emit_json(obj: Any) -> None:
     """Print ``obj`` as JSON on stdout (sorted keys, so scripts and goldens are stable)."""
     sys.stdout.write(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def error_json(err: SpswapError) -> dict[str, Any]:
+    """What a command run with ``--json`` prints on stdout when it fails with one of
+    spswap's own errors: ``{"error": {"kind", "message", "exit_code"}}`` (the same message
+    goes to stderr as text). ``kind`` is the error's class name, e.g. ``PermissionDenied``.
+    Pure."""
+    return {"error": {"kind": type(err).__name__, "message": str(err),
+                      "exit_code": err.exit_code}}  # fmt: skip
 
 
 def emit(result: Any, as_json: bool, render: Callable[[Any], Any]) -> None:

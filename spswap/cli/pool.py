@@ -16,7 +16,15 @@ from rich.progress import (
 )
 
 from spswap.access import import_model, privileged
-from spswap.cli.common import JsonOpt, RootOpt, console, emit_json, err_console, load_config
+from spswap.cli.common import (
+    JsonOpt,
+    RootOpt,
+    console,
+    emit_json,
+    err_console,
+    error_json,
+    load_config,
+)
 from spswap.errors import PermissionDenied, PoolCorrupt
 from spswap.pool.capacity import imported_bytes
 from spswap.pool.manifest import Manifest
@@ -152,8 +160,9 @@ def verify(
     except PoolCorrupt as e:
         if not json_out:
             raise
+        # the error object every --json failure prints (`kind`, `message`, `exit_code`)
         emit_json({"name": m.name, "digest": m.digest, "ok": False, "bad_tensor": e.tensor,
-                   "error": str(e)})  # fmt: skip
+                   **error_json(e)})  # fmt: skip
         raise typer.Exit(e.exit_code) from None
     seconds = time.perf_counter() - t0
     if json_out:

@@ -16,7 +16,7 @@ import typer
 from rich.markup import escape
 
 from spswap.cli import help_style, serve
-from spswap.cli.common import emit_json, err_console
+from spswap.cli.common import emit_json, err_console, error_json
 from spswap.errors import PathUnusable, PermissionDenied, SpswapError
 
 # vLLM's own options follow `--`: they reach the command as ctx.args
@@ -88,15 +88,6 @@ def asked_json(args: list[str]) -> bool:
     follow it in ``spswap serve``). Pure."""
     ours = args[: args.index("--")] if "--" in args else args
     return "--json" in ours
-
-
-def error_json(err: SpswapError) -> dict[str, object]:
-    """What a command run with ``--json`` prints on stdout when it fails with one of
-    spswap's own errors: ``{"error": {"kind", "message", "exit_code"}}`` (the same message
-    goes to stderr as text). ``kind`` is the error's class name, e.g. ``PermissionDenied``.
-    Pure."""
-    return {"error": {"kind": type(err).__name__, "message": str(err),
-                      "exit_code": err.exit_code}}  # fmt: skip
 
 
 def build() -> typer.Typer:

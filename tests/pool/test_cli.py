@@ -104,6 +104,8 @@ def test_verify_names_bad_tensor(env: Path) -> None:
     code, out, _ = _run("pool", "verify", digest[:10], "--json")
     got = json.loads(out)
     assert code == 1 and got["ok"] is False and got["bad_tensor"] == "embed.weight"
+    assert got["error"]["kind"] == "PoolCorrupt" and got["error"]["exit_code"] == 1
+    assert "'embed.weight'" in got["error"]["message"]
     code, _out, exc = _run("pool", "verify", digest[:10])
     assert code == 1 and "'embed.weight'" in str(exc)
 
