@@ -196,7 +196,9 @@ class SpswapWorkerExtension:
         released = None
         if pull is None:
             released = self._spswap_sleep_pool_bytes() if since_sleep_s is not None else None
-            rate = pull_bytes_per_s(torch.cuda.get_device_name())
+            # (a CPU worker, the tests' stand-in server, has no GPU to name)
+            gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else ""
+            rate = pull_bytes_per_s(gpu)
             pull = pull_share(since_sleep_s, released, mapping.size_bytes, rate)
         report = copy_into(mapping, weight_tensors(self._spswap_model()),
                            staging_bytes=STAGING_BYTES, pull=pull)  # fmt: skip
