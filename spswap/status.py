@@ -192,10 +192,14 @@ def render_instances(instances: list[dict[str, Any]], now: float,
     for col in ("id", "model", "engine", "state", "device", "job", "pid", "updated", "note"):
         t.add_column(col, overflow="fold")  # a narrow terminal folds values, never cuts them
     by_job = {str(c.get("job_id")): c for c in checkpoints or []}
+    newest = newest_of_jobs(instances)
     for i in instances:
         pid = str(i["pid"]) + ("" if i["alive"] else " (gone)")
+        job = str(i.get("job_id"))
+        later = newest.get(job) if i.get("job_id") else None
+        replaced_by = later if later is not None and later != i["id"] else None
         plain_row(t, i["id"], i["model"], i["engine"],
-                  instance_state_text(i, by_job.get(str(i.get("job_id")))), i["device"],
+                  instance_state_text(i, by_job.get(job), replaced_by), i["device"],
                   i.get("job_id") or "-", pid, _ago(i["updated"], now),
                   short_note(str(i.get("reason") or "")))  # fmt: skip
     return t
@@ -207,12 +211,29 @@ def checkpoint_state_text(state: str, kept: bool) -> str:
     return "saved, kept alive" if kept and state == "saved" else state
 
 
-def instance_state_text(instance: dict[str, Any], checkpoint: dict[str, Any] | None) -> str:
+def newest_of_jobs(instances: list[dict[str, Any]]) -> dict[str, str]:
+    """Each job's most recently updated instance record (job id -> instance id). Pure."""
+    newest: dict[str, dict[str, Any]] = {}
+    for i in instances:
+        job = i.get("job_id")
+        if job and (str(job) not in newest or i["updated"] > newest[str(job)]["updated"]):
+            newest[str(job)] = i
+    return {job: str(i["id"]) for job, i in newest.items()}
+
+
+def instance_state_text(instance: dict[str, Any], checkpoint: dict[str, Any] | None,
+                        replaced_by: str | None = None) -> str:  # fmt: skip
     """An instance's state as its row shows it: a record whose process is gone after its
     checkpoint (its last word) also says where its job's checkpoint stands now (saved,
-    restored, deleted ...), which spswapd keeps up to date and the record does not. Pure."""
+    restored, deleted ...), which spswapd keeps up to date and the record does not; one
+    that a later run of its job replaced (``replaced_by``: that run's instance) says so
+    instead (the job's checkpoint is that run's now). Pure."""
     state = str(instance["state"])
-    if instance["alive"] or state != "checkpoint" or not checkpoint:
+    if instance["alive"] or state != "checkpoint":
+        return state
+    if replaced_by is not None:
+        return f"{state}; replaced by {replaced_by}"
+    if not checkpoint:
         return state
     return f"{state}; job's checkpoint {checkpoint.get('state')}"
 

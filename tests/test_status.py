@@ -242,6 +242,15 @@ def test_a_gone_instance_after_its_checkpoint_says_where_its_job_stands() -> Non
     table = render_instances([row], now=10.0, checkpoints=[{"job_id": "533",
                                                            "state": "deleted"}])  # fmt: skip
     assert [str(c) for c in table.columns[3]._cells] == ["checkpoint; job's checkpoint deleted"]
+    # a later run of the job (its image deleted, the run started anew, its dump failed):
+    # the job's checkpoint is that run's, not the old record's (the walk saw "failed" there)
+    later = {**row, "id": "533-2", "pid": 2, "updated": 5.0, "alive": True, "state": "up"}
+    table = render_instances([row, later], now=10.0, checkpoints=[{"job_id": "533",
+                                                                  "state": "failed"}])  # fmt: skip
+    assert [str(c) for c in table.columns[3]._cells] == ["checkpoint; replaced by 533-2", "up"]
+    assert instance_state_text(gone, {"state": "failed"}, "533-2") == (
+        "checkpoint; replaced by 533-2"
+    )
 
 
 def test_a_saved_checkpoint_kept_alive_says_so_in_status_and_images_ls() -> None:

@@ -51,6 +51,14 @@ OTHER_RIGHTS_FIX = (
 )
 
 
+GHOST_FILE_FIX = (
+    "a file the process maps was deleted while it ran (a pool entry removed with `spswap "
+    "pool rm --force` while the job used it?), and CRIU carries deleted files only up to a "
+    "small size: this run cannot be checkpointed; the job's next run starts anew from the "
+    "pool, which maps the entry again once it is imported"
+)
+
+
 OURS = "spswap: "  # a line spswap adds to CRIU's output (criu_run, criu_argv's guard)
 
 
@@ -70,6 +78,8 @@ def hint_for(log: str) -> str:
         return CAP_SYS_RESOURCE_FIX
     if "map_files" in errors and "Permission denied" in errors:
         return OTHER_RIGHTS_FIX
+    if "Can't dump ghost file" in errors:
+        return GHOST_FILE_FIX
     if "io_uring" in errors:
         return proctree.IO_URING_FIX
     if "File exists" in errors and "fork" in errors.lower():

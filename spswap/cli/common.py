@@ -10,6 +10,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from spswap.config import Config
 from spswap.errors import SpswapError
@@ -49,6 +50,15 @@ def error_json(err: SpswapError) -> dict[str, Any]:
     Pure."""
     return {"error": {"kind": type(err).__name__, "message": str(err),
                       "exit_code": err.exit_code}}  # fmt: skip
+
+
+def print_error(err: SpswapError) -> None:
+    """The one line on stderr for a command that failed with ``err``: the command's name
+    first (as its other lines in a job log have it), the message as text, not markup
+    ("spswap[torch]" prints as written)."""
+    command = " ".join(["spswap", *[a for a in sys.argv[1:] if not a.startswith("-")][:1]])
+    err_console.print(f"{escape(command)}: [bold red]error:[/] {escape(str(err))}",
+                      markup=True, soft_wrap=True)  # fmt: skip
 
 
 def emit(result: Any, as_json: bool, render: Callable[[Any], Any]) -> None:

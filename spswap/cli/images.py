@@ -228,13 +228,14 @@ def show(job: str = JOB_ARG, json: bool = JsonOpt, root: Path | None = RootOpt) 
                    **layout.to_json()})  # fmt: skip
         return
     header, *rows = layout_rows(layout)
-    t = Table(title=f"job {job_id}'s image: dumped bytes", box=box.SIMPLE_HEAD,
-              caption=f"key: {image.name}")  # fmt: skip
+    t = Table(title=f"job {job_id}'s image: dumped bytes", box=box.SIMPLE_HEAD)
     for i, col in enumerate(header):  # a narrow terminal folds values, never cuts them
         t.add_column(col, justify="right" if i else "left", overflow="fold")
     for row in rows:
         plain_row(t, *row)
     console.print(t)
+    # on a line of its own, never folded: a key is copied (`spswap images show KEY`, scripts)
+    console.print(f"key: {image.name}", markup=False, soft_wrap=True)
     for line in [*layout_notes(layout), *largest_lines(layout)]:
         console.print(line, markup=False)
 

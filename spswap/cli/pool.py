@@ -24,6 +24,7 @@ from spswap.cli.common import (
     err_console,
     error_json,
     load_config,
+    print_error,
 )
 from spswap.errors import PermissionDenied, PoolCorrupt
 from spswap.pool.capacity import imported_bytes
@@ -163,6 +164,7 @@ def verify(
         # the error object every --json failure prints (`kind`, `message`, `exit_code`)
         emit_json({"name": m.name, "digest": m.digest, "ok": False, "bad_tensor": e.tensor,
                    **error_json(e)})  # fmt: skip
+        print_error(e)  # the text on stderr too, as for any failure
         raise typer.Exit(e.exit_code) from None
     seconds = time.perf_counter() - t0
     if json_out:

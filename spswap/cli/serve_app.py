@@ -13,10 +13,9 @@ from __future__ import annotations
 import sys
 
 import typer
-from rich.markup import escape
 
 from spswap.cli import help_style, serve
-from spswap.cli.common import emit_json, err_console, error_json
+from spswap.cli.common import emit_json, error_json, print_error
 from spswap.errors import PathUnusable, PermissionDenied, SpswapError
 
 # vLLM's own options follow `--`: they reach the command as ctx.args
@@ -56,11 +55,7 @@ def run_app(app: typer.Typer) -> None:
                 raise
             raise error from None
     except SpswapError as e:
-        # the message is text, not markup: "spswap[torch]" must print as written; the
-        # command's name first, as its other lines in a job log have it
-        command = " ".join(["spswap", *[a for a in sys.argv[1:] if not a.startswith("-")][:1]])
-        err_console.print(f"{escape(command)}: [bold red]error:[/] {escape(str(e))}",
-                          markup=True, soft_wrap=True)  # fmt: skip
+        print_error(e)
         if asked_json(sys.argv[1:]):
             # a script that asked for JSON reads one object on stdout, a refusal included
             emit_json(error_json(e))

@@ -353,7 +353,7 @@ def _make_room(st: DaemonState, job_id: str, uid: int, tree: list[int]) -> None:
                 continue
             try:
                 reason = (f"dropped to make room for the image of job {job_id}, of the same "
-                          f"user ({over}): its next run starts from the pool")  # fmt: skip
+                          f"user ({over})")  # fmt: skip
                 drop_job_images(st, image.job_id, reason)
                 st.event_quietly("images.dropped", job_id=image.job_id, for_job=job_id,
                                  size_bytes=image.size_bytes, reason=reason)  # fmt: skip

@@ -114,7 +114,7 @@ def no_image_reason(job_id: str, status: dict[str, Any]) -> str:
     }
     why = status.get("reason")
     said = what.get(state, f"its checkpoint is {state}")
-    return f"job {job_id} has no saved image: {said}" + (f": {why}" if why else "") + \
+    return f"job {job_id} has no saved image: {said}" + (f" ({why})" if why else "") + \
         ": cold start"  # fmt: skip
 
 

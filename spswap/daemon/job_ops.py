@@ -104,8 +104,9 @@ def op_images_remove(ctx: Context, args: dict[str, Any]) -> Answer:
         kept = st.kept.has(job_id)
         found = bool(images_of_job(images, job_id) or temp_dirs(images, job_id) or kept
                      or st.held_cgroups.has(job_id))  # fmt: skip
-        gone = drop_job_images(st, job_id, "removed by root (spswap images rm): its next run "
-                               "starts from the pool") if found else []  # fmt: skip
+        # (the status says what happened; each reader says what it means for the run)
+        gone = drop_job_images(st, job_id, "root removed it with spswap images rm") \
+            if found else []  # fmt: skip
     finally:
         lock.release()
     if found:

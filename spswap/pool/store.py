@@ -290,7 +290,9 @@ class Pool:
                 who = "; ".join(h.describe() for h in rec.uses)
                 raise PoolEntryInUse(
                     f"pool entry {m.name} ({m.digest[:12]}) is in use by {who}; stop those "
-                    "jobs first, or pass --force (their mapped copies stay valid until they exit)"
+                    "jobs first, or pass --force (those jobs run on with the entry's pages "
+                    "as they are now but cannot be checkpointed: their next runs start anew "
+                    "from the pool)"
                 )
             self._delete_entry(state, m.digest)
         return m
@@ -379,9 +381,10 @@ class Pool:
     # -- checking ------------------------------------------------------------------------
 
     def verify(self, ref: str) -> Manifest:
-        """Recompute every checksum; :class:`PoolCorrupt` names the first bad tensor."""
+        """Recompute every checksum; :class:`PoolCorrupt` names the first bad tensor, users."""
         m = self.find(ref)
-        verify_entry(m, self.data_path(m))
+        rec = self.index.read_unlocked().entries.get(m.digest)
+        verify_entry(m, self.data_path(m), users=[h.describe() for h in rec.uses] if rec else [])
         return m
 
 

@@ -12,11 +12,16 @@ from spswap.pool.copy import Range, ShortRead, hash_ranges
 from spswap.pool.manifest import Manifest, content_digest
 
 
-def verify_entry(manifest: Manifest, data_path: Path, *, fix: str | None = None) -> None:
+def verify_entry(manifest: Manifest, data_path: Path, *, fix: str | None = None,
+                 users: list[str] | None = None) -> None:  # fmt: skip
     """Raise :class:`PoolCorrupt` (with ``tensor`` set where one is to blame) on any
-    mismatch; its message ends with ``fix`` (default: remove the entry, import again)."""
+    mismatch; its message ends with ``fix`` (default: remove the entry, import again)
+    and the entry's ``users`` (as described), whose weights come from its pages."""
     if fix is None:
         fix = f"remove it (spswap pool rm {manifest.digest[:12]}) and import it again"
+    if users:
+        fix += (f"; it is in use by {'; '.join(users)}: a job on CPU answers from these "
+                "pages now, one on a GPU copies them at its next wake")  # fmt: skip
     label = f"pool entry {manifest.name} ({manifest.digest[:12]})"
     if content_digest(manifest.tensors) != manifest.digest:
         raise PoolCorrupt(f"{label}: manifest does not match its digest; {fix}")

@@ -5,7 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from spswap.checkpoint.criu import _what, log_tail
-from spswap.checkpoint.criu_log import CAP_SYS_RESOURCE_FIX, OTHER_RIGHTS_FIX, first_error, hint_for
+from spswap.checkpoint.criu_log import (
+    CAP_SYS_RESOURCE_FIX,
+    GHOST_FILE_FIX,
+    OTHER_RIGHTS_FIX,
+    first_error,
+    hint_for,
+)
 from spswap.errors import CheckpointFailed
 
 
@@ -91,3 +97,19 @@ def test_the_first_error_skips_the_rlimit_noise() -> None:
            "(00.02) Error (criu/files.c:12): Can't dump fd 7\n")  # fmt: skip
     assert first_error(log) == "Can't dump fd 7"
     assert first_error("(00.01) all fine\n") is None
+
+
+def test_a_deleted_mapped_file_is_named_as_such() -> None:
+    """A pool entry removed with --force while a job maps it: CRIU refuses the ghost file
+    (its line as CRIU 4.1 logs it); the hint says why and what follows."""
+    log = (
+        "(00.412) Error (criu/files-reg.c:1005): Can't dump ghost file /dev/shm/spswap/pool/"
+        ".tmp-10698-x/data.bin of 84447232 size, increase limit\n"
+        "(00.413) Error (criu/cr-dump.c:2111): Dumping FAILED."
+    )
+    assert first_error(log) == (
+        "Can't dump ghost file /dev/shm/spswap/pool/.tmp-10698-x/data.bin of 84447232 size, "
+        "increase limit"
+    )
+    assert hint_for(log) == GHOST_FILE_FIX
+    assert GHOST_FILE_FIX.startswith("a file the process maps was deleted while it ran")

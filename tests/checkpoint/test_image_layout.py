@@ -168,6 +168,7 @@ def test_images_show_finds_a_job_s_image_and_prints_json(tmp_path: Path) -> None
         "12", "job12-abc-def", 2 * P)  # fmt: skip
     out = CliRunner().invoke(app, ["images", "show", "12", "--root", str(tmp_path)])
     assert out.exit_code == 0 and "heap" in out.output and "largest areas:" in out.output
+    assert "\nkey: job12-abc-def\n" in out.output
 
 
 # A process with 200 MB freed in its heap's middle (100 kB blocks, every 50th kept), then

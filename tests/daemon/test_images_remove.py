@@ -44,8 +44,7 @@ def test_root_deletes_a_jobs_images_and_the_job_is_told_so(tmp_path: Path) -> No
     assert not seven.exists() and seventy.is_dir()  # job 70's stays
     status = st.statuses.read("7")
     assert status["state"] == CheckpointState.DELETED
-    assert status["reason"] == ("removed by root (spswap images rm): its next run starts from "
-                                "the pool")  # fmt: skip
+    assert status["reason"] == "root removed it with spswap images rm"
     (event,) = [e for e in events.tail(st.cfg.paths.events, 20) if e["kind"] == "images.removed"]
     assert event["job_id"] == "7"
     # nothing left: said so, and no event
@@ -129,4 +128,22 @@ def test_what_images_rm_says_it_did() -> None:
     )
     assert removed_text("7", {"found": True, "images_deleted": [], "kept_ended": False}) == (
         "released what spswapd held for job 7" + tail
+    )
+
+
+def test_the_runs_reason_names_the_cause_once() -> None:
+    """The requeued run's log line (after `spswap serve: starts anew: `) from the status
+    `spswap images rm` leaves: what happened and why, no 'next run' (this is that run)."""
+    from spswap.daemon.ckpt_status import no_image_reason
+
+    status = {"state": CheckpointState.DELETED, "reason": "root removed it with spswap images rm"}
+    assert no_image_reason("958", status) == (
+        "job 958 has no saved image: its image was deleted (root removed it with spswap "
+        "images rm): cold start"
+    )
+    assert no_image_reason("958", {"state": CheckpointState.FAILED}) == (
+        "job 958 has no saved image: its dump failed: cold start"
+    )
+    assert no_image_reason("958", {"state": "none"}) == (
+        "job 958 has no checkpoint image (never dumped on this node): cold start"
     )

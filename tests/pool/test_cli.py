@@ -106,6 +106,9 @@ def test_verify_names_bad_tensor(env: Path) -> None:
     assert code == 1 and got["ok"] is False and got["bad_tensor"] == "embed.weight"
     assert got["error"]["kind"] == "PoolCorrupt" and got["error"]["exit_code"] == 1
     assert "'embed.weight'" in got["error"]["message"]
+    # and the one line on stderr, as for any failure (it was missing under --json)
+    r = CliRunner().invoke(app, ["pool", "verify", digest[:10], "--json"])
+    assert ": error: pool entry tiny" in r.stderr and "'embed.weight'" in r.stderr
     code, _out, exc = _run("pool", "verify", digest[:10])
     assert code == 1 and "'embed.weight'" in str(exc)
 

@@ -120,3 +120,24 @@ def test_an_entry_replaced_while_it_was_read_is_read_again_not_removed(
     assert verify.remove_if_damaged(pool, digest)[1] is None
     assert len(calls) == 2
     pool.verify(digest)  # there, and whole
+
+
+def test_a_damaged_entry_in_use_names_its_users(imported: tuple[Pool, str]) -> None:
+    """The jobs that use a damaged entry read its pages: verify says who they are."""
+    pool, digest = imported
+    m = pool.find(digest)
+    path = pool.data_path(m)
+    os.chmod(path, 0o644)
+    t = m.by_name()["embed.weight"]
+    with pool.use(digest):
+        with open(path, "r+b") as f:
+            f.seek(t.offset)
+            f.write(b"\xff\xfe")
+        with pytest.raises(PoolCorrupt) as e:
+            pool.verify(digest)
+    assert e.value.tensor == "embed.weight"
+    assert f"; it is in use by pid {os.getpid()}" in str(e.value), str(e.value)
+    assert str(e.value).endswith("one on a GPU copies them at its next wake")
+    with pytest.raises(PoolCorrupt) as e:  # no user left: the damage alone
+        pool.verify(digest)
+    assert "in use by" not in str(e.value)
