@@ -104,7 +104,14 @@ def _report_import(pool: Pool, m: Manifest, seconds: float, reused: bool, json_o
 
 @app.command("ls")
 def ls(root: Path | None = RootOpt, json_out: bool = JsonOpt) -> None:
-    """List the pool's entries, most recently used first, with size and live users."""
+    """List the pool's entries, most recently used first, with size and live users.
+
+    --json: each entry's `sources` are the files it was imported from, with size and
+    mtime: an import by root names their paths; one by a user goes through spswapd as open
+    files, named `/fd-import/uid<UID>/dev<D>-ino<I>/<file>` (the file's device and inode:
+    spswapd does not trust a path a user sends). `identity` is the engine layout an export
+    from a running engine recorded (the engine, its version, dtype, tensor-parallel
+    rank ...); empty for an import from files."""
     pool = _pool(root)
     infos = pool.entries()
     listing = {
