@@ -12,6 +12,7 @@ from typing import Any
 
 from rich.console import Group
 from rich.table import Table
+from rich.text import Text
 
 from spswap import __version__
 from spswap.config import Config
@@ -189,7 +190,7 @@ def render_instances(instances: list[dict[str, Any]], now: float,
                      checkpoints: list[dict[str, Any]] | None = None) -> Table:  # fmt: skip
     """One row per model instance the node knows of."""
     t = Table(title="instances")
-    for col in ("id", "model", "engine", "state", "device", "job", "pid", "updated", "note"):
+    for col in ("id", "model", "engine", "state", "device", "job", "pid", "updated"):
         t.add_column(col, overflow="fold")  # a narrow terminal folds values, never cuts them
     by_job = {str(c.get("job_id")): c for c in checkpoints or []}
     newest = newest_of_jobs(instances)
@@ -200,8 +201,7 @@ def render_instances(instances: list[dict[str, Any]], now: float,
         replaced_by = later if later is not None and later != i["id"] else None
         plain_row(t, i["id"], i["model"], i["engine"],
                   instance_state_text(i, by_job.get(job), replaced_by), i["device"],
-                  i.get("job_id") or "-", pid, _ago(i["updated"], now),
-                  short_note(str(i.get("reason") or "")))  # fmt: skip
+                  i.get("job_id") or "-", pid, _ago(i["updated"], now))  # fmt: skip
     return t
 
 
@@ -261,14 +261,22 @@ def render_checkpoints(checkpoints: list[dict[str, Any]],
                   f"{fmt_bytes(images['budget_bytes'])}, one user's up to "
                   f"{fmt_bytes(images['user_budget_bytes'])}"
                   + (f", yours {fmt_bytes(yours)}" if yours else "") + ")")  # fmt: skip
-    t = Table(title=title)
-    for col in ("job", "state", "image", "reason"):
+    t = Table(title=title, min_width=len(title))  # a title on one line where it fits
+    for col in ("job", "state", "image"):
         t.add_column(col, overflow="fold")  # a narrow terminal folds values, never cuts them
     for c in checkpoints:
         size = fmt_bytes(c["size_bytes"]) if c.get("size_bytes") else "-"
         state = checkpoint_state_text(str(c.get("state")), bool(c.get("kept")))
-        plain_row(t, c.get("job_id"), state, size, short_note(str(c.get("reason") or "")))
+        plain_row(t, c.get("job_id"), state, size)
     return t
+
+
+def notes_text(label: str, notes: list[tuple[str, str]]) -> Text | None:
+    """A table's long texts (an instance's note, a checkpoint's reason) under it, a line
+    each ("  key: text"), not in a column that a narrow terminal folds to a word a line;
+    None when there are none. Plain text, not markup. Pure."""
+    lines = [f"  {key}: {short_note(note)}" for key, note in notes if note]
+    return Text("\n".join([f"{label}:", *lines])) if lines else None
 
 
 def render_status(data: dict[str, Any], *, now: float | None = None) -> Group:
@@ -312,6 +320,10 @@ def render_status(data: dict[str, Any], *, now: float | None = None) -> Group:
     parts.append(render_instances(data["instances"], now, data.get("checkpoints"))
                  if data["instances"] else
                  "instances: none (a running `spswap serve` shows here)")  # fmt: skip
+    parts.append(notes_text("notes", [(str(i["id"]), str(i.get("reason") or ""))
+                                      for i in data["instances"]]))  # fmt: skip
     if data.get("checkpoints"):
         parts.append(render_checkpoints(data["checkpoints"], data.get("images")))
-    return Group(*parts)
+        parts.append(notes_text("reasons", [(f"job {c.get('job_id')}", str(c.get("reason") or ""))
+                                            for c in data["checkpoints"]]))  # fmt: skip
+    return Group(*[p for p in parts if p is not None])

@@ -270,3 +270,21 @@ def test_status_of_a_root_that_does_not_exist_makes_nothing_and_says_why(tmp_pat
     assert data["slots"]["gpus"][0]["index"] == 0 and data["slots"]["reservations"] == []
     assert f"{root} does not exist: nothing of spswap has run on this node yet" in \
         data["settings"]["problems"][-1]  # fmt: skip
+
+
+def test_long_notes_go_under_their_table_a_line_each() -> None:
+    """The walk: at 80 columns a note column folded to a word a line (23 lines for one
+    note); notes and reasons now follow their table, whole lines, as plain text."""
+    from rich.console import Console
+
+    from spswap.status import notes_text
+
+    text = notes_text("notes", [("958-1", "starts anew: job 958 has no saved image"),
+                                ("958-2", ""), ("959-1", "x [bold]y[/bold]")])  # fmt: skip
+    assert text is not None and text.plain == (
+        "notes:\n  958-1: starts anew: job 958 has no saved image\n  959-1: x [bold]y[/bold]"
+    )
+    assert notes_text("notes", [("958-2", "")]) is None
+    console = Console(width=80, record=True)
+    console.print(text)
+    assert "959-1: x [bold]y[/bold]" in console.export_text()  # not read as markup
