@@ -54,8 +54,8 @@ OTHER_RIGHTS_FIX = (
 GHOST_FILE_FIX = (
     "a file the process maps was deleted while it ran (a pool entry removed with `spswap "
     "pool rm --force` while the job used it?), and CRIU carries deleted files only up to a "
-    "small size: this run cannot be checkpointed; the job's next run starts anew from the "
-    "pool, which maps the entry again once it is imported"
+    "small size: this run cannot be checkpointed; the job's next run starts anew (from the "
+    "pool, or from the model's files where the entry is gone)"
 )
 
 

@@ -291,8 +291,8 @@ class Pool:
                 raise PoolEntryInUse(
                     f"pool entry {m.name} ({m.digest[:12]}) is in use by {who}; stop those "
                     "jobs first, or pass --force (those jobs run on with the entry's pages "
-                    "as they are now but cannot be checkpointed: their next runs start anew "
-                    "from the pool)"
+                    "as they are now but cannot be checkpointed: their next runs start anew, "
+                    "reading the model's files)"
                 )
             self._delete_entry(state, m.digest)
         return m
