@@ -198,7 +198,8 @@ def render_instances(instances: list[dict[str, Any]], now: float,
         pid = str(i["pid"]) + ("" if i["alive"] else " (gone)")
         job = str(i.get("job_id"))
         later = newest.get(job) if i.get("job_id") else None
-        replaced_by = later if later is not None and later != i["id"] else None
+        # another run's (another process: a multi-model run's models share their pid)
+        replaced_by = later["id"] if later is not None and later["pid"] != i["pid"] else None
         plain_row(t, i["id"], i["model"], i["engine"],
                   instance_state_text(i, by_job.get(job), replaced_by), i["device"],
                   i.get("job_id") or "-", pid, _ago(i["updated"], now))  # fmt: skip
@@ -211,14 +212,14 @@ def checkpoint_state_text(state: str, kept: bool) -> str:
     return "saved, kept alive" if kept and state == "saved" else state
 
 
-def newest_of_jobs(instances: list[dict[str, Any]]) -> dict[str, str]:
-    """Each job's most recently updated instance record (job id -> instance id). Pure."""
+def newest_of_jobs(instances: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each job's most recently updated instance record (job id -> the record). Pure."""
     newest: dict[str, dict[str, Any]] = {}
     for i in instances:
         job = i.get("job_id")
         if job and (str(job) not in newest or i["updated"] > newest[str(job)]["updated"]):
             newest[str(job)] = i
-    return {job: str(i["id"]) for job, i in newest.items()}
+    return newest
 
 
 def instance_state_text(instance: dict[str, Any], checkpoint: dict[str, Any] | None,

@@ -251,6 +251,11 @@ def test_a_gone_instance_after_its_checkpoint_says_where_its_job_stands() -> Non
     assert instance_state_text(gone, {"state": "failed"}, "533-2") == (
         "checkpoint; replaced by 533-2"
     )
+    # a parked multi-model run: its models' records share the run's pid, none replaced
+    models = [{**row, "id": f"533-1-m{k}", "updated": float(k)} for k in range(3)]
+    table = render_instances(models, now=10.0, checkpoints=[{"job_id": "533",
+                                                            "state": "saved"}])  # fmt: skip
+    assert [str(c) for c in table.columns[3]._cells] == ["checkpoint; job's checkpoint saved"] * 3
 
 
 def test_a_saved_checkpoint_kept_alive_says_so_in_status_and_images_ls() -> None:
