@@ -176,7 +176,8 @@ def verify(
     seconds = time.perf_counter() - t0
     if json_out:
         emit_json({"name": m.name, "digest": m.digest, "ok": True, "bad_tensor": None,
-                   "error": None})  # fmt: skip
+                   "error": None, "tensor_count": len(m.tensors), "seconds": seconds,
+                   "bytes_per_s": m.tensor_bytes / seconds if seconds > 0 else None})  # fmt: skip
         return
     console.print(f"ok {m.name} {m.digest[:12]}: {len(m.tensors)} tensors match "
                   f"({fmt_rate(m.tensor_bytes, seconds)})")  # fmt: skip

@@ -80,12 +80,16 @@ def test_import_ls_verify_rm(env: Path) -> None:
 
     code, out, _ = _run("pool", "verify", "tiny", "--json")
     assert code == 0
-    assert json.loads(out) == {
+    verified = json.loads(out)
+    # the text's count and rate, named as import's are
+    assert verified.pop("seconds") >= 0 and verified.pop("bytes_per_s") > 0
+    assert verified == {
         "name": "tiny",
         "digest": imported["digest"],
         "ok": True,
         "bad_tensor": None,
         "error": None,
+        "tensor_count": 5,
     }
     code, out, _ = _run("pool", "rm", imported["digest"][:8])
     assert code == 0 and "removed tiny" in out
