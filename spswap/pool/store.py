@@ -383,8 +383,7 @@ class Pool:
     def verify(self, ref: str) -> Manifest:
         """Recompute every checksum; :class:`PoolCorrupt` names the first bad tensor, users."""
         m = self.find(ref)
-        rec = self.index.read_unlocked().entries.get(m.digest)
-        verify_entry(m, self.data_path(m), users=[h.describe() for h in rec.uses] if rec else [])
+        verify_entry(m, self.data_path(m), index=self.index)
         return m
 
 

@@ -9,45 +9,51 @@ from typing import Protocol
 
 from spswap.errors import PoolCorrupt, PoolEntryNotFound
 from spswap.pool.copy import Range, ShortRead, hash_ranges
+from spswap.pool.index import PoolIndex
 from spswap.pool.manifest import Manifest, content_digest
 
 
 def verify_entry(manifest: Manifest, data_path: Path, *, fix: str | None = None,
-                 users: list[str] | None = None) -> None:  # fmt: skip
+                 index: PoolIndex | None = None) -> None:  # fmt: skip
     """Raise :class:`PoolCorrupt` (with ``tensor`` set where one is to blame) on any
     mismatch; its message ends with ``fix`` (default: remove the entry, import again)
-    and the entry's ``users`` (as described), whose weights come from its pages."""
+    and, with the pool's ``index``, the entry's live users, whose weights come from its
+    pages (looked up only then: each user's liveness is a probe)."""
     if fix is None:
         fix = f"remove it (spswap pool rm {manifest.digest[:12]}) and import it again"
-    if users:
-        fix += (f"; it is in use by {'; '.join(users)}: a job on CPU answers from these "
-                "pages now, one on a GPU copies them at its next wake")  # fmt: skip
     label = f"pool entry {manifest.name} ({manifest.digest[:12]})"
+
+    def corrupt(what: str, tensor: str | None = None) -> PoolCorrupt:
+        rec = index.read_unlocked().entries.get(manifest.digest) if index else None
+        users = "; ".join(h.describe() for h in rec.uses) if rec else ""
+        told = fix
+        if users:
+            told += (f"; it is in use by {users}: a job on CPU answers from these pages now, "
+                     "one on a GPU copies them at its next wake")  # fmt: skip
+        return PoolCorrupt(f"{label}: {what}; {told}", tensor=tensor)
+
     if content_digest(manifest.tensors) != manifest.digest:
-        raise PoolCorrupt(f"{label}: manifest does not match its digest; {fix}")
+        raise corrupt("manifest does not match its digest")
     try:
         fd = os.open(data_path, os.O_RDONLY)
     except FileNotFoundError:
-        raise PoolCorrupt(f"{label}: {data_path} is missing; {fix}") from None
+        raise corrupt(f"{data_path} is missing") from None
     try:
         size = os.fstat(fd).st_size
         if size != manifest.data_size_bytes:
-            raise PoolCorrupt(f"{label}: {data_path} has {size} bytes, the manifest says "
-                              f"{manifest.data_size_bytes}; {fix}")  # fmt: skip
+            raise corrupt(f"{data_path} has {size} bytes, the manifest says "
+                          f"{manifest.data_size_bytes}")  # fmt: skip
         ranges = [Range(t.name, fd, t.offset, t.size_bytes) for t in manifest.tensors]
         try:
             got = hash_ranges(ranges)
         except ShortRead:  # pragma: no cover - the size check above catches it first
-            raise PoolCorrupt(f"{label}: {data_path} is shorter than its tensors; {fix}") from None
+            raise corrupt(f"{data_path} is shorter than its tensors") from None
     finally:
         os.close(fd)
     for t in sorted(manifest.tensors, key=lambda t: t.offset):
         if got[t.name] != t.checksum:
-            raise PoolCorrupt(
-                f"{label}: tensor {t.name!r} (bytes {t.offset}..{t.offset + t.size_bytes} of "
-                f"{data_path}) does not match its checksum; {fix}",
-                tensor=t.name,
-            )
+            raise corrupt(f"tensor {t.name!r} (bytes {t.offset}..{t.offset + t.size_bytes} "
+                          f"of {data_path}) does not match its checksum", t.name)  # fmt: skip
 
 
 class _Entries(Protocol):
