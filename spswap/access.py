@@ -29,11 +29,12 @@ from spswap.daemon.client import Client
 from spswap.daemon.lifecycle import prepare_dirs
 from spswap.errors import DaemonError, InvalidCheckpoint, PoolCorrupt, PoolEntryNotFound
 from spswap.liveness import Holder
+from spswap.pool.index import alias_key
 from spswap.pool.layout import MANIFEST_FILE
 from spswap.pool.manifest import Manifest
 from spswap.pool.safetensors_format import INDEX_FILE, resolve_checkpoint
-from spswap.pool.store import Pool, alias_key
-from spswap.pool.verify import remove_if_damaged, verify_entry
+from spswap.pool.store import Pool
+from spswap.pool.verify import check_unless_sealed, remove_if_damaged, verify_entry
 from spswap.slots.alloc import UNITS_PER_GPU
 from spswap.slots.table import Reservation, SlotTable
 
@@ -119,6 +120,7 @@ def import_model(
     timeout_s: float = DEFAULT_IMPORT_TIMEOUT_S,
     progress: Callable[[int, int], None] | None = None,
     identity: dict[str, Any] | None = None, job_id: str | None = None,
+    on_damaged: Callable[[str], None] | None = None,
 ) -> Manifest:  # fmt: skip
     """Import a safetensors checkpoint (file or directory) into the node's pool.
 
@@ -126,17 +128,25 @@ def import_model(
     caller, and the daemon reads them through those descriptors. ``progress`` is called
     only on the direct (root) path. ``identity`` (an engine's layout, e.g. weights as vLLM
     holds them) is recorded in the entry with ``owner_uid``, the importing user's uid.
-    ``job_id`` (default ``$SLURM_JOB_ID``) names the job in spswapd's event log.
+    ``job_id`` (default ``$SLURM_JOB_ID``) names the job in spswapd's event log. An entry
+    found for the same files that was written over since it was sealed is read, and if
+    damaged removed and imported again: ``on_damaged`` is told what was wrong.
     """
     if writes_directly(cfg):
         pool = Pool.from_config(cfg)
-        if identity is None:
-            return pool.import_checkpoint(Path(path), name=name, progress=progress)
-        identity = {**identity, "owner_uid": os.getuid()}
+        if identity is not None:
+            identity = {**identity, "owner_uid": os.getuid()}
         manifest = pool.import_checkpoint(Path(path), name=name, progress=progress,
                                           identity=identity)  # fmt: skip
-
-        pool.remember_alias(alias_key(identity, os.getuid()), manifest.digest)
+        # an entry found for the same files may have been written over since it was
+        # sealed: read, and if damaged removed and imported again (as spswapd does)
+        if (problem := check_unless_sealed(pool, manifest.digest)[1]) is not None:
+            if on_damaged is not None:
+                on_damaged(problem)
+            manifest = pool.import_checkpoint(Path(path), name=name, progress=progress,
+                                              identity=identity)  # fmt: skip
+        if identity is not None:
+            pool.remember_alias(alias_key(identity, os.getuid()), manifest.digest)
         return manifest
 
     ckpt = resolve_checkpoint(Path(path))  # headers checked as the user, before any fd moves
@@ -154,6 +164,8 @@ def import_model(
         result = _client(cfg, timeout_s).call_with_fds(
             "pool.import", fds, files=[n for _, n in files], name=name or ckpt.name, **extra
         )
+    if result.get("damaged") and on_damaged is not None:
+        on_damaged(str(result["damaged"]))
     return Manifest.from_json(result)
 
 
@@ -175,7 +187,11 @@ def use_entry(cfg: Config, ref: str, *, job_id: str | None = None) -> Iterator[M
     evicted while this process (or its job) lives. Yields the entry's manifest."""
     job_id = _job_id(job_id)
     if writes_directly(cfg):
-        with Pool.from_config(cfg).use(ref, Holder.current(job_id=job_id)) as manifest:
+        pool = Pool.from_config(cfg)
+        problem = check_unless_sealed(pool, ref)[1]  # as spswapd's pool.use
+        if problem is not None:
+            raise PoolCorrupt(problem)
+        with pool.use(ref, Holder.current(job_id=job_id)) as manifest:
             yield manifest
         return
     client = _client(cfg, 60.0)
@@ -267,5 +283,7 @@ class PoolAccess:
     def import_checkpoint(
         self, path: Path | str, *, name: str | None = None,
         identity: dict[str, Any] | None = None,
+        on_damaged: Callable[[str], None] | None = None,
     ) -> Manifest:  # fmt: skip
-        return import_model(self.cfg, path, name=name, identity=identity, job_id=self.job_id)
+        return import_model(self.cfg, path, name=name, identity=identity, job_id=self.job_id,
+                            on_damaged=on_damaged)  # fmt: skip

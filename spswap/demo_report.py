@@ -83,7 +83,7 @@ def explain_slower(turns: list[TurnResult], mode: DemoMode, *, cores: int | None
         elif t.slurm_s > ref.slurm_s and t.slurm_s >= t.spswap_s:
             why = (
                 f"the displaced model's dump took {t.slurm_s:.2f} s of it "
-                f"(cold turn: {ref.slurm_s:.2f} s)"
+                f"(Slurm's share of the cold turn: {ref.slurm_s:.2f} s)"
             )
         else:
             busy = (f"load average {load:.1f} on {cores} cores" if load is not None and cores

@@ -36,9 +36,11 @@ class PoolEntryNotFound(PoolError):
 class PoolCorrupt(PoolError):
     """A pool entry's data no longer matches its manifest."""
 
-    def __init__(self, message: str, *, tensor: str | None = None) -> None:
+    def __init__(self, message: str, *, tensor: str | None = None,
+                 users: tuple[str, ...] = ()) -> None:  # fmt: skip
         super().__init__(message)
         self.tensor = tensor
+        self.users = users  # the live processes and jobs that use the entry, described
 
 
 class PoolFull(PoolError):

@@ -95,6 +95,19 @@ class Holder:
             return f"job {self.job_id} uid {self.uid}, asked by pid {self.pid}"
         return f"pid {self.pid} uid {self.uid}"
 
+    def brief(self) -> str:
+        """:meth:`describe` in a few words, for a table cell (:data:`IMAGE_USE_NOTE` says
+        what an image's use is)."""
+        if self.purpose == "image":
+            return f"job {self.for_job}'s image" if self.for_job else "a job's image"
+        if self.job_id:
+            return f"job {self.job_id} (uid {self.uid})"
+        return f"pid {self.pid} (uid {self.uid})"
+
+
+IMAGE_USE_NOTE = ("a job's image: spswapd keeps the entry for that job's checkpoint image, "
+                  "until the job runs again or ends")  # fmt: skip
+
 
 def holder_alive(holder: Holder, job_alive: JobProbe | None = None) -> bool:
     """A live process keeps what it holds; so does the live Slurm job it is bound to.

@@ -22,7 +22,7 @@ from spswap.daemon.lifecycle import daemon_running
 from spswap.errors import DaemonError
 from spswap.fsutil import read_json
 from spswap.instance.registry import InstanceRegistry
-from spswap.liveness import Holder
+from spswap.liveness import IMAGE_USE_NOTE, Holder
 from spswap.plain import plain_row
 from spswap.pool.capacity import imported_bytes
 from spswap.pool.store import Pool
@@ -81,7 +81,7 @@ def collect_status(cfg: Config, *, gpus: list[dict[str, Any]] | None = None) -> 
         "pool": {
             "capacity_bytes": pool.capacity_bytes,
             "used_bytes": sum(e.size_bytes for e in entries),
-            "user_bytes": pool.user_bytes,
+            "user_budget_bytes": pool.user_bytes,
             "yours_bytes": imported_bytes(entries, os.getuid()),
             "entries": [e.to_json() for e in entries],
         },
@@ -156,34 +156,38 @@ def _ago(ts: float, now: float) -> str:
 
 
 def _user(h: dict[str, Any]) -> str:
-    return Holder.from_json(h).describe()
+    return Holder.from_json(h).brief()
 
 
 def pool_title(pool: dict[str, Any], uid: int, where: str = "") -> str:
     """What the pool holds of its capacity, and of one user's share (SPSWAP_POOL_USER_BYTES):
     the share's size for root, what the asking user's imports hold of it for a user. Pure."""
     title = f"pool{where}: {fmt_bytes(pool['used_bytes'])} of {fmt_bytes(pool['capacity_bytes'])}"
-    if pool.get("user_bytes") is None:  # (a listing without the share: none to show)
+    if pool.get("user_budget_bytes") is None:  # (a listing without the share: none to show)
         return title
-    share = fmt_bytes(pool["user_bytes"])
+    share = fmt_bytes(pool["user_budget_bytes"])
     if uid == 0:
         return f"{title}; each user's imports at most {share}"
     return f"{title}; yours {fmt_bytes(pool.get('yours_bytes') or 0)} of {share}"
 
 
-def render_pool(pool: dict[str, Any], now: float, where: str = "") -> Table:
+def render_pool(pool: dict[str, Any], now: float, where: str = "") -> Group:
     """One row per pool entry, most recently used first: whose share it counts in
-    ("imported by"; "-": root's, or imported before shares), who uses it, its last use."""
-    t = Table(title=pool_title(pool, os.getuid(), where))
+    ("imported by"; "-": root's, or imported before shares), who uses it (in brief; what
+    an image's use is, under the table), its last use."""
+    title = pool_title(pool, os.getuid(), where)
+    t = Table(title=title, min_width=len(title))  # a title on one line where it fits
     for col in ("name", "digest", "size", "tensors", "imported by", "users", "last use"):
-        t.add_column(col, overflow="fold")  # a narrow terminal folds values, never cuts them
+        # a narrow terminal folds values, never cuts them; a digest stays whole
+        t.add_column(col, overflow="fold", min_width=12 if col == "digest" else None)
     for e in pool["entries"]:
         users = "\n".join(_user(h) for h in e["users"]) or "-"
         importers = ", ".join(f"uid {u}" for u in e.get("importers") or []) or "-"
         plain_row(t, e["name"], e["digest"][:12], fmt_bytes(e["size_bytes"]),
                   str(e["tensor_count"]), importers, users,
                   "in use now" if e["users"] else _ago(e["last_used"], now))  # fmt: skip
-    return t
+    images = any(h.get("purpose") == "image" for e in pool["entries"] for h in e["users"])
+    return Group(t, Text(IMAGE_USE_NOTE)) if images else Group(t)
 
 
 def render_instances(instances: list[dict[str, Any]], now: float,
@@ -191,7 +195,8 @@ def render_instances(instances: list[dict[str, Any]], now: float,
     """One row per model instance the node knows of."""
     t = Table(title="instances")
     for col in ("id", "model", "engine", "state", "device", "job", "pid", "updated"):
-        t.add_column(col, overflow="fold")  # a narrow terminal folds values, never cuts them
+        # a narrow terminal folds values, never cuts them; a state's words stay whole
+        t.add_column(col, overflow="fold", min_width=10 if col == "state" else None)
     by_job = {str(c.get("job_id")): c for c in checkpoints or []}
     newest = newest_of_jobs(instances)
     for i in instances:

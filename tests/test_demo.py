@@ -193,7 +193,8 @@ def test_the_report_keeps_every_value_at_80_columns() -> None:
         assert value in cells, f"{value!r} not whole in:\n{text}"
     # a turn's reason is said in full under the turn table
     assert "turn 4 (model-10, image): slower than cold: the displaced model's dump took " \
-        "12.00 s of it (cold turn: 0.10 s)" in " ".join(text.split()), text  # fmt: skip
+        "12.00 s of it (Slurm's share of the cold turn: 0.10 s)" in \
+        " ".join(text.split()), text  # fmt: skip
 
 
 def test_cli_demo_bad_preset_is_a_clear_error(tmp_path: Path) -> None:

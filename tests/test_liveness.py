@@ -47,3 +47,27 @@ def test_spswapds_own_image_uses_say_what_they_are_for() -> None:
     assert Holder(pid=5, pid_start=None, uid=1000, job_id="7").describe() == (
         "job 7 uid 1000, asked by pid 5")  # fmt: skip
     assert Holder.from_json({"pid": 5, "uid": 1}).purpose is None  # written before the field
+    # in a table cell, a few words (the pool table says under it what an image's use is)
+    assert image.brief() == "job 1086's image"
+    assert Holder(pid=5, pid_start=None, uid=1000, job_id="7").brief() == "job 7 (uid 1000)"
+    assert Holder(pid=5, pid_start=None, uid=1000).brief() == "pid 5 (uid 1000)"
+
+
+def test_the_pool_table_says_what_an_images_use_is_under_it() -> None:
+    from rich.console import Console
+
+    from spswap.liveness import IMAGE_USE_NOTE, Holder
+    from spswap.status import render_pool
+
+    def shown(users: list[Holder]) -> str:
+        pool = {"used_bytes": 1, "capacity_bytes": 2, "entries": [{
+            "name": "m", "digest": "ab" * 32, "size_bytes": 1, "tensor_count": 1,
+            "users": [h.to_json() for h in users], "last_used": 0.0}]}  # fmt: skip
+        console = Console(width=80, record=True, file=open(os.devnull, "w"))
+        console.print(render_pool(pool, 0.0))
+        return " ".join(console.export_text().split())  # (folded at 80 columns)
+
+    image = Holder(pid=42, pid_start=7, uid=0, purpose="image", for_job="1086")
+    text = shown([image])
+    assert "│ job 1086's │" in text and text.endswith(IMAGE_USE_NOTE), text
+    assert IMAGE_USE_NOTE not in shown([Holder(pid=5, pid_start=None, uid=1, job_id="7")])

@@ -199,6 +199,12 @@ def test_images_ls_says_what_images_hold_of_their_budget(tmp_path: Path) -> None
     assert r.exit_code == 0, r.output
     assert "3.0 MiB of the images' budget 1.0 GiB (SPSWAP_IMAGES_BYTES); one user's up to " \
         "256.0 MiB (SPSWAP_IMAGES_USER_BYTES)" in " ".join(r.stdout.split()), r.stdout  # fmt: skip
+    assert "on disk" in r.stdout  # (`images show` gives the dumped bytes, a little less)
+    r = CliRunner().invoke(app, ["images", "ls", "--json", "--root", str(root)], env=env)
+    listed = json.loads(r.stdout)  # an object, as every other --json listing
+    assert listed["used_bytes"] == listed["images"][0]["size_bytes"] >= 3 << 20  # + meta
+    assert (listed["budget_bytes"], listed["user_budget_bytes"]) == (1 << 30, 256 << 20)
+    assert [i["job_id"] for i in listed["images"]] == ["7"]
 
 
 def test_events_piped_are_one_plain_line_each(tmp_path: Path) -> None:

@@ -216,7 +216,7 @@ def test_a_long_note_is_cut_in_the_table_only() -> None:
 def test_the_pool_title_shows_the_share_root_or_yours() -> None:
     from spswap.status import pool_title
 
-    pool = {"used_bytes": 3 << 30, "capacity_bytes": 16 << 30, "user_bytes": 8 << 30,
+    pool = {"used_bytes": 3 << 30, "capacity_bytes": 16 << 30, "user_budget_bytes": 8 << 30,
             "yours_bytes": 1 << 30}  # fmt: skip
     assert pool_title(pool, 0) == "pool: 3.0 GiB of 16.0 GiB; each user's imports at most 8.0 GiB"
     assert pool_title(pool, 1000, " /dev/shm/spswap/pool") == (

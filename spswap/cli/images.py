@@ -19,9 +19,16 @@ from spswap.checkpoint.service import images_of_job, job_of_key, real_job_id, re
 from spswap.cli.common import JsonOpt, RootOpt, console, emit_json, load_config
 from spswap.daemon.client import Client
 from spswap.daemon.image_room import ImageRoom
-from spswap.errors import ConfigError, ImageNotFound, ImageUnreadable, PermissionDenied
+from spswap.errors import (
+    ConfigError,
+    ImageNotFound,
+    ImageUnreadable,
+    PermissionDenied,
+    SpswapError,
+)
 from spswap.fsutil import dir_size_bytes, read_json
 from spswap.plain import plain_row
+from spswap.pool.store import Pool
 from spswap.status import checkpoint_state_text
 from spswap.units import fmt_bytes
 
@@ -73,12 +80,13 @@ def _rm_hint(job_id: str, path: str) -> str:
 
 @app.command("ls")
 def ls(json: bool = JsonOpt, root: Path | None = RootOpt) -> None:
-    """List the checkpoint images on this node: job, size, engine, model and state.
+    """List the checkpoint images on this node: job, state, size on disk, engine, model.
 
     Images are single use: restoring one deletes it; the epilog and later prologs delete
     the images of jobs that will not come back. State "refused": a restore would refuse
     the image whatever its job (its owner or modes, no record, files missing or changed
-    in size); the line under the table says why.
+    in size); the line under the table says why. `--json`: {"images": [...],
+    "used_bytes", "budget_bytes", "user_budget_bytes"} (the budgets as in `spswap status`).
     """
     cfg = load_config(root)
     try:
@@ -88,32 +96,44 @@ def ls(json: bool = JsonOpt, root: Path | None = RootOpt) -> None:
             f"{cfg.paths.images} is root's: run as root (users see their jobs' checkpoint "
             "state in `spswap status` and `spswap events`)"
         ) from None
+    limits = ImageRoom.from_config(cfg).limits()
     if json:
-        emit_json(images)
+        emit_json({"images": images, "used_bytes": sum(i["size_bytes"] for i in images),
+                   "budget_bytes": limits.total_bytes,
+                   "user_budget_bytes": limits.user_bytes})  # fmt: skip
         return
     if not images:
         console.print(f"no checkpoint images in {cfg.paths.images} (a restore uses its image "
                       "up; `spswap status` shows where each job's checkpoint stands)",
                       markup=False)  # fmt: skip
         return
-    limits = ImageRoom.from_config(cfg).limits()
     t = Table(title=f"checkpoint images in {cfg.paths.images}",
               caption=f"{fmt_bytes(sum(i['size_bytes'] for i in images))} of the images' "
               f"budget {fmt_bytes(limits.total_bytes)} (SPSWAP_IMAGES_BYTES); one user's "
               f"up to {fmt_bytes(limits.user_bytes)} (SPSWAP_IMAGES_USER_BYTES)")  # fmt: skip
-    for col in ("job", "state", "size", "engine", "model", "uid", "age"):
+    names = model_names(cfg)
+    for col in ("job", "state", "on disk", "engine", "model", "uid", "age"):
         t.add_column(col, overflow="fold")  # a narrow terminal folds values, never cuts them
     now = time.time()
     for i in images:
         ident = i["identity"]
         age = f"{(now - i['created']) / 60:.0f} min" if i["created"] else "?"
+        digest = str(ident.get("model_digest", "?"))
         plain_row(t, i["job_id"], checkpoint_state_text(i["state"], i["kept"]),
-                  fmt_bytes(i["size_bytes"]),
-                  str(ident.get("engine", "?")), str(ident.get("model_digest", "?"))[:12],
-                  str(ident.get("uid", "?")), age)  # fmt: skip
+                  fmt_bytes(i["size_bytes"]), str(ident.get("engine", "?")),
+                  names.get(digest, digest[:12]), str(ident.get("uid", "?")), age)  # fmt: skip
     console.print(t)
     for line in refused_lines(images):
         console.print(line, markup=False)
+
+
+def model_names(cfg: Any) -> dict[str, str]:
+    """The pool's entries' names by digest (an image names its model by digest); empty
+    where the pool cannot be read."""
+    try:
+        return {e.manifest.digest: e.manifest.name for e in Pool.from_config(cfg).entries()}
+    except (OSError, SpswapError):
+        return {}
 
 
 SHOWN_PROCESSES = 2  # columns of their own; the rest of an image's processes in one

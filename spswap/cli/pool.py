@@ -117,7 +117,7 @@ def ls(root: Path | None = RootOpt, json_out: bool = JsonOpt) -> None:
     listing = {
         "pool": str(pool.pool_dir), "capacity_bytes": pool.capacity_bytes,
         "used_bytes": sum(e.size_bytes for e in infos),
-        "user_bytes": pool.user_bytes, "yours_bytes": imported_bytes(infos, os.getuid()),
+        "user_budget_bytes": pool.user_bytes, "yours_bytes": imported_bytes(infos, os.getuid()),
         "entries": [e.to_json() for e in infos],
     }  # fmt: skip
     if json_out:
@@ -170,14 +170,16 @@ def verify(
             raise
         # the error object every --json failure prints (`kind`, `message`, `exit_code`)
         emit_json({"name": m.name, "digest": m.digest, "ok": False, "bad_tensor": e.tensor,
-                   **error_json(e)})  # fmt: skip
+                   "users": list(e.users), **error_json(e)})  # fmt: skip
         print_error(e)  # the text on stderr too, as for any failure
         raise typer.Exit(e.exit_code) from None
     seconds = time.perf_counter() - t0
     if json_out:
         emit_json({"name": m.name, "digest": m.digest, "ok": True, "bad_tensor": None,
-                   "error": None, "tensor_count": len(m.tensors), "seconds": seconds,
+                   "users": [], "error": None, "tensor_count": len(m.tensors),
+                   "data_size_bytes": m.data_size_bytes, "seconds": seconds,
                    "bytes_per_s": m.tensor_bytes / seconds if seconds > 0 else None})  # fmt: skip
         return
-    console.print(f"ok {m.name} {m.digest[:12]}: {len(m.tensors)} tensors match "
-                  f"({fmt_rate(m.tensor_bytes, seconds)})")  # fmt: skip
+    console.print(f"ok {m.name} {m.digest[:12]}: {len(m.tensors)} tensors, "
+                  f"{fmt_bytes(m.data_size_bytes)}, match, read in {fmt_seconds(seconds)} "
+                  f"at {fmt_rate(m.tensor_bytes, seconds)}")  # fmt: skip

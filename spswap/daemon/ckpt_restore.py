@@ -329,7 +329,8 @@ def _end_tree(starts: dict[int, int | None], timeout_s: float = 10.0) -> None:
 def _hold_pool_entry(st: DaemonState, digest: str, pid: int, rec: JobRecord) -> None:
     """The restored process maps its pool entry: record its use (its old use died with the
     dumped process), so the entry is not evicted under it."""
-    holder = Holder(pid=pid, pid_start=pid_start_time(pid), uid=rec.uid, job_id=rec.job_id)
+    holder = Holder(pid=pid, pid_start=pid_start_time(pid), uid=rec.uid, job_id=rec.job_id,
+                    since=time.time())  # fmt: skip
     for entry in pool_digests(digest):  # (each model's, for a multi-model job)
         try:
             Pool.from_config(st.cfg).acquire_use(entry, holder)

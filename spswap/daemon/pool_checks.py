@@ -5,11 +5,11 @@ that keeps checks one at a time."""
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 
-FileKey = tuple[int, int, int, int]  # data file: device, inode, size, mtime (ns)
+from spswap.pool.index import FileKey
+
 RECHECK_AFTER_S = 60.0  # damage that leaves the file's times alone (memory, a device)
 
 
@@ -32,12 +32,3 @@ class PoolChecks:
             self._whole[digest] = (key, time.monotonic())
         else:
             self._whole.pop(digest, None)
-
-
-def file_key(path: os.PathLike[str]) -> FileKey | None:
-    """What changes when a data file is written or replaced (None: it is not there)."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)

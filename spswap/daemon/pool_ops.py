@@ -10,13 +10,14 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from spswap.daemon.caller import peer_holder
-from spswap.daemon.pool_checks import file_key
 from spswap.daemon.protocol import Answer
 from spswap.daemon.state import Context
-from spswap.errors import PoolFull, ProtocolError, RequestRefused, SpswapError
+from spswap.errors import PoolCorrupt, PoolFull, ProtocolError, RequestRefused, SpswapError
 from spswap.pool.importer import import_from_fds
-from spswap.pool.store import Pool, alias_key
-from spswap.pool.verify import remove_if_damaged
+from spswap.pool.index import alias_key, file_key
+from spswap.pool.manifest import Manifest
+from spswap.pool.store import Pool
+from spswap.pool.verify import check_unless_sealed, remove_if_damaged
 
 if TYPE_CHECKING:
     from spswap.pool.store import Pool
@@ -30,10 +31,15 @@ def _pool(ctx: Context) -> Pool:
 
 
 def op_pool_use(ctx: Context, args: dict[str, Any]) -> Answer:
-    """Mark a pool entry used by the caller (never evicted while it lives)."""
+    """Mark a pool entry used by the caller (never evicted while it lives); one whose file
+    was written since it was sealed is read first, and removed if damaged (PoolCorrupt:
+    the caller starts from the model's files)."""
     holder = peer_holder(ctx, args.get("job_id"))
-    manifest = _pool(ctx).acquire_use(args["ref"], holder)
-    return manifest.to_json()
+    pool = _pool(ctx)
+    problem = _check_unless_sealed(ctx, pool, args["ref"], args.get("job_id"))
+    if problem is not None:
+        raise PoolCorrupt(problem)
+    return pool.acquire_use(args["ref"], holder).to_json()
 
 
 def op_pool_unuse(ctx: Context, args: dict[str, Any]) -> Answer:
@@ -66,9 +72,18 @@ def op_pool_import(ctx: Context, args: dict[str, Any]) -> Answer:
     pool = Pool.from_config(ctx.state.cfg, ctx.state.job_probe(), importer_uid=ctx.peer_uid)
     started = time.time()
     job_id = callers_job(ctx, args.get("job_id"))
+
+    def read() -> Manifest:
+        return import_from_fds(pool, files, name=args.get("name"), owner_uid=ctx.peer_uid,
+                               identity=identity)  # fmt: skip
+
     try:
-        manifest = import_from_fds(pool, files, name=args.get("name"), owner_uid=ctx.peer_uid,
-                                   identity=identity)  # fmt: skip
+        manifest = read()
+        # an entry found for the same files may have been written over since it was
+        # sealed: read, and if damaged removed and imported again from the caller's files
+        damaged = _check_unless_sealed(ctx, pool, manifest.digest, args.get("job_id"))
+        if damaged is not None:
+            manifest = read()
     except PoolFull as e:  # the job fails to start: root finds why in the log too
         ctx.state.event("pool.refused", job_id=job_id, uid=ctx.peer_uid, pid=ctx.peer_pid,
                         name=args.get("name"), reason=str(e))  # fmt: skip
@@ -90,7 +105,7 @@ def op_pool_import(ctx: Context, args: dict[str, Any]) -> Answer:
     if manifest.created >= started:  # a new entry; a run that finds its weights is no news
         ctx.state.event("pool.import", job_id=job_id, uid=ctx.peer_uid, pid=ctx.peer_pid,
                         name=manifest.name, digest=manifest.digest)  # fmt: skip
-    return manifest.to_json()
+    return {**manifest.to_json(), **({"damaged": damaged} if damaged else {})}
 
 
 def op_pool_check(ctx: Context, args: dict[str, Any]) -> Answer:
@@ -111,10 +126,23 @@ def op_pool_check(ctx: Context, args: dict[str, Any]) -> Answer:
     finally:
         checks.lock.release()
     if problem is not None:
-        ctx.state.event("pool.damaged", job_id=callers_job(ctx, args.get("job_id")),
-                        uid=ctx.peer_uid, pid=ctx.peer_pid, name=manifest.name,
-                        digest=manifest.digest, problem=problem)  # fmt: skip
+        _damaged_event(ctx, manifest, problem, args.get("job_id"))
     return {"digest": manifest.digest, "problem": problem, "removed": problem is not None}
+
+
+def _check_unless_sealed(ctx: Context, pool: Pool, ref: str, job_id: str | None) -> str | None:
+    """What is wrong with entry ``ref`` (removed then, with a ``pool.damaged`` event), or
+    None; read only where its file changed since sealed (a stat otherwise)."""
+    manifest, problem = check_unless_sealed(pool, ref)
+    if problem is not None:
+        _damaged_event(ctx, manifest, problem, job_id)
+    return problem
+
+
+def _damaged_event(ctx: Context, manifest: Manifest, problem: str, job_id: str | None) -> None:
+    ctx.state.event("pool.damaged", job_id=callers_job(ctx, job_id), uid=ctx.peer_uid,
+                    pid=ctx.peer_pid, name=manifest.name, digest=manifest.digest,
+                    problem=problem)  # fmt: skip
 
 
 def callers_job(ctx: Context, job_id: str | None) -> str | None:

@@ -7,11 +7,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from spswap.errors import EngineError
-from spswap.pool.store import alias_key
+from spswap.errors import EngineError, PoolCorrupt
+from spswap.pool.index import alias_key
 
 # Identity keys that must match for a pool entry to fit an engine's weight layout.
 IDENTITY_KEYS = ("engine", "vllm", "tp_size", "rank", "dtype", "model_config_hash", "weights")
@@ -74,3 +75,19 @@ def find_entry(pool: Any, identity: dict[str, Any], uid: int | None = None) -> A
             if identity_matches(e.manifest.identity, identity)
             and trusted_owner(e.manifest.identity, uid)]  # fmt: skip
     return max(hits, key=lambda m: m.created) if hits else None
+
+
+def use_found_entry(pool: Any, identity: dict[str, Any], uses: ExitStack
+                    ) -> tuple[Any | None, str | None]:  # fmt: skip
+    """:func:`find_entry`'s entry, with a use of it held in ``uses``: ``(entry, None)``;
+    ``(None, None)`` where there is none; ``(None, why)`` where the one found had been
+    written over since it was sealed and was damaged (spswapd removed it: the caller
+    starts from the model's files and exports it again)."""
+    entry = find_entry(pool, identity)
+    if entry is None:
+        return None, None
+    try:
+        uses.enter_context(pool.use(entry.digest))
+    except PoolCorrupt as e:
+        return None, str(e)
+    return entry, None

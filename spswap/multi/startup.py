@@ -17,8 +17,9 @@ def _said(name: str, proc: ModelProc) -> str:
     """The job log's line for a model that is up."""
     hello = proc.hello
     if hello.get("from") == "checkpoint":
+        why = f" ({hello['damaged']})" if hello.get("damaged") else ""
         return (f"spswap serve: {name} started cold from its files and exported to the pool "
-                f"in {proc.load_s:.2f} s")  # fmt: skip
+                f"in {proc.load_s:.2f} s{why}")  # fmt: skip
     return f"spswap serve: {name} up from the pool in {proc.load_s:.2f} s"
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from spswap.engines.vllm_engine import VllmSettings, engine_identity
-from spswap.engines.vllm_identity import find_entry
+from spswap.engines.vllm_identity import find_entry, use_found_entry
 from spswap.errors import ConfigError
 from spswap.multi.procs import ModelSpec
 from spswap.serve.vllm_api import installed_vllm_version
@@ -44,9 +44,8 @@ def start_engine(engine: Any, pool: Any, uses: contextlib.ExitStack) -> dict[str
     from its files and export it (once); the entry it came from stays in use (``uses``)
     and attached for its wakes. Returns ``from`` (``pool``/``checkpoint``), ``digest``."""
     identity = engine.identity()
-    entry = find_entry(pool, identity)
+    entry, damaged = use_found_entry(pool, identity, uses)
     if entry is not None:
-        uses.enter_context(pool.use(entry.digest))
         report = engine.load_from_pool(pool, entry.digest)
         return {"from": "pool", "digest": entry.digest, "copy": report.to_json()}
     engine.load_from_checkpoint(engine.model_dir)
@@ -54,7 +53,7 @@ def start_engine(engine: Any, pool: Any, uses: contextlib.ExitStack) -> dict[str
                             engine.settings.tensor_parallel_size)  # fmt: skip
     uses.enter_context(pool.use(digest))
     engine.attach(pool, digest)
-    return {"from": "checkpoint", "digest": digest}
+    return {"from": "checkpoint", "digest": digest, **({"damaged": damaged} if damaged else {})}
 
 
 def llm_overrides(model: Path, vllm_args: list[str]) -> dict[str, Any]:

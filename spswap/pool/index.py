@@ -10,6 +10,7 @@ bookkeeping: no torch, no Slurm (the job probe is plugged in).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -39,6 +40,26 @@ INDEX_VERSION = 1
 MAX_USES_PER_USER = 1024
 
 
+FileKey = tuple[int, int, int, int]  # a data file's device, inode, size, mtime (ns)
+
+
+def file_key(path: os.PathLike[str] | str) -> FileKey | None:
+    """What changes when a data file is written or replaced (None: it is not there).
+    (A write through a shared mapping leaves a tmpfs file's time alone: spswap's own
+    mappings of entries are read-only.)"""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _key_from_json(raw: Any) -> FileKey | None:
+    if not isinstance(raw, list) or len(raw) != 4:
+        return None  # an index from before seals: the entry is read once, then sealed
+    return (int(raw[0]), int(raw[1]), int(raw[2]), int(raw[3]))
+
+
 def source_key(sources: Sequence[SourceFile]) -> str:
     """Key of a set of source files by path only: same files, same import lock and the
     same record in :attr:`IndexState.sources`."""
@@ -52,6 +73,9 @@ class EntryRecord:
     # users whose share of the pool it counts in: they imported it through spswapd
     # (root's and direct imports count in no share)
     importers: list[int] = field(default_factory=list)
+    # the data file as it was published or last read whole (its file_key): a
+    # process that asks to serve from the entry has it read again only once it changed
+    sealed: FileKey | None = None
 
 
 @dataclass
@@ -94,7 +118,8 @@ class IndexState:
         return {
             "version": INDEX_VERSION,
             "entries": {d: {"last_used": r.last_used, "uses": [h.to_json() for h in r.uses],
-                            "importers": sorted(r.importers)}
+                            "importers": sorted(r.importers),
+                            "sealed": list(r.sealed) if r.sealed else None}
                         for d, r in sorted(self.entries.items())},
             "sources": {k: {"digest": d, "sources": [s.to_json() for s in srcs]}
                         for k, (d, srcs) in sorted(self.sources.items())},
@@ -111,7 +136,8 @@ class IndexState:
         return cls(
             entries={k: EntryRecord(float(v.get("last_used", 0.0)),
                                     [Holder.from_json(h) for h in v.get("uses", [])],
-                                    [int(u) for u in v.get("importers", [])])
+                                    [int(u) for u in v.get("importers", [])],
+                                    _key_from_json(v.get("sealed")))
                      for k, v in d.get("entries", {}).items()},
             sources={k: (str(v["digest"]), tuple(SourceFile.from_json(s) for s in v["sources"]))
                      for k, v in d.get("sources", {}).items()},
@@ -175,6 +201,18 @@ class PoolIndex:
                 "start`); removing an entry is root's alone"
             )
 
+    def sealed(self, digest: str) -> FileKey | None:
+        """Entry ``digest``'s seal (None: none recorded); no lock, and no user's liveness
+        probed (a probe may ask Slurm: this is on every run's start)."""
+        rec = IndexState.from_json(read_json(self.path)).entries.get(digest)
+        return rec.sealed if rec is not None else None
+
+    def seal(self, digest: str, key: FileKey | None) -> None:
+        """Record entry ``digest``'s data file as read whole (``key``: as it was then)."""
+        with self.locked() as state:
+            if digest in state.entries:
+                state.entries[digest].sealed = key
+
     def alive(self, holder: Holder) -> bool:
         return holder_alive(holder, self.job_alive)
 
@@ -227,3 +265,11 @@ class PoolIndex:
                 del state.sources[key]
             for key in [k for k, d in state.aliases.items() if d not in live_digests]:
                 del state.aliases[key]
+
+
+def alias_key(identity: dict[str, Any], uid: int) -> str:
+    """Key of an engine layout ``identity`` as exported by ``uid`` (``owner_uid`` in the
+    identity is ignored: the uid given here is the one that counts)."""
+    ident = {k: v for k, v in identity.items() if k != "owner_uid"}
+    text = json.dumps({"identity": ident, "uid": uid}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]

@@ -8,8 +8,6 @@ What to evict is :mod:`spswap.pool.capacity`'s choice. No torch here.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import shutil
 import time
@@ -24,7 +22,14 @@ from spswap.fsutil import dir_size_bytes, fs_sizes, read_json
 from spswap.liveness import Holder, JobProbe
 from spswap.pool import importer, layout
 from spswap.pool.capacity import EntryInfo, UserShare, plan_eviction, users_of
-from spswap.pool.index import IndexState, PoolIndex, Reservation, check_uses_left, source_key
+from spswap.pool.index import (
+    IndexState,
+    PoolIndex,
+    Reservation,
+    check_uses_left,
+    file_key,
+    source_key,
+)
 from spswap.pool.layout import DATA_FILE, DIR_MODE, LOCKS_DIR, MANIFEST_FILE, make_locks_dir
 from spswap.pool.manifest import Manifest, SourceFile
 from spswap.pool.names import MIN_PREFIX_CHARS, looks_like_digest
@@ -271,6 +276,7 @@ class Pool:
                 self._trash(final)
             os.rename(tmp, final)
             state.touch(manifest.digest)
+            state.record(manifest.digest).sealed = file_key(final / DATA_FILE)
             self._charge(state, manifest.digest)
             if manifest.sources:
                 state.sources[source_key(manifest.sources)] = (manifest.digest, manifest.sources)
@@ -385,14 +391,6 @@ class Pool:
         m = self.find(ref)
         verify_entry(m, self.data_path(m), index=self.index)
         return m
-
-
-def alias_key(identity: dict[str, Any], uid: int) -> str:
-    """Key of an engine layout ``identity`` as exported by ``uid`` (``owner_uid`` in the
-    identity is ignored: the uid given here is the one that counts)."""
-    ident = {k: v for k, v in identity.items() if k != "owner_uid"}
-    text = json.dumps({"identity": ident, "uid": uid}, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def _holder_key(h: Holder) -> tuple[int, int | None, int, str | None, str | None]:

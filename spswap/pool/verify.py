@@ -9,28 +9,37 @@ from typing import Protocol
 
 from spswap.errors import PoolCorrupt, PoolEntryNotFound
 from spswap.pool.copy import Range, ShortRead, hash_ranges
-from spswap.pool.index import PoolIndex
+from spswap.pool.index import PoolIndex, file_key
 from spswap.pool.manifest import Manifest, content_digest
+
+
+def default_fix(manifest: Manifest, *, in_use: bool) -> str:
+    """What to do about a damaged entry: root removes it (at once, or once its users
+    ended), and the next job that runs the model imports it again from its files."""
+    rm = f"spswap pool rm {manifest.digest[:12]}"
+    how = (f"as root, end those jobs (scancel) and remove it ({rm}), or remove it now "
+           f"({rm} --force: they run on but cannot be checkpointed)" if in_use
+           else f"remove it as root ({rm})")  # fmt: skip
+    return f"{how}; the next job that runs the model imports it again from its files"
 
 
 def verify_entry(manifest: Manifest, data_path: Path, *, fix: str | None = None,
                  index: PoolIndex | None = None) -> None:  # fmt: skip
     """Raise :class:`PoolCorrupt` (with ``tensor`` set where one is to blame) on any
-    mismatch; its message ends with ``fix`` (default: remove the entry, import again)
-    and, with the pool's ``index``, the entry's live users, whose weights come from its
-    pages (looked up only then: each user's liveness is a probe)."""
-    if fix is None:
-        fix = f"remove it (spswap pool rm {manifest.digest[:12]}) and import it again"
+    mismatch; its message says, with the pool's ``index``, the entry's live users, whose
+    weights come from its pages (looked up only then: each user's liveness is a probe),
+    and ends with ``fix`` (default: how root removes it, with those users or without)."""
     label = f"pool entry {manifest.name} ({manifest.digest[:12]})"
 
     def corrupt(what: str, tensor: str | None = None) -> PoolCorrupt:
         rec = index.read_unlocked().entries.get(manifest.digest) if index else None
-        users = "; ".join(h.describe() for h in rec.uses) if rec else ""
-        told = fix
+        users = tuple(h.describe() for h in rec.uses) if rec else ()
+        told = f"{label}: {what}"
         if users:
-            told += (f"; it is in use by {users}: a job on CPU answers from these pages now, "
-                     "one on a GPU copies them at its next wake")  # fmt: skip
-        return PoolCorrupt(f"{label}: {what}; {told}", tensor=tensor)
+            told += (f"; it is in use by {'; '.join(users)} (a job on CPU answers from these "
+                     "pages now, one on a GPU copies them at its next wake)")  # fmt: skip
+        return PoolCorrupt(f"{told}; {fix or default_fix(manifest, in_use=bool(users))}",
+                           tensor=tensor, users=users)  # fmt: skip
 
     if content_digest(manifest.tensors) != manifest.digest:
         raise corrupt("manifest does not match its digest")
@@ -57,20 +66,14 @@ def verify_entry(manifest: Manifest, data_path: Path, *, fix: str | None = None,
 
 
 class _Entries(Protocol):
+    @property
+    def index(self) -> PoolIndex: ...
     def find(self, ref: str) -> Manifest: ...
     def data_path(self, manifest: Manifest) -> Path: ...
     def remove(self, ref: str, *, force: bool = False) -> Manifest: ...
 
 
 REMOVED_FIX = "removed from the pool: the model is read from its files and imported again"
-
-
-def _file_id(path: Path) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino)
 
 
 def remove_if_damaged(pool: _Entries, ref: str) -> tuple[Manifest, str | None]:
@@ -81,7 +84,7 @@ def remove_if_damaged(pool: _Entries, ref: str) -> tuple[Manifest, str | None]:
     for _ in range(2):  # a second read only where the entry was replaced under the first
         m = pool.find(ref)
         path = pool.data_path(m)
-        read = _file_id(path)
+        read = file_key(path)
         try:
             verify_entry(m, path, fix=REMOVED_FIX)
         except PoolCorrupt as e:
@@ -91,7 +94,7 @@ def remove_if_damaged(pool: _Entries, ref: str) -> tuple[Manifest, str | None]:
         # the bytes read are the entry's still (not removed and imported again, whole,
         # by another run while this one read for seconds); the rest of the window is
         # the few microseconds to the index lock
-        if _file_id(path) != read:
+        if file_key(path) != read:
             continue
         try:
             pool.remove(m.digest, force=True)
@@ -99,3 +102,20 @@ def remove_if_damaged(pool: _Entries, ref: str) -> tuple[Manifest, str | None]:
             pass  # removed meanwhile (another run found it damaged too)
         return m, problem
     return m, None  # replaced twice while read: whoever replaced it checks it
+
+
+def check_unless_sealed(pool: _Entries, ref: str) -> tuple[Manifest, str | None]:
+    """:func:`remove_if_damaged`, but read only where the entry's data file changed since
+    it was published or last read whole (its seal in the index; an entry sealed by no
+    spswap before this check is read once): a stat where nothing wrote to it, a whole
+    read where something did (a stray ``dd`` or copy onto the file). Found whole, it is
+    sealed with the file as it was before the read (a write during the read breaks the
+    seal). Callers need the index writable (spswapd, root)."""
+    m = pool.find(ref)
+    key = file_key(pool.data_path(m))
+    if key is not None and pool.index.sealed(m.digest) == key:
+        return m, None
+    m, problem = remove_if_damaged(pool, m.digest)
+    if problem is None:
+        pool.index.seal(m.digest, key)
+    return m, problem

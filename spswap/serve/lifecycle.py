@@ -188,6 +188,7 @@ class ServeRun(Generic[B]):
             result.events.append({"restored": True, "restart_count": self.restart_count,
                                   "probe": "mismatch", "reason": failed})  # fmt: skip
             self.log(f"spswap serve: {failed}")
+            restore_check.note_refused(self.backend.state_dir, self.restart_count, failed)
             return False  # ends here; the job's run (its stand-in) starts cold
         self._record("up")
         probe_s = self.probe_s if expected is not None else None
@@ -233,7 +234,10 @@ class ServeRun(Generic[B]):
         # It ended on its own before its work was done (a crash, a kill): serve on from
         # the pool in this run rather than leave the job idle; what it left running (a
         # vLLM server, its engine core) would hold the GPU the cold start needs.
-        reason = f"starts anew: the restored instance (pid {pid}) ended on its own ({left})"
+        # (ended by its own check, or by a crash or a kill)
+        how = "failed its check prompt and ended" if restore_check.refused_in(
+            self.backend.state_dir, self.restart_count) else "ended on its own"  # fmt: skip
+        reason = f"starts anew: the restored instance (pid {pid}) {how} ({left})"
         ended = end_left_behind(tree)
         if ended:
             reason += f"; ended what it left running (pid {', '.join(map(str, ended))})"

@@ -11,7 +11,11 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+from spswap.errors import SpswapError
+from spswap.fsutil import atomic_write_json, read_json
 
 PROBE_PROMPT = (3, 1, 4, 1, 5, 9, 2, 6)  # token ids every engine and model accept
 PROBE_TOKENS = 8  # an engine that answers with tokens only
@@ -129,3 +133,28 @@ def refusal(expected: CheckAnswer | None,
             return None
     return (f"the restored instance does not serve: {problem}: its weights or state did not "
             "come back whole; it ends, and the job's run starts cold")  # fmt: skip
+
+
+REFUSED_FILE = "restore-refused.json"  # in the job's state dir
+
+
+def note_refused(state_dir: Path, restart_count: int, text: str) -> None:
+    """Leave why this restored instance does not serve for the run that stands in for it
+    (it sees only that its instance ended); best effort: that run then says less."""
+    try:
+        atomic_write_json(Path(state_dir) / REFUSED_FILE,
+                          {"restart_count": restart_count, "reason": text}, mode=0o600)  # fmt: skip
+    except OSError:
+        pass
+
+
+def refused_in(state_dir: Path, restart_count: int) -> str | None:
+    """Why run ``restart_count``'s restored instance did not serve (its check failed), or
+    None (no such note: it ended otherwise)."""
+    try:
+        raw = read_json(Path(state_dir) / REFUSED_FILE)
+    except (OSError, SpswapError):
+        return None
+    if not isinstance(raw, dict) or raw.get("restart_count") != restart_count:
+        return None
+    return str(raw.get("reason"))

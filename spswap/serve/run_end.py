@@ -33,6 +33,9 @@ def run_end_text(result: ServeResult, state_dir: Path, *, spool: bool) -> str:
     """
     if result.restored_pid is not None and result.path is None:  # it served no engine itself
         return stood_in_text(result.restart_count, result.restored_pid)
+    if any(e.get("probe") == "mismatch" for e in result.events):  # (its line said why)
+        return (f"run {result.restart_count}'s restored instance ends without serving; the "
+                "job's run starts anew")  # fmt: skip
     stopped = f"stopped by {result.stopped_by}" if result.stopped_by else ""
     if not spool:
         return stopped or "stopped (server ended)"

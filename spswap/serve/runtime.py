@@ -95,7 +95,9 @@ class ReferenceBackend:
             self.log(f"spswap serve: request {quarantined} was being answered when an "
                      "earlier run ended; answered with an error, not asked again")  # fmt: skip
         result.resumed = self._pending() if self.restart_count else 0
-        self.manifest = self.pool.import_checkpoint(self.opts.model)
+        self.manifest = self.pool.import_checkpoint(
+            self.opts.model, on_damaged=lambda problem: self.log(f"spswap serve: {problem}")
+        )
         result.digest = self.manifest.digest
 
     def checkpoint_identity(self) -> dict[str, str]:

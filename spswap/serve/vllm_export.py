@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from spswap import access
 from spswap.errors import EngineError
-from spswap.pool.store import alias_key
+from spswap.pool.index import alias_key
 
 
 class RpcTarget(Protocol):

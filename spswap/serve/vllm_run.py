@@ -38,7 +38,7 @@ from spswap.checkpoint.images import config_hash, process_identity
 from spswap.config import Config
 from spswap.engines.host_heap import release_free_heap
 from spswap.engines.vllm_engine import VllmSettings, engine_identity
-from spswap.engines.vllm_identity import find_entry
+from spswap.engines.vllm_identity import find_entry, use_found_entry
 from spswap.errors import EngineError, PoolEntryNotFound, SpswapError
 from spswap.fsutil import atomic_write_json, make_private_dirs
 from spswap.serve import restore_check
@@ -158,10 +158,11 @@ class VllmBackend:
         if self.damaged is not None:  # never serve from it, nor export over it
             raise SpswapError(f"not started: {self.damaged}")
         identity = self.identity()
-        entry = find_entry(pool, identity)
         t0 = time.perf_counter()
+        entry, damaged = use_found_entry(pool, identity, self._uses)
+        if damaged is not None:
+            self.log(f"spswap serve: {damaged}")
         if entry is not None:
-            self._uses.enter_context(pool.use(entry.digest))
             server.start(dummy=True, timeout_s=opts.start_timeout_s, cancel=self.stop.stop_event)
             loaded = server.rpc("spswap_load", str(pool.pool_dir), entry.digest, False)
             self._digest, result.copy, path = entry.digest, loaded.get("copy"), RunPath.POOL

@@ -314,16 +314,57 @@ def test_a_damaged_pool_entry_after_the_dump_is_never_served(runs: Runs) -> None
     assert _settled(cfg)["state"] == "saved", runs.log(0)
     pool = Pool.from_config(cfg)
     (entry,) = pool.entries()
+    data = pool.data_path(entry.manifest)
+    times = os.stat(data)
     tensor = reverse_largest_tensor(pool, entry.manifest)
+    # its file's times as they were (as failing memory would leave them): the run's start
+    # sees the entry's seal unbroken; the check prompt is what catches it
+    os.utime(data, ns=(times.st_atime_ns, times.st_mtime_ns))
     runs.finish_cold(1, "this run imported it again from")
     log1 = runs.log(1)
     assert f"tensor {tensor.name!r}" in log1 and "removed from the pool" in log1, log1
+    assert "starts anew: the restored instance (pid " in log1, log1  # its stand-in says why
+    assert ") failed its check prompt and ended (" in log1, log1
     (again,) = pool.entries()  # the same weights, whole again
     assert again.manifest.digest == entry.manifest.digest
     pool.verify(again.manifest.digest)
     # the restored instance wrote to the job's first log (its output is run 0's)
     assert "the restored instance does not serve: it answered the check prompt with" in \
         runs.log(0), runs.log(0)  # fmt: skip
+    assert "run 1's restored instance ends without serving" in runs.log(0), runs.log(0)
+
+
+def test_a_pool_entry_written_over_after_the_dump_is_mended_before_the_restore(
+    runs: Runs,
+) -> None:
+    """A write onto the entry's file after the dump breaks its seal: the requeued run's
+    start has it read, removed (damaged) and imported again from the model's files before
+    the restore, so the restored process maps whole weights again: it passes its check and
+    serves, and every answer is the cold model's."""
+    from tests.helpers.damage import reverse_largest_tensor
+
+    cfg = runs.cfg
+    first = runs.stop_run0()
+    first.wait(timeout=120)
+    assert _settled(cfg)["state"] == "saved", runs.log(0)
+    pool = Pool.from_config(cfg)
+    (entry,) = pool.entries()
+    tensor = reverse_largest_tensor(pool, entry.manifest)
+    os.utime(pool.data_path(entry.manifest), ns=(0, 1))  # (a write may fall in its tick)
+    proc = runs.start(1)
+    assert proc.wait(timeout=300) == 0, runs.log(1)
+    log1 = runs.log(1)
+    assert f"spswap serve: pool entry model ({entry.manifest.digest[:12]}): tensor " \
+        f"{tensor.name!r}" in log1 and "removed from the pool" in log1, log1  # fmt: skip
+    assert "restored from its image" in log1 and "starts anew" not in log1, log1
+    assert "its check prompt answered as before" in runs.log(0), runs.log(0)
+    (again,) = pool.entries()
+    pool.verify(again.manifest.digest)
+    answers = _answers(runs.tmp)
+    cold = cold_answers(runs.model, runs.prompts, MAX_NEW)
+    assert [answers[f"q{i:02d}"] for i in range(N_REQ)] == cold
+    # (root's run writes the pool itself: spswapd's pool.damaged event for a user's run is
+    # tests/security/test_pool_check.py's)
 
 
 NO_ROOM = "free on the file system of the images"

@@ -114,7 +114,7 @@ def test_stop_dump_restore_answers_like_cold(node: Config, tmp_path: Path) -> No
     from spswap.cli.app import app
 
     listed = CliRunner().invoke(app, ["images", "ls", "--json", "--root", str(node.root)])
-    (image,) = json.loads(listed.stdout)
+    (image,) = json.loads(listed.stdout)["images"]
     assert (image["job_id"], image["state"]) == (JOB, "saved") and image["size_bytes"] > 0
     assert image["identity"]["engine"] == "reference" and image["identity"]["uid"] == 0
     # what the image holds by kind of memory: as `images show` reads it, and as spswapd's

@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
+from spswap.engines import vllm_identity
 from spswap.engines.vllm_engine import VllmSettings, llm_kwargs
-from spswap.errors import ConfigError
+from spswap.errors import ConfigError, PoolCorrupt
 from spswap.multi import vllm_start
 from spswap.multi.engine_settings import (
     check_engine,
@@ -186,7 +187,7 @@ class FakePool:
 
 
 def test_start_from_the_pool_when_an_entry_of_its_identity_is_there(monkeypatch):
-    monkeypatch.setattr(vllm_start, "find_entry", lambda pool, ident: SimpleNamespace(digest="e1"))
+    monkeypatch.setattr(vllm_identity, "find_entry", lambda *a: SimpleNamespace(digest="e1"))
     eng, pool = FakeEngine(), FakePool()
     with contextlib.ExitStack() as uses:
         hello = vllm_start.start_engine(eng, pool, uses)
@@ -196,7 +197,7 @@ def test_start_from_the_pool_when_an_entry_of_its_identity_is_there(monkeypatch)
 
 def test_first_start_is_cold_then_exported_and_attached(monkeypatch):
     exported: list[tuple[Any, ...]] = []
-    monkeypatch.setattr(vllm_start, "find_entry", lambda pool, ident: None)
+    monkeypatch.setattr(vllm_identity, "find_entry", lambda pool, ident: None)
     monkeypatch.setattr(vllm_start, "export_weights",
                         lambda *a: exported.append(a) or "e2")  # fmt: skip
     eng, pool = FakeEngine(), FakePool()
@@ -206,6 +207,30 @@ def test_first_start_is_cold_then_exported_and_attached(monkeypatch):
     assert eng.calls == ["disk /m/qwen", "attach e2"] and pool.used == ["e2"]
     (args,) = exported
     assert args[0] is eng and args[3] == "qwen" and args[4] == 1  # name, tensor parallel
+
+
+def test_an_entry_found_written_over_starts_cold_and_says_why(monkeypatch):
+    # spswapd read the entry (its file changed since sealed), found it damaged, removed it
+    monkeypatch.setattr(vllm_identity, "find_entry", lambda *a: SimpleNamespace(digest="e1"))
+    monkeypatch.setattr(vllm_start, "export_weights", lambda *a: "e2")
+
+    class DamagedPool(FakePool):
+        @contextlib.contextmanager
+        def use(self, digest: str) -> Any:
+            if digest == "e1":
+                raise PoolCorrupt("pool entry q (e1): tensor 'w' does not match; removed")
+            self.used.append(digest)
+            yield
+
+    eng, pool = FakeEngine(), DamagedPool()
+    with contextlib.ExitStack() as uses:
+        hello = vllm_start.start_engine(eng, pool, uses)
+    assert hello == {
+        "from": "checkpoint",
+        "digest": "e2",
+        "damaged": "pool entry q (e1): tensor 'w' does not match; removed",
+    }
+    assert eng.calls == ["disk /m/qwen", "attach e2"] and pool.used == ["e2"]
 
 
 def test_no_vllm_args_needs_no_vllm():

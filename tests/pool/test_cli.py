@@ -67,7 +67,7 @@ def test_import_ls_verify_rm(env: Path) -> None:
         "pool",
         "capacity_bytes",
         "used_bytes",
-        "user_bytes",
+        "user_budget_bytes",
         "yours_bytes",
         "entries",
     }
@@ -88,8 +88,10 @@ def test_import_ls_verify_rm(env: Path) -> None:
         "digest": imported["digest"],
         "ok": True,
         "bad_tensor": None,
+        "users": [],
         "error": None,
         "tensor_count": 5,
+        "data_size_bytes": imported["data_size_bytes"],
     }
     code, out, _ = _run("pool", "rm", imported["digest"][:8])
     assert code == 0 and "removed tiny" in out
@@ -109,7 +111,11 @@ def test_verify_names_bad_tensor(env: Path) -> None:
     got = json.loads(out)
     assert code == 1 and got["ok"] is False and got["bad_tensor"] == "embed.weight"
     assert got["error"]["kind"] == "PoolCorrupt" and got["error"]["exit_code"] == 1
-    assert "'embed.weight'" in got["error"]["message"]
+    assert "'embed.weight'" in got["error"]["message"] and got["users"] == []
+    assert got["error"]["message"].endswith(
+        f"remove it as root (spswap pool rm {digest[:12]}); the next job that runs the model "
+        "imports it again from its files"
+    )
     # and the one line on stderr, as for any failure (it was missing under --json)
     r = CliRunner().invoke(app, ["pool", "verify", digest[:10], "--json"])
     assert ": error: pool entry tiny" in r.stderr and "'embed.weight'" in r.stderr

@@ -135,9 +135,16 @@ def test_a_damaged_entry_in_use_names_its_users(imported: tuple[Pool, str]) -> N
             f.write(b"\xff\xfe")
         with pytest.raises(PoolCorrupt) as e:
             pool.verify(digest)
+        who = tuple(h.describe() for h in pool.index.read_unlocked().entries[digest].uses)
     assert e.value.tensor == "embed.weight"
     assert f"; it is in use by pid {os.getpid()}" in str(e.value), str(e.value)
-    assert str(e.value).endswith("one on a GPU copies them at its next wake")
+    assert e.value.users == who and len(who) == 1
+    assert str(e.value).endswith(
+        "one on a GPU copies them at its next wake); as root, end those jobs (scancel) and "
+        f"remove it (spswap pool rm {digest[:12]}), or remove it now (spswap pool rm "
+        f"{digest[:12]} --force: they run on but cannot be checkpointed); the next job that "
+        "runs the model imports it again from its files"
+    ), str(e.value)
     with pytest.raises(PoolCorrupt) as e:  # no user left: the damage alone
         pool.verify(digest)
     assert "in use by" not in str(e.value)

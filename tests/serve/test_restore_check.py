@@ -160,8 +160,32 @@ def test_a_run_that_started_cold_after_its_restored_instance_died_counts_its_ans
     assert run_end_text(cold, Path("/s"), spool=True) == (
         "answered 3 in run 1 (answers in /s/outbox), 0 left in /s/inbox; stopped by SIGTERM"
     )
+    refused = ServeResult(
+        restart_count=2,
+        path=RunPath.POOL,
+        answered=6,
+        answered_before=6,
+        events=[{"restored": True, "probe": "mismatch", "reason": "..."}],
+    )
+    assert run_end_text(refused, Path("/s"), spool=True) == (  # not "answered 0 in run 2"
+        "run 2's restored instance ends without serving; the job's run starts anew"
+    )
     first = ServeResult(restart_count=0, path=RunPath.COLD, answered=2)
     assert run_end_text(first, Path("/s"), spool=True) == (
         "answered 2 (answers in /s/outbox), 0 left in /s/inbox"
     )
     assert run_end_text(cold, Path("/s"), spool=False) == "stopped by SIGTERM"
+
+
+def test_a_refused_restore_is_told_to_the_run_that_stands_in_for_it(tmp_path) -> None:
+    """The run standing in sees only that its restored instance ended: the instance's note
+    (for that run only) lets it say the check failed, not that it ended on its own."""
+    from spswap.serve.restore_check import REFUSED_FILE, note_refused, refused_in
+
+    assert refused_in(tmp_path, 2) is None
+    note_refused(tmp_path, 2, "the restored instance does not serve: ...")
+    assert refused_in(tmp_path, 2) == "the restored instance does not serve: ..."
+    assert refused_in(tmp_path, 3) is None  # a later run's instance was not refused
+    (tmp_path / REFUSED_FILE).write_text("{")  # torn: no note, never an error
+    assert refused_in(tmp_path, 2) is None
+    note_refused(tmp_path / "gone", 2, "x")  # no state dir: nothing, no error
