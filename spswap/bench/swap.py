@@ -17,7 +17,7 @@ and with the same settings:
 7. the pinned-copy limit (``cudaHostAlloc`` buffer -> GPU) in the engine's process.
 
 After every swap the greedy token ids must equal the cold ones. Goals checked: spswap's
-cycle >= 20x faster than level 2 + reload, within 150 ms + bytes / 55 GB/s, copies at
+cycle >= 20x faster than level 2 + reload, within 50 ms + bytes / 55 GB/s, copies at
 >= 95% of the pinned limit.
 """
 
@@ -41,7 +41,7 @@ from spswap.pool.store import Pool
 from spswap.units import fmt_bytes, fmt_seconds
 
 GOAL_SPEEDUP = 20.0
-GOAL_FIXED_S = 0.150
+GOAL_FIXED_S = 0.050  # the swap issue's (the first runs were held to 150 ms)
 GOAL_LINK_BYTES_PER_S = 55e9
 GOAL_COPY_FRACTION = 0.95
 DEFAULT_MAX_NEW_TOKENS = 16

@@ -23,6 +23,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -148,6 +149,15 @@ class Runs:
         assert first.poll() is None, self.log(0)
         first.send_signal(signal.SIGUSR1)
         return first
+
+    def saved_entry(self) -> tuple[Pool, Any]:
+        """Run 0 stopped and its image saved; the pool and its one entry (whose pages the
+        image maps)."""
+        self.stop_run0().wait(timeout=120)
+        assert _settled(self.cfg)["state"] == "saved", self.log(0)
+        pool = Pool.from_config(self.cfg)
+        (entry,) = pool.entries()
+        return pool, entry
 
     def finish_cold(self, restart: int, needle: str) -> None:
         """A run that starts cold, says why (``needle``) and answers everything."""
@@ -308,12 +318,7 @@ def test_a_damaged_pool_entry_after_the_dump_is_never_served(runs: Runs) -> None
     cold model's."""
     from tests.helpers.damage import reverse_largest_tensor
 
-    cfg = runs.cfg
-    first = runs.stop_run0()
-    first.wait(timeout=120)
-    assert _settled(cfg)["state"] == "saved", runs.log(0)
-    pool = Pool.from_config(cfg)
-    (entry,) = pool.entries()
+    pool, entry = runs.saved_entry()
     data = pool.data_path(entry.manifest)
     times = os.stat(data)
     tensor = reverse_largest_tensor(pool, entry.manifest)
@@ -331,7 +336,6 @@ def test_a_damaged_pool_entry_after_the_dump_is_never_served(runs: Runs) -> None
     # the restored instance wrote to the job's first log (its output is run 0's)
     assert "the restored instance does not serve: it answered the check prompt with" in \
         runs.log(0), runs.log(0)  # fmt: skip
-    assert "run 1's restored instance ends without serving" in runs.log(0), runs.log(0)
 
 
 def test_a_pool_entry_written_over_after_the_dump_is_mended_before_the_restore(
@@ -343,12 +347,7 @@ def test_a_pool_entry_written_over_after_the_dump_is_mended_before_the_restore(
     serves, and every answer is the cold model's."""
     from tests.helpers.damage import reverse_largest_tensor
 
-    cfg = runs.cfg
-    first = runs.stop_run0()
-    first.wait(timeout=120)
-    assert _settled(cfg)["state"] == "saved", runs.log(0)
-    pool = Pool.from_config(cfg)
-    (entry,) = pool.entries()
+    pool, entry = runs.saved_entry()
     tensor = reverse_largest_tensor(pool, entry.manifest)
     os.utime(pool.data_path(entry.manifest), ns=(0, 1))  # (a write may fall in its tick)
     proc = runs.start(1)
