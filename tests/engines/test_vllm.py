@@ -192,10 +192,10 @@ def test_render_bench_swap_shows_every_path() -> None:
     from rich.console import Console
 
     m = {"model": "qwen2-0.5b", "weights": {"size_bytes": 988_000_000}, "cold_start_s": 20.0,
-         "level1": {"total_s": 2.5}, "level2_reload": {"total_s": 3.0},
-         "spswap_cycle_median_s": 0.12, "copy_median_gb_per_s": 53.1,
+         "level1": {"total_s": 2.5}, "level2_reload": {"total_s": 1.5},
+         "spswap_cycle_median_s": 0.06, "copy_median_gb_per_s": 53.1,
          "pinned": {"gb_per_s": 54.0}, "pool_start": {"start_s": 14.0},
-         "all_identical": True, "goals": goals(988_000_000, 0.12, 3.0, 53.1, 54.0)}  # fmt: skip
+         "all_identical": True, "goals": goals(988_000_000, 0.06, 1.5, 53.1, 54.0)}  # fmt: skip
     result = {"vllm": "0.26.0", "torch": "2.11", "host": "h", "models": [m,
               {"model": "broken", "errors": ["boom"]}],
               "settings": {"gpu_memory_utilization": 0.4,
