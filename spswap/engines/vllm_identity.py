@@ -11,7 +11,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from spswap.errors import EngineError, PoolCorrupt
+from spswap.errors import EngineError, PoolCorrupt, PoolEntryNotFound
 from spswap.pool.index import alias_key
 
 # Identity keys that must match for a pool entry to fit an engine's weight layout.
@@ -88,6 +88,6 @@ def use_found_entry(pool: Any, identity: dict[str, Any], uses: ExitStack
         return None, None
     try:
         uses.enter_context(pool.use(entry.digest))
-    except PoolCorrupt as e:
+    except (PoolCorrupt, PoolEntryNotFound) as e:  # (not found: removed since it was found)
         return None, str(e)
     return entry, None

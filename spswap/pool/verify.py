@@ -115,7 +115,11 @@ def check_unless_sealed(pool: _Entries, ref: str) -> tuple[Manifest, str | None]
     key = file_key(pool.data_path(m))
     if key is not None and pool.index.sealed(m.digest) == key:
         return m, None
-    m, problem = remove_if_damaged(pool, m.digest)
+    try:
+        m, problem = remove_if_damaged(pool, m.digest)
+    except PoolEntryNotFound:  # another run read it at the same time and removed it
+        return m, (f"pool entry {m.name} ({m.digest[:12]}) was found damaged by another run "
+                   f"at the same time; {REMOVED_FIX}")  # fmt: skip
     if problem is None:
         pool.index.seal(m.digest, key)
     return m, problem

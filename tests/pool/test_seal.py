@@ -8,6 +8,9 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
+from spswap.errors import PoolEntryNotFound
 from spswap.pool.index import file_key
 from spswap.pool.store import Pool
 from spswap.pool.verify import REMOVED_FIX, check_unless_sealed
@@ -79,3 +82,23 @@ def test_an_entry_with_no_seal_is_read_once_then_sealed(tmp_path: Path) -> None:
     assert _sealed(pool, digest) is None
     assert check_unless_sealed(pool, digest)[1] is None
     assert _sealed(pool, digest) == file_key(pool.data_path(pool.find(digest)))
+
+
+def test_an_entry_another_run_removes_while_this_one_reads_it_is_said_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # two runs start at once on an entry written over: the other one removes it first
+    from spswap.pool import verify
+
+    pool, digest = _imported(tmp_path)
+    _write_over(pool, digest)
+    os.utime(pool.data_path(pool.find(digest)), ns=(0, 1))
+
+    def read_and_lose(p: Pool, ref: str) -> object:
+        p.remove(ref, force=True)  # (the other run)
+        raise PoolEntryNotFound(ref)
+
+    monkeypatch.setattr(verify, "remove_if_damaged", read_and_lose)
+    _, problem = check_unless_sealed(pool, digest)
+    assert problem == (f"pool entry m ({digest[:12]}) was found damaged by another run at the "
+                       f"same time; {REMOVED_FIX}")  # fmt: skip
