@@ -23,7 +23,7 @@ from spswap.errors import DaemonError
 from spswap.fsutil import read_json
 from spswap.instance.registry import InstanceRegistry
 from spswap.liveness import IMAGE_USE_NOTE, Holder
-from spswap.plain import plain_row
+from spswap.plain import TitleOnOneLine, plain_row
 from spswap.pool.capacity import imported_bytes
 from spswap.pool.store import Pool
 from spswap.settings_check import (
@@ -176,18 +176,31 @@ def render_pool(pool: dict[str, Any], now: float, where: str = "") -> Group:
     ("imported by"; "-": root's, or imported before shares), who uses it (in brief; what
     an image's use is, under the table), its last use."""
     title = pool_title(pool, os.getuid(), where)
-    t = Table(title=title, min_width=len(title))  # a title on one line where it fits
+    if not pool["entries"]:
+        return Group(Text(f"{title}: no entries yet (a job's first run, or `spswap pool "
+                          "import PATH`, puts its model in)"))  # fmt: skip
+    t = Table(title=title)
     for col in ("name", "digest", "size", "tensors", "imported by", "users", "last use"):
-        # a narrow terminal folds values, never cuts them; a digest stays whole
-        t.add_column(col, overflow="fold", min_width=12 if col == "digest" else None)
+        # a narrow terminal folds values, never cuts them; a digest stays whole (no_wrap:
+        # a column's min_width made rich crop the table's right edge at 80 columns)
+        t.add_column(col, overflow="fold", no_wrap=col == "digest")
     for e in pool["entries"]:
         users = "\n".join(_user(h) for h in e["users"]) or "-"
         importers = ", ".join(f"uid {u}" for u in e.get("importers") or []) or "-"
         plain_row(t, e["name"], e["digest"][:12], fmt_bytes(e["size_bytes"]),
-                  str(e["tensor_count"]), importers, users,
-                  "in use now" if e["users"] else _ago(e["last_used"], now))  # fmt: skip
+                  str(e["tensor_count"]), importers, users, _last_use(e, now))  # fmt: skip
     images = any(h.get("purpose") == "image" for e in pool["entries"] for h in e["users"])
-    return Group(t, Text(IMAGE_USE_NOTE)) if images else Group(t)
+    table = TitleOnOneLine(t)
+    return Group(table, Text(IMAGE_USE_NOTE)) if images else Group(table)
+
+
+def _last_use(entry: dict[str, Any], now: float) -> str:
+    """An entry's last use: "in use now" while a process or job uses it; kept for an
+    image alone (its job is not running), since it was last used."""
+    if any(h.get("purpose") != "image" for h in entry["users"]):
+        return "in use now"
+    ago = _ago(entry["last_used"], now)
+    return f"{ago}, kept for an image" if entry["users"] else ago
 
 
 def render_instances(instances: list[dict[str, Any]], now: float,
@@ -195,8 +208,7 @@ def render_instances(instances: list[dict[str, Any]], now: float,
     """One row per model instance the node knows of."""
     t = Table(title="instances")
     for col in ("id", "model", "engine", "state", "device", "job", "pid", "updated"):
-        # a narrow terminal folds values, never cuts them; a state's words stay whole
-        t.add_column(col, overflow="fold", min_width=10 if col == "state" else None)
+        t.add_column(col, overflow="fold")  # a narrow terminal folds values, never cuts them
     by_job = {str(c.get("job_id")): c for c in checkpoints or []}
     newest = newest_of_jobs(instances)
     for i in instances:
@@ -257,7 +269,7 @@ def short_note(text: str) -> str:
 
 
 def render_checkpoints(checkpoints: list[dict[str, Any]],
-                       images: dict[str, Any] | None = None) -> Table:  # fmt: skip
+                       images: dict[str, Any] | None = None) -> TitleOnOneLine:  # fmt: skip
     """One row per job with a checkpoint: state, image size, and the reason of a failure;
     the title says what the saved images hold of their budget (``images``)."""
     title = "checkpoints"
@@ -267,14 +279,14 @@ def render_checkpoints(checkpoints: list[dict[str, Any]],
                   f"{fmt_bytes(images['budget_bytes'])}, one user's up to "
                   f"{fmt_bytes(images['user_budget_bytes'])}"
                   + (f", yours {fmt_bytes(yours)}" if yours else "") + ")")  # fmt: skip
-    t = Table(title=title, min_width=len(title))  # a title on one line where it fits
+    t = Table(title=title)
     for col in ("job", "state", "image"):
         t.add_column(col, overflow="fold")  # a narrow terminal folds values, never cuts them
     for c in checkpoints:
         size = fmt_bytes(c["size_bytes"]) if c.get("size_bytes") else "-"
         state = checkpoint_state_text(str(c.get("state")), bool(c.get("kept")))
         plain_row(t, c.get("job_id"), state, size)
-    return t
+    return TitleOnOneLine(t)
 
 
 def notes_text(label: str, notes: list[tuple[str, str]]) -> Text | None:

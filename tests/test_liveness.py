@@ -70,4 +70,10 @@ def test_the_pool_table_says_what_an_images_use_is_under_it() -> None:
     image = Holder(pid=42, pid_start=7, uid=0, purpose="image", for_job="1086")
     text = shown([image])
     assert "│ job 1086's │" in text and text.endswith(IMAGE_USE_NOTE), text
+    assert "kept" in text and "in use now" not in text  # (its job is not running)
+    running = shown([image, Holder(pid=5, pid_start=None, uid=1, job_id="7")])
+    assert "in use now" in running and "kept for" not in running, running
     assert IMAGE_USE_NOTE not in shown([Holder(pid=5, pid_start=None, uid=1, job_id="7")])
+    console = Console(width=80, record=True, file=open(os.devnull, "w"))
+    console.print(render_pool({"used_bytes": 0, "capacity_bytes": 2, "entries": []}, 0.0))
+    assert "no entries yet" in console.export_text()  # a sentence, not an empty table

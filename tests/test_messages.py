@@ -204,7 +204,7 @@ def test_images_ls_says_what_images_hold_of_their_budget(tmp_path: Path) -> None
     listed = json.loads(r.stdout)  # an object, as every other --json listing
     assert listed["used_bytes"] == listed["images"][0]["size_bytes"] >= 3 << 20  # + meta
     assert (listed["budget_bytes"], listed["user_budget_bytes"]) == (1 << 30, 256 << 20)
-    assert [i["job_id"] for i in listed["images"]] == ["7"]
+    assert [(i["job_id"], i["model"]) for i in listed["images"]] == [("7", None)]  # (no pool)
 
 
 def test_events_piped_are_one_plain_line_each(tmp_path: Path) -> None:

@@ -85,7 +85,8 @@ def ls(json: bool = JsonOpt, root: Path | None = RootOpt) -> None:
     Images are single use: restoring one deletes it; the epilog and later prologs delete
     the images of jobs that will not come back. State "refused": a restore would refuse
     the image whatever its job (its owner or modes, no record, files missing or changed
-    in size); the line under the table says why. `--json`: {"images": [...],
+    in size); the line under the table says why. `--json`: {"images": [...] (each with
+    `model`, its pool entry's name, null where the entry is gone),
     "used_bytes", "budget_bytes", "user_budget_bytes"} (the budgets as in `spswap status`).
     """
     cfg = load_config(root)
@@ -97,6 +98,9 @@ def ls(json: bool = JsonOpt, root: Path | None = RootOpt) -> None:
             "state in `spswap status` and `spswap events`)"
         ) from None
     limits = ImageRoom.from_config(cfg).limits()
+    names = model_names(cfg)
+    for i in images:  # the model's pool entry's name (an image names it by digest)
+        i["model"] = names.get(str(i["identity"].get("model_digest")))
     if json:
         emit_json({"images": images, "used_bytes": sum(i["size_bytes"] for i in images),
                    "budget_bytes": limits.total_bytes,
@@ -111,7 +115,6 @@ def ls(json: bool = JsonOpt, root: Path | None = RootOpt) -> None:
               caption=f"{fmt_bytes(sum(i['size_bytes'] for i in images))} of the images' "
               f"budget {fmt_bytes(limits.total_bytes)} (SPSWAP_IMAGES_BYTES); one user's "
               f"up to {fmt_bytes(limits.user_bytes)} (SPSWAP_IMAGES_USER_BYTES)")  # fmt: skip
-    names = model_names(cfg)
     for col in ("job", "state", "on disk", "engine", "model", "uid", "age"):
         t.add_column(col, overflow="fold")  # a narrow terminal folds values, never cuts them
     now = time.time()
@@ -121,7 +124,7 @@ def ls(json: bool = JsonOpt, root: Path | None = RootOpt) -> None:
         digest = str(ident.get("model_digest", "?"))
         plain_row(t, i["job_id"], checkpoint_state_text(i["state"], i["kept"]),
                   fmt_bytes(i["size_bytes"]), str(ident.get("engine", "?")),
-                  names.get(digest, digest[:12]), str(ident.get("uid", "?")), age)  # fmt: skip
+                  i["model"] or digest[:12], str(ident.get("uid", "?")), age)  # fmt: skip
     console.print(t)
     for line in refused_lines(images):
         console.print(line, markup=False)

@@ -156,7 +156,8 @@ def verify(
     root: Path | None = RootOpt,
     json_out: bool = JsonOpt,
 ) -> None:
-    """Recompute every tensor's checksum; exit 1 naming the first bad tensor.
+    """Recompute every tensor's checksum; exit 1 naming the first bad tensor and the jobs
+    that use the entry (`--json`: `bad_tensor`, `users`; looked up only for a damaged one).
 
     It only reads the entry and removes nothing (`spswap pool rm` does, as root; a
     restored run whose check prompt failed has spswapd remove a damaged entry)."""
@@ -176,7 +177,7 @@ def verify(
     seconds = time.perf_counter() - t0
     if json_out:
         emit_json({"name": m.name, "digest": m.digest, "ok": True, "bad_tensor": None,
-                   "users": [], "error": None, "tensor_count": len(m.tensors),
+                   "error": None, "tensor_count": len(m.tensors),
                    "data_size_bytes": m.data_size_bytes, "seconds": seconds,
                    "bytes_per_s": m.tensor_bytes / seconds if seconds > 0 else None})  # fmt: skip
         return

@@ -23,6 +23,7 @@ import pytest
 from spswap.config import Config
 from spswap.daemon import lifecycle
 from spswap.daemon.client import Client
+from spswap.pool.store import Pool
 
 torch = pytest.importorskip("torch")
 from spswap.engines.reference import save_checkpoint  # noqa: E402
@@ -115,6 +116,7 @@ def test_stop_dump_restore_answers_like_cold(node: Config, tmp_path: Path) -> No
 
     listed = CliRunner().invoke(app, ["images", "ls", "--json", "--root", str(node.root)])
     (image,) = json.loads(listed.stdout)["images"]
+    assert image["model"] == Pool.from_config(node).entries()[0].manifest.name
     assert (image["job_id"], image["state"]) == (JOB, "saved") and image["size_bytes"] > 0
     assert image["identity"]["engine"] == "reference" and image["identity"]["uid"] == 0
     # what the image holds by kind of memory: as `images show` reads it, and as spswapd's

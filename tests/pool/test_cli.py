@@ -88,7 +88,6 @@ def test_import_ls_verify_rm(env: Path) -> None:
         "digest": imported["digest"],
         "ok": True,
         "bad_tensor": None,
-        "users": [],
         "error": None,
         "tensor_count": 5,
         "data_size_bytes": imported["data_size_bytes"],
