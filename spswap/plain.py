@@ -18,8 +18,8 @@ def plain_row(table: Table, *cells: object) -> None:
 class TitleOnOneLine:
     """A table whose title stays on one line where the terminal is wide enough: rich
     folds a title to the table's width, which its columns set, so a long title over
-    narrow columns broke mid-number ("9." then "4 GiB"); a fixed minimum wider than the
-    terminal cropped the table instead."""
+    narrow columns took two lines ("... at most 9.4" then "GiB"); a fixed minimum wider
+    than the terminal cropped the table's right edge instead."""
 
     def __init__(self, table: Table) -> None:
         self.table = table

@@ -293,3 +293,26 @@ def test_long_notes_go_under_their_table_a_line_each() -> None:
     console = Console(width=80, record=True)
     console.print(text)
     assert "959-1: x [bold]y[/bold]" in console.export_text()  # not read as markup
+
+
+def test_the_pool_table_keeps_its_right_edge_at_80_columns() -> None:
+    """A long title over narrow columns: the table fits the terminal, its title folded at
+    a word (a fixed minimum width, or one on a column, cropped the right edge)."""
+    import io
+
+    from spswap.status import render_pool
+
+    entry = {"name": "small", "digest": "940df1c24f55" * 5, "size_bytes": 84428800,
+             "tensor_count": 40, "importers": [1001], "last_used": 1.0,
+             "users": [{"pid": 5, "uid": 0, "purpose": "image", "for_job": "1271"}]}  # fmt: skip
+    pool = {"used_bytes": 84428800, "capacity_bytes": 20 << 30, "user_budget_bytes": 10 << 30,
+            "yours_bytes": 0, "entries": [entry]}  # fmt: skip
+    for width in (80, 140):
+        console = Console(width=width, file=io.StringIO(), record=True)
+        console.print(render_pool(pool, 100.0, " /dev/shm/spswap/pool"))
+        lines = console.export_text().splitlines()
+        table = [ln for ln in lines if ln[:1] in "┏┃┡│└"]
+        assert table and all(ln.rstrip()[-1] in "┓┃┩│┘" for ln in table), "\n".join(lines)
+        assert "940df1c24f55" in "\n".join(lines)  # the digest whole
+        if width == 140:  # the title on one line where it fits
+            assert lines[0].strip().endswith("each user's imports at most 10.0 GiB"), lines[0]
