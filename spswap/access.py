@@ -34,7 +34,12 @@ from spswap.pool.layout import MANIFEST_FILE
 from spswap.pool.manifest import Manifest
 from spswap.pool.safetensors_format import INDEX_FILE, resolve_checkpoint
 from spswap.pool.store import Pool
-from spswap.pool.verify import check_unless_sealed, remove_if_damaged, verify_entry
+from spswap.pool.verify import (
+    check_unless_sealed,
+    import_checked,
+    remove_if_damaged,
+    verify_entry,
+)
 from spswap.slots.alloc import UNITS_PER_GPU
 from spswap.slots.table import Reservation, SlotTable
 
@@ -136,15 +141,13 @@ def import_model(
         pool = Pool.from_config(cfg)
         if identity is not None:
             identity = {**identity, "owner_uid": os.getuid()}
-        manifest = pool.import_checkpoint(Path(path), name=name, progress=progress,
-                                          identity=identity)  # fmt: skip
-        # an entry found for the same files may have been written over since it was
-        # sealed: read, and if damaged removed and imported again (as spswapd does)
-        if (problem := check_unless_sealed(pool, manifest.digest)[1]) is not None:
+
+        def told(_found: Manifest, problem: str) -> None:
             if on_damaged is not None:
                 on_damaged(problem)
-            manifest = pool.import_checkpoint(Path(path), name=name, progress=progress,
-                                              identity=identity)  # fmt: skip
+
+        manifest = import_checked(pool, lambda: pool.import_checkpoint(
+            Path(path), name=name, progress=progress, identity=identity), told)  # fmt: skip
         if identity is not None:
             pool.remember_alias(alias_key(identity, os.getuid()), manifest.digest)
         return manifest

@@ -17,7 +17,7 @@ from spswap.pool.importer import import_from_fds
 from spswap.pool.index import alias_key, file_key
 from spswap.pool.manifest import Manifest
 from spswap.pool.store import Pool
-from spswap.pool.verify import check_unless_sealed, remove_if_damaged
+from spswap.pool.verify import check_unless_sealed, import_checked, remove_if_damaged
 
 if TYPE_CHECKING:
     from spswap.pool.store import Pool
@@ -77,13 +77,14 @@ def op_pool_import(ctx: Context, args: dict[str, Any]) -> Answer:
         return import_from_fds(pool, files, name=args.get("name"), owner_uid=ctx.peer_uid,
                                identity=identity)  # fmt: skip
 
+    damaged: list[str] = []
+
+    def told(found: Manifest, problem: str) -> None:
+        _damaged_event(ctx, found, problem, args.get("job_id"))
+        damaged.append(problem)
+
     try:
-        manifest = read()
-        # an entry found for the same files may have been written over since it was
-        # sealed: read, and if damaged removed and imported again from the caller's files
-        damaged = _check_unless_sealed(ctx, pool, manifest.digest, args.get("job_id"))
-        if damaged is not None:
-            manifest = read()
+        manifest = import_checked(pool, read, told)
     except PoolFull as e:  # the job fails to start: root finds why in the log too
         ctx.state.event("pool.refused", job_id=job_id, uid=ctx.peer_uid, pid=ctx.peer_pid,
                         name=args.get("name"), reason=str(e))  # fmt: skip
@@ -105,7 +106,7 @@ def op_pool_import(ctx: Context, args: dict[str, Any]) -> Answer:
     if manifest.created >= started:  # a new entry; a run that finds its weights is no news
         ctx.state.event("pool.import", job_id=job_id, uid=ctx.peer_uid, pid=ctx.peer_pid,
                         name=manifest.name, digest=manifest.digest)  # fmt: skip
-    return {**manifest.to_json(), **({"damaged": damaged} if damaged else {})}
+    return {**manifest.to_json(), **({"damaged": damaged[0]} if damaged else {})}
 
 
 def op_pool_check(ctx: Context, args: dict[str, Any]) -> Answer:

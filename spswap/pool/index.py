@@ -204,8 +204,8 @@ class PoolIndex:
     def sealed(self, digest: str) -> FileKey | None:
         """Entry ``digest``'s seal (None: none recorded); no lock, and no user's liveness
         probed (a probe may ask Slurm: this is on every run's start)."""
-        rec = IndexState.from_json(read_json(self.path)).entries.get(digest)
-        return rec.sealed if rec is not None else None
+        entry = ((read_json(self.path) or {}).get("entries") or {}).get(digest) or {}
+        return _key_from_json(entry.get("sealed"))
 
     def seal(self, digest: str, key: FileKey | None) -> None:
         """Record entry ``digest``'s data file as read whole (``key``: as it was then)."""

@@ -4,6 +4,7 @@ and take a damaged entry out of the pool."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -123,3 +124,17 @@ def check_unless_sealed(pool: _Entries, ref: str) -> tuple[Manifest, str | None]
     if problem is None:
         pool.index.seal(m.digest, key)
     return m, problem
+
+
+def import_checked(pool: _Entries, read: Callable[[], Manifest],
+                   on_damaged: Callable[[Manifest, str], None]) -> Manifest:  # fmt: skip
+    """``read()``: an import, which hands back the entry an earlier import made of the same
+    files where there is one. That entry may have been written over since it was sealed
+    (:func:`check_unless_sealed`): damaged, it is removed, ``on_damaged`` is told (the
+    entry, what was wrong) and ``read()`` runs again, a fresh import of the files."""
+    manifest = read()
+    found, problem = check_unless_sealed(pool, manifest.digest)
+    if problem is None:
+        return manifest
+    on_damaged(found, problem)
+    return read()
