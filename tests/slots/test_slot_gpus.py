@@ -4,6 +4,8 @@ CUDA_VISIBLE_DEVICES (issue 15 item 9)."""
 from __future__ import annotations
 
 import os
+import sys
+import types
 
 import pytest
 
@@ -45,9 +47,22 @@ def test_config_wins(tmp_path) -> None:
     assert got == [GpuInfo(3, None, None, "config"), GpuInfo(1, None, None, "config")]
 
 
-def test_node_devices_when_nvml_finds_nothing(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # This machine has no NVIDIA driver: NVML must fail quietly, not raise.
+def test_nvml_fails_quietly_without_a_driver(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Without nvidia-ml-py, or with it but no driver (its init fails): "no GPUs", no raise.
+    # Both stand in on any machine, a GPU machine included, where NVML would find GPUs.
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml raises ImportError
     assert nvml_gpus() == []
+
+    def no_driver() -> None:
+        raise RuntimeError("NVML Shared Library Not Found")
+
+    monkeypatch.setitem(sys.modules, "pynvml", types.SimpleNamespace(nvmlInit=no_driver))
+    assert nvml_gpus() == []
+
+
+def test_node_devices_when_nvml_finds_nothing(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # NVML finds nothing here on any machine (on a GPU machine it would find the GPU)
+    monkeypatch.setattr(gpus_mod, "nvml_gpus", lambda: [])
     for name in ("nvidia0", "nvidia1", "nvidiactl"):
         (tmp_path / name).touch()
     # a job's view of its GPUs is not the node's: the daemon started from job 1's
