@@ -8,7 +8,9 @@ Starts the engine (from the pool, exported on first use), answers once, then mea
 the device memory (NVML, the whole device: nothing else may run on it; torch's caching
 allocator by memory pool: the default pool and CUDA graphs' private pools) at each step:
 up, after ``sleep(level=2)``, after spswap's trim (``spswap_trim``), and after each extra
-trim tried here. Then it CUDA-checkpoints and restores the engine's process tree (timed),
+trim tried here (cuBLAS's workspaces; the context's per-thread stack set back to 1 KiB
+where a kernel grew it), with the context's limits and a bare context's size beside them.
+Then it CUDA-checkpoints and restores the engine's process tree (timed),
 wakes it and checks the answer is the same. Prints ``MEM`` and ``CKPT`` JSON lines.
 
 Diagnostics only: it sends functions to the worker, so it sets
@@ -49,6 +51,49 @@ def _clear_cublas(worker: Any) -> dict[str, Any]:
     torch._C._cuda_clearCublasWorkspaces()
     torch.cuda.empty_cache()
     return {"cleared": True}
+
+
+_LIMITS = {"stack": 0x00, "printf_fifo": 0x01, "malloc_heap": 0x02}  # CUlimit values
+
+
+def _ctx_limits(worker: Any, stack_bytes: int | None = None) -> dict[str, Any]:
+    """In the worker: the CUDA context's limits (cuCtxGetLimit); with ``stack_bytes``, set
+    the per-thread stack to it first (cuCtxSetLimit). A kernel that needed a bigger stack
+    grows the context's local memory (stack x resident threads of every SM) and the driver
+    keeps it: a candidate for what a sleeping engine holds beyond its pools."""
+    import ctypes
+
+    import torch
+
+    torch.cuda.synchronize()  # the primary context current on this thread
+    cuda = ctypes.CDLL("libcuda.so.1")
+    out: dict[str, Any] = {"module_loading": os.environ.get("CUDA_MODULE_LOADING")}
+    if stack_bytes is not None:
+        out["set_rc"] = cuda.cuCtxSetLimit(ctypes.c_int(0), ctypes.c_size_t(stack_bytes))
+    for name, code in _LIMITS.items():
+        value = ctypes.c_size_t(0)
+        rc = cuda.cuCtxGetLimit(ctypes.byref(value), ctypes.c_int(code))
+        out[name] = int(value.value) if rc == 0 else f"rc {rc}"
+    return out
+
+
+def _bare_context_mib() -> int:
+    """A fresh process's CUDA context after one small matmul (torch's floor), by NVML."""
+    import subprocess
+    import sys
+
+    code = "\n".join([
+        "import os, pynvml, torch",
+        "a = torch.ones(256, 256, device='cuda')",
+        "(a @ a).sum().item()",
+        "pynvml.nvmlInit()",
+        "h = pynvml.nvmlDeviceGetHandleByIndex(0)",
+        "procs = pynvml.nvmlDeviceGetComputeRunningProcesses(h)",
+        "mine = [p for p in procs if p.pid == os.getpid()]",
+        "print(int(mine[0].usedGpuMemory or 0) >> 20 if mine else -1)",
+    ])  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    return int(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else -1
 
 
 def _device_used_mib() -> int:
@@ -114,6 +159,14 @@ def main() -> int:
     mem("trim")
     llm.collective_rpc(_clear_cublas)
     mem("trim+cublas")
+    limits = llm.collective_rpc(_ctx_limits)[0]
+    print("LIMITS", json.dumps({"model": args.model.name, "mode": mode, "asleep": limits,
+                                "bare_context_mib": _bare_context_mib()}), flush=True)  # fmt: skip
+    if isinstance(limits.get("stack"), int) and limits["stack"] > 1024:
+        after = llm.collective_rpc(_ctx_limits, args=(1024,))[0]
+        print("LIMITS", json.dumps({"model": args.model.name, "mode": mode,
+                                    "stack_set_1024": after}), flush=True)  # fmt: skip
+        mem("trim+cublas+stack")
 
     core = llm.llm_engine.engine_core
     proc = getattr(getattr(core, "resources", None), "engine_manager", None)
