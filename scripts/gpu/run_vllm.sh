@@ -18,7 +18,7 @@
 #   restorefill scripts/gpu/restore_fill_probe.sh (CRIU's restore, 4 KiB vs huge pages;
 #             RESTOREFILL_MOUNTS="within_size always": the image on a tmpfs mounted with
 #             each huge= in turn, alternating, instead of /dev/shm)
-#   probe     scripts/gpu/vllm_copy_probe.py --first on 1.5B (why a copy runs below the limit;
+#   probe     scripts/gpu/vllm_copy_probe.py --first on 1.5B (PROBE_SIZE: another, e.g. 0.5b; why a copy runs below the limit;
 #             PROBE_ARGS: other options, e.g. "--first-only --kv-gib 4")
 #   release   scripts/gpu/release_probe.py (are copies slow after memory goes back to the driver?)
 #   sleepprobe scripts/gpu/sleep_probe.py on 1.5B (where a cycle's time goes inside vLLM)
@@ -199,7 +199,7 @@ fi
 
 if want probe; then
   step probe
-  timeout -k 5 150 python3 scripts/gpu/vllm_copy_probe.py "$MODELS/qwen2-1.5b" ${PROBE_ARGS:---first} \
+  timeout -k 5 150 python3 scripts/gpu/vllm_copy_probe.py "$MODELS/qwen2-${PROBE_SIZE:-1.5b}" ${PROBE_ARGS:---first} \
     2>&1 | grep "PROBE\|PINNED\|FIRST\|VERIFY\|Error"
 fi
 
