@@ -26,6 +26,8 @@ import torch
 
 from spswap.engines.host_heap import release_free_heap
 from spswap.engines.vllm_pull import pull_bytes_per_s, pull_share
+from spswap.engines.vllm_weights import STAGING_BYTES, host_bytes, weight_tensors
+from spswap.engines.vllm_worker_probes import SpswapProbes
 from spswap.errors import EngineError
 from spswap.pool.manifest import Manifest, align_up
 from spswap.pool.store import Pool
@@ -33,39 +35,8 @@ from spswap.transfer.copy import copy_into
 from spswap.transfer.dtypes import to_safetensors
 from spswap.transfer.mapping import MappedEntry
 
-# Host copies go through two device staging buffers of this size: one large copy per
-# piece keeps the copy engines at full rate where hundreds of small per-tensor copies would
-# not, and the scatter into the weights runs while the next piece crosses PCIe. At wake
-# time the KV cache is still asleep, so 256 MiB of staging is free memory; 128 MiB pieces
-# cross PCIe in ~2.5 ms. (Slow first copies after a sleep, once blamed on the re-mapped
-# weight memory, were the driver clearing the freed KV cache: see pull_share.)
-STAGING_BYTES = 128 << 20
 
-
-def weight_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The tensors a pool entry holds for ``model``: its parameters (tied ones once) and
-    its persistent buffers, by name, each storage range once."""
-    out: dict[str, torch.Tensor] = {}
-    seen: set[tuple[int, tuple[int, ...], tuple[int, ...]]] = set()
-    persistent = set(model.state_dict(keep_vars=True).keys())
-    named: list[tuple[str, torch.Tensor]] = list(model.named_parameters())
-    named += [(n, b) for n, b in model.named_buffers() if n in persistent]
-    for name, t in named:
-        key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()))
-        if key in seen:
-            continue
-        seen.add(key)
-        out[name] = t.data if isinstance(t, torch.nn.Parameter) else t
-    return out
-
-
-def _host_bytes(t: torch.Tensor) -> Any:
-    """A tensor's bytes on the host as a flat uint8 numpy array (0-dim tensors too:
-    vLLM holds scalar parameters such as attention scales)."""
-    return t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy()
-
-
-class SpswapWorkerExtension:
+class SpswapWorkerExtension(SpswapProbes):
     """Mixed into vLLM's worker (``worker_extension_cls``); see the module docstring.
 
     State lives on the worker as ``_spswap_*`` attributes created lazily, so nothing
@@ -117,7 +88,7 @@ class SpswapWorkerExtension:
         with pool.writer(name, identity=identity, expected_size_bytes=total) as w:
             for tname in sorted(tensors):
                 t = tensors[tname]
-                raw = _host_bytes(t)
+                raw = host_bytes(t)
                 w.add(tname, to_safetensors(t.dtype), tuple(t.shape), raw)
         m = w.manifest
         assert m is not None  # set when the writer closes without an error
@@ -261,118 +232,10 @@ class SpswapWorkerExtension:
             if t is None:
                 differ.append(entry.name)
                 continue
-            raw = _host_bytes(t)
+            raw = host_bytes(t)
             if "sha256:" + hashlib.sha256(raw.tobytes()).hexdigest() != entry.checksum:
                 differ.append(entry.name)
         return {"checked": len(manifest.tensors), "differ": differ}
-
-    def spswap_copy_probe(self, repeats: int = 3) -> dict[str, Any]:
-        """Diagnose the pool -> weights copy rate (for scripts/gpu/vllm_copy_probe.py): the
-        attached entry into the live weights, into fresh tensors of the same shapes, and
-        as one flat buffer; plus where the weights' memory comes from."""
-        mapping: MappedEntry | None = getattr(self, "_spswap_mapping", None)
-        if mapping is None:
-            raise EngineError("attach a pool entry first (spswap_attach)")
-        weights = weight_tensors(self._spswap_model())
-        total = sum(t.size_bytes for t in mapping.manifest.tensors)
-
-        def best(fn: Any) -> float:
-            times = []
-            for _ in range(repeats):
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                fn()
-                torch.cuda.synchronize()
-                times.append(time.perf_counter() - t0)
-            return total / min(times) / 1e9
-
-        fresh = {n: torch.empty(t.shape, dtype=t.dtype, device=t.device)
-                 for n, t in weights.items()}  # fmt: skip
-        flat = torch.empty(mapping.size_bytes, dtype=torch.uint8, device="cuda")
-        srcs = mapping.tensors()
-        out = {
-            "live_gb_s": best(lambda: copy_into(mapping, weights)),
-            "live_staged_gb_s": best(
-                lambda: copy_into(mapping, weights, staging_bytes=STAGING_BYTES)
-            ),
-            **{
-                f"live_pull{f:g}_gb_s": best(lambda f=f: copy_into(mapping, weights, pull=f))
-                for f in (1.0, 0.7, 0.5, 0.3)
-            },
-            "fresh_gb_s": best(lambda: copy_into(mapping, fresh)),
-            "flat_gb_s": best(lambda: flat.copy_(mapping.tensors_base(), non_blocking=True)),
-            "src_pinned": [bool(t.is_pinned()) for t in list(srcs.values())[:3]],
-            "live_contiguous": all(t.is_contiguous() for t in weights.values()),
-            "live_dtypes": sorted({str(t.dtype) for t in weights.values()}),
-            "allocator": torch.cuda.get_allocator_backend(),
-            "tensors": len(weights),
-            "cpu_affinity": sorted(__import__("os").sched_getaffinity(0))[:64],
-        }
-        sizes = sorted(t.size_bytes for t in mapping.manifest.tensors)
-        out["size_median"] = sizes[len(sizes) // 2]
-        fresh.clear()
-        flat.resize_(0)
-        torch.cuda.empty_cache()
-        return out
-
-    def spswap_first_copy(self, variant: str, wait_s: float = 0.0) -> dict[str, Any]:
-        """One timed copy of the attached entry into the weights, meant as the FIRST write
-        after ``wake_up(tags=["weights"])`` (scripts/gpu/vllm_copy_probe.py --first):
-        ``direct`` (host -> weights), ``staged`` (what spswap_copy does), ``memset`` (a
-        device-side zero of every weight: is the first write slow for the GPU too?), each
-        after ``wait_s`` of idling (does the driver prepare the new memory meanwhile?);
-        ``staged-kept``: staged through buffers allocated before the sleep and kept over
-        it (spswap_keep_staging): is it the staging buffers' new memory that is slow?;
-        ``direct-touched``: the weights zeroed on the GPU first (untimed), then direct:
-        are copy-engine writes slow into memory the GPU has already written?; ``pull``: the
-        GPU's cores read the registered mapping themselves (no copy engine); ``pull0.6``: 60% of
-        the bytes so, the rest by the copy engines at the same time."""
-        mapping: MappedEntry | None = getattr(self, "_spswap_mapping", None)
-        if mapping is None:
-            raise EngineError("attach a pool entry first (spswap_attach)")
-        weights = weight_tensors(self._spswap_model())
-        cuda = any(t.is_cuda for t in weights.values())
-        sync = torch.cuda.synchronize if cuda else (lambda: None)
-        time.sleep(wait_s)
-        sync()
-        t0 = time.perf_counter()
-        if variant == "direct":
-            copy_into(mapping, weights)
-        elif variant == "direct-touched":
-            for t in weights.values():
-                t.zero_()
-            sync()
-            t0 = time.perf_counter()
-            copy_into(mapping, weights)
-        elif variant == "staged-kept":
-            kept = getattr(self, "_spswap_kept_staging", None)
-            if kept is None:
-                raise EngineError("staged-kept needs spswap_keep_staging called first")
-            copy_into(mapping, weights, staging_bytes=STAGING_BYTES, staging_buffers=kept)
-        elif variant == "staged":
-            copy_into(mapping, weights, staging_bytes=STAGING_BYTES)
-        elif variant.startswith("pull"):  # "pull": all pulled; "pull0.6": 60%, rest CE
-            copy_into(mapping, weights, pull=float(variant[4:] or 1))
-        elif variant == "memset":
-            for t in weights.values():
-                t.zero_()
-        else:
-            raise EngineError(
-                f"unknown variant {variant!r}: direct, direct-touched, staged, "
-                "staged-kept, pull or memset"
-            )
-        sync()
-        seconds = time.perf_counter() - t0
-        size = sum(t.size_bytes for t in mapping.manifest.tensors)
-        return {"variant": variant, "wait_s": wait_s, "seconds": seconds,
-                "gb_per_s": size / seconds / 1e9}  # fmt: skip
-
-    def spswap_keep_staging(self) -> dict[str, Any]:
-        """Allocate two staging buffers and keep them (over sleeps) for ``staged-kept``."""
-        self._spswap_kept_staging = [torch.empty(STAGING_BYTES, dtype=torch.uint8,
-                                                 device="cuda") for _ in range(2)]  # fmt: skip
-        torch.cuda.synchronize()
-        return {"bytes": 2 * STAGING_BYTES}
 
     def spswap_pinned_copy_limit(self, size_bytes: int, repeats: int = 5) -> dict[str, Any]:
         """Host->GPU copy rate from a ``cudaHostAlloc`` (pinned) buffer of ``size_bytes``

@@ -47,7 +47,8 @@ from spswap.engines.vllm_identity import (  # noqa: E402
     model_config_hash,
     weights_fingerprint,
 )
-from spswap.engines.vllm_worker import SpswapWorkerExtension, weight_tensors  # noqa: E402
+from spswap.engines.vllm_weights import weight_tensors  # noqa: E402
+from spswap.engines.vllm_worker import SpswapWorkerExtension  # noqa: E402
 from spswap.errors import EngineError, TransferError  # noqa: E402
 from spswap.fsutil import evict_page_cache  # noqa: E402
 from spswap.pool.store import Pool  # noqa: E402
