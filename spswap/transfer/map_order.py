@@ -47,8 +47,10 @@ def allocations_by_piece(
     writes (buffers the pool does not hold, padding) go with the last piece, so that all
     are mapped once the copy's last scatter is issued; with no pieces, one list of all.
 
-    Raises TransferError when a slice writes outside every allocation (the tensor is not
-    in the sleeping memory: mapping cannot make it writable) or allocations overlap."""
+    A slice that starts outside every allocation needs none mapped (its memory is not the
+    sleeping allocator's: a tensor made after the model's load stays where it is).
+    Raises TransferError when a slice runs from an allocation into memory that is no
+    allocation's (then part of it would be written unmapped), or allocations overlap."""
     ordered = sorted(allocations, key=lambda a: a.ptr)
     for a, b in zip(ordered, ordered[1:], strict=False):
         if a.ptr + a.size_bytes > b.ptr:
@@ -64,10 +66,13 @@ def allocations_by_piece(
             lo = tensor_ptrs[s.name] + s.offset
             hi = lo + s.size_bytes
             i = bisect.bisect_right(starts, lo) - 1
+            if i < 0 or lo >= ordered[i].ptr + ordered[i].size_bytes:
+                continue  # not in the sleeping memory
             while lo < hi:  # a tensor may span allocations laid out back to back
                 cur = ordered[i] if 0 <= i < len(ordered) else None
                 if cur is None or not cur.ptr <= lo < cur.ptr + cur.size_bytes:
-                    raise TransferError(f"{s.name} at {lo:#x} is in no sleeping allocation")
+                    raise TransferError(f"{s.name} runs on at {lo:#x}, past the sleeping "
+                                        "allocations it starts in")  # fmt: skip
                 if cur.ptr not in taken:
                     taken.add(cur.ptr)
                     need.append(cur)

@@ -393,6 +393,32 @@ def test_sleep_wake_cycles_give_the_cold_outputs(cold: Any) -> None:
 
 
 @_apply
+def test_overlapped_wake_gives_the_cold_outputs_and_leaves_vllm_s_bookkeeping_whole(
+    cold: Any,
+) -> None:
+    # the weights mapped as the copy fills them, then one wake_up(["weights", "kv_cache"]);
+    # alternated with the plain wake: each later sleep must really free the memory (vLLM
+    # skips a sleep it believes already done) and each wake give the cold answers
+    import torch
+
+    eng = cold.engine
+    for overlap in (True, False, True):
+        eng.overlap_wake = overlap
+        try:
+            eng.sleep()
+            asleep_free = torch.cuda.mem_get_info()[0]
+            report = eng.wake()
+        finally:
+            eng.overlap_wake = False
+        assert asleep_free - torch.cuda.mem_get_info()[0] >= cold.manifest.tensor_bytes
+        assert report.registered and report.size_bytes == cold.manifest.tensor_bytes
+        assert eng.last_wake is not None and eng.last_wake.copy["overlap"] is overlap
+        assert (eng.last_wake.wake_weights_s == 0) is overlap
+        assert eng.generate(PROMPTS, NEW_TOKENS) == cold.reference
+    print(f"last overlapped wake: {eng.last_wake}", file=sys.stderr)
+
+
+@_apply
 def test_export_round_trip_byte_for_byte(cold: Any) -> None:
     m = cold.manifest
     assert m.identity["engine"] == "vllm" and m.identity["rank"] == 0

@@ -31,16 +31,21 @@ def test_the_rest_goes_with_the_last_piece_and_no_pieces_map_everything() -> Non
     assert allocations_by_piece([[Slice("x", 0, 0)]], {"x": 0x5}, [A]) == [[A]]
 
 
+def test_a_slice_outside_the_sleeping_memory_needs_nothing_mapped() -> None:
+    # before every allocation, in the gap after B: memory that never slept
+    pieces = [[Slice("x", 0, 0x10)], [Slice("y", 0, 0x10), Slice("z", 0, 0x10)]]
+    got = allocations_by_piece(pieces, {"x": 0x0800, "y": 0x3000, "z": 0x8010}, [A, B, C])
+    assert got == [[], [A, B, C]]
+
+
 @pytest.mark.parametrize(
-    ("ptr", "size", "where"),
-    [
-        (0x0800, 0x10, "0x800"),  # before every allocation
-        (0x3000, 0x10, "0x3000"),  # in the gap after B
-        (0x1F00, 0x1200, "0x3000"),  # starts in A, runs through B into the gap
-    ],
+    ("ptr", "size", "where"), [(0x1F00, 0x1200, "0x3000"), (0x8700, 0x200, "0x8800")]
 )
-def test_a_slice_outside_the_sleeping_memory_is_refused(ptr: int, size: int, where: str) -> None:
-    with pytest.raises(TransferError, match=f"x at {where} is in no sleeping allocation"):
+def test_a_slice_running_out_of_the_sleeping_memory_is_refused(
+    ptr: int, size: int, where: str
+) -> None:
+    # starts in A and runs through B into the gap; starts in C and runs past its end
+    with pytest.raises(TransferError, match=f"x runs on at {where}, past the sleeping"):
         allocations_by_piece([[Slice("x", 0, size)]], {"x": ptr}, [A, B, C])
 
 
