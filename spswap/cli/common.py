@@ -87,6 +87,6 @@ def checked_model_dir(path: Path, *, many: bool) -> Path:
     line = "MODELS=" if many else "MODEL="
     template = (f" (an sbatch template's {line} CHANGE line still has its example)"
                 if str(path).startswith("/path/to/") else "")  # fmt: skip
-    rest = ("; every argument after --models is a model directory (vLLM's own options go "
-            "in --vllm-args)") if many else ""  # fmt: skip
+    rest = ("; after --models, every word that is not one of spswap serve's options is a "
+            "model directory (vLLM's own options go in --vllm-args)") if many else ""  # fmt: skip
     raise typer.BadParameter(f"model directory {path} {what}{template}{rest}")

@@ -27,6 +27,7 @@ from spswap.cli.serve_slurm import (
     warn_if_not_requeueable,
 )
 from spswap.cli.serve_slurm import requeue as _requeue
+from spswap.cli.serve_words import AFTER_DASHDASH, before_dashdash, words_problem
 from spswap.config import Config
 from spswap.engines.model_check import check_servable
 from spswap.engines.protocol import Engine
@@ -208,6 +209,14 @@ def serve(
     request with an X-Request-Id header is kept across the stop: ask again with the id).
     """
     cli_s = time.time()  # Python's start and the imports lie before: runs.jsonl's marks
+    # first, before any other check: a mistyped option is told as one (click, told to let
+    # vLLM's options through, passes it on as a word)
+    after = ctx.meta.get(AFTER_DASHDASH, [])
+    before = before_dashdash(ctx.args, after)
+    options = [o for p in ctx.command.params for o in p.opts if o.startswith("--")]
+    if (problem := words_problem(str(model), before, after, many=models, engine=engine,
+                                 options=options)) is not None:  # fmt: skip
+        raise typer.BadParameter(problem)
     # the first of --models too: one message for a wrong path wherever it stands
     model = checked_model_dir(model, many=models)
     cfg = load_config(root)
@@ -240,7 +249,7 @@ def serve(
 
         vllm = {"gpu_memory_utilization": gpu_memory_utilization, "eager": eager,
                 "kv_cache_gib": kv_cache_gib, "max_model_len": max_model_len}  # fmt: skip
-        serve_multi(cfg, job, [model, *map(Path, ctx.args)], state_dir, engine=engine,
+        serve_multi(cfg, job, [model, *map(Path, before)], state_dir, engine=engine,
                     device=device or ("cuda" if engine == "vllm" else default_device()),
                     vllm=vllm, vllm_args=vllm_args or "", units=units or 2, awake=awake,
                     idle_timeout_s=idle_timeout_s,
@@ -255,7 +264,7 @@ def serve(
 
     if engine == "vllm":
         check_servable(engine, model)  # before the model goes into the pool
-        _serve_vllm(cfg, job, model, state_dir, [*ctx.args, *shlex.split(vllm_args or "")],
+        _serve_vllm(cfg, job, model, state_dir, [*after, *shlex.split(vllm_args or "")],
                     units=units,
                     slot_timeout_s=slot_timeout_s, requeue=requeue, json_out=json,
                     gpu_memory_utilization=gpu_memory_utilization, kv_cache_gib=kv_cache_gib,
@@ -263,9 +272,6 @@ def serve(
                     launcher=launcher, checkpoint=checkpoint, drain_s=drain_s,
                     cli_s=cli_s)  # fmt: skip
         return
-    if ctx.args:
-        raise typer.BadParameter(f"unexpected arguments {' '.join(ctx.args)}: options after "
-                                 "-- are for --engine vllm only")  # fmt: skip
     # A requeued run that may restore its instance checks the model only if it starts an
     # engine: the check imports torch (seconds), which a restore does not need; the first
     # run checked the model before it went into the pool.

@@ -11,11 +11,13 @@ so its options, ``--help`` and errors are the full app's.
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import typer
 
 from spswap.cli import help_style, serve
 from spswap.cli.common import emit_json, error_json, print_error
+from spswap.cli.serve_words import AFTER_DASHDASH
 from spswap.errors import PathUnusable, PermissionDenied, SpswapError
 
 # vLLM's own options follow `--`: they reach the command as ctx.args
@@ -23,9 +25,14 @@ SERVE_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
 class ServeCommand(help_style.Command):
-    """``serve``: its usage line names what follows ``--``."""
+    """``serve``: its usage line names what follows ``--``; what follows it is kept apart
+    (:data:`AFTER_DASHDASH`), so that a mistyped option before it is told as one."""
 
     extra_usage = "[-- VLLM_OPTIONS...]"
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        ctx.meta[AFTER_DASHDASH] = args[args.index("--") + 1 :] if "--" in args else []
+        return super().parse_args(ctx, args)
 
 
 def register(app: typer.Typer) -> None:

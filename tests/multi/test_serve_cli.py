@@ -150,10 +150,11 @@ def test_a_socket_directory_others_can_write_is_refused_before_any_model_starts(
     (["/path/to/model-a"], "model directory /path/to/model-a does not exist (an sbatch "
      "template's MODEL= CHANGE line still has its example)"),
     (["--models", "/path/to/model-a", "/path/to/model-b"], "model directory /path/to/model-a "
-     "does not exist (an sbatch template's MODELS= CHANGE line still has its example); every "
-     "argument after --models is a model directory"),
-    (["--models", "M0", "NOPE"], "model directory NOPE does not exist; every argument after "
-     "--models is a model directory (vLLM's own options go in --vllm-args)"),
+     "does not exist (an sbatch template's MODELS= CHANGE line still has its example); after "
+     "--models, every word that is not one of spswap serve's options is a model directory"),
+    (["--models", "M0", "NOPE"], "model directory NOPE does not exist; after --models, every "
+     "word that is not one of spswap serve's options is a model directory (vLLM's own "
+     "options go in --vllm-args)"),
 ])  # fmt: skip
 def test_a_model_path_that_does_not_exist_gets_one_message_wherever_it_stands(tmp_path, args, said):
     """The first of --models was typer's MODEL argument ("Invalid value for 'MODEL': dir
@@ -169,3 +170,34 @@ def test_a_model_path_that_does_not_exist_gets_one_message_wherever_it_stands(tm
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert said in " ".join(proc.stderr.replace("│", " ").split()), proc.stderr
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    # a newcomer's walk: "--unit" read as "options after -- are for --engine vllm only"
+    # (no -- given), outside a job as "give --state-dir", in --models as a model directory
+    (["M0", "--unit", "4"], "no such option: --unit (did you mean --units?)"),
+    (["--modles", "M0"], "no such option: --modles (did you mean --models?)"),
+    (["--models", "M0", "M0", "--unit", "2"], "no such option: --unit (did you mean --units?)"),
+    (["M0", "--engine", "vllm", "--max-num-seqs", "4"], "no such option: --max-num-seqs "
+     "(spswap serve --help lists them; vLLM's own options go after --: spswap serve MODEL "
+     "--engine vllm -- --max-num-seqs ...)"),
+    (["M0", "M0"], "unexpected argument M0: spswap serve takes one MODEL (several models in "
+     "one job: spswap serve --models A B C)"),
+    (["M0", "--", "--max-num-seqs", "4"], "unexpected arguments after --: --max-num-seqs 4 "
+     "(options after -- are vLLM's, for --engine vllm only)"),
+    (["--models", "M0", "M0", "--", "--max-num-seqs"], "unexpected arguments after --: "
+     "--max-num-seqs (vLLM's own options for --models go in --vllm-args)"),
+])  # fmt: skip
+def test_a_mistyped_option_is_told_as_one_before_anything_else(tmp_path, args, said):
+    """Checked first: no other check's message (outside a job, --state-dir missing) and no
+    state directory made for a command line that cannot run."""
+    m0 = save_checkpoint(preset("tiny", seed=3), tmp_path / "m0")
+    args = [str(m0) if a == "M0" else a for a in args]
+    said = said.replace("M0", str(m0))
+    env = {**os.environ, "SPSWAP_ROOT": str(tmp_path / "root"), "COLUMNS": "400"}
+    env.pop("SLURM_JOB_ID", None)
+    argv = [sys.executable, "-m", "spswap.cli", "serve", *args]  # no --state-dir, no job
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert said in " ".join(proc.stderr.replace("│", " ").split()), proc.stderr
+    assert "state-dir" not in proc.stderr and not (tmp_path / "root").exists()
