@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 
 from spswap.engines.model_check import check_servable  # noqa: E402
 from spswap.engines.reference import ReferenceEngine, load_config  # noqa: E402
+from spswap.engines.vllm_engine import available  # noqa: E402
 from spswap.errors import ConfigError  # noqa: E402
 
 
@@ -120,6 +121,11 @@ def test_models_check_command(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "--engine vllm" in proc.stderr
     proc = spswap("models", "check", str(model), "--engine", "vllm")
     assert proc.returncode == 0 and "can serve it" in proc.stdout
+    # a walk: the check passed on a host without vLLM and said nothing of it
+    note = "note: vLLM is not installed in this Python; the nodes that run the job need it"
+    assert (note in " ".join(proc.stdout.split())) is not available(), proc.stdout
+    proc = spswap("models", "check", str(model), "--engine", "vllm", "--json")
+    assert json.loads(proc.stdout)["vllm_installed"] is available()
 
 
 def test_a_made_model_is_as_readable_as_the_umask_allows(tmp_path: Path) -> None:

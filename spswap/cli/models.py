@@ -9,6 +9,7 @@ import typer
 
 from spswap.cli.common import JsonOpt, console, emit_json
 from spswap.engines.model_check import check_servable
+from spswap.engines.vllm_engine import available
 from spswap.errors import ConfigError
 from spswap.units import fmt_bytes
 
@@ -96,10 +97,17 @@ def check(
     if not directory.is_dir():
         raise ConfigError(f"{directory} is not a directory; a model is a directory")
     check_servable(engine, directory)
+    # the check reads the files only; a job's node needs vLLM itself (often not this host)
+    vllm_here = engine == "vllm" and available()
     if json_out:
-        emit_json({"path": str(directory.resolve()), "engine": engine, "ok": True})
+        emit_json({"path": str(directory.resolve()), "engine": engine, "ok": True,
+                   **({"vllm_installed": vllm_here} if engine == "vllm" else {})})  # fmt: skip
         return
     flag = "" if engine == "reference" else " --engine vllm"
     what = "" if engine == "reference" else " (vLLM itself checks the rest when it loads it)"
     console.print(f"ok: `spswap serve {directory}{flag}` can serve it{what}",
                   markup=False, soft_wrap=True)  # fmt: skip
+    if engine == "vllm" and not vllm_here:
+        console.print("note: vLLM is not installed in this Python; the nodes that run the "
+                      "job need it (pip install 'spswap[vllm]' there)", markup=False,
+                      soft_wrap=True)  # fmt: skip

@@ -35,7 +35,9 @@ def serve_multi(cfg: Config, job: Any, models: list[Path], state_dir: Path, *, e
         for m in paths:
             check_servable(engine, m)
     assert socket is not None
-    err_console.print(f"spswap serve: starting {len(paths)} models (their OpenAI API will "
+    # a requeued run may restore them rather than start them: its next line says which
+    verb = "bringing back" if may_restore else "starting"
+    err_console.print(f"spswap serve: {verb} {len(paths)} models (their OpenAI API will "
                       f"be on {socket})",
                       markup=False, soft_wrap=True)  # fmt: skip
     opts = MultiOptions(
