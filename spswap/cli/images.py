@@ -14,7 +14,7 @@ from rich.table import Table
 
 from spswap.access import privileged
 from spswap.checkpoint.image_layout import KINDS, ImageLayout, ProcessLayout, image_layout
-from spswap.checkpoint.images import files_problem, read_meta
+from spswap.checkpoint.images import DIGEST_SEP, files_problem, read_meta
 from spswap.checkpoint.service import images_of_job, job_of_key, real_job_id, real_job_ids
 from spswap.cli.common import JsonOpt, RootOpt, console, emit_json, load_config
 from spswap.daemon.client import Client
@@ -100,7 +100,7 @@ def ls(json: bool = JsonOpt, root: Path | None = RootOpt) -> None:
     limits = ImageRoom.from_config(cfg).limits()
     names = model_names(cfg)
     for i in images:  # the model's pool entry's name (an image names it by digest)
-        i["model"] = names.get(str(i["identity"].get("model_digest")))
+        i["model"] = image_model_name(str(i["identity"].get("model_digest")), names)
     if json:
         emit_json({"images": images, "used_bytes": sum(i["size_bytes"] for i in images),
                    "budget_bytes": limits.total_bytes,
@@ -128,6 +128,18 @@ def ls(json: bool = JsonOpt, root: Path | None = RootOpt) -> None:
     console.print(t)
     for line in refused_lines(images):
         console.print(line, markup=False)
+
+
+def image_model_name(digest: str, names: dict[str, str]) -> str | None:
+    """The name an image's model goes by: its pool entry's; a multi-model job's digests
+    (joined by DIGEST_SEP) as its models' names joined by "+", as `spswap status` names
+    the job's slot; None where an entry is gone. Pure.
+
+    >>> image_model_name("d1+d2", {"d1": "m1", "d2": "m2"}), image_model_name("d3", {})
+    ('m1+m2', None)
+    """
+    found = [names.get(d) for d in digest.split(DIGEST_SEP)]
+    return "+".join(n for n in found if n) if all(found) else None
 
 
 def model_names(cfg: Any) -> dict[str, str]:
