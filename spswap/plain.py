@@ -5,7 +5,10 @@ user's status; a ``[link=...]`` one became a hyperlink in their terminal)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from rich.console import Console, ConsoleOptions, RenderResult
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -28,3 +31,39 @@ class TitleOnOneLine:
         title = self.table.title
         self.table.min_width = min(len(str(title or "")), options.max_width)
         yield self.table
+
+
+class DropToFit:
+    """A table built at render time, leaving out its least needed columns (``droppable``,
+    the first to go first) while its rows would not fit the terminal unwrapped; the
+    caption names what was left out. At 80 columns every column folded its values
+    mid-token ("checkpoin" / "t", an id over two lines)."""
+
+    def __init__(self, title: str, columns: Sequence[str], rows: Sequence[Sequence[object]],
+                 droppable: Sequence[str], left_out_note: str) -> None:  # fmt: skip
+        self.title, self.columns, self.rows = title, list(columns), rows
+        self.droppable, self.left_out_note = droppable, left_out_note
+
+    def build(self, columns: Sequence[str]) -> Table:
+        """The table with ``columns`` only (plain cells, folded where they must)."""
+        t = Table(title=self.title)
+        for col in columns:
+            t.add_column(col, overflow="fold")
+        keep = [self.columns.index(c) for c in columns]
+        for row in self.rows:
+            plain_row(t, *(row[i] for i in keep))
+        return t
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        columns = list(self.columns)
+        table = self.build(columns)
+        wide = options.update_width(1 << 16)  # the rows' unwrapped width (not clamped)
+        for name in self.droppable:
+            if Measurement.get(console, wide, table).maximum <= options.max_width:
+                break
+            columns.remove(name)
+            table = self.build(columns)
+        left = [c for c in self.columns if c not in columns]
+        if left:
+            table.caption = f"{', '.join(left)}: {self.left_out_note}"
+        yield table

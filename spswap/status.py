@@ -23,7 +23,7 @@ from spswap.errors import DaemonError
 from spswap.fsutil import read_json
 from spswap.instance.registry import InstanceRegistry
 from spswap.liveness import IMAGE_USE_NOTE, Holder
-from spswap.plain import TitleOnOneLine, plain_row
+from spswap.plain import DropToFit, TitleOnOneLine, plain_row
 from spswap.pool.capacity import imported_bytes
 from spswap.pool.store import Pool
 from spswap.settings_check import (
@@ -203,12 +203,14 @@ def _last_use(entry: dict[str, Any], now: float) -> str:
     return f"{ago}, kept for an image" if entry["users"] else ago
 
 
+INSTANCE_COLUMNS = ("id", "model", "engine", "state", "device", "job", "pid", "updated")
+
+
 def render_instances(instances: list[dict[str, Any]], now: float,
-                     checkpoints: list[dict[str, Any]] | None = None) -> Table:  # fmt: skip
-    """One row per model instance the node knows of."""
-    t = Table(title="instances")
-    for col in ("id", "model", "engine", "state", "device", "job", "pid", "updated"):
-        t.add_column(col, overflow="fold")  # a narrow terminal folds values, never cuts them
+                     checkpoints: list[dict[str, Any]] | None = None) -> DropToFit:  # fmt: skip
+    """One row per model instance the node knows of; in a narrow terminal without its
+    device, engine and pid columns (then named under it)."""
+    rows: list[list[object]] = []
     by_job = {str(c.get("job_id")): c for c in checkpoints or []}
     newest = newest_of_jobs(instances)
     for i in instances:
@@ -217,10 +219,16 @@ def render_instances(instances: list[dict[str, Any]], now: float,
         later = newest.get(job) if i.get("job_id") else None
         # another run's (another process: a multi-model run's models share their pid)
         replaced_by = later["id"] if later is not None and later["pid"] != i["pid"] else None
-        plain_row(t, i["id"], i["model"], i["engine"],
-                  instance_state_text(i, by_job.get(job), replaced_by), i["device"],
-                  i.get("job_id") or "-", pid, _ago(i["updated"], now))  # fmt: skip
-    return t
+        rows.append([i["id"], i["model"], i["engine"],
+                     instance_state_text(i, by_job.get(job), replaced_by), i["device"],
+                     i.get("job_id") or "-", pid, _ago(i["updated"], now)])  # fmt: skip
+    return DropToFit(
+        "instances",
+        INSTANCE_COLUMNS,
+        rows,
+        droppable=("device", "engine", "pid"),
+        left_out_note="left out at this width (spswap status --json has them)",
+    )
 
 
 def checkpoint_state_text(state: str, kept: bool) -> str:

@@ -241,13 +241,18 @@ def test_a_gone_instance_after_its_checkpoint_says_where_its_job_stands() -> Non
            "pid": 1, "updated": 0.0}  # fmt: skip
     table = render_instances([row], now=10.0, checkpoints=[{"job_id": "533",
                                                            "state": "deleted"}])  # fmt: skip
-    assert [str(c) for c in table.columns[3]._cells] == ["checkpoint; job's checkpoint deleted"]
+    assert [str(c) for c in table.build(table.columns).columns[3]._cells] == [
+        "checkpoint; job's checkpoint deleted"
+    ]
     # a later run of the job (its image deleted, the run started anew, its dump failed):
     # the job's checkpoint is that run's, not the old record's (the walk saw "failed" there)
     later = {**row, "id": "533-2", "pid": 2, "updated": 5.0, "alive": True, "state": "up"}
     table = render_instances([row, later], now=10.0, checkpoints=[{"job_id": "533",
                                                                   "state": "failed"}])  # fmt: skip
-    assert [str(c) for c in table.columns[3]._cells] == ["checkpoint; replaced by 533-2", "up"]
+    assert [str(c) for c in table.build(table.columns).columns[3]._cells] == [
+        "checkpoint; replaced by 533-2",
+        "up",
+    ]
     assert instance_state_text(gone, {"state": "failed"}, "533-2") == (
         "checkpoint; replaced by 533-2"
     )
@@ -255,7 +260,9 @@ def test_a_gone_instance_after_its_checkpoint_says_where_its_job_stands() -> Non
     models = [{**row, "id": f"533-1-m{k}", "updated": float(k)} for k in range(3)]
     table = render_instances(models, now=10.0, checkpoints=[{"job_id": "533",
                                                             "state": "saved"}])  # fmt: skip
-    assert [str(c) for c in table.columns[3]._cells] == ["checkpoint; job's checkpoint saved"] * 3
+    assert [str(c) for c in table.build(table.columns).columns[3]._cells] == [
+        "checkpoint; job's checkpoint saved"
+    ] * 3
 
 
 def test_a_saved_checkpoint_kept_alive_says_so_in_status_and_images_ls() -> None:
@@ -316,3 +323,37 @@ def test_the_pool_table_keeps_its_right_edge_at_80_columns() -> None:
         assert "940df1c24f55" in "\n".join(lines)  # the digest whole
         if width == 140:  # the title on one line where it fits
             assert lines[0].strip().endswith("each user's imports at most 10.0 GiB"), lines[0]
+
+
+def test_the_instances_table_leaves_out_columns_rather_than_fold_words_at_80_columns() -> None:
+    """The walk, at 80 columns: "1428-1875" / "3" and "checkpoin" / "t" over two lines;
+    now device, engine and pid go (named under the table), every word whole. Wide, all."""
+    import io
+
+    from spswap.status import render_instances
+
+    gone = {
+        "id": "1428-18753",
+        "model": "small",
+        "engine": "reference",
+        "state": "checkpoint",
+        "device": "cpu",
+        "job_id": "1428",
+        "pid": 18753,
+        "alive": False,
+        "updated": 20.0,
+    }
+    multi = {**gone, "id": "1430-19999", "model": "m1+m2+m3", "engine": "multi-reference",
+             "state": "serving", "device": "cuda:0", "job_id": "1430", "pid": 19999,
+             "alive": True}  # fmt: skip
+    table = render_instances([gone, multi], now=200.0,
+                             checkpoints=[{"job_id": "1428", "state": "saved"}])  # fmt: skip
+    for width in (80, 140):
+        console = Console(width=width, file=io.StringIO(), record=True)
+        console.print(table)
+        text = console.export_text()
+        words = ("1428-18753", "1430-19999", "checkpoint;", "m1+m2+m3", "3 min ago")
+        assert all(w in text for w in words), text
+        narrow = "engine, device, pid: left out at this width (spswap status --json has them)"
+        assert (narrow in text) is (width == 80), text
+        assert ("multi-reference" in text) is (width == 140), text

@@ -200,7 +200,7 @@ def test_spswap_status_shows_a_row_per_model_while_the_job_serves(tmp_path, cfg)
                    for r in rows.values())  # fmt: skip
         assert rows["m2"]["id"].startswith("77-") and rows["m2"]["id"].endswith("-m2")
         table = render_instances(list(rows.values()), now=time.time())
-        assert table.row_count == 3
+        assert len(table.rows) == 3
     finally:
         stop.set()
         t.join(60)
