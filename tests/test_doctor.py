@@ -459,3 +459,33 @@ def test_the_criu_patches_are_read_from_the_build_stamp(tmp_path: Path) -> None:
     assert doctor.patched_criu(tmp_path / "sbin" / "criu")
     stamp.write_text("thp-fill.patch:a431cd72024f")
     assert not doctor.patched_criu(tmp_path / "sbin" / "criu")  # the TCP patch is not there
+
+
+def test_the_report_is_a_line_a_check_where_its_table_would_fold_words() -> None:
+    """A walk at 80 columns: the table's four columns folded paths ("/usr/local/sbin/criu"
+    then ")") and setting names mid-word; where the table fits, it is the table."""
+    import io
+
+    from rich.console import Console
+
+    from spswap.cli.doctor import render
+
+    report = {"node": "n1", "checks": [
+        {"name": "criu", "ok": True, "value": "4.1.1 (/usr/local/sbin/criu)", "detail": ""},
+        {"name": "kernel.io_uring_disabled", "ok": None, "value": "0",
+         "detail": "`sysctl -w kernel.io_uring_disabled=2` before engines start"},
+        {"name": "x[bold]", "ok": False, "value": "[red]v", "detail": ""},
+    ]}  # fmt: skip
+    console = Console(width=80, file=io.StringIO(), record=True)
+    console.print(render(report))
+    assert console.export_text().splitlines() == [
+        "spswap doctor: n1",
+        "ok    criu: 4.1.1 (/usr/local/sbin/criu)",
+        "warn  kernel.io_uring_disabled: 0",
+        "      what to do: `sysctl -w kernel.io_uring_disabled=2` before engines start",
+        "FAIL  x[bold]: [red]v",  # names and values are text, never markup
+    ]
+    console = Console(width=140, file=io.StringIO(), record=True)
+    console.print(render(report))
+    text = console.export_text()
+    assert "┃ check" in text and "│ kernel.io_uring_disabled │ warn │" in text, text

@@ -6,8 +6,11 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich.console import Console, ConsoleOptions, RenderResult
 from rich.markup import escape
+from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text
 
 from spswap.cli.common import JsonOpt, RootOpt, emit, err_console, load_config
 from spswap.doctor import collect, failed_required
@@ -43,12 +46,45 @@ def doctor(json: bool = JsonOpt, root: Path | None = RootOpt, strict: bool = Str
         raise typer.Exit(1)
 
 
-def render(report: dict[str, Any]) -> Table:
-    """A rich table: one row per check, a mark, the value and what to do."""
-    marks = {True: "[green]ok[/]", False: "[red]FAIL[/]", None: "[yellow]warn[/]"}
-    table = Table(title=f"spswap doctor: {report['node']}", title_justify="left")
-    for col in ("check", "", "value", "what to do"):
-        table.add_column(col, overflow="fold")
-    for c in report["checks"]:
-        table.add_row(escape(c["name"]), marks[c["ok"]], escape(c["value"]), escape(c["detail"]))
-    return table
+MARKS = {True: "[green]ok[/]", False: "[red]FAIL[/]", None: "[yellow]warn[/]"}
+
+
+def render(report: dict[str, Any]) -> FittedReport:
+    """One row per check, a mark, the value and what to do: a table where its rows fit
+    the terminal unwrapped, else a line a check (at 80 columns the table's four columns
+    folded every path and setting name mid-word)."""
+    return FittedReport(report)
+
+
+class FittedReport:
+    """The doctor's report as :func:`render` describes it, laid out at render time."""
+
+    def __init__(self, report: dict[str, Any]) -> None:
+        self.report = report
+
+    def table(self) -> Table:
+        table = Table(title=f"spswap doctor: {self.report['node']}", title_justify="left")
+        for col in ("check", "", "value", "what to do"):
+            table.add_column(col, overflow="fold")
+        for c in self.report["checks"]:
+            table.add_row(escape(c["name"]), MARKS[c["ok"]], escape(c["value"]),
+                          escape(c["detail"]))  # fmt: skip
+        return table
+
+    def lines(self) -> Text:
+        """``MARK  name: value`` a check, and ``      what to do: ...`` under it."""
+        out = Text(f"spswap doctor: {self.report['node']}\n")
+        for c in self.report["checks"]:
+            out.append_text(Text.from_markup(MARKS[c["ok"]]))
+            out.append(" " * (6 - len({True: "ok", False: "FAIL", None: "warn"}[c["ok"]])))  # noqa: E501
+            out.append(f"{c['name']}: {c['value']}\n")
+            if c["detail"]:
+                out.append(f"      what to do: {c['detail']}\n")
+        out.rstrip()
+        return out
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        table = self.table()
+        wide = options.update_width(1 << 16)  # the rows' unwrapped width (not clamped)
+        fits = Measurement.get(console, wide, table).maximum <= options.max_width
+        yield table if fits else self.lines()
