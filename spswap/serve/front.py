@@ -272,12 +272,12 @@ def ask(path: Path, request: dict[str, Any], *, timeout_s: float = 600.0) -> dic
 
 
 def openai_hint(path: Path | str) -> str:
-    """How to ask a multi-model job's OpenAI endpoint at ``path`` (``spswap ask`` cannot)."""
-    return ("(a multi-model job, `spswap serve --models`), not a single model's: ask it "
-            "with POST /v1/completions naming the model, e.g. curl --unix-socket "
-            f"{path} http://localhost/v1/completions -H 'content-type: application/json' "
-            "-d '{\"model\": \"NAME\", \"prompt\": [1, 2, 3], \"max_tokens\": 8}' "
-            "(docs/multi.md)")  # fmt: skip
+    """How to ask a multi-model job's OpenAI endpoint at ``path`` (``spswap ask`` cannot):
+    a sentence of its own, the command last."""
+    return ("Ask it with POST /v1/completions naming the model (docs/multi.md), e.g.: "
+            f"curl --unix-socket {path} http://localhost/v1/completions -H "
+            "'content-type: application/json' -d '{\"model\": \"NAME\", \"prompt\": "
+            "[1, 2, 3], \"max_tokens\": 8}'")  # fmt: skip
 
 
 def _not_a_front(path: Path, first_line: bytes) -> str:
@@ -285,7 +285,8 @@ def _not_a_front(path: Path, first_line: bytes) -> str:
     (a multi-model job's OpenAI endpoint answers HTTP)."""
     # (an HTTP server takes a JSON line for an HTTP/0.9 request: its error page comes back)
     if first_line.startswith((b"HTTP/", b"<")):
-        return f"{path} is an OpenAI endpoint {openai_hint(path)}"
+        return (f"{path} is a multi-model job's OpenAI endpoint (spswap serve --models), "
+                f"which spswap ask does not speak. {openai_hint(path)}")  # fmt: skip
     return f"{path} answered something that is not spswap serve's answer: {first_line[:80]!r}"
 
 

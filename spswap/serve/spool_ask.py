@@ -38,9 +38,9 @@ def not_a_spool(state_dir: Path) -> str | None:
     except (OSError, ValueError):
         return None
     socket_path = found.get("socket", "SOCKET") if isinstance(found, dict) else "SOCKET"
-    return (f"{state_dir} is the state directory of a job that serves several models, "
-            f"which has no spool for `spswap ask`; its endpoint {socket_path} "
-            f"{openai_hint(socket_path)}")  # fmt: skip
+    return (f"this job serves several models (spswap serve --models): spswap ask asks a "
+            f"single model's job (its state directory {state_dir} has no spool). Its "
+            f"endpoint is {socket_path}. {openai_hint(socket_path)}")  # fmt: skip
 
 
 def state_dir_of(work_dir: str, job_id: str) -> Path:

@@ -58,7 +58,7 @@ def test_serve_models_socket_tcp_and_stop(tmp_path):
              str(tmp_path / "state"), "--timeout-s", "600"],
             env={**env, "COLUMNS": "400"}, capture_output=True, text=True, timeout=60)  # fmt: skip
         assert asked.returncode == 1, asked.stderr
-        assert "a job that serves several models, which has no spool" in asked.stderr
+        assert "this job serves several models (spswap serve --models)" in asked.stderr
         assert f"curl --unix-socket {sock} http://localhost/v1/completions" in asked.stderr
         key = (tmp_path / "state" / "api_key").read_text().strip()
         body = json.dumps({"model": "m2", "prompt": [5, 6, 7], "max_tokens": 5}).encode()

@@ -212,7 +212,7 @@ def test_ask_at_an_openai_endpoint_says_how_to_ask_it(tmp_path: Path) -> None:
     server = Server(str(path), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        with pytest.raises(SpswapError, match=r"is an OpenAI endpoint .*POST /v1/completions"):
+        with pytest.raises(SpswapError, match=r"is a multi-model job.s OpenAI endpoint .*POST /v1/completions"):
             ask(path, {"prompt_ids": [1, 2, 3], "max_new_tokens": 2}, timeout_s=10)
     finally:
         server.shutdown()
@@ -229,10 +229,10 @@ def test_a_multi_model_jobs_state_directory_is_refused_by_spswap_ask_with_the_wa
     assert not_a_spool(tmp_path) is None
     write_multi_endpoint(tmp_path, Path("/run/x/api.sock"), ["m1", "m2"])
     assert not_a_spool(tmp_path) == (
-        f"{tmp_path} is the state directory of a job that serves several models, which has "
-        "no spool for `spswap ask`; its endpoint /run/x/api.sock (a multi-model job, `spswap "
-        "serve --models`), not a single model's: ask it with POST /v1/completions naming the "
-        "model, e.g. curl --unix-socket /run/x/api.sock http://localhost/v1/completions -H "
+        "this job serves several models (spswap serve --models): spswap ask asks a single "
+        f"model's job (its state directory {tmp_path} has no spool). Its endpoint is "
+        "/run/x/api.sock. Ask it with POST /v1/completions naming the model (docs/multi.md), "
+        "e.g.: curl --unix-socket /run/x/api.sock http://localhost/v1/completions -H "
         '\'content-type: application/json\' -d \'{"model": "NAME", "prompt": [1, 2, 3], '
-        '"max_tokens": 8}\' (docs/multi.md)'
+        '"max_tokens": 8}\''
     )
