@@ -281,7 +281,9 @@ def render_bench_swap(result: dict[str, Any]) -> Table:
         t.add_row(
             m["model"], fmt_bytes(m["weights"]["size_bytes"]), _s(m["cold_start_s"]),
             _s(m["level1"]["total_s"]), _s(m.get("level2_reload", {}).get("total_s")),
-            f"{_s(m['spswap_cycle_median_s'])} (<= {_s(g['bound_s'])})",
+            f"{_s(m['spswap_cycle_median_s'])} (<= {_s(g['bound_s'])})"
+            + (f"; overlapped {_s(m['overlap_cycle_median_s'])}"
+               if "overlap_cycle_median_s" in m else ""),
             f"{m['copy_median_gb_per_s']:.1f}", f"{m['pinned']['gb_per_s']:.1f}",
             _s(m["pool_start"]["start_s"]), f"{speed:.0f}x" if speed else "-",
             ",".join(ok) or "none", "yes" if m["all_identical"] else "NO",

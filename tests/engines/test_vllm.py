@@ -206,6 +206,11 @@ def test_render_bench_swap_shows_every_path() -> None:
     text = out.getvalue()
     for s in ("qwen2-0.5b", "53.1", "54.0", "25x", "bound,95%", "yes", "error: boom"):
         assert s in text, s
+    assert "overlapped" not in text
+    out = io.StringIO()
+    Console(file=out, width=250).print(render_bench_swap(
+        {**result, "models": [{**m, "overlap_cycle_median_s": 0.048}]}))  # fmt: skip
+    assert "60.0 ms (<= 68.0 ms); overlapped 48.0 ms" in out.getvalue(), out.getvalue()
     from spswap.bench.swap import kv_text
     from spswap.units import fmt_bytes
 

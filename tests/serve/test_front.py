@@ -212,7 +212,8 @@ def test_ask_at_an_openai_endpoint_says_how_to_ask_it(tmp_path: Path) -> None:
     server = Server(str(path), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        with pytest.raises(SpswapError, match=r"is a multi-model job.s OpenAI endpoint .*POST /v1/completions"):
+        said = r"is a multi-model job.s OpenAI endpoint .*POST /v1/completions"
+        with pytest.raises(SpswapError, match=said):
             ask(path, {"prompt_ids": [1, 2, 3], "max_new_tokens": 2}, timeout_s=10)
     finally:
         server.shutdown()
