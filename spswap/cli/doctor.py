@@ -46,6 +46,7 @@ def doctor(json: bool = JsonOpt, root: Path | None = RootOpt, strict: bool = Str
         raise typer.Exit(1)
 
 
+MARK_WORDS = {True: "ok", False: "FAIL", None: "warn"}
 MARKS = {True: "[green]ok[/]", False: "[red]FAIL[/]", None: "[yellow]warn[/]"}
 
 
@@ -76,7 +77,7 @@ class FittedReport:
         out = Text(f"spswap doctor: {self.report['node']}\n")
         for c in self.report["checks"]:
             out.append_text(Text.from_markup(MARKS[c["ok"]]))
-            out.append(" " * (6 - len({True: "ok", False: "FAIL", None: "warn"}[c["ok"]])))  # noqa: E501
+            out.append(" " * (6 - len(MARK_WORDS[c["ok"]])))
             out.append(f"{c['name']}: {c['value']}\n")
             if c["detail"]:
                 out.append(f"      what to do: {c['detail']}\n")
