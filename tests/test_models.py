@@ -139,3 +139,24 @@ def test_a_made_model_is_as_readable_as_the_umask_allows(tmp_path: Path) -> None
     assert proc.returncode == 0, proc.stderr
     modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "m").iterdir()}
     assert modes == {"config.json": 0o644, "model.safetensors": 0o644}
+
+
+def test_a_hugging_face_model_without_usable_weights_is_told_before_a_job(tmp_path: Path) -> None:
+    """A walk: `models check --engine vllm` said "ok" for a directory with no weights, a
+    0-byte model.safetensors and a garbage one; the GPU node would have found out."""
+    good = hf_model(tmp_path / "good")
+    check_servable("vllm", good)
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text((good / "config.json").read_text())
+    with pytest.raises(ConfigError, match=r"bad has no weights \(\*\.safetensors\): a Hugging"):
+        check_servable("vllm", bad)
+    (bad / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ConfigError, match="model.safetensors: only 0 bytes, too short"):
+        check_servable("vllm", bad)
+    (bad / "model.safetensors").write_bytes(b"garbage\n")
+    with pytest.raises(ConfigError, match="model.safetensors: not a safetensors file"):
+        check_servable("vllm", bad)
+    (bad / "model.safetensors").unlink()
+    (bad / "pytorch_model.bin").write_bytes(b"x")  # vLLM's to read: present is enough here
+    check_servable("vllm", bad)

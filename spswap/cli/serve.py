@@ -40,6 +40,7 @@ from spswap.serve.run_end import run_end_text
 from spswap.serve.run_watch import fork_instance
 from spswap.serve.runtime import ServeOptions, reference_run
 from spswap.serve.stop_budget import fitted_drain_s
+from spswap.serve.vllm_api import check_user_args
 from spswap.serve.vllm_run import VllmServeOptions, vllm_run
 from spswap.slurm.env import JobEnv
 from spswap.slurm.requeue import requeued_note
@@ -263,8 +264,10 @@ def serve(
     units = units or 4
 
     if engine == "vllm":
+        vllm_words = [*after, *shlex.split(vllm_args or "")]
+        check_user_args(vllm_words)  # the command line first, then the model's files
         check_servable(engine, model)  # before the model goes into the pool
-        _serve_vllm(cfg, job, model, state_dir, [*after, *shlex.split(vllm_args or "")],
+        _serve_vllm(cfg, job, model, state_dir, vllm_words,
                     units=units,
                     slot_timeout_s=slot_timeout_s, requeue=requeue, json_out=json,
                     gpu_memory_utilization=gpu_memory_utilization, kv_cache_gib=kv_cache_gib,

@@ -17,6 +17,8 @@ from spswap.pool.safetensors_format import read_safetensors
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
+# weight files vLLM also loads (PyTorch's): present, they are left to vLLM to read
+HF_OTHER_WEIGHTS = ("*.bin", "*.pt")
 HF_KEYS = ("architectures", "model_type")
 # Keys only a reference model's config.json has together (see ReferenceConfig).
 REFERENCE_MARKS = ("n_layers", "n_heads", "ffn_size")
@@ -78,6 +80,28 @@ def check_vllm(model: Path) -> None:
             "serve it; serve it with the reference engine (leave out --engine vllm), or "
             "give --engine vllm a Hugging Face-style model"
         )
+    _check_hf_weights(model)
+
+
+def _check_hf_weights(model: Path) -> None:
+    """A Hugging Face-style model's weight files are there and each safetensors file's
+    header reads (not its data): a download cut short, an empty or a stray file is told
+    here, not when a GPU node loads it."""
+    files = sorted(Path(model).glob("*.safetensors"))
+    others = [p for pat in HF_OTHER_WEIGHTS for p in Path(model).glob(pat)]
+    if not files and not others:
+        raise ConfigError(
+            f"{model} has no weights (*.safetensors): a Hugging Face-style model is "
+            f"{CONFIG_FILE} + its weight files; download them too (e.g. `huggingface-cli "
+            "download REPO --local-dir DIR`)"
+        )
+    for path in files:
+        try:
+            tensors = read_safetensors(path).tensors
+        except InvalidCheckpoint as e:
+            raise ConfigError(str(e)) from None
+        if not tensors:
+            raise ConfigError(f"{path} holds no tensors: fetch that file again")
 
 
 def check_reference(model: Path) -> None:

@@ -83,9 +83,14 @@ def test_serve_models_socket_tcp_and_stop(tmp_path):
 
 
 def _vllm_model(d):
-    """A Hugging Face-style directory (config.json only: refused before any read)."""
+    """A Hugging Face-style directory (a config and a small weights file: refused before
+    the weights are read)."""
+    import torch
+    from safetensors.torch import save_file
+
     d.mkdir()
     (d / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    save_file({"model.embed_tokens.weight": torch.zeros(4, 2)}, str(d / "model.safetensors"))
     return d
 
 
