@@ -49,3 +49,22 @@ def test_help_read_through_a_pipe_keeps_option_names_whole() -> None:
     assert "serve [OPTIONS] MODEL [-- VLLM_OPTIONS...]" in out  # (python -m spswap.cli)
     for option in ("--gpu-memory-utilization", "--latency-target-s", "--no-exit-when-idle"):
         assert option in out, option
+
+
+def test_help_in_a_narrow_terminal_keeps_option_names_whole() -> None:
+    """A walk at 80 columns (a real terminal): rich's option table cut "--gpu-memory-uti…"
+    and gave the descriptions 17 columns; below 100 columns the plain layout wraps whole."""
+    import os
+
+    for columns in ("80", "60"):
+        out = subprocess.run([sys.executable, "-m", "spswap.cli", "serve", "--help"],
+                             env={**os.environ, "COLUMNS": columns}, capture_output=True,
+                             text=True, check=True).stdout  # fmt: skip
+        for option in ("--gpu-memory-utilization", "--latency-target-s", "--no-exit-when-idle"):
+            assert option in out, (columns, option)
+        assert "…" not in out and "╭" not in out, out
+        assert max(len(line) for line in out.splitlines()) <= int(columns), out
+    wide = subprocess.run([sys.executable, "-m", "spswap.cli", "serve", "--help"],
+                          env={**os.environ, "COLUMNS": "140"}, capture_output=True, text=True,
+                          check=True).stdout  # fmt: skip
+    assert "╭─ Options" in wide  # rich's layout where it fits

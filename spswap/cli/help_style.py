@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -20,6 +21,9 @@ from typer.core import TyperCommand, TyperGroup
 # Help read through a pipe or in a job log (no terminal: rich assumes 80 columns) cut
 # option names short ("--gpu-memory-uti…"); this width fits them.
 PIPED_HELP_COLUMNS = 120
+# Below this width rich's option table cuts names short in a real terminal too (a walk at
+# 80 columns: "--gpu-memory-uti…", a 17-column description); the plain layout wraps whole.
+NARROW_HELP_COLUMNS = 100
 
 
 @contextlib.contextmanager
@@ -65,6 +69,19 @@ class _Tidied:
     def get_help(self, ctx: Any) -> str:
         with _wide_when_piped():
             return str(super().get_help(ctx))  # type: ignore[misc]
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        """Rich's layout where the terminal is wide enough; else click's plain one, whose
+        option names stay whole (typer takes it where no markup mode is set)."""
+        if shutil.get_terminal_size((PIPED_HELP_COLUMNS, 24)).columns >= NARROW_HELP_COLUMNS:
+            super().format_help(ctx, formatter)  # type: ignore[misc]
+            return
+        mode = getattr(self, "rich_markup_mode", None)
+        setattr(self, "rich_markup_mode", None)  # noqa: B010 - typer's attribute, not ours
+        try:
+            super().format_help(ctx, formatter)  # type: ignore[misc]
+        finally:
+            setattr(self, "rich_markup_mode", mode)  # noqa: B010
 
     def get_help_option(self, ctx: Any) -> Any:
         opt = super().get_help_option(ctx)  # type: ignore[misc]
