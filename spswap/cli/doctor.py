@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console, ConsoleOptions, RenderResult
+from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.markup import escape
 from rich.measure import Measurement
 from rich.table import Table
@@ -46,7 +46,6 @@ def doctor(json: bool = JsonOpt, root: Path | None = RootOpt, strict: bool = Str
         raise typer.Exit(1)
 
 
-MARK_WORDS = {True: "ok", False: "FAIL", None: "warn"}
 MARKS = {True: "[green]ok[/]", False: "[red]FAIL[/]", None: "[yellow]warn[/]"}
 
 
@@ -72,17 +71,17 @@ class FittedReport:
                           escape(c["detail"]))  # fmt: skip
         return table
 
-    def lines(self) -> Text:
-        """``MARK  name: value`` a check, and ``      what to do: ...`` under it."""
-        out = Text(f"spswap doctor: {self.report['node']}\n")
+    def lines(self) -> Group:
+        """``MARK  name: value`` a check, ``what to do: ...`` under it; a long line goes on
+        under its own start, not at the margin (it read as a row of its own)."""
+        grid = Table.grid(padding=(0, 1))
+        grid.add_column(no_wrap=True, width=4)
+        grid.add_column(overflow="fold")
         for c in self.report["checks"]:
-            out.append_text(Text.from_markup(MARKS[c["ok"]]))
-            out.append(" " * (6 - len(MARK_WORDS[c["ok"]])))
-            out.append(f"{c['name']}: {c['value']}\n")
+            grid.add_row(Text.from_markup(MARKS[c["ok"]]), Text(f"{c['name']}: {c['value']}"))
             if c["detail"]:
-                out.append(f"      what to do: {c['detail']}\n")
-        out.rstrip()
-        return out
+                grid.add_row("", Text(f"what to do: {c['detail']}"))
+        return Group(Text(f"spswap doctor: {self.report['node']}"), grid)
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         table = self.table()
