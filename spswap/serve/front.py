@@ -17,6 +17,7 @@ import stat
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -271,12 +272,15 @@ def ask(path: Path, request: dict[str, Any], *, timeout_s: float = 600.0) -> dic
         sock.close()
 
 
-def openai_hint(path: Path | str) -> str:
+def openai_hint(path: Path | str, models: Sequence[str] = ()) -> str:
     """How to ask a multi-model job's OpenAI endpoint at ``path`` (``spswap ask`` cannot):
-    a sentence of its own, the command last."""
-    return ("Ask it with POST /v1/completions naming the model (docs/multi.md), e.g.: "
-            f"curl --unix-socket {path} http://localhost/v1/completions -H "
-            "'content-type: application/json' -d '{\"model\": \"NAME\", \"prompt\": "
+    a sentence of its own, the command last, naming the first of ``models`` (the job's,
+    where known)."""
+    which = f" (its models: {', '.join(models)})" if models else ""
+    name = models[0] if models else "NAME"
+    return (f"Ask it with POST /v1/completions naming the model{which} (docs/multi.md), "
+            f"e.g.: curl --unix-socket {path} http://localhost/v1/completions -H "
+            f"'content-type: application/json' -d '{{\"model\": \"{name}\", \"prompt\": "
             "[1, 2, 3], \"max_tokens\": 8}'")  # fmt: skip
 
 

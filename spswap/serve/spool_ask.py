@@ -37,10 +37,13 @@ def not_a_spool(state_dir: Path) -> str | None:
         found = json.loads((state_dir / MULTI_ENDPOINT_FILE).read_text())
     except (OSError, ValueError):
         return None
-    socket_path = found.get("socket", "SOCKET") if isinstance(found, dict) else "SOCKET"
-    return (f"this job serves several models (spswap serve --models): spswap ask asks a "
-            f"single model's job (its state directory {state_dir} has no spool). Its "
-            f"endpoint is {socket_path}. {openai_hint(socket_path)}")  # fmt: skip
+    found = found if isinstance(found, dict) else {}
+    socket_path = found.get("socket", "SOCKET")
+    models = [str(m) for m in found.get("models") or [] if isinstance(m, str)]
+    return (f"this job serves several models (spswap serve --models) and spswap ask asks "
+            f"a single model's job (its state directory {state_dir} has no request queue "
+            f"for it). Its endpoint is {socket_path}. "
+            f"{openai_hint(socket_path, models)}")  # fmt: skip
 
 
 def state_dir_of(work_dir: str, job_id: str) -> Path:

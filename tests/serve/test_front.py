@@ -230,10 +230,10 @@ def test_a_multi_model_jobs_state_directory_is_refused_by_spswap_ask_with_the_wa
     assert not_a_spool(tmp_path) is None
     write_multi_endpoint(tmp_path, Path("/run/x/api.sock"), ["m1", "m2"])
     assert not_a_spool(tmp_path) == (
-        "this job serves several models (spswap serve --models): spswap ask asks a single "
-        f"model's job (its state directory {tmp_path} has no spool). Its endpoint is "
-        "/run/x/api.sock. Ask it with POST /v1/completions naming the model (docs/multi.md), "
-        "e.g.: curl --unix-socket /run/x/api.sock http://localhost/v1/completions -H "
-        '\'content-type: application/json\' -d \'{"model": "NAME", "prompt": [1, 2, 3], '
-        '"max_tokens": 8}\''
+        "this job serves several models (spswap serve --models) and spswap ask asks a single "
+        f"model's job (its state directory {tmp_path} has no request queue for it). Its "
+        "endpoint is /run/x/api.sock. Ask it with POST /v1/completions naming the model (its "
+        "models: m1, m2) (docs/multi.md), e.g.: curl --unix-socket /run/x/api.sock "
+        "http://localhost/v1/completions -H 'content-type: application/json' -d "
+        '\'{"model": "m1", "prompt": [1, 2, 3], "max_tokens": 8}\''
     )
