@@ -40,13 +40,14 @@ class DropToFit:
     mid-token ("checkpoin" / "t", an id over two lines)."""
 
     def __init__(self, title: str, columns: Sequence[str], rows: Sequence[Sequence[object]],
-                 droppable: Sequence[str], left_out_note: str) -> None:  # fmt: skip
+                 droppable: Sequence[str], left_out_note: str,
+                 caption: str = "") -> None:  # fmt: skip
         self.title, self.columns, self.rows = title, list(columns), rows
-        self.droppable, self.left_out_note = droppable, left_out_note
+        self.droppable, self.left_out_note, self.caption = droppable, left_out_note, caption
 
     def build(self, columns: Sequence[str]) -> Table:
         """The table with ``columns`` only (plain cells, folded where they must)."""
-        t = Table(title=self.title)
+        t = Table(title=self.title, caption=self.caption or None)
         for col in columns:
             t.add_column(col, overflow="fold")
         keep = [self.columns.index(c) for c in columns]
@@ -65,5 +66,6 @@ class DropToFit:
             table = self.build(columns)
         left = [c for c in self.columns if c not in columns]
         if left:
-            table.caption = f"{', '.join(left)}: {self.left_out_note}"
+            note = f"{', '.join(left)}: {self.left_out_note}"
+            table.caption = f"{self.caption}\n{note}" if self.caption else note
         yield table

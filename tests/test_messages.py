@@ -200,6 +200,11 @@ def test_images_ls_says_what_images_hold_of_their_budget(tmp_path: Path) -> None
     assert "3.0 MiB of the images' budget 1.0 GiB (SPSWAP_IMAGES_BYTES); one user's up to " \
         "256.0 MiB (SPSWAP_IMAGES_USER_BYTES)" in " ".join(r.stdout.split()), r.stdout  # fmt: skip
     assert "on disk" in r.stdout  # (`images show` gives the dumped bytes, a little less)
+    assert "left out" not in r.stdout
+    # a walk at 80 columns: "multi-referenc" / "e"; columns go instead, named under it
+    r = CliRunner().invoke(app, ["images", "ls", "--root", str(root)], env={**env, "COLUMNS": "60"})
+    assert "uid: left out at this width (--json has them)" in " ".join(r.stdout.split())
+    assert "256.0 MiB (SPSWAP_IMAGES_USER_BYTES)" in " ".join(r.stdout.split()), r.stdout
     r = CliRunner().invoke(app, ["images", "ls", "--json", "--root", str(root)], env=env)
     listed = json.loads(r.stdout)  # an object, as every other --json listing
     assert listed["used_bytes"] == listed["images"][0]["size_bytes"] >= 3 << 20  # + meta

@@ -27,7 +27,7 @@ from spswap.errors import (
     SpswapError,
 )
 from spswap.fsutil import dir_size_bytes, read_json
-from spswap.plain import plain_row
+from spswap.plain import DropToFit, plain_row
 from spswap.pool.store import Pool
 from spswap.status import checkpoint_state_text
 from spswap.units import fmt_bytes
@@ -111,23 +111,27 @@ def ls(json: bool = JsonOpt, root: Path | None = RootOpt) -> None:
                       "up; `spswap status` shows where each job's checkpoint stands)",
                       markup=False)  # fmt: skip
         return
-    t = Table(title=f"checkpoint images in {cfg.paths.images}",
-              caption=f"{fmt_bytes(sum(i['size_bytes'] for i in images))} of the images' "
-              f"budget {fmt_bytes(limits.total_bytes)} (SPSWAP_IMAGES_BYTES); one user's "
-              f"up to {fmt_bytes(limits.user_bytes)} (SPSWAP_IMAGES_USER_BYTES)")  # fmt: skip
-    for col in ("job", "state", "on disk", "engine", "model", "uid", "age"):
-        t.add_column(col, overflow="fold")  # a narrow terminal folds values, never cuts them
+    caption = (f"{fmt_bytes(sum(i['size_bytes'] for i in images))} of the images' budget "
+               f"{fmt_bytes(limits.total_bytes)} (SPSWAP_IMAGES_BYTES); one user's up to "
+               f"{fmt_bytes(limits.user_bytes)} (SPSWAP_IMAGES_USER_BYTES)")  # fmt: skip
     now = time.time()
+    rows = []
     for i in images:
         ident = i["identity"]
         age = f"{(now - i['created']) / 60:.0f} min" if i["created"] else "?"
         digest = str(ident.get("model_digest", "?"))
-        plain_row(t, i["job_id"], checkpoint_state_text(i["state"], i["kept"]),
-                  fmt_bytes(i["size_bytes"]), str(ident.get("engine", "?")),
-                  i["model"] or digest[:12], str(ident.get("uid", "?")), age)  # fmt: skip
-    console.print(t)
+        rows.append([i["job_id"], checkpoint_state_text(i["state"], i["kept"]),
+                     fmt_bytes(i["size_bytes"]), str(ident.get("engine", "?")),
+                     i["model"] or digest[:12], str(ident.get("uid", "?")), age])  # fmt: skip
+    # a narrow terminal: columns left out (named under it) rather than words broken
+    console.print(DropToFit(f"checkpoint images in {cfg.paths.images}", IMAGE_COLUMNS, rows,
+                            droppable=("uid", "age", "engine"), caption=caption,
+                            left_out_note="left out at this width (--json has them)"))  # fmt: skip
     for line in refused_lines(images):
         console.print(line, markup=False)
+
+
+IMAGE_COLUMNS = ("job", "state", "on disk", "engine", "model", "uid", "age")
 
 
 def image_model_name(digest: str, names: dict[str, str]) -> str | None:
