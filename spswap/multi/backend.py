@@ -149,9 +149,13 @@ class MultiBackend:
         self.api = ApiServer(self.router, self.opts.socket_path)
         self.api.start()
         write_multi_endpoint(self.state_dir, self.opts.socket_path, list(self.router.specs))
+        awake = self.router.placement.awake()
+        asleep = [n for n in self.router.specs if n not in awake]
+        # which are awake now: a model "up from the pool" a line earlier may sleep already
         self.log(f"spswap serve: serving {len(self.router.specs)} models on "
-                 f"{self.opts.socket_path} "
-                 f"({self.router.placement.slots} awake at once)")  # fmt: skip
+                 f"{self.opts.socket_path} ({self.router.placement.slots} awake at once; "
+                 f"awake: {', '.join(awake) or 'none'}"
+                 + (f"; asleep until asked: {', '.join(asleep)})" if asleep else ")"))  # fmt: skip
         if self.opts.port is not None:
             key = new_key(self.state_dir / "api_key")
             self.front = HttpFront(self.opts.socket_path, key, self.opts.host, self.opts.port)

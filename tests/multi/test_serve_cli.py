@@ -51,6 +51,9 @@ def test_serve_models_socket_tcp_and_stop(tmp_path):
             ("m1", "awake"),
             ("m2", "asleep"),
         ]
+        # a walk read "m2 up from the pool" and found it asleep: the serving line says so
+        said = f"serving 3 models on {sock} (2 awake at once; awake: m0, m1; asleep until "
+        assert any(said + "asked: m2)" in line for line in seen), "".join(seen)
         assert (sock.stat().st_mode & 0o777) == 0o600
         # `spswap ask` has no spool to use here: it says so at once, with the way that works
         asked = subprocess.run(
