@@ -244,7 +244,13 @@ def _driver() -> dict[str, Any]:
     except OSError:
         version = None
     if version is None:
-        return check("NVIDIA driver", None, "none", "no NVIDIA driver: CPU-only node")
+        return check(
+            "NVIDIA driver",
+            None,
+            "none",
+            "nothing on a CPU-only node; on a GPU "
+            "node, install the NVIDIA driver (its /proc/driver/nvidia is missing)",
+        )
     major = driver_major(version)
     if major >= DRIVER_REMAP:
         return check("NVIDIA driver", True, version)
