@@ -69,6 +69,14 @@ def emit(result: Any, as_json: bool, render: Callable[[Any], Any]) -> None:
         console.print(render(result))
 
 
+class UsageProblem(typer.BadParameter):
+    """A usage error about a command line's words, said as it is ("no such option: --unit
+    ..."), not as a bad value ("Invalid value: ...": no value was given)."""
+
+    def format_message(self) -> str:
+        return self.message
+
+
 def nonempty_path(text: str) -> Path:
     """A path option's value; an empty one (``--state-dir "$STATE"`` with STATE unset) is
     refused rather than taken as the current directory."""

@@ -13,6 +13,7 @@ import typer
 
 from spswap.cli.common import (
     RootOpt,
+    UsageProblem,
     checked_model_dir,
     emit_json,
     err_console,
@@ -217,7 +218,7 @@ def serve(
     options = [o for p in ctx.command.params for o in p.opts if o.startswith("--")]
     if (problem := words_problem(str(model), before, after, many=models, engine=engine,
                                  options=options)) is not None:  # fmt: skip
-        raise typer.BadParameter(problem)
+        raise UsageProblem(problem)
     # the first of --models too: one message for a wrong path wherever it stands
     model = checked_model_dir(model, many=models)
     cfg = load_config(root)
