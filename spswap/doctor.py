@@ -248,8 +248,8 @@ def _driver() -> dict[str, Any]:
             "NVIDIA driver",
             None,
             "none",
-            "nothing on a CPU-only node; on a GPU "
-            "node, install the NVIDIA driver (its /proc/driver/nvidia is missing)",
+            "nothing on a CPU-only node; on a GPU node, install the NVIDIA driver (no "
+            "/proc/driver/nvidia/version here)",
         )
     major = driver_major(version)
     if major >= DRIVER_REMAP:
