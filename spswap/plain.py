@@ -33,6 +33,13 @@ class TitleOnOneLine:
         yield self.table
 
 
+def fits_unwrapped(console: Console, options: ConsoleOptions, table: Table) -> bool:
+    """Whether ``table``'s rows fit the terminal without wrapping a cell (its unclamped
+    widest width within ``options.max_width``)."""
+    wide = options.update_width(1 << 16)
+    return Measurement.get(console, wide, table).maximum <= options.max_width
+
+
 class DropToFit:
     """A table built at render time, leaving out its least needed columns (``droppable``,
     the first to go first) while its rows would not fit the terminal unwrapped; the
@@ -58,9 +65,8 @@ class DropToFit:
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         columns = list(self.columns)
         table = self.build(columns)
-        wide = options.update_width(1 << 16)  # the rows' unwrapped width (not clamped)
         for name in self.droppable:
-            if Measurement.get(console, wide, table).maximum <= options.max_width:
+            if fits_unwrapped(console, options, table):
                 break
             columns.remove(name)
             table = self.build(columns)

@@ -8,12 +8,12 @@ from typing import Any
 import typer
 from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.markup import escape
-from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
 from spswap.cli.common import JsonOpt, RootOpt, emit, err_console, load_config
 from spswap.doctor import collect, failed_required
+from spswap.plain import fits_unwrapped
 
 StrictOpt = typer.Option(
     False, "--strict", help="Exit with status 1 when a required check fails (for CI and prologs)."
@@ -85,6 +85,4 @@ class FittedReport:
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         table = self.table()
-        wide = options.update_width(1 << 16)  # the rows' unwrapped width (not clamped)
-        fits = Measurement.get(console, wide, table).maximum <= options.max_width
-        yield table if fits else self.lines()
+        yield table if fits_unwrapped(console, options, table) else self.lines()
