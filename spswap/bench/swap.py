@@ -122,12 +122,10 @@ def bench_model(
     model_dir: Path, pool: Pool, settings: VllmSettings, *, cycles: int = 3,
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, prompts: list[list[int]] | None = None,
     log: Callable[[str], None] = lambda s: None, keep_entry: bool = False,
-    into: dict[str, Any] | None = None, overlap: bool = False,
+    into: dict[str, Any] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Every swap path for one model directory; see the module docstring. Results
-    accumulate in ``into`` (when given) so a failure part-way keeps what was measured.
-    ``overlap``: each spswap cycle is followed by one with the overlapped wake
-    (:mod:`spswap.engines.vllm_overlap`), in ``overlap_cycles``: the two side by side."""
+    accumulate in ``into`` (when given) so a failure part-way keeps what was measured."""
     model_dir = Path(model_dir)
     config = json.loads((model_dir / "config.json").read_text())
     prompts = prompts or default_prompts(int(config.get("vocab_size", 32000)))
@@ -171,21 +169,11 @@ def bench_model(
         r["export"] = {"seconds": time.perf_counter() - start, "digest": manifest.digest,
                        "size_bytes": manifest.data_size_bytes}  # fmt: skip
         r["attach"] = eng.attach(pool, manifest.digest)
-        r["spswap_cycles"], r["overlap_cycles"] = [], []
+        r["spswap_cycles"] = []
         for i in range(cycles):
             r["spswap_cycles"].append(_spswap_cycle(eng))
             check(f"after_spswap_cycle_{i + 1}", eng)
-            if overlap:
-                eng.overlap_wake = True
-                try:
-                    r["overlap_cycles"].append(_spswap_cycle(eng))
-                finally:
-                    eng.overlap_wake = False
-                check(f"after_overlap_cycle_{i + 1}", eng)
-        log(
-            f"{model_dir.name}: spswap cycles {[c['total_s'] for c in r['spswap_cycles']]}"
-            + (f", overlapped {[c['total_s'] for c in r['overlap_cycles']]}" if overlap else "")
-        )
+        log(f"{model_dir.name}: spswap cycles {[c['total_s'] for c in r['spswap_cycles']]}")
     finally:
         eng.close()
     eng = VllmEngine(model_dir, settings)
@@ -208,8 +196,6 @@ def bench_model(
     cycle_s = statistics.median(c["total_s"] for c in r["spswap_cycles"])
     copy_rate = statistics.median(c["copy"]["gb_per_s"] for c in r["spswap_cycles"])
     r["spswap_cycle_median_s"] = cycle_s
-    if r["overlap_cycles"]:
-        r["overlap_cycle_median_s"] = statistics.median(c["total_s"] for c in r["overlap_cycles"])
     r["copy_median_gb_per_s"] = copy_rate
     l2 = r.get("level2_reload", {}).get("total_s")
     r["goals"] = goals(size, cycle_s, l2, copy_rate, r["pinned"]["gb_per_s"])
@@ -220,7 +206,7 @@ def bench_swap(
     model_dirs: list[Path], *, pool_dir: Path, settings: VllmSettings | None = None,
     cycles: int = 3, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
     log: Callable[[str], None] = lambda s: None,
-    after_model: Callable[[dict[str, Any]], None] = lambda r: None, overlap: bool = False,
+    after_model: Callable[[dict[str, Any]], None] = lambda r: None,
 ) -> dict[str, Any]:  # fmt: skip
     """:func:`bench_model` for each directory, with the run's machine and versions;
     ``after_model`` gets the result so far after each model (a run cut short by a time
@@ -233,12 +219,12 @@ def bench_swap(
         "host": platform.node(), "python": platform.python_version(),
         "torch": torch.__version__, "vllm": vllm_version(),
         "settings": settings.to_json(), "cycles": cycles, "max_new_tokens": max_new_tokens,
-        "pool_dir": str(pool_dir), "overlap": overlap, "models": [],
+        "pool_dir": str(pool_dir), "models": [],
     }  # fmt: skip
     for d in model_dirs:
         partial: dict[str, Any] = {}
         try:
-            bench_model(Path(d), pool, settings, cycles=cycles, overlap=overlap,
+            bench_model(Path(d), pool, settings, cycles=cycles,
                         max_new_tokens=max_new_tokens, log=log, into=partial)  # fmt: skip
         except Exception as e:
             partial.setdefault("model", Path(d).name)
@@ -281,9 +267,7 @@ def render_bench_swap(result: dict[str, Any]) -> Table:
         t.add_row(
             m["model"], fmt_bytes(m["weights"]["size_bytes"]), _s(m["cold_start_s"]),
             _s(m["level1"]["total_s"]), _s(m.get("level2_reload", {}).get("total_s")),
-            f"{_s(m['spswap_cycle_median_s'])} (<= {_s(g['bound_s'])})"
-            + (f"; overlapped {_s(m['overlap_cycle_median_s'])}"
-               if "overlap_cycle_median_s" in m else ""),
+            f"{_s(m['spswap_cycle_median_s'])} (<= {_s(g['bound_s'])})",
             f"{m['copy_median_gb_per_s']:.1f}", f"{m['pinned']['gb_per_s']:.1f}",
             _s(m["pool_start"]["start_s"]), f"{speed:.0f}x" if speed else "-",
             ",".join(ok) or "none", "yes" if m["all_identical"] else "NO",
@@ -314,9 +298,6 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="the KV cache's size (default: what --gpu-memory-utilization leaves)",
     )
-    ap.add_argument("--overlap", action="store_true",
-                    help="after each spswap cycle, one with the overlapped wake (the weights "
-                         "mapped as the copy fills them): overlap_cycles in the JSON")  # fmt: skip
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     ap.add_argument("--out", type=Path, help="also write the JSON result here")
     args = ap.parse_args(argv)  # fmt: skip
@@ -329,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     result = bench_swap(
         args.models, pool_dir=args.pool_dir, settings=settings, cycles=args.cycles,
         max_new_tokens=args.max_new_tokens, log=lambda s: print(s, file=sys.stderr, flush=True),
-        after_model=save, overlap=args.overlap,
+        after_model=save,
     )  # fmt: skip
     if args.json:
         print(json.dumps(result, indent=1))

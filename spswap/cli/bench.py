@@ -118,12 +118,6 @@ def swap(
         "--gpu-memory-utilization leaves). Every swap path hands it back to the driver "
         "and gets it again, so it is part of every figure.",
     ),
-    overlap: bool = typer.Option(
-        False,
-        "--overlap",
-        help="After each spswap cycle, one whose wake maps the weights' memory as the copy "
-        "fills it (overlap_cycles in --json; the two side by side).",
-    ),
     json: bool = JsonOpt,
 ) -> None:
     """vLLM swap paths side by side on the same model and settings (needs a GPU and vLLM):
@@ -138,8 +132,7 @@ def swap(
         raise ConfigError("bench swap needs vLLM and a CUDA GPU; pip install 'spswap[vllm]'")
     result = bench_swap(list(models), pool_dir=pool_dir, cycles=cycles,
                         settings=bench_settings(gpu_memory_utilization, kv_cache_gib),
-                        log=lambda s: console.print(s, markup=False, soft_wrap=True),
-                        overlap=overlap)  # fmt: skip
+                        log=lambda s: console.print(s, markup=False, soft_wrap=True))  # fmt: skip
     emit(result, json, render_bench_swap)
 
 

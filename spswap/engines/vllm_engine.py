@@ -171,7 +171,6 @@ class VllmEngine:
         self._llm: Any = None
         self._attached: dict[str, Any] | None = None
         self._slept_at: float | None = None  # monotonic time of the last level-2 sleep
-        self.overlap_wake = False  # wake with the weights mapped as they are copied
         self._source = ""
 
     # -- building -----------------------------------------------------------------------
@@ -256,7 +255,7 @@ class VllmEngine:
         self._loaded()
         with self.instance.step(Primitive.WAKE):
             t = wake(self, prefix_caching=self.settings.enable_prefix_caching,
-                     slept_at=self._slept_at, overlap=self.overlap_wake)  # fmt: skip
+                     slept_at=self._slept_at)  # fmt: skip
         self.last_wake = t
         return transfer_report(t.copy)
 

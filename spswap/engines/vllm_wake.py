@@ -50,25 +50,20 @@ class WakeTimes:
         return self.wake_weights_s + self.copy_s + self.wake_kv_s + self.reset_prefix_s
 
 
-def wake(ops: WakeOps, *, prefix_caching: bool, slept_at: float | None,
-         overlap: bool = False) -> WakeTimes:  # fmt: skip
+def wake(ops: WakeOps, *, prefix_caching: bool, slept_at: float | None) -> WakeTimes:
     """Wake a level-2-asleep vLLM through ``ops`` (see the module doc). ``slept_at``: the
     ``time.monotonic()`` of its sleep (the worker picks how to pull the weights by how long
-    the pages have been left alone), None when unknown. ``overlap``: the worker maps the
-    weights' memory as the copy fills it, then one ``wake_up(["weights", "kv_cache"])``
-    does the rest of vLLM's wake (:mod:`spswap.engines.vllm_overlap`): two calls, the
-    mapping off the copy's path; :attr:`WakeTimes.wake_weights_s` stays 0."""
+    the pages have been left alone), None when unknown."""
     t = WakeTimes()
-    if not overlap:
-        s = time.perf_counter()
-        ops.wake_up(["weights"])
-        t.wake_weights_s = time.perf_counter() - s
+    s = time.perf_counter()
+    ops.wake_up(["weights"])
+    t.wake_weights_s = time.perf_counter() - s
     s = time.perf_counter()
     since = None if slept_at is None else time.monotonic() - slept_at
-    t.copy = ops.rpc("spswap_copy", None, since, overlap)  # the worker picks the pull
+    t.copy = ops.rpc("spswap_copy", None, since)  # the worker picks the pull
     t.copy_s = time.perf_counter() - s
     s = time.perf_counter()
-    ops.wake_up(["weights", "kv_cache"] if overlap else ["kv_cache"])
+    ops.wake_up(["kv_cache"])
     t.wake_kv_s = time.perf_counter() - s
     if prefix_caching:
         # vLLM clears the prefix cache when it sleeps, and the weights are back before

@@ -146,9 +146,8 @@ class SpswapWorkerExtension(SpswapProbes):
         }  # fmt: skip
 
     def spswap_copy(
-        self, pull: float | None = None, since_sleep_s: float | None = None,
-        overlap: bool = False,
-    ) -> dict[str, Any]:  # fmt: skip
+        self, pull: float | None = None, since_sleep_s: float | None = None
+    ) -> dict[str, Any]:
         """Copy the attached entry into the weights (async copies on a dedicated stream);
         returns the TransferReport as a dict, with the ``pull`` share used and the
         ``released_bytes`` it was chosen for. Call after ``wake_up(tags=["weights"])``.
@@ -157,10 +156,7 @@ class SpswapWorkerExtension(SpswapProbes):
         since this process's level-2 sleep; None: it never slept), the bytes that
         sleep handed back to the driver, the copy's own size and this GPU's pull rate.
         ``worker_s``: the call's whole time in the worker (the copy's ``seconds`` plus
-        looking up the weights and checking the entry). ``overlap``: call it instead
-        while the weights still sleep: their memory is mapped as the copy fills it
-        (:mod:`spswap.engines.vllm_overlap`); then ``wake_up(tags=["weights",
-        "kv_cache"])``."""
+        looking up the weights and checking the entry)."""
         entered = time.perf_counter()
         mapping: MappedEntry | None = getattr(self, "_spswap_mapping", None)
         if mapping is None:
@@ -175,15 +171,10 @@ class SpswapWorkerExtension(SpswapProbes):
             gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else ""
             rate = pull_bytes_per_s(gpu)
             pull = pull_share(since_sleep_s, released, mapping.size_bytes, rate)
-        weights = weight_tensors(self._spswap_model())
-        if overlap:
-            from spswap.engines.vllm_overlap import wake_weights_copying
-
-            report = wake_weights_copying(self, mapping, weights, pull)
-        else:
-            report = copy_into(mapping, weights, staging_bytes=STAGING_BYTES, pull=pull)
+        report = copy_into(mapping, weight_tensors(self._spswap_model()),
+                           staging_bytes=STAGING_BYTES, pull=pull)  # fmt: skip
         return {**report.to_json(), "pull": pull, "released_bytes": released,
-                "overlap": overlap, "worker_s": time.perf_counter() - entered}  # fmt: skip
+                "worker_s": time.perf_counter() - entered}  # fmt: skip
 
     def _spswap_sleep_pool_bytes(self) -> int | None:
         """Bytes in vLLM's sleep-mode pool (weights and KV cache): what a level-2 sleep

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -20,7 +20,6 @@ import torch
 from spswap.errors import TransferError
 from spswap.pool.manifest import Manifest
 from spswap.transfer.dtypes import to_safetensors
-from spswap.transfer.map_order import Slice
 from spswap.transfer.mapping import MappedEntry
 
 MAX_LISTED_MISMATCHES = 5
@@ -106,7 +105,6 @@ def copy_into(
     staging_bytes: int | None = None,
     staging_buffers: Sequence[torch.Tensor] | None = None,
     pull: float = 0.0,
-    before_scatter: Callable[[int], None] | None = None,
 ) -> TransferReport:
     """Copy every tensor of ``mapping`` into the same-named tensor of ``params``.
 
@@ -126,10 +124,6 @@ def copy_into(
     that the GPU's own cores read from the registered mapping through its device address
     (kernels doing loads over PCIe) while the copy engines move the rest, both at once;
     see :func:`_copy_pulled`. Needs a registered mapping; on CPU it is the plain copy.
-
-    ``before_scatter(i)``: with ``staging_bytes``, called before piece ``i`` of
-    :func:`staging_plan` is scattered into the parameters, while earlier pieces are in
-    flight (the overlapped wake maps the weights' memory there); its time is the copy's.
     """
     check_compatible(mapping.manifest, params)
     device = _device_of(params)
@@ -151,8 +145,7 @@ def copy_into(
                 if pull > 0 and mapping.registered:
                     _copy_split(mapping, params, device, pull)
                 elif staging_bytes:
-                    _copy_staged(mapping, params, device, staging_bytes, staging_buffers,
-                                 before_scatter)  # fmt: skip
+                    _copy_staged(mapping, params, device, staging_bytes, staging_buffers)
                 else:
                     for name, src in sources.items():
                         params[name].copy_(src, non_blocking=True)
@@ -164,8 +157,7 @@ def copy_into(
         start = time.perf_counter()
         with torch.no_grad():
             if staging_bytes:
-                _copy_staged(mapping, params, device, staging_bytes, staging_buffers,
-                             before_scatter)  # fmt: skip
+                _copy_staged(mapping, params, device, staging_bytes, staging_buffers)
             else:
                 for name, src in sources.items():
                     params[name].copy_(src)
@@ -220,14 +212,6 @@ def staging_plan(manifest: Manifest, piece_bytes: int, buffers: int = 2) -> list
     return pieces
 
 
-def scatter_slices(manifest: Manifest, piece_bytes: int) -> list[list[Slice]]:
-    """What each piece of :func:`staging_plan` writes into the parameters, in copy order:
-    the pieces :func:`copy_into` calls ``before_scatter`` with, for
-    :func:`spswap.transfer.map_order.allocations_by_piece`."""
-    return [[Slice(name, t_off, n) for name, t_off, _b_off, n in p.slices]
-            for p in staging_plan(manifest, piece_bytes)]  # fmt: skip
-
-
 def _flat_bytes(t: torch.Tensor) -> torch.Tensor | None:
     """``t``'s bytes as a flat uint8 view, or None when its memory is not one block."""
     if not t.is_contiguous():
@@ -243,7 +227,6 @@ def _same_device(a: torch.device, b: torch.device) -> bool:
 def _copy_staged(
     mapping: MappedEntry, params: Mapping[str, torch.Tensor], device: torch.device,
     staging_bytes: int, buffers: Sequence[torch.Tensor] | None = None,
-    before_scatter: Callable[[int], None] | None = None,
 ) -> None:  # fmt: skip
     """Host -> staging buffer (one large copy per piece) -> parameters (device copies),
     with two buffers: on CUDA the host copy of piece k+1 (current stream) runs while
@@ -288,8 +271,6 @@ def _copy_staged(
             if cuda:
                 filled[piece.buffer].record(h2d)
                 scatter.wait_event(filled[piece.buffer])  # type: ignore[union-attr]
-            if before_scatter is not None:
-                before_scatter(i)
             with torch.cuda.stream(scatter) if cuda else contextlib.nullcontext():
                 for name, t_off, b_off, n in piece.slices:
                     flat = flat_of(name)

@@ -206,11 +206,6 @@ def test_render_bench_swap_shows_every_path() -> None:
     text = out.getvalue()
     for s in ("qwen2-0.5b", "53.1", "54.0", "25x", "bound,95%", "yes", "error: boom"):
         assert s in text, s
-    assert "overlapped" not in text
-    out = io.StringIO()
-    Console(file=out, width=250).print(render_bench_swap(
-        {**result, "models": [{**m, "overlap_cycle_median_s": 0.048}]}))  # fmt: skip
-    assert "60.0 ms (<= 68.0 ms); overlapped 48.0 ms" in out.getvalue(), out.getvalue()
     from spswap.bench.swap import kv_text
     from spswap.units import fmt_bytes
 
@@ -395,32 +390,6 @@ def test_sleep_wake_cycles_give_the_cold_outputs(cold: Any) -> None:
         assert report.registered and report.size_bytes == cold.manifest.tensor_bytes
         assert eng.generate(PROMPTS, NEW_TOKENS) == cold.reference
     print(f"last wake: {eng.last_wake}", file=sys.stderr)
-
-
-@_apply
-def test_overlapped_wake_gives_the_cold_outputs_and_leaves_vllm_s_bookkeeping_whole(
-    cold: Any,
-) -> None:
-    # the weights mapped as the copy fills them, then one wake_up(["weights", "kv_cache"]);
-    # alternated with the plain wake: each later sleep must really free the memory (vLLM
-    # skips a sleep it believes already done) and each wake give the cold answers
-    import torch
-
-    eng = cold.engine
-    for overlap in (True, False, True):
-        eng.overlap_wake = overlap
-        try:
-            eng.sleep()
-            asleep_free = torch.cuda.mem_get_info()[0]
-            report = eng.wake()
-        finally:
-            eng.overlap_wake = False
-        assert asleep_free - torch.cuda.mem_get_info()[0] >= cold.manifest.tensor_bytes
-        assert report.registered and report.size_bytes == cold.manifest.tensor_bytes
-        assert eng.last_wake is not None and eng.last_wake.copy["overlap"] is overlap
-        assert (eng.last_wake.wake_weights_s == 0) is overlap
-        assert eng.generate(PROMPTS, NEW_TOKENS) == cold.reference
-    print(f"last overlapped wake: {eng.last_wake}", file=sys.stderr)
 
 
 @_apply

@@ -10,13 +10,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from spswap.errors import TransferError  # noqa: E402
-from spswap.transfer.copy import (  # noqa: E402
-    check_compatible,
-    copy_into,
-    mismatches,
-    scatter_slices,
-)
-from spswap.transfer.map_order import Allocation, allocations_by_piece  # noqa: E402
+from spswap.transfer.copy import check_compatible, copy_into, mismatches  # noqa: E402
 from spswap.transfer.mapping import MappedEntry  # noqa: E402
 
 from .conftest import write_entry  # noqa: E402
@@ -328,41 +322,3 @@ def test_views_outlive_a_closed_or_dropped_mapping(pool) -> None:
     mapping.close()
     assert mapping.closed
     assert torch.equal(dropped, src["t"]) and torch.equal(kept, src["t"])
-
-
-@pytest.mark.parametrize("staging_bytes", [4096, 8192])
-def test_before_scatter_maps_each_piece_s_memory_before_it_is_written(
-    pool, staging_bytes: int
-) -> None:
-    # The overlapped wake's order on CPU: the parameters are views into one block cut into
-    # 4 KiB "allocations" filled with a sentinel; before_scatter(i) "maps" piece i's
-    # allocations (allocations_by_piece). No byte may land in one not yet mapped, and all
-    # are mapped by the end.
-    src = _source()
-    m = write_entry(pool, "m", src)
-    block = torch.full((64 << 10,), 0xAB, dtype=torch.uint8)
-    dst, at = {}, 0
-    for name, t in src.items():
-        n = t.numel() * t.element_size()
-        dst[name] = block[at : at + n].view(t.dtype).view(t.shape)
-        at += -(-n // 512) * 512  # tensors packed closely: several in one allocation
-    allocs = [Allocation(block.data_ptr() + off, 4096) for off in range(0, at, 4096)]
-    ptrs = {name: t.data_ptr() for name, t in dst.items()}
-    groups = allocations_by_piece(scatter_slices(m, staging_bytes), ptrs, allocs)
-    mapped: list[Allocation] = []
-    calls: list[int] = []
-
-    def before_scatter(i: int) -> None:
-        calls.append(i)
-        for a in allocs:
-            if a not in mapped:
-                off = a.ptr - block.data_ptr()
-                assert bool((block[off : off + a.size_bytes] == 0xAB).all()), (i, a)
-        mapped.extend(groups[i])
-
-    with MappedEntry(m, pool.data_path(m)) as mapping:
-        copy_into(mapping, dst, staging_bytes=staging_bytes, before_scatter=before_scatter)
-    assert calls == list(range(len(groups))) and len(groups) > 2
-    assert sorted(mapped, key=lambda a: a.ptr) == allocs
-    for name, t in src.items():
-        assert torch.equal(dst[name], t), name
