@@ -20,6 +20,8 @@
 #             each huge= in turn, alternating, instead of /dev/shm)
 #   probe     scripts/gpu/vllm_copy_probe.py --first on 1.5B (PROBE_SIZE: another, e.g. 0.5b; why a copy runs below the limit;
 #             PROBE_ARGS: other options, e.g. "--first-only --kv-gib 4")
+#   apicuda   scripts/gpu/api_cuda_probe.py on 0.5B (why vLLM's API server process holds
+#             CUDA state: the calls that start it, with their stacks; APICUDA_ENVS: variants)
 #   release   scripts/gpu/release_probe.py (are copies slow after memory goes back to the driver?)
 #   sleepprobe scripts/gpu/sleep_probe.py on 1.5B (where a cycle's time goes inside vLLM)
 #   asleep    scripts/gpu/asleep_probe.py on 0.5B (ASLEEP_SIZES: e.g. "0.5b 3b"), compiled then eager (what a sleeping vLLM
@@ -197,6 +199,18 @@ if want asleep; then
   done
 fi
 
+if want apicuda; then
+  step apicuda
+  # APICUDA_ENVS: ';'-separated variants, each space-separated NAME=VALUE ("" = none)
+  IFS=';' read -ra variants <<< "${APICUDA_ENVS:-;PYTORCH_NVML_BASED_CUDA_CHECK=1}"
+  for v in "${variants[@]}"; do
+    [ "$(left)" -gt 100 ] || break
+    flags=""; for e in $v; do flags="$flags --env $e"; done
+    timeout -k 5 $(( $(left) < 200 ? $(left) - 5 : 200 )) python3 scripts/gpu/api_cuda_probe.py \
+      "$MODELS/qwen2-0.5b" $flags 2>&1 | grep "START\|TRACE\|PROC\|CKPT\|ERROR\|Error" \
+      | tee -a "$OUT/apicuda.jsonl"
+  done
+fi
 if want probe; then
   step probe
   timeout -k 5 150 python3 scripts/gpu/vllm_copy_probe.py "$MODELS/qwen2-${PROBE_SIZE:-1.5b}" ${PROBE_ARGS:---first} \
