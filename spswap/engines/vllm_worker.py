@@ -155,8 +155,9 @@ class SpswapWorkerExtension(SpswapProbes):
         :func:`~spswap.engines.vllm_pull.pull_share` from ``since_sleep_s`` (seconds
         since this process's level-2 sleep; None: it never slept), the bytes that
         sleep handed back to the driver, the copy's own size and this GPU's pull rate.
-        ``worker_s``: the call's whole time in the worker (the copy's ``seconds`` plus
-        looking up the weights and checking the entry)."""
+        ``worker_s``: the call's whole time in the worker: ``prepare_s`` (choosing the
+        pull, looking up the weights) then ``copy_call_s`` (the copy's ``seconds`` plus
+        its checks and streams), so a cycle's time outside the copy can be placed."""
         entered = time.perf_counter()
         mapping: MappedEntry | None = getattr(self, "_spswap_mapping", None)
         if mapping is None:
@@ -171,10 +172,13 @@ class SpswapWorkerExtension(SpswapProbes):
             gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else ""
             rate = pull_bytes_per_s(gpu)
             pull = pull_share(since_sleep_s, released, mapping.size_bytes, rate)
-        report = copy_into(mapping, weight_tensors(self._spswap_model()),
-                           staging_bytes=STAGING_BYTES, pull=pull)  # fmt: skip
+        tensors = weight_tensors(self._spswap_model())
+        called = time.perf_counter()
+        report = copy_into(mapping, tensors, staging_bytes=STAGING_BYTES, pull=pull)
+        done = time.perf_counter()
         return {**report.to_json(), "pull": pull, "released_bytes": released,
-                "worker_s": time.perf_counter() - entered}  # fmt: skip
+                "worker_s": done - entered, "prepare_s": called - entered,
+                "copy_call_s": done - called}  # fmt: skip
 
     def _spswap_sleep_pool_bytes(self) -> int | None:
         """Bytes in vLLM's sleep-mode pool (weights and KV cache): what a level-2 sleep

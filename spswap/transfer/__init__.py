@@ -4,5 +4,6 @@
 - :mod:`spswap.transfer.mapping`: a read-only mmap of an entry's ``data.bin`` with a
   torch view per tensor.
 - :mod:`spswap.transfer.cuda_host`: ``cudaHostRegister`` of that mapping.
+- :mod:`spswap.transfer.staging`: the staged copy's plan (pure).
 - :mod:`spswap.transfer.copy`: checks and the copy itself.
 """

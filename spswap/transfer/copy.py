@@ -114,8 +114,9 @@ def copy_into(
 
     ``staging_bytes``: copy host -> two device staging buffers of that size in turn
     (pieces of the entry's data), then device -> parameters, the two overlapped (see
-    :func:`staging_plan`): a few large host copies instead of one per tensor (H200, 1.5B
-    as the first copy after a sleep: 53.2-54.1 GB/s against a 55.3 pinned limit); the
+    :func:`~spswap.transfer.staging.staging_plan`; the mapping keeps the plan): a few
+    large host copies instead of one per tensor (H200, 1.5B as the first copy after a
+    sleep: 53.2-54.1 GB/s against a 55.3 pinned limit); the
     device-side copies cost little next to PCIe and run while the next piece crosses
     it. ``staging_buffers``: two uint8 device tensors of at least ``staging_bytes`` to
     use instead of allocating them.
@@ -168,50 +169,6 @@ def copy_into(
     )  # fmt: skip
 
 
-@dataclass(frozen=True)
-class Piece:
-    """One staged piece: bytes ``[start, end)`` of the entry's data go host -> staging
-    buffer ``buffer``; then each ``(name, tensor_offset, buffer_offset, size)`` slice goes
-    buffer -> that tensor's bytes."""
-
-    start: int
-    end: int
-    buffer: int
-    slices: tuple[tuple[str, int, int, int], ...]
-
-
-def staging_plan(manifest: Manifest, piece_bytes: int, buffers: int = 2) -> list[Piece]:
-    """Cut the entry's data into pieces of ``piece_bytes`` (alignment gaps between tensors
-    are skipped, tensors are split across pieces), the pieces taking the ``buffers``
-    staging buffers in turn. Pure: the plan :func:`copy_into` follows with
-    ``staging_bytes``; every tensor byte lands in exactly one slice."""
-    if piece_bytes <= 0:
-        raise TransferError(f"staging piece size must be positive, not {piece_bytes}")
-    pieces: list[Piece] = []
-    slices: list[tuple[str, int, int, int]] = []
-    start = end = -1
-
-    def close() -> None:
-        if slices:
-            pieces.append(Piece(start, end, len(pieces) % buffers, tuple(slices)))
-            slices.clear()
-
-    for t in sorted(manifest.tensors, key=lambda t: t.offset):
-        done = 0
-        while done < t.size_bytes:
-            at = t.offset + done
-            if slices and (at - start >= piece_bytes):
-                close()
-            if not slices:
-                start = at
-            n = min(t.size_bytes - done, start + piece_bytes - at)
-            slices.append((t.name, done, at - start, n))
-            end = at + n
-            done += n
-    close()
-    return pieces
-
-
 def _flat_bytes(t: torch.Tensor) -> torch.Tensor | None:
     """``t``'s bytes as a flat uint8 view, or None when its memory is not one block."""
     if not t.is_contiguous():
@@ -232,7 +189,7 @@ def _copy_staged(
     with two buffers: on CUDA the host copy of piece k+1 (current stream) runs while
     piece k is scattered (a second stream), so PCIe never waits for the scatter. Events
     keep a buffer from being refilled before its scatter has read it."""
-    plan = staging_plan(mapping.manifest, staging_bytes)
+    plan = mapping.staging_plan(staging_bytes)  # made once per mapping and piece size
     if not plan:
         return
     base = mapping.tensors_base()

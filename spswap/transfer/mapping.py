@@ -21,6 +21,7 @@ from spswap.errors import TransferError
 from spswap.pool.manifest import Manifest
 from spswap.transfer import cuda_host
 from spswap.transfer.dtypes import to_torch
+from spswap.transfer.staging import Piece, staging_plan
 
 
 class MappedEntry:
@@ -36,6 +37,7 @@ class MappedEntry:
         self._base: torch.Tensor | None = None
         self._views: dict[str, torch.Tensor] | None = None
         self._registration: cuda_host.Registration | None = None
+        self._plans: dict[int, tuple[Piece, ...]] = {}  # by piece size
         self._closed = False
         try:
             fd = os.open(self.data_path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
@@ -104,6 +106,13 @@ class MappedEntry:
                 views[t.name] = raw.view(to_torch(t.dtype)).view(t.shape)
             self._views = views
         return self._views
+
+    def staging_plan(self, piece_bytes: int) -> tuple[Piece, ...]:
+        """The staged copy's plan for pieces of ``piece_bytes`` (:func:`staging_plan`),
+        made once per piece size: a wake copies without planning again."""
+        if piece_bytes not in self._plans:
+            self._plans[piece_bytes] = tuple(staging_plan(self.manifest, piece_bytes))
+        return self._plans[piece_bytes]
 
     # -- CUDA registration ---------------------------------------------------------------
     @property

@@ -297,6 +297,8 @@ def test_worker_export_attach_copy_round_trip(tmp_path: Path, pool: Pool) -> Non
         copied = dst.spswap_copy(None, since_s)
         assert (copied["pull"], copied["released_bytes"]) == (pull, released)
         assert copied["worker_s"] >= copied["seconds"] > 0
+        assert copied["worker_s"] >= copied["prepare_s"] + copied["copy_call_s"] - 1e-6
+        assert copied["copy_call_s"] >= copied["seconds"]
         assert dst.spswap_verify(str(pool.pool_dir), "tiny")["differ"] == []
     assert dst.spswap_detach() == {"detached": True}
     assert [e.users for e in pool.entries()] == [[]]

@@ -245,7 +245,7 @@ def test_same_device_treats_a_missing_index_as_the_current_one() -> None:
 
 
 def test_staging_plan_splits_tensors_and_skips_gaps(pool) -> None:
-    from spswap.transfer.copy import staging_plan
+    from spswap.transfer.staging import staging_plan
 
     src = {"a": torch.zeros(1024), "b": torch.zeros(1024), "c": torch.zeros(4096)}
     m = write_entry(pool, "m", src)  # a@0, b@4096, c@8192 (16 KiB): 4 KiB each, then 16
@@ -267,6 +267,24 @@ def test_staging_plan_splits_tensors_and_skips_gaps(pool) -> None:
         staging_plan(m, 0)
 
 
+def test_a_mapping_plans_once_per_piece_size(pool) -> None:
+    # a wake copies without planning again: the mapping keeps the plan for each size
+    from spswap.transfer.staging import staging_plan
+
+    src = {"a": torch.arange(1024, dtype=torch.float32), "b": torch.ones(3000)}
+    m = write_entry(pool, "m", src)
+    with MappedEntry(m, pool.data_path(m)) as mapping:
+        first = mapping.staging_plan(8192)
+        assert list(first) == staging_plan(m, 8192)
+        assert mapping.staging_plan(8192) is first
+        assert list(mapping.staging_plan(4096)) == staging_plan(m, 4096)
+        dst = {k: torch.zeros_like(v) for k, v in src.items()}
+        for _ in range(2):  # the second copy follows the kept plan
+            copy_into(mapping, dst, staging_bytes=4096)
+            assert all(torch.equal(dst[k], src[k]) for k in src)
+            dst = {k: torch.zeros_like(v) for k, v in src.items()}
+
+
 @settings(max_examples=60, deadline=None)
 @given(sizes=st.lists(st.integers(1, 5000), min_size=1, max_size=6),
        piece=st.integers(1, 9000))  # fmt: skip
@@ -274,7 +292,7 @@ def test_staging_plan_covers_every_byte_once(sizes: list[int], piece: int) -> No
     """Property: each tensor's bytes are covered exactly once, in order, no piece is
     larger than asked, and pieces alternate between the two buffers."""
     from spswap.pool.manifest import Manifest, TensorEntry, align_up
-    from spswap.transfer.copy import staging_plan
+    from spswap.transfer.staging import staging_plan
 
     entries, off = [], 0
     for i, n in enumerate(sizes):
