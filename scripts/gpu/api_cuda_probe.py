@@ -11,9 +11,9 @@ the server as ``spswap serve --engine vllm`` does (``spswap.serve.vllm_api``), w
 calls that start CUDA or NVML (torch's lazy CUDA init, its device count through the CUDA
 runtime, NVML's init) with the Python stack that made them. Once the server answers
 ``/health`` it prints, per process: its command, the /dev/nvidia* files it holds,
-whether libcuda is mapped, its resident and anonymous bytes, its GPU memory (nvidia-smi)
-and its CUDA checkpoint state; for the API server, the CUDA checkpoint and restore
-timed. ``--env``: extra environment for the server (e.g.
+whether libcuda is mapped, its resident and anonymous bytes and its largest mappings,
+its GPU memory (nvidia-smi) and its CUDA checkpoint state; for the API server, the CUDA
+checkpoint and restore timed. ``--env``: extra environment for the server (e.g.
 ``PYTORCH_NVML_BASED_CUDA_CHECK=1``), to try what keeps the API server off CUDA.
 Prints ``TRACE``, ``PROC`` and ``CKPT`` JSON lines.
 """
@@ -127,6 +127,27 @@ def gpu_memory_by_pid() -> dict[int, int]:
     return out
 
 
+def largest_mappings(pid: int, count: int = 8) -> list[dict[str, Any]]:
+    """The ``count`` mappings of ``pid`` with the most resident bytes (/proc/PID/smaps):
+    where a process's image goes (heap, anonymous regions, the driver's)."""
+    out: list[dict[str, Any]] = []
+    current: dict[str, Any] | None = None
+    try:
+        lines = Path(f"/proc/{pid}/smaps").read_text().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        head = line.split()
+        if head and "-" in head[0] and not head[0].endswith(":"):
+            lo, hi = (int(x, 16) for x in head[0].split("-"))
+            current = {"name": head[5] if len(head) > 5 else "[anon]", "perms": head[1],
+                       "size_bytes": hi - lo, "rss_bytes": 0}  # fmt: skip
+            out.append(current)
+        elif current is not None and line.startswith("Rss:"):
+            current["rss_bytes"] = int(head[1]) * 1024
+    return sorted(out, key=lambda m: -m["rss_bytes"])[:count]
+
+
 def describe(pid: int, gpu_mib: dict[int, int]) -> dict[str, Any]:
     """What one process of the tree holds of the GPU and of memory."""
     from spswap.checkpoint import cuda_ckpt, proctree
@@ -144,7 +165,8 @@ def describe(pid: int, gpu_mib: dict[int, int]) -> dict[str, Any]:
     return {"pid": pid, "cmd": [c.decode(errors="replace")[-60:] for c in cmd],
             "nvidia_fds": nvidia, "libcuda_mapped": "libcuda.so" in maps,
             "rss_bytes": _kib(pid, "Rss"), "anon_bytes": _kib(pid, "Anonymous"),
-            "gpu_mib": gpu_mib.get(pid), "cuda_state": state}  # fmt: skip
+            "gpu_mib": gpu_mib.get(pid), "cuda_state": state,
+            "largest": largest_mappings(pid)}  # fmt: skip
 
 
 def time_api_checkpoint(pid: int) -> dict[str, Any]:
