@@ -35,7 +35,7 @@ from typing import Any
 SITECUSTOMIZE = r"""
 import importlib.abc, importlib.machinery, json, os, sys, traceback
 
-_DIR = os.environ.get("SPSWAP_CUDA_TRACE_DIR")
+_DIR = os.environ.get("APICUDA_TRACE_DIR")
 _seen = set()
 
 def _log(event):
@@ -206,7 +206,7 @@ def main() -> int:
     site_dir.mkdir()
     write_sitecustomize(site_dir)
     os.environ["PYTHONPATH"] = f"{site_dir}:{os.environ.get('PYTHONPATH', '')}"
-    os.environ["SPSWAP_CUDA_TRACE_DIR"] = str(trace_dir)
+    os.environ["APICUDA_TRACE_DIR"] = str(trace_dir)
     for pair in args.env:
         name, _, value = pair.partition("=")
         os.environ[name] = value
