@@ -129,3 +129,23 @@ def test_status_under_root_s_proc_says_what_to_check(tmp_path):
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
     err = json.loads(proc.stdout)["error"]
     assert err["message"].startswith("cannot use /proc/1/"), err
+
+
+def test_bench_transfer_on_a_device_this_machine_lacks_says_so_in_json(tmp_path):
+    import json
+
+    import pytest
+
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    proc = subprocess.run(
+        [sys.executable, "-m", "spswap.cli", "bench", "transfer", "--device", "cuda:0",
+         "--sizes", "1M", "--root", str(tmp_path), "--json"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    error = json.loads(proc.stdout)["error"]
+    assert error["kind"] == "ConfigError" and error["message"].startswith("--device cuda:0: ")
+    assert "use --device cpu" in error["message"]
+    assert not list(tmp_path.iterdir())  # refused before any scratch was made

@@ -109,6 +109,39 @@ def _bench_size(pool: Pool, size_bytes: int, device: torch.device, repeats: int)
     return row
 
 
+def memory_problem(
+    sizes_bytes: list[int], *, available_bytes: int | None, scratch: Path,
+    scratch_free_bytes: int | None,
+) -> str | None:  # fmt: skip
+    """Why the sizes will not fit this machine, in the user's words, or None. Each size
+    holds two buffers of its size in host memory at once (its pool entry, on the scratch
+    root, and the copy's destination on a CPU device; then the pinned and pageable
+    sources), so the largest needs twice its size available (plus a tenth), and its
+    entry must fit the scratch root. A run past that is killed for memory part-way,
+    with no table, and leaves its scratch entry behind."""
+    largest = max(sizes_bytes)
+    fitting = [s for s in sizes_bytes if available_bytes is None or s * 2.2 <= available_bytes]
+    hint = ",".join(fmt_size_arg(s) for s in fitting) or "64M"
+    if available_bytes is not None and largest * 2.2 > available_bytes:
+        return (f"--sizes asks for {fmt_bytes(largest)}: a size needs about twice that in "
+                f"memory at once ({fmt_bytes(int(largest * 2.2))} with a margin), and this "
+                f"machine has {fmt_bytes(available_bytes)} available; give smaller --sizes, "
+                f"e.g. --sizes {hint}")  # fmt: skip
+    if scratch_free_bytes is not None and largest > scratch_free_bytes:
+        return (f"--sizes asks for {fmt_bytes(largest)} but the scratch root {scratch} has "
+                f"{fmt_bytes(scratch_free_bytes)} free; give --root DIR on a tmpfs with room, "
+                f"or smaller --sizes")  # fmt: skip
+    return None
+
+
+def fmt_size_arg(size_bytes: int) -> str:
+    """A size as ``--sizes`` takes it back: ``64M``, ``1G``, else plain bytes."""
+    for suffix, unit in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if size_bytes % unit == 0:
+            return f"{size_bytes // unit}{suffix}"
+    return str(size_bytes)
+
+
 def bench_transfer(
     sizes_bytes: list[int], *, device: str, repeats: int, root: Path,
     progress: Callable[[str], None] | None = None,
@@ -145,12 +178,21 @@ def _rate(stats: dict[str, Any] | None) -> str:
     return f"{stats['best_gb_per_s']:.2f} ({stats['median_gb_per_s']:.2f})"
 
 
+def _caption(result: dict[str, Any]) -> str:
+    if not result["device"].startswith("cuda"):
+        ratios = [r["pool_to_pageable"] for r in result["rows"]]
+        return ("a CPU device: every copy is a memcpy; registration and the pinned limit need "
+                "a CUDA device (n/a); pool / pageable: "
+                + ", ".join(f"{x:.0%}" for x in ratios))  # fmt: skip
+    return "pinned = one cudaHostAlloc buffer copied in one piece: the link's limit"
+
+
 def render_bench_transfer(result: dict[str, Any]) -> Table:
     """The result as a table: GB/s best (median) per method, and the pool's ratio."""
     table = Table(
         title=f"pool -> {result['device']} ({result['device_name']}), torch {result['torch']}, "
         f"best of {result['repeats']} (median)",
-        caption="pinned = one cudaHostAlloc buffer copied in one piece: the link's limit",
+        caption=_caption(result),
     )
     for col in ("size", "tensors", "register", "pool GB/s", "pinned GB/s", "pageable GB/s",
                 "pool / pinned"):  # fmt: skip

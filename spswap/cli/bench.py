@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 
@@ -51,14 +52,28 @@ def transfer(
     device's limit) and a pageable copy, in the same run; prints each method's GB/s and the
     pool's ratio to the pinned limit."""
     try:
-        from spswap.bench.transfer import bench_transfer, render_bench_transfer
+        from spswap.bench.transfer import bench_transfer, memory_problem, render_bench_transfer
     except ImportError as e:  # torch missing
         raise ConfigError(f"bench transfer needs torch ({e}); pip install 'spswap[torch]'") from e
     import torch
 
+    from spswap.daemon.memory_claims import mem_available_bytes
+
     dev = device or ("cuda:0" if torch.cuda.is_available() else "cpu")
-    with tempfile.TemporaryDirectory(prefix="spswap-bench-", dir=root or _shm_or_tmp()) as scratch:
-        result = bench_transfer(_sizes(sizes), device=dev, repeats=repeats, root=Path(scratch))
+    if dev.startswith("cuda") and not torch.cuda.is_available():
+        why = ("this torch was built without CUDA" if torch.version.cuda is None
+               else "no GPU is visible here")  # fmt: skip
+        raise ConfigError(f"--device {dev}: {why}; use --device cpu, or run on a GPU "
+                          "node with a CUDA build of torch")  # fmt: skip
+    size_list = _sizes(sizes)
+    scratch_root = Path(root or _shm_or_tmp())
+    problem = memory_problem(size_list, available_bytes=mem_available_bytes(),
+                             scratch=scratch_root,
+                             scratch_free_bytes=_free_bytes(scratch_root))  # fmt: skip
+    if problem:
+        raise ConfigError(problem)
+    with tempfile.TemporaryDirectory(prefix="spswap-bench-", dir=scratch_root) as scratch:
+        result = bench_transfer(size_list, device=dev, repeats=repeats, root=Path(scratch))
     emit(result, json, render_bench_transfer)
 
 
@@ -89,6 +104,14 @@ def prolog(
 
     result = bench_prolog(load_config(root), iterations=iterations)
     emit(result, json, render_bench_prolog)
+
+
+def _free_bytes(path: Path) -> int | None:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
 
 
 def _shm_or_tmp() -> str:

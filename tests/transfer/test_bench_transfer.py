@@ -43,3 +43,24 @@ def test_bench_transfer_cuda_reaches_most_of_pinned(tmp_path: Path) -> None:
     assert row["register_s"] > 0
     assert row["pinned"]["best_gb_per_s"] > row["pageable"]["best_gb_per_s"]
     assert row["pool_to_pinned"] > 0.8, row
+
+
+def test_sizes_a_machine_cannot_hold_are_refused_naming_those_it_can() -> None:
+    from spswap.bench.transfer import fmt_size_arg, memory_problem
+
+    gib = 1 << 30
+    sizes = [64 << 20, gib, 4 * gib, 16 * gib]
+    said = memory_problem(sizes, available_bytes=23 * gib, scratch=Path("/dev/shm"),
+                          scratch_free_bytes=12 * gib)  # fmt: skip
+    assert said == ("--sizes asks for 16.0 GiB: a size needs about twice that in memory at "
+                    "once (35.2 GiB with a margin), and this machine has 23.0 GiB available; "
+                    "give smaller --sizes, e.g. --sizes 64M,1G,4G")  # fmt: skip
+    said = memory_problem(sizes[:3], available_bytes=23 * gib, scratch=Path("/dev/shm"),
+                          scratch_free_bytes=2 * gib)  # fmt: skip
+    assert said == ("--sizes asks for 4.0 GiB but the scratch root /dev/shm has 2.0 GiB free; "
+                    "give --root DIR on a tmpfs with room, or smaller --sizes")  # fmt: skip
+    assert memory_problem(sizes[:3], available_bytes=23 * gib, scratch=Path("/dev/shm"),
+                          scratch_free_bytes=12 * gib) is None  # fmt: skip
+    assert memory_problem(sizes, available_bytes=None, scratch=Path("/x"),
+                          scratch_free_bytes=None) is None  # fmt: skip
+    assert [fmt_size_arg(n) for n in (64 << 20, gib, 3 << 10, 1536)] == ["64M", "1G", "3K", "1536"]
