@@ -63,12 +63,25 @@ def _pct(sorted_ms: list[float], q: float) -> float:
 def bench_prolog(
     cfg: Config, *, iterations: int = 20, argv: list[str] | None = None
 ) -> dict[str, Any]:
-    """Time ``iterations`` runs of ``spswap node prolog`` with spswapd running."""
+    """Time ``iterations`` runs of ``spswap node prolog`` with spswapd running. A daemon
+    this run had to start for ``cfg``'s root is stopped again at its end (``daemon``:
+    ``"running"`` or ``"started and stopped"``): the bench leaves the node as it found it."""
     if iterations < 1:
         raise ValueError(f"iterations must be >= 1, got {iterations}")
     argv = argv or [spswap_executable(), "node", "prolog"]
-    epilog_argv = [*argv[:-1], "epilog"]
+    was_running = lifecycle.daemon_running(cfg)
+    started = not (was_running and was_running > 0 and lifecycle.ping(cfg))
     lifecycle.ensure(cfg)
+    try:
+        result = _time_prologs(cfg, argv, iterations)
+    finally:
+        if started:
+            lifecycle.stop(cfg)
+    return {**result, "daemon": "started and stopped" if started else "running"}
+
+
+def _time_prologs(cfg: Config, argv: list[str], iterations: int) -> dict[str, Any]:
+    epilog_argv = [*argv[:-1], "epilog"]
     tag = f"bench{os.getpid()}"
     times_ms: list[float] = []
     failures = 0
@@ -110,5 +123,8 @@ def render_bench_prolog(result: dict[str, Any]) -> Table:
     for col in ("p50 ms", "p90 ms", "max ms", "min ms"):
         table.add_column(col, justify="right")
     table.add_row(*(f"{result[k]:.1f}" for k in ("p50_ms", "p90_ms", "max_ms", "min_ms")))
-    table.caption = result["command"]
+    table.caption = result["command"] + (
+        "\n(spswapd was started for these runs and stopped after them)"
+        if result.get("daemon") == "started and stopped" else ""
+    )  # fmt: skip
     return table

@@ -99,7 +99,8 @@ def prolog(
     json: bool = JsonOpt,
 ) -> None:
     """Cost of `spswap node prolog` end to end (a new process each time) while the daemon
-    runs (the goal: <= 100 ms)."""
+    runs (the goal: <= 100 ms). Where none runs on the root, one is started for the runs
+    and stopped after them."""
     from spswap.bench.prolog import bench_prolog, render_bench_prolog
 
     result = bench_prolog(load_config(root), iterations=iterations)

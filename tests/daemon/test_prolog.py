@@ -159,6 +159,7 @@ def test_prolog_never_fails_for_spswap_trouble(cfg: Config) -> None:
 def test_prolog_cost_with_daemon_running(cfg: Config, daemon: int) -> None:
     result = bench_prolog(cfg, iterations=5, argv=[*FAST_SPSWAP, "node", "prolog"])
     assert result["failures"] == 0 and result["iterations"] == 5
+    assert result["daemon"] == "running" and lifecycle.daemon_running(cfg) == daemon
     assert 0 < result["min_ms"] <= result["p50_ms"] <= result["p90_ms"] <= result["max_ms"]
     assert "p50 ms" in str(render_bench_prolog(result).columns[0].header)
     # The 100 ms budget is checked by `spswap bench prolog` (docs/benchmarks.md), not by a
@@ -180,6 +181,14 @@ def test_prolog_cost_with_daemon_running(cfg: Config, daemon: int) -> None:
     # bench jobs are ended again by their epilogs
     assert all(j["state"] == "ended" for j in Client(cfg).call("jobs.list"))
     print(f"\nprolog cost: {result}", file=sys.stderr)
+
+
+def test_a_daemon_the_bench_started_is_stopped_at_its_end(cfg: Config) -> None:
+    assert not lifecycle.daemon_running(cfg)
+    result = bench_prolog(cfg, iterations=1, argv=[*FAST_SPSWAP, "node", "prolog"])
+    assert result["failures"] == 0 and result["daemon"] == "started and stopped"
+    assert not lifecycle.daemon_running(cfg)
+    assert "started for these runs and stopped" in str(render_bench_prolog(result).caption)
 
 
 # -- the console entry point ---------------------------------------------------------
