@@ -104,8 +104,11 @@ def status(root: Path | None = RootOpt, json: bool = JsonOpt) -> None:
             f"{info['protocol']}, up since {up} ({info['uptime_s']} s), "
             f"{info['jobs']} job(s) running, socket {info['socket']}", markup=False,
         )  # fmt: skip
-        console.print(f"settings: {info.get('settings_file')}, then its environment",
-                      markup=False, soft_wrap=True)  # fmt: skip
+        settings = info.get("settings_file")
+        # (the daemon runs on this node: its settings file is this node's)
+        absent = isinstance(settings, str) and not Path(settings).exists()
+        console.print(f"settings: {settings}{' (absent: the defaults)' if absent else ''}, "
+                      "then its environment", markup=False, soft_wrap=True)  # fmt: skip
         problems = info.get("settings_problems")
         for line in problems if isinstance(problems, list) else []:
             err_console.print(f"warning: {line}", markup=False, soft_wrap=True)
