@@ -120,7 +120,8 @@ class RateRow:
         awake = f"{self.awake} awake" if self.awake else "as many awake as fit"
         return (f"{self.n_models} models, {awake}, {self.rate_per_min:g}/min: "
                 f"{self.requests} requests, {self.failed} failed, {self.wrong} wrong, p50 "
-                f"{s(self.p50_s)}, p95 {s(self.p95_s)}, p99 {s(self.p99_s)}; {self.swaps} swaps, "
+                f"{s(self.p50_s)}, p95 {s(self.p95_s)}, p99 {s(self.p99_s)}; {self.swaps} "
+                f"swap{'' if self.swaps == 1 else 's'}, "
                 f"p50 {s(self.swap_p50_s)}, p95 {s(self.swap_p95_s)}")  # fmt: skip
 
 

@@ -210,8 +210,9 @@ def turns(
     ),
     eager: bool = typer.Option(
         False,
-        help="vLLM: serve eager (spswap serve's default, the fastest cold start); the "
-        "default --no-eager measures vLLM's own default, CUDA graphs and torch.compile.",
+        help="(vllm) --eager: no CUDA graphs or compilation, as spswap serve runs by "
+        "default (the fastest cold start). This bench's default, --no-eager, measures "
+        "vLLM's own default (CUDA graphs and torch.compile).",
     ),
     turn_timeout_s: float = typer.Option(
         600.0, min=1.0, help="How long one turn may take before the bench gives up."
@@ -284,13 +285,14 @@ def make_reference_models(presets: str, directory: Path) -> list[Path]:
     return out
 
 
-def _floats(text: str, flag: str) -> tuple[float, ...]:
+def _floats(text: str, flag: str, example: str) -> tuple[float, ...]:
     try:
         values = tuple(float(v) for v in text.split(",") if v.strip())
     except ValueError:
-        raise ConfigError(f"{flag} {text!r}: give comma-separated numbers, e.g. 30,60") from None
+        raise ConfigError(f"{flag} {text!r}: give comma-separated numbers, e.g. "
+                          f"{flag} {example}") from None  # fmt: skip
     if not values or min(values) <= 0:
-        raise ConfigError(f"{flag} {text!r}: give positive numbers, e.g. 30,60")
+        raise ConfigError(f"{flag} {text!r}: give positive numbers, e.g. {flag} {example}")
     return values
 
 
@@ -307,7 +309,9 @@ def traffic(
     duration_s: float = typer.Option(30.0, min=0.1, help="Seconds of traffic per rate."),
     max_new_tokens: int = typer.Option(8, min=1, help="Greedy tokens per answer."),
     p95_target_s: float = typer.Option(2.0, min=0.0, help="The p95 latency a rate must meet."),
-    units: int = typer.Option(2, help="Quarter units per awake model (2: two awake)."),
+    units: int = typer.Option(
+        2, min=1, max=4, help="Quarter units of a device per awake model (2: two awake)."
+    ),
     awake: str = typer.Option(
         None,
         help="Comma-separated numbers of models awake at once, run after run on the same "
@@ -344,7 +348,7 @@ def traffic(
     device per model, and the highest rate within --p95-target-s. --engine vllm runs on
     the GPU with model directories given by --models (token-id prompts: no tokenizer
     needed), each model's cold answers made at its first start from its files."""
-    counts = tuple(int(c) for c in _floats(model_counts, "--model-counts"))
+    counts = tuple(int(c) for c in _floats(model_counts, "--model-counts", "2,4"))
     every, per = parse_rates(rates)
     check_rates(counts, every, per)
     vllm = model_settings(units, kv_cache_gib=kv_cache_gib, eager=eager,
@@ -354,7 +358,7 @@ def traffic(
                           max_new_tokens=max_new_tokens, p95_target_s=p95_target_s,
                           units_per_model=units, preset=preset, models=tuple(models or ()),
                           check=check, engine=engine, vllm=vllm, vllm_args=vllm_args or "",
-                          awake=tuple(int(a) for a in _floats(awake, "--awake")) if awake
+                          awake=tuple(int(a) for a in _floats(awake, "--awake", "2,1")) if awake
                           else (), out=out)  # fmt: skip
 
     def log(msg: str) -> None:

@@ -105,7 +105,7 @@ def test_a_rows_log_line_exactly():
     row = summarize(2, 30.0, [0.1, 0.2, 0.3], 0, 0, [0.05], 60.0, awake=1)
     assert row.line() == (
         "2 models, 1 awake, 30/min: 3 requests, 0 failed, 0 wrong, p50 0.200 s, p95 0.300 s, "
-        "p99 0.300 s; 1 swaps, p50 0.050 s, p95 0.050 s"
+        "p99 0.300 s; 1 swap, p50 0.050 s, p95 0.050 s"
     )
     unset = summarize(2, 60.0, [], 1, 0, [], 60.0).line()  # awake 0: as the units allow
     assert unset.startswith("2 models, as many awake as fit, 60/min: 1 requests, 1 failed")
