@@ -22,6 +22,10 @@ def turn_line(t: TurnResult) -> str:
             + ("" if t.identical else " ANSWER DIFFERS"))  # fmt: skip
 
 
+def _name_width(summary: TurnsSummary) -> int:
+    return max((len(m) for m in summary.per_model), default=5)
+
+
 def turn_table(summary: TurnsSummary) -> Table:
     """Every turn: the path it came up by and its time, split into Slurm's and spswap's
     (and, where a turn waited for Slurm's requeue delay, that part of Slurm's share)."""
@@ -29,7 +33,11 @@ def turn_table(summary: TurnsSummary) -> Table:
     table = Table(title="spswap bench turns: every turn, action -> first answer")
     for col in ("turn", "round", "model", "path", "total s", "Slurm s",
                 *(("of it wait s",) if waited else ()), "spswap s", "answer"):  # fmt: skip
-        table.add_column(col, justify="right" if col.endswith(" s") else "left")
+        # a model's name is never cut (at 80 columns "small-…" hid which model it was);
+        # the other cells fold where they must
+        table.add_column(col, justify="right" if col.endswith(" s") else "left",
+                         overflow="fold", min_width=_name_width(summary) if col == "model"
+                         else None)  # fmt: skip
     for t in summary.turns:
         answer = "cold (reference)" if t.kind.value == "cold" else \
             "identical" if t.identical else "DIFFERS"  # fmt: skip
@@ -52,7 +60,8 @@ def stats_table(summary: TurnsSummary) -> Table:
     table = Table(title="restored turns against cold starts (seconds)")
     for col in ("model", "cold", "restored", "mean", "max", "Slurm mean", "spswap mean",
                 "spswap max", "cold/restored"):  # fmt: skip
-        table.add_column(col, justify="left" if col == "model" else "right")
+        table.add_column(col, justify="left" if col == "model" else "right", overflow="fold",
+                         min_width=_name_width(summary) if col == "model" else None)  # fmt: skip
     for name, stats in summary.per_model.items():
         _stats_row(table, name, stats["cold"], stats["restored"])
     _stats_row(table, "all", summary.cold, summary.restored)

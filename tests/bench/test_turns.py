@@ -131,6 +131,21 @@ def test_report_names_every_turn_and_the_verdict() -> None:
     assert "wait" not in plain.export_text()
 
 
+def test_at_80_columns_every_model_s_name_is_whole() -> None:
+    # a pipe or a file gets 80 columns: "small-…" hid which model a turn was
+    plan = plan_turns(2, 2)
+    results = [measure_turn(t, f"small-s{t.model + 2}", action_s=0.0, run_started_s=0.5,
+                            answered_s=2.0, path="cold" if t.kind is TurnKind.COLD else "kept",
+                            identical=True, eligible_s=0.25) for t in plan]  # fmt: skip
+    s = summarize(["small-s2", "small-s3"], results, wall_s=8.0)
+    narrow = Console(width=80, record=True)
+    narrow.print(render_turns(s))
+    rows = [line for line in narrow.export_text().splitlines() if "small-s" in line]
+    assert sum("small-s2" in r for r in rows) == 3 + 1  # its turns, then its stats row
+    assert sum("small-s3" in r for r in rows) == 3 + 1
+    assert not any("small-…" in r or "small-s…" in r for r in rows)
+
+
 def test_a_turn_s_log_line() -> None:
     turn = PlannedTurn(index=7, round=1, model=3, displaced=2, kind=TurnKind.RESTORE)
     r = measure_turn(turn, "qwen2-1.5b-s7", action_s=100.0, run_started_s=102.01,
