@@ -104,19 +104,7 @@ class TurnsRun:
     # -- before anything is submitted ------------------------------------------------
     def preflight(self) -> None:
         """Clear errors, naming what to run, before any job exists."""
-        if not self.slurm.available():
-            raise ConfigError("bench turns needs Slurm's commands (sbatch, scontrol, squeue, "
-                              "scancel) on PATH: run it on a login or compute node of the "
-                              "cluster")  # fmt: skip
-        if not controller_up():
-            raise ConfigError(
-                "Slurm's controller does not answer `scontrol ping`: start "
-                "slurmctld (systemctl start slurmctld) or check slurm.conf"
-            )
-        parts = self.slurm.partitions()
-        if self.opts.partition not in parts:
-            raise ConfigError(f"no partition {self.opts.partition!r} (sinfo lists "
-                              f"{', '.join(parts) or 'none'}); pass --partition NAME")  # fmt: skip
+        slurm_preflight(self.opts.partition, self.slurm)
         names = [j.name for j in self.jobs]
         if len(set(names)) != len(names):
             raise ConfigError(f"two models share a name ({', '.join(names)}): give each "
@@ -302,6 +290,26 @@ def job_gone(slurm: JobControl, job_id: str) -> bool | None:
     except SpswapError:
         return None
     return info is None or job_fate(info.state, None) == "gone"
+
+
+def slurm_preflight(partition: str, slurm: JobControl | None = None) -> None:
+    """Slurm's part of the preflight: its commands, its controller, the partition; the
+    command runs it before it writes any model (a wrong --partition cost seconds of
+    writing models first, and left them)."""
+    slurm = slurm or JobControl()
+    if not slurm.available():
+        raise ConfigError("bench turns needs Slurm's commands (sbatch, scontrol, squeue, "
+                          "scancel) on PATH: run it on a login or compute node of the "
+                          "cluster")  # fmt: skip
+    if not controller_up():
+        raise ConfigError(
+            "Slurm's controller does not answer `scontrol ping`: start "
+            "slurmctld (systemctl start slurmctld) or check slurm.conf"
+        )
+    parts = slurm.partitions()
+    if partition not in parts:
+        raise ConfigError(f"no partition {partition!r} (sinfo lists "
+                          f"{', '.join(parts) or 'none'}); pass --partition NAME")  # fmt: skip
 
 
 def run_turns(opts: TurnsOptions, cfg: Config, *, log: Callable[[str], None] = print

@@ -10,7 +10,7 @@ import typer
 
 from spswap.bench.traffic import TrafficOptions, bench_traffic
 from spswap.bench.traffic_plan import RateRow, check_rates, parse_rates, render
-from spswap.bench.turns import TurnsOptions, run_turns, turns_serve_args
+from spswap.bench.turns import TurnsOptions, run_turns, slurm_preflight, turns_serve_args
 from spswap.cli.common import JsonOpt, RootOpt, console, emit, err_console, load_config
 from spswap.config import parse_size
 from spswap.engines.vllm_engine import available
@@ -242,6 +242,7 @@ def turns(
         raise ConfigError(f"--engine must be reference or vllm; got {engine!r}")
     work = (work_dir or Path.cwd() / f"spswap-turns-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     paths = [p.resolve() for p in models] if models else None
+    slurm_preflight(partition)  # before any model is written
     if paths is None:
         if engine != "reference":
             raise ConfigError("--engine vllm needs MODELS: vLLM model directories "

@@ -89,3 +89,18 @@ def _assert_nothing_left(cluster: SlurmCluster, job_ids: list[str], top: Path) -
         lambda: subprocess.run(["pgrep", "-f", str(top)], capture_output=True).returncode == 1,
         timeout_s=60,
     )
+
+
+def test_a_wrong_partition_is_refused_before_any_model_is_written(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    # (it wrote 172 MB of models into ./spswap-turns-<time> first, and left them)
+    proc = subprocess.run(
+        [slurm_cluster.spswap_bin, "bench", "turns", "--partition", "nope", "--json"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    error = json.loads(proc.stdout)["error"]
+    assert error["message"].startswith("no partition 'nope' (sinfo lists ")
+    assert error["message"].endswith("); pass --partition NAME")
+    assert list(tmp_path.iterdir()) == []
