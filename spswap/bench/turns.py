@@ -11,14 +11,16 @@ stay requeueable all along.
 
 Per turn: seconds from the action to the first answer, split at the moment the incoming
 run's ``spswap serve`` started (its ``runs.jsonl`` line, which also says the path it
-came up by) into Slurm's share and spswap's. Each model starts cold once first; its
-answer there is the reference every later answer is compared with.
+came up by) into Slurm's share and spswap's. Each model starts once first (cold, or
+from the pool where an earlier run left its weights there); its answer there is the
+reference every later answer is compared with.
 """
 
 from __future__ import annotations
 
 import os
 import platform
+import pwd
 import sys
 import time
 from collections.abc import Callable
@@ -229,8 +231,16 @@ class TurnsRun:
                 "gpus_per_job": self.opts.gpus, "max_new_tokens": self.opts.max_new_tokens,
                 "spswap": __version__, "python": platform.python_version(),
                 "host": platform.node(), "kernel": platform.release(),
-                "user": os.environ.get("USER") or str(os.getuid()),
+                "user": _user_name(),
                 "date": time.strftime("%Y-%m-%d")}  # fmt: skip
+
+
+def _user_name() -> str:
+    """Who ran the bench, by name for root too ($USER is unset under sudo -i, su -c)."""
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())
 
 
 def turns_serve_args(engine: str, kv_cache_gib: float | None, eager: bool) -> str:
@@ -270,6 +280,7 @@ def leftovers(cfg: Config, slurm: JobControl | None, job_ids: list[str]) -> list
         ]
     except SpswapError as e:
         out.append(f"could not ask spswapd for the GPU slots ({e})")
+    out += kept_instances(cfg, job_ids)
     for entry in Pool.from_config(cfg).entries():
         out += [f"a use of pool entry {entry.manifest.name} by job {h.job_id} (pid {h.pid})"
                 for h in entry.users if h.job_id in ids]  # fmt: skip
@@ -279,6 +290,22 @@ def leftovers(cfg: Config, slurm: JobControl | None, job_ids: list[str]) -> list
             for j in job_ids
             for p in images_of_job(cfg.paths.images, j) + temp_dirs(cfg.paths.images, j)
         ]
+    return out
+
+
+def kept_instances(cfg: Config, job_ids: list[str]) -> list[str]:
+    """The jobs whose instance spswapd still keeps (frozen processes holding memory): a
+    job cancelled while queued runs no epilog, so spswapd ends its kept instance when its
+    sweep finds the job gone (SPSWAP_SWEEP_INTERVAL_S); until then it is left over."""
+    out = []
+    client = Client(cfg, timeout_s=10.0)
+    for job_id in job_ids:
+        try:
+            status = client.call("checkpoint.status", job_id=job_id)
+        except SpswapError:
+            continue  # not registered here (any more), or not the caller's: nothing kept
+        if status.get("kept"):
+            out.append(f"the kept instance of job {job_id} (pid {status.get('pid')})")
     return out
 
 

@@ -13,6 +13,7 @@ from spswap.bench.traffic_plan import RateRow, check_rates, parse_rates, render
 from spswap.bench.turns import TurnsOptions, run_turns, slurm_preflight, turns_serve_args
 from spswap.cli.common import JsonOpt, RootOpt, console, emit, err_console, load_config
 from spswap.config import parse_size
+from spswap.daemon.memory_claims import mem_available_bytes
 from spswap.engines.vllm_engine import available
 from spswap.errors import ConfigError
 from spswap.multi.engine_settings import model_settings
@@ -56,8 +57,6 @@ def transfer(
     except ImportError as e:  # torch missing
         raise ConfigError(f"bench transfer needs torch ({e}); pip install 'spswap[torch]'") from e
     import torch
-
-    from spswap.daemon.memory_claims import mem_available_bytes
 
     dev = device or ("cuda:0" if torch.cuda.is_available() else "cpu")
     if dev.startswith("cuda") and not torch.cuda.is_available():
@@ -226,11 +225,12 @@ def turns(
     is `spswap serve` in its own requeueable Slurm job (the template spswap ships),
     submitted held; a turn releases the next model's job and requeues the running one
     held (`scontrol requeuehold`), spswapd parks and dumps it (kept or to an image), and
-    the next job's run restores its model and answers. Each model starts cold once
-    first. Per turn: the path, the seconds from the Slurm action to the first answer
-    split into Slurm's share (with the part of it the job waited for Slurm's requeue
-    delay: a requeued job may start again only `AuthInfo=cred_expire` + 1 s after its
-    requeue) and spswap's, and whether the answer equals the model's cold answer. Exits
+    the next job's run restores its model and answers. Each model starts once first:
+    cold, or from the pool where an earlier run left its weights there. Per turn: the
+    path, the seconds from the Slurm action to the first answer split into Slurm's share
+    (with the part of it the job waited for Slurm's requeue delay: a requeued job may
+    start again only `AuthInfo=cred_expire` + 1 s after its requeue) and spswap's, and
+    whether the answer equals the model's first answer. Exits
     1 unless every later turn restored with an identical answer and nothing was left
     behind. Needs Slurm, spswapd and CRIU on the node."""
     import json as json_module

@@ -231,3 +231,20 @@ def test_the_node_hooks_do_not_load_the_cli() -> None:
         capture_output=True, text=True, timeout=60, cwd=REPO, check=True,
     )  # fmt: skip
     assert out.stdout.strip() == ""
+
+
+def test_bench_turns_counts_a_kept_instance_as_left_over(cfg: Config, daemon: int) -> None:
+    # a job cancelled while queued runs no epilog: its kept instance lives until
+    # spswapd's sweep, and the bench must not say "nothing left" meanwhile
+    from spswap.bench.turns import kept_instances
+    from spswap.daemon.statuses import CheckpointState, CheckpointStatuses
+
+    client = Client(cfg)
+    client.call("job.register", job_id="9301", uid=os.getuid(), gpus=[])
+    client.call("job.register", job_id="9302", uid=os.getuid(), gpus=[])
+    statuses = CheckpointStatuses(cfg.paths.run / "checkpoints")
+    statuses.write("9301", state=CheckpointState.SAVED, pid=4242, key="k", kept=True)
+    statuses.write("9302", state=CheckpointState.SAVED, pid=4343, key="k2", kept=False)
+    assert kept_instances(cfg, ["9301", "9302", "9399"]) == [
+        "the kept instance of job 9301 (pid 4242)"
+    ]

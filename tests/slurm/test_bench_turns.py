@@ -80,14 +80,16 @@ def _assert_nothing_left(cluster: SlurmCluster, job_ids: list[str], top: Path) -
 
     images = Config.from_env({}, root=cluster.spswap_root).paths.images
     # cancelled while held in the queue, the jobs run no epilog here: spswapd's sweep
-    # (every 5 s on this cluster) frees their images and kept trees
+    # (every 5 s on this cluster) frees their images and kept trees, and the bench waits
+    # for it before it says "nothing left" (it once said so while the kept trees lived
+    # on for up to a sweep's interval): only the moments a kill and a removal take
     wait_for("the images of the cancelled jobs to go", lambda: not [
         p for j in job_ids for p in images_of_job(images, j) + temp_dirs(images, j)],
-        timeout_s=60)  # fmt: skip
+        timeout_s=3)  # fmt: skip
     wait_for(
         "no process of the jobs (a kept tree is one)",
         lambda: subprocess.run(["pgrep", "-f", str(top)], capture_output=True).returncode == 1,
-        timeout_s=60,
+        timeout_s=3,
     )
 
 
