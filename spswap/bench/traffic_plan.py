@@ -142,22 +142,19 @@ def summarize(n_models: int, rate_per_min: float, latencies_s: list[float], fail
     )  # fmt: skip
 
 
-def setup(row: RateRow) -> str:
-    """A row's model count and awake models, as the report names them."""
-    return f"{row.n_models} models" + (f", {row.awake} awake" if row.awake else "")
-
-
-def highest_within(rows: list[RateRow], p95_target_s: float) -> dict[str, float | None]:
-    """Per model count (and awake models), the highest rate whose p95 met the target
-    with nothing failed."""
-    best: dict[str, float | None] = {}
+def highest_within(rows: list[RateRow], p95_target_s: float) -> list[dict[str, Any]]:
+    """Per model count and awake models (None: as many as fit), in the rows' order, the
+    highest rate per minute whose p95 met the target with nothing failed (None: no rate
+    did): ``{"models", "awake", "rate_per_min"}``, fields a script can read."""
+    best: dict[tuple[int, int | None], float | None] = {}
     for row in rows:
-        key = setup(row)
+        key = (row.n_models, row.awake or None)
         best.setdefault(key, None)
         ok = row.failed == 0 and row.p95_s is not None and row.p95_s <= p95_target_s
         if ok and (best[key] is None or row.rate_per_min > (best[key] or 0)):
             best[key] = row.rate_per_min
-    return best
+    return [{"models": n, "awake": awake, "rate_per_min": rate}
+            for (n, awake), rate in best.items()]  # fmt: skip
 
 
 def _s(v: float | None) -> str:
@@ -177,7 +174,9 @@ def render(rows: list[RateRow], p95_target_s: float) -> str:
                      f"{r.requests:>8}  {r.failed:>6}  {r.wrong:>5}  {_s(r.p50_s):>5}  "
                      f"{_s(r.p95_s):>5}  {_s(r.p99_s):>5}  {r.swaps:>5}  "
                      f"{_s(r.swap_p50_s):>10}  {_s(r.swap_p95_s):>10}  {hourly}")  # fmt: skip
-    for key, rate in highest_within(rows, p95_target_s).items():
+    for best in highest_within(rows, p95_target_s):
+        key = f"{best['models']} models" + (f", {best['awake']} awake" if best["awake"] else "")
+        rate = best["rate_per_min"]
         lines.append(f"{key}: highest rate within p95 <= {p95_target_s:g} s: "
                      f"{'none' if rate is None else f'{rate:g}/min'}")  # fmt: skip
     return "\n".join(lines) + "\n"

@@ -66,7 +66,11 @@ def test_summary_and_table_exact():
         summarize(2, 30.0, [0.1], 0, 0, [0.05, 0.07], 60.0, awake=1),
     ]
     assert rows[0].per_device_hour == 180.0 and rows[0].dedicated_per_device_hour == 90.0
-    assert highest_within(rows, 2.0) == {"2 models": 30.0, "2 models, 1 awake": 30.0}
+    assert highest_within(rows, 2.0) == [
+        {"models": 2, "awake": None, "rate_per_min": 30.0},
+        {"models": 2, "awake": 1, "rate_per_min": 30.0},
+    ]
+    assert highest_within(rows, 0.01)[0] == {"models": 2, "awake": None, "rate_per_min": None}
     assert render(rows, 2.0) == (
         "models  awake  rate/min  requests  failed  wrong  p50_s  p95_s  p99_s  swaps  "
         "swap_p50_s  swap_p95_s  req/device-h  dedicated\n"
@@ -135,6 +139,7 @@ def test_two_then_one_awake_on_the_same_engines(tmp_path):
     assert [(r["awake"], r["rate_per_min"]) for r in result["rows"]] == [(2, 300.0), (1, 300.0)]
     assert all(r["failed"] == 0 and r["wrong"] == 0 for r in result["rows"])
     assert result["rows"][1]["swaps"] > 0
-    assert set(result["highest_rate_within_target"]) == {"3 models, 2 awake", "3 models, 1 awake"}
+    assert [(b["models"], b["awake"]) for b in result["highest_rate_within_target"]] == [
+        (3, 2), (3, 1)]  # fmt: skip
     assert [s["from"] for s in result["starts"]] == ["pool"] * 3
     assert json.loads(out.read_text())["rows"] == result["rows"]
