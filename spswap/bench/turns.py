@@ -231,7 +231,7 @@ class TurnsRun:
                 "gpus_per_job": self.opts.gpus, "max_new_tokens": self.opts.max_new_tokens,
                 "spswap": __version__, "python": platform.python_version(),
                 "host": platform.node(), "kernel": platform.release(),
-                "user": _user_name(),
+                "user": _user_name(), "work_dir": str(self.opts.work_dir),
                 "date": time.strftime("%Y-%m-%d")}  # fmt: skip
 
 

@@ -100,6 +100,10 @@ def verdict(summary: TurnsSummary) -> Text:
 
 def render_turns(summary: TurnsSummary) -> Group:
     """The whole report: the turns, the stats, the verdict, the settings."""
-    settings = ", ".join(f"{k}={v}" for k, v in sorted(summary.settings.items()))
-    return Group(turn_table(summary), stats_table(summary), verdict(summary),
-                 Text(settings, style="dim"))  # fmt: skip
+    settings = ", ".join(f"{k}={v}" for k, v in sorted(summary.settings.items())
+                         if k != "work_dir")  # fmt: skip
+    parts: list[Table | Text] = [turn_table(summary), stats_table(summary), verdict(summary)]
+    if "work_dir" in summary.settings:
+        parts.append(Text(f"models, job scripts and logs: {summary.settings['work_dir']} "
+                          "(remove it when done)"))  # fmt: skip
+    return Group(*parts, Text(settings, style="dim"))

@@ -137,9 +137,13 @@ def test_at_80_columns_every_model_s_name_is_whole() -> None:
     results = [measure_turn(t, f"small-s{t.model + 2}", action_s=0.0, run_started_s=0.5,
                             answered_s=2.0, path="cold" if t.kind is TurnKind.COLD else "kept",
                             identical=True, eligible_s=0.25) for t in plan]  # fmt: skip
-    s = summarize(["small-s2", "small-s3"], results, wall_s=8.0)
+    s = summarize(["small-s2", "small-s3"], results, wall_s=8.0,
+                  settings={"work_dir": "/home/alice/spswap-turns-x", "rounds": 2})  # fmt: skip
     narrow = Console(width=80, record=True)
     narrow.print(render_turns(s))
+    said = " ".join(narrow.export_text(clear=False).split())
+    assert ("models, job scripts and logs: /home/alice/spswap-turns-x (remove it when done)"
+            in said and "rounds=2" in said and "work_dir=" not in said)  # fmt: skip
     rows = [line for line in narrow.export_text().splitlines() if "small-s" in line]
     assert sum("small-s2" in r for r in rows) == 3 + 1  # its turns, then its stats row
     assert sum("small-s3" in r for r in rows) == 3 + 1
