@@ -109,6 +109,10 @@ def _bench_size(pool: Pool, size_bytes: int, device: torch.device, repeats: int)
     return row
 
 
+# A size holds two buffers of its size in host memory at once, plus a tenth of margin.
+HOST_BYTES_PER_SIZE_BYTE = 2.2
+
+
 def memory_problem(
     sizes_bytes: list[int], *, available_bytes: int | None, scratch: Path,
     scratch_free_bytes: int | None,
@@ -120,11 +124,12 @@ def memory_problem(
     entry must fit the scratch root. A run past that is killed for memory part-way,
     with no table, and leaves its scratch entry behind."""
     largest = max(sizes_bytes)
-    fitting = [s for s in sizes_bytes if available_bytes is None or s * 2.2 <= available_bytes]
-    hint = ",".join(fmt_size_arg(s) for s in fitting) or "64M"
-    if available_bytes is not None and largest * 2.2 > available_bytes:
+    need = {size: int(size * HOST_BYTES_PER_SIZE_BYTE) for size in sizes_bytes}
+    if available_bytes is not None and need[largest] > available_bytes:
+        fitting = [size for size in sizes_bytes if need[size] <= available_bytes]
+        hint = ",".join(fmt_size_arg(size) for size in fitting) or "64M"
         return (f"--sizes asks for {fmt_bytes(largest)}: a size needs about twice that in "
-                f"memory at once ({fmt_bytes(int(largest * 2.2))} with a margin), and this "
+                f"memory at once ({fmt_bytes(need[largest])} with a margin), and this "
                 f"machine has {fmt_bytes(available_bytes)} available; give smaller --sizes, "
                 f"e.g. --sizes {hint}")  # fmt: skip
     if scratch_free_bytes is not None and largest > scratch_free_bytes:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import tempfile
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from spswap.config import parse_size
 from spswap.daemon.memory_claims import mem_available_bytes
 from spswap.engines.vllm_engine import available
 from spswap.errors import ConfigError
+from spswap.fsutil import fs_sizes
 from spswap.multi.engine_settings import model_settings
 
 app = typer.Typer(
@@ -108,10 +108,9 @@ def prolog(
 
 def _free_bytes(path: Path) -> int | None:
     try:
-        st = os.statvfs(path)
+        return fs_sizes(path)[1]
     except OSError:
         return None
-    return st.f_bavail * st.f_frsize
 
 
 def _shm_or_tmp() -> str:
