@@ -38,17 +38,23 @@ def spswap_executable() -> str:
     return found
 
 
-def prolog_env(cfg: Config, job_id: str) -> dict[str, str]:
-    """The environment slurmd gives a prolog (no PATH), for a job of the current user."""
+def current_user_name() -> str:
+    """This process's user by name (root's too: $USER is unset under sudo -i, su -c), else
+    the uid as text where the user database does not know it."""
     uid = os.getuid()
     try:
-        user = pwd.getpwuid(uid).pw_name
+        return pwd.getpwuid(uid).pw_name
     except KeyError:
-        user = str(uid)
+        return str(uid)
+
+
+def prolog_env(cfg: Config, job_id: str) -> dict[str, str]:
+    """The environment slurmd gives a prolog (no PATH), for a job of the current user."""
+    user = current_user_name()
     return {
         "SPSWAP_ROOT": str(cfg.root),
         "SLURM_JOB_ID": job_id,
-        "SLURM_JOB_UID": str(uid),
+        "SLURM_JOB_UID": str(os.getuid()),
         "SLURM_JOB_USER": user,
         "SLURM_JOB_GPUS": "0",
         "CUDA_VISIBLE_DEVICES": "0",

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import platform
-import pwd
 import sys
 import time
 from collections.abc import Callable
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from spswap import __version__
+from spswap.bench.prolog import current_user_name
 from spswap.bench.turns_ask import Asker, OpenAiAsker, SpoolAsker
 from spswap.bench.turns_plan import (
     PlannedTurn,
@@ -231,16 +231,8 @@ class TurnsRun:
                 "gpus_per_job": self.opts.gpus, "max_new_tokens": self.opts.max_new_tokens,
                 "spswap": __version__, "python": platform.python_version(),
                 "host": platform.node(), "kernel": platform.release(),
-                "user": _user_name(), "work_dir": str(self.opts.work_dir),
+                "user": current_user_name(), "work_dir": str(self.opts.work_dir),
                 "date": time.strftime("%Y-%m-%d")}  # fmt: skip
-
-
-def _user_name() -> str:
-    """Who ran the bench, by name for root too ($USER is unset under sudo -i, su -c)."""
-    try:
-        return pwd.getpwuid(os.getuid()).pw_name
-    except KeyError:
-        return str(os.getuid())
 
 
 def turns_serve_args(engine: str, kv_cache_gib: float | None, eager: bool) -> str:
