@@ -93,7 +93,7 @@ def percentile(values: list[float], q: float) -> float | None:
 class RateRow:
     """One rate's result."""
 
-    n_models: int
+    models: int  # how many models the run served
     rate_per_min: float
     requests: int
     failed: int
@@ -118,7 +118,7 @@ class RateRow:
             return "-" if v is None else f"{v:.3f} s"
 
         awake = f"{self.awake} awake" if self.awake else "as many awake as fit"
-        return (f"{self.n_models} models, {awake}, {self.rate_per_min:g}/min: "
+        return (f"{self.models} models, {awake}, {self.rate_per_min:g}/min: "
                 f"{self.requests} requests, {self.failed} failed, {self.wrong} wrong, p50 "
                 f"{s(self.p50_s)}, p95 {s(self.p95_s)}, p99 {s(self.p99_s)}; {self.swaps} "
                 f"swap{'' if self.swaps == 1 else 's'}, "
@@ -133,7 +133,7 @@ def summarize(n_models: int, rate_per_min: float, latencies_s: list[float], fail
     hours = duration_s / 3600.0
     answered = len(latencies_s)
     return RateRow(
-        n_models=n_models, rate_per_min=rate_per_min, requests=answered + failed,
+        models=n_models, rate_per_min=rate_per_min, requests=answered + failed,
         failed=failed, wrong=wrong, p50_s=percentile(latencies_s, 50),
         p95_s=percentile(latencies_s, 95), p99_s=percentile(latencies_s, 99),
         swaps=len(swap_s), swap_p50_s=percentile(swap_s, 50), swap_p95_s=percentile(swap_s, 95),
@@ -148,7 +148,7 @@ def highest_within(rows: list[RateRow], p95_target_s: float) -> list[dict[str, A
     did): ``{"models", "awake", "rate_per_min"}``, fields a script can read."""
     best: dict[tuple[int, int | None], float | None] = {}
     for row in rows:
-        key = (row.n_models, row.awake or None)
+        key = (row.models, row.awake or None)
         best.setdefault(key, None)
         ok = row.failed == 0 and row.p95_s is not None and row.p95_s <= p95_target_s
         if ok and (best[key] is None or row.rate_per_min > (best[key] or 0)):
@@ -170,7 +170,7 @@ def render(rows: list[RateRow], p95_target_s: float) -> str:
     lines = [head]
     for r in rows:
         hourly = f"{r.per_device_hour:>12.0f}  {r.dedicated_per_device_hour:>9.0f}"
-        lines.append(f"{r.n_models:>6}  {r.awake or '-':>5}  {r.rate_per_min:>8g}  "
+        lines.append(f"{r.models:>6}  {r.awake or '-':>5}  {r.rate_per_min:>8g}  "
                      f"{r.requests:>8}  {r.failed:>6}  {r.wrong:>5}  {_s(r.p50_s):>5}  "
                      f"{_s(r.p95_s):>5}  {_s(r.p99_s):>5}  {r.swaps:>5}  "
                      f"{_s(r.swap_p50_s):>10}  {_s(r.swap_p95_s):>10}  {hourly}")  # fmt: skip

@@ -33,6 +33,7 @@ def test_three_models_short_poisson_run(tmp_path):
     result = bench_traffic(cfg, opts, scratch=tmp_path)
     (row,) = result["rows"]
     assert row["awake"] == 2  # as the default --units allow (the row said 'all' before)
+    assert row["models"] == 3  # the word highest_rate_within_target uses (was n_models)
     assert row["requests"] == len(arrivals(240.0, 6.0, 3)) > 10
     assert row["failed"] == 0 and row["wrong"] == 0
     assert row["swaps"] > 0 and row["swap_p50_s"] > 0
