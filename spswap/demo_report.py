@@ -10,11 +10,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from rich.console import Group
-from rich.table import Table
 from rich.text import Text
 
 from spswap.bench.turns_plan import RESTORED_PATHS, TurnKind, TurnResult, TurnsSummary
-from spswap.bench.turns_report import stats_table, turn_table, verdict
+from spswap.bench.turns_report import stats_table, turn_reasons, turn_table, verdict
 from spswap.checkpoint.criu_find import missing_text
 
 CRIU_HINT = "bash scripts/build_criu.sh"
@@ -125,37 +124,10 @@ def pool_copy_note(slowest_gb_per_s: object, device: str) -> str | None:
     )
 
 
-# The stats table's headers, narrow enough for 80 columns (what a console that is not a
-# terminal has): "restored" counts the restored turns, "cold/restored" (mean cold turn /
-# mean restored turn) is how many times faster, two-word headers on two lines.
-STATS_HEADERS = {"restored": "turns", "Slurm mean": "Slurm\nmean", "spswap mean": "spswap\nmean",
-                 "spswap max": "spswap\nmax", "cold/restored": "faster"}  # fmt: skip
-STATS_TITLE = "restored turns against cold starts (s; faster = cold mean / restored mean)"
-
-
-def readable(table: Table, headers: dict[str, str] | None = None) -> Table:
-    """``table`` with no value cut short in a narrow console: a cell too wide for its
-    column folds onto the next line instead of ending in an ellipsis; ``headers`` renames
-    columns (old header -> new) to take less room."""
-    for column in table.columns:
-        column.overflow = "fold"
-        if headers and str(column.header) in headers:
-            column.header = headers[str(column.header)]
-    return table
-
-
-def turn_reasons(turns: list[TurnResult]) -> Text | None:
-    """The reasons of the turns that have one, a line each under the turn table (in the
-    table's path column they squeezed every other column at 80 columns)."""
-    lines = [f"turn {t.index + 1} ({t.model}, {t.path}): {t.reason}" for t in turns if t.reason]
-    return Text("\n".join(lines)) if lines else None
-
-
 def render_demo(summary: TurnsSummary, mode: DemoMode) -> Group:
     """The turn table and the stats of ``spswap bench turns``, then the demo's notes;
-    every value whole at 80 columns (:func:`readable`), the turns' reasons below."""
-    plain = [dataclasses.replace(t, reason=None) for t in summary.turns]
-    table = readable(turn_table(dataclasses.replace(summary, turns=plain)))
+    every value whole at 80 columns, the turns' reasons below."""
+    table = turn_table(summary)
     table.title = (f"spswap demo: {len(summary.models)} models take turns on "
                    f"{summary.settings.get('device', '?')}, through "
                    f"{'CRIU (spswapd)' if mode.checkpoint else 'the pool'}")  # fmt: skip
@@ -163,9 +135,7 @@ def render_demo(summary: TurnsSummary, mode: DemoMode) -> Group:
     reasons = turn_reasons(summary.turns)
     if reasons:
         parts.append(reasons)
-    stats = readable(stats_table(summary), STATS_HEADERS)
-    stats.title = STATS_TITLE
-    parts += [stats, verdict(summary)]
+    parts += [stats_table(summary), verdict(summary)]
     if not demo_ok(summary):
         parts.append(Text("Some answers differ from the cold answers: the swap path is "
                           "broken.", style="bold red"))  # fmt: skip

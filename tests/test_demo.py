@@ -188,7 +188,7 @@ def test_the_report_keeps_every_value_at_80_columns() -> None:
     assert "…" not in text, text
     assert all(len(line) <= 80 for line in text.splitlines())
     cells = {word for line in text.splitlines() for word in line.split()}
-    for value in ("model-0", "model-10", "123.46", "(reference)", "100.0x", "0.8x", "turns",
+    for value in ("model-0", "model-10", "123.46", "reference", "100.0x", "0.8x", "turns",
                   "faster", "Slurm", "spswap"):  # fmt: skip
         assert value in cells, f"{value!r} not whole in:\n{text}"
     # a turn's reason is said in full under the turn table

@@ -26,26 +26,41 @@ def _name_width(summary: TurnsSummary) -> int:
     return max((len(m) for m in summary.per_model), default=5)
 
 
+SECONDS_COLUMNS = ("total", "Slurm", "wait", "spswap")
+
+
 def turn_table(summary: TurnsSummary) -> Table:
     """Every turn: the path it came up by and its time, split into Slurm's and spswap's
-    (and, where a turn waited for Slurm's requeue delay, that part of Slurm's share)."""
+    (and, where a turn waited for Slurm's requeue delay, that part of Slurm's share).
+    The turns' reasons are not in it (:func:`turn_reasons` says them under it)."""
     waited = any(t.requeue_wait_s > 0 for t in summary.turns)
-    table = Table(title="spswap bench turns: every turn, action -> first answer")
-    for col in ("turn", "round", "model", "path", "total s", "Slurm s",
-                *(("of it wait s",) if waited else ()), "spswap s", "answer"):  # fmt: skip
+    title = "spswap bench turns: every turn, action -> first answer (seconds" + (
+        "; wait: the part of Slurm's that was its requeue delay)" if waited else ")"
+    )
+    table = Table(title=title)
+    # one-word headers, the unit in the title: at 80 columns (what a pipe or a log gets)
+    # the table keeps every value whole
+    for col in ("turn", "round", "model", "path", "total", "Slurm",
+                *(("wait",) if waited else ()), "spswap", "answer"):  # fmt: skip
         # a model's name is never cut (at 80 columns "small-…" hid which model it was);
         # the other cells fold where they must
-        table.add_column(col, justify="right" if col.endswith(" s") else "left",
+        table.add_column(col, justify="right" if col in SECONDS_COLUMNS else "left",
                          overflow="fold", min_width=_name_width(summary) if col == "model"
                          else None)  # fmt: skip
     for t in summary.turns:
-        answer = "cold (reference)" if t.kind.value == "cold" else \
+        answer = "reference" if t.kind.value == "cold" else \
             "identical" if t.identical else "DIFFERS"  # fmt: skip
-        path = t.path if t.reason is None else f"{t.path} ({t.reason})"
         wait = (_s(t.requeue_wait_s),) if waited else ()
-        table.add_row(str(t.index + 1), str(t.round), t.model, path, _s(t.total_s),
+        table.add_row(str(t.index + 1), str(t.round), t.model, t.path, _s(t.total_s),
                       _s(t.slurm_s), *wait, _s(t.spswap_s), answer)  # fmt: skip
     return table
+
+
+def turn_reasons(turns: list[TurnResult]) -> Text | None:
+    """The reasons of the turns that have one, a line each under the turn table (in the
+    table's path column they squeezed every other column at 80 columns)."""
+    lines = [f"turn {t.index + 1} ({t.model}, {t.path}): {t.reason}" for t in turns if t.reason]
+    return Text("\n".join(lines)) if lines else None
 
 
 def _stats_row(table: Table, what: str, cold: Stats, restored: Stats) -> None:
@@ -55,11 +70,18 @@ def _stats_row(table: Table, what: str, cold: Stats, restored: Stats) -> None:
                   _s(restored.spswap_max_s), ratio)  # fmt: skip
 
 
+# Headers narrow enough for 80 columns (what a pipe or a log gets): "turns" counts the
+# restored turns, "faster" is cold mean / restored mean, two-word headers on two lines.
+STATS_COLUMNS = ("model", "cold", "turns", "mean", "max", "Slurm\nmean", "spswap\nmean",
+                 "spswap\nmax", "faster")  # fmt: skip
+STATS_TITLE = "restored turns against cold starts (s; faster = cold mean / restored mean)"
+
+
 def stats_table(summary: TurnsSummary) -> Table:
-    """Per model and over all restored turns: mean/max, the shares, the ratio to cold."""
-    table = Table(title="restored turns against cold starts (seconds)")
-    for col in ("model", "cold", "restored", "mean", "max", "Slurm mean", "spswap mean",
-                "spswap max", "cold/restored"):  # fmt: skip
+    """Per model and over all restored turns: mean/max, the shares, the ratio to cold;
+    every value whole at 80 columns."""
+    table = Table(title=STATS_TITLE)
+    for col in STATS_COLUMNS:
         table.add_column(col, justify="left" if col == "model" else "right", overflow="fold",
                          min_width=_name_width(summary) if col == "model" else None)  # fmt: skip
     for name, stats in summary.per_model.items():
@@ -99,10 +121,15 @@ def verdict(summary: TurnsSummary) -> Text:
 
 
 def render_turns(summary: TurnsSummary) -> Group:
-    """The whole report: the turns, the stats, the verdict, the settings."""
+    """The whole report: the turns (their reasons under the table, where they squeezed
+    every other column at 80 columns), the stats, the verdict, the settings."""
     settings = ", ".join(f"{k}={v}" for k, v in sorted(summary.settings.items())
                          if k != "work_dir")  # fmt: skip
-    parts: list[Table | Text] = [turn_table(summary), stats_table(summary), verdict(summary)]
+    parts: list[Table | Text] = [turn_table(summary)]
+    reasons = turn_reasons(summary.turns)
+    if reasons:
+        parts.append(reasons)
+    parts += [stats_table(summary), verdict(summary)]
     if "work_dir" in summary.settings:
         parts.append(Text(f"models, job scripts and logs: {summary.settings['work_dir']} "
                           "(remove it when done)"))  # fmt: skip

@@ -112,7 +112,7 @@ def test_report_names_every_turn_and_the_verdict() -> None:
     console = Console(width=200, record=True)
     console.print(render_turns(s))
     text = console.export_text()
-    assert "cold (reference)" in text and "DIFFERS" in text and "image" in text
+    assert "reference" in text and "DIFFERS" in text and "image" in text
     assert (
         "NOT ok: 3 of 4 answers identical to cold, 3 of 4 later turns came back kept or "
         "from the image, the rounds after the first held one device 8 s, against 16 "
@@ -123,7 +123,9 @@ def test_report_names_every_turn_and_the_verdict() -> None:
         "shorten it; a preempted job that comes back after the preemptor's work does not "
         "wait)"
     ) in " ".join(text.split())  # (the verdict wraps)
-    assert "of it wait s" in text
+    assert "wait: the part of Slurm's that was its requeue delay" in " ".join(text.split())
+    (header,) = [line for line in text.splitlines() if "┃ turn ┃" in line]
+    assert " wait " in header, text
     # no turn waited: no such column
     plain = Console(width=200, record=True)
     plain.print(turn_table(summarize(["m0", "m1"], _results(["cold"] * 2 + ["kept"] * 4,
@@ -148,6 +150,26 @@ def test_at_80_columns_every_model_s_name_is_whole() -> None:
     assert sum("small-s2" in r for r in rows) == 3 + 1  # its turns, then its stats row
     assert sum("small-s3" in r for r in rows) == 3 + 1
     assert not any("small-…" in r or "small-s…" in r for r in rows)
+
+
+def test_at_80_columns_no_value_is_cut_and_a_reason_is_said_whole() -> None:
+    # the stats table ran past 80 columns (its right edge cut, "restor/ed" split) and a
+    # turn's reason in the path column squeezed every other column (newcomer walk)
+    plan = plan_turns(2, 2)
+    results = [measure_turn(t, f"small-s{t.model + 2}", action_s=0.0, run_started_s=0.5,
+                            answered_s=2.0, path="cold" if t.kind is TurnKind.COLD else "image",
+                            identical=True, eligible_s=0.25,
+                            reason="image damaged: a page of pages-3.img differs from its "
+                            "checksum" if t.index == 3 else None) for t in plan]  # fmt: skip
+    narrow = Console(width=80, record=True)
+    narrow.print(render_turns(summarize(["small-s2", "small-s3"], results, wall_s=8.0)))
+    text = narrow.export_text()
+    assert "…" not in text and all(len(line) <= 80 for line in text.splitlines()), text
+    cells = {cell.strip() for line in text.splitlines()
+             for cell in line.replace("┃", "│").split("│")}  # fmt: skip
+    assert {"turns", "faster", "1.0x", "reference", "identical", "wait"} <= cells, text
+    assert ("turn 4 (small-s3, image): image damaged: a page of pages-3.img differs from its "
+            "checksum") in " ".join(text.split()), text  # fmt: skip
 
 
 def test_a_turn_s_log_line() -> None:
