@@ -162,18 +162,22 @@ def _s(v: float | None) -> str:
 
 
 def render(rows: list[RateRow], p95_target_s: float) -> str:
-    """The table ``spswap bench traffic`` prints."""
-    head = (
-        "models  awake  rate/min  requests  failed  wrong  p50_s  p95_s  p99_s  swaps  "
-        "swap_p50_s  swap_p95_s  req/device-h  dedicated"
-    )
-    lines = [head]
-    for r in rows:
-        hourly = f"{r.per_device_hour:>12.0f}  {r.dedicated_per_device_hour:>9.0f}"
-        lines.append(f"{r.models:>6}  {r.awake or '-':>5}  {r.rate_per_min:>8g}  "
-                     f"{r.requests:>8}  {r.failed:>6}  {r.wrong:>5}  {_s(r.p50_s):>5}  "
-                     f"{_s(r.p95_s):>5}  {_s(r.p99_s):>5}  {r.swaps:>5}  "
-                     f"{_s(r.swap_p50_s):>10}  {_s(r.swap_p95_s):>10}  {hourly}")  # fmt: skip
+    """The tables ``spswap bench traffic`` prints: the requests' latencies, then the swaps
+    and the throughput, each row keyed by its models, awake models and rate; two tables
+    so that each fits 80 columns (what a pipe or a log gets)."""
+    key_head = "models  awake  rate/min"
+
+    def key(r: RateRow) -> str:
+        return f"{r.models:>6}  {r.awake or '-':>5}  {r.rate_per_min:>8g}"
+
+    lines = [f"requests (seconds)\n{key_head}  requests  failed  wrong  p50_s  p95_s  p99_s"]
+    lines += [f"{key(r)}  {r.requests:>8}  {r.failed:>6}  {r.wrong:>5}  {_s(r.p50_s):>5}  "
+              f"{_s(r.p95_s):>5}  {_s(r.p99_s):>5}" for r in rows]  # fmt: skip
+    lines.append("swaps (seconds); answers per device-hour, shared and one device per model\n"
+                 f"{key_head}  swaps  swap_p50_s  swap_p95_s  shared/h  dedicated/h")  # fmt: skip
+    lines += [f"{key(r)}  {r.swaps:>5}  {_s(r.swap_p50_s):>10}  {_s(r.swap_p95_s):>10}  "
+              f"{r.per_device_hour:>8.0f}  {r.dedicated_per_device_hour:>11.0f}"
+              for r in rows]  # fmt: skip
     for best in highest_within(rows, p95_target_s):
         key = f"{best['models']} models" + (f", {best['awake']} awake" if best["awake"] else "")
         rate = best["rate_per_min"]

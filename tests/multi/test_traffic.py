@@ -72,15 +72,19 @@ def test_summary_and_table_exact():
         {"models": 2, "awake": 1, "rate_per_min": 30.0},
     ]
     assert highest_within(rows, 0.01)[0] == {"models": 2, "awake": None, "rate_per_min": None}
-    assert render(rows, 2.0) == (
-        "models  awake  rate/min  requests  failed  wrong  p50_s  p95_s  p99_s  swaps  "
-        "swap_p50_s  swap_p95_s  req/device-h  dedicated\n"
-        "     2      -        30         3       0      0  0.200  0.300  0.300      1       "
-        "0.050       0.050           180         90\n"
-        "     2      -        60         3       1      0  0.500  3.000  3.000      0       "
-        "    -           -           120         60\n"
-        "     2      1        30         1       0      0  0.100  0.100  0.100      2       "
-        "0.050       0.070            60         30\n"
+    text = render(rows, 2.0)
+    assert all(len(line) <= 80 for line in text.splitlines()), text
+    assert text == (
+        "requests (seconds)\n"
+        "models  awake  rate/min  requests  failed  wrong  p50_s  p95_s  p99_s\n"
+        "     2      -        30         3       0      0  0.200  0.300  0.300\n"
+        "     2      -        60         3       1      0  0.500  3.000  3.000\n"
+        "     2      1        30         1       0      0  0.100  0.100  0.100\n"
+        "swaps (seconds); answers per device-hour, shared and one device per model\n"
+        "models  awake  rate/min  swaps  swap_p50_s  swap_p95_s  shared/h  dedicated/h\n"
+        "     2      -        30      1       0.050       0.050       180           90\n"
+        "     2      -        60      0           -           -       120           60\n"
+        "     2      1        30      2       0.050       0.070        60           30\n"
         "2 models: highest rate within p95 <= 2 s: 30/min\n"
         "2 models, 1 awake: highest rate within p95 <= 2 s: 30/min\n"
     )
