@@ -130,7 +130,7 @@ def render_demo(summary: TurnsSummary, mode: DemoMode) -> Group:
     table = turn_table(summary)
     table.title = (f"spswap demo: {len(summary.models)} models take turns on "
                    f"{summary.settings.get('device', '?')}, through "
-                   f"{'CRIU (spswapd)' if mode.checkpoint else 'the pool'}")  # fmt: skip
+                   f"{'CRIU (spswapd)' if mode.checkpoint else 'the pool'} (seconds)")  # fmt: skip
     parts: list[Any] = [table]
     reasons = turn_reasons(summary.turns)
     if reasons:

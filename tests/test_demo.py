@@ -186,6 +186,7 @@ def test_the_report_keeps_every_value_at_80_columns() -> None:
     console.print(render_demo(summary, mode))
     text = console.export_text()
     assert "…" not in text, text
+    assert "through CRIU (spswapd) (seconds)" in " ".join(text.split())  # the table's unit
     assert all(len(line) <= 80 for line in text.splitlines())
     cells = {word for line in text.splitlines() for word in line.split()}
     for value in ("model-0", "model-10", "123.46", "reference", "100.0x", "0.8x", "turns",

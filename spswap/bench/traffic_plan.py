@@ -167,15 +167,15 @@ def render(rows: list[RateRow], p95_target_s: float) -> str:
     so that each fits 80 columns (what a pipe or a log gets)."""
     key_head = "models  awake  rate/min"
 
-    def key(r: RateRow) -> str:
+    def row_key(r: RateRow) -> str:
         return f"{r.models:>6}  {r.awake or '-':>5}  {r.rate_per_min:>8g}"
 
     lines = [f"requests (seconds)\n{key_head}  requests  failed  wrong  p50_s  p95_s  p99_s"]
-    lines += [f"{key(r)}  {r.requests:>8}  {r.failed:>6}  {r.wrong:>5}  {_s(r.p50_s):>5}  "
+    lines += [f"{row_key(r)}  {r.requests:>8}  {r.failed:>6}  {r.wrong:>5}  {_s(r.p50_s):>5}  "
               f"{_s(r.p95_s):>5}  {_s(r.p99_s):>5}" for r in rows]  # fmt: skip
-    lines.append("swaps (seconds); answers per device-hour, shared and one device per model\n"
+    lines.append("swaps (seconds); requests per device-hour, shared and one device per model\n"
                  f"{key_head}  swaps  swap_p50_s  swap_p95_s  shared/h  dedicated/h")  # fmt: skip
-    lines += [f"{key(r)}  {r.swaps:>5}  {_s(r.swap_p50_s):>10}  {_s(r.swap_p95_s):>10}  "
+    lines += [f"{row_key(r)}  {r.swaps:>5}  {_s(r.swap_p50_s):>10}  {_s(r.swap_p95_s):>10}  "
               f"{r.per_device_hour:>8.0f}  {r.dedicated_per_device_hour:>11.0f}"
               for r in rows]  # fmt: skip
     for best in highest_within(rows, p95_target_s):

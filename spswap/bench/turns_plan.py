@@ -91,10 +91,15 @@ def measure_turn(turn: PlannedTurn, model: str, *, action_s: float, run_started_
     """One turn's shares from its three moments (epoch seconds). A run start before the
     action (clock steps of the tick-resolution start time) counts as 0 s of Slurm's.
     ``eligible_s``: when Slurm allowed the incoming job to start (its ``EligibleTime``);
-    the part of Slurm's share before it is the turn's requeue wait."""
+    the part of Slurm's share before it is a restored turn's requeue wait."""
     run_started_s = min(max(run_started_s, action_s), answered_s)
     slurm_s = run_started_s - action_s
-    wait_s = min(max(eligible_s - action_s, 0.0), slurm_s) if eligible_s is not None else 0.0
+    # only a requeued job waits for the requeue delay: a first start's job was submitted
+    # held and released at the action, and its EligibleTime (whole seconds) may read a
+    # fraction past the action without any wait behind it
+    wait_s = 0.0
+    if turn.kind is TurnKind.RESTORE and eligible_s is not None:
+        wait_s = min(max(eligible_s - action_s, 0.0), slurm_s)
     return TurnResult(index=turn.index, round=turn.round, model=model, kind=turn.kind,
                       path=path, total_s=answered_s - action_s, slurm_s=slurm_s,
                       spswap_s=answered_s - run_started_s, identical=identical,

@@ -3,11 +3,13 @@ the restored turns (pure: a summary in, a rich renderable out)."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from spswap.bench.turns_plan import Stats, TurnResult, TurnsSummary
+from spswap.bench.turns_plan import Stats, TurnKind, TurnResult, TurnsSummary
 
 
 def _s(value: float | None) -> str:
@@ -90,20 +92,34 @@ def stats_table(summary: TurnsSummary) -> Table:
     return table
 
 
+PATH_WORDS = {"kept": "kept", "image": "from the image", "pool": "from the pool"}
+
+
 def _paths_text(paths: tuple[str, ...]) -> str:
     """``('kept', 'image')`` as ``kept or from the image``: how a turn counts as restored."""
-    words = {"kept": "kept", "image": "from the image", "pool": "from the pool"}
-    said = [words.get(p, p) for p in paths]
+    said = [PATH_WORDS.get(p, p) for p in paths]
     return " or ".join(said) if len(said) < 3 else ", ".join(said[:-1]) + " or " + said[-1]
+
+
+def came_back_text(summary: TurnsSummary) -> str:
+    """How the later turns came back, by the paths they took: ``6 of 6 later turns came
+    back (4 kept, 2 from the image)``; with none restored, the paths that would count."""
+    later = [t for t in summary.turns if t.kind is TurnKind.RESTORE]
+    counts = Counter(t.path for t in later if t.path in summary.restored_paths)
+    head = f"{summary.compared - summary.not_restored} of {summary.compared} later turns came back"
+    if not counts:
+        return f"{head} {_paths_text(summary.restored_paths)}"
+    split = ", ".join(f"{counts[p]} {PATH_WORDS.get(p, p)}" for p in summary.restored_paths
+                      if counts[p])  # fmt: skip
+    return f"{head} ({split})"
 
 
 def verdict(summary: TurnsSummary) -> Text:
     """One line a user can act on: what held and what did not."""
     parts = [
         f"{summary.identical} of {summary.compared} answers identical to cold",
-        f"{summary.compared - summary.not_restored} of {summary.compared} later turns came "
-        f"back {_paths_text(summary.restored_paths)}",
-        f"the rounds after the first held one device {summary.device_s:.0f} s, against "
+        came_back_text(summary),
+        f"after the cold starts the rounds held one device {summary.device_s:.0f} s, against "
         f"{summary.dedicated_device_s:.0f} device-seconds for {len(summary.models)} "
         "dedicated devices (one per model, held as long)",
     ]

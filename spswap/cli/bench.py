@@ -10,7 +10,7 @@ import typer
 from spswap.bench.traffic import TrafficOptions, bench_traffic
 from spswap.bench.traffic_plan import RateRow, check_rates, parse_rates, render
 from spswap.bench.turns import TurnsOptions, run_turns, slurm_preflight, turns_serve_args
-from spswap.cli.common import JsonOpt, RootOpt, console, emit, err_console, load_config
+from spswap.cli.common import JsonOpt, RootOpt, emit, err_console, load_config
 from spswap.config import parse_size
 from spswap.daemon.memory_claims import mem_available_bytes
 from spswap.engines.vllm_engine import available
@@ -26,6 +26,11 @@ app = typer.Typer(
 )
 
 DEFAULT_SIZES = "64M,256M,1G,4G,16G"
+
+
+def _progress(line: str) -> None:
+    """A bench's progress line, on stderr: stdout holds its report (or its --json)."""
+    err_console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def _sizes(text: str) -> list[int]:
@@ -154,7 +159,7 @@ def swap(
         raise ConfigError("bench swap needs vLLM and a CUDA GPU; pip install 'spswap[vllm]'")
     result = bench_swap(list(models), pool_dir=pool_dir, cycles=cycles,
                         settings=bench_settings(gpu_memory_utilization, kv_cache_gib),
-                        log=lambda s: console.print(s, markup=False, soft_wrap=True))  # fmt: skip
+                        log=_progress)  # fmt: skip
     emit(result, json, render_bench_swap)
 
 
@@ -252,9 +257,7 @@ def turns(
                         partition=partition, gpus=gpus, max_new_tokens=max_new_tokens,
                         vllm_args=vllm_args, serve_args=serve_args, time_limit=time_limit,
                         turn_timeout_s=turn_timeout_s)  # fmt: skip
-    summary = run_turns(opts, load_config(root),
-                        log=lambda s: (err_console if json else console).print(
-                            s, markup=False, soft_wrap=True))  # fmt: skip
+    summary = run_turns(opts, load_config(root), log=_progress)
     if out is not None:
         out.write_text(json_module.dumps(summary.to_json(), indent=2, sort_keys=True) + "\n")
     emit(summary.to_json() if json else summary, json, render_turns)
@@ -361,10 +364,7 @@ def traffic(
                           awake=tuple(int(a) for a in _floats(awake, "--awake", "2,1")) if awake
                           else (), out=out)  # fmt: skip
 
-    def log(msg: str) -> None:
-        err_console.print(msg, markup=False, highlight=False, soft_wrap=True)
-
-    result = bench_traffic(load_config(root), opts, log=log)
+    result = bench_traffic(load_config(root), opts, log=_progress)
     emit(
         {k: v for k, v in result.items() if k != "metrics"},
         json,

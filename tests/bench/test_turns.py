@@ -14,7 +14,7 @@ from rich.console import Console
 from spswap.bench.turns import TurnJob, TurnsOptions, TurnsRun, job_script, turns_serve_args
 from spswap.bench.turns_ask import SpoolAsker, completion_body, socket_of
 from spswap.bench.turns_plan import PlannedTurn, TurnKind, measure_turn, plan_turns, summarize
-from spswap.bench.turns_report import render_turns, turn_line, turn_table
+from spswap.bench.turns_report import came_back_text, render_turns, turn_line, turn_table
 from spswap.config import Config
 from spswap.errors import ConfigError, SlurmCommandError, SpswapError
 from spswap.serve.spool import Spool
@@ -102,6 +102,22 @@ def test_summary_is_not_ok_for_a_differing_answer_a_cold_turn_or_a_leftover() ->
     left = summarize(["m0", "m1"], _results(["cold"] * 2 + ["kept"] * 4, [True] * 6),
                      wall_s=1.0, leftovers=["GPU slot r3 of job 7"])  # fmt: skip
     assert left.ok is False
+    # none restored: the paths that would have counted are said
+    none = summarize(["m0", "m1"], _results(["cold"] * 2 + ["pool"] * 4, [True] * 6), wall_s=1.0)
+    assert came_back_text(none) == "0 of 4 later turns came back kept or from the image"
+
+
+def test_a_first_start_never_counts_a_requeue_wait() -> None:
+    # a first start's job is released from its hold at the action; its EligibleTime (whole
+    # seconds) read up to 0.25 s past it and the verdict counted "requeue delay" for jobs
+    # never requeued (newcomer walk)
+    cold, later = plan_turns(2, 1)[0], plan_turns(2, 1)[2]
+    first = measure_turn(cold, "m0", action_s=100.0, run_started_s=101.0, answered_s=103.0,
+                         path="cold", identical=True, eligible_s=100.25)  # fmt: skip
+    assert first.requeue_wait_s == 0.0 and first.slurm_s == 1.0
+    again = measure_turn(later, "m0", action_s=100.0, run_started_s=101.0, answered_s=102.0,
+                         path="kept", identical=True, eligible_s=100.25)  # fmt: skip
+    assert again.requeue_wait_s == 0.25
 
 
 def test_report_names_every_turn_and_the_verdict() -> None:
@@ -114,8 +130,8 @@ def test_report_names_every_turn_and_the_verdict() -> None:
     text = console.export_text()
     assert "reference" in text and "DIFFERS" in text and "image" in text
     assert (
-        "NOT ok: 3 of 4 answers identical to cold, 3 of 4 later turns came back kept or "
-        "from the image, the rounds after the first held one device 8 s, against 16 "
+        "NOT ok: 3 of 4 answers identical to cold, 3 of 4 later turns came back (2 kept, 1 "
+        "from the image), after the cold starts the rounds held one device 8 s, against 16 "
         "device-seconds for 2 dedicated devices (one per model, held as long), "
         "1 turn(s) waited 0.25 s in "
         "all for Slurm's requeue delay (a requeued job may start again only "

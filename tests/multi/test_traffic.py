@@ -80,7 +80,7 @@ def test_summary_and_table_exact():
         "     2      -        30         3       0      0  0.200  0.300  0.300\n"
         "     2      -        60         3       1      0  0.500  3.000  3.000\n"
         "     2      1        30         1       0      0  0.100  0.100  0.100\n"
-        "swaps (seconds); answers per device-hour, shared and one device per model\n"
+        "swaps (seconds); requests per device-hour, shared and one device per model\n"
         "models  awake  rate/min  swaps  swap_p50_s  swap_p95_s  shared/h  dedicated/h\n"
         "     2      -        30      1       0.050       0.050       180           90\n"
         "     2      -        60      0           -           -       120           60\n"
