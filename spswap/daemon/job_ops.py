@@ -26,6 +26,7 @@ from spswap.daemon.slot_ops import give_way_to_job
 from spswap.daemon.state import Context, DaemonState, require_root
 from spswap.daemon.statuses import CheckpointState
 from spswap.errors import RequestRefused, SpswapError
+from spswap.instance.registry import InstanceRegistry
 from spswap.pool.store import Pool
 from spswap.slurm.parse import JobInfo, job_fate, stopped_for_good
 
@@ -131,8 +132,18 @@ def collect_images(st: DaemonState, current_job: str) -> list[str]:
         if reason:
             drop_job_images(st, job_id, reason)
             st.event("images.collected", job_id=job_id, reason=reason)
+            forget_instances(st, job_id)
             gone.append(job_id)
     return gone
+
+
+def forget_instances(st: DaemonState, job_id: str) -> list[str]:
+    """Drop the instance records of a job that will not come back here whose process is
+    gone (what `spswap status` showed of them: a saved instance, now deleted)."""
+    dropped = InstanceRegistry(st.cfg.paths.run / "instances").drop_dead_of_job(job_id)
+    if dropped:
+        st.event("instances.forgotten", job_id=job_id, instances=dropped)
+    return dropped
 
 
 def _not_coming_back(st: DaemonState, job_id: str) -> str | None:
@@ -206,6 +217,7 @@ def op_job_end(ctx: Context, args: dict[str, Any]) -> Answer:
         fate = _job_fate(ending, requeued)
         if fate == "gone":
             images_deleted = drop_job_images(st, job_id)
+            forget_instances(st, job_id)
     except Exception as e:
         problems.append(f"images: {e}")
     try:

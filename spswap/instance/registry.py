@@ -9,6 +9,7 @@ the kernel tells them).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import time
@@ -91,6 +92,18 @@ class InstanceRegistry:
                 self._daemon_call("instance.remove", id=instance_id)
             except Exception:
                 pass  # the next `spswap status` shows it as gone (its process is)
+
+    def drop_dead_of_job(self, job_id: str) -> list[str]:
+        """Unlink the records of job ``job_id`` whose process is gone (for spswapd, once
+        the job will not come back to this node: its saved instance is no more, and
+        `spswap status` listed such records for ever); the ids dropped. Live records stay."""
+        dropped = []
+        for rec, alive in self.list():
+            if rec.job_id == job_id and not alive:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.directory / f"{rec.id}.json")
+                dropped.append(rec.id)
+        return dropped
 
     def _daemon_call(self, op: str, **args: Any) -> Any:
         root = self.directory.parent.parent  # <root>/run/instances

@@ -3,6 +3,7 @@ back (job_ops.collect_images at a prolog, job.end with the job gone)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -196,3 +197,37 @@ def test_the_epilog_of_a_run_whose_dump_is_under_way_says_it_comes_back(
     answer = op_job_end(Context(peer_uid=0, peer_pid=1, state=st), {"job_id": "7"})
     assert (answer["fate"], answer["state"], seen) == ("back", JobState.REQUEUED, asked)
     assert st.statuses.read("7")["state"] == CheckpointState.DUMPING  # the dump goes on
+
+
+def _dead_pid() -> int:
+    import subprocess
+
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_job_that_will_not_come_back_leaves_no_dead_instance_record(tmp_path: Path) -> None:
+    """`spswap status` listed the saved instances of cancelled jobs ("checkpoint; job's
+    checkpoint deleted") for ever after their images went (newcomer walk): the sweep and
+    the epilog that find the job gone drop its records whose process is gone."""
+    from spswap.daemon.job_ops import op_job_end
+    from spswap.daemon.state import Context
+    from spswap.instance.registry import InstanceRecord, InstanceRegistry
+
+    st = _state(tmp_path, {"7": "CANCELLED", "8": "RUNNING"})
+    registry = InstanceRegistry(st.cfg.paths.run / "instances")
+    dead = _dead_pid()
+    for rec_id, job, pid in (("a", "7", dead), ("b", "7", os.getpid()), ("c", "8", dead),
+                             ("d", "11", dead)):  # fmt: skip
+        registry.put(InstanceRecord(id=rec_id, model="m", state="checkpoint", pid=pid,
+                                    uid=0, job_id=job))  # fmt: skip
+    for job in ("7", "8"):
+        st.statuses.write(job, state=CheckpointState.RESTORED, pid=1)
+    assert collect_images(st, "10") == ["7"]
+    # 7's dead record went, its live one stays; 8 still runs; 11 was not looked at
+    assert sorted(r.id for r, _ in registry.list()) == ["b", "c", "d"]
+    answer = op_job_end(Context(peer_uid=0, peer_pid=1, state=st),
+                        {"job_id": "11", "requeued": False})  # fmt: skip
+    assert answer["fate"] == "gone"
+    assert sorted(r.id for r, _ in registry.list()) == ["b", "c"]
