@@ -111,7 +111,8 @@ class InstanceRegistry:
 
     def list(self) -> list[tuple[InstanceRecord, bool]]:
         """Every record with whether its process still runs (dead ones are kept: Saved
-        instances have no process, and a record of a crash is worth showing)."""
+        instances have no process, and a record of a crash is worth showing, until
+        spswapd finds their job will not come back: :meth:`drop_dead_of_job`)."""
         out: list[tuple[InstanceRecord, bool]] = []
         if not self.directory.is_dir():
             return out
