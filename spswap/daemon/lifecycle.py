@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from spswap.config import Config
-from spswap.errors import DaemonError
+from spswap.errors import DaemonError, PermissionDenied
 
 PID_FILE = "spswapd.pid"
 START_LOCK = "spswapd.start.lock"
@@ -219,9 +219,14 @@ def prepare_dirs(cfg: Config) -> None:
 
 
 def stop(cfg: Config, timeout_s: float = 10.0) -> int | None:
-    """Stop the daemon (SIGTERM, then SIGKILL after ``timeout_s``); the pid it had, or None."""
+    """Stop the daemon (SIGTERM, then SIGKILL after ``timeout_s``); the pid it had, or
+    None when none runs. A user, who may not read root's pid file, is refused
+    (:class:`PermissionDenied`): she was told "not running" of a daemon that ran."""
     pid = daemon_running(cfg)
-    if not pid or pid < 0:
+    if pid is not None and pid < 0:
+        raise PermissionDenied(f"spswapd runs for {cfg.root} as root: only root stops it "
+                               "(`sudo spswap daemon stop`, or ask the node's admin)")  # fmt: skip
+    if not pid:
         return None
     try:
         os.kill(pid, signal.SIGTERM)

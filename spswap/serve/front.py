@@ -297,12 +297,10 @@ def _not_a_front(path: Path, first_line: bytes) -> str:
 def _connect_error(path: Path, e: OSError) -> str:
     """Why ``spswap ask`` could not reach ``path``, in the user's terms."""
     if isinstance(e, PermissionError):
-        owner = _owner(path)
-        if owner is not None and owner != os.getuid():
-            return (
-                f"{path} belongs to another user ({_user_name(owner)}): a serving "
-                "job's socket answers its own user only (and root); ask a job of yours"
-            )
+        refusal = another_users(path, "a serving job's socket answers its own user only "
+                                "(and root); ask a job of yours")  # fmt: skip
+        if refusal is not None:
+            return refusal
         return (f"{path}: permission denied ({e.strerror or e}); a serving job's socket "
                 "answers its own user only (and root)")  # fmt: skip
     if isinstance(e, ConnectionRefusedError):
@@ -314,6 +312,15 @@ def _connect_error(path: Path, e: OSError) -> str:
         f"no spswap server at {path} ({e.strerror or e}); is the job running? "
         "(`spswap serve --socket` prints where it listens)"
     )
+
+
+def another_users(path: Path, why: str) -> str | None:
+    """``path belongs to another user (name, uid N): why`` when ``path`` (or the nearest
+    directory above it that can be seen) is not the caller's, else None."""
+    owner = _owner(path)
+    if owner is None or owner == os.getuid():
+        return None
+    return f"{path} belongs to another user ({_user_name(owner)}): {why}"
 
 
 def _owner(path: Path) -> int | None:

@@ -11,9 +11,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from spswap.errors import SpswapError
+from spswap.errors import PermissionDenied, SpswapError
 from spswap.fsutil import atomic_write_json
-from spswap.serve.front import openai_hint
+from spswap.serve.front import another_users, openai_hint
 from spswap.serve.spool import Request, Spool, answered, fetch_id, not_answered
 from spswap.slurm.backend import CliBackend
 from spswap.slurm.parse import stopped_for_good
@@ -104,6 +104,30 @@ def ask_spool(state_dir: Path, request: dict[str, Any], *, timeout_s: float,
     if rid is None:
         req = Request.from_json({"id": request.get("id") or uuid.uuid4().hex, **request})
         rid = req.id
+    try:
+        given = _put(spool, state_dir, req, rid, ended)
+    except PermissionError:
+        # (the generic "run as root, or give a --root" did not apply: it is a job's folder)
+        refusal = another_users(state_dir, "a serving job's state directory takes "
+                                "requests from its own user only (and root); ask a job "
+                                "of yours")  # fmt: skip
+        if refusal is None:
+            raise
+        raise PermissionDenied(refusal) from None
+    if given is not None:
+        return answered(given)
+    answer = await_answer(spool, rid, time.monotonic() + timeout_s)
+    if answer is not None:
+        return answered(answer)
+    return not_answered(rid, f"no answer within {timeout_s:g} s; the request waits in "
+                        f"{spool.inbox}")  # fmt: skip
+
+
+def _put(spool: Spool, state_dir: Path, req: Request | None, rid: str,
+         ended: str | None) -> dict[str, Any] | None:  # fmt: skip
+    """Check that ``state_dir`` holds a spool, then submit ``req`` (or check that request
+    ``rid`` was asked before); for a job that ``ended``, its answer given before (the
+    only one it will have)."""
     if not (spool.inbox.is_dir() and spool.outbox.is_dir()):
         if (why := not_a_spool(state_dir)) is not None:
             raise SpswapError(why)
@@ -112,7 +136,7 @@ def ask_spool(state_dir: Path, request: dict[str, Any], *, timeout_s: float,
     if ended is not None:
         given = spool.answer(rid)
         if given is not None:
-            return answered(given)
+            return given
         raise SpswapError(f"the job has ended ({ended}) and will not run again: no run will "
                           "answer this request; submit the job again (its saved answers "
                           "are in " + str(spool.outbox) + ")")  # fmt: skip
@@ -120,8 +144,4 @@ def ask_spool(state_dir: Path, request: dict[str, Any], *, timeout_s: float,
         spool.check_asked(rid)
     else:
         spool.submit(req)
-    answer = await_answer(spool, rid, time.monotonic() + timeout_s)
-    if answer is not None:
-        return answered(answer)
-    return not_answered(rid, f"no answer within {timeout_s:g} s; the request waits in "
-                        f"{spool.inbox}")  # fmt: skip
+    return None

@@ -78,3 +78,14 @@ def test_images_ls_as_a_user_says_the_images_are_roots(cfg: Config, daemon: int,
     assert res["error"].startswith("PermissionDenied("), res  # (spswap's one error line)
     assert "is root's: run as root (users see their jobs' checkpoint state in `spswap " \
         "status` and `spswap events`)" in res["error"], res  # fmt: skip
+
+
+def test_daemon_stop_as_a_user_is_refused_not_told_not_running(cfg: Config, daemon: int,
+                                                               user_uid: int) -> None:  # fmt: skip
+    """A user's `spswap daemon stop` printed "spswapd was not running" and exited 0 while
+    root's spswapd ran (she may not read its pid file; newcomer walk)."""
+    _cli(cfg, "daemon", "stop", "--help")  # (modules loaded as root)
+    res = _spswap_as(user_uid, cfg, "daemon", "stop")
+    assert res["error"].startswith("PermissionDenied("), res
+    assert "only root stops it" in res["error"] and "not running" not in res["out"], res
+    assert Client(cfg).call("status")["pid"] == daemon  # still the same daemon

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import tempfile
 from pathlib import Path
@@ -78,6 +79,42 @@ def test_asking_another_users_socket_says_whose_it_is(user_uid: int) -> None:
         f"nothing listens on {path} any more: the run that opened it has ended "
         "(or is stopped for a preemption); ask again once the job runs"
     )
+
+
+def test_asking_another_users_job_through_its_spool_says_whose_it_is(user_uid: int) -> None:
+    """`spswap ask --job N` of another user's job said "cannot use .../inbox: permission
+    denied; run as root, or give a --root (SPSWAP_ROOT) this user may read": the job's
+    folder is no root (newcomer walk, bob asking alice's job)."""
+    import spswap.serve.spool_ask  # noqa: F401  (imported as root)
+    from spswap.errors import PermissionDenied
+    from spswap.serve.spool import Spool
+    from spswap.serve.spool_ask import ask_spool
+
+    state = Path(tempfile.mkdtemp(prefix="spj-", dir="/tmp"))  # root's job state directory
+    state.chmod(0o755)  # others may look, not write (as a user's home under umask 022)
+    spool = Spool(state)
+    for d in (spool.inbox, spool.outbox):
+        d.mkdir(parents=True, exist_ok=True)
+        d.chmod(0o755)
+
+    def asks() -> str:
+        try:
+            ask_spool(state, {"prompt_ids": [1]}, timeout_s=1)
+        except PermissionDenied as e:
+            return f"PermissionDenied: {e}"
+        except Exception as e:
+            return f"{type(e).__name__}: {e}"
+        return "answered"
+
+    try:
+        assert as_user(user_uid, asks) == (
+            f"PermissionDenied: {state} belongs to another user (root, uid 0): a serving "
+            "job's state directory takes requests from its own user only (and root); ask a "
+            "job of yours"
+        )
+        assert list(spool.inbox.iterdir()) == []  # nothing of the user's was put there
+    finally:
+        shutil.rmtree(state)
 
 
 def test_pool_rm_as_a_user_says_it_is_roots(cfg: Config, daemon: int, user_uid: int,
