@@ -59,7 +59,8 @@ def stop(
     timeout_s: float = typer.Option(10.0, "--timeout-s", help="SIGKILL after this long."),
 ) -> None:
     """Stop spswapd (SIGTERM, then SIGKILL after --timeout-s). The pool, slots, jobs and
-    images stay on tmpfs; the next start carries on with them."""
+    images stay on tmpfs; the next start carries on with them. Root stops root's spswapd
+    (a user is refused, exit 3)."""
     cfg = load_config(root)
     pid = lifecycle.stop(cfg, timeout_s=timeout_s)
     if pid is None:
