@@ -24,7 +24,7 @@ from spswap.daemon.jobs import JobRecord, JobState, check_job_id
 from spswap.daemon.protocol import Answer
 from spswap.daemon.slot_ops import give_way_to_job
 from spswap.daemon.state import Context, DaemonState, require_root
-from spswap.daemon.statuses import CheckpointState
+from spswap.daemon.statuses import ENDED_STATES, CheckpointState
 from spswap.errors import RequestRefused, SpswapError
 from spswap.instance.registry import InstanceRegistry
 from spswap.pool.store import Pool
@@ -123,8 +123,8 @@ def collect_images(st: DaemonState, current_job: str) -> list[str]:
     will not come back its status says so instead of "restored" for ever. Returns the job
     ids whose images (or restored status) went."""
     gone = []
-    jobs = set(image_job_ids(st.cfg.paths.images, st.statuses.dir))
-    jobs.update(st.statuses.jobs_in(CheckpointState.RESTORED))
+    with_images = set(image_job_ids(st.cfg.paths.images, st.statuses.dir))
+    jobs = with_images | set(st.statuses.jobs_in(CheckpointState.RESTORED))
     for job_id in sorted(jobs):
         if job_id == current_job:
             continue
@@ -134,7 +134,25 @@ def collect_images(st: DaemonState, current_job: str) -> list[str]:
             st.event("images.collected", job_id=job_id, reason=reason)
             forget_instances(st, job_id)
             gone.append(job_id)
+    _forget_ended_statuses(st, skip={current_job, *with_images, *gone})
     return gone
+
+
+def _forget_ended_statuses(st: DaemonState, skip: set[str]) -> None:
+    """Remove the statuses (deleted, failed, rejected) of jobs Slurm no longer knows (past
+    its MinJobAge): `spswap status` listed every job ever checkpointed here, for ever.
+    A job Slurm still knows keeps its status: it says its owner why the job starts cold."""
+    for job_id in st.statuses.jobs_in(*ENDED_STATES):
+        if job_id in skip:
+            continue
+        info, answered = st.ask_slurm(job_id)
+        if not answered:
+            return  # (no controller: the next sweep asks again, one event, not one a job)
+        if info is None:
+            st.statuses.remove(job_id)
+            forget_instances(st, job_id)
+            st.event("checkpoint.forgotten", job_id=job_id,
+                     reason="Slurm no longer knows the job")  # fmt: skip
 
 
 def forget_instances(st: DaemonState, job_id: str) -> list[str]:

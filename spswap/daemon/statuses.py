@@ -28,6 +28,11 @@ class CheckpointState(str, Enum):
         return self.value
 
 
+# The states a job's status can end in: spswapd forgets such a status once Slurm no
+# longer knows the job (job_ops.collect_images), or `spswap status` lists it for ever
+ENDED_STATES = (CheckpointState.DELETED, CheckpointState.FAILED, CheckpointState.REJECTED)
+
+
 class CheckpointStatuses:
     """The status files of one daemon's jobs, under ``directory``."""
 
@@ -47,14 +52,18 @@ class CheckpointStatuses:
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o755)
         atomic_write_json(self.path(job_id), {"job_id": job_id, **status})
 
-    def jobs_in(self, state: CheckpointState) -> list[str]:
-        """The jobs whose status is ``state`` now."""
+    def jobs_in(self, *states: CheckpointState) -> list[str]:
+        """The jobs whose status is one of ``states`` now."""
         found = []
         for path in sorted(self.dir.glob("*.json")) if self.dir.is_dir() else []:
             status = read_json(path)
-            if isinstance(status, dict) and status.get("state") == state:
+            if isinstance(status, dict) and status.get("state") in states:
                 found.append(str(status.get("job_id") or path.stem))
         return found
+
+    def remove(self, job_id: str) -> None:
+        """Forget the job's status (its job is past Slurm's memory: nobody can ask)."""
+        self.path(job_id).unlink(missing_ok=True)
 
     def mark_gone(self, job_id: str, reason: str, *, images_deleted: bool) -> None:
         """The job will not run here again: a status that still says it has an image

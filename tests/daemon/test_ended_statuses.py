@@ -231,3 +231,44 @@ def test_a_job_that_will_not_come_back_leaves_no_dead_instance_record(tmp_path: 
                         {"job_id": "11", "requeued": False})  # fmt: skip
     assert answer["fate"] == "gone"
     assert sorted(r.id for r, _ in registry.list()) == ["b", "c"]
+
+
+def test_an_ended_status_goes_once_slurm_forgets_its_job(tmp_path: Path) -> None:
+    """`spswap status` listed a "deleted" row for every job ever checkpointed on the node
+    (newcomer walk): a deleted, failed or rejected status goes once Slurm no longer knows
+    its job (past MinJobAge), with the job's dead instance records; one Slurm still knows
+    stays (it tells the owner why the job starts cold), and so do the others."""
+    from spswap.instance.registry import InstanceRecord, InstanceRegistry
+
+    st = _state(tmp_path, {"6": "PENDING", "9": "COMPLETED"})
+    states = {"5": CheckpointState.DELETED, "6": CheckpointState.FAILED,
+              "7": CheckpointState.REJECTED, "8": CheckpointState.SAVED,
+              "9": CheckpointState.DELETED, "10": CheckpointState.DELETED}  # fmt: skip
+    for job, state in states.items():
+        st.statuses.write(job, state=state, reason="earlier")
+    registry = InstanceRegistry(st.cfg.paths.run / "instances")
+    registry.put(InstanceRecord(id="r5", model="m", state="checkpoint", pid=_dead_pid(),
+                                uid=0, job_id="5"))  # fmt: skip
+    assert collect_images(st, "10") == []  # (no image, no restored status: nothing dropped)
+    left = {p.stem: st.statuses.read(p.stem)["state"] for p in st.statuses.dir.glob("*.json")}
+    # 5 and 7 forgotten; 6 pending and 9 still known to Slurm; 8 saved (not an ended
+    # state, and without an image it is no job of the image loop); 10 the prolog's own
+    assert left == {"6": CheckpointState.FAILED, "8": CheckpointState.SAVED,
+                    "9": CheckpointState.DELETED, "10": CheckpointState.DELETED}  # fmt: skip
+    assert registry.list() == []
+
+
+def test_ended_statuses_stay_while_slurm_does_not_answer(tmp_path: Path) -> None:
+    st = _state(tmp_path, {})
+    asked: list[str] = []
+
+    def unreachable(job_id: str) -> tuple[JobInfo | None, bool]:
+        asked.append(job_id)
+        return None, False
+
+    st.ask_slurm = unreachable  # type: ignore[method-assign]
+    for job in ("5", "6"):
+        st.statuses.write(job, state=CheckpointState.DELETED)
+    collect_images(st, "")
+    assert st.statuses.jobs_in(CheckpointState.DELETED) == ["5", "6"]
+    assert asked == ["5"]  # one ask a sweep while the controller is away
