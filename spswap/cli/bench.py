@@ -198,7 +198,7 @@ def turns(
     work_dir: Path = typer.Option(
         None,
         help="Where the job scripts, logs and state directories go (default: "
-        "./spswap-turns-<time>); it must outlive the jobs.",
+        "./spswap-turns-TIME); it must outlive the jobs.",
     ),
     max_new_tokens: int = typer.Option(16, min=1, max=4096, help="Greedy tokens per answer."),
     kv_cache_gib: float = typer.Option(

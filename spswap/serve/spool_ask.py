@@ -4,10 +4,11 @@ job's node). ``spswap ask --job N``."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,16 +64,34 @@ def job_state_dir(job_id: str, spool_wait_s: float = 0.0) -> tuple[Path, str | N
                           "check the id with squeue, or give --state-dir")  # fmt: skip
     path = state_dir_of(info.work_dir, info.job_id)
     deadline = time.monotonic() + (spool_wait_s if info.running else 0.0)
-    while not (path / "inbox").is_dir():
-        if (why := not_a_spool(path)) is not None:
-            raise SpswapError(why)
-        if time.monotonic() >= deadline:
-            waited = f" ({spool_wait_s:g} s after the job ran)" if info.running else ""
-            raise SpswapError(f"{path} has no spool (inbox/){waited}: the job's server has "
-                              "not started yet (its log says 'requests on' once it has), "
-                              "or its state directory is elsewhere: give --state-dir")  # fmt: skip
-        time.sleep(POLL_S)
+    with owner_checked(path):
+        while not (path / "inbox").is_dir():
+            if (why := not_a_spool(path)) is not None:
+                raise SpswapError(why)
+            if time.monotonic() >= deadline:
+                waited = f" ({spool_wait_s:g} s after the job ran)" if info.running else ""
+                raise SpswapError(f"{path} has no spool (inbox/){waited}: the job's server "
+                                  "has not started yet (its log says 'requests on' once it "
+                                  "has), or its state directory is elsewhere: give "
+                                  "--state-dir")  # fmt: skip
+            time.sleep(POLL_S)
     return path, (info.state if stopped_for_good(info.state) else None)
+
+
+@contextlib.contextmanager
+def owner_checked(state_dir: Path) -> Iterator[None]:
+    """A PermissionError inside, where ``state_dir`` is another user's, becomes a
+    :class:`PermissionDenied` that says whose it is (the generic "run as root, or give a
+    --root" did not apply: it is a job's folder, not spswap's root)."""
+    try:
+        yield
+    except PermissionError:
+        refusal = another_users(state_dir, "a serving job's state directory takes "
+                                "requests from its own user only (and root); ask a job "
+                                "of yours")  # fmt: skip
+        if refusal is None:
+            raise
+        raise PermissionDenied(refusal) from None
 
 
 def await_answer(spool: Spool, request_id: str, deadline_s: float,
@@ -104,16 +123,8 @@ def ask_spool(state_dir: Path, request: dict[str, Any], *, timeout_s: float,
     if rid is None:
         req = Request.from_json({"id": request.get("id") or uuid.uuid4().hex, **request})
         rid = req.id
-    try:
+    with owner_checked(state_dir):
         given = _put(spool, state_dir, req, rid, ended)
-    except PermissionError:
-        # (the generic "run as root, or give a --root" did not apply: it is a job's folder)
-        refusal = another_users(state_dir, "a serving job's state directory takes "
-                                "requests from its own user only (and root); ask a job "
-                                "of yours")  # fmt: skip
-        if refusal is None:
-            raise
-        raise PermissionDenied(refusal) from None
     if given is not None:
         return answered(given)
     answer = await_answer(spool, rid, time.monotonic() + timeout_s)

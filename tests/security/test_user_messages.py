@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import pytest
 from typer.testing import CliRunner
 
 import spswap.serve.front  # noqa: F401  (the user child cannot import it from root's venv)
@@ -81,25 +82,37 @@ def test_asking_another_users_socket_says_whose_it_is(user_uid: int) -> None:
     )
 
 
-def test_asking_another_users_job_through_its_spool_says_whose_it_is(user_uid: int) -> None:
+@pytest.mark.parametrize("mode", [0o755, 0o700])
+@pytest.mark.parametrize("entry", ["--state-dir", "--job"])
+def test_asking_another_users_job_through_its_spool_says_whose_it_is(
+    user_uid: int, mode: int, entry: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`spswap ask --job N` of another user's job said "cannot use .../inbox: permission
     denied; run as root, or give a --root (SPSWAP_ROOT) this user may read": the job's
-    folder is no root (newcomer walk, bob asking alice's job)."""
+    folder is no root (newcomer walk, bob asking alice's job). Through --job the folder
+    is found from Slurm's record (here a stand-in: no controller) and looked into first."""
     import spswap.serve.spool_ask  # noqa: F401  (imported as root)
     from spswap.errors import PermissionDenied
     from spswap.serve.spool import Spool
-    from spswap.serve.spool_ask import ask_spool
+    from spswap.serve.spool_ask import ask_spool, job_state_dir
+    from spswap.slurm.backend import CliBackend
+    from spswap.slurm.parse import JobInfo
 
-    state = Path(tempfile.mkdtemp(prefix="spj-", dir="/tmp"))  # root's job state directory
-    state.chmod(0o755)  # others may look, not write (as a user's home under umask 022)
+    work = Path(tempfile.mkdtemp(prefix="spj-", dir="/tmp"))  # root's job working directory
+    work.chmod(0o755)
+    state = work / ".spswap" / "77"
     spool = Spool(state)
-    for d in (spool.inbox, spool.outbox):
+    for d in (state.parent, state, spool.inbox, spool.outbox):
         d.mkdir(parents=True, exist_ok=True)
         d.chmod(0o755)
+    state.chmod(mode)  # 0700: not even looked into (as a home under umask 077)
+    monkeypatch.setattr(CliBackend, "job", lambda self, job_id: JobInfo(
+        job_id=job_id, state="RUNNING", work_dir=str(work)))  # fmt: skip
 
     def asks() -> str:
         try:
-            ask_spool(state, {"prompt_ids": [1]}, timeout_s=1)
+            where = state if entry == "--state-dir" else job_state_dir("77")[0]
+            ask_spool(where, {"prompt_ids": [1]}, timeout_s=1)
         except PermissionDenied as e:
             return f"PermissionDenied: {e}"
         except Exception as e:
@@ -114,7 +127,7 @@ def test_asking_another_users_job_through_its_spool_says_whose_it_is(user_uid: i
         )
         assert list(spool.inbox.iterdir()) == []  # nothing of the user's was put there
     finally:
-        shutil.rmtree(state)
+        shutil.rmtree(work)
 
 
 def test_pool_rm_as_a_user_says_it_is_roots(cfg: Config, daemon: int, user_uid: int,
