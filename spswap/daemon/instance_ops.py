@@ -8,7 +8,8 @@ the request says; a user's id carries the caller's pid, and a record of another 
 live process is neither overwritten nor removed. Its fields are text of bounded length
 (they are shown in every user's `spswap status`). Each uid keeps at most
 :data:`MAX_RECORDS_PER_UID` records (a dead instance's stays, as a root-written one
-does, until its id is used again or root removes it).
+does, until its id is used again, root removes it, or its job will not come back:
+:func:`spswap.daemon.job_ops.forget_instances`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 from spswap.daemon.jobs import check_job_id
 from spswap.daemon.protocol import Answer
-from spswap.daemon.state import ROOT_UID, Context, authorize
+from spswap.daemon.state import ROOT_UID, Context, DaemonState, authorize
 from spswap.errors import BadRequest, RequestRefused
 from spswap.instance.registry import InstanceRecord, InstanceRegistry
 
@@ -26,8 +27,9 @@ MAX_RECORDS_PER_UID = 64
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
-def _registry(ctx: Context) -> InstanceRegistry:
-    return InstanceRegistry(ctx.state.cfg.paths.run / "instances")
+def registry_of(st: DaemonState) -> InstanceRegistry:
+    """The node's instance records (``run/instances/``), as the daemon writes them."""
+    return InstanceRegistry(st.cfg.paths.run / "instances")
 
 
 def _checked_id(value: Any) -> str:
@@ -81,7 +83,7 @@ def op_instance_put(ctx: Context, args: dict[str, Any]) -> Answer:
                          f"({ctx.peer_pid}): a user's ids are <job>-<pid>[-<model>]")  # fmt: skip
     fields.update(uid=ctx.peer_uid, pid=ctx.peer_pid)  # the caller's, as the kernel says
     record = checked_record(fields)
-    registry = _registry(ctx)
+    registry = registry_of(ctx.state)
     mine = 0
     for other, alive in registry.list():
         if other.id == instance_id:
@@ -100,7 +102,7 @@ def op_instance_put(ctx: Context, args: dict[str, Any]) -> Answer:
 
 def op_instance_remove(ctx: Context, args: dict[str, Any]) -> Answer:
     instance_id = _checked_id(args["id"])
-    registry = _registry(ctx)
+    registry = registry_of(ctx.state)
     for other, _alive in registry.list():
         if other.id == instance_id:
             authorize(ctx.peer_uid, other.uid, f"instance record {instance_id}")

@@ -20,13 +20,13 @@ from spswap.checkpoint.service import (
 from spswap.daemon import prewake
 from spswap.daemon.ckpt_status import running_job
 from spswap.daemon.image_uses import drop_job_images
+from spswap.daemon.instance_ops import registry_of
 from spswap.daemon.jobs import JobRecord, JobState, check_job_id
 from spswap.daemon.protocol import Answer
 from spswap.daemon.slot_ops import give_way_to_job
 from spswap.daemon.state import Context, DaemonState, require_root
 from spswap.daemon.statuses import ENDED_STATES, CheckpointState
 from spswap.errors import RequestRefused, SpswapError
-from spswap.instance.registry import InstanceRegistry
 from spswap.pool.store import Pool
 from spswap.slurm.parse import JobInfo, job_fate, stopped_for_good
 
@@ -120,8 +120,9 @@ def collect_images(st: DaemonState, current_job: str) -> list[str]:
     the current job's: Slurm says they are gone, or they run on another node now (this
     node's image would roll back what the job does there, and a kept tree holds memory).
     A restored instance's job is looked at too (its image went at the restore): when it
-    will not come back its status says so instead of "restored" for ever. Returns the job
-    ids whose images (or restored status) went."""
+    will not come back its status says so instead of "restored" for ever. The dead
+    instance records of such jobs go too, and the ended statuses of jobs Slurm no longer
+    knows. Returns the job ids whose images (or restored status) went."""
     gone = []
     with_images = set(image_job_ids(st.cfg.paths.images, st.statuses.dir))
     jobs = with_images | set(st.statuses.jobs_in(CheckpointState.RESTORED))
@@ -158,7 +159,7 @@ def _forget_ended_statuses(st: DaemonState, skip: set[str]) -> None:
 def forget_instances(st: DaemonState, job_id: str) -> list[str]:
     """Drop the instance records of a job that will not come back here whose process is
     gone (what `spswap status` showed of them: a saved instance, now deleted)."""
-    dropped = InstanceRegistry(st.cfg.paths.run / "instances").drop_dead_of_job(job_id)
+    dropped = registry_of(st).drop_dead_of_job(job_id)
     if dropped:
         st.event("instances.forgotten", job_id=job_id, instances=dropped)
     return dropped
