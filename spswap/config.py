@@ -311,5 +311,10 @@ class Paths:
     def socket(self) -> Path:
         return self.run / "spswapd.sock"
 
+    @property
+    def instances(self) -> Path:
+        """The instance records (one JSON file each), shared by the serving runs and spswapd."""
+        return self.run / "instances"
+
 
 parse_size = _parse_size

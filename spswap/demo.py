@@ -373,7 +373,7 @@ def run_demo(*, models: int = 3, rounds: int = 2, preset: str = "small",
         shutil.rmtree(work, ignore_errors=True)
     wall_s = run.last_answer_s - first_round_s if first_round_s else 0.0
     settings = {"mode": mode.name, "device": dev, "preset": preset, "rounds": rounds,
-                "models": models, "max_new_tokens": max_new_tokens, "spswap": __version__,
+                "model_count": models, "max_new_tokens": max_new_tokens, "spswap": __version__,
                 "python": platform.python_version(), "host": platform.node(),
                 "date": time.strftime("%Y-%m-%d")}  # fmt: skip
     if run.copies_gb_per_s:  # the slowest start from the pool: memory speed, or faults?

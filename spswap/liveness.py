@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from spswap.users import user_label
+
 JobProbe = Callable[[str], bool | None]
 """Answers whether a Slurm job is still running; None when it cannot tell."""
 
@@ -92,8 +94,8 @@ class Holder:
             return (f"spswapd, for {whose} checkpoint image (until that job runs again, or "
                     "ends)")  # fmt: skip
         if self.job_id:  # the job keeps it (the process that asked may have exited)
-            return f"job {self.job_id} uid {self.uid}, asked by pid {self.pid}"
-        return f"pid {self.pid} uid {self.uid}"
+            return f"job {self.job_id} of {user_label(self.uid)}, asked by pid {self.pid}"
+        return f"pid {self.pid} of {user_label(self.uid)}"
 
     def brief(self) -> str:
         """:meth:`describe` in a few words, for a table cell (:data:`IMAGE_USE_NOTE` says
@@ -101,8 +103,8 @@ class Holder:
         if self.purpose == "image":
             return f"job {self.for_job}'s image" if self.for_job else "a job's image"
         if self.job_id:
-            return f"job {self.job_id} (uid {self.uid})"
-        return f"pid {self.pid} (uid {self.uid})"
+            return f"job {self.job_id} ({user_label(self.uid)})"
+        return f"pid {self.pid} ({user_label(self.uid)})"
 
 
 IMAGE_USE_NOTE = ("a job's image: spswapd keeps the entry for that job's checkpoint image, "

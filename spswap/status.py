@@ -38,6 +38,7 @@ from spswap.slots.state import build_snapshot
 from spswap.slots.table import SlotTable
 from spswap.slurm.backend import job_probe
 from spswap.units import fmt_bytes
+from spswap.users import user_label
 
 STATUS_VERSION = 1
 
@@ -65,7 +66,7 @@ def collect_status(cfg: Config, *, gpus: list[dict[str, Any]] | None = None) -> 
         settings["problems"].append(missing_root_text(str(cfg.root)))
     instances = [
         {**rec.to_json(), "alive": alive}
-        for rec, alive in InstanceRegistry(cfg.paths.run / "instances").list()
+        for rec, alive in InstanceRegistry(cfg.paths.instances).list()
     ]
     checkpoints = _checkpoints(cfg.paths.run / "checkpoints")
     limits = ImageRoom.from_config(cfg).limits()
@@ -186,7 +187,7 @@ def render_pool(pool: dict[str, Any], now: float, where: str = "") -> Group:
         t.add_column(col, overflow="fold", no_wrap=col == "digest")
     for e in pool["entries"]:
         users = "\n".join(_user(h) for h in e["users"]) or "-"
-        importers = ", ".join(f"uid {u}" for u in e.get("importers") or []) or "-"
+        importers = ", ".join(user_label(u) for u in e.get("importers") or []) or "-"
         plain_row(t, e["name"], e["digest"][:12], fmt_bytes(e["size_bytes"]),
                   str(e["tensor_count"]), importers, users, _last_use(e, now))  # fmt: skip
     images = any(h.get("purpose") == "image" for e in pool["entries"] for h in e["users"])
@@ -348,7 +349,9 @@ def render_status(data: dict[str, Any], *, now: float | None = None) -> Group:
                  "instances: none (a running `spswap serve` shows here)")  # fmt: skip
     parts.append(notes_text("notes", [(str(i["id"]), str(i.get("reason") or ""))
                                       for i in data["instances"]]))  # fmt: skip
-    if data.get("checkpoints"):
+    if not data.get("checkpoints"):
+        parts.append("checkpoints: none (a preempted job's checkpoint shows here)")
+    else:
         parts.append(render_checkpoints(data["checkpoints"], data.get("images")))
         parts.append(notes_text("reasons", [(f"job {c.get('job_id')}", str(c.get("reason") or ""))
                                             for c in data["checkpoints"]]))  # fmt: skip

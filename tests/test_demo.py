@@ -46,6 +46,8 @@ def test_cli_demo_real_run_restores_every_later_turn(tmp_path: Path) -> None:
     out = json.loads(proc.stdout)
     assert out["mode"] == mode.name and out["all_equal"] is True and out["ok"] is True, out
     turns = out["turns"]
+    # the settings' count of models is not the list of their names beside it
+    assert out["settings"]["model_count"] == 2 and "models" not in out["settings"]
     assert [(t["kind"], t["model"]) for t in turns] == [
         ("cold", "model-0"), ("cold", "model-1"), ("restore", "model-0"),
         ("restore", "model-1")]  # fmt: skip

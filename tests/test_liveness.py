@@ -44,13 +44,21 @@ def test_spswapds_own_image_uses_say_what_they_are_for() -> None:
                                 "runs again, or ends)")  # fmt: skip
     assert Holder.from_json(image.to_json()) == image
     assert "for_job" not in Holder(pid=1, pid_start=None, uid=0).to_json()
-    assert Holder(pid=5, pid_start=None, uid=1000, job_id="7").describe() == (
-        "job 7 uid 1000, asked by pid 5")  # fmt: skip
+    assert Holder(pid=5, pid_start=None, uid=0, job_id="7").describe() == (
+        "job 7 of root, asked by pid 5")  # fmt: skip
+    assert Holder(pid=5, pid_start=None, uid=3_999_999_999).describe() == (
+        "pid 5 of uid 3999999999")  # fmt: skip
     assert Holder.from_json({"pid": 5, "uid": 1}).purpose is None  # written before the field
     # in a table cell, a few words (the pool table says under it what an image's use is)
     assert image.brief() == "job 1086's image"
-    assert Holder(pid=5, pid_start=None, uid=1000, job_id="7").brief() == "job 7 (uid 1000)"
-    assert Holder(pid=5, pid_start=None, uid=1000).brief() == "pid 5 (uid 1000)"
+    # a name where the node knows the uid, else the uid
+    assert Holder(pid=5, pid_start=None, uid=0, job_id="7").brief() == "job 7 (root)"
+    assert Holder(pid=5, pid_start=None, uid=0).brief() == "pid 5 (root)"
+    unknown = 3_999_999_999
+    assert (
+        Holder(pid=5, pid_start=None, uid=unknown, job_id="7").brief() == f"job 7 (uid {unknown})"
+    )
+    assert Holder(pid=5, pid_start=None, uid=unknown).brief() == f"pid 5 (uid {unknown})"
 
 
 def test_the_pool_table_says_what_an_images_use_is_under_it() -> None:

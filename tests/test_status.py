@@ -105,7 +105,7 @@ def node(tmp_path: Path) -> Config:
     table.reserve(
         model="other", units=4, allowed_gpus=[1], holder=Holder.current(job_id="78"), timeout_s=1
     )
-    reg = InstanceRegistry(cfg.paths.run / "instances")
+    reg = InstanceRegistry(cfg.paths.instances)
     reg.put(
         InstanceRecord(
             id="77-1234",
@@ -357,3 +357,28 @@ def test_the_instances_table_leaves_out_columns_rather_than_fold_words_at_80_col
         narrow = "engine, device, pid: left out at this width (spswap status --json has them)"
         assert (narrow in text) is (width == 80), text
         assert ("multi-reference" in text) is (width == 140), text
+
+
+def test_the_pool_table_names_importers_and_status_says_when_no_checkpoint_is_left() -> None:
+    """The walk: "imported by" showed "uid 1001" where the node knows the name; with no
+    checkpoint left, status printed nothing of checkpoints (as "instances: none" does)."""
+    from spswap.status import render_pool, render_status
+
+    unknown = 3_999_999_999  # in no user database
+    entry = {"name": "small", "digest": "940df1c24f55" * 5, "size_bytes": 1 << 20,
+             "tensor_count": 4, "importers": [0, unknown], "last_used": 1.0,
+             "users": [{"pid": 5, "uid": 0, "job_id": "7"}]}  # fmt: skip
+    pool = {"used_bytes": 1 << 20, "capacity_bytes": 1 << 30, "user_budget_bytes": 1 << 29,
+            "yours_bytes": 0, "entries": [entry]}  # fmt: skip
+    console = Console(width=140, file=io.StringIO(), record=True)
+    console.print(render_pool(pool, 100.0))
+    row = next(ln for ln in console.export_text().splitlines() if "small" in ln)
+    cells = [c.strip() for c in row.split("│")]
+    assert f"root, uid {unknown}" in cells and "job 7 (root)" in cells, row
+    data = {"spswap": "0", "root": "/r", "daemon": {"running": False}, "gpus": [],
+            "pool": pool, "instances": [], "checkpoints": []}  # fmt: skip
+    console = Console(width=80, file=io.StringIO(), record=True)
+    console.print(render_status(data, now=100.0))
+    text = console.export_text()
+    assert "instances: none" in text
+    assert "checkpoints: none (a preempted job's checkpoint shows here)" in text, text

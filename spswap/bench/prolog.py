@@ -9,7 +9,6 @@ untimed epilog so the bench leaves no running jobs behind.
 from __future__ import annotations
 
 import os
-import pwd
 import shutil
 import statistics
 import subprocess
@@ -22,6 +21,7 @@ from rich.table import Table
 
 from spswap.config import Config
 from spswap.daemon import lifecycle
+from spswap.users import user_name
 
 TARGET_MS = 100.0
 """The prolog's budget when the daemon already runs."""
@@ -41,11 +41,7 @@ def spswap_executable() -> str:
 def current_user_name() -> str:
     """This process's user by name (root's too: $USER is unset under sudo -i, su -c), else
     the uid as text where the user database does not know it."""
-    uid = os.getuid()
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
+    return user_name(os.getuid()) or str(os.getuid())
 
 
 def prolog_env(cfg: Config, job_id: str) -> dict[str, str]:

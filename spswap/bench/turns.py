@@ -105,8 +105,8 @@ class TurnsRun:
 
     # -- before anything is submitted ------------------------------------------------
     def preflight(self) -> None:
-        """Clear errors, naming what to run, before any job exists."""
-        slurm_preflight(self.opts.partition, self.slurm)
+        """Clear errors, naming what to run, before any job exists (Slurm's part is
+        :func:`slurm_preflight`, which the command runs before it writes any model)."""
         names = [j.name for j in self.jobs]
         if len(set(names)) != len(names):
             raise ConfigError(f"two models share a name ({', '.join(names)}): give each "
@@ -227,7 +227,7 @@ class TurnsRun:
 
     def settings(self) -> dict[str, Any]:
         return {"engine": self.opts.engine, "rounds": self.opts.rounds,
-                "models": len(self.jobs), "partition": self.opts.partition,
+                "model_count": len(self.jobs), "partition": self.opts.partition,
                 "gpus_per_job": self.opts.gpus, "max_new_tokens": self.opts.max_new_tokens,
                 "spswap": __version__, "python": platform.python_version(),
                 "host": platform.node(), "kernel": platform.release(),
@@ -333,7 +333,9 @@ def slurm_preflight(partition: str, slurm: JobControl | None = None) -> None:
 
 def run_turns(opts: TurnsOptions, cfg: Config, *, log: Callable[[str], None] = print
               ) -> TurnsSummary:  # fmt: skip
-    """The whole bench: preflight, submit held, cold turns, R rounds, cancel, check."""
+    """The whole bench: preflight, submit held, cold turns, R rounds, cancel, check.
+    The caller runs :func:`slurm_preflight` first (`spswap bench turns` does, before it
+    writes any model; the walk saw Slurm asked twice)."""
     run = TurnsRun(opts, cfg, log=log)
     run.make_jobs()
     run.preflight()

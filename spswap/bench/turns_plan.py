@@ -157,9 +157,15 @@ class TurnsSummary:
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
-        out["turns"] = [dict(asdict(t), kind=t.kind.value) for t in self.turns]
+        # "turn" counts from 1, as the table's column does (the plan's index from 0)
+        out["turns"] = [_turn_json(t) for t in self.turns]
         out["ok"] = self.ok
         return out
+
+
+def _turn_json(t: TurnResult) -> dict[str, Any]:
+    fields = {k: v for k, v in asdict(t).items() if k != "index"}
+    return {"turn": t.index + 1, **fields, "kind": t.kind.value}
 
 
 def summarize(models: list[str], turns: list[TurnResult], *, wall_s: float,

@@ -17,6 +17,7 @@ from spswap.liveness import Holder
 from spswap.plain import plain_row
 from spswap.slots.table import UNITS_PER_GPU, SlotTable
 from spswap.slurm.backend import job_probe
+from spswap.users import user_label
 
 app = typer.Typer(
     help=(
@@ -68,7 +69,7 @@ def render_slots(snapshot: dict[str, Any]) -> list[Table]:
             plain_row(
                 waiters,
                 str(q["ticket"]), q["model"], wants, ",".join(map(str, q["candidates"])),
-                f"pid {h['pid']}{job} uid {h['uid']}", f"{now - q['enqueued_at']:.1f} s",
+                f"pid {h['pid']}{job} ({user_label(h['uid'])})", f"{now - q['enqueued_at']:.1f} s",
             )  # fmt: skip
         tables.append(waiters)
     return tables

@@ -29,7 +29,7 @@ _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 def registry_of(st: DaemonState) -> InstanceRegistry:
     """The node's instance records (``run/instances/``), as the daemon writes them."""
-    return InstanceRegistry(st.cfg.paths.run / "instances")
+    return InstanceRegistry(st.cfg.paths.instances)
 
 
 def _checked_id(value: Any) -> str:

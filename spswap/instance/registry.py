@@ -53,7 +53,7 @@ _NOT_OURS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT)
 
 
 class InstanceRegistry:
-    """The records under one directory (``cfg.paths.run / "instances"``, so the daemon's
+    """The records under one directory (``cfg.paths.instances``, so the daemon's
     socket is ``../spswapd.sock`` beside it)."""
 
     def __init__(self, directory: Path) -> None:

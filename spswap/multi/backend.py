@@ -59,7 +59,7 @@ class MultiBackend:
         self.cfg, self.opts, self.job_id, self.stop, self.log = cfg, opts, job_id, stop, log
         self.engine = f"multi-{opts.engine}"
         self.device, self.state_dir = opts.device, opts.state_dir
-        self.records = ModelRecords(cfg.paths.run, job_id=job_id, engine=opts.engine,
+        self.records = ModelRecords(cfg.paths.instances, job_id=job_id, engine=opts.engine,
                                     device=opts.device, log=log)  # fmt: skip
         self.pool = PoolAccess(cfg, job_id=job_id)  # through spswapd unless root
         self.specs: list[ModelSpec] = []

@@ -15,9 +15,9 @@ from spswap.instance.state import State
 class ModelRecords:
     """The records of one run's models (through spswapd where a user may not write)."""
 
-    def __init__(self, run_dir: Path, *, job_id: str | None, engine: str, device: str,
+    def __init__(self, instances_dir: Path, *, job_id: str | None, engine: str, device: str,
                  log: Callable[[str], None]) -> None:  # fmt: skip
-        self.registry = InstanceRegistry(run_dir / "instances")
+        self.registry = InstanceRegistry(instances_dir)
         self.job_id, self.engine, self.device, self.log = job_id, engine, device, log
         self._written: set[str] = set()
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from spswap.errors import SpswapError
 from spswap.serve.spool import Request, Spool, answered, fetch_id, not_answered, refused
+from spswap.users import user_and_uid
 
 MAX_LINE_BYTES = 1 << 20
 ANSWER_POLL_S = 0.01
@@ -320,7 +321,7 @@ def another_users(path: Path, why: str) -> str | None:
     owner = _owner(path)
     if owner is None or owner == os.getuid():
         return None
-    return f"{path} belongs to another user ({_user_name(owner)}): {why}"
+    return f"{path} belongs to another user ({user_and_uid(owner)}): {why}"
 
 
 def _owner(path: Path) -> int | None:
@@ -333,12 +334,3 @@ def _owner(path: Path) -> int | None:
         except OSError:
             return None
     return None
-
-
-def _user_name(uid: int) -> str:
-    import pwd
-
-    try:
-        return f"{pwd.getpwuid(uid).pw_name}, uid {uid}"
-    except KeyError:
-        return f"uid {uid}"

@@ -87,7 +87,7 @@ class ServeRun(Generic[B]):
         self.log = log
         # None: the run's one row in `spswap status`; else the backend keeps its own rows
         self.record_state = record_state
-        self.registry = InstanceRegistry(cfg.paths.run / "instances")
+        self.registry = InstanceRegistry(cfg.paths.instances)
         self.instance_id = f"{job_id or 'local'}-{os.getpid()}"
         self.reason: str | None = None  # why this run started cold, when it did
         # the run's start, for its runs.jsonl line

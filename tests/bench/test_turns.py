@@ -11,7 +11,14 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from spswap.bench.turns import TurnJob, TurnsOptions, TurnsRun, job_script, turns_serve_args
+from spswap.bench.turns import (
+    TurnJob,
+    TurnsOptions,
+    TurnsRun,
+    job_script,
+    slurm_preflight,
+    turns_serve_args,
+)
 from spswap.bench.turns_ask import SpoolAsker, completion_body, socket_of
 from spswap.bench.turns_plan import PlannedTurn, TurnKind, measure_turn, plan_turns, summarize
 from spswap.bench.turns_report import came_back_text, render_turns, turn_line, turn_table
@@ -89,6 +96,8 @@ def test_summary_counts_restored_identical_and_the_ratio() -> None:
     js = s.to_json()
     assert js["ok"] is True and js["turns"][2]["kind"] == "restore"
     assert js["turns"][2]["path"] == "kept"
+    # a turn's JSON number is the table's (from 1; the walk: JSON counted from 0)
+    assert [t["turn"] for t in js["turns"]] == [1, 2, 3, 4, 5, 6] and "index" not in js["turns"][0]
 
 
 def test_summary_is_not_ok_for_a_differing_answer_a_cold_turn_or_a_leftover() -> None:
@@ -284,10 +293,16 @@ def test_preflight_without_slurm_names_what_to_do(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch, scontrol, ...
-    run = TurnsRun(TurnsOptions(models=(tmp_path / "a", tmp_path / "b"), work_dir=tmp_path),
+    with pytest.raises(ConfigError, match="needs Slurm's commands .* on PATH"):
+        slurm_preflight("low")
+
+
+def test_preflight_refuses_two_models_of_one_name(tmp_path: Path) -> None:
+    models = (tmp_path / "a" / "m", tmp_path / "b" / "m")
+    run = TurnsRun(TurnsOptions(models=models, work_dir=tmp_path),
                    Config.from_env({}, root=tmp_path / "root"))  # fmt: skip
     run.make_jobs()
-    with pytest.raises(ConfigError, match="needs Slurm's commands .* on PATH"):
+    with pytest.raises(ConfigError, match="two models share a name"):
         run.preflight()
 
 

@@ -216,7 +216,7 @@ def test_a_job_that_will_not_come_back_leaves_no_dead_instance_record(tmp_path: 
     from spswap.instance.registry import InstanceRecord, InstanceRegistry
 
     st = _state(tmp_path, {"7": "CANCELLED", "8": "RUNNING"})
-    registry = InstanceRegistry(st.cfg.paths.run / "instances")
+    registry = InstanceRegistry(st.cfg.paths.instances)
     dead = _dead_pid()
     for rec_id, job, pid in (("a", "7", dead), ("b", "7", os.getpid()), ("c", "8", dead),
                              ("d", "11", dead)):  # fmt: skip
@@ -246,7 +246,7 @@ def test_an_ended_status_goes_once_slurm_forgets_its_job(tmp_path: Path) -> None
               "9": CheckpointState.DELETED, "10": CheckpointState.DELETED}  # fmt: skip
     for job, state in states.items():
         st.statuses.write(job, state=state, reason="earlier")
-    registry = InstanceRegistry(st.cfg.paths.run / "instances")
+    registry = InstanceRegistry(st.cfg.paths.instances)
     registry.put(InstanceRecord(id="r5", model="m", state="checkpoint", pid=_dead_pid(),
                                 uid=0, job_id="5"))  # fmt: skip
     assert collect_images(st, "10") == []  # (no image, no restored status: nothing dropped)

@@ -51,7 +51,7 @@ def _remove_as_user(directory: str, instance_id: str) -> bool:
 
 
 def test_a_users_record_goes_through_the_daemon(cfg: Config, daemon: int, user_uid: int) -> None:
-    directory = cfg.paths.run / "instances"
+    directory = cfg.paths.instances
     got = as_user(user_uid, _put_as_user, str(directory))
     assert got["logged"] == []
     rec = InstanceRecord.from_json(json.loads((directory / f"{got['id']}.json").read_text()))
@@ -125,6 +125,6 @@ def _put_over(cfg: Config, user_uid: int, owner_pid: int) -> str:
     while not (sync / "pid").exists():
         time.sleep(0.01)
     taken = f"7-{(sync / 'pid').read_text()}"
-    InstanceRegistry(cfg.paths.run / "instances").put(_record(taken, uid=0, pid=owner_pid))
+    InstanceRegistry(cfg.paths.instances).put(_record(taken, uid=0, pid=owner_pid))
     (sync / "go").touch()
     return str(child.result())

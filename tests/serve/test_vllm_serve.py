@@ -193,7 +193,7 @@ def test_first_run_exports_and_the_next_starts_from_the_pool(tmp_path: Path) -> 
         answer = _complete(Path(endpoint["uds"]), [4, 5, 6])
         from spswap.instance.registry import InstanceRegistry
 
-        registry = InstanceRegistry(cfg.paths.run / "instances")
+        registry = InstanceRegistry(cfg.paths.instances)
         [(rec, alive)] = registry.list()  # what `spswap status` shows
         assert (rec.engine, rec.state, rec.job_id, alive) == ("vllm", "up", "77", True)
         run.handle_signal(sig)

@@ -106,7 +106,7 @@ def test_timeout_names_every_holder_and_the_fix(tmp_path: Path) -> None:
     assert 0.1 <= time.monotonic() - start < 2
     msg = str(e.value)
     assert "no slot for model big" in msg and "after 0.1 s" in msg
-    assert f"{a.id} (model llama-8b, job 777 uid 1234, asked by pid {os.getpid()}, since " in msg
+    assert f"{a.id} (model llama-8b, job 777 of uid 1234, asked by pid {os.getpid()}, since " in msg
     assert f"{b.id} (model qwen-1b" in msg and "GPU 0 units 0,1" in msg
     assert "--timeout-s" in msg and "spswap slots release" in msg
     assert len(e.value.holders) == 2 and e.value.holders[0].startswith(a.id)
