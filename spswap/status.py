@@ -289,12 +289,13 @@ def render_checkpoints(checkpoints: list[dict[str, Any]],
                   f"{fmt_bytes(images['user_budget_bytes'])}"
                   + (f", yours {fmt_bytes(yours)}" if yours else "") + ")")  # fmt: skip
     t = Table(title=title)
-    for col in ("job", "state", "image"):
+    for col in ("job", "user", "state", "image"):
         t.add_column(col, overflow="fold")  # a narrow terminal folds values, never cuts them
     for c in checkpoints:
         size = fmt_bytes(c["size_bytes"]) if c.get("size_bytes") else "-"
         state = checkpoint_state_text(str(c.get("state")), bool(c.get("kept")))
-        plain_row(t, c.get("job_id"), state, size)
+        user = user_label(c["uid"]) if isinstance(c.get("uid"), int) else "-"
+        plain_row(t, c.get("job_id"), user, state, size)
     return TitleOnOneLine(t)
 
 

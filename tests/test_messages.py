@@ -193,7 +193,7 @@ def test_images_ls_says_what_images_hold_of_their_budget(tmp_path: Path) -> None
     image = root / "images" / "job7-model-config-ident"
     image.mkdir(parents=True)
     (image / "pages-1.img").write_bytes(b"x" * (3 << 20))
-    (image / "meta.json").write_text(json.dumps({"identity": {"uid": 1000}, "created_at": 1.0}))
+    (image / "meta.json").write_text(json.dumps({"identity": {"uid": 0}, "created_at": 1.0}))
     env = {"COLUMNS": "200", "SPSWAP_IMAGES_BYTES": "1G", "SPSWAP_IMAGES_USER_BYTES": "256M"}
     r = CliRunner().invoke(app, ["images", "ls", "--root", str(root)], env=env)
     assert r.exit_code == 0, r.output
@@ -201,9 +201,11 @@ def test_images_ls_says_what_images_hold_of_their_budget(tmp_path: Path) -> None
         "256.0 MiB (SPSWAP_IMAGES_USER_BYTES)" in " ".join(r.stdout.split()), r.stdout  # fmt: skip
     assert "on disk" in r.stdout  # (`images show` gives the dumped bytes, a little less)
     assert "left out" not in r.stdout
+    row = next(ln for ln in r.stdout.splitlines() if ln.lstrip("│ ").startswith("7 "))
+    assert "root" in [c.strip() for c in row.split("│")], row  # its owner by name
     # a walk at 80 columns: "multi-referenc" / "e"; columns go instead, named under it
     r = CliRunner().invoke(app, ["images", "ls", "--root", str(root)], env={**env, "COLUMNS": "60"})
-    assert "uid: left out at this width (--json has them)" in " ".join(r.stdout.split())
+    assert "user: left out at this width (--json has them)" in " ".join(r.stdout.split())
     assert "256.0 MiB (SPSWAP_IMAGES_USER_BYTES)" in " ".join(r.stdout.split()), r.stdout
     r = CliRunner().invoke(app, ["images", "ls", "--json", "--root", str(root)], env=env)
     listed = json.loads(r.stdout)  # an object, as every other --json listing

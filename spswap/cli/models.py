@@ -75,8 +75,8 @@ def make(
         f"made {path}: reference model, preset {preset}, seed {seed}, "
         f"{fmt_bytes(config.weight_bytes)} ({config.dtype}), token ids 0..{config.vocab_size - 1}, "
         f"at most {config.max_seq_len} tokens per prompt + answer\n"
-        f"serve it in a Slurm job: spswap serve {path} (or MODEL={path} in your copy of "
-        "sbatch_templates/serve.sbatch)",
+        f"serve it in a Slurm job: spswap serve {path}\n"
+        f"(or MODEL={path} in your copy of sbatch_templates/serve.sbatch)",
         markup=False, soft_wrap=True,
     )  # fmt: skip
 

@@ -59,7 +59,8 @@ def op_checkpoint(ctx: Context, args: dict[str, Any]) -> Answer:
     # the job's earlier kept instance would otherwise outlive the image the dump replaces
     st.kept.end(job_id, "the job dumps again")
     st.held_cgroups.drop(job_id)
-    st.statuses.write(job_id, state=CheckpointState.DUMPING, pid=pid, pid_start=pid_start)
+    st.statuses.write(job_id, state=CheckpointState.DUMPING, pid=pid, pid_start=pid_start,
+                      uid=rec.uid)  # fmt: skip
     st.dumping.hold(job_id, identity.model_digest)  # the entry, while the dump runs
     st.event("checkpoint.start", job_id=job_id, uid=rec.uid, pid=pid)
     requeue = bool(args.get("requeue"))

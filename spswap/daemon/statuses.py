@@ -48,7 +48,14 @@ class CheckpointStatuses:
         return read_json(self.path(job_id)) or {}
 
     def write(self, job_id: str, **status: Any) -> None:
-        """Replace the job's checkpoint status (atomically: the instance may read it now)."""
+        """Replace the job's checkpoint status (atomically: the instance may read it now).
+        The job's owner (``uid``) stays from the status before unless given: a job does
+        not change hands, and `spswap status` names it on every state (the walk: a
+        deleted or failed status lost it)."""
+        if "uid" not in status:
+            owner = self.read(job_id).get("uid")
+            if isinstance(owner, int):
+                status["uid"] = owner
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o755)
         atomic_write_json(self.path(job_id), {"job_id": job_id, **status})
 

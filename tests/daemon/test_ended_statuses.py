@@ -35,6 +35,19 @@ def test_a_gone_job_says_deleted_where_it_still_said_image_or_restored(
     assert status["reason"] == ("the job ended (CANCELLED)" if after != before else "earlier")
 
 
+def test_a_status_keeps_its_jobs_owner_through_every_state(tmp_path: Path) -> None:
+    """The walk: a deleted (or failed) status had lost its job's uid, so `spswap status`
+    could not say whose it was; a job does not change hands."""
+    statuses = CheckpointStatuses(tmp_path)
+    statuses.write("5", state=CheckpointState.DUMPING, pid=9, uid=1001)
+    statuses.write("5", state=CheckpointState.SAVED, pid=9)
+    statuses.mark_gone("5", "the job ended (CANCELLED)", images_deleted=True)
+    assert statuses.read("5") == {"job_id": "5", "state": CheckpointState.DELETED,
+                                  "reason": "the job ended (CANCELLED)", "uid": 1001}  # fmt: skip
+    statuses.write("6", state=CheckpointState.FAILED, reason="r")  # none known: none made up
+    assert "uid" not in statuses.read("6")
+
+
 def test_jobs_in_lists_the_jobs_of_one_state(tmp_path: Path) -> None:
     statuses = CheckpointStatuses(tmp_path / "none")
     assert statuses.jobs_in(CheckpointState.RESTORED) == []
