@@ -232,7 +232,7 @@ class DemoRun:
     # -- a turn ----------------------------------------------------------------------
     def run_turn(self, turn: PlannedTurn, asker: SpoolAsker) -> TurnResult:
         job = self.jobs[turn.model]
-        request_id = f"turn{turn.index:03d}"
+        request_id = f"turn{turn.index + 1:03d}"  # the table's and the JSON's number
         asker.prepare(job.state, request_id)  # waits in the inbox before the action
         action_s = time.time()
         if turn.displaced is not None:

@@ -9,9 +9,10 @@ the device memory (NVML, the whole device: nothing else may run on it; torch's c
 allocator by memory pool: the default pool and CUDA graphs' private pools) at each step:
 up, after ``sleep(level=2)``, after spswap's trim (``spswap_trim``), and after each extra
 trim tried here (cuBLAS's workspaces; the context's per-thread stack set back to 1 KiB
-where a kernel grew it), with the context's limits and a bare context's size beside them.
-Then it CUDA-checkpoints and restores the engine's process tree (timed),
-wakes it and checks the answer is the same. Prints ``MEM`` and ``CKPT`` JSON lines.
+where a kernel grew it, then to each ``--stack-bytes``), with the context's limits and a
+bare context's size beside them. Then it CUDA-checkpoints and restores the engine's
+process tree (timed), wakes it and checks the answer is the same. Prints ``MEM`` and
+``CKPT`` JSON lines.
 
 Diagnostics only: it sends functions to the worker, so it sets
 ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` for its own engine.
@@ -121,6 +122,12 @@ def main() -> int:
     ap.add_argument("--eager", action="store_true", help="eager mode (default: compiled)")
     ap.add_argument("--kv-gib", type=float, default=4.0)
     ap.add_argument("--pool", type=Path, default=Path("/dev/shm/spswap-probe/pool"))
+    ap.add_argument("--stack-bytes", type=int, nargs="*", default=[],
+                    help="per-thread stack sizes to set in turn before the checkpoint (e.g. "
+                    "256 16): does the context's local memory (stack x resident threads, "
+                    "~264 MiB at 1 KiB on an H100) shrink, and does the answer after the "
+                    "restore stay the same (the driver grows the stack again for a kernel "
+                    "that needs it)?")  # fmt: skip
     args = ap.parse_args()
     os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
 
@@ -167,6 +174,11 @@ def main() -> int:
         print("LIMITS", json.dumps({"model": args.model.name, "mode": mode,
                                     "stack_set_1024": after}), flush=True)  # fmt: skip
         mem("trim+cublas+stack")
+    for stack in args.stack_bytes:
+        after = llm.collective_rpc(_ctx_limits, args=(stack,))[0]
+        print("LIMITS", json.dumps({"model": args.model.name, "mode": mode,
+                                    f"stack_set_{stack}": after}), flush=True)  # fmt: skip
+        mem(f"trim+cublas+stack{stack}")
 
     core = llm.llm_engine.engine_core
     proc = getattr(getattr(core, "resources", None), "engine_manager", None)

@@ -26,7 +26,8 @@
 #   sleepprobe scripts/gpu/sleep_probe.py on 1.5B (where a cycle's time goes inside vLLM)
 #   asleep    scripts/gpu/asleep_probe.py on 0.5B (ASLEEP_SIZES: e.g. "0.5b 3b"), compiled then eager (what a sleeping vLLM
 #             leaves on the GPU, what each trim saves, CUDA checkpoint/restore times;
-#             ASLEEP_MODES: "compiled eager" by default)
+#             ASLEEP_MODES: "compiled eager" by default; ASLEEP_ARGS: more options, e.g.
+#             "--stack-bytes 256 16")
 #   servecriu spswap serve --engine vllm preempted, dumped and restored with a real spswapd
 #             (root, CRIU bundle, .device/serveaddon; test_vllm_serve_gpu.py), from its image
 #             and kept alive (SERVECRIU_K: a pytest -k to run one of them)
@@ -193,7 +194,7 @@ if want asleep; then
     for mode in ${ASLEEP_MODES:-compiled eager}; do
       [ "$(left)" -gt 150 ] || break
       flag=""; [ "$mode" = eager ] && flag=--eager
-      timeout -k 5 150 python3 scripts/gpu/asleep_probe.py "$MODELS/qwen2-$size" $flag 2>&1 \
+      timeout -k 5 150 python3 scripts/gpu/asleep_probe.py "$MODELS/qwen2-$size" $flag ${ASLEEP_ARGS:-} 2>&1 \
         | grep "START\|MEM\|TREE\|LIMITS\|CKPT\|Error\|error" | tee -a "$OUT/asleep.jsonl"
     done
   done

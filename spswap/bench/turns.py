@@ -150,7 +150,7 @@ class TurnsRun:
         job = self.jobs[turn.model]
         assert job.asker is not None
         state = job.state_dir(self.opts.work_dir)
-        request_id = f"turn{turn.index:03d}"
+        request_id = f"turn{turn.index + 1:03d}"  # the table's and the JSON's number
         job.asker.prepare(state, request_id)
         if turn.kind is TurnKind.COLD and self.opts.drop_cache:
             evict_page_cache(job.model)  # so its cold start reads the disk

@@ -306,6 +306,25 @@ def test_worker_export_attach_copy_round_trip(tmp_path: Path, pool: Pool) -> Non
         dst.spswap_copy()
 
 
+def test_a_wake_reuses_the_weights_lookup_until_the_model_changes(pool: Pool) -> None:
+    """The weights' tensors are looked up once per model (a wake's copy spent 3-6 ms
+    walking the model on the GPU); a model vLLM replaced is looked up again, so the copy
+    never writes into a model that is gone."""
+    torch.manual_seed(0)
+    src = _Worker(_Tiny())
+    out = src.spswap_export(str(pool.pool_dir), "tiny", {"engine": "vllm"})
+    dst = _Worker(_Tiny())
+    dst.spswap_attach(str(pool.pool_dir), out["digest"])
+    first = dst._spswap_tensors()
+    dst.spswap_copy()
+    assert dst._spswap_tensors() is first  # the same lookup
+    dst.model_runner.model = _Tiny()  # vLLM loaded the model again
+    dst.spswap_copy()
+    assert dst._spswap_tensors() is not first
+    assert dst.spswap_verify(str(pool.pool_dir), "tiny")["differ"] == []  # the new model
+    dst.spswap_detach()
+
+
 def test_worker_first_copy_variants_write_what_they_say(tmp_path: Path, pool: Pool) -> None:
     torch.manual_seed(0)
     src = _Worker(_Tiny())

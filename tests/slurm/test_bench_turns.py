@@ -63,7 +63,7 @@ def test_bench_turns_as_a_normal_user(slurm_cluster: SlurmCluster, user_uid: int
         # the product's cold answer is the engine's own
         max_new = report["settings"]["max_new_tokens"]
         outbox = {t["model"]: top / "work" / ".spswap" / report["job_ids"][t["model"]]
-                  / "outbox" / f"turn{t['index']:03d}.json" for t in turns[:3]}  # fmt: skip
+                  / "outbox" / f"turn{t['turn']:03d}.json" for t in turns[:3]}  # fmt: skip
         for name, path in outbox.items():
             assert [json.loads(path.read_text())["output_ids"]] == cold_answers(
                 top / "work" / "models" / name, [list(DEFAULT_PROMPT)], max_new
