@@ -249,30 +249,51 @@ def kv_text(settings: dict[str, Any]) -> str:
 
 
 def render_bench_swap(result: dict[str, Any]) -> Table:
-    """One row per model: every swap path's seconds, rates and the goals."""
+    """One column per model, a row per measure (every swap path's time, the rates, the
+    goals): whole values at 80 columns for up to four models (one row per model ran
+    to 12 columns, every value cut to "…" in an 80-column terminal or a job's log)."""
     t = Table(title=f"swap paths (vLLM {result['vllm']}, torch {result['torch']}, "
                     f"{result['host']}; {kv_text(result.get('settings', {}))})")  # fmt: skip
-    for col in ("model", "weights", "cold start", "L1 sleep+wake", "L2+reload",
-                "spswap cycle", "copy GB/s", "pinned GB/s", "pool start", "speedup",
-                "goals", "identical"):  # fmt: skip
-        t.add_column(col, justify="left" if col == "model" else "right")
+    t.add_column("", no_wrap=True)
+    columns = [_model_column(m) for m in result["models"]]
     for m in result["models"]:
-        if "goals" not in m:
-            t.add_row(m["model"], *["-"] * 10, "error: " + "; ".join(m.get("errors", []))[:60])
-            continue
-        g = m["goals"]
-        ok = [name for name, key in (("20x", "speedup_ok"), ("bound", "within_bound"),
-                                     ("95%", "copy_ok")) if g[key]]  # fmt: skip
-        speed = g["speedup_vs_level2_reload"]
-        t.add_row(
-            m["model"], fmt_bytes(m["weights"]["size_bytes"]), _s(m["cold_start_s"]),
-            _s(m["level1"]["total_s"]), _s(m.get("level2_reload", {}).get("total_s")),
-            f"{_s(m['spswap_cycle_median_s'])} (<= {_s(g['bound_s'])})",
-            f"{m['copy_median_gb_per_s']:.1f}", f"{m['pinned']['gb_per_s']:.1f}",
-            _s(m["pool_start"]["start_s"]), f"{speed:.0f}x" if speed else "-",
-            ",".join(ok) or "none", "yes" if m["all_identical"] else "NO",
-        )  # fmt: skip
+        t.add_column(m["model"], justify="right", overflow="fold")
+    errors = any(m.get("errors") for m in result["models"])  # the last row: only then
+    for i, label in enumerate(SWAP_ROWS if errors else SWAP_ROWS[:-1]):
+        t.add_row(label, *[c[i] for c in columns])
     return t
+
+
+SWAP_ROWS = ("weights", "cold start", "L1 sleep+wake", "L2 + reload", "spswap cycle",
+             "  sleep", "  wake weights", "  copy RPC", "  wake KV cache",
+             "  bound", "copy GB/s", "pinned GB/s", "copy / pinned", "pool start",
+             "vs L2 + reload", "goals met", "identical", "error")  # fmt: skip
+
+
+def _model_column(m: dict[str, Any]) -> list[str]:
+    """A model's cells, in :data:`SWAP_ROWS`' order. Pure."""
+    if "goals" not in m:
+        return ["-"] * (len(SWAP_ROWS) - 1) + ["; ".join(m.get("errors", []))[:60] or "-"]
+    g = m["goals"]
+    ok = [name for name, key in (("20x", "speedup_ok"), ("bound", "within_bound"),
+                                 ("95%", "copy_ok")) if g[key]]  # fmt: skip
+    speed = g["speedup_vs_level2_reload"]
+    cycles = m.get("spswap_cycles") or []
+
+    def part(key: str) -> str:
+        values = [c[key] for c in cycles if c.get(key) is not None]
+        return _s(statistics.median(values)) if values else "-"
+
+    return [
+        fmt_bytes(m["weights"]["size_bytes"]), _s(m["cold_start_s"]),
+        _s(m["level1"]["total_s"]), _s(m.get("level2_reload", {}).get("total_s")),
+        _s(m["spswap_cycle_median_s"]), part("sleep_s"), part("wake_weights_s"),
+        part("copy_rpc_s"), part("wake_kv_s"), _s(g["bound_s"]),
+        f"{m['copy_median_gb_per_s']:.1f}", f"{m['pinned']['gb_per_s']:.1f}",
+        f"{g['copy_fraction_of_pinned']:.1%}", _s(m["pool_start"]["start_s"]),
+        f"{speed:.0f}x faster" if speed else "-", ", ".join(ok) or "none",
+        "yes" if m["all_identical"] else "NO", "; ".join(m.get("errors", []))[:60] or "-",
+    ]  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

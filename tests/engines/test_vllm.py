@@ -201,11 +201,23 @@ def test_render_bench_swap_shows_every_path() -> None:
               {"model": "broken", "errors": ["boom"]}],
               "settings": {"gpu_memory_utilization": 0.4,
                            "kv_cache_memory_bytes": 4 << 30}}  # fmt: skip
+    m["spswap_cycles"] = [{"sleep_s": 0.02, "wake_weights_s": 0.01, "copy_rpc_s": 0.025,
+                           "wake_kv_s": 0.005}] * 3  # fmt: skip
+    result["models"] += [dict(m, model="qwen2-1.5b")]
     out = io.StringIO()
-    Console(file=out, width=250).print(render_bench_swap(result))
+    # an 80-column terminal (or a job's log): every value whole (a row per model ran to
+    # 12 columns and cut every cell to "…")
+    Console(file=out, width=80).print(render_bench_swap(result))
     text = out.getvalue()
-    for s in ("qwen2-0.5b", "53.1", "54.0", "25x", "bound,95%", "yes", "error: boom"):
-        assert s in text, s
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80, text
+    cells = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]]
+             for line in text.splitlines() if line.startswith("│")}  # fmt: skip
+    assert cells["copy GB/s"][0] == "53.1" and cells["pinned GB/s"][0] == "54.0"
+    assert cells["vs L2 + reload"][0] == "25x faster" and cells["goals met"][0] == "20x, bound, 95%"
+    assert cells["identical"] == ["yes", "-", "yes"]
+    assert cells["error"] == ["-", "boom", "-"]
+    assert cells["copy / pinned"][0] == "98.3%" and cells["spswap cycle"][0] == "60.0 ms"
+    assert cells["wake weights"][0] == "10.0 ms"
     from spswap.bench.swap import kv_text
     from spswap.units import fmt_bytes
 
