@@ -318,6 +318,22 @@ def test_worker_export_attach_copy_round_trip(tmp_path: Path, pool: Pool) -> Non
         dst.spswap_copy()
 
 
+def test_a_trim_drops_cublas_workspaces_only_without_cuda_graphs() -> None:
+    """Captured CUDA graphs point into cuBLAS's workspaces (a replay after dropping them
+    failed with an illegal memory access): only an eager engine's trim drops them."""
+    worker = _Worker(_Tiny())
+    assert worker._spswap_no_cuda_graphs() is False  # not said: graphs, to be safe
+
+    def mode(name: str) -> SimpleNamespace:
+        return SimpleNamespace(compilation_config=SimpleNamespace(
+            cudagraph_mode=SimpleNamespace(name=name)), parallel_config=None)  # fmt: skip
+
+    worker.vllm_config = mode("NONE")  # vLLM's enforce_eager sets it
+    assert worker._spswap_no_cuda_graphs() is True
+    worker.vllm_config = mode("FULL_AND_PIECEWISE")
+    assert worker._spswap_no_cuda_graphs() is False
+
+
 def test_a_wake_reuses_the_weights_lookup_until_the_model_changes(pool: Pool) -> None:
     """The weights' tensors are looked up once per model (a wake's copy spent 3-6 ms
     walking the model on the GPU); a model vLLM replaced is looked up again, so the copy
