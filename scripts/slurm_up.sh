@@ -165,7 +165,7 @@ EPILOG=$(resolve_hook "$SLURM_EPILOG")
 # The prolog runs with no PATH: tell it where spswap is.
 if [ -n "${SPSWAP_BIN:-}${SPSWAP_ROOT:-}" ]; then
     if [ -f "$DEFAULTS_FILE" ] && ! grep -qF "$DEFAULTS_MARK" "$DEFAULTS_FILE"; then
-        die "$DEFAULTS_FILE exists and was not written by this script: move it aside (mv $DEFAULTS_FILE $DEFAULTS_FILE.site) and run this again to have the test cluster's written, or leave out SPSWAP_BIN and SPSWAP_ROOT and keep yours (it must name SPSWAP_BIN)"
+        die "$DEFAULTS_FILE exists and was not written by this script: move it aside (mv $DEFAULTS_FILE $DEFAULTS_FILE.site) and run this again to have the test cluster's written, or leave out SPSWAP_BIN and SPSWAP_ROOT and keep yours (it must name SPSWAP_BIN, and SPSWAP_GPUS=$(seq -s, 0 $((FAKE_GPUS - 1))) for this test cluster's fake GPUs)"
     fi
     {
         echo "$DEFAULTS_MARK"
@@ -179,6 +179,11 @@ if [ -n "${SPSWAP_BIN:-}${SPSWAP_ROOT:-}" ]; then
         true
     } > "$DEFAULTS_FILE"
     cp "$DEFAULTS_FILE" "$SLURM_CI_DIR/spswap-defaults.written"  # what `down` may remove
+elif [ "$REAL_GPUS" != 1 ] && [ "$FAKE_GPUS" -gt 0 ] && [ -f "$DEFAULTS_FILE" ] &&
+    ! grep -q '^SPSWAP_GPUS=' "$DEFAULTS_FILE"; then
+    # the site's own file is kept: it must name the fake GPUs itself (not /dev/nvidiaN)
+    echo "note: $DEFAULTS_FILE names no SPSWAP_GPUS, so spswapd sees no GPU (this test" \
+         "cluster's are fake): add SPSWAP_GPUS=$(seq -s, 0 $((FAKE_GPUS - 1))) to it" >&2
 fi
 
 GRES_NODE=""

@@ -3,7 +3,8 @@
 :func:`collect` runs every check and returns plain data (the CLI prints it as a table or as
 JSON); the parsers of system text are pure functions with tests. Each check is
 ``{name, ok, required, value, detail}``: ``ok`` is True (good), False (broken) or None (a
-warning, or not applicable on this node, e.g. no GPU); ``detail`` says what to do.
+warning, or not applicable on this node, e.g. no GPU); ``required``: swapping cannot work
+without it (a failed test dump that is not is a warning); ``detail`` says what to do.
 """
 
 from __future__ import annotations
@@ -152,7 +153,9 @@ def _vllm() -> dict[str, Any]:
     try:
         version = metadata.version("vllm")
     except metadata.PackageNotFoundError:
-        return check("vllm", None, "not installed", "--engine vllm needs vLLM (pip install vllm)")
+        return check("vllm", None, "not installed",
+                     "--engine vllm needs vLLM: pip install 'spswap[vllm]' on the GPU nodes "
+                     "(docs/slurm.md, install)")  # fmt: skip
     missing = [m for m in ("uvicorn", "fastapi") if importlib.util.find_spec(m) is None]
     return vllm_check(version, missing)
 
@@ -215,7 +218,10 @@ def _nvml_checks(configured: tuple[int, ...] | None) -> list[dict[str, Any]]:
     except Exception as e:  # noqa: BLE001 - any NVML failure means "no GPU view here"
         if told:
             return [check("GPUs", True, told)]
-        return [check("GPUs", None, "none", f"NVML: {e}")]
+        fix = (f"NVML: {e}: no NVIDIA driver seen here (a login node needs none); on a GPU "
+               "node install the driver, or name the GPUs with SPSWAP_GPUS (e.g. 0,1) in "
+               "the settings file (the settings row)")  # fmt: skip
+        return [check("GPUs", None, "none", fix)]
     try:
         n = pynvml.nvmlDeviceGetCount()
         names, off = [], []
@@ -334,6 +340,9 @@ def collect(cfg: Config) -> dict[str, Any]:
     return {"version": SCHEMA_VERSION, "node": socket.gethostname(), "checks": checks}
 
 
-def failed_required(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """The required checks that failed (what ``--strict`` exits non-zero on)."""
-    return [c for c in report["checks"] if c["required"] and c["ok"] is False]
+def failed_checks(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The checks that failed (FAIL; what ``--strict`` exits non-zero on). Every FAIL
+    counts, not only the ``required`` ones (what swapping cannot work without): the walk's
+    settings FAIL (a pool larger than its file system) passed ``--strict``. Warnings do
+    not count."""
+    return [c for c in report["checks"] if c["ok"] is False]

@@ -226,6 +226,18 @@ def test_strict_fails_on_an_old_criu(tmp_path: Path) -> None:
     assert res.exit_code == 1
 
 
+def test_strict_fails_on_settings_this_node_cannot_hold(tmp_path: Path) -> None:
+    """The walk: the guide's example sizes on a small node (a pool larger than its file
+    system) were a FAIL that `--strict` let pass (it counted only required checks)."""
+    runner = CliRunner()
+    env = {"SPSWAP_POOL_CAPACITY_BYTES": "1000T"}
+    res = runner.invoke(app, ["doctor", "--json", "--root", str(tmp_path)], env=env)
+    settings = next(c for c in json.loads(res.stdout)["checks"] if c["name"] == "settings")
+    assert settings["ok"] is False and "SPSWAP_POOL_CAPACITY_BYTES" in settings["detail"]
+    res = runner.invoke(app, ["doctor", "--strict", "--root", str(tmp_path)], env=env)
+    assert res.exit_code == 1 and "checks failed: " in res.stderr and "settings" in res.stderr
+
+
 def test_the_criu_named_in_the_settings_file_is_the_one_run(tmp_path: Path) -> None:
     """SPSWAP_CRIU in /etc/default/spswap reaches `spswap doctor` (and every command), not
     only a daemon whose hook exported it; the environment's, when set, comes first."""
@@ -264,7 +276,7 @@ def test_state_tree_writable_by_others_is_a_required_failure(tmp_path):
     import os
 
     from spswap.config import Config
-    from spswap.doctor import collect, failed_required
+    from spswap.doctor import collect, failed_checks
 
     root = tmp_path / "root"
     root.mkdir()
@@ -274,7 +286,7 @@ def test_state_tree_writable_by_others_is_a_required_failure(tmp_path):
     # as root: the mode; as another user: the owner (not root) comes first
     assert tree["ok"] is False
     assert "writable by group or others" in tree["value"] or "owned by uid" in tree["value"]
-    assert tree in failed_required(report)
+    assert tree in failed_checks(report)
 
 
 @pytest.mark.parametrize(("release", "version", "patched", "ok"), [

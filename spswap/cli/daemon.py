@@ -71,8 +71,9 @@ def stop(
 
 @app.command("ensure")
 def ensure(root: Path | None = RootOpt, wait_s: float = WaitOpt) -> None:
-    """Start spswapd if it is not running; silent and fast (one lock probe and one ping)
-    when it is. Idempotent: safe to run from every prolog and cron job."""
+    """Start spswapd if it is not running. Silent either way (it prints only an error,
+    and exits non-zero then); fast (one lock probe and one ping) when it runs.
+    Idempotent: safe to run from every prolog and cron job."""
     lifecycle.ensure(load_config(root), wait_s=wait_s)
 
 

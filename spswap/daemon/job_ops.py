@@ -142,14 +142,19 @@ def collect_images(st: DaemonState, current_job: str) -> list[str]:
 def _forget_ended_statuses(st: DaemonState, skip: set[str]) -> None:
     """Remove the statuses (deleted, failed, rejected) of jobs Slurm no longer knows (past
     its MinJobAge): `spswap status` listed every job ever checkpointed here, for ever.
-    A job Slurm still knows keeps its status: it says its owner why the job starts cold."""
+    A job Slurm still knows keeps its status: it says its owner why the job starts cold;
+    once that job has ended its dead instance records go (the walk: a job whose image
+    root removed, then cancelled while it waited, never ran an epilog, and its instance
+    row stayed until Slurm forgot the job)."""
     for job_id in st.statuses.jobs_in(*ENDED_STATES):
         if job_id in skip:
             continue
         info, answered = st.ask_slurm(job_id)
         if not answered:
             return  # (no controller: the next sweep asks again, one event, not one a job)
-        if info is None:
+        if info is not None and job_fate(info.state, None) == "gone":
+            forget_instances(st, job_id)
+        elif info is None:
             st.statuses.remove(job_id)
             forget_instances(st, job_id)
             st.event("checkpoint.forgotten", job_id=job_id,

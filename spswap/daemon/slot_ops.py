@@ -27,8 +27,11 @@ def op_slots_release(ctx: Context, args: dict[str, Any]) -> Answer:
         if r.id == rid:
             authorize(ctx.peer_uid, r.holder.uid, f"reservation {rid}")
     released = table.release(rid, uid=ctx.peer_uid)
-    ctx.state.event("slots.release", job_id=released.holder.job_id, uid=ctx.peer_uid,
-                    reservation=released.id, model=released.model)  # fmt: skip
+    # the holder's event (their `spswap events` shows it); root releasing another's
+    # reservation (a stuck holder) is said with by_uid
+    forced = {"by_uid": ctx.peer_uid} if ctx.peer_uid != released.holder.uid else {}
+    ctx.state.event("slots.release", job_id=released.holder.job_id, uid=released.holder.uid,
+                    reservation=released.id, model=released.model, **forced)  # fmt: skip
     return released.to_json()
 
 

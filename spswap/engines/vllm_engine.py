@@ -54,8 +54,8 @@ def vllm_version() -> str:
         import vllm
     except ImportError as e:
         raise EngineError(
-            f"vLLM is not importable ({e}); install it (pip install vllm) or put a vLLM kit "
-            "on PYTHONPATH, or use the reference engine"
+            f"vLLM is not importable ({e}); install it (pip install 'spswap[vllm]') or put a "
+            "vLLM kit on PYTHONPATH, or use the reference engine"
         ) from None
     return str(vllm.__version__)
 

@@ -159,7 +159,7 @@ def installed_vllm_version() -> str:
     except metadata.PackageNotFoundError:
         raise EngineError(
             "vLLM is not installed here (no vllm package metadata); install it (pip install "
-            "vllm) or put a vLLM kit on PYTHONPATH, or serve with --engine reference"
+            "'spswap[vllm]') or put a vLLM kit on PYTHONPATH, or serve with --engine reference"
         ) from None
 
 

@@ -271,6 +271,27 @@ def test_an_ended_status_goes_once_slurm_forgets_its_job(tmp_path: Path) -> None
     assert registry.list() == []
 
 
+def test_an_ended_jobs_dead_instance_record_goes_before_slurm_forgets_it(
+    tmp_path: Path,
+) -> None:
+    """The admin walk: root removed a held job's image (its status deleted), then the job
+    was cancelled while it waited: no epilog ran, no image was left to collect, and its
+    instance row ("checkpoint; job's checkpoint deleted") stayed until Slurm forgot the
+    job. The sweep drops a dead record of a job Slurm calls ended; the status stays (it
+    says why), and a pending job's record stays."""
+    from spswap.instance.registry import InstanceRecord, InstanceRegistry
+
+    st = _state(tmp_path, {"520": "CANCELLED", "521": "PENDING"})
+    registry = InstanceRegistry(st.cfg.paths.instances)
+    for job in ("520", "521"):
+        st.statuses.write(job, state=CheckpointState.DELETED, reason="root removed it")
+        registry.put(InstanceRecord(id=f"r{job}", model="m", state="checkpoint",
+                                    pid=_dead_pid(), uid=0, job_id=job))  # fmt: skip
+    collect_images(st, "")
+    assert [r.id for r, _ in registry.list()] == ["r521"]
+    assert st.statuses.jobs_in(CheckpointState.DELETED) == ["520", "521"]
+
+
 def test_ended_statuses_stay_while_slurm_does_not_answer(tmp_path: Path) -> None:
     st = _state(tmp_path, {})
     asked: list[str] = []

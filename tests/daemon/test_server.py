@@ -127,6 +127,28 @@ def test_crash_then_ensure_restarts_with_state(cfg: Config, daemon: int) -> None
     assert table.reservations() == []
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="root's forced release of another's reservation")
+def test_roots_release_of_anothers_reservation_is_in_the_event_log(
+    cfg: Config, daemon: int
+) -> None:
+    """The walk: root's `spswap slots release` of a stuck holder's reservation wrote the
+    table itself and left no event; with spswapd up it goes through spswapd, whose log
+    then has it (the holder's event, by root)."""
+    import dataclasses
+
+    from spswap.access import release_slot
+
+    table = SlotTable(cfg.paths.slots, [0])
+    holder = dataclasses.replace(Holder.current(job_id="777"), uid=4242)  # another user's
+    r = table.reserve(model="m", units=1, holder=holder, timeout_s=5)
+    released = release_slot(cfg, r.id)
+    assert released.id == r.id and table.reservations() == []
+    events = Client(cfg).call("events.tail", n=20)
+    (event,) = [e for e in events if e["kind"] == "slots.release"]
+    assert (event["uid"], event["detail"]["by_uid"]) == (4242, 0), event
+    assert event["detail"]["reservation"] == r.id and event["job_id"] == "777"
+
+
 def test_second_start_is_a_no_op_and_stop(cfg: Config, daemon: int) -> None:
     # `ps -e`, `pgrep spswapd` and top name it as the docs do
     assert Path(f"/proc/{daemon}/comm").read_text().strip() == "spswapd"
