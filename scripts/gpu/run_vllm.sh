@@ -9,7 +9,8 @@
 #   skeletonk, skeletonck  the same two with B kept alive after its dump (--keep)
 #   bench     python -m spswap.bench.swap on 0.5B and 1.5B (BENCH_ARGS: more options, e.g.
 #             "--kv-cache-gib 4"; BENCH_TAG: a suffix for bench.json)
-#   tests     tests/engines/test_vllm.py and test_vllm_serve_gpu.py on 0.5B
+#   tests     tests/engines/test_vllm.py and test_vllm_serve_gpu.py on 0.5B (TESTS: others;
+#             TEST_FLAGS: pytest options, quoted as in a shell, e.g. "-v -k 'not damaged'")
 #   bench7b   python -m spswap.bench.swap on 7B (--cycles 2; BENCH_ARGS and BENCH_TAG too)
 #   pcie      scripts/gpu/pcie_idle_probe.py (is a copy after an idle pause slow?)
 #   regprobe  scripts/gpu/register_probe.py (does a CUDA restore pin a registered mapping
@@ -229,9 +230,11 @@ fi
 if want tests && [ "$(left)" -gt 60 ]; then
   step tests
   criu_on  # test_vllm_serve_gpu.py dumps and restores the real server (else it skips)
+  # TEST_FLAGS is read as the shell would (quotes kept): TEST_FLAGS="-k 'not damaged'"
+  eval "test_flags=(${TEST_FLAGS:--q})"
   SPSWAP_TEST_VLLM_MODEL="$MODELS/qwen2-0.5b" SPSWAP_TEST_POOL="$POOL-tests" \
     timeout -k 5 $(( $(left) - 5 )) python3 -m pytest ${TESTS:-tests/engines/test_vllm.py \
-    tests/engines/test_vllm_serve_gpu.py} ${TEST_FLAGS:--q} -rs -x -s \
+    tests/engines/test_vllm_serve_gpu.py} "${test_flags[@]}" -rs -x -s \
     -p no:cacheprovider --junitxml="$OUT/tests.xml"
   echo "tests rc=$?"
   criu_off
