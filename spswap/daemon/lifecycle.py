@@ -246,8 +246,10 @@ def stop(cfg: Config, timeout_s: float = 10.0) -> int | None:
 
 
 def ensure(cfg: Config, wait_s: float = 10.0) -> int:
-    """The running daemon's pid, starting it first when needed; fast when it runs."""
+    """The running daemon's pid, starting it first when needed; fast when it runs. A user
+    sees root's daemon as running without its pid (-1): that is it running too (the walk:
+    a user's `spswap daemon ensure` tried to start a second one and failed on its lock)."""
     pid = daemon_running(cfg)
-    if pid and pid > 0 and ping(cfg):
+    if pid and ping(cfg):
         return pid
     return start(cfg, wait_s=wait_s)

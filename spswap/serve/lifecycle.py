@@ -158,7 +158,7 @@ class ServeRun(Generic[B]):
             result.events.append({"checkpoint": "failed", "reason": f"sleep failed: {e}"})
             self.log(f"spswap serve: the engine did not sleep ({e}); not checkpointed")
             return False
-        self.slot.release()
+        self._release_slot("; the checkpoint goes on")  # it matters more than the slot
         self._record("checkpoint")
         # the last line this run writes: spswapd parks this process out of the job now
         self.log(f"spswap serve: stopped by {self.stop.stop_signal}: asleep, handed to spswapd "
@@ -260,13 +260,18 @@ class ServeRun(Generic[B]):
         if not proxied and self.record_state is None:  # a restored process keeps its own
             steps.append(("drop the instance record",
                           lambda: self.registry.remove(self.instance_id)))  # fmt: skip
-        steps.append(("release the GPU slot", self.slot.release))
+        steps.append(("release the GPU slot", self._release_slot))
         if self.stop.stop_signal == "SIGUSR1" and self.job_id and self.requeue and not proxied:
             # scancel --signal=USR1 --batch does not requeue by itself; preemption does,
             # and a second requeue of a job already pending is harmless.
             job_id, requeue = self.job_id, self.requeue
             steps.append(("ask for the requeue", lambda: requeue(job_id)))
         run_steps(steps, self.log)
+
+    def _release_slot(self, then: str = "") -> None:
+        problem = self.slot.release()
+        if problem:
+            self.log(f"spswap serve: {problem}{then}")
 
     # -- the check of a restore ---------------------------------------------------------
     def _probe(self, when: str) -> CheckAnswer | None:
@@ -307,5 +312,12 @@ class ServeRun(Generic[B]):
         self.registry.put_best_effort(InstanceRecord(
             id=self.instance_id, model=self.model_name, state=state, pid=os.getpid(),
             uid=os.getuid(), job_id=self.job_id, device=self.backend.device,
-            engine=self.backend.engine, reason=self.reason,
+            engine=self.backend.engine, reason=record_note(state, self.reason),
         ), self.log)  # fmt: skip
+
+
+def record_note(state: str, start_reason: str | None) -> str | None:
+    """The note an instance record carries: how its run started (e.g. "starts anew: ...
+    no checkpoint image"), while it runs; none once it is parked (the re-walk: a saved,
+    kept-alive instance still said it had no checkpoint image). Pure."""
+    return None if state == "checkpoint" else start_reason

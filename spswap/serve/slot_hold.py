@@ -11,7 +11,7 @@ from typing import Any
 
 from spswap.access import release_slot, reserve_slot
 from spswap.config import Config
-from spswap.errors import StopRequested
+from spswap.errors import SpswapError, StopRequested
 
 
 class RunSlot:
@@ -51,11 +51,20 @@ class RunSlot:
         finally:
             self._waiting = False
 
-    def release(self) -> None:
-        """Give the reservation back (once; a no-op without one)."""
-        if self.reservation is not None:
-            reservation, self.reservation = self.reservation, None
+    def release(self) -> str | None:
+        """Give the reservation back (once; a no-op without one). A release that fails is
+        said, not raised (the text returned): the run goes on to its checkpoint (the
+        walk: root had released a stuck-looking reservation by hand, and the job's next
+        stop ended in "no reservation" with no checkpoint made); a reservation left
+        behind is reclaimed once its holder is gone."""
+        if self.reservation is None:
+            return None
+        reservation, self.reservation = self.reservation, None
+        try:
             release_slot(self.cfg, reservation.id)
+        except (SpswapError, OSError) as e:
+            return f"could not give back GPU slot {reservation.id} ({e})"
+        return None
 
 
 class StopSignals:

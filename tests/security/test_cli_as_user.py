@@ -89,3 +89,14 @@ def test_daemon_stop_as_a_user_is_refused_not_told_not_running(cfg: Config, daem
     assert res["error"].startswith("PermissionDenied("), res
     assert "only root stops it" in res["error"] and "not running" not in res["out"], res
     assert Client(cfg).call("status")["pid"] == daemon  # still the same daemon
+
+
+def test_daemon_ensure_as_a_user_sees_roots_running_daemon(cfg: Config, daemon: int,
+                                                          user_uid: int) -> None:  # fmt: skip
+    """A user's `spswap daemon ensure` with root's spswapd running tried to start another
+    and failed on its lock ("permission denied", exit 3; admin walk): root's daemon, seen
+    without its pid, answers, so there is nothing to start."""
+    _cli(cfg, "daemon", "ensure", "--help")  # (modules loaded as root)
+    res = _spswap_as(user_uid, cfg, "daemon", "ensure")
+    assert res["code"] == 0 and res["out"] == "", res
+    assert Client(cfg).call("status")["pid"] == daemon  # the same daemon
