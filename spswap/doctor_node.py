@@ -88,6 +88,8 @@ def budgets(cfg: Config) -> dict[str, Any]:
                              images.user_bytes)  # fmt: skip
     except OSError as e:
         return check("budgets", None, f"cannot read the file system under {cfg.root}: {e}")
+    if settings_problems(cfg):  # (the re-walk: "ok ... pool 1000.0 TiB" beside its FAIL)
+        return check("budgets", None, value, "not all of it can hold here: see the settings row")
     return check("budgets", True, value)
 
 

@@ -507,3 +507,14 @@ def test_the_report_is_a_line_a_check_where_its_table_would_fold_words() -> None
     console.print(render(report))
     text = console.export_text()
     assert "┃ check" in text and "│ kernel.io_uring_disabled │ warn │" in text, text
+
+
+def test_the_budgets_row_is_not_ok_beside_a_settings_fail(tmp_path: Path) -> None:
+    """The re-walk: with a 1000T pool the settings row said FAIL and the budgets row
+    "ok ... pool 1000.0 TiB"."""
+    from spswap.config import Config
+    from spswap.doctor_node import budgets
+
+    row = budgets(Config.from_env({"SPSWAP_POOL_CAPACITY_BYTES": "1000T"}, root=tmp_path))
+    assert row["ok"] is None and "see the settings row" in row["detail"], row
+    assert budgets(Config.from_env({}, root=tmp_path))["ok"] is True
