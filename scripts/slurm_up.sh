@@ -163,9 +163,10 @@ PROLOG=$(resolve_hook "$SLURM_PROLOG")
 EPILOG=$(resolve_hook "$SLURM_EPILOG")
 
 # The prolog runs with no PATH: tell it where spswap is.
+FAKE_GPU_LIST=$(seq -s, 0 $((FAKE_GPUS - 1)))  # SPSWAP_GPUS for the fake GPUs ("0,1")
 if [ -n "${SPSWAP_BIN:-}${SPSWAP_ROOT:-}" ]; then
     if [ -f "$DEFAULTS_FILE" ] && ! grep -qF "$DEFAULTS_MARK" "$DEFAULTS_FILE"; then
-        die "$DEFAULTS_FILE exists and was not written by this script: move it aside (mv $DEFAULTS_FILE $DEFAULTS_FILE.site) and run this again to have the test cluster's written, or leave out SPSWAP_BIN and SPSWAP_ROOT and keep yours (it must name SPSWAP_BIN, and SPSWAP_GPUS=$(seq -s, 0 $((FAKE_GPUS - 1))) for this test cluster's fake GPUs)"
+        die "$DEFAULTS_FILE exists and was not written by this script: move it aside (mv $DEFAULTS_FILE $DEFAULTS_FILE.site) and run this again to have the test cluster's written, or leave out SPSWAP_BIN and SPSWAP_ROOT and keep yours (it must name SPSWAP_BIN, and SPSWAP_GPUS=$FAKE_GPU_LIST for this test cluster's fake GPUs)"
     fi
     {
         echo "$DEFAULTS_MARK"
@@ -174,7 +175,7 @@ if [ -n "${SPSWAP_BIN:-}${SPSWAP_ROOT:-}" ]; then
         [ -n "${SPSWAP_SWEEP_INTERVAL_S:-}" ] && echo "SPSWAP_SWEEP_INTERVAL_S=$SPSWAP_SWEEP_INTERVAL_S"
         # fake GPUs are not /dev/nvidiaN: name them (as the guide does for nodes without NVML)
         if [ "$REAL_GPUS" != 1 ] && [ "$FAKE_GPUS" -gt 0 ]; then
-            echo "SPSWAP_GPUS=$(seq -s, 0 $((FAKE_GPUS - 1)))"
+            echo "SPSWAP_GPUS=$FAKE_GPU_LIST"
         fi
         true
     } > "$DEFAULTS_FILE"
@@ -183,7 +184,7 @@ elif [ "$REAL_GPUS" != 1 ] && [ "$FAKE_GPUS" -gt 0 ] && [ -f "$DEFAULTS_FILE" ] 
     ! grep -q '^SPSWAP_GPUS=' "$DEFAULTS_FILE"; then
     # the site's own file is kept: it must name the fake GPUs itself (not /dev/nvidiaN)
     echo "note: $DEFAULTS_FILE names no SPSWAP_GPUS, so spswapd sees no GPU (this test" \
-         "cluster's are fake): add SPSWAP_GPUS=$(seq -s, 0 $((FAKE_GPUS - 1))) to it" >&2
+         "cluster's are fake): add SPSWAP_GPUS=$FAKE_GPU_LIST to it" >&2
 fi
 
 GRES_NODE=""

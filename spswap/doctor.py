@@ -25,9 +25,7 @@ from spswap.checkpoint.images import parse_nvidia_version
 from spswap.config import Config
 from spswap.doctor_check import check
 from spswap.errors import CheckpointFailed
-from spswap.settings_check import (
-    node_sizes,
-)
+from spswap.settings_check import node_sizes, unfit_settings
 
 KERNEL_NEEDS_CRIU_41 = (6, 13)
 KERNEL_TCP_SOCKOPTS = (6, 16)  # SO_PASSCRED on TCP answers EOPNOTSUPP: CRIU 4.1 fails
@@ -326,17 +324,17 @@ def collect(cfg: Config) -> dict[str, Any]:
     checks += _nvml_checks(cfg.gpus)
     checks.append(_cuda_checkpoint())
     checks += doctor_node.storage(cfg)
-    checks.append(doctor_node.budgets(cfg))
+    sizes = node_sizes(cfg)
+    problems = unfit_settings(cfg, sizes)  # the settings row's, and the budgets row's
+    checks.append(doctor_node.budgets(cfg, problems))
     checks.append(check("cgroup mode", True, cgroup_mode(Path("/sys/fs/cgroup"))))
     parking = _parking()
     checks.append(parking)
     checks.append(_freeze_hold())
     can_park = None if os.geteuid() != 0 else parking["ok"] is True
-    checks.append(
-        doctor_node.keep_check(cfg.keep_budget_bytes(), can_park, node_sizes(cfg).mem_total_bytes)
-    )
+    checks.append(doctor_node.keep_check(cfg.keep_budget_bytes(), can_park, sizes.mem_total_bytes))
     checks.append(doctor_node.root_ownership(cfg))
-    checks.append(doctor_node.settings(cfg))
+    checks.append(doctor_node.settings(problems))
     checks.append(doctor_node.daemon(cfg))
     checks.append(_vllm())
     return {"version": SCHEMA_VERSION, "node": socket.gethostname(), "checks": checks}

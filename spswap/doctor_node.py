@@ -22,7 +22,6 @@ from spswap.pool.store import Pool
 from spswap.settings_check import (
     restart_hint,
     settings_differences,
-    settings_problems,
     spswap_command,
 )
 from spswap.settings_file import read_settings_file, settings_file_path
@@ -78,9 +77,10 @@ def storage(cfg: Config) -> list[dict[str, Any]]:
     ), huge]  # fmt: skip
 
 
-def budgets(cfg: Config) -> dict[str, Any]:
+def budgets(cfg: Config, problems: list[str]) -> dict[str, Any]:
     """What the pool and the images may hold on this node, all together and each user's
-    (the settings, or their defaults from the file system's size)."""
+    (the settings, or their defaults from the file system's size); ``problems``: the
+    settings that cannot hold here (:func:`settings`' too), which make it a warning."""
     pool = Pool.from_config(cfg)
     images = ImageRoom.from_config(cfg).limits()
     try:
@@ -88,7 +88,7 @@ def budgets(cfg: Config) -> dict[str, Any]:
                              images.user_bytes)  # fmt: skip
     except OSError as e:
         return check("budgets", None, f"cannot read the file system under {cfg.root}: {e}")
-    if settings_problems(cfg):  # (the re-walk: "ok ... pool 1000.0 TiB" beside its FAIL)
+    if problems:  # (the re-walk: "ok ... pool 1000.0 TiB" beside the settings FAIL)
         return check("budgets", None, value, "not all of it can hold here: see the settings row")
     return check("budgets", True, value)
 
@@ -256,11 +256,11 @@ def root_huge_check(root: str, mount: tuple[str, str, str] | None, shmem: str | 
     return check(name, None, where, fix)
 
 
-def settings(cfg: Config) -> dict[str, Any]:
+def settings(problems: list[str]) -> dict[str, Any]:
     """Where the settings came from (the file every command and the daemon read) and
-    what of them cannot hold on this node."""
+    what of them cannot hold on this node (``problems``, from
+    :func:`~spswap.settings_check.unfit_settings`)."""
     read = read_settings_file(settings_file_path(os.environ))
     source = (f"{read.path}, then the environment" if read.exists and not read.problem
               else f"environment only ({read.problem or f'no {read.path}'})")  # fmt: skip
-    problems = settings_problems(cfg)
     return check("settings", False if problems else True, source, "; ".join(problems))

@@ -38,7 +38,7 @@ from spswap.slots.state import build_snapshot
 from spswap.slots.table import SlotTable
 from spswap.slurm.backend import job_probe
 from spswap.units import fmt_bytes
-from spswap.users import user_label
+from spswap.users import user_cell, user_label
 
 STATUS_VERSION = 1
 
@@ -294,8 +294,7 @@ def render_checkpoints(checkpoints: list[dict[str, Any]],
     for c in checkpoints:
         size = fmt_bytes(c["size_bytes"]) if c.get("size_bytes") else "-"
         state = checkpoint_state_text(str(c.get("state")), bool(c.get("kept")))
-        user = user_label(c["uid"]) if isinstance(c.get("uid"), int) else "-"
-        plain_row(t, c.get("job_id"), user, state, size)
+        plain_row(t, c.get("job_id"), user_cell(c.get("uid")), state, size)
     return TitleOnOneLine(t)
 
 

@@ -19,6 +19,12 @@ def user_label(uid: int) -> str:
     return user_name(uid) or f"uid {uid}"
 
 
+def user_cell(uid: object, missing: str = "-") -> str:
+    """A uid read from a file, for a table cell: :func:`user_label` of an int, else
+    ``missing`` (a record written before it named its owner)."""
+    return user_label(uid) if isinstance(uid, int) else missing
+
+
 def user_and_uid(uid: int) -> str:
     """A uid for a message that names its owner: ``alice, uid 1001`` (``uid 1001`` where
     the name is unknown)."""

@@ -514,7 +514,10 @@ def test_the_budgets_row_is_not_ok_beside_a_settings_fail(tmp_path: Path) -> Non
     "ok ... pool 1000.0 TiB"."""
     from spswap.config import Config
     from spswap.doctor_node import budgets
+    from spswap.settings_check import settings_problems
 
-    row = budgets(Config.from_env({"SPSWAP_POOL_CAPACITY_BYTES": "1000T"}, root=tmp_path))
+    big = Config.from_env({"SPSWAP_POOL_CAPACITY_BYTES": "1000T"}, root=tmp_path)
+    row = budgets(big, settings_problems(big))
     assert row["ok"] is None and "see the settings row" in row["detail"], row
-    assert budgets(Config.from_env({}, root=tmp_path))["ok"] is True
+    fits = Config.from_env({}, root=tmp_path)
+    assert budgets(fits, settings_problems(fits))["ok"] is True

@@ -31,7 +31,7 @@ from spswap.plain import DropToFit, plain_row
 from spswap.pool.store import Pool
 from spswap.status import checkpoint_state_text
 from spswap.units import fmt_bytes
-from spswap.users import user_label
+from spswap.users import user_cell
 
 app = typer.Typer(help="Checkpoint images kept for requeued jobs.", no_args_is_help=True)
 
@@ -123,7 +123,7 @@ def ls(json: bool = JsonOpt, root: Path | None = RootOpt) -> None:
         digest = str(ident.get("model_digest", "?"))
         rows.append([i["job_id"], checkpoint_state_text(i["state"], i["kept"]),
                      fmt_bytes(i["size_bytes"]), str(ident.get("engine", "?")),
-                     i["model"] or digest[:12], _user_cell(ident.get("uid")), age])  # fmt: skip
+                     i["model"] or digest[:12], user_cell(ident.get("uid"), "?"), age])  # fmt: skip
     # a narrow terminal: columns left out (named under it) rather than words broken
     console.print(DropToFit(f"checkpoint images in {cfg.paths.images}", IMAGE_COLUMNS, rows,
                             droppable=("user", "age", "engine"), caption=caption,
@@ -133,11 +133,6 @@ def ls(json: bool = JsonOpt, root: Path | None = RootOpt) -> None:
 
 
 IMAGE_COLUMNS = ("job", "state", "on disk", "engine", "model", "user", "age")
-
-
-def _user_cell(uid: object) -> str:
-    """The image's owner by name (the uid in --json)."""
-    return user_label(uid) if isinstance(uid, int) else "?"
 
 
 def image_model_name(digest: str, names: dict[str, str]) -> str | None:

@@ -152,13 +152,13 @@ def _forget_ended_statuses(st: DaemonState, skip: set[str]) -> None:
         info, answered = st.ask_slurm(job_id)
         if not answered:
             return  # (no controller: the next sweep asks again, one event, not one a job)
-        if info is not None and job_fate(info.state, None) == "gone":
-            forget_instances(st, job_id)
-        elif info is None:
+        if info is None:
             st.statuses.remove(job_id)
             forget_instances(st, job_id)
             st.event("checkpoint.forgotten", job_id=job_id,
                      reason="Slurm no longer knows the job")  # fmt: skip
+        elif job_fate(info.state, None) == "gone":
+            forget_instances(st, job_id)
 
 
 def forget_instances(st: DaemonState, job_id: str) -> list[str]:
