@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from spswap.engines import cuda_limits
 from spswap.engines.host_heap import release_free_heap
 from spswap.engines.vllm_pull import pull_bytes_per_s, pull_share
 from spswap.engines.vllm_weights import STAGING_BYTES, host_bytes, weight_tensors
@@ -48,6 +49,7 @@ class SpswapWorkerExtension(SpswapProbes):
     _spswap_exit_stack: contextlib.ExitStack
     _spswap_weights: tuple[torch.nn.Module, dict[str, torch.Tensor]] | None
     _spswap_pull_rate: float | None
+    _spswap_stack_to_restore: int | None
 
     # -- helpers (underscore + prefix: not meant for collective_rpc) --------------------
     def _spswap_model(self) -> torch.nn.Module:
@@ -87,6 +89,31 @@ class SpswapWorkerExtension(SpswapProbes):
         config = getattr(self, "vllm_config", None)
         mode = getattr(getattr(config, "compilation_config", None), "cudagraph_mode", None)
         return getattr(mode, "name", None) == "NONE"
+
+    def _spswap_lower_thread_stack(self) -> int | None:
+        """Asleep, before a CUDA checkpoint: the context's per-thread stack down to
+        :data:`~spswap.engines.cuda_limits.TRIMMED_STACK_BYTES`, which frees its local
+        memory (264 MiB on an H100); returns the size it had, kept for
+        :meth:`_spswap_restore_thread_stack`, or None where nothing changed."""
+        before = cuda_limits.stack_bytes()
+        if before is None or before <= cuda_limits.TRIMMED_STACK_BYTES:
+            return None
+        if not cuda_limits.set_stack_bytes(cuda_limits.TRIMMED_STACK_BYTES):
+            return None
+        if getattr(self, "_spswap_stack_to_restore", None) is None:  # (kept from a
+            self._spswap_stack_to_restore = before  # trim the driver undid: the first)
+        return before
+
+    def _spswap_restore_thread_stack(self) -> int | None:
+        """Before the engine's next kernel (a wake's copy): the per-thread stack a trim
+        lowered back to its size, so the engine runs in the context it was measured
+        in; returns that size, or None where no trim lowered it."""
+        size = getattr(self, "_spswap_stack_to_restore", None)
+        if size is None:
+            return None
+        self._spswap_stack_to_restore = None
+        # a refusal costs nothing but a first launch that grows the stack itself
+        return size if cuda_limits.set_stack_bytes(size) else None
 
     def _spswap_stack(self) -> contextlib.ExitStack:
         stack = getattr(self, "_spswap_exit_stack", None)
@@ -191,6 +218,7 @@ class SpswapWorkerExtension(SpswapProbes):
         pull, looking up the weights) then ``copy_call_s`` (the copy's ``seconds`` plus
         its checks and streams), so a cycle's time outside the copy can be placed."""
         entered = time.perf_counter()
+        stack_restored = self._spswap_restore_thread_stack()
         mapping: MappedEntry | None = getattr(self, "_spswap_mapping", None)
         if mapping is None:
             raise EngineError(
@@ -208,7 +236,8 @@ class SpswapWorkerExtension(SpswapProbes):
         done = time.perf_counter()
         return {**report.to_json(), "pull": pull, "released_bytes": released,
                 "worker_s": done - entered, "prepare_s": called - entered,
-                "copy_call_s": done - called}  # fmt: skip
+                "copy_call_s": done - called,
+                "stack_restored_bytes": stack_restored}  # fmt: skip
 
     def _spswap_sleep_pool_bytes(self) -> int | None:
         """Bytes in vLLM's sleep-mode pool (weights and KV cache): what a level-2 sleep
@@ -232,8 +261,10 @@ class SpswapWorkerExtension(SpswapProbes):
         free blocks back to the driver, so only live memory is checkpointed (it moves at
         ~2 GB/s), and the heap's freed pages back to the kernel, so CRIU dumps only live
         host memory (:mod:`spswap.engines.host_heap`); without CUDA graphs, cuBLAS's
-        workspaces too. Returns the device's free/total bytes, torch's
-        reserved/allocated, whether cuBLAS's went and what the heap release did."""
+        workspaces and the context's per-thread stack too (:mod:`spswap.engines.cuda_limits`;
+        the next copy sets it back). Returns the device's free/total
+        bytes, torch's reserved/allocated, whether cuBLAS's went, the stack size
+        lowered (``stack_lowered_from_bytes``) and what the heap release did."""
         import gc
 
         gc.collect()
@@ -243,9 +274,12 @@ class SpswapWorkerExtension(SpswapProbes):
         if cublas:  # re-made at the next matmul (the check prompt after a restore)
             torch._C._cuda_clearCublasWorkspaces()
         torch.cuda.empty_cache()
+        # (eager only, as cuBLAS's: captured graphs were made in the context's local
+        # memory; untried with them)
+        stack = self._spswap_lower_thread_stack() if cublas else None
         heap = release_free_heap().to_json()  # after the device's: a failure here costs less
         free, total = torch.cuda.mem_get_info()
-        return {**heap, "cublas_cleared": cublas,
+        return {**heap, "cublas_cleared": cublas, "stack_lowered_from_bytes": stack,
                 "free_bytes": int(free), "total_bytes": int(total),
                 "torch_reserved_bytes": int(torch.cuda.memory_reserved()),
                 "torch_allocated_bytes": int(torch.cuda.memory_allocated())}  # fmt: skip

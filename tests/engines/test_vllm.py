@@ -29,6 +29,7 @@ from spswap.bench.swap import (  # noqa: E402
     goals,
     render_bench_swap,
 )
+from spswap.engines import cuda_limits  # noqa: E402
 from spswap.engines.protocol import Engine  # noqa: E402
 from spswap.engines.vllm_engine import (  # noqa: E402
     WORKER_EXTENSION,
@@ -334,6 +335,43 @@ def test_a_trim_drops_cublas_workspaces_only_without_cuda_graphs() -> None:
     assert worker._spswap_no_cuda_graphs() is False
 
 
+def test_a_lowered_thread_stack_is_set_back_once_to_its_first_size(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The trim's stack bookkeeping (the real driver's in the GPU test below): the size
+    set back is the one before the first trim, once; a driver that refuses changes
+    nothing and owes nothing."""
+    limit = {"stack": 1024, "refuse": False}
+
+    def set_stack(size_bytes: int) -> bool:
+        if limit["refuse"]:
+            return False
+        limit["stack"] = size_bytes
+        return True
+
+    monkeypatch.setattr(cuda_limits, "stack_bytes", lambda: limit["stack"])
+    monkeypatch.setattr(cuda_limits, "set_stack_bytes", set_stack)
+    worker = _Worker(_Tiny())
+    assert worker._spswap_restore_thread_stack() is None  # nothing lowered yet
+    assert worker._spswap_lower_thread_stack() == 1024
+    assert limit["stack"] == cuda_limits.TRIMMED_STACK_BYTES
+    assert worker._spswap_lower_thread_stack() is None  # already down
+    limit["stack"] = 64  # a launch grew it again before the next trim
+    assert worker._spswap_lower_thread_stack() == 64
+    assert worker._spswap_restore_thread_stack() == 1024 and limit["stack"] == 1024
+    assert worker._spswap_restore_thread_stack() is None  # once
+    limit["refuse"] = True
+    assert worker._spswap_lower_thread_stack() is None and limit["stack"] == 1024
+    assert worker._spswap_restore_thread_stack() is None
+
+
+def test_without_a_driver_the_stack_is_unknown_and_left_alone() -> None:
+    if cuda_limits._driver() is not None:
+        pytest.skip("an NVIDIA driver is here: the GPU test covers it")
+    assert cuda_limits.stack_bytes() is None
+    assert cuda_limits.set_stack_bytes(16) is False
+
+
 def test_a_wake_reuses_the_weights_lookup_until_the_model_changes(pool: Pool) -> None:
     """The weights' tensors are looked up once per model (a wake's copy spent 3-6 ms
     walking the model on the GPU); a model vLLM replaced is looked up again, so the copy
@@ -439,6 +477,24 @@ def test_sleep_wake_cycles_give_the_cold_outputs(cold: Any) -> None:
         assert report.registered and report.size_bytes == cold.manifest.tensor_bytes
         assert eng.generate(PROMPTS, NEW_TOKENS) == cold.reference
     print(f"last wake: {eng.last_wake}", file=sys.stderr)
+
+
+@_apply
+def test_a_trim_lowers_the_thread_stack_and_the_wake_sets_it_back(cold: Any) -> None:
+    """An eager engine's trim drops cuBLAS's workspaces and lowers the context's
+    per-thread stack (its local memory goes back to the driver: 264 MiB on an H100);
+    the wake's copy sets the stack back before any kernel, and the answers stay."""
+    eng = cold.engine
+    eng.sleep()
+    trimmed = eng.trim()
+    lowered = trimmed["stack_lowered_from_bytes"]
+    assert trimmed["cublas_cleared"] is True, trimmed
+    assert lowered is not None and lowered > cuda_limits.TRIMMED_STACK_BYTES, trimmed
+    eng.wake()
+    assert eng.last_wake is not None
+    assert eng.last_wake.copy["stack_restored_bytes"] == lowered, eng.last_wake.copy
+    assert eng.generate(PROMPTS, NEW_TOKENS) == cold.reference
+    print(f"trim: {trimmed}", file=sys.stderr)
 
 
 @_apply
