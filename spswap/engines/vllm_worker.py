@@ -100,8 +100,9 @@ class SpswapWorkerExtension(SpswapProbes):
             return None
         if not cuda_limits.set_stack_bytes(cuda_limits.TRIMMED_STACK_BYTES):
             return None
-        if getattr(self, "_spswap_stack_to_restore", None) is None:  # (kept from a
-            self._spswap_stack_to_restore = before  # trim the driver undid: the first)
+        # a second trim (a launch grew the stack in between) keeps the first size
+        if getattr(self, "_spswap_stack_to_restore", None) is None:
+            self._spswap_stack_to_restore = before
         return before
 
     def _spswap_restore_thread_stack(self) -> int | None:
@@ -261,10 +262,11 @@ class SpswapWorkerExtension(SpswapProbes):
         free blocks back to the driver, so only live memory is checkpointed (it moves at
         ~2 GB/s), and the heap's freed pages back to the kernel, so CRIU dumps only live
         host memory (:mod:`spswap.engines.host_heap`); without CUDA graphs, cuBLAS's
-        workspaces and the context's per-thread stack too (:mod:`spswap.engines.cuda_limits`;
-        the next copy sets it back). Returns the device's free/total
-        bytes, torch's reserved/allocated, whether cuBLAS's went, the stack size
-        lowered (``stack_lowered_from_bytes``) and what the heap release did."""
+        workspaces and the context's per-thread stack too
+        (:mod:`spswap.engines.cuda_limits`; the next copy sets it back). Returns the
+        device's free/total bytes, torch's reserved/allocated, whether cuBLAS's went,
+        the stack size lowered (``stack_lowered_from_bytes``) and what the heap release
+        did."""
         import gc
 
         gc.collect()
