@@ -326,7 +326,7 @@ def collect(cfg: Config) -> dict[str, Any]:
     checks += doctor_node.storage(cfg)
     sizes = node_sizes(cfg)
     problems = unfit_settings(cfg, sizes)  # the settings row's, and the budgets row's
-    checks.append(doctor_node.budgets(cfg, problems))
+    checks.append(doctor_node.budgets(cfg, problems, sizes))
     checks.append(check("cgroup mode", True, cgroup_mode(Path("/sys/fs/cgroup"))))
     parking = _parking()
     checks.append(parking)

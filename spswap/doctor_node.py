@@ -20,6 +20,8 @@ from spswap.errors import DaemonError
 from spswap.fsutil import existing_parent, fs_sizes
 from spswap.pool.store import Pool
 from spswap.settings_check import (
+    NodeSizes,
+    crowded_budgets,
     restart_hint,
     settings_differences,
     spswap_command,
@@ -77,19 +79,23 @@ def storage(cfg: Config) -> list[dict[str, Any]]:
     ), huge]  # fmt: skip
 
 
-def budgets(cfg: Config, problems: list[str]) -> dict[str, Any]:
+def budgets(cfg: Config, problems: list[str], sizes: NodeSizes) -> dict[str, Any]:
     """What the pool and the images may hold on this node, all together and each user's
     (the settings, or their defaults from the file system's size); ``problems``: the
-    settings that cannot hold here (:func:`settings`' too), which make it a warning."""
+    settings that cannot hold here (:func:`settings`' too), which make it a warning, as
+    do set budgets that add up to more than the file system (``sizes``)."""
     pool = Pool.from_config(cfg)
     images = ImageRoom.from_config(cfg).limits()
     try:
         value = budgets_text(pool.capacity_bytes, pool.user_bytes, images.total_bytes,
                              images.user_bytes)  # fmt: skip
+        crowded = crowded_budgets(cfg, pool.capacity_bytes, images.total_bytes, sizes)
     except OSError as e:
         return check("budgets", None, f"cannot read the file system under {cfg.root}: {e}")
     if problems:  # (the re-walk: "ok ... pool 1000.0 TiB" beside the settings FAIL)
         return check("budgets", None, value, "not all of it can hold here: see the settings row")
+    if crowded is not None:
+        return check("budgets", None, value, crowded)
     return check("budgets", True, value)
 
 

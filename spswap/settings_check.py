@@ -65,6 +65,26 @@ def unfit_settings(cfg: Config, sizes: NodeSizes) -> list[str]:
     return out
 
 
+def crowded_budgets(cfg: Config, pool_bytes: int, images_bytes: int,
+                    sizes: NodeSizes) -> str | None:  # fmt: skip
+    """Why the pool (``pool_bytes``) and the images (``images_bytes``) cannot both be full
+    on the root's file system, where a setting names either of them and they add up to
+    more than it; None otherwise (the defaults, 80% and half of it, share it). Pure."""
+    if cfg.pool_capacity_bytes is None and cfg.images_bytes is None:
+        return None
+    total = pool_bytes + images_bytes
+    if not sizes.fs_bytes or total <= sizes.fs_bytes:
+        return None
+    return (
+        f"the pool ({fmt_bytes(pool_bytes)}) and the images ({fmt_bytes(images_bytes)}) may "
+        f"take {fmt_bytes(total)} together, more than the {fmt_bytes(sizes.fs_bytes)} file "
+        f"system that holds {sizes.fs_path}: a dump can find it full while the pool is. "
+        f"Give the tmpfs at least {fmt_bytes(total)} (mount -o remount,size=...), or set "
+        f'SPSWAP_POOL_CAPACITY_BYTES and SPSWAP_IMAGES_BYTES lower (docs/slurm.md, "The '
+        f"root's tmpfs in huge pages\", Size)"
+    )
+
+
 def _share_over(name: str, share: int | None, whole_name: str, whole: int | None,
                 what: str, bound: str) -> list[str]:  # fmt: skip
     """The message of one user's share set above the whole it is a share of, if it is."""

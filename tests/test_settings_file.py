@@ -125,6 +125,26 @@ def test_unfit_settings_name_the_numbers_and_the_fix() -> None:
     ]
 
 
+def test_crowded_budgets_name_both_and_the_fix() -> None:
+    from spswap.settings_check import NodeSizes, crowded_budgets
+
+    sizes = NodeSizes(fs_bytes=16 << 30, fs_path="/dev/shm/spswap", mem_total_bytes=64 << 30)
+    pool = Config.from_env({"SPSWAP_POOL_CAPACITY_BYTES": "12G"})
+    assert crowded_budgets(pool, 12 << 30, 8 << 30, sizes) == (
+        "the pool (12.0 GiB) and the images (8.0 GiB) may take 20.0 GiB together, more than "
+        "the 16.0 GiB file system that holds /dev/shm/spswap: a dump can find it full while "
+        "the pool is. Give the tmpfs at least 20.0 GiB (mount -o remount,size=...), or set "
+        'SPSWAP_POOL_CAPACITY_BYTES and SPSWAP_IMAGES_BYTES lower (docs/slurm.md, "The '
+        "root's tmpfs in huge pages\", Size)"
+    )
+    assert crowded_budgets(pool, 8 << 30, 8 << 30, sizes) is None  # they fit: no warning
+    # the defaults (80% and half) are not checked: no warning for what no one set
+    defaults = Config.from_env({})
+    assert crowded_budgets(defaults, 12 << 30, 8 << 30, sizes) is None
+    unknown = NodeSizes(fs_bytes=None, fs_path="/x", mem_total_bytes=None)
+    assert crowded_budgets(pool, 12 << 30, 8 << 30, unknown) is None
+
+
 def test_node_sizes_reads_this_node(tmp_path) -> None:
     from spswap.settings_check import node_sizes
 

@@ -224,12 +224,12 @@ def serve(
     cfg = load_config(root)
     job = JobEnv.from_env()
     slurm_answers = functools.cache(controller_answers)  # one `scontrol ping` per start
-    if job is not None and not job.restart_count:  # a run that came back was requeued
-        warn_if_not_requeueable(job.job_id, slurm_answers)
     if state_dir is None:
         if job is None:
             raise typer.BadParameter("outside a Slurm job, give --state-dir")
         state_dir = Path(os.getcwd()) / ".spswap" / job.job_id
+    if job is not None and not job.restart_count:  # a run that came back was requeued
+        warn_if_not_requeueable(job.job_id, state_dir, slurm_answers)
     if job is not None:
         if (note := requeued_note(job.job_id, job.restart_count)) is not None:
             err_console.print(note, markup=False, soft_wrap=True)

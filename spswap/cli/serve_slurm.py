@@ -1,9 +1,10 @@
 """``spswap serve``'s word with Slurm about its job: the requeue warning at the start, the
 requeue asked at a preemption's end, and the job's facts its first run finds out and its
-state directory remembers for the later runs (KillWait, the device)."""
+state directory remembers for the later runs (KillWait, the device, the Requeue flag)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from collections.abc import Callable
@@ -13,6 +14,7 @@ from typing import TypeVar
 from spswap.cli.common import err_console
 from spswap.errors import SpswapError
 from spswap.fsutil import atomic_write_bytes, make_private_dirs
+from spswap.serve.checkpointer import REQUEUE_FILE, requeue_file_text
 from spswap.slurm.backend import controller_up, get_backend, kill_wait_s
 from spswap.slurm.requeue import requeue_warning
 
@@ -27,18 +29,32 @@ def controller_answers() -> bool:
     return shutil.which("scontrol") is not None and controller_up(timeout_s=5.0)
 
 
-def warn_if_not_requeueable(job_id: str,
+def warn_if_not_requeueable(job_id: str, state_dir: Path,
                             answers: Callable[[], bool] = controller_answers) -> None:  # fmt: skip
-    """Say at the start, in the job log, that a preemption would end this job for good."""
+    """At the job's first run: say in the job log that a preemption would end this job
+    for good, and write Slurm's Requeue flag into the state directory
+    (:data:`~spswap.serve.checkpointer.REQUEUE_FILE`), where the run's stop reads it (a
+    preemption of a job Slurm ends is not checkpointed). Slurm could not say: the run
+    goes on as it would have, and its stop checkpoints."""
+    path = state_dir / REQUEUE_FILE
+    with contextlib.suppress(OSError):  # another job's, in a state directory given twice
+        path.unlink(missing_ok=True)
     if not answers():
-        return  # Slurm could not say: the run goes on, as it would have
+        return
     backend = get_backend(timeout_s=3.0)
     try:
-        warning = requeue_warning(backend.job(job_id) if backend is not None else None)
+        job = backend.job(job_id) if backend is not None else None
     except SpswapError:
-        return  # Slurm could not say: the run goes on, as it would have
-    if warning:
+        return
+    if job is None or job.requeue is None:
+        return
+    if (warning := requeue_warning(job)) is not None:
         err_console.print(warning, markup=False, soft_wrap=True)
+    try:
+        make_private_dirs(state_dir, os.getuid())
+        atomic_write_bytes(path, requeue_file_text(job_id, job.requeue).encode(), mode=0o600)
+    except (OSError, SpswapError):
+        pass  # the run itself says what is wrong with the state directory
 
 
 def requeue(job_id: str) -> None:

@@ -35,6 +35,32 @@ RESUME_SIGNAL = signal.SIGUSR2
 PARK_SLICE_S = 300.0  # between status checks while parked (never during a dump's freeze)
 RESTORE_TIMEOUT_S = 1800.0  # hashing + CRIU + CUDA restore of a large image
 RESEND_S = 1.0  # a forwarded stop is sent again this often until the instance exits
+# In the run's state directory: "<job id> 0" when Slurm said at the job's first run that
+# it may not requeue the job (Requeue=0), "<job id> 1" when it may (`spswap serve`'s
+# start writes it: the stop reads it there, asking Slurm nothing on its own path).
+REQUEUE_FILE = "requeue"
+
+
+def requeue_file_text(job_id: str, requeue: bool) -> str:
+    """:data:`REQUEUE_FILE`'s text.
+
+    >>> requeue_file_text("88", False)
+    '88 0\\n'
+    """
+    return f"{job_id} {int(requeue)}\n"
+
+
+def requeueable(state_dir: Path, job_id: str | None) -> bool | None:
+    """What job ``job_id``'s first run learnt of Slurm's Requeue flag
+    (:data:`REQUEUE_FILE`); None when it could not ask, or the file is another job's (a
+    state directory given twice)."""
+    try:
+        words = (state_dir / REQUEUE_FILE).read_text().split()
+    except OSError:
+        return None
+    if job_id is None or len(words) != 2 or words[0] != job_id:
+        return None
+    return {"0": False, "1": True}.get(words[1])
 
 
 @dataclass
@@ -50,14 +76,25 @@ class ParkOutcome:
 
 
 def not_coming_back(job_id: str, stop_signal: str | None, restart_count: int, *,
-                    timeout_s: float = 5.0,
+                    timeout_s: float = 5.0, requeue_flag: bool | None = None,
                     log: Callable[[str], None] | None = None) -> str | None:  # fmt: skip
     """Why a checkpoint at this stop would be wasted (also told to ``log``), or None
-    (dump). Preemption's USR1 always dumps; a SIGTERM (scancel, the time limit, a
-    requeue) asks Slurm, and only a job it calls ended for good (CANCELLED, TIMEOUT, ...)
-    is not dumped; a Slurm that cannot be asked means dump."""
+    (dump). Preemption's USR1 dumps unless ``requeue_flag`` is False (Slurm said at the
+    job's start that it may not requeue it: it ends the job at preemption instead); a
+    SIGTERM (scancel, the time limit, a requeue) asks Slurm, and only a job it calls
+    ended for good (CANCELLED, TIMEOUT, ...) is not dumped; a Slurm that cannot be asked
+    means dump."""
     if stop_signal == "SIGUSR1":
-        return None
+        if requeue_flag is not False:
+            return None
+        why = (
+            f"job {job_id} is not requeueable (Slurm showed Requeue=0 at its start): "
+            "Slurm ends it at this preemption instead of requeueing it, so what a "
+            "checkpoint saved would never be used; submit it with `sbatch --requeue`"
+        )
+        if log is not None:
+            log(f"spswap serve: not checkpointed: {why}")
+        return why
 
     try:
         backend = get_backend(timeout_s=timeout_s)

@@ -41,6 +41,7 @@ from spswap.serve.checkpointer import (
     end_left_behind,
     not_coming_back,
     process_tree,
+    requeueable,
     restored_how,
     stand_in_for,
 )
@@ -148,7 +149,13 @@ class ServeRun(Generic[B]):
         was no dump (no spswapd, the job ends for good, the dump failed)."""
         if self.checkpointer is None or not self.job_id:
             return False
-        if not_coming_back(self.job_id, self.stop.stop_signal, self.restart_count, log=self.log):
+        if not_coming_back(
+            self.job_id,
+            self.stop.stop_signal,
+            self.restart_count,
+            requeue_flag=requeueable(self.backend.state_dir, self.job_id),
+            log=self.log,
+        ):
             return False
         expected = (self.expected if self.backend.probe_at_start
                     else self._probe("before its checkpoint"))  # fmt: skip
@@ -261,9 +268,16 @@ class ServeRun(Generic[B]):
             steps.append(("drop the instance record",
                           lambda: self.registry.remove(self.instance_id)))  # fmt: skip
         steps.append(("release the GPU slot", self._release_slot))
-        if self.stop.stop_signal == "SIGUSR1" and self.job_id and self.requeue and not proxied:
+        if (
+            self.stop.stop_signal == "SIGUSR1"
+            and self.job_id
+            and self.requeue
+            and not proxied
+            and requeueable(self.backend.state_dir, self.job_id) is not False
+        ):
             # scancel --signal=USR1 --batch does not requeue by itself; preemption does,
-            # and a second requeue of a job already pending is harmless.
+            # and a second requeue of a job already pending is harmless. (Slurm refuses
+            # one of a job it may not requeue: not asked.)
             job_id, requeue = self.job_id, self.requeue
             steps.append(("ask for the requeue", lambda: requeue(job_id)))
         run_steps(steps, self.log)

@@ -32,6 +32,7 @@ from spswap.slurm.parse import (
     parse_kill_wait_s,
     parse_squeue_json,
 )
+from spswap.slurm.requeue import requeue_refusal
 
 CLI_COMMANDS = ("scontrol", "squeue", "scancel")
 DEFAULT_TIMEOUT_S = 10.0
@@ -171,7 +172,12 @@ class CliBackend:
             ) from None
 
     def requeue(self, job_id: str) -> None:
-        self._run(["scontrol", "requeue", str(job_id)])
+        try:
+            self._run(["scontrol", "requeue", str(job_id)])
+        except SlurmCommandError as e:
+            if (why := requeue_refusal(job_id, e.output)) is None:
+                raise
+            raise SlurmCommandError(why, argv=e.argv, output=e.output) from None
 
     def signal_batch(self, job_id: str, signal: str | int) -> None:
         # without --batch the signal goes to the job's steps, not to the batch shell

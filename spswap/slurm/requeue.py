@@ -19,8 +19,29 @@ def requeue_warning(job: JobInfo | None) -> str | None:
         f"spswap serve: warning: job {job.job_id} is not requeueable (Slurm shows "
         "Requeue=0: it was submitted with --no-requeue, or without --requeue where "
         "slurm.conf sets JobRequeue=0). At preemption Slurm ends it instead of requeueing "
-        "it, and what this run saves is never used. Submit it with `sbatch --requeue` "
-        "(#SBATCH --requeue, as the templates do)."
+        "it: spswap serve then saves nothing (no next run would use it) and the job's work "
+        "is lost. Submit it with `sbatch --requeue` (#SBATCH --requeue, as the templates "
+        "do)."
+    )
+
+
+# scontrol's words when it refuses to requeue a job whose Requeue flag is 0
+_REQUEUE_DISABLED = "Requested operation is presently disabled"
+
+
+def requeue_refusal(job_id: str, output: str) -> str | None:
+    """What ``scontrol requeue``'s refusal means when it refused a job Slurm may not
+    requeue (its ``output`` says the operation is disabled); None for other refusals.
+
+    >>> requeue_refusal("7", "slurm_requeue error: Invalid job id specified") is None
+    True
+    """
+    if _REQUEUE_DISABLED not in output:
+        return None
+    return (
+        f"Slurm may not requeue job {job_id} (it answers {_REQUEUE_DISABLED!r}: the job "
+        "shows Requeue=0, submitted with --no-requeue or without --requeue where "
+        "slurm.conf sets JobRequeue=0); submit it with `sbatch --requeue`"
     )
 
 

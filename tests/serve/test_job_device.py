@@ -57,13 +57,13 @@ def test_with_slurms_controller_down_the_start_asks_it_nothing_more(
         (bin_dir / cmd).chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
     state = tmp_path / "state"
-    serve_cli.warn_if_not_requeueable("42")
+    serve_cli.warn_if_not_requeueable("42", state)
     assert serve_cli.job_kill_wait_s(state) is None
     assert calls.read_text().splitlines() == ["scontrol ping", "scontrol ping"]
     assert not (state / serve_cli.KILL_WAIT_FILE).exists()  # asked again by the next run
     # `spswap serve` asks both through one cached answer: one ping per start
     calls.unlink()
     answers = functools.cache(serve_cli.controller_answers)
-    serve_cli.warn_if_not_requeueable("42", answers)
+    serve_cli.warn_if_not_requeueable("42", state, answers)
     assert serve_cli.job_kill_wait_s(state, answers) is None
     assert calls.read_text().splitlines() == ["scontrol ping"]

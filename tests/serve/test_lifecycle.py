@@ -236,3 +236,65 @@ def test_the_check_s_answer_is_taken_at_the_start_not_on_the_stop_s_path(
         assert [w for w, _, _ in asked] == ["stopping", "serving", "stopping"]
     restored = [e for e in out["result"].events if e.get("restored")]
     assert restored and restored[0]["probed"] is True and "probe" not in restored[0]
+
+
+class _ParkRefused:
+    """Plays spswapd for a run's parks: each is refused (the run then ends)."""
+
+    run_started_s = None
+
+    def __init__(self) -> None:
+        self.parks = 0
+
+    def park(self, job_id: str, identity: dict[str, str], *, requeue: bool = False) -> Any:
+        from spswap.daemon.statuses import CheckpointState
+        from spswap.serve.checkpointer import ParkOutcome
+
+        self.parks += 1
+        return ParkOutcome(CheckpointState.FAILED, reason="refused in this test")
+
+
+@pytest.mark.parametrize("flag", ["79 0", "79 1", "80 0", None])
+def test_a_preemption_of_a_job_slurm_may_not_requeue_saves_nothing(
+    tmp_path: Path, flag: str | None
+) -> None:
+    """Slurm said at the job's first run that it may not requeue it ("<job> 0" in the
+    state directory's requeue file): preemption's USR1 neither checkpoints (Slurm ends
+    the job: the image would never be used) nor asks for a requeue (Slurm refuses it).
+    Requeue=1, no answer, or another job's file: both, as before."""
+    import signal
+    import threading
+
+    from spswap.serve.checkpointer import REQUEUE_FILE
+
+    model = tmp_path / "model"
+    save_checkpoint(preset("tiny"), model)
+    state = tmp_path / "state"
+    state.mkdir()
+    if flag is not None:
+        (state / REQUEUE_FILE).write_text(flag + "\n")
+    opts = ServeOptions(model=model, state_dir=state, exit_when_idle=False)
+    checkpointer: Any = _ParkRefused()
+    logs: list[str] = []
+    requeued: list[str] = []
+    run = reference_run(Config.from_env({}, root=tmp_path / "root"), opts,
+                        engine_factory=make_engine, job_id="79", checkpointer=checkpointer,
+                        requeue=requeued.append, log=logs.append)  # fmt: skip
+    th = threading.Thread(target=run.run)
+    th.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not any(" up " in line for line in logs) and time.monotonic() < deadline:
+            time.sleep(0.05)  # ("... up from its files in ...": serving)
+        time.sleep(0.3)
+        run.handle_signal(signal.SIGUSR1, None)
+    finally:
+        th.join(120)
+    assert not th.is_alive()
+    text = "\n".join(logs)
+    if flag == "79 0":
+        assert checkpointer.parks == 0 and requeued == [], text
+        assert "not checkpointed: job 79 is not requeueable" in text, text
+    else:
+        assert checkpointer.parks == 1 and requeued == ["79"], text
+        assert "not requeueable" not in text, text

@@ -262,13 +262,25 @@ def test_requeue_warning_exact_text() -> None:
     assert requeue_warning(job) == (
         f"spswap serve: warning: job {job.job_id} is not requeueable (Slurm shows Requeue=0: "
         "it was submitted with --no-requeue, or without --requeue where slurm.conf sets "
-        "JobRequeue=0). At preemption Slurm ends it instead of requeueing it, and what this "
-        "run saves is never used. Submit it with `sbatch --requeue` (#SBATCH --requeue, as "
-        "the templates do)."
+        "JobRequeue=0). At preemption Slurm ends it instead of requeueing it: spswap serve "
+        "then saves nothing (no next run would use it) and the job's work is lost. Submit it "
+        "with `sbatch --requeue` (#SBATCH --requeue, as the templates do)."
     )
     assert requeue_warning(job_info_from_scontrol(text)) is None
     assert requeue_warning(job_info_from_scontrol(text.replace("Requeue=1", ""))) is None
     assert requeue_warning(None) is None
+
+
+def test_a_requeue_refused_for_requeue_0_names_the_flag() -> None:
+    from spswap.slurm.requeue import requeue_refusal
+
+    out = "Requested operation is presently disabled for job 202\n"
+    assert requeue_refusal("202", out) == (
+        "Slurm may not requeue job 202 (it answers 'Requested operation is presently "
+        "disabled': the job shows Requeue=0, submitted with --no-requeue or without "
+        "--requeue where slurm.conf sets JobRequeue=0); submit it with `sbatch --requeue`"
+    )
+    assert requeue_refusal("202", "Invalid job id specified") is None
 
 
 def test_a_requeued_job_may_start_again_cred_expire_plus_1_s_after_its_requeue() -> None:

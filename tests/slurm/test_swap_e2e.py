@@ -380,17 +380,31 @@ def test_ask_by_job_id_from_outside_the_job(slurm_cluster: SlurmCluster) -> None
 
 def test_a_job_that_cannot_come_back_is_warned_at_its_start(slurm_cluster: SlurmCluster) -> None:
     """--no-requeue: the job log says at the start that a preemption would end the job for
-    good (issue 15 item 8; before, nothing until "requeue request refused" at preemption)."""
+    good (issue 15 item 8; before, nothing until "requeue request refused" at preemption);
+    preemption's USR1 then checkpoints nothing (before, a whole image was dumped for a
+    next run Slurm would never start, and the log promised one)."""
+    from spswap.config import Config
+    from spswap.daemon import events
+    from spswap.errors import SlurmCommandError
     from spswap.slurm.backend import CliBackend
 
     name = "norequeue"
-    job, state, _model, _prompts = _serving_job(slurm_cluster, name, 2,
+    job, state, _model, _prompts = _serving_job(slurm_cluster, name, 2, exit_when_idle=False,
                                                 no_requeue=True)  # fmt: skip
     wait_for("its answers", lambda: len(_answers(state)) == 2, timeout_s=120)
     backend = CliBackend()
+    with pytest.raises(SlurmCommandError, match=f"Slurm may not requeue job {job} "):
+        backend.requeue(job)  # what spswapd's event says when it is refused
+    backend.signal_batch(job, "USR1")  # as preemption's GraceTime signal
     wait_for("the job to end", lambda: backend.job_alive(job) is False, timeout_s=60)
     log = _job_log(slurm_cluster, name, job)
     assert f"warning: job {job} is not requeueable (Slurm shows Requeue=0" in log, log
+    assert f"not checkpointed: job {job} is not requeueable" in log, log
+    assert "handed to spswapd" not in log, log
+    kinds = [e["kind"] for e in events.tail(
+        Config.from_env({}, root=slurm_cluster.spswap_root).paths.events, 500)
+        if e.get("job_id") == job]  # fmt: skip
+    assert "checkpoint.start" not in kinds, kinds
 
 
 def test_a_requeue_while_a_long_request_runs_loses_nothing(slurm_cluster: SlurmCluster) -> None:
