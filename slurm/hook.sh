@@ -24,8 +24,17 @@ own_dir() {  # a directory of this user's, not a symlink, that no one else may w
     read -r uid mode < <(stat -c '%u %a' -- "$1" 2>/dev/null) || return 1
     [ "$uid" = "$(id -u)" ] && [ $(( 8#$mode & 8#022 )) -eq 0 ]
 }
+BIN=${SPSWAP_BIN:-}
+if [ -z "$BIN" ]; then
+    for candidate in /usr/local/bin/spswap /usr/bin/spswap /opt/spswap/venv/bin/spswap; do
+        [ -x "$candidate" ] && { BIN=$candidate; break; }
+    done
+fi
+FOUND=0; [ -n "$BIN" ] && [ -x "$BIN" ] && FOUND=1
 LOG=/var/log/spswap-$ACTION.log
-if { [ ! -e "$ROOT" ] && [ ! -L "$ROOT" ]; } || own_dir "$ROOT"; then
+# Without spswap (a node it was removed from) nothing is made under the root: its log
+# is used only where the root is still there.
+if { [ "$FOUND" = 1 ] && [ ! -e "$ROOT" ] && [ ! -L "$ROOT" ]; } || own_dir "$ROOT"; then
     mkdir -p "$ROOT/log" 2>/dev/null
     own_dir "$ROOT" && own_dir "$ROOT/log" && { : >> "$ROOT/log/$ACTION.log"; } 2>/dev/null \
         && LOG=$ROOT/log/$ACTION.log
@@ -33,14 +42,10 @@ fi
 exec </dev/null >>"$LOG" 2>&1 || exec >/dev/null 2>&1
 
 say() { echo "$(date '+%F %T') job=${SLURM_JOB_ID:-?} $ACTION: $*"; }
-BIN=${SPSWAP_BIN:-}
-if [ -z "$BIN" ]; then
-    for candidate in /usr/local/bin/spswap /usr/bin/spswap /opt/spswap/venv/bin/spswap; do
-        [ -x "$candidate" ] && { BIN=$candidate; break; }
-    done
-fi
-if [ -z "$BIN" ] || [ ! -x "$BIN" ]; then
-    say "spswap executable not found (SPSWAP_BIN='${SPSWAP_BIN:-}'; set it in $DEFAULTS); skipped"
+if [ "$FOUND" != 1 ]; then
+    say "spswap executable not found (SPSWAP_BIN='${SPSWAP_BIN:-}'): skipped, the job runs" \
+        "without spswap. Set SPSWAP_BIN in $DEFAULTS; on a node spswap was taken off, take" \
+        "Prolog= and Epilog= out of slurm.conf (docs/slurm.md, Removing spswap)"
     exit 0
 fi
 timeout -k 5 "${SPSWAP_HOOK_TIMEOUT_S:-60}" "$BIN" node "$ACTION"

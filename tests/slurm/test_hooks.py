@@ -37,7 +37,8 @@ def _run_hook(
         timeout=30,
     )  # fmt: skip
     elapsed = time.monotonic() - start
-    log = (root / "log" / f"{action}.log").read_text()
+    log_path = root / "log" / f"{action}.log"
+    log = log_path.read_text() if log_path.exists() else ""
     return proc, log, elapsed
 
 
@@ -55,9 +56,35 @@ def test_success_runs_spswap_node_action_with_the_job_environment(
 
 @pytest.mark.parametrize("action", HOOKS)
 def test_missing_spswap_exits_0_and_logs(action: str, tmp_path: Path) -> None:
+    """Where the root is there (spswap set up, its executable not found), the line goes
+    to the root's log, naming both fixes."""
+    (tmp_path / "root").mkdir(mode=0o755)
     proc, log, _ = _run_hook(action, tmp_path, None)
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
-    assert "spswap executable not found" in log
+    assert (
+        f"job=41 {action}: spswap executable not found (SPSWAP_BIN='{tmp_path}/missing/spswap'"
+        "): skipped, the job runs without spswap. Set SPSWAP_BIN in "
+        f"{tmp_path}/defaults; on a node spswap was taken off, take Prolog= and Epilog= out "
+        "of slurm.conf (docs/slurm.md, Removing spswap)"
+    ) in log, log
+
+
+@pytest.mark.parametrize("action", HOOKS)
+def test_on_a_node_spswap_was_taken_off_the_hooks_make_no_root(
+    action: str, tmp_path: Path
+) -> None:
+    """The admin walk: after "Removing spswap" (its root deleted) the next job's hooks made
+    the root again, for their log line; now the line goes to /var/log."""
+    if os.geteuid() != 0:
+        pytest.skip("the hooks log to /var/log: root's, as slurmd runs them")
+    var_log = Path(f"/var/log/spswap-{action}.log")
+    before = var_log.stat().st_size if var_log.exists() else 0
+    proc, _log, _ = _run_hook(action, tmp_path, None)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
+    assert not (tmp_path / "root").exists()
+    with var_log.open() as f:
+        f.seek(before)
+        assert f"job=41 {action}: spswap executable not found" in f.read()
 
 
 @pytest.mark.parametrize("action", HOOKS)
