@@ -25,6 +25,7 @@ from spswap.checkpoint.images import parse_nvidia_version
 from spswap.config import Config
 from spswap.doctor_check import check
 from spswap.errors import CheckpointFailed
+from spswap.install_hint import pip_install_hint
 from spswap.settings_check import node_sizes, unfit_settings
 
 KERNEL_NEEDS_CRIU_41 = (6, 13)
@@ -152,8 +153,8 @@ def _vllm() -> dict[str, Any]:
         version = metadata.version("vllm")
     except metadata.PackageNotFoundError:
         return check("vllm", None, "not installed",
-                     "--engine vllm needs vLLM: pip install 'spswap[vllm]' on the GPU nodes "
-                     "(docs/slurm.md, install)")  # fmt: skip
+                     f"--engine vllm needs vLLM: `{pip_install_hint('vllm')}` on the GPU "
+                     "nodes (docs/slurm.md, install)")  # fmt: skip
     missing = [m for m in ("uvicorn", "fastapi") if importlib.util.find_spec(m) is None]
     return vllm_check(version, missing)
 

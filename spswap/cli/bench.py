@@ -16,6 +16,7 @@ from spswap.daemon.memory_claims import mem_available_bytes
 from spswap.engines.vllm_engine import available
 from spswap.errors import ConfigError
 from spswap.fsutil import fs_sizes
+from spswap.install_hint import pip_install_hint
 from spswap.multi.engine_settings import model_settings
 
 app = typer.Typer(
@@ -156,7 +157,7 @@ def swap(
     except ImportError as e:
         raise ConfigError(f"bench swap needs torch ({e}); pip install 'spswap[torch,vllm]'") from e
     if not available():
-        raise ConfigError("bench swap needs vLLM and a CUDA GPU; pip install 'spswap[vllm]'")
+        raise ConfigError(f"bench swap needs vLLM and a CUDA GPU; `{pip_install_hint('vllm')}`")
     result = bench_swap(list(models), pool_dir=pool_dir, cycles=cycles,
                         settings=bench_settings(gpu_memory_utilization, kv_cache_gib),
                         log=_progress)  # fmt: skip

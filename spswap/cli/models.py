@@ -11,6 +11,7 @@ from spswap.cli.common import JsonOpt, console, emit_json
 from spswap.engines.model_check import check_servable
 from spswap.engines.vllm_engine import available
 from spswap.errors import ConfigError
+from spswap.install_hint import pip_install_hint
 from spswap.units import fmt_bytes
 
 app = typer.Typer(
@@ -109,5 +110,5 @@ def check(
                   markup=False, soft_wrap=True)  # fmt: skip
     if engine == "vllm" and not vllm_here:
         console.print("note: vLLM is not installed in this Python; the nodes that run the "
-                      "job need it (pip install 'spswap[vllm]' there)", markup=False,
+                      f"job need it (`{pip_install_hint('vllm')}` there)", markup=False,
                       soft_wrap=True)  # fmt: skip

@@ -314,8 +314,9 @@ def serve(
     if json:
         emit_json({**result.to_json(), "state_dir": str(state_dir)})
     else:
-        err_console.print(f"spswap serve: {run_end_text(result, state_dir, spool=True)}",
-                          markup=False, soft_wrap=True)  # fmt: skip
+        job_answered = sum(1 for _ in (state_dir / "outbox").glob("*.json"))
+        line = run_end_text(result, state_dir, spool=True, job_answered=job_answered)
+        err_console.print(f"spswap serve: {line}", markup=False, soft_wrap=True)
 
 
 def _serve_vllm(

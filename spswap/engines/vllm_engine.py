@@ -35,6 +35,7 @@ from spswap.engines.vllm_identity import (
 )
 from spswap.engines.vllm_wake import WakeTimes, wake
 from spswap.errors import EngineError
+from spswap.install_hint import pip_install_hint
 from spswap.instance.state import Instance, Primitive, State
 
 ENGINE_KIND = "vllm"
@@ -54,8 +55,8 @@ def vllm_version() -> str:
         import vllm
     except ImportError as e:
         raise EngineError(
-            f"vLLM is not importable ({e}); install it (pip install 'spswap[vllm]') or put a "
-            "vLLM kit on PYTHONPATH, or use the reference engine"
+            f"vLLM is not importable ({e}); install it (`{pip_install_hint('vllm')}`) or put "
+            "a vLLM kit on PYTHONPATH, or use the reference engine"
         ) from None
     return str(vllm.__version__)
 

@@ -22,10 +22,13 @@ def stood_in_text(run: int, pid: int, *, models: bool = False) -> str:
             f"{it} did")  # fmt: skip
 
 
-def run_end_text(result: ServeResult, state_dir: Path, *, spool: bool) -> str:
+def run_end_text(result: ServeResult, state_dir: Path, *, spool: bool,
+                 job_answered: int | None = None) -> str:  # fmt: skip
     """The line, without the ``spswap serve:`` prefix. ``spool``: the engine answers from
     the job's spool (reference), whose counts it gives for this run alone (a restored
-    instance has answered in earlier runs too).
+    instance has answered in earlier runs too) and, in a later run, ``job_answered``:
+    the answers in the job's outbox, all its runs' (an instance's own count restarts
+    where a run started anew).
 
     >>> r = ServeResult(restart_count=1, stopped_by="SIGTERM", restored_pid=42)
     >>> run_end_text(r, Path("/s"), spool=True)
@@ -40,10 +43,9 @@ def run_end_text(result: ServeResult, state_dir: Path, *, spool: bool) -> str:
     if not spool:
         return stopped or "stopped (server ended)"
     in_run = result.answered - result.answered_before
-    # a restored instance counts its earlier runs too; a later run started anew, its own
-    earlier = f" in run {result.restart_count} ({result.answered} in all its runs)" \
-        if result.answered_before else \
-        f" in run {result.restart_count}" if result.restart_count else ""  # fmt: skip
+    earlier = f" in run {result.restart_count}" if result.restart_count else ""
+    if result.restart_count and job_answered is not None and job_answered != in_run:
+        earlier += f", {job_answered} in all the job's runs"
     done = (f"answered {in_run}{earlier} (answers in {state_dir}/outbox), "
             f"{result.pending_left} left in {state_dir}/inbox")  # fmt: skip
     return f"{done}; {stopped}" if stopped else done

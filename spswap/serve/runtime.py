@@ -161,7 +161,8 @@ class ReferenceBackend:
         except RequestAborted:
             self.log(
                 f"spswap serve: request {req.id} stopped unfinished after "
-                f"{self.opts.drain_s:g} s of drain; saved for the next run"
+                f"{self.opts.drain_s:g} s of drain; kept in the job's inbox for its next run "
+                "(if Slurm runs the job again)"
             )
             return False
         except Exception as e:  # noqa: BLE001 - no request may end the server

@@ -34,6 +34,7 @@ from urllib.parse import urlencode
 from spswap.engines.vllm_engine import WORKER_EXTENSION, VllmSettings, engine_env
 from spswap.engines.vllm_wake import WakeTimes, wake
 from spswap.errors import EngineError, StopRequested
+from spswap.install_hint import pip_install_hint
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 # Options spswap sets itself; a user passing one of them after `--` would break the swap.
@@ -158,8 +159,9 @@ def installed_vllm_version() -> str:
         return metadata.version("vllm")
     except metadata.PackageNotFoundError:
         raise EngineError(
-            "vLLM is not installed here (no vllm package metadata); install it (pip install "
-            "'spswap[vllm]') or put a vLLM kit on PYTHONPATH, or serve with --engine reference"
+            "vLLM is not installed here (no vllm package metadata); install it "
+            f"(`{pip_install_hint('vllm')}`) or put a vLLM kit on PYTHONPATH, or serve with "
+            "--engine reference"
         ) from None
 
 

@@ -160,6 +160,16 @@ def test_a_run_that_started_cold_after_its_restored_instance_died_counts_its_ans
     assert run_end_text(cold, Path("/s"), spool=True) == (
         "answered 3 in run 1 (answers in /s/outbox), 0 left in /s/inbox; stopped by SIGTERM"
     )
+    # the walk: "answered 0 in run 4 (1 in all its runs)" after 4 answers in runs 0-3 (the
+    # instance's own count, which restarts where a run starts anew): the job's outbox's
+    restored = ServeResult(restart_count=4, path=RunPath.POOL, answered=1, answered_before=1)
+    assert run_end_text(restored, Path("/s"), spool=True, job_answered=4) == (
+        "answered 0 in run 4, 4 in all the job's runs (answers in /s/outbox), 0 left in "
+        "/s/inbox"
+    )
+    assert run_end_text(cold, Path("/s"), spool=True, job_answered=3).startswith(
+        "answered 3 in run 1 (answers"
+    )  # all of them in this run: said once
     refused = ServeResult(
         restart_count=2,
         path=RunPath.POOL,

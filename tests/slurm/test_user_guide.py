@@ -92,7 +92,7 @@ def test_the_user_guide_as_written(slurm_cluster: SlurmCluster, user_uid: int) -
                  "restored instance" in (top / f"guide-{job}.log").read_text(),
                  timeout_s=60)  # fmt: skip
         log = (top / f"guide-{job}.log").read_text()
-        assert "answered 2 in run 1 (3 in all its runs)" in log, log
+        assert "answered 2 in run 1, 3 in all the job's runs" in log, log
     finally:
         CliBackend().cancel(job)
         wait_for("the job to end", lambda: CliBackend().job_alive(job) is False, timeout_s=60)

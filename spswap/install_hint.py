@@ -1,0 +1,34 @@
+"""The command that adds an optional part (a pip extra: ``vllm``, ``gpu``) to this
+installation of spswap, for the messages that say one is missing.
+
+spswap is installed from its checkout (``scripts/install.sh``: ``pip install -e``), not
+from a package index, so ``pip install 'spswap[vllm]'`` would find nothing: the message
+names this Python and this checkout instead.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+
+def pip_install_text(extra: str, python: str, checkout: Path | None) -> str:
+    """The command for ``extra``: through ``python``, from ``checkout`` (the directory
+    with spswap's pyproject.toml) where spswap runs from one, else by name. Pure.
+
+    >>> pip_install_text("vllm", "/opt/spswap/venv/bin/python", Path("/opt/spswap"))
+    "/opt/spswap/venv/bin/python -m pip install -e '/opt/spswap[vllm]'"
+    >>> pip_install_text("gpu", "/usr/bin/python3", None)
+    "/usr/bin/python3 -m pip install 'spswap[gpu]'"
+    """
+    target = f"{checkout}[{extra}]" if checkout is not None else f"spswap[{extra}]"
+    editable = "-e " if checkout is not None else ""
+    return f"{shlex.quote(python)} -m pip install {editable}{shlex.quote(target)}"
+
+
+def pip_install_hint(extra: str) -> str:
+    """:func:`pip_install_text` for the running Python and spswap's own checkout."""
+    top = Path(__file__).resolve().parents[1]
+    checkout = top if (top / "pyproject.toml").is_file() else None
+    return pip_install_text(extra, sys.executable, checkout)
