@@ -164,8 +164,7 @@ def test_a_run_that_started_cold_after_its_restored_instance_died_counts_its_ans
     # instance's own count, which restarts where a run starts anew): the job's outbox's
     restored = ServeResult(restart_count=4, path=RunPath.POOL, answered=1, answered_before=1)
     assert run_end_text(restored, Path("/s"), spool=True, job_answered=4) == (
-        "answered 0 in run 4, 4 in all the job's runs (answers in /s/outbox), 0 left in "
-        "/s/inbox"
+        "answered 0 in run 4, 4 in all the job's runs (answers in /s/outbox), 0 left in /s/inbox"
     )
     assert run_end_text(cold, Path("/s"), spool=True, job_answered=3).startswith(
         "answered 3 in run 1 (answers"

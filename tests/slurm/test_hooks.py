@@ -70,9 +70,7 @@ def test_missing_spswap_exits_0_and_logs(action: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("action", HOOKS)
-def test_on_a_node_spswap_was_taken_off_the_hooks_make_no_root(
-    action: str, tmp_path: Path
-) -> None:
+def test_on_a_node_spswap_was_taken_off_the_hooks_make_no_root(action: str, tmp_path: Path) -> None:
     """The admin walk: after "Removing spswap" (its root deleted) the next job's hooks made
     the root again, for their log line; now the line goes to /var/log."""
     if os.geteuid() != 0:
