@@ -17,7 +17,7 @@ from __future__ import annotations
 import ctypes
 
 STACK_LIMIT = 0  # CUlimit CU_LIMIT_STACK_SIZE
-TRIMMED_STACK_BYTES = 16  # the smallest the driver takes; local memory ~16x smaller
+TRIMMED_STACK_BYTES = 16  # as the probe set it: a 64th of the default, ~4 MiB on an H100
 
 
 def _driver() -> ctypes.CDLL | None:
