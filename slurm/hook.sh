@@ -44,8 +44,9 @@ exec </dev/null >>"$LOG" 2>&1 || exec >/dev/null 2>&1
 say() { echo "$(date '+%F %T') job=${SLURM_JOB_ID:-?} $ACTION: $*"; }
 if [ "$FOUND" != 1 ]; then
     say "spswap executable not found (SPSWAP_BIN='${SPSWAP_BIN:-}'): skipped, the job runs" \
-        "without spswap. Set SPSWAP_BIN in $DEFAULTS; on a node spswap was taken off, take" \
-        "Prolog= and Epilog= out of slurm.conf (docs/slurm.md, Removing spswap)"
+        "without spswap. Set SPSWAP_BIN in $DEFAULTS; where spswap was taken off this node" \
+        "on purpose this line is expected (off every node: take Prolog= and Epilog= out of" \
+        "slurm.conf; docs/slurm.md, Removing spswap)"
     exit 0
 fi
 timeout -k 5 "${SPSWAP_HOOK_TIMEOUT_S:-60}" "$BIN" node "$ACTION"

@@ -68,20 +68,23 @@ def unfit_settings(cfg: Config, sizes: NodeSizes) -> list[str]:
 def crowded_budgets(cfg: Config, pool_bytes: int, images_bytes: int,
                     sizes: NodeSizes) -> str | None:  # fmt: skip
     """Why the pool (``pool_bytes``) and the images (``images_bytes``) cannot both be full
-    on the root's file system, where a setting names either of them and they add up to
-    more than it; None otherwise (the defaults, 80% and half of it, share it). Pure."""
-    if cfg.pool_capacity_bytes is None and cfg.images_bytes is None:
-        return None
+    on the root's file system: they add up to more than it (the defaults, 80% and half of
+    it, always do); None where they fit or its size is unknown. A dump that finds no room
+    is refused and its job's next run starts from the pool: nothing is lost but the
+    checkpoint. Pure."""
     total = pool_bytes + images_bytes
     if not sizes.fs_bytes or total <= sizes.fs_bytes:
         return None
+    pool_how = "" if cfg.pool_capacity_bytes is not None else ", the default 80%"
+    images_how = "" if cfg.images_bytes is not None else ", the default half"
     return (
-        f"the pool ({fmt_bytes(pool_bytes)}) and the images ({fmt_bytes(images_bytes)}) may "
-        f"take {fmt_bytes(total)} together, more than the {fmt_bytes(sizes.fs_bytes)} file "
-        f"system that holds {sizes.fs_path}: a dump can find it full while the pool is. "
-        f"Give the tmpfs at least {fmt_bytes(total)} (mount -o remount,size=...), or set "
-        f'SPSWAP_POOL_CAPACITY_BYTES and SPSWAP_IMAGES_BYTES lower (docs/slurm.md, "The '
-        f"root's tmpfs in huge pages\", Size)"
+        f"the pool ({fmt_bytes(pool_bytes)}{pool_how}) and the images "
+        f"({fmt_bytes(images_bytes)}{images_how}) may take {fmt_bytes(total)} together, more "
+        f"than the {fmt_bytes(sizes.fs_bytes)} file system that holds {sizes.fs_path}: with "
+        f"the pool full a dump can find no room (it is refused, and the job's next run "
+        f"starts from the pool). Set SPSWAP_POOL_CAPACITY_BYTES and SPSWAP_IMAGES_BYTES to "
+        f"add up to at most {fmt_bytes(sizes.fs_bytes)}, or give the root a tmpfs of its own "
+        f'of at least {fmt_bytes(total)} (docs/slurm.md, "The root\'s tmpfs in huge pages")'
     )
 
 

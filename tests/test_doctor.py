@@ -519,13 +519,14 @@ def test_the_budgets_row_is_not_ok_beside_a_settings_fail(tmp_path: Path) -> Non
     big = Config.from_env({"SPSWAP_POOL_CAPACITY_BYTES": "1000T"}, root=tmp_path)
     row = budgets(big, settings_problems(big), node_sizes(big))
     assert row["ok"] is None and "see the settings row" in row["detail"], row
-    fits = Config.from_env({}, root=tmp_path)
+    fits = Config.from_env({"SPSWAP_POOL_CAPACITY_BYTES": "1M", "SPSWAP_IMAGES_BYTES": "1M"},
+                           root=tmp_path)  # fmt: skip
     assert budgets(fits, settings_problems(fits), node_sizes(fits))["ok"] is True
 
 
 def test_the_budgets_row_warns_where_set_budgets_overfill_the_root(tmp_path: Path) -> None:
     """The admin walk: a 16G tmpfs with SPSWAP_POOL_CAPACITY_BYTES=12G (the images' default
-    half: 8G) said "ok"; the guide sizes the tmpfs at pool + images."""
+    half: 8G) said "ok"; the guide sizes the tmpfs at pool + images. The defaults too."""
     from spswap.config import Config
     from spswap.doctor_node import budgets
     from spswap.settings_check import node_sizes, settings_problems
@@ -535,5 +536,8 @@ def test_the_budgets_row_warns_where_set_budgets_overfill_the_root(tmp_path: Pat
     pool = Config.from_env({"SPSWAP_POOL_CAPACITY_BYTES": str(fs_bytes * 3 // 4)}, root=tmp_path)
     row = budgets(pool, settings_problems(pool), node_sizes(pool))
     assert row["ok"] is None and "more than the" in row["detail"], row
-    half = Config.from_env({"SPSWAP_POOL_CAPACITY_BYTES": str(fs_bytes // 2)}, root=tmp_path)
-    assert budgets(half, settings_problems(half), node_sizes(half))["ok"] is True
+    both = Config.from_env({"SPSWAP_POOL_CAPACITY_BYTES": str(fs_bytes // 2),
+                            "SPSWAP_IMAGES_BYTES": str(fs_bytes // 4)}, root=tmp_path)  # fmt: skip
+    assert budgets(both, settings_problems(both), node_sizes(both))["ok"] is True
+    defaults = Config.from_env({}, root=tmp_path)  # 80% + half: always more than it
+    assert budgets(defaults, settings_problems(defaults), node_sizes(defaults))["ok"] is None
