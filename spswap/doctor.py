@@ -212,7 +212,7 @@ def _nvml_checks(configured: tuple[int, ...] | None) -> list[dict[str, Any]]:
         if told:
             return [check("GPUs", True, told)]  # as configured, as spswapd uses them
         return [check("GPUs", None, "NVML not installed",
-                      "on a GPU node: pip install 'spswap[gpu]' (nvidia-ml-py), or name the "
+                      f"on a GPU node: `{pip_install_hint('gpu')}` (nvidia-ml-py), or name the "
                       "GPUs with SPSWAP_GPUS (e.g. 0,1); a login node needs neither")]  # fmt: skip
     try:
         pynvml.nvmlInit()

@@ -28,6 +28,7 @@ from typing import Any
 
 from spswap.checkpoint import proctree
 from spswap.errors import CheckpointFailed
+from spswap.install_hint import pip_install_hint
 
 DEFAULT_LOCK_TIMEOUT_MS = 10_000
 STATE_PREFIX = "CU_PROCESS_STATE_"
@@ -107,7 +108,7 @@ def _load() -> tuple[Any, str | None]:
     try:
         from cuda.bindings import driver  # type: ignore[import-not-found]
     except ImportError:
-        return None, "cuda-bindings is not installed (pip install 'spswap[gpu]')"
+        return None, f"cuda-bindings is not installed (`{pip_install_hint('gpu')}`)"
     if not hasattr(driver, "cuCheckpointProcessLock"):
         return None, "this cuda-bindings has no cuCheckpointProcess* (needs CUDA 12.8+ bindings)"
     try:

@@ -61,7 +61,7 @@ def transfer(
     try:
         from spswap.bench.transfer import bench_transfer, memory_problem, render_bench_transfer
     except ImportError as e:  # torch missing
-        raise ConfigError(f"bench transfer needs torch ({e}); pip install 'spswap[torch]'") from e
+        raise ConfigError(f"bench transfer needs torch ({e}); `{pip_install_hint('torch')}`") from e
     import torch
 
     dev = device or ("cuda:0" if torch.cuda.is_available() else "cpu")
@@ -155,7 +155,9 @@ def swap(
     try:
         from spswap.bench.swap import bench_settings, bench_swap, render_bench_swap
     except ImportError as e:
-        raise ConfigError(f"bench swap needs torch ({e}); pip install 'spswap[torch,vllm]'") from e
+        raise ConfigError(
+            f"bench swap needs torch ({e}); `{pip_install_hint('torch,vllm')}`"
+        ) from e
     if not available():
         raise ConfigError(f"bench swap needs vLLM and a CUDA GPU; `{pip_install_hint('vllm')}`")
     result = bench_swap(list(models), pool_dir=pool_dir, cycles=cycles,
@@ -273,7 +275,9 @@ def make_reference_models(presets: str, directory: Path) -> list[Path]:
         from spswap.engines.reference import save_checkpoint
         from spswap.engines.reference_model import preset
     except ImportError as e:
-        raise ConfigError(f"reference models need torch ({e}); pip install 'spswap[torch]'") from e
+        raise ConfigError(
+            f"reference models need torch ({e}); `{pip_install_hint('torch')}`"
+        ) from e
     out: list[Path] = []
     for item in (p.strip() for p in presets.split(",") if p.strip()):
         name, _, seed = item.partition("@")

@@ -60,7 +60,7 @@ def make(
     except ImportError as e:
         raise ConfigError(
             f"making a reference model needs torch ({e}); install it with: "
-            "pip install 'spswap[torch]'"
+            f"`{pip_install_hint('torch')}`"
         ) from None
     config = make_preset(preset, seed=seed)
     path = save_checkpoint(config, directory).resolve()

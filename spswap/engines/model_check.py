@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from spswap.errors import ConfigError, InvalidCheckpoint
+from spswap.install_hint import pip_install_hint
 from spswap.pool.safetensors_format import read_safetensors
 
 CONFIG_FILE = "config.json"
@@ -122,7 +123,7 @@ def check_reference(model: Path) -> None:
         from spswap.engines.reference_model import ReferenceConfig
     except ImportError as e:
         raise ConfigError(
-            f"the reference engine needs torch ({e}); pip install 'spswap[torch]'"
+            f"the reference engine needs torch ({e}); `{pip_install_hint('torch')}`"
         ) from None
     try:
         config = ReferenceConfig.from_json(cfg)

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from spswap.errors import TransferError
+from spswap.install_hint import pip_install_hint
 
 # cudaHostRegister flags (cuda_runtime_api.h)
 HOST_REGISTER_PORTABLE = 0x01
@@ -58,7 +59,7 @@ def _runtime_calls() -> tuple[Any, Any, Any]:
     except ImportError:
         raise TransferError(
             f"torch {torch.__version__} does not expose cudaHostRegister and "
-            "cuda-bindings is not installed: pip install 'spswap[gpu]'"
+            f"cuda-bindings is not installed: `{pip_install_hint('gpu')}`"
         ) from None
     return cbr.cudaHostRegister, cbr.cudaHostUnregister, _bindings_error_name
 
