@@ -225,7 +225,8 @@ def test_cli_modules_import_without_torch() -> None:
     assert proc.returncode == 0, proc.stderr
     code_line, *rest = proc.stdout.splitlines()
     assert code_line == "2"
-    assert "pip install 'spswap[torch]'" in proc.stdout + proc.stderr
+    repo = Path(__file__).resolve().parents[1]  # this install's own command (no index)
+    assert f"-m pip install -e '{repo}[torch]'" in proc.stdout + proc.stderr
 
 
 def test_the_demo_as_a_normal_user_takes_the_pool_path(user_uid: int) -> None:
