@@ -83,7 +83,7 @@ def budgets(cfg: Config, problems: list[str], sizes: NodeSizes) -> dict[str, Any
     """What the pool and the images may hold on this node, all together and each user's
     (the settings, or their defaults from the file system's size); ``problems``: the
     settings that cannot hold here (:func:`settings`' too), which make it a warning, as
-    do set budgets that add up to more than the file system (``sizes``)."""
+    do budgets (set or default) that add up to more than the file system (``sizes``)."""
     pool = Pool.from_config(cfg)
     images = ImageRoom.from_config(cfg).limits()
     try:

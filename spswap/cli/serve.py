@@ -40,6 +40,7 @@ from spswap.serve.front import default_socket_path, private_socket_dir
 from spswap.serve.run_end import run_end_text
 from spswap.serve.run_watch import fork_instance
 from spswap.serve.runtime import ServeOptions, reference_run
+from spswap.serve.spool import Spool
 from spswap.serve.stop_budget import fitted_drain_s
 from spswap.serve.vllm_api import check_user_args
 from spswap.serve.vllm_run import VllmServeOptions, vllm_run
@@ -314,7 +315,7 @@ def serve(
     if json:
         emit_json({**result.to_json(), "state_dir": str(state_dir)})
     else:
-        job_answered = sum(1 for _ in (state_dir / "outbox").glob("*.json"))
+        job_answered = Spool(state_dir).answered_count()
         line = run_end_text(result, state_dir, spool=True, job_answered=job_answered)
         err_console.print(f"spswap serve: {line}", markup=False, soft_wrap=True)
 

@@ -50,11 +50,7 @@ def warn_if_not_requeueable(job_id: str, state_dir: Path,
         return
     if (warning := requeue_warning(job)) is not None:
         err_console.print(warning, markup=False, soft_wrap=True)
-    try:
-        make_private_dirs(state_dir, os.getuid())
-        atomic_write_bytes(path, requeue_file_text(job_id, job.requeue).encode(), mode=0o600)
-    except (OSError, SpswapError):
-        pass  # the run itself says what is wrong with the state directory
+    _remember(path, requeue_file_text(job_id, job.requeue))
 
 
 def requeue(job_id: str) -> None:
@@ -91,12 +87,18 @@ def _remembered(state_dir: Path, name: str, parse: Callable[[str], T | None],
         pass
     value = find()
     if value is not None:
-        try:
-            make_private_dirs(state_dir, os.getuid())
-            atomic_write_bytes(path, f"{value}\n".encode(), mode=0o600)
-        except (OSError, SpswapError):
-            pass  # the run itself says what is wrong with the state directory
+        _remember(path, f"{value}\n")
     return value
+
+
+def _remember(path: Path, text: str) -> None:
+    """Write a fact of the job into its state directory (``path``'s parent, made private
+    first), best effort."""
+    try:
+        make_private_dirs(path.parent, os.getuid())
+        atomic_write_bytes(path, text.encode(), mode=0o600)
+    except (OSError, SpswapError):
+        pass  # the run itself says what is wrong with the state directory
 
 
 def job_kill_wait_s(state_dir: Path,

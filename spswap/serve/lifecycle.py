@@ -96,6 +96,8 @@ class ServeRun(Generic[B]):
         self.started_s = forked_s if forked_s is not None else process_started_s()
         self.marks_s: dict[str, float] = {}  # step -> epoch seconds, for runs.jsonl
         self.expected: CheckAnswer | None = None  # the check prompt's answer, from the start
+        # Slurm's Requeue flag, as the job's first run wrote it (None: unknown)
+        self.requeue_flag = requeueable(backend.state_dir, job_id)
         self.probe_s: float | None = None  # how long that answer took
 
     def handle_signal(self, signum: int, frame: FrameType | None = None) -> None:
@@ -153,7 +155,7 @@ class ServeRun(Generic[B]):
             self.job_id,
             self.stop.stop_signal,
             self.restart_count,
-            requeue_flag=requeueable(self.backend.state_dir, self.job_id),
+            requeue_flag=self.requeue_flag,
             log=self.log,
         ):
             return False
@@ -273,7 +275,7 @@ class ServeRun(Generic[B]):
             and self.job_id
             and self.requeue
             and not proxied
-            and requeueable(self.backend.state_dir, self.job_id) is not False
+            and self.requeue_flag is not False
         ):
             # scancel --signal=USR1 --batch does not requeue by itself; preemption does,
             # and a second requeue of a job already pending is harmless. (Slurm refuses

@@ -214,6 +214,10 @@ class Spool:
         data = read_json(self.outbox / f"{request_id}.json")
         return data if isinstance(data, dict) else None
 
+    def answered_count(self) -> int:
+        """How many requests the job has answered, in all its runs (its outbox's files)."""
+        return sum(1 for _ in self.outbox.glob("*.json"))
+
     def answers(self) -> dict[str, dict[str, Any]]:
         out: dict[str, dict[str, Any]] = {}
         for path in sorted(self.outbox.glob("*.json")):
