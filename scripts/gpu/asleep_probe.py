@@ -8,11 +8,12 @@ Starts the engine (from the pool, exported on first use), answers once, then mea
 the device memory (NVML, the whole device: nothing else may run on it; torch's caching
 allocator by memory pool: the default pool and CUDA graphs' private pools) at each step:
 up, after ``sleep(level=2)``, after spswap's trim (``spswap_trim``), and after each extra
-trim tried here (cuBLAS's workspaces; the context's per-thread stack set back to 1 KiB
-where a kernel grew it, then to each ``--stack-bytes``), with the context's limits and a
-bare context's size beside them. Then it CUDA-checkpoints and restores the engine's
-process tree (timed), wakes it and checks the answer is the same. Prints ``MEM`` and
-``CKPT`` JSON lines.
+trim tried here (cuBLAS's workspaces, eager only; the context's per-thread stack set
+back to 1 KiB where a kernel grew it, then to each ``--stack-bytes``), with the context's
+limits and a bare context's size beside them. Then it CUDA-checkpoints and restores the engine's
+process tree (timed), with ``--stack-back`` sets the stack back to its size before those
+trims, wakes it and checks the answer is the same (a failure there is reported in the
+``CKPT`` line, ``after_error``). Prints ``MEM`` and ``CKPT`` JSON lines.
 
 Diagnostics only: it sends functions to the worker, so it sets
 ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` for its own engine.
@@ -128,6 +129,11 @@ def main() -> int:
                     "~264 MiB at 1 KiB on an H100) shrink, and does the answer after the "
                     "restore stay the same (the driver grows the stack again for a kernel "
                     "that needs it)?")  # fmt: skip
+    ap.add_argument("--stack-back", action="store_true",
+                    help="after the restore, before the wake, set the stack back to its size "
+                    "before --stack-bytes (as spswap's wake does): is a small stack then safe "
+                    "for CUDA graphs too? (a graph's replay died at 16 bytes without it, "
+                    "H100 2026-12-06)")  # fmt: skip
     args = ap.parse_args()
     os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
 
@@ -164,8 +170,9 @@ def main() -> int:
     mem("asleep")
     trim = eng.trim()
     mem("trim")
-    llm.collective_rpc(_clear_cublas)
-    mem("trim+cublas")
+    if args.eager:  # with CUDA graphs a replay after it fails (their kernels use them)
+        llm.collective_rpc(_clear_cublas)
+        mem("trim+cublas")
     limits = llm.collective_rpc(_ctx_limits)[0]
     print("LIMITS", json.dumps({"model": args.model.name, "mode": mode, "asleep": limits,
                                 "bare_context_mib": _bare_context_mib()}), flush=True)  # fmt: skip
@@ -174,6 +181,7 @@ def main() -> int:
         print("LIMITS", json.dumps({"model": args.model.name, "mode": mode,
                                     "stack_set_1024": after}), flush=True)  # fmt: skip
         mem("trim+cublas+stack")
+    stack_before = limits.get("stack")  # the size --stack-back sets again
     for stack in args.stack_bytes:
         after = llm.collective_rpc(_ctx_limits, args=(stack,))[0]
         print("LIMITS", json.dumps({"model": args.model.name, "mode": mode,
@@ -206,9 +214,15 @@ def main() -> int:
             cuda_ckpt.unlock(p)
     except Exception as e:  # noqa: BLE001 - a probe reports what failed
         ck["error"] = f"{type(e).__name__}: {e}"
-    eng.wake()
-    again = eng.generate(prompt, 16)
-    ck["identical"] = again == cold
+    try:
+        if args.stack_back and args.stack_bytes and isinstance(stack_before, int):
+            back = llm.collective_rpc(_ctx_limits, args=(min(stack_before, 1024),))[0]
+            ck["stack_back"] = back.get("stack")
+        eng.wake()
+        again = eng.generate(prompt, 16)
+        ck["identical"] = again == cold
+    except Exception as e:  # noqa: BLE001 - the line says what failed
+        ck["after_error"] = f"{type(e).__name__}: {str(e)[:300]}"
     print("CKPT", json.dumps(ck), flush=True)
     eng.close()
     return 0

@@ -276,8 +276,8 @@ class SpswapWorkerExtension(SpswapProbes):
         if cublas:  # re-made at the next matmul (the check prompt after a restore)
             torch._C._cuda_clearCublasWorkspaces()
         torch.cuda.empty_cache()
-        # (eager only, as cuBLAS's: captured graphs were made in the context's local
-        # memory; untried with them)
+        # (eager only, as cuBLAS's: with graphs a compiled engine died at its next work,
+        # H100 2026-12-06, though its workspaces had gone too: docs/benchmarks.md)
         stack = self._spswap_lower_thread_stack() if cublas else None
         heap = release_free_heap().to_json()  # after the device's: a failure here costs less
         free, total = torch.cuda.mem_get_info()

@@ -204,6 +204,24 @@ def test_the_real_server_is_dumped_and_restored_into_the_next_run(
         else:
             ep1 = wait("the restored server", lambda: endpoint(ep0["pid"]), 300)
         restore_s = (state / ENDPOINT_FILE).stat().st_mtime - t1_wall
+        # where run 1's time went, from t1_wall: its steps (runs.jsonl's marks: the
+        # command's start, the fork, the restore's answer) and the restored instance's
+        # wake and check (its line in run 0's log)
+        runs = [json.loads(line) for line in (state / "runs.jsonl").read_text().splitlines()
+                if line.strip()]  # fmt: skip
+        run1_line = [r for r in runs if r.get("restart_count") == 1][-1:]
+        run1_marks = None
+        if run1_line:  # marks_s count from the run's started_s
+            r1 = run1_line[0]
+            at = {
+                "started": r1["started_s"],
+                "serving": r1["serving_s"],
+                **{k: r1["started_s"] + v for k, v in (r1.get("marks_s") or {}).items()},
+            }
+            run1_marks = {k: round(v - t1_wall, 4)
+                          for k, v in sorted(at.items(), key=lambda kv: kv[1])}  # fmt: skip
+        woken = [line for line in (tmp_path / "run0.log").read_text().splitlines()
+                 if "into run 1; weights back" in line]  # fmt: skip
         if fate == "damaged":
             log0, log1 = ((tmp_path / f"run{r}.log").read_text() for r in (0, 1))
             # the restored tree wrote into run 0's output (a requeued job's output file)
@@ -238,6 +256,7 @@ def test_the_real_server_is_dumped_and_restored_into_the_next_run(
                           "image_processes": [(p["pid"], p["bytes_by_kind"])
                                               for p in layout.get("processes", [])],
                           "run1_start_to_serving_s": restore_s,
+                          "run1_steps_s": run1_marks, "restored_line": woken[-1:],
                           "answers_s": {"before": before_s, "after": after_s},
                           "image_bytes": status.get("size_bytes"),
                           "timings_s": status.get("timings_s"),
