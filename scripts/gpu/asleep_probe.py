@@ -129,11 +129,15 @@ def main() -> int:
                     "~264 MiB at 1 KiB on an H100) shrink, and does the answer after the "
                     "restore stay the same (the driver grows the stack again for a kernel "
                     "that needs it)?")  # fmt: skip
+    ap.add_argument("--ckpt-each", action="store_true",
+                    help="CUDA-checkpoint and restore after each --stack-bytes (CKPT_AT lines), "
+                    "not once at the end: e.g. --stack-bytes 1024 16 --ckpt-each times both "
+                    "sizes on one engine")  # fmt: skip
     ap.add_argument("--stack-back", action="store_true",
                     help="after the restore, before the wake, set the stack back to its size "
                     "before --stack-bytes (as spswap's wake does): is a small stack then safe "
-                    "for CUDA graphs too? (a graph's replay died at 16 bytes without it, "
-                    "H100 2026-12-06)")  # fmt: skip
+                    "for CUDA graphs too? (a compiled engine died at 16 bytes without it, its "
+                    "cuBLAS workspaces dropped too, H100 2026-12-06)")  # fmt: skip
     args = ap.parse_args()
     os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
 
@@ -182,38 +186,48 @@ def main() -> int:
                                     "stack_set_1024": after}), flush=True)  # fmt: skip
         mem("trim+cublas+stack")
     stack_before = limits.get("stack")  # the size --stack-back sets again
+    root = os.getpid()
+    pids = cuda_ckpt.cuda_pids(cuda_ckpt.process_tree_pids(root))
+    core = llm.llm_engine.engine_core
+    proc = getattr(getattr(core, "resources", None), "engine_manager", None)
+    print("TREE", json.dumps({"root": root, "cuda_pids": pids, "core": str(type(proc))}),
+          flush=True)  # fmt: skip
+    others = [p for p in pids if p != root]
+
+    def cycle(ck: dict[str, Any]) -> dict[str, Any]:
+        """CUDA checkpoint and restore of the engine's processes, timed into ``ck``."""
+        try:
+            t = time.perf_counter()
+            for p in others:
+                cuda_ckpt.lock(p)
+            ck["lock_s"] = time.perf_counter() - t
+            t = time.perf_counter()
+            for p in others:
+                cuda_ckpt.checkpoint(p)
+            ck["checkpoint_s"] = time.perf_counter() - t
+            ck["device_used_ckpt_mib"] = _device_used_mib() - base
+            t = time.perf_counter()
+            for p in others:
+                cuda_ckpt.restore(p)
+            ck["restore_s"] = time.perf_counter() - t
+            for p in others:
+                cuda_ckpt.unlock(p)
+        except Exception as e:  # noqa: BLE001 - a probe reports what failed
+            ck["error"] = f"{type(e).__name__}: {e}"
+        return ck
+
     for stack in args.stack_bytes:
         after = llm.collective_rpc(_ctx_limits, args=(stack,))[0]
         print("LIMITS", json.dumps({"model": args.model.name, "mode": mode,
                                     f"stack_set_{stack}": after}), flush=True)  # fmt: skip
         mem(f"trim+cublas+stack{stack}")
+        if args.ckpt_each:  # the same engine, the same machine: an A/B of the stack's size
+            at = cycle({"model": args.model.name, "mode": mode, "stack": after.get("stack")})
+            print("CKPT_AT", json.dumps(at), flush=True)
 
-    core = llm.llm_engine.engine_core
-    proc = getattr(getattr(core, "resources", None), "engine_manager", None)
-    root = os.getpid()
-    pids = cuda_ckpt.cuda_pids(cuda_ckpt.process_tree_pids(root))
-    tree = {"root": root, "cuda_pids": pids, "core": str(type(proc))}
-    print("TREE", json.dumps(tree), flush=True)
-    ck: dict[str, Any] = {"model": args.model.name, "mode": mode, "trim": trim}
-    others = [p for p in pids if p != root]
-    try:
-        t = time.perf_counter()
-        for p in others:
-            cuda_ckpt.lock(p)
-        ck["lock_s"] = time.perf_counter() - t
-        t = time.perf_counter()
-        for p in others:
-            cuda_ckpt.checkpoint(p)
-        ck["checkpoint_s"] = time.perf_counter() - t
-        ck["device_used_ckpt_mib"] = _device_used_mib() - base
-        t = time.perf_counter()
-        for p in others:
-            cuda_ckpt.restore(p)
-        ck["restore_s"] = time.perf_counter() - t
-        for p in others:
-            cuda_ckpt.unlock(p)
-    except Exception as e:  # noqa: BLE001 - a probe reports what failed
-        ck["error"] = f"{type(e).__name__}: {e}"
+    ck = {"model": args.model.name, "mode": mode, "trim": trim}
+    if not (args.ckpt_each and args.stack_bytes):
+        cycle(ck)
     try:
         if args.stack_back and args.stack_bytes and isinstance(stack_before, int):
             back = llm.collective_rpc(_ctx_limits, args=(min(stack_before, 1024),))[0]

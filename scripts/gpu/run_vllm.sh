@@ -28,7 +28,8 @@
 #   asleep    scripts/gpu/asleep_probe.py on 0.5B (ASLEEP_SIZES: e.g. "0.5b 3b"), compiled then eager (what a sleeping vLLM
 #             leaves on the GPU, what each trim saves, CUDA checkpoint/restore times;
 #             ASLEEP_MODES: "compiled eager" by default; ASLEEP_ARGS: more options, e.g.
-#             "--stack-bytes 256 16")
+#             "--stack-bytes 1024 16 --ckpt-each" (both sizes timed on one engine) or
+#             "--stack-bytes 16 --stack-back"; each probe needs 150 s of BUDGET_S left)
 #   servecriu spswap serve --engine vllm preempted, dumped and restored with a real spswapd
 #             (root, CRIU bundle, .device/serveaddon; test_vllm_serve_gpu.py), from its image
 #             and kept alive (SERVECRIU_K: a pytest -k to run one of them)
