@@ -185,6 +185,14 @@ def test_the_real_server_is_dumped_and_restored_into_the_next_run(
             run0.wait(timeout=300)
         status = wait_saved(cfg, job, tmp_path)
         dump_s = time.monotonic() - t0
+        # what the image holds, as an admin sees it: each process's largest areas
+        shown = subprocess.run(
+            [sys.executable, "-m", "spswap.cli", "images", "show", job, "--json",
+             "--root", str(root)], capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        largest: Any = shown.stdout[-500:] + shown.stderr[-500:]  # what went wrong
+        if shown.returncode == 0:
+            largest = {p["pid"]: p.get("largest") for p in json.loads(shown.stdout)["processes"]}
         assert status["kept"] is kept, status
         if not kept:  # the restore needs the dumped pids free (the server's too: init reaps it)
             wait("the dumped server's pid to be free",
@@ -257,6 +265,7 @@ def test_the_real_server_is_dumped_and_restored_into_the_next_run(
                                               for p in layout.get("processes", [])],
                           "run1_start_to_serving_s": restore_s,
                           "run1_steps_s": run1_marks, "restored_line": woken[-1:],
+                          "image_largest_areas": largest,
                           "answers_s": {"before": before_s, "after": after_s},
                           "image_bytes": status.get("size_bytes"),
                           "timings_s": status.get("timings_s"),
