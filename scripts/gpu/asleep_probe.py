@@ -13,7 +13,10 @@ back to 1 KiB where a kernel grew it, then to each ``--stack-bytes``), with the 
 limits and a bare context's size beside them. Then it CUDA-checkpoints and restores the engine's
 process tree (timed), with ``--stack-back`` sets the stack back to its size before those
 trims, wakes it and checks the answer is the same (a failure there is reported in the
-``CKPT`` line, ``after_error``). Prints ``MEM`` and ``CKPT`` JSON lines.
+``CKPT`` line, ``after_error``). Prints ``MEM`` and ``CKPT`` JSON lines, and ``SMAPS``
+lines: the engine's host memory by kind of mapping (:func:`smaps_summary`) asleep and
+trimmed, then once CUDA-checkpointed (where the GPU state went): what its image's
+anonymous memory and heap are made of.
 
 Diagnostics only: it sends functions to the worker, so it sets
 ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` for its own engine.
@@ -117,6 +120,53 @@ def _procs_mib() -> dict[int, int]:
     return out
 
 
+def smaps_summary(text: str) -> dict[str, Any]:
+    """A process's resident memory (``/proc/PID/smaps``) by kind of mapping, in MiB: what
+    CRIU would dump (private memory) and what it would not (files' clean pages, device
+    mappings); the anonymous mappings by size (glibc's thread arenas are 64 MiB, Python's
+    own arenas 1 MiB or less) and the largest eight."""
+    by_kind: dict[str, float] = {}
+    anon_by_size: dict[str, float] = {}
+    anon: list[tuple[float, str, str]] = []
+    name, size_mib, perms, kind = "", 0.0, "", ""
+    for line in text.splitlines():
+        head = line.split()
+        if head and "-" in head[0] and not head[0].endswith(":"):  # a mapping's first line
+            start, end = (int(x, 16) for x in head[0].split("-"))
+            size_mib, perms = (end - start) / MiB, head[1]
+            name, kind = (head[5] if len(head) > 5 else ""), ""
+            continue
+        if head[:1] == ["Private_Dirty:"] and name.startswith("/") and kind == "file":
+            # a file's changed pages: CRIU dumps these (the image's "file private")
+            by_kind["file, private dirty"] = by_kind.get("file, private dirty", 0.0) + (
+                int(head[1]) / 1024
+            )
+            continue
+        if not head or head[0] != "Rss:":
+            continue
+        rss_mib = int(head[1]) / 1024
+        if name == "":
+            kind = "anonymous"
+            bucket = ("<= 1 MiB" if size_mib <= 1 else "<= 8 MiB" if size_mib <= 8
+                      else "<= 64 MiB" if size_mib <= 64 else "> 64 MiB")  # fmt: skip
+            anon_by_size[bucket] = anon_by_size.get(bucket, 0.0) + rss_mib
+            anon.append((rss_mib, f"{size_mib:.1f}", perms))
+        elif name.startswith("/dev/nvidia"):
+            kind = "nvidia device"
+        elif name.startswith("["):
+            kind = name.split(":")[0].strip("[]")
+        elif name.startswith("/memfd:") or name.startswith("/dev/shm"):
+            kind = "shared file"
+        else:
+            kind = "file"
+        by_kind[kind] = by_kind.get(kind, 0.0) + rss_mib
+    top = sorted(anon, reverse=True)[:8]
+    return {"rss_mib_by_kind": {k: round(v, 1) for k, v in sorted(by_kind.items())},
+            "anon_rss_mib_by_size": {k: round(v, 1) for k, v in sorted(anon_by_size.items())},
+            "largest_anon": [{"rss_mib": round(r, 1), "size_mib": sz, "perms": pm}
+                             for r, sz, pm in top]}  # fmt: skip
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("model", type=Path)
@@ -194,6 +244,18 @@ def main() -> int:
           flush=True)  # fmt: skip
     others = [p for p in pids if p != root]
 
+    def smaps(when: str) -> None:
+        for p in others:
+            try:
+                text = Path(f"/proc/{p}/smaps").read_text()
+            except OSError as e:
+                print("SMAPS", json.dumps({"pid": p, "when": when, "error": str(e)}), flush=True)
+                continue
+            line = {"model": args.model.name, "mode": mode, "pid": p, "when": when}
+            print("SMAPS", json.dumps({**line, **smaps_summary(text)}), flush=True)
+
+    smaps("asleep, trimmed")
+
     def cycle(ck: dict[str, Any]) -> dict[str, Any]:
         """CUDA checkpoint and restore of the engine's processes, timed into ``ck``."""
         try:
@@ -206,6 +268,9 @@ def main() -> int:
                 cuda_ckpt.checkpoint(p)
             ck["checkpoint_s"] = time.perf_counter() - t
             ck["device_used_ckpt_mib"] = _device_used_mib() - base
+            if not ck.get("smaps_taken"):  # where the GPU state went (the image's anonymous)
+                smaps("CUDA-checkpointed")
+                ck["smaps_taken"] = True
             t = time.perf_counter()
             for p in others:
                 cuda_ckpt.restore(p)

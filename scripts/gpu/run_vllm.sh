@@ -197,7 +197,7 @@ if want asleep; then
       [ "$(left)" -gt 150 ] || break
       flag=""; [ "$mode" = eager ] && flag=--eager
       timeout -k 5 150 python3 scripts/gpu/asleep_probe.py "$MODELS/qwen2-$size" $flag ${ASLEEP_ARGS:-} 2>&1 \
-        | grep "START\|MEM\|TREE\|LIMITS\|CKPT\|Error\|error" | tee -a "$OUT/asleep.jsonl"
+        | grep "START\|MEM\|TREE\|LIMITS\|CKPT\|SMAPS\|Error\|error" | tee -a "$OUT/asleep.jsonl"
     done
   done
 fi

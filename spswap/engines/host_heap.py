@@ -24,24 +24,69 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class MallocStats:
+    """What glibc's allocator holds, over all its arenas (``mallinfo2``): the bytes of
+    live blocks, of free blocks it keeps (resident where touched: CRIU dumps those
+    pages), and of the blocks it mapped on their own (large ones: each an anonymous
+    mapping in an image, not the heap). What else a process's image holds as anonymous
+    memory is not malloc's (Python's own small-object arenas, a CUDA checkpoint's copy of
+    the GPU state, thread stacks)."""
+
+    in_use_bytes: int
+    free_bytes: int
+    mmapped_bytes: int
+
+    def to_json(self) -> dict[str, int]:
+        return {"malloc_in_use_bytes": self.in_use_bytes, "malloc_free_bytes": self.free_bytes,
+                "malloc_mmapped_bytes": self.mmapped_bytes}  # fmt: skip
+
+
+@dataclass(frozen=True)
 class HeapRelease:
     """What one release did: the process's resident bytes before and after, how long it
-    took, and whether it ran (``malloc_trim`` is glibc's: elsewhere nothing is done)."""
+    took, whether it ran (``malloc_trim`` is glibc's: elsewhere nothing is done) and
+    what the allocator held after it (None: not glibc, or one before 2.33)."""
 
     rss_before_bytes: int
     rss_after_bytes: int
     trimmed: bool
     seconds: float = 0.0
+    malloc_after: MallocStats | None = None
 
     @property
     def released_bytes(self) -> int:
         return max(0, self.rss_before_bytes - self.rss_after_bytes)
 
     def to_json(self) -> dict[str, int | bool | float]:
-        return {"rss_before_bytes": self.rss_before_bytes,
-                "rss_after_bytes": self.rss_after_bytes,
-                "heap_released_bytes": self.released_bytes,
-                "heap_trimmed": self.trimmed, "heap_trim_s": round(self.seconds, 4)}  # fmt: skip
+        out: dict[str, int | bool | float] = {
+            "rss_before_bytes": self.rss_before_bytes, "rss_after_bytes": self.rss_after_bytes,
+            "heap_released_bytes": self.released_bytes,
+            "heap_trimmed": self.trimmed, "heap_trim_s": round(self.seconds, 4)}  # fmt: skip
+        if self.malloc_after is not None:
+            out.update(self.malloc_after.to_json())
+        return out
+
+
+class _Mallinfo2(ctypes.Structure):
+    # glibc's struct mallinfo2 (malloc.h), every field a size_t
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]  # fmt: skip
+
+
+def malloc_stats(libc: ctypes.CDLL | None = None) -> MallocStats | None:
+    """glibc's ``mallinfo2()`` for this process (all arenas); None without it."""
+    try:
+        lib = libc if libc is not None else ctypes.CDLL(None)
+        info = getattr(lib, "mallinfo2", None)
+    except OSError:
+        return None
+    if info is None:
+        return None
+    info.restype = _Mallinfo2
+    m = info()
+    return MallocStats(in_use_bytes=int(m.uordblks), free_bytes=int(m.fordblks),
+                       mmapped_bytes=int(m.hblkhd))  # fmt: skip
 
 
 def resident_bytes() -> int:
@@ -63,4 +108,5 @@ def release_free_heap() -> HeapRelease:
     if trim is not None:
         trim.argtypes = [ctypes.c_size_t]
         trim(0)
-    return HeapRelease(before, resident_bytes(), trim is not None, time.perf_counter() - t0)
+    seconds = time.perf_counter() - t0
+    return HeapRelease(before, resident_bytes(), trim is not None, seconds, malloc_stats())
