@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-import sys
+import importlib.util
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "gpu"))
-
-from asleep_probe import smaps_summary  # noqa: E402
+# loaded by its path: scripts/gpu stays off sys.path (its names would shadow others')
+_PATH = Path(__file__).resolve().parents[1] / "scripts" / "gpu" / "asleep_probe.py"
+_SPEC = importlib.util.spec_from_file_location("asleep_probe", _PATH)
+assert _SPEC is not None and _SPEC.loader is not None
+_PROBE = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(_PROBE)
+smaps_summary = _PROBE.smaps_summary
 
 _SMAPS = """\
 55d0a0000000-55d0a0400000 rw-p 00000000 00:00 0                          [heap]
