@@ -32,3 +32,22 @@ def pip_install_hint(extra: str) -> str:
     top = Path(__file__).resolve().parents[1]
     checkout = top if (top / "pyproject.toml").is_file() else None
     return pip_install_text(extra, sys.executable, checkout)
+
+
+def vllm_gpu_refusal(what: str, *, has_vllm: bool, has_gpu: bool, pip_hint: str) -> str | None:
+    """Why ``what`` (a command that runs vLLM) cannot run here, naming what is missing and
+    the fix for each (None: both are here). ``pip_hint``: the command that adds vLLM.
+    Pure.
+
+    >>> vllm_gpu_refusal("bench swap", has_vllm=True, has_gpu=False, pip_hint="pip ...")
+    'bench swap needs a CUDA GPU and none is visible here: run it on a GPU node'
+    """
+    if has_vllm and has_gpu:
+        return None
+    install = f"install it (`{pip_hint}`) or put a vLLM kit on PYTHONPATH"
+    if not has_gpu and not has_vllm:
+        return (f"{what} needs vLLM and a CUDA GPU, and this machine has neither: run it on "
+                f"a GPU node where vLLM is installed ({install})")  # fmt: skip
+    if not has_gpu:
+        return f"{what} needs a CUDA GPU and none is visible here: run it on a GPU node"
+    return f"{what} needs vLLM, which is not installed here: {install}"

@@ -154,3 +154,79 @@ def test_bench_transfer_on_a_device_this_machine_lacks_says_so_in_json(tmp_path)
     assert error["kind"] == "ConfigError" and error["message"].startswith("--device cuda:0: ")
     assert "use --device cpu" in error["message"]
     assert not list(tmp_path.iterdir())  # refused before any scratch was made
+
+
+def test_bench_transfer_refuses_a_zero_size_a_wrong_device_and_a_missing_root(tmp_path):
+    """A newcomer's typos got a traceback (ZeroDivisionError, torch's RuntimeError), even
+    with --json; a missing --root named a generated path and SPSWAP_ROOT."""
+    import json
+
+    import pytest
+
+    pytest.importorskip("torch")
+    cases = [
+        (["--sizes", "0"], "--sizes: every size must be above zero"),
+        (["--sizes", "1M,0"], "--sizes: every size must be above zero"),
+        (["--device", "gpu"], "--device gpu: not a device; give cpu, cuda or cuda:N"),
+        (["--root", str(tmp_path / "nope")], f"--root {tmp_path / 'nope'}: no such directory"),
+    ]
+    for extra, said in cases:
+        args = {"--sizes": "1M", "--device": "cpu", "--root": str(tmp_path)}
+        args.update(dict(zip(extra[::2], extra[1::2], strict=True)))
+        proc = subprocess.run(
+            [sys.executable, "-m", "spswap.cli", "bench", "transfer", "--json",
+             *[w for kv in args.items() for w in kv]],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, (extra, proc.stderr)
+        error = json.loads(proc.stdout)["error"]
+        assert error["kind"] == "ConfigError" and error["message"].startswith(said), error
+    assert not list(tmp_path.iterdir())  # refused before any scratch was made
+
+
+def test_device_problem_takes_cpu_cuda_and_an_index_only():
+    from spswap.cli.bench import device_problem
+
+    assert [device_problem(d) for d in ("cpu", "cuda", "cuda:0", "cuda:12")] == [None] * 4
+    assert device_problem("gpu") == (
+        "--device gpu: not a device; give cpu, cuda or cuda:N (a GPU's index, e.g. cuda:0)"
+    )
+    assert device_problem("cuda:x") is not None and device_problem("CPU") is not None
+
+
+def test_a_vllm_command_names_what_is_missing_vllm_a_gpu_or_both():
+    from spswap.install_hint import vllm_gpu_refusal
+
+    def said(vllm: bool, gpu: bool) -> str | None:
+        return vllm_gpu_refusal("bench swap", has_vllm=vllm, has_gpu=gpu, pip_hint="PIP")
+
+    assert said(True, True) is None
+    assert said(False, False) == (
+        "bench swap needs vLLM and a CUDA GPU, and this machine has neither: run it on a GPU "
+        "node where vLLM is installed (install it (`PIP`) or put a vLLM kit on PYTHONPATH)"
+    )
+    assert said(True, False) == (
+        "bench swap needs a CUDA GPU and none is visible here: run it on a GPU node"
+    )
+    assert said(False, True) == (
+        "bench swap needs vLLM, which is not installed here: install it (`PIP`) or put a vLLM "
+        "kit on PYTHONPATH"
+    )
+
+
+def test_bench_swap_on_this_cpu_machine_says_what_it_lacks(tmp_path):
+    import json
+
+    import pytest
+
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    (tmp_path / "m").mkdir()
+    proc = subprocess.run(
+        [sys.executable, "-m", "spswap.cli", "bench", "swap", str(tmp_path / "m"), "--json"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    message = json.loads(proc.stdout)["error"]["message"]
+    assert message.startswith("bench swap needs ") and "GPU" in message, message

@@ -69,8 +69,9 @@ class TrafficOptions:
 def _models(opts: TrafficOptions, n: int, scratch: Path) -> list[Path]:
     if opts.models:
         if len(opts.models) < n:
-            raise ConfigError(f"--models gives {len(opts.models)} directories but a run "
-                              f"with {n} models was asked (--model-counts)")  # fmt: skip
+            given = len(opts.models)
+            raise ConfigError(f"--models gives {given} director{'y' if given == 1 else 'ies'} "
+                              f"but a run with {n} models was asked (--model-counts)")  # fmt: skip
         return list(opts.models[:n])
     if opts.engine == "vllm":
         raise ConfigError("bench traffic --engine vllm serves model directories you give: "
@@ -135,6 +136,8 @@ def bench_traffic(cfg: Config, opts: TrafficOptions, *, scratch: Path | None = N
                   log: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:  # fmt: skip
     """Every (model count, awake, rate) row, the highest rate within the p95 target, how
     each model started, and the last run's metrics text."""
+    if opts.engine not in ("reference", "vllm"):  # said before any model starts
+        raise ConfigError(f"--engine {opts.engine}: not an engine; give reference or vllm")
     rows: list[RateRow] = []
     report: dict[str, Any] = {"engine": opts.engine, "p95_target_s": opts.p95_target_s,
                               "duration_s": opts.duration_s,
@@ -174,7 +177,8 @@ def bench_traffic(cfg: Config, opts: TrafficOptions, *, scratch: Path | None = N
                         cold = colds.lookup(models) if vllm else reference_cold(
                             models, plan, opts.max_new_tokens, opts.check)  # fmt: skip
                         log(f"bench traffic: {n} models, {awake} awake, {rate:g}/min, "
-                            f"{len(plan)} requests over {opts.duration_s:g} s")  # fmt: skip
+                            f"{len(plan)} request{'' if len(plan) == 1 else 's'} over "
+                            f"{opts.duration_s:g} s")  # fmt: skip
                         row, report["metrics"] = run_rate(mopts.socket_path, router, models,
                                                           plan, cold, rate=rate, opts=opts,
                                                           awake=awake)  # fmt: skip

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import tempfile
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from spswap.daemon.memory_claims import mem_available_bytes
 from spswap.engines.vllm_engine import available
 from spswap.errors import ConfigError
 from spswap.fsutil import fs_sizes
-from spswap.install_hint import pip_install_hint
+from spswap.install_hint import pip_install_hint, vllm_gpu_refusal
 from spswap.multi.engine_settings import model_settings
 
 app = typer.Typer(
@@ -38,7 +39,18 @@ def _sizes(text: str) -> list[int]:
     sizes = [parse_size(s) for s in text.split(",") if s.strip()]
     if not sizes:
         raise ConfigError("--sizes needs at least one size, e.g. 64M,1G")
+    if min(sizes) <= 0:
+        raise ConfigError("--sizes: every size must be above zero (nothing to copy in 0 "
+                          "bytes), e.g. 64M,1G")  # fmt: skip
     return sizes
+
+
+def device_problem(device: str) -> str | None:
+    """Why ``--device`` names no device a copy can target (None: it does). Pure."""
+    if re.fullmatch(r"cpu|cuda(:[0-9]+)?", device):
+        return None
+    return (f"--device {device}: not a device; give cpu, cuda or cuda:N (a GPU's index, "
+            "e.g. cuda:0)")  # fmt: skip
 
 
 @app.command("transfer")
@@ -65,6 +77,8 @@ def transfer(
     import torch
 
     dev = device or ("cuda:0" if torch.cuda.is_available() else "cpu")
+    if (bad := device_problem(dev)) is not None:
+        raise ConfigError(bad)
     if dev.startswith("cuda") and not torch.cuda.is_available():
         why = ("this torch was built without CUDA" if torch.version.cuda is None
                else "no GPU is visible here")  # fmt: skip
@@ -72,6 +86,10 @@ def transfer(
                           "node with a CUDA build of torch")  # fmt: skip
     size_list = _sizes(sizes)
     scratch_root = Path(root or _shm_or_tmp())
+    if not scratch_root.is_dir():  # the scratch pool goes in a directory made under it
+        raise ConfigError(f"--root {scratch_root}: no such directory; give an existing one "
+                          "for the benchmark's scratch pool (a tmpfs such as /dev/shm, where "
+                          "the node's pool lives)")  # fmt: skip
     problem = memory_problem(size_list, available_bytes=mem_available_bytes(),
                              scratch=scratch_root,
                              scratch_free_bytes=_free_bytes(scratch_root))  # fmt: skip
@@ -158,8 +176,13 @@ def swap(
         raise ConfigError(
             f"bench swap needs torch ({e}); `{pip_install_hint('torch,vllm')}`"
         ) from e
-    if not available():
-        raise ConfigError(f"bench swap needs vLLM and a CUDA GPU; `{pip_install_hint('vllm')}`")
+    import torch
+
+    refusal = vllm_gpu_refusal("bench swap", has_vllm=available(),
+                               has_gpu=torch.cuda.is_available(),
+                               pip_hint=pip_install_hint("vllm"))  # fmt: skip
+    if refusal is not None:
+        raise ConfigError(refusal)
     result = bench_swap(list(models), pool_dir=pool_dir, cycles=cycles,
                         settings=bench_settings(gpu_memory_utilization, kv_cache_gib),
                         log=_progress)  # fmt: skip

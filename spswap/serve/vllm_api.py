@@ -159,9 +159,9 @@ def installed_vllm_version() -> str:
         return metadata.version("vllm")
     except metadata.PackageNotFoundError:
         raise EngineError(
-            "vLLM is not installed here (no vllm package metadata); install it "
-            f"(`{pip_install_hint('vllm')}`) or put a vLLM kit on PYTHONPATH, or serve with "
-            "--engine reference"
+            "vLLM is not installed here (no vllm package metadata); it runs on a node with "
+            f"a CUDA GPU: there, install it (`{pip_install_hint('vllm')}`) or put a vLLM kit "
+            "on PYTHONPATH; without a GPU, serve with --engine reference"
         ) from None
 
 

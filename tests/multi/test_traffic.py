@@ -129,6 +129,24 @@ def test_a_vllm_run_asks_a_fixed_set_of_prompts():
     assert len({a.prompt_ids for a in plan}) > 8
 
 
+def test_an_unknown_engine_is_refused_before_any_model_starts(tmp_path):
+    cfg = Config.from_env({}, root=tmp_path / "root")
+    said: list[str] = []
+    with pytest.raises(ConfigError) as e:
+        bench_traffic(cfg, TrafficOptions(model_counts=(2,), engine="vlm"), log=said.append)
+    assert str(e.value) == "--engine vlm: not an engine; give reference or vllm"
+    assert said == []  # (it said "starting 2 models (vlm)" first)
+
+
+def test_too_few_model_directories_are_counted_in_words(tmp_path):
+    cfg = Config.from_env({}, root=tmp_path / "root")
+    (tmp_path / "m").mkdir()
+    with pytest.raises(ConfigError) as e:
+        bench_traffic(cfg, TrafficOptions(model_counts=(2,), models=(tmp_path / "m",)))
+    assert str(e.value) == ("--models gives 1 directory but a run with 2 models was asked "
+                            "(--model-counts)")  # fmt: skip
+
+
 def test_vllm_needs_model_directories(tmp_path):
     cfg = Config.from_env({}, root=tmp_path / "root")
     with pytest.raises(ConfigError, match="--models DIR"):
