@@ -1,5 +1,6 @@
 """The command that adds an optional part (a pip extra: ``vllm``, ``gpu``) to this
-installation of spswap, for the messages that say one is missing.
+installation of spswap, for the messages that say one is missing; and the refusal of a
+command that runs vLLM where vLLM or a GPU (or both) is missing.
 
 spswap is installed from its checkout (``scripts/install.sh``: ``pip install -e``), not
 from a package index, so ``pip install 'spswap[vllm]'`` would find nothing: the message
