@@ -138,6 +138,10 @@ def bench_traffic(cfg: Config, opts: TrafficOptions, *, scratch: Path | None = N
     each model started, and the last run's metrics text."""
     if opts.engine not in ("reference", "vllm"):  # said before any model starts
         raise ConfigError(f"--engine {opts.engine}: not an engine; give reference or vllm")
+    for model in opts.models:  # an input error (exit 2), not a failure of the run
+        if not model.is_dir():
+            raise ConfigError(f"--models {model}: no such directory; give a model directory "
+                              "(config.json + model.safetensors)")  # fmt: skip
     rows: list[RateRow] = []
     report: dict[str, Any] = {"engine": opts.engine, "p95_target_s": opts.p95_target_s,
                               "duration_s": opts.duration_s,
@@ -171,6 +175,9 @@ def bench_traffic(cfg: Config, opts: TrafficOptions, *, scratch: Path | None = N
                     if asked:
                         router.set_awake(asked)
                     awake = router.placement.slots  # as --units allows, where not asked
+                    if asked > awake:  # said, not silently lowered (a walk's surprise)
+                        log(f"bench traffic: --awake {asked}: {awake} awake with {n} models "
+                            "(at most one per model, and as --units allows)")  # fmt: skip
                     for rate in opts.rates(n):
                         plan = arrivals(rate, opts.duration_s, n, seed=opts.seed,
                                         prompts=prompts)  # fmt: skip

@@ -147,6 +147,14 @@ def test_too_few_model_directories_are_counted_in_words(tmp_path):
                             "(--model-counts)")  # fmt: skip
 
 
+def test_a_missing_model_directory_is_an_input_error(tmp_path):
+    cfg = Config.from_env({}, root=tmp_path / "root")
+    with pytest.raises(ConfigError) as e:
+        bench_traffic(cfg, TrafficOptions(model_counts=(1,), models=(tmp_path / "nope",)))
+    assert str(e.value) == (f"--models {tmp_path / 'nope'}: no such directory; give a model "
+                            "directory (config.json + model.safetensors)")  # fmt: skip
+
+
 def test_vllm_needs_model_directories(tmp_path):
     cfg = Config.from_env({}, root=tmp_path / "root")
     with pytest.raises(ConfigError, match="--models DIR"):
@@ -166,3 +174,14 @@ def test_two_then_one_awake_on_the_same_engines(tmp_path):
         (3, 2), (3, 1)]  # fmt: skip
     assert [s["from"] for s in result["starts"]] == ["pool"] * 3
     assert json.loads(out.read_text())["rows"] == result["rows"]
+
+
+def test_more_awake_than_models_is_said_not_lowered_silently(tmp_path):
+    cfg = Config.from_env({}, root=tmp_path / "root")
+    said: list[str] = []
+    opts = TrafficOptions(model_counts=(2,), rates_per_min=(120.0,), duration_s=2.0,
+                          max_new_tokens=2, awake=(3,))  # fmt: skip
+    result = bench_traffic(cfg, opts, scratch=tmp_path, log=said.append)
+    assert [r["awake"] for r in result["rows"]] == [2]
+    assert ("bench traffic: --awake 3: 2 awake with 2 models (at most one per model, and as "
+            "--units allows)") in said, said  # fmt: skip
