@@ -36,6 +36,7 @@ from spswap.engines.vllm_engine import VllmSettings
 from spswap.errors import ConfigError
 from spswap.fsutil import atomic_write_json
 from spswap.multi import http_api
+from spswap.multi.engine_settings import check_engine
 from spswap.multi.http_api import ApiServer
 from spswap.multi.serve import MultiOptions, start_router
 
@@ -136,8 +137,8 @@ def bench_traffic(cfg: Config, opts: TrafficOptions, *, scratch: Path | None = N
                   log: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:  # fmt: skip
     """Every (model count, awake, rate) row, the highest rate within the p95 target, how
     each model started, and the last run's metrics text."""
-    if opts.engine not in ("reference", "vllm"):  # said before any model starts
-        raise ConfigError(f"--engine {opts.engine}: not an engine; give reference or vllm")
+    vllm = opts.engine == "vllm"
+    check_engine(opts.engine, "cuda" if vllm else "cpu")  # said before any model starts
     for model in opts.models:  # an input error (exit 2), not a failure of the run
         if not model.is_dir():
             raise ConfigError(f"--models {model}: no such directory; give a model directory "
@@ -147,7 +148,6 @@ def bench_traffic(cfg: Config, opts: TrafficOptions, *, scratch: Path | None = N
                               "duration_s": opts.duration_s,
                               "max_new_tokens": opts.max_new_tokens, "rows": [],
                               "starts": [], "metrics": ""}  # fmt: skip
-    vllm = opts.engine == "vllm"
     prompts = prompt_set(PROMPTS, seed=opts.seed) if vllm else None
     colds = ColdAnswers(cfg, opts.max_new_tokens, log=log)
     with tempfile.TemporaryDirectory(prefix="spswap-traffic-") as tmp:

@@ -102,11 +102,13 @@ def release_free_heap() -> HeapRelease:
     t0 = time.perf_counter()
     before = resident_bytes()
     try:
-        trim = getattr(ctypes.CDLL(None), "malloc_trim", None)  # the C library loaded
+        libc: ctypes.CDLL | None = ctypes.CDLL(None)  # the C library loaded
     except OSError:
-        trim = None
+        libc = None
+    trim = getattr(libc, "malloc_trim", None)
     if trim is not None:
         trim.argtypes = [ctypes.c_size_t]
         trim(0)
     seconds = time.perf_counter() - t0
-    return HeapRelease(before, resident_bytes(), trim is not None, seconds, malloc_stats())
+    stats = malloc_stats(libc) if libc is not None else None  # (the same library, once)
+    return HeapRelease(before, resident_bytes(), trim is not None, seconds, stats)

@@ -134,7 +134,7 @@ def test_an_unknown_engine_is_refused_before_any_model_starts(tmp_path):
     said: list[str] = []
     with pytest.raises(ConfigError) as e:
         bench_traffic(cfg, TrafficOptions(model_counts=(2,), engine="vlm"), log=said.append)
-    assert str(e.value) == "--engine vlm: not an engine; give reference or vllm"
+    assert str(e.value) == "unknown engine 'vlm'; valid engines: reference, vllm"
     assert said == []  # (it said "starting 2 models (vlm)" first)
 
 
