@@ -1,5 +1,6 @@
 """spswap's own errors reach the user as one clear line, printed as written."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -185,7 +186,7 @@ def test_bench_transfer_refuses_a_zero_size_a_wrong_device_and_a_missing_root(tm
 
 
 def test_device_problem_takes_cpu_cuda_and_an_index_only():
-    from spswap.cli.bench import device_problem
+    from spswap.cli.bench_inputs import device_problem
 
     assert [device_problem(d) for d in ("cpu", "cuda", "cuda:0", "cuda:12")] == [None] * 4
     assert device_problem("gpu") == (
@@ -230,3 +231,21 @@ def test_bench_swap_on_this_cpu_machine_says_what_it_lacks(tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     message = json.loads(proc.stdout)["error"]["message"]
     assert message.startswith("bench swap needs ") and "GPU" in message, message
+
+
+def test_bench_turns_refuses_an_unknown_engine_before_slurm_or_any_file(tmp_path):
+    """Its own twin of the engine check said "--engine must be reference or vllm"; now the
+    one every command uses, before it looks for Slurm or writes a model."""
+    import json
+
+    env = {**os.environ, "PATH": str(tmp_path)}  # no Slurm: the engine is refused first
+    proc = subprocess.run(
+        [sys.executable, "-m", "spswap.cli", "bench", "turns", "--engine", "vlm", "--json",
+         "--work-dir", str(tmp_path / "work")],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    error = json.loads(proc.stdout)["error"]
+    assert error["kind"] == "ConfigError"
+    assert error["message"] == "unknown engine 'vlm'; valid engines: reference, vllm"
+    assert not (tmp_path / "work").exists()

@@ -102,7 +102,7 @@ def test_check_names_what_is_wrong(tmp_path: Path) -> None:
     (odd / "config.json").write_text(json.dumps({"hidden": 3}))
     with pytest.raises(ConfigError, match=r"is not a reference model's \(unknown reference"):
         check_servable("reference", odd)
-    with pytest.raises(ConfigError, match="unknown engine 'tgi'; engines: reference, vllm"):
+    with pytest.raises(ConfigError, match="unknown engine 'tgi'; valid engines: reference, vllm"):
         check_servable("tgi", odd)
     # weights that do not match their config (the config edited after `models make`)
     assert spswap("models", "make", str(tmp_path / "m"), "--preset", "tiny").returncode == 0

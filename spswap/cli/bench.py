@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import tempfile
 from pathlib import Path
 
@@ -11,9 +10,16 @@ import typer
 from spswap.bench.traffic import TrafficOptions, bench_traffic
 from spswap.bench.traffic_plan import RateRow, check_rates, parse_rates, render
 from spswap.bench.turns import TurnsOptions, run_turns, slurm_preflight, turns_serve_args
+from spswap.cli.bench_inputs import (
+    DEFAULT_TURN_PRESETS,
+    device_problem,
+    make_reference_models,
+    parse_floats,
+    parse_sizes,
+)
 from spswap.cli.common import JsonOpt, RootOpt, emit, err_console, load_config
-from spswap.config import parse_size
 from spswap.daemon.memory_claims import mem_available_bytes
+from spswap.engines.model_check import check_engine_name
 from spswap.engines.vllm_engine import available
 from spswap.errors import ConfigError
 from spswap.fsutil import fs_sizes
@@ -33,24 +39,6 @@ DEFAULT_SIZES = "64M,256M,1G,4G,16G"
 def _progress(line: str) -> None:
     """A bench's progress line, on stderr: stdout holds its report (or its --json)."""
     err_console.print(line, markup=False, highlight=False, soft_wrap=True)
-
-
-def _sizes(text: str) -> list[int]:
-    sizes = [parse_size(s) for s in text.split(",") if s.strip()]
-    if not sizes:
-        raise ConfigError("--sizes needs at least one size, e.g. 64M,1G")
-    if min(sizes) <= 0:
-        raise ConfigError("--sizes: every size must be above zero (nothing to copy in 0 "
-                          "bytes), e.g. 64M,1G")  # fmt: skip
-    return sizes
-
-
-def device_problem(device: str) -> str | None:
-    """Why ``--device`` names no device a copy can target (None: it does). Pure."""
-    if re.fullmatch(r"cpu|cuda(:[0-9]+)?", device):
-        return None
-    return (f"--device {device}: not a device; give cpu, cuda or cuda:N (a GPU's index, "
-            "e.g. cuda:0)")  # fmt: skip
 
 
 @app.command("transfer")
@@ -84,7 +72,7 @@ def transfer(
                else "no GPU is visible here")  # fmt: skip
         raise ConfigError(f"--device {dev}: {why}; use --device cpu, or run on a GPU "
                           "node with a CUDA build of torch")  # fmt: skip
-    size_list = _sizes(sizes)
+    size_list = parse_sizes(sizes)
     scratch_root = Path(root or _shm_or_tmp())
     if not scratch_root.is_dir():  # the scratch pool goes in a directory made under it
         raise ConfigError(f"--root {scratch_root}: no such directory; give an existing one "
@@ -189,9 +177,6 @@ def swap(
     emit(result, json, render_bench_swap)
 
 
-DEFAULT_TURN_PRESETS = "tiny@1,small@2,small@3"
-
-
 @app.command("turns")
 def turns(
     models: list[Path] = typer.Argument(
@@ -268,8 +253,7 @@ def turns(
 
     from spswap.bench.turns_report import render_turns
 
-    if engine not in ("reference", "vllm"):
-        raise ConfigError(f"--engine must be reference or vllm; got {engine!r}")
+    check_engine_name(engine)
     work = (work_dir or Path.cwd() / f"spswap-turns-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     paths = [p.resolve() for p in models] if models else None
     slurm_preflight(partition)  # before any model is written
@@ -289,42 +273,6 @@ def turns(
     emit(summary.to_json() if json else summary, json, render_turns)
     if not summary.ok:
         raise typer.Exit(1)
-
-
-def make_reference_models(presets: str, directory: Path) -> list[Path]:
-    """Reference checkpoints for ``PRESET@SEED,...`` (one directory each, named after
-    both), written once: an existing one is reused."""
-    try:
-        from spswap.engines.reference import save_checkpoint
-        from spswap.engines.reference_model import preset
-    except ImportError as e:
-        raise ConfigError(
-            f"reference models need torch ({e}); `{pip_install_hint('torch')}`"
-        ) from e
-    out: list[Path] = []
-    for item in (p.strip() for p in presets.split(",") if p.strip()):
-        name, _, seed = item.partition("@")
-        if seed and not seed.isdigit():
-            raise ConfigError(f"--presets {item!r}: the seed after @ must be a number")
-        config = preset(name, seed=int(seed or 0))
-        path = directory / f"{name}-s{config.seed}"
-        if not (path / "config.json").exists():
-            save_checkpoint(config, path)
-        out.append(path)
-    if len(out) < 2:
-        raise ConfigError(f"--presets {presets!r}: give at least two, e.g. {DEFAULT_TURN_PRESETS}")
-    return out
-
-
-def _floats(text: str, flag: str, example: str) -> tuple[float, ...]:
-    try:
-        values = tuple(float(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise ConfigError(f"{flag} {text!r}: give comma-separated numbers, e.g. "
-                          f"{flag} {example}") from None  # fmt: skip
-    if not values or min(values) <= 0:
-        raise ConfigError(f"{flag} {text!r}: give positive numbers, e.g. {flag} {example}")
-    return values
 
 
 @app.command("traffic")
@@ -368,7 +316,9 @@ def traffic(
     ),
     check: bool = typer.Option(True, help="Compare every answer with the model's cold answer."),
     out: Path = typer.Option(
-        None, help="Also write the JSON report here, after every rate (a cut run keeps its rows)."
+        None,
+        help="Also write the JSON report here, after every rate (a cut run keeps its "
+        "rows), with the last run's /metrics text (the key metrics; not in --json's output).",
     ),
     root: Path = RootOpt,
     json: bool = JsonOpt,
@@ -379,9 +329,10 @@ def traffic(
     device per model, and the highest rate within --p95-target-s. --engine vllm runs on
     the GPU with model directories given by --models (token-id prompts: no tokenizer
     needed), each model's cold answers made at its first start from its files."""
-    counts = tuple(int(c) for c in _floats(model_counts, "--model-counts", "2,4"))
+    counts = tuple(int(c) for c in parse_floats(model_counts, "--model-counts", "2,4"))
     every, per = parse_rates(rates)
     check_rates(counts, every, per)
+    awake_counts = tuple(int(a) for a in parse_floats(awake, "--awake", "2,1")) if awake else ()
     vllm = model_settings(units, kv_cache_gib=kv_cache_gib, eager=eager,
                           max_model_len=max_model_len) if engine == "vllm" else None  # fmt: skip
     opts = TrafficOptions(model_counts=counts, rates_per_min=every,
@@ -389,8 +340,7 @@ def traffic(
                           max_new_tokens=max_new_tokens, p95_target_s=p95_target_s,
                           units_per_model=units, preset=preset, models=tuple(models or ()),
                           check=check, engine=engine, vllm=vllm, vllm_args=vllm_args or "",
-                          awake=tuple(int(a) for a in _floats(awake, "--awake", "2,1")) if awake
-                          else (), out=out)  # fmt: skip
+                          awake=awake_counts, out=out)  # fmt: skip
 
     result = bench_traffic(load_config(root), opts, log=_progress)
     emit(

@@ -24,6 +24,13 @@ HF_KEYS = ("architectures", "model_type")
 # Keys only a reference model's config.json has together (see ReferenceConfig).
 REFERENCE_MARKS = ("n_layers", "n_heads", "ffn_size")
 MAKE_HINT = "make one with `spswap models make DIR --preset small`"
+ENGINES = ("reference", "vllm")
+
+
+def check_engine_name(engine: str) -> None:
+    """ConfigError unless ``engine`` names one of spswap's engines (``--engine``)."""
+    if engine not in ENGINES:
+        raise ConfigError(f"unknown engine {engine!r}; valid engines: {', '.join(ENGINES)}")
 
 
 def read_config(model: Path) -> dict[str, Any] | None:
@@ -59,12 +66,11 @@ def _hf_names(cfg: dict[str, Any]) -> str:
 def check_servable(engine: str, model: Path) -> None:
     """Raise :class:`ConfigError` when ``engine`` cannot serve ``model``, naming the engine
     that can (or how to make a model this one serves)."""
+    check_engine_name(engine)
     if engine == "reference":
         check_reference(model)
-    elif engine == "vllm":
-        check_vllm(model)
     else:
-        raise ConfigError(f"unknown engine {engine!r}; engines: reference, vllm")
+        check_vllm(model)
 
 
 def check_vllm(model: Path) -> None:

@@ -18,19 +18,18 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from spswap.engines.model_check import check_engine_name
 from spswap.engines.vllm_engine import VllmSettings, kv_cache_bytes
 from spswap.errors import ConfigError
 from spswap.multi.placement import UNITS_PER_DEVICE, ModelState
 
-ENGINES = ("reference", "vllm")
 DEVICE_SHARE = 0.9  # of the device's memory, for the awake models together (as serve's)
 
 
 def check_engine(engine: str, device: str) -> None:
     """ConfigError unless ``engine`` can serve a multi-model job on ``device``; said
     before any model is read into the pool."""
-    if engine not in ENGINES:
-        raise ConfigError(f"unknown engine {engine!r}; valid engines: {', '.join(ENGINES)}")
+    check_engine_name(engine)
     if engine == "vllm" and not device.startswith("cuda"):
         raise ConfigError(f"--engine vllm runs on a GPU, not on {device!r}: run it in a "
                           "job with a GPU (--device cuda), or use --engine reference on "
