@@ -7,11 +7,11 @@
 #             kernel.io_uring_disabled=2 for its run)
 #   skeletonc the same with vLLM's default torch.compile + CUDA graphs (--compiled)
 #   skeletonk, skeletonck  the same two with B kept alive after its dump (--keep)
-#   bench     python -m spswap.bench.swap on 0.5B and 1.5B (BENCH_ARGS: more options, e.g.
+#   bench     spswap bench swap on 0.5B and 1.5B (BENCH_ARGS: more options, e.g.
 #             "--kv-cache-gib 4"; BENCH_TAG: a suffix for bench.json)
 #   tests     tests/engines/test_vllm.py and test_vllm_serve_gpu.py on 0.5B (TESTS: others;
 #             TEST_FLAGS: pytest options, quoted as in a shell, e.g. "-v -k 'not damaged'")
-#   bench7b   python -m spswap.bench.swap on 7B (--cycles 2; BENCH_ARGS and BENCH_TAG too)
+#   bench7b   spswap bench swap on 7B (--cycles 2; BENCH_ARGS and BENCH_TAG too)
 #   pcie      scripts/gpu/pcie_idle_probe.py (is a copy after an idle pause slow?)
 #   regprobe  scripts/gpu/register_probe.py (does a CUDA restore pin a registered mapping
 #             again; 4 KiB tmpfs pages against a tmpfs mounted huge=always)
@@ -222,8 +222,8 @@ fi
 
 if want bench && [ "$(left)" -gt 120 ]; then
   step bench
-  timeout -k 5 $(( $(left) - 10 )) python3 -m spswap.bench.swap \
-    --models "$MODELS/qwen2-0.5b" "$MODELS/qwen2-1.5b" --pool-dir "$POOL" ${BENCH_ARGS:-} \
+  timeout -k 5 $(( $(left) - 10 )) python3 -m spswap.cli bench swap \
+    "$MODELS/qwen2-0.5b" "$MODELS/qwen2-1.5b" --pool-dir "$POOL" ${BENCH_ARGS:-} \
     --out "$OUT/bench${BENCH_TAG:-}.json"
   echo "bench rc=$?"
 fi
@@ -244,8 +244,8 @@ fi
 
 if want bench7b && [ "$(left)" -gt 150 ]; then
   step bench7b
-  timeout -k 5 $(( $(left) - 5 )) python3 -m spswap.bench.swap \
-    --models "$MODELS/qwen2-7b" --pool-dir "$POOL" --cycles 2 ${BENCH_ARGS:-} \
+  timeout -k 5 $(( $(left) - 5 )) python3 -m spswap.cli bench swap \
+    "$MODELS/qwen2-7b" --pool-dir "$POOL" --cycles 2 ${BENCH_ARGS:-} \
     --out "$OUT/bench-7b${BENCH_TAG:-}.json"
   echo "7b rc=$?"
 fi

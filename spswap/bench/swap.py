@@ -23,11 +23,9 @@ cycle >= 20x faster than level 2 + reload, within 50 ms + bytes / 55 GB/s, copie
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -294,53 +292,3 @@ def _model_column(m: dict[str, Any]) -> list[str]:
         f"{speed:.0f}x faster" if speed else "-", ", ".join(ok) or "none",
         "yes" if m["all_identical"] else "NO", "; ".join(m.get("errors", []))[:60] or "-",
     ]  # fmt: skip
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m spswap.bench.swap",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    ap.add_argument(
-        "--models",
-        nargs="+",
-        required=True,
-        type=Path,
-        help="model directories (config.json + safetensors)",
-    )
-    ap.add_argument("--pool-dir", type=Path, default=Path("/dev/shm/spswap-bench/pool"))
-    ap.add_argument("--cycles", type=int, default=3)
-    ap.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
-    ap.add_argument("--gpu-memory-utilization", type=float, default=0.4)
-    ap.add_argument(
-        "--kv-cache-gib",
-        type=float,
-        default=None,
-        help="the KV cache's size (default: what --gpu-memory-utilization leaves)",
-    )
-    ap.add_argument("--json", action="store_true", help="print the result as JSON")
-    ap.add_argument("--out", type=Path, help="also write the JSON result here")
-    args = ap.parse_args(argv)  # fmt: skip
-    settings = bench_settings(args.gpu_memory_utilization, args.kv_cache_gib)
-
-    def save(result: dict[str, Any]) -> None:
-        if args.out:
-            args.out.write_text(json.dumps(result, indent=1) + "\n")
-
-    result = bench_swap(
-        args.models, pool_dir=args.pool_dir, settings=settings, cycles=args.cycles,
-        max_new_tokens=args.max_new_tokens, log=lambda s: print(s, file=sys.stderr, flush=True),
-        after_model=save,
-    )  # fmt: skip
-    if args.json:
-        print(json.dumps(result, indent=1))
-    else:
-        from rich.console import Console
-
-        Console().print(render_bench_swap(result))
-    return 0 if all(m.get("all_identical") for m in result["models"]) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

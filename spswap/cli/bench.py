@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import typer
 
+from spswap.bench.swap import (
+    DEFAULT_MAX_NEW_TOKENS,
+    bench_settings,
+    bench_swap,
+    render_bench_swap,
+)
 from spswap.bench.traffic import TrafficOptions, bench_traffic
 from spswap.bench.traffic_plan import RateRow, check_rates, parse_rates, render
 from spswap.bench.turns import TurnsOptions, run_turns, slurm_preflight, turns_serve_args
@@ -142,6 +149,12 @@ def swap(
         Path("/dev/shm/spswap-bench/pool"), help="Scratch pool for the exported weights."
     ),
     cycles: int = typer.Option(3, min=1, help="spswap sleep+wake cycles per model."),
+    max_new_tokens: int = typer.Option(
+        DEFAULT_MAX_NEW_TOKENS,
+        min=1,
+        max=4096,
+        help="Greedy tokens per prompt, compared after every swap.",
+    ),
     gpu_memory_utilization: float = typer.Option(
         0.4, min=0.01, max=1.0, help="Fraction of the GPU each engine may use."
     ),
@@ -152,29 +165,43 @@ def swap(
         "--gpu-memory-utilization leaves). Every swap path hands it back to the driver "
         "and gets it again, so it is part of every figure.",
     ),
+    out: Path = typer.Option(
+        None,
+        help="Also write the JSON report here, after every model (a cut run keeps "
+        "the models done).",
+    ),
     json: bool = JsonOpt,
 ) -> None:
     """vLLM swap paths side by side on the same model and settings (needs a GPU and vLLM):
     cold start, level-1 sleep+wake, level-2 sleep + wake + reload from disk, spswap
     sleep+wake from the pool, start without disk, and the pinned-copy limit, with the
-    greedy outputs after each swap compared to the cold ones."""
+    greedy outputs after each swap compared to the cold ones. Exits 1 unless every
+    output after a swap equals the cold one."""
+    import json as json_module
+
     try:
-        from spswap.bench.swap import bench_settings, bench_swap, render_bench_swap
+        import torch
     except ImportError as e:
         raise ConfigError(
             f"bench swap needs torch ({e}); `{pip_install_hint('torch,vllm')}`"
         ) from e
-    import torch
-
     refusal = vllm_gpu_refusal("bench swap", has_vllm=available(),
                                has_gpu=torch.cuda.is_available(),
                                pip_hint=pip_install_hint("vllm"))  # fmt: skip
     if refusal is not None:
         raise ConfigError(refusal)
+
+    def save(result: dict[str, Any]) -> None:
+        if out is not None:
+            out.write_text(json_module.dumps(result, indent=1) + "\n")
+
     result = bench_swap(list(models), pool_dir=pool_dir, cycles=cycles,
+                        max_new_tokens=max_new_tokens, after_model=save,
                         settings=bench_settings(gpu_memory_utilization, kv_cache_gib),
                         log=_progress)  # fmt: skip
     emit(result, json, render_bench_swap)
+    if not all(m.get("all_identical") for m in result["models"]):
+        raise typer.Exit(1)
 
 
 @app.command("turns")
