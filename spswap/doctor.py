@@ -23,6 +23,7 @@ from spswap.checkpoint.cgroups import park_probe
 from spswap.checkpoint.freeze_hold import probe
 from spswap.checkpoint.images import parse_nvidia_version
 from spswap.config import Config
+from spswap.doctor_bytecode import bytecode_check
 from spswap.doctor_check import check
 from spswap.errors import CheckpointFailed
 from spswap.install_hint import pip_install_hint
@@ -338,6 +339,7 @@ def collect(cfg: Config) -> dict[str, Any]:
     checks.append(doctor_node.settings(problems))
     checks.append(doctor_node.daemon(cfg))
     checks.append(_vllm())
+    checks.append(bytecode_check())
     return {"version": SCHEMA_VERSION, "node": socket.gethostname(), "checks": checks}
 
 
