@@ -147,7 +147,7 @@ def test_bench_transfer_on_a_device_this_machine_lacks_says_so_in_json(tmp_path)
         pytest.skip("this machine has a CUDA device")
     proc = subprocess.run(
         [sys.executable, "-m", "spswap.cli", "bench", "transfer", "--device", "cuda:0",
-         "--sizes", "1M", "--root", str(tmp_path), "--json"],
+         "--sizes", "1M", "--scratch-dir", str(tmp_path), "--json"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
@@ -169,10 +169,13 @@ def test_bench_transfer_refuses_a_zero_size_a_wrong_device_and_a_missing_root(tm
         (["--sizes", "0"], "--sizes: every size must be above zero"),
         (["--sizes", "1M,0"], "--sizes: every size must be above zero"),
         (["--device", "gpu"], "--device gpu: not a device; give cpu, cuda or cuda:N"),
-        (["--root", str(tmp_path / "nope")], f"--root {tmp_path / 'nope'}: no such directory"),
+        (
+            ["--scratch-dir", str(tmp_path / "nope")],
+            f"--scratch-dir {tmp_path / 'nope'}: no such directory",
+        ),
     ]
     for extra, said in cases:
-        args = {"--sizes": "1M", "--device": "cpu", "--root": str(tmp_path)}
+        args = {"--sizes": "1M", "--device": "cpu", "--scratch-dir": str(tmp_path)}
         args.update(dict(zip(extra[::2], extra[1::2], strict=True)))
         proc = subprocess.run(
             [sys.executable, "-m", "spswap.cli", "bench", "transfer", "--json",

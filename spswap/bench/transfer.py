@@ -118,10 +118,10 @@ def memory_problem(
     scratch_free_bytes: int | None,
 ) -> str | None:  # fmt: skip
     """Why the sizes will not fit this machine, in the user's words, or None. Each size
-    holds two buffers of its size in host memory at once (its pool entry, on the scratch
-    root, and the copy's destination on a CPU device; then the pinned and pageable
+    holds two buffers of its size in host memory at once (its pool entry, in the scratch
+    directory, and the copy's destination on a CPU device; then the pinned and pageable
     sources), so the largest needs twice its size available (plus a tenth), and its
-    entry must fit the scratch root. A run past that is killed for memory part-way,
+    entry must fit the scratch directory. A run past that is killed for memory part-way,
     with no table, and leaves its scratch entry behind."""
     largest = max(sizes_bytes)
     need = {size: int(size * HOST_BYTES_PER_SIZE_BYTE) for size in sizes_bytes}
@@ -133,9 +133,9 @@ def memory_problem(
                 f"machine has {fmt_bytes(available_bytes)} available; give smaller --sizes, "
                 f"e.g. --sizes {hint}")  # fmt: skip
     if scratch_free_bytes is not None and largest > scratch_free_bytes:
-        return (f"--sizes asks for {fmt_bytes(largest)} but the scratch root {scratch} has "
-                f"{fmt_bytes(scratch_free_bytes)} free; give --root DIR on a tmpfs with room, "
-                f"or smaller --sizes")  # fmt: skip
+        return (f"--sizes asks for {fmt_bytes(largest)} but the scratch directory {scratch} "
+                f"has {fmt_bytes(scratch_free_bytes)} free; give --scratch-dir DIR on a tmpfs "
+                "with room, or smaller --sizes")  # fmt: skip
     return None
 
 

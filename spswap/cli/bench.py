@@ -57,8 +57,10 @@ def transfer(
         None, help="Target device, e.g. cuda:0 or cpu (default: cuda:0 when present, else cpu)."
     ),
     repeats: int = typer.Option(5, min=1, help="Copies per size and method; the best is kept."),
-    root: Path | None = typer.Option(
-        None, help="Scratch root for the benchmark's pool (default: a temp dir on /dev/shm)."
+    scratch_dir: Path | None = typer.Option(
+        None,
+        help="An existing directory the benchmark's scratch pool is made in, and removed "
+        "from after (default: /dev/shm). Not --root: this bench leaves the node's state alone.",
     ),
     json: bool = JsonOpt,
 ) -> None:
@@ -80,9 +82,9 @@ def transfer(
         raise ConfigError(f"--device {dev}: {why}; use --device cpu, or run on a GPU "
                           "node with a CUDA build of torch")  # fmt: skip
     size_list = parse_sizes(sizes)
-    scratch_root = Path(root or _shm_or_tmp())
+    scratch_root = Path(scratch_dir or _shm_or_tmp())
     if not scratch_root.is_dir():  # the scratch pool goes in a directory made under it
-        raise ConfigError(f"--root {scratch_root}: no such directory; give an existing one "
+        raise ConfigError(f"--scratch-dir {scratch_root}: no such directory; give an existing one "
                           "for the benchmark's scratch pool (a tmpfs such as /dev/shm, where "
                           "the node's pool lives)")  # fmt: skip
     problem = memory_problem(size_list, available_bytes=mem_available_bytes(),

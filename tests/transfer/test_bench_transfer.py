@@ -57,8 +57,8 @@ def test_sizes_a_machine_cannot_hold_are_refused_naming_those_it_can() -> None:
                     "give smaller --sizes, e.g. --sizes 64M,1G,4G")  # fmt: skip
     said = memory_problem(sizes[:3], available_bytes=23 * gib, scratch=Path("/dev/shm"),
                           scratch_free_bytes=2 * gib)  # fmt: skip
-    assert said == ("--sizes asks for 4.0 GiB but the scratch root /dev/shm has 2.0 GiB free; "
-                    "give --root DIR on a tmpfs with room, or smaller --sizes")  # fmt: skip
+    assert said == ("--sizes asks for 4.0 GiB but the scratch directory /dev/shm has 2.0 GiB free; "
+                    "give --scratch-dir DIR on a tmpfs with room, or smaller --sizes")  # fmt: skip
     assert memory_problem(sizes[:3], available_bytes=23 * gib, scratch=Path("/dev/shm"),
                           scratch_free_bytes=12 * gib) is None  # fmt: skip
     assert memory_problem(sizes, available_bytes=None, scratch=Path("/x"),
