@@ -127,7 +127,8 @@ fi
 "${PIP[@]}" -e ".${EXTRAS:+[$EXTRAS]}"
 # An editable install compiles nothing, and users cannot write __pycache__ in a checkout
 # root installed: without this every user's `spswap serve` compiles its ~100 modules
-# again at its start, 0.1-0.2 s of each requeued run (spswap doctor's "bytecode" row).
-(umask 022 && "$VENV/bin/python" -m compileall -q spswap >/dev/null) ||
+# again at its start, about 0.1 s of each requeued run (spswap doctor's "bytecode" row).
+# -f and umask 022: bytecode an earlier compile left readable by root alone is rewritten.
+(umask 022 && "$VENV/bin/python" -m compileall -q -f spswap >/dev/null) ||
     echo "install.sh: could not compile spswap's bytecode (spswap runs, its start is slower)" >&2
 echo "install.sh: spswap installed in $VENV ($("$VENV/bin/spswap" --version))"

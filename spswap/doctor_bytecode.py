@@ -3,16 +3,19 @@ matches its source?
 
 A site installs spswap as root (``pip install -e``, which compiles nothing), so a user's
 ``spswap serve`` cannot write ``__pycache__`` there and compiles each of the ~100
-modules it imports again at every start: 0.1-0.2 s more on a requeued run's path, of a
-kept swap's half second (a root-owned copy on the CI VM: 240-350 ms of imports without
-bytecode, 170-185 ms with; the H100's Slurm flow: a run's start to its reservation 0.30
--> 0.21 s). ``scripts/install.sh`` compiles it; an update of the checkout makes the
-bytecode stale again, so this row says when to compile.
+modules it imports again at every start: about 0.1 s more on a requeued run's path, of
+a kept swap's ~0.7 s (a root-owned copy imported by another user on the CI VM: 270-290
+ms without bytecode, 165-195 ms with; the H100's Slurm flow: a run's start to its
+reservation 0.30 -> 0.21 s). ``scripts/install.sh`` compiles it; an update of the
+checkout makes the bytecode stale again, and bytecode written under a umask of 077 is
+root's alone, so this row says when to compile again.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -44,18 +47,20 @@ def pyc_matches(header: bytes, source_mtime_s: int, source_size_bytes: int,
 
 
 def stale_modules(package_dir: Path) -> tuple[list[Path], int]:
-    """The package's ``.py`` files without current bytecode (missing or stale), and how
-    many ``.py`` files it has."""
+    """The package's ``.py`` files without current bytecode that every user can read
+    (missing, stale, or not readable by others), and how many ``.py`` files it has."""
     sources = sorted(package_dir.rglob("*.py"))
     stale: list[Path] = []
     for source in sources:
         st = source.stat()
+        cached = importlib.util.cache_from_source(str(source))
         try:
-            with open(importlib.util.cache_from_source(str(source)), "rb") as f:
+            with open(cached, "rb") as f:
                 header = f.read(PYC_HEADER_BYTES)
+            readable = bool(os.stat(cached).st_mode & stat.S_IROTH)
         except OSError:
-            header = b""
-        if not pyc_matches(header, int(st.st_mtime), st.st_size):
+            header, readable = b"", False
+        if not (readable and pyc_matches(header, int(st.st_mtime), st.st_size)):
             stale.append(source)
     return stale, len(sources)
 
@@ -65,11 +70,12 @@ def bytecode_text(package_dir: Path, stale: int, total: int, python: str) -> tup
     bytecode. Pure."""
     if stale == 0:
         return f"{total} module{'s' * (total != 1)} compiled ({package_dir})", ""
-    return (f"{stale} of {total} modules without current bytecode ({package_dir})",
+    return (f"{stale} of {total} modules without current bytecode every user can read "
+            f"({package_dir})",
             "users cannot write its __pycache__, so every `spswap serve` compiles them "
-            "again at its start (0.1-0.2 s of each requeued run): run `sudo "
-            f"{python} -m compileall -q {package_dir}` (scripts/install.sh does it), "
-            "again after each update of the checkout")  # fmt: skip
+            "again at its start (about 0.1 s of each requeued run): run `sudo sh -c 'umask "
+            f"022; {python} -m compileall -q -f {package_dir}'` (scripts/install.sh does "
+            "it), again after each update of the checkout")  # fmt: skip
 
 
 def bytecode_check(package_dir: Path | None = None) -> dict[str, Any]:

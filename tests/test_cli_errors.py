@@ -252,3 +252,55 @@ def test_bench_turns_refuses_an_unknown_engine_before_slurm_or_any_file(tmp_path
     assert error["kind"] == "ConfigError"
     assert error["message"] == "unknown engine 'vlm'; valid engines: reference, vllm"
     assert not (tmp_path / "work").exists()
+
+
+def _bench_json(*args: str, env: dict[str, str] | None = None, pre: str = "") -> tuple[int, dict]:
+    """``spswap bench ARGS --json`` in a child Python (``pre``: code run first); its exit
+    status and its JSON error."""
+    import json
+
+    argv = ["spswap", "bench", *args, "--json"]
+    code = f"{pre}\nimport sys\nfrom spswap.cli.main import main\nsys.argv = {argv!r}\nmain()"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env=env)  # fmt: skip
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc.returncode, json.loads(proc.stdout)["error"]
+
+
+def test_bench_traffic_without_torch_names_the_install_not_a_traceback(tmp_path):
+    """A walk on a --no-torch install: ModuleNotFoundError from the reference models."""
+    rc, error = _bench_json(
+        "traffic", "--root", str(tmp_path), pre="import sys; sys.modules['torch'] = None"
+    )
+    assert rc == 2 and error["kind"] == "ConfigError", error
+    assert error["message"].startswith(
+        "bench traffic --engine reference needs torch, which is not installed here: install it (`"
+    ), error
+
+
+def test_bench_traffic_and_swap_with_vllm_say_what_this_machine_lacks(tmp_path):
+    import pytest
+
+    pytest.importorskip("torch")
+    from spswap.engines.vllm_engine import available
+
+    if available():
+        pytest.skip("vLLM is installed here")
+    import torch
+
+    lacks = ("vLLM, which is not installed here" if torch.cuda.is_available()
+             else "vLLM and a CUDA GPU, and this machine has neither")  # fmt: skip
+    rc, error = _bench_json("traffic", "--engine", "vllm", "--root", str(tmp_path))
+    assert rc == 2 and error["kind"] == "ConfigError", error
+    assert error["message"].startswith(f"bench traffic --engine vllm needs {lacks}"), error
+    assert error["message"].endswith("(--engine reference runs on CPU)"), error
+    rc, error = _bench_json("swap", str(tmp_path))
+    assert rc == 2 and error["message"].startswith(f"bench swap needs {lacks}"), error
+
+
+def test_bench_turns_with_vllm_and_no_models_says_so_before_asking_slurm(tmp_path):
+    """It asked `scontrol ping` first: a user fixed Slurm, then learned MODELS was missing."""
+    env = {**os.environ, "PATH": str(tmp_path)}  # no Slurm
+    rc, error = _bench_json("turns", "--engine", "vllm", "--work-dir", str(tmp_path / "w"),
+                            env=env)  # fmt: skip
+    assert rc == 2 and error["message"].startswith("--engine vllm needs MODELS: "), error

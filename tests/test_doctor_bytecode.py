@@ -45,6 +45,16 @@ def test_stale_modules_are_the_uncompiled_and_the_changed_ones(tmp_path: Path) -
     b.write_text("X = 22\n")  # an update of the checkout: another size
     os.utime(b, (1700000000, 1700000000))
     assert stale_modules(pkg) == ([b], 4)
+    compileall.compile_dir(str(pkg), quiet=1)
+    a_pyc = Path(importlib.util.cache_from_source(str(pkg / "a.py")))
+    a_pyc.chmod(0o600)  # compiled under umask 077: current, but root's alone (a walk's find)
+    assert stale_modules(pkg) == ([pkg / "a.py"], 4)
+    umask = os.umask(0o022)  # the row's command: umask 022, compileall -f
+    try:
+        assert compileall.compile_dir(str(pkg), quiet=1, force=True)
+    finally:
+        os.umask(umask)
+    assert stale_modules(pkg) == ([], 4)
 
 
 def test_the_row_says_how_many_and_the_command_that_compiles_them() -> None:
@@ -53,11 +63,11 @@ def test_the_row_says_how_many_and_the_command_that_compiles_them() -> None:
         "",
     )
     assert bytecode_text(Path("/opt/spswap/spswap"), 26, 198, "/v/bin/python") == (
-        "26 of 198 modules without current bytecode (/opt/spswap/spswap)",
+        "26 of 198 modules without current bytecode every user can read (/opt/spswap/spswap)",
         "users cannot write its __pycache__, so every `spswap serve` compiles them again at "
-        "its start (0.1-0.2 s of each requeued run): run `sudo /v/bin/python -m compileall "
-        "-q /opt/spswap/spswap` (scripts/install.sh does it), again after each update of "
-        "the checkout",
+        "its start (about 0.1 s of each requeued run): run `sudo sh -c 'umask 022; "
+        "/v/bin/python -m compileall -q -f /opt/spswap/spswap'` (scripts/install.sh does "
+        "it), again after each update of the checkout",
     )  # fmt: skip
 
 

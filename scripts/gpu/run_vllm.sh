@@ -65,7 +65,7 @@ step kit
 bash .device/vllmkit/install_kit.sh /tmp/kit || exit 2
 export PYTHONPATH="/tmp/kit/site:$PWD"
 # This machine's environment sets PYTHONDONTWRITEBYTECODE=1: without compiled bytecode each
-# `spswap serve` the tests start compiles spswap's modules again (0.1-0.2 s of a restore's
+# `spswap serve` the tests start compiles spswap's modules again (about 0.1 s of a restore's
 # path that a site's install does not pay: install.sh compiles them)
 python3 -m compileall -q spswap >/dev/null || echo "could not compile spswap's bytecode"
 # vLLM's OpenAI server needs a few wheels the kit leaves out (uvicorn, ...): put them in

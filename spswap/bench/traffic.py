@@ -67,7 +67,9 @@ class TrafficOptions:
         return self.rates_per_min + dict(self.rates_by_count).get(n_models, ())
 
 
-def _models(opts: TrafficOptions, n: int, scratch: Path) -> list[Path]:
+def _given_models(opts: TrafficOptions, n: int) -> list[Path] | None:
+    """The first ``n`` of ``--models`` (None: none given, the reference engine makes
+    them); ConfigError where they are too few or vLLM has none."""
     if opts.models:
         if len(opts.models) < n:
             given = len(opts.models)
@@ -78,6 +80,13 @@ def _models(opts: TrafficOptions, n: int, scratch: Path) -> list[Path]:
         raise ConfigError("bench traffic --engine vllm serves model directories you give: "
                           "--models DIR (repeat; Hugging Face-style, e.g. made by "
                           "scripts/gpu/make_models.py)")  # fmt: skip
+    return None
+
+
+def _models(opts: TrafficOptions, n: int, scratch: Path) -> list[Path]:
+    given = _given_models(opts, n)
+    if given is not None:
+        return given
     from spswap.engines.reference import save_checkpoint
     from spswap.engines.reference_model import preset
 
@@ -143,6 +152,7 @@ def bench_traffic(cfg: Config, opts: TrafficOptions, *, scratch: Path | None = N
         if not model.is_dir():
             raise ConfigError(f"--models {model}: no such directory; give a model directory "
                               "(config.json + model.safetensors)")  # fmt: skip
+    _given_models(opts, max(opts.model_counts))  # (its refusal came after the smaller runs)
     rows: list[RateRow] = []
     report: dict[str, Any] = {"engine": opts.engine, "p95_target_s": opts.p95_target_s,
                               "duration_s": opts.duration_s,

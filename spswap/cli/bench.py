@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -70,7 +71,8 @@ def transfer(
     try:
         from spswap.bench.transfer import bench_transfer, memory_problem, render_bench_transfer
     except ImportError as e:  # torch missing
-        raise ConfigError(f"bench transfer needs torch ({e}); `{pip_install_hint('torch')}`") from e
+        raise ConfigError(f"bench transfer needs torch and numpy ({e}); install them "
+                          f"(`{pip_install_hint('torch')}`)") from e  # fmt: skip
     import torch
 
     dev = device or ("cuda:0" if torch.cuda.is_available() else "cpu")
@@ -127,6 +129,18 @@ def prolog(
     emit(result, json, render_bench_prolog)
 
 
+def _vllm_refusal(command: str) -> str | None:
+    """What this machine lacks for ``command`` (vLLM, a CUDA GPU or both), or None."""
+    try:
+        import torch
+
+        gpu = torch.cuda.is_available()
+    except ImportError:  # (vLLM brings torch: both are said missing)
+        gpu = False
+    return vllm_gpu_refusal(command, has_vllm=available(), has_gpu=gpu,
+                            pip_hint=pip_install_hint("vllm"))  # fmt: skip
+
+
 def _free_bytes(path: Path) -> int | None:
     try:
         return fs_sizes(path)[1]
@@ -181,16 +195,7 @@ def swap(
     output after a swap equals the cold one."""
     import json as json_module
 
-    try:
-        import torch
-    except ImportError as e:
-        raise ConfigError(
-            f"bench swap needs torch ({e}); `{pip_install_hint('torch,vllm')}`"
-        ) from e
-    refusal = vllm_gpu_refusal("bench swap", has_vllm=available(),
-                               has_gpu=torch.cuda.is_available(),
-                               pip_hint=pip_install_hint("vllm"))  # fmt: skip
-    if refusal is not None:
+    if (refusal := _vllm_refusal("bench swap")) is not None:
         raise ConfigError(refusal)
 
     def save(result: dict[str, Any]) -> None:
@@ -285,11 +290,11 @@ def turns(
     check_engine_name(engine)
     work = (work_dir or Path.cwd() / f"spswap-turns-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     paths = [p.resolve() for p in models] if models else None
+    if paths is None and engine != "reference":  # said before Slurm is asked
+        raise ConfigError("--engine vllm needs MODELS: vLLM model directories "
+                          "(e.g. written by scripts/gpu/make_models.py)")  # fmt: skip
     slurm_preflight(partition)  # before any model is written
     if paths is None:
-        if engine != "reference":
-            raise ConfigError("--engine vllm needs MODELS: vLLM model directories "
-                              "(e.g. written by scripts/gpu/make_models.py)")  # fmt: skip
         paths = make_reference_models(presets, work / "models")
     serve_args = turns_serve_args(engine, kv_cache_gib, eager)
     opts = TurnsOptions(models=tuple(paths), work_dir=work, rounds=rounds, engine=engine,
@@ -347,7 +352,8 @@ def traffic(
     out: Path = typer.Option(
         None,
         help="Also write the JSON report here, after every rate (a cut run keeps its "
-        "rows), with the last run's /metrics text (the key metrics; not in --json's output).",
+        'rows), with the last run\'s /metrics text under the key "metrics" (--json leaves '
+        "it out).",
     ),
     root: Path = RootOpt,
     json: bool = JsonOpt,
@@ -357,7 +363,15 @@ def traffic(
     answers that differ from the cold answer, requests per device-hour against one
     device per model, and the highest rate within --p95-target-s. --engine vllm runs on
     the GPU with model directories given by --models (token-id prompts: no tokenizer
-    needed), each model's cold answers made at its first start from its files."""
+    needed), each model's cold answers made at its first start from its files. Exits 1
+    when an answer differed from the model's cold answer (failed requests are counted in
+    the table: a rate with any is not within the target)."""
+    if engine == "vllm" and (refusal := _vllm_refusal("bench traffic --engine vllm")):
+        raise ConfigError(f"{refusal} (--engine reference runs on CPU)")
+    if engine == "reference" and importlib.util.find_spec("torch") is None:
+        hint = pip_install_hint("torch")
+        raise ConfigError("bench traffic --engine reference needs torch, which is not "
+                          f"installed here: install it (`{hint}`)")  # fmt: skip
     counts = tuple(int(c) for c in parse_floats(model_counts, "--model-counts", "2,4"))
     every, per = parse_rates(rates)
     check_rates(counts, every, per)
@@ -377,3 +391,5 @@ def traffic(
         json,
         lambda r: render([RateRow(**row) for row in r["rows"]], r["p95_target_s"]),
     )
+    if any(row["wrong"] for row in result["rows"]):
+        raise typer.Exit(1)

@@ -147,6 +147,18 @@ def test_too_few_model_directories_are_counted_in_words(tmp_path):
                             "(--model-counts)")  # fmt: skip
 
 
+def test_too_few_model_directories_for_the_largest_count_are_refused_before_any_run(tmp_path):
+    """--model-counts 1,3 with two --models ran the 1-model rates in full first."""
+    cfg = Config.from_env({}, root=tmp_path / "root")
+    dirs = (tmp_path / "a", tmp_path / "b")
+    for d in dirs:
+        d.mkdir()
+    said: list[str] = []
+    with pytest.raises(ConfigError, match="--models gives 2 directories but a run with 3"):
+        bench_traffic(cfg, TrafficOptions(model_counts=(1, 3), models=dirs), log=said.append)
+    assert said == []  # nothing started
+
+
 def test_a_missing_model_directory_is_an_input_error(tmp_path):
     cfg = Config.from_env({}, root=tmp_path / "root")
     with pytest.raises(ConfigError) as e:
