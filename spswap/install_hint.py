@@ -45,7 +45,7 @@ def vllm_gpu_refusal(what: str, *, has_vllm: bool, has_gpu: bool, pip_hint: str)
     """
     if has_vllm and has_gpu:
         return None
-    install = f"install it (`{pip_hint}`) or put a vLLM kit on PYTHONPATH"
+    install = f"install it (`{pip_hint}`)"
     if not has_gpu and not has_vllm:
         return (f"{what} needs vLLM and a CUDA GPU, and this machine has neither: run it on "
                 f"a GPU node where vLLM is installed ({install})")  # fmt: skip

@@ -207,14 +207,13 @@ def test_a_vllm_command_names_what_is_missing_vllm_a_gpu_or_both():
     assert said(True, True) is None
     assert said(False, False) == (
         "bench swap needs vLLM and a CUDA GPU, and this machine has neither: run it on a GPU "
-        "node where vLLM is installed (install it (`PIP`) or put a vLLM kit on PYTHONPATH)"
+        "node where vLLM is installed (install it (`PIP`))"
     )
     assert said(True, False) == (
         "bench swap needs a CUDA GPU and none is visible here: run it on a GPU node"
     )
     assert said(False, True) == (
-        "bench swap needs vLLM, which is not installed here: install it (`PIP`) or put a vLLM "
-        "kit on PYTHONPATH"
+        "bench swap needs vLLM, which is not installed here: install it (`PIP`)"
     )
 
 

@@ -55,8 +55,8 @@ def vllm_version() -> str:
         import vllm
     except ImportError as e:
         raise EngineError(
-            f"vLLM is not importable ({e}); install it (`{pip_install_hint('vllm')}`) or put "
-            "a vLLM kit on PYTHONPATH, or use the reference engine"
+            f"vLLM is not importable ({e}); install it (`{pip_install_hint('vllm')}`), or use "
+            "the reference engine (--engine reference)"
         ) from None
     return str(vllm.__version__)
 

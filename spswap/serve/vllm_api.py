@@ -160,8 +160,8 @@ def installed_vllm_version() -> str:
     except metadata.PackageNotFoundError:
         raise EngineError(
             "vLLM is not installed here (no vllm package metadata); it runs on a node with "
-            f"a CUDA GPU: there, install it (`{pip_install_hint('vllm')}`) or put a vLLM kit "
-            "on PYTHONPATH; without a GPU, serve with --engine reference"
+            f"a CUDA GPU: there, install it (`{pip_install_hint('vllm')}`); without a GPU, "
+            "serve with --engine reference"
         ) from None
 
 
