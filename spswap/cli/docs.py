@@ -18,7 +18,9 @@ DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 # Duck-typed on click's objects: typer vendors click in some versions and not in others.
 def _param_line(p: Any) -> str:
     if p.param_type_name == "argument":
-        return f"- `{(p.metavar or p.name).upper()}` (argument{'' if p.required else ', optional'})"
+        head = f"- `{(p.metavar or p.name).upper()}` (argument{'' if p.required else ', optional'})"
+        arg_help = " ".join((getattr(p, "help", None) or "").split())  # (typer's, not click's)
+        return f"{head}: {arg_help}" if arg_help else head
     names = ", ".join(f"`{o}`" for o in p.opts + p.secondary_opts)
     if p.required:
         names += " (required)"
