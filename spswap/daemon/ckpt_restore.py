@@ -64,6 +64,7 @@ class Asker:
 
 def op_restore(ctx: Context, args: dict[str, Any]) -> Answer:
     """Restore the job's instance for the caller (the new run's proxy)."""
+    t0 = time.perf_counter()
     st = ctx.state
     job_id = args["job_id"]
     rec = running_job(ctx, job_id)  # the job's own run only, from here on
@@ -71,7 +72,10 @@ def op_restore(ctx: Context, args: dict[str, Any]) -> Answer:
     if ctx.peer_uid != 0:
         asking_from_the_job(job_id, asker)
     try:
-        return _locked_restore(ctx, st, rec, job_id, args, asker)
+        answer = _locked_restore(ctx, st, rec, job_id, args, asker)
+        # the whole op, its checks and waits too: the asker's round trip less this is IPC
+        answer["timings_s"] = {**answer["timings_s"], "daemon_total": time.perf_counter() - t0}
+        return answer
     finally:
         # a restore that failed before it took the tree: one woken early would hold GPU
         # memory the run's cold start needs
@@ -257,12 +261,14 @@ def _restored(ctx: Context, st: DaemonState, rec: JobRecord, job_id: str, expect
               args: dict[str, Any], pid: int, timings: dict[str, float], asker: Asker, *,
               kept: bool = False) -> dict[str, Any]:  # fmt: skip
     """A restored (or kept) instance into the new run: its cgroups, its status, woken."""
+    started = time.perf_counter()
     try:
         _into_job(st, job_id, pid, asker)
     except CheckpointFailed as e:
         st.statuses.write(job_id, state=CheckpointState.FAILED, reason=str(e))
         st.event("restore.failed", job_id=job_id, uid=rec.uid, reason=str(e))
         raise
+    timings["join_job"] = time.perf_counter() - started  # (its processes' cgroup moves)
     # The status first: the woken instance reads it to learn its new run.
     st.statuses.write(job_id, state=CheckpointState.RESTORED, pid=pid, proxy_pid=ctx.peer_pid,
                       restart_count=int(args.get("restart_count", 0)), timings_s=timings,

@@ -217,8 +217,9 @@ class ServeRun(Generic[B]):
         restore, or the restored instance ended on its own with work left)."""
         assert self.checkpointer is not None and self.job_id is not None
         try:
-            info = self.checkpointer.restore(self.job_id, self.backend.checkpoint_identity(),
-                                             self.restart_count)  # fmt: skip
+            identity = self.backend.checkpoint_identity()
+            self.marks_s["restore_asked"] = time.time()  # (from "reserved": the identity's)
+            info = self.checkpointer.restore(self.job_id, identity, self.restart_count)
         except SpswapError as e:
             self._cold(result, "starts anew: " + str(e).removesuffix(": cold start"))
             return False
