@@ -45,10 +45,9 @@ def vllm_gpu_refusal(what: str, *, has_vllm: bool, has_gpu: bool, pip_hint: str)
     """
     if has_vllm and has_gpu:
         return None
-    install = f"install it (`{pip_hint}`)"
     if not has_gpu and not has_vllm:
         return (f"{what} needs vLLM and a CUDA GPU, and this machine has neither: run it on "
-                f"a GPU node where vLLM is installed ({install})")  # fmt: skip
+                f"a GPU node with vLLM installed (`{pip_hint}`)")  # fmt: skip
     if not has_gpu:
         return f"{what} needs a CUDA GPU and none is visible here: run it on a GPU node"
-    return f"{what} needs vLLM, which is not installed here: {install}"
+    return f"{what} needs vLLM, which is not installed here: install it with `{pip_hint}`"

@@ -207,13 +207,13 @@ def test_a_vllm_command_names_what_is_missing_vllm_a_gpu_or_both():
     assert said(True, True) is None
     assert said(False, False) == (
         "bench swap needs vLLM and a CUDA GPU, and this machine has neither: run it on a GPU "
-        "node where vLLM is installed (install it (`PIP`))"
+        "node with vLLM installed (`PIP`)"
     )
     assert said(True, False) == (
         "bench swap needs a CUDA GPU and none is visible here: run it on a GPU node"
     )
     assert said(False, True) == (
-        "bench swap needs vLLM, which is not installed here: install it (`PIP`)"
+        "bench swap needs vLLM, which is not installed here: install it with `PIP`"
     )
 
 
@@ -292,7 +292,7 @@ def test_bench_traffic_and_swap_with_vllm_say_what_this_machine_lacks(tmp_path):
     rc, error = _bench_json("traffic", "--engine", "vllm", "--root", str(tmp_path))
     assert rc == 2 and error["kind"] == "ConfigError", error
     assert error["message"].startswith(f"bench traffic --engine vllm needs {lacks}"), error
-    assert error["message"].endswith("(--engine reference runs on CPU)"), error
+    assert error["message"].endswith("; or use --engine reference, which runs on CPU"), error
     rc, error = _bench_json("swap", str(tmp_path))
     assert rc == 2 and error["message"].startswith(f"bench swap needs {lacks}"), error
 

@@ -367,7 +367,7 @@ def traffic(
     when an answer differed from the model's cold answer (failed requests are counted in
     the table: a rate with any is not within the target)."""
     if engine == "vllm" and (refusal := _vllm_refusal("bench traffic --engine vllm")):
-        raise ConfigError(f"{refusal} (--engine reference runs on CPU)")
+        raise ConfigError(f"{refusal}; or use --engine reference, which runs on CPU")
     if engine == "reference" and importlib.util.find_spec("torch") is None:
         hint = pip_install_hint("torch")
         raise ConfigError("bench traffic --engine reference needs torch, which is not "
