@@ -137,21 +137,28 @@ def test_status_under_root_s_proc_says_what_to_check(tmp_path):
     assert err["message"].startswith("cannot use /proc/1/"), err
 
 
-def test_bench_transfer_on_a_device_this_machine_lacks_says_so_in_json(tmp_path):
+def _bench_json(*args: str, env: dict[str, str] | None = None, pre: str = "") -> tuple[int, dict]:
+    """``spswap bench ARGS --json`` in a child Python (``pre``: code run first); its exit
+    status and its JSON error."""
     import json
 
+    argv = ["spswap", "bench", *args, "--json"]
+    code = f"{pre}\nimport sys\nfrom spswap.cli.main import main\nsys.argv = {argv!r}\nmain()"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env=env)  # fmt: skip
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc.returncode, json.loads(proc.stdout)["error"]
+
+
+def test_bench_transfer_on_a_device_this_machine_lacks_says_so_in_json(tmp_path):
     import pytest
 
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("this machine has a CUDA device")
-    proc = subprocess.run(
-        [sys.executable, "-m", "spswap.cli", "bench", "transfer", "--device", "cuda:0",
-         "--sizes", "1M", "--scratch-dir", str(tmp_path), "--json"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-    error = json.loads(proc.stdout)["error"]
+    rc, error = _bench_json("transfer", "--device", "cuda:0", "--sizes", "1M",
+                            "--scratch-dir", str(tmp_path))  # fmt: skip
+    assert rc == 2
     assert error["kind"] == "ConfigError" and error["message"].startswith("--device cuda:0: ")
     assert "use --device cpu" in error["message"]
     assert not list(tmp_path.iterdir())  # refused before any scratch was made
@@ -160,8 +167,6 @@ def test_bench_transfer_on_a_device_this_machine_lacks_says_so_in_json(tmp_path)
 def test_bench_transfer_refuses_a_zero_size_a_wrong_device_and_a_missing_root(tmp_path):
     """A newcomer's typos got a traceback (ZeroDivisionError, torch's RuntimeError), even
     with --json; a missing --root named a generated path and SPSWAP_ROOT."""
-    import json
-
     import pytest
 
     pytest.importorskip("torch")
@@ -177,13 +182,8 @@ def test_bench_transfer_refuses_a_zero_size_a_wrong_device_and_a_missing_root(tm
     for extra, said in cases:
         args = {"--sizes": "1M", "--device": "cpu", "--scratch-dir": str(tmp_path)}
         args.update(dict(zip(extra[::2], extra[1::2], strict=True)))
-        proc = subprocess.run(
-            [sys.executable, "-m", "spswap.cli", "bench", "transfer", "--json",
-             *[w for kv in args.items() for w in kv]],
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-        assert proc.returncode == 2 and "Traceback" not in proc.stderr, (extra, proc.stderr)
-        error = json.loads(proc.stdout)["error"]
+        rc, error = _bench_json("transfer", *[w for kv in args.items() for w in kv])
+        assert rc == 2, (extra, error)
         assert error["kind"] == "ConfigError" and error["message"].startswith(said), error
     assert not list(tmp_path.iterdir())  # refused before any scratch was made
 
@@ -218,52 +218,28 @@ def test_a_vllm_command_names_what_is_missing_vllm_a_gpu_or_both():
 
 
 def test_bench_swap_on_this_cpu_machine_says_what_it_lacks(tmp_path):
-    import json
-
     import pytest
 
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("this machine has a CUDA device")
     (tmp_path / "m").mkdir()
-    proc = subprocess.run(
-        [sys.executable, "-m", "spswap.cli", "bench", "swap", str(tmp_path / "m"), "--json"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-    message = json.loads(proc.stdout)["error"]["message"]
+    rc, error = _bench_json("swap", str(tmp_path / "m"))
+    assert rc == 2
+    message = error["message"]
     assert message.startswith("bench swap needs ") and "GPU" in message, message
 
 
 def test_bench_turns_refuses_an_unknown_engine_before_slurm_or_any_file(tmp_path):
     """Its own twin of the engine check said "--engine must be reference or vllm"; now the
     one every command uses, before it looks for Slurm or writes a model."""
-    import json
-
     env = {**os.environ, "PATH": str(tmp_path)}  # no Slurm: the engine is refused first
-    proc = subprocess.run(
-        [sys.executable, "-m", "spswap.cli", "bench", "turns", "--engine", "vlm", "--json",
-         "--work-dir", str(tmp_path / "work")],
-        capture_output=True, text=True, timeout=120, env=env,
-    )  # fmt: skip
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-    error = json.loads(proc.stdout)["error"]
+    rc, error = _bench_json("turns", "--engine", "vlm", "--work-dir", str(tmp_path / "work"),
+                            env=env)  # fmt: skip
+    assert rc == 2
     assert error["kind"] == "ConfigError"
     assert error["message"] == "unknown engine 'vlm'; valid engines: reference, vllm"
     assert not (tmp_path / "work").exists()
-
-
-def _bench_json(*args: str, env: dict[str, str] | None = None, pre: str = "") -> tuple[int, dict]:
-    """``spswap bench ARGS --json`` in a child Python (``pre``: code run first); its exit
-    status and its JSON error."""
-    import json
-
-    argv = ["spswap", "bench", *args, "--json"]
-    code = f"{pre}\nimport sys\nfrom spswap.cli.main import main\nsys.argv = {argv!r}\nmain()"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120, env=env)  # fmt: skip
-    assert "Traceback" not in proc.stderr, proc.stderr
-    return proc.returncode, json.loads(proc.stdout)["error"]
 
 
 def test_bench_traffic_without_torch_names_the_install_not_a_traceback(tmp_path):

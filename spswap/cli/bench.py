@@ -30,7 +30,7 @@ from spswap.daemon.memory_claims import mem_available_bytes
 from spswap.engines.model_check import check_engine_name
 from spswap.engines.vllm_engine import available
 from spswap.errors import ConfigError
-from spswap.fsutil import fs_sizes
+from spswap.fsutil import atomic_write_json, fs_sizes
 from spswap.install_hint import pip_install_hint, vllm_gpu_refusal
 from spswap.multi.engine_settings import model_settings
 
@@ -193,14 +193,12 @@ def swap(
     sleep+wake from the pool, start without disk, and the pinned-copy limit, with the
     greedy outputs after each swap compared to the cold ones. Exits 1 unless every
     output after a swap equals the cold one."""
-    import json as json_module
-
     if (refusal := _vllm_refusal("bench swap")) is not None:
         raise ConfigError(refusal)
 
     def save(result: dict[str, Any]) -> None:
-        if out is not None:
-            out.write_text(json_module.dumps(result, indent=1) + "\n")
+        if out is not None:  # (whole or not at all: a run cut while writing keeps the last)
+            atomic_write_json(out, result)
 
     result = bench_swap(list(models), pool_dir=pool_dir, cycles=cycles,
                         max_new_tokens=max_new_tokens, after_model=save,
@@ -282,7 +280,6 @@ def turns(
     whether the answer equals the model's first answer. Exits
     1 unless every later turn restored with an identical answer and nothing was left
     behind. Needs Slurm, spswapd and CRIU on the node."""
-    import json as json_module
     import time
 
     from spswap.bench.turns_report import render_turns
@@ -303,7 +300,7 @@ def turns(
                         turn_timeout_s=turn_timeout_s)  # fmt: skip
     summary = run_turns(opts, load_config(root), log=_progress)
     if out is not None:
-        out.write_text(json_module.dumps(summary.to_json(), indent=2, sort_keys=True) + "\n")
+        atomic_write_json(out, summary.to_json())
     emit(summary.to_json() if json else summary, json, render_turns)
     if not summary.ok:
         raise typer.Exit(1)
