@@ -35,6 +35,25 @@ def pip_install_hint(extra: str) -> str:
     return pip_install_text(extra, sys.executable, checkout)
 
 
+def needs_text(what: str, missing: str, pip_hint: str, why: str | None = None) -> str:
+    """Why ``what`` cannot run: ``missing`` (a part such as torch) is not installed here,
+    with the ImportError's text ``why`` where there is one, and the command that adds it.
+    Pure.
+
+    >>> needs_text("the demo", "torch", "pip ...", "No module named 'torch'")
+    "the demo needs torch, which is not installed here (No module named 'torch'): ..."
+    """
+    seen = f" ({why})" if why else ""
+    return (f"{what} needs {missing}, which is not installed here{seen}: install it with "
+            f"`{pip_hint}`")  # fmt: skip
+
+
+def needs_torch(what: str, error: ImportError | None = None) -> str:
+    """:func:`needs_text` for torch (spswap's ``torch`` extra: torch, safetensors, numpy;
+    ``error`` names the module that was missing)."""
+    return needs_text(what, "torch", pip_install_hint("torch"), str(error) if error else None)
+
+
 def vllm_gpu_refusal(what: str, *, has_vllm: bool, has_gpu: bool, pip_hint: str) -> str | None:
     """Why ``what`` (a command that runs vLLM) cannot run here, naming what is missing and
     the fix for each (None: both are here). ``pip_hint``: the command that adds vLLM.

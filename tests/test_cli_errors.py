@@ -249,7 +249,8 @@ def test_bench_traffic_without_torch_names_the_install_not_a_traceback(tmp_path)
     )
     assert rc == 2 and error["kind"] == "ConfigError", error
     assert error["message"].startswith(
-        "bench traffic --engine reference needs torch, which is not installed here: install it (`"
+        "bench traffic --engine reference needs torch, which is not installed here: "
+        "install it with `"
     ), error
 
 
@@ -279,3 +280,30 @@ def test_bench_turns_with_vllm_and_no_models_says_so_before_asking_slurm(tmp_pat
     rc, error = _bench_json("turns", "--engine", "vllm", "--work-dir", str(tmp_path / "w"),
                             env=env)  # fmt: skip
     assert rc == 2 and error["message"].startswith("--engine vllm needs MODELS: "), error
+
+
+def test_every_command_that_needs_torch_says_so_in_the_same_words(tmp_path):
+    """On an install without torch (`install.sh --no-torch`): the commands that move
+    tensors end with the same sentence, naming the missing module and the install."""
+    import json
+
+    blocked = "import sys; sys.modules['torch'] = None"
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"vocab_size": 8}))
+    commands = {
+        "making a reference model": ["models", "make", str(tmp_path / "new")],
+        "the reference engine": ["serve", str(model), "--state-dir", str(tmp_path / "s")],
+        "the demo": ["demo", "--root", str(tmp_path / "d")],
+        "bench transfer": ["bench", "transfer", "--scratch-dir", str(tmp_path / "b")],
+    }
+    for what, argv in commands.items():
+        code = f"{blocked}\nimport sys\nfrom spswap.cli.main import main\nsys.argv = " \
+               f"{['spswap', *argv]!r}\nmain()"  # fmt: skip
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=120)  # fmt: skip
+        said = " ".join((proc.stdout + proc.stderr).split())
+        assert proc.returncode == 2 and "Traceback" not in said, (argv, said)
+        assert f"{what} needs torch, which is not installed here (" in said, (argv, said)
+        assert "install it with `" in said and "[torch]" in said, (argv, said)
+    assert not (tmp_path / "new").exists() and not (tmp_path / "d").exists()

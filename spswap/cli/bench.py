@@ -31,7 +31,7 @@ from spswap.engines.model_check import check_engine_name
 from spswap.engines.vllm_engine import available
 from spswap.errors import ConfigError
 from spswap.fsutil import atomic_write_json, fs_sizes
-from spswap.install_hint import pip_install_hint, vllm_gpu_refusal
+from spswap.install_hint import needs_torch, pip_install_hint, vllm_gpu_refusal
 from spswap.multi.engine_settings import model_settings
 
 app = typer.Typer(
@@ -71,8 +71,7 @@ def transfer(
     try:
         from spswap.bench.transfer import bench_transfer, memory_problem, render_bench_transfer
     except ImportError as e:  # torch missing
-        raise ConfigError(f"bench transfer needs torch and numpy ({e}); install them "
-                          f"(`{pip_install_hint('torch')}`)") from e  # fmt: skip
+        raise ConfigError(needs_torch("bench transfer", e)) from e
     import torch
 
     dev = device or ("cuda:0" if torch.cuda.is_available() else "cpu")
@@ -366,9 +365,7 @@ def traffic(
     if engine == "vllm" and (refusal := _vllm_refusal("bench traffic --engine vllm")):
         raise ConfigError(f"{refusal}; or use --engine reference, which runs on CPU")
     if engine == "reference" and importlib.util.find_spec("torch") is None:
-        hint = pip_install_hint("torch")
-        raise ConfigError("bench traffic --engine reference needs torch, which is not "
-                          f"installed here: install it (`{hint}`)")  # fmt: skip
+        raise ConfigError(needs_torch("bench traffic --engine reference"))
     counts = tuple(int(c) for c in parse_floats(model_counts, "--model-counts", "2,4"))
     every, per = parse_rates(rates)
     check_rates(counts, every, per)

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from spswap.cli.common import JsonOpt, console, emit_json, err_console
-from spswap.install_hint import pip_install_hint
+from spswap.install_hint import needs_torch
 
 
 def demo(
@@ -46,7 +46,7 @@ def demo(
         from spswap.demo_report import demo_json, demo_ok, render_demo
     except ImportError as e:
         err_console.print(
-            f"error: the demo needs torch ({e}); install it with: `{pip_install_hint('torch')}`",
+            f"error: {needs_torch('the demo', e)}",
             markup=False, style="bold red", soft_wrap=True,
         )  # fmt: skip
         raise typer.Exit(2) from None

@@ -11,7 +11,7 @@ from spswap.cli.common import JsonOpt, console, emit_json
 from spswap.engines.model_check import check_servable
 from spswap.engines.vllm_engine import available
 from spswap.errors import ConfigError
-from spswap.install_hint import pip_install_hint
+from spswap.install_hint import needs_torch, pip_install_hint
 from spswap.units import fmt_bytes
 
 app = typer.Typer(
@@ -58,10 +58,7 @@ def make(
         from spswap.engines.reference import save_checkpoint
         from spswap.engines.reference_model import preset as make_preset
     except ImportError as e:
-        raise ConfigError(
-            f"making a reference model needs torch ({e}); install it with: "
-            f"`{pip_install_hint('torch')}`"
-        ) from None
+        raise ConfigError(needs_torch("making a reference model", e)) from None
     config = make_preset(preset, seed=seed)
     path = save_checkpoint(config, directory).resolve()
     out = {

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from spswap.errors import ConfigError, InvalidCheckpoint
-from spswap.install_hint import pip_install_hint
+from spswap.install_hint import needs_torch
 from spswap.pool.safetensors_format import read_safetensors
 
 CONFIG_FILE = "config.json"
@@ -128,9 +128,7 @@ def check_reference(model: Path) -> None:
     try:
         from spswap.engines.reference_model import ReferenceConfig
     except ImportError as e:
-        raise ConfigError(
-            f"the reference engine needs torch ({e}); `{pip_install_hint('torch')}`"
-        ) from None
+        raise ConfigError(needs_torch("the reference engine", e)) from None
     try:
         config = ReferenceConfig.from_json(cfg)
     except (ConfigError, TypeError, ValueError) as e:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from spswap.engines.protocol import Engine
 from spswap.errors import ConfigError
-from spswap.install_hint import pip_install_hint
+from spswap.install_hint import needs_torch
 from spswap.serve.runtime import ServeOptions
 
 ENGINES = ("reference",)
@@ -16,8 +16,6 @@ def make_engine(opts: ServeOptions) -> Engine:
         try:
             from spswap.engines.reference import ReferenceEngine, load_config
         except ImportError as e:
-            raise ConfigError(
-                f"the reference engine needs torch ({e}); `{pip_install_hint('torch')}`"
-            ) from e
+            raise ConfigError(needs_torch("the reference engine", e)) from e
         return ReferenceEngine(load_config(opts.model), opts.device, name=opts.model.name)
     raise ConfigError(f"unknown engine {opts.engine!r}; valid engines: {', '.join(ENGINES)}")
