@@ -114,7 +114,8 @@ def test_the_real_server_is_dumped_and_restored_into_the_next_run(
     is preempted (USR1) and dumped with the whole server tree (API server, engine core,
     CUDA checkpoint); run 1 has it restored and answers like run 0. image: CRIU ends the
     tree and restores it. kept: run 0 runs in a stand-in job cgroup, so spswapd parks it,
-    dumps it with --leave-running and freezes it; run 1 gets it back without CRIU. dies:
+    dumps it with --leave-running and freezes it; run 1 gets it back without CRIU (its
+    GPU state woken early, at run 1's start, where the machine has one GPU). dies:
     restored from its image, then the restored `spswap serve` is killed, its server left
     running with its GPU memory: run 1 ends that server, starts its own from the pool and
     answers like run 0 (before issue 14 the old server stayed up beside the new one).
@@ -129,6 +130,7 @@ def test_the_real_server_is_dumped_and_restored_into_the_next_run(
     import sys
     import tempfile
 
+    from spswap.checkpoint.gpu_map import uuids_by_minor
     from spswap.daemon import lifecycle
     from spswap.daemon.client import Client
     from tests.checkpoint.test_cgroups import stand_in_job_cgroup
@@ -172,7 +174,11 @@ def test_the_real_server_is_dumped_and_restored_into_the_next_run(
 
     run0 = run1 = None
     try:
-        Client(cfg).call("job.register", job_id=job, uid=0, user="root")
+        # kept: registered with its GPU, as the prolog does under Slurm, so that run 1's
+        # start (`job.starting`) wakes the kept tree's GPU state early, as a site's runs do
+        minors = sorted(uuids_by_minor())
+        gpus = minors if kept and len(minors) == 1 else []
+        Client(cfg).call("job.register", job_id=job, uid=0, user="root", gpus=gpus)
         run0 = serve(0)
         ep0 = wait("run 0's server", endpoint, 420)
         ipc = [p.name for p in (state / "sock").iterdir() if p.name != "vllm.sock"]
@@ -258,13 +264,17 @@ def test_the_real_server_is_dumped_and_restored_into_the_next_run(
         events = Client(cfg).call("events.tail", n=60)
         done = [e for e in events if e["kind"] == "restore.done"]
         saved = [e["detail"] for e in events if e["kind"] == "checkpoint.layout"]
+        # spswapd's side of run 1, on the same clock: its start, the early wake, the restore
+        daemon_s = {e["kind"]: round(e["ts"] - t1_wall, 4) for e in events if e["ts"] >= t1_wall
+                    and e["kind"].startswith(("job.", "restore."))}  # fmt: skip
         layout = saved[0]["layout"] if saved else {}
         print(json.dumps({"kept": kept, "stop_to_saved_s": dump_s,
                           "image_bytes_by_kind": layout.get("bytes_by_kind"),
                           "image_processes": [(p["pid"], p["bytes_by_kind"])
                                               for p in layout.get("processes", [])],
                           "run1_start_to_serving_s": restore_s,
-                          "run1_steps_s": run1_marks, "restored_line": woken[-1:],
+                          "run1_steps_s": run1_marks, "run1_daemon_s": daemon_s,
+                          "restored_line": woken[-1:],
                           "image_largest_areas": largest,
                           "answers_s": {"before": before_s, "after": after_s},
                           "image_bytes": status.get("size_bytes"),
@@ -272,6 +282,8 @@ def test_the_real_server_is_dumped_and_restored_into_the_next_run(
                           "restore": done[0]["detail"] if done else None}))  # fmt: skip
         assert after == before
         assert done and done[0]["detail"]["kept"] is kept, events
+        if gpus:  # woken at run 1's start: the run's restore only unlocked it
+            assert any(e["kind"] == "restore.woken_early" for e in events), events
         if fate == "dies":
             log1 = (tmp_path / "run1.log").read_text()
             assert f"ended what it left running (pid {ep0['server_pid']}" in log1, log1[-3000:]
