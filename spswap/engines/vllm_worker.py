@@ -261,9 +261,9 @@ class SpswapWorkerExtension(SpswapProbes):
         """Before a CUDA checkpoint (after a level-2 sleep): hand the caching allocator's
         free blocks back to the driver, so only live memory is checkpointed (it moves at
         ~2 GB/s), and the heap's freed pages back to the kernel, so CRIU dumps only live
-        host memory (:mod:`spswap.engines.host_heap`); without CUDA graphs, cuBLAS's
-        workspaces and the context's per-thread stack too
-        (:mod:`spswap.engines.cuda_limits`; the next copy sets it back). Returns the
+        host memory (:mod:`spswap.engines.host_heap`); the context's per-thread stack
+        (:mod:`spswap.engines.cuda_limits`; the next copy sets it back, before any
+        kernel); without CUDA graphs, cuBLAS's workspaces too. Returns the
         device's free/total bytes, torch's reserved/allocated, whether cuBLAS's went,
         the stack size lowered (``stack_lowered_from_bytes``) and what the heap release
         did."""
@@ -276,9 +276,10 @@ class SpswapWorkerExtension(SpswapProbes):
         if cublas:  # re-made at the next matmul (the check prompt after a restore)
             torch._C._cuda_clearCublasWorkspaces()
         torch.cuda.empty_cache()
-        # (eager only, as cuBLAS's: with graphs a compiled engine died at its next work,
-        # H100 2026-12-06, though its workspaces had gone too: docs/benchmarks.md)
-        stack = self._spswap_lower_thread_stack() if cublas else None
+        # with CUDA graphs too: a compiled engine's stack at 16 bytes through a CUDA
+        # checkpoint and restore, set back before its next replay, gave the same answers
+        # (H100 2026-12-07; it died where cuBLAS's workspaces had gone as well)
+        stack = self._spswap_lower_thread_stack()
         heap = release_free_heap().to_json()  # after the device's: a failure here costs less
         free, total = torch.cuda.mem_get_info()
         return {**heap, "cublas_cleared": cublas, "stack_lowered_from_bytes": stack,
