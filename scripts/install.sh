@@ -3,8 +3,11 @@
 #
 #   bash scripts/install.sh            # spswap + torch (the demo and the reference engine)
 #   bash scripts/install.sh --dev      # + test tools (pytest, hypothesis, ruff, mypy)
-#   bash scripts/install.sh --no-torch # CLI, daemon, slots and pool only (login/admin nodes)
+#   bash scripts/install.sh --no-torch # CLI, daemon, slots and pool only: an admin host that
+#                                      # serves, makes and checks no model (login nodes where
+#                                      # users run `spswap models make` need torch)
 #   bash scripts/install.sh --check-python  # only say which Python the venv would be built on
+#   bash scripts/install.sh --help     # this text
 #
 # Knobs: SPSWAP_VENV (./.venv), SPSWAP_TORCH ("torch==2.13.0": any pip requirement; a site
 # with its own torch build sets it, or installs torch in the venv first), SPSWAP_PYTHON
@@ -26,7 +29,8 @@ for arg in "$@"; do
         --dev) EXTRAS="torch,test" ;;
         --no-torch) WITH_TORCH=0 ;;
         --check-python) CHECK_ONLY=1 ;;
-        *) echo "install.sh: unknown option $arg (use --dev, --no-torch or --check-python)" >&2
+        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        *) echo "install.sh: unknown option $arg (use --dev, --no-torch, --check-python or --help)" >&2
            exit 2 ;;
     esac
 done

@@ -26,7 +26,7 @@ from spswap.config import Config
 from spswap.doctor_bytecode import bytecode_check
 from spswap.doctor_check import check
 from spswap.errors import CheckpointFailed
-from spswap.install_hint import pip_install_hint
+from spswap.install_hint import pip_install_hint, torch_install_hint
 from spswap.settings_check import node_sizes, unfit_settings
 
 KERNEL_NEEDS_CRIU_41 = (6, 13)
@@ -143,6 +143,31 @@ def criu_tcp_check(release: str, version: tuple[int, int, int], patched: bool) -
     return check(name, False, "CRIU 4.1 on Linux >= 6.16",
                  "cannot dump a process with a TCP socket (vLLM's engine has one): rebuild "
                  "with scripts/build_criu.sh --force, which applies its patch")  # fmt: skip
+
+
+def _torch() -> dict[str, Any]:
+    """Whether the reference engine can run here (information: an admin host needs none)."""
+    from importlib import metadata
+
+    versions: dict[str, str | None] = {}
+    for part in ("torch", "safetensors", "numpy"):
+        try:
+            versions[part] = metadata.version(part)
+        except metadata.PackageNotFoundError:
+            versions[part] = None
+    return torch_check(versions, f"`{torch_install_hint()}`")
+
+
+def torch_check(versions: dict[str, str | None], install: str) -> dict[str, Any]:
+    """Pure: the torch row from the versions of spswap's ``torch`` extra (None: missing)
+    and the command that installs it."""
+    missing = [part for part, version in versions.items() if version is None]
+    if not missing:
+        return check("torch", True, str(versions["torch"]))
+    return check("torch", None, f"{', '.join(missing)} not installed",
+                 "spswap serve's default engine (reference), spswap demo, models make and "
+                 f"check, bench transfer and traffic need it: {install} (an admin host that "
+                 "serves no model can do without)")  # fmt: skip
 
 
 def _vllm() -> dict[str, Any]:
@@ -338,6 +363,7 @@ def collect(cfg: Config) -> dict[str, Any]:
     checks.append(doctor_node.root_ownership(cfg))
     checks.append(doctor_node.settings(problems))
     checks.append(doctor_node.daemon(cfg))
+    checks.append(_torch())
     checks.append(_vllm())
     checks.append(bytecode_check())
     return {"version": SCHEMA_VERSION, "node": socket.gethostname(), "checks": checks}

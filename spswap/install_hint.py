@@ -1,6 +1,7 @@
-"""The command that adds an optional part (a pip extra: ``vllm``, ``gpu``) to this
-installation of spswap, for the messages that say one is missing; and the refusal of a
-command that runs vLLM where vLLM or a GPU (or both) is missing.
+"""The command that adds an optional part (a pip extra: ``vllm``, ``gpu``; torch through
+the install script) to this installation of spswap, for the messages that say one is
+missing; and the refusal of a command that runs vLLM where vLLM or a GPU (or both) is
+missing.
 
 spswap is installed from its checkout (``scripts/install.sh``: ``pip install -e``), not
 from a package index, so ``pip install 'spswap[vllm]'`` would find nothing: the message
@@ -35,23 +36,50 @@ def pip_install_hint(extra: str) -> str:
     return pip_install_text(extra, sys.executable, checkout)
 
 
-def needs_text(what: str, missing: str, pip_hint: str, why: str | None = None) -> str:
-    """Why ``what`` cannot run: ``missing`` (a part such as torch) is not installed here,
-    with the ImportError's text ``why`` where there is one, and the command that adds it.
-    Pure.
+def torch_install_text(prefix: str, base_prefix: str, script: Path | None,
+                       pip_text: str) -> str:  # fmt: skip
+    """The command that adds torch to this installation: the install ``script`` of
+    spswap's checkout again (None: there is none) where spswap runs in a venv (``prefix``
+    differs from ``base_prefix``): it installs the torch build spswap is tested with
+    (``SPSWAP_TORCH`` picks another), where a plain ``pip install`` of the extra takes
+    whatever build the index has, CUDA's libraries included; else ``pip_text``. Pure.
+
+    >>> torch_install_text("/opt/spswap/venv", "/usr", Path("/opt/spswap/scripts/install.sh"),
+    ...                    "pip ...")
+    'SPSWAP_VENV=/opt/spswap/venv bash /opt/spswap/scripts/install.sh'
+    >>> torch_install_text("/usr", "/usr", Path("/opt/spswap/scripts/install.sh"), "pip ...")
+    'pip ...'
+    """
+    if script is None or prefix == base_prefix:
+        return pip_text
+    return f"SPSWAP_VENV={shlex.quote(prefix)} bash {shlex.quote(str(script))}"
+
+
+def torch_install_hint() -> str:
+    """:func:`torch_install_text` for the running Python and spswap's own checkout."""
+    script = Path(__file__).resolve().parents[1] / "scripts" / "install.sh"
+    return torch_install_text(sys.prefix, sys.base_prefix, script if script.is_file() else None,
+                              pip_install_hint("torch"))  # fmt: skip
+
+
+def needs_text(what: str, parts: str, install: str, why: str | None = None) -> str:
+    """Why ``what`` cannot run: ``parts`` (what an install adds) are not all here, with
+    the ImportError's text ``why`` (which module was missing) where there is one, and the
+    ``install`` command that adds them. Pure.
 
     >>> needs_text("the demo", "torch", "pip ...", "No module named 'torch'")
-    "the demo needs torch, which is not installed here (No module named 'torch'): ..."
+    "the demo needs torch, missing here (No module named 'torch'): install it with `pip ...`"
     """
     seen = f" ({why})" if why else ""
-    return (f"{what} needs {missing}, which is not installed here{seen}: install it with "
-            f"`{pip_hint}`")  # fmt: skip
+    them = "them" if " and " in parts else "it"
+    return f"{what} needs {parts}, missing here{seen}: install {them} with `{install}`"
 
 
 def needs_torch(what: str, error: ImportError | None = None) -> str:
-    """:func:`needs_text` for torch (spswap's ``torch`` extra: torch, safetensors, numpy;
-    ``error`` names the module that was missing)."""
-    return needs_text(what, "torch", pip_install_hint("torch"), str(error) if error else None)
+    """:func:`needs_text` for spswap's ``torch`` extra (torch, safetensors and numpy;
+    ``error`` names the module that was missing), with :func:`torch_install_text`."""
+    return needs_text(what, "torch, safetensors and numpy", torch_install_hint(),
+                      str(error) if error else "No module named 'torch'")  # fmt: skip
 
 
 def vllm_gpu_refusal(what: str, *, has_vllm: bool, has_gpu: bool, pip_hint: str) -> str | None:

@@ -249,8 +249,8 @@ def test_bench_traffic_without_torch_names_the_install_not_a_traceback(tmp_path)
     )
     assert rc == 2 and error["kind"] == "ConfigError", error
     assert error["message"].startswith(
-        "bench traffic --engine reference needs torch, which is not installed here: "
-        "install it with `"
+        "bench traffic (its reference engine, the default) needs torch, safetensors and "
+        "numpy, missing here (No module named 'torch'): install them with `"
     ), error
 
 
@@ -284,7 +284,8 @@ def test_bench_turns_with_vllm_and_no_models_says_so_before_asking_slurm(tmp_pat
 
 def test_every_command_that_needs_torch_says_so_in_the_same_words(tmp_path):
     """On an install without torch (`install.sh --no-torch`): the commands that move
-    tensors end with the same sentence, naming the missing module and the install."""
+    tensors end with the same sentence, naming the missing module and the install, and
+    with --json's error object."""
     import json
 
     blocked = "import sys; sys.modules['torch'] = None"
@@ -299,11 +300,17 @@ def test_every_command_that_needs_torch_says_so_in_the_same_words(tmp_path):
     }
     for what, argv in commands.items():
         code = f"{blocked}\nimport sys\nfrom spswap.cli.main import main\nsys.argv = " \
-               f"{['spswap', *argv]!r}\nmain()"  # fmt: skip
+               f"{['spswap', *argv, '--json']!r}\nmain()"  # fmt: skip
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                               timeout=120)  # fmt: skip
-        said = " ".join((proc.stdout + proc.stderr).split())
+        said = " ".join(proc.stderr.split())
         assert proc.returncode == 2 and "Traceback" not in said, (argv, said)
-        assert f"{what} needs torch, which is not installed here (" in said, (argv, said)
-        assert "install it with `" in said and "[torch]" in said, (argv, said)
+        # --json: the error object on stdout (the demo printed only a line, on stderr)
+        assert json.loads(proc.stdout)["error"]["kind"] == "ConfigError", (argv, proc.stdout)
+        assert f"{what} needs torch, safetensors and numpy, missing here (" in said, \
+            (argv, said)  # fmt: skip
+        # this checkout's install script into this venv (or pip's torch extra outside one)
+        install = (f"install them with `SPSWAP_VENV={sys.prefix} bash " if sys.prefix !=
+                   sys.base_prefix else "install them with `")  # fmt: skip
+        assert install in said and ("install.sh`" in said or "[torch]" in said), (argv, said)
     assert not (tmp_path / "new").exists() and not (tmp_path / "d").exists()

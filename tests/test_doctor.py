@@ -376,6 +376,24 @@ def test_the_daemon_row_says_when_spswapd_runs_other_settings(monkeypatch) -> No
         assert row["detail"].startswith("spswapd reads ")
 
 
+def test_torch_check_names_what_is_missing_and_the_install() -> None:
+    row = doctor.torch_check({"torch": "2.13.0", "safetensors": "0.6", "numpy": "2.3"}, "`x`")
+    assert (row["ok"], row["value"], row["detail"]) == (True, "2.13.0", "")
+    row = doctor.torch_check({"torch": None, "safetensors": "0.6", "numpy": None}, "`x`")
+    assert row["ok"] is None and row["value"] == "torch, numpy not installed"
+    assert row["detail"] == (
+        "spswap serve's default engine (reference), spswap demo, models make and check, "
+        "bench transfer and traffic need it: `x` (an admin host that serves no model can "
+        "do without)"
+    )
+
+
+def test_the_torch_row_of_this_install_says_torch_s_version() -> None:
+    torch = pytest.importorskip("torch")
+    row = doctor._torch()
+    assert row["ok"] is True and row["value"] == torch.__version__, row
+
+
 def test_vllm_check() -> None:
     assert doctor.vllm_check("0.26.0", [])["ok"] is True
     row = doctor.vllm_check("0.26.0", ["uvicorn"])

@@ -105,3 +105,17 @@ def test_a_second_run_with_the_default_relative_venv_ends(shared_dir: Path) -> N
     proc = _run("--check-python", cwd=shared_dir, SPSWAP_VENV=".venv")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("install.sh: .venv exists (built on "), proc.stdout
+
+
+def test_help_lists_the_options_and_an_unknown_one_names_them(shared_dir: Path) -> None:
+    # a newcomer's `install.sh --help` was "unknown option --help" (walk, 2026-12-07)
+    proc = _run("--help", SPSWAP_VENV=str(shared_dir / "venv"))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("Install spswap into a virtual environment")
+    for option in ("--dev", "--no-torch", "--check-python", "--help", "SPSWAP_TORCH"):
+        assert option in proc.stdout, option
+    assert "set -euo" not in proc.stdout and not (shared_dir / "venv").exists()
+    proc = _run("--bogus", SPSWAP_VENV=str(shared_dir / "venv"))
+    assert proc.returncode == 2 and proc.stderr == (
+        "install.sh: unknown option --bogus (use --dev, --no-torch, --check-python or --help)\n"
+    )

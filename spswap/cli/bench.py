@@ -67,7 +67,7 @@ def transfer(
 ) -> None:
     """Pool -> device copy throughput, side by side with a plain pinned-buffer copy (the
     device's limit) and a pageable copy, in the same run; prints each method's GB/s and the
-    pool's ratio to the pinned limit."""
+    pool's ratio to the pinned limit. Needs torch."""
     try:
         from spswap.bench.transfer import bench_transfer, memory_problem, render_bench_transfer
     except ImportError as e:  # torch missing
@@ -361,11 +361,11 @@ def traffic(
     the GPU with model directories given by --models (token-id prompts: no tokenizer
     needed), each model's cold answers made at its first start from its files. Exits 1
     when an answer differed from the model's cold answer (failed requests are counted in
-    the table: a rate with any is not within the target)."""
+    the table: a rate with any is not within the target). Needs torch."""
     if engine == "vllm" and (refusal := _vllm_refusal("bench traffic --engine vllm")):
         raise ConfigError(f"{refusal}; or use --engine reference, which runs on CPU")
     if engine == "reference" and importlib.util.find_spec("torch") is None:
-        raise ConfigError(needs_torch("bench traffic --engine reference"))
+        raise ConfigError(needs_torch("bench traffic (its reference engine, the default)"))
     counts = tuple(int(c) for c in parse_floats(model_counts, "--model-counts", "2,4"))
     every, per = parse_rates(rates)
     check_rates(counts, every, per)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from spswap.config import parse_size
 from spswap.errors import ConfigError
-from spswap.install_hint import pip_install_hint
+from spswap.install_hint import needs_torch
 
 DEFAULT_TURN_PRESETS = "tiny@1,small@2,small@3"
 
@@ -39,9 +39,7 @@ def make_reference_models(presets: str, directory: Path) -> list[Path]:
         from spswap.engines.reference import save_checkpoint
         from spswap.engines.reference_model import preset
     except ImportError as e:
-        raise ConfigError(
-            f"reference models need torch ({e}); `{pip_install_hint('torch')}`"
-        ) from e
+        raise ConfigError(needs_torch("reference models", e)) from e
     out: list[Path] = []
     for item in (p.strip() for p in presets.split(",") if p.strip()):
         name, _, seed = item.partition("@")

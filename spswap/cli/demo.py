@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from spswap.cli.common import JsonOpt, console, emit_json, err_console
+from spswap.errors import ConfigError
 from spswap.install_hint import needs_torch
 
 
@@ -38,18 +39,15 @@ def demo(
     otherwise the runs start from the pool, and the demo says what to run for the
     checkpoint path. Prints every turn's path and time (stop -> first answer) against
     the cold starts. Exits 1 if any answer differs. Everything is removed at the end.
+    Needs torch (`bash scripts/install.sh` installs it).
     """
     try:
         import torch  # noqa: F401 - the servers and the models need it
 
         from spswap.demo import run_demo
         from spswap.demo_report import demo_json, demo_ok, render_demo
-    except ImportError as e:
-        err_console.print(
-            f"error: {needs_torch('the demo', e)}",
-            markup=False, style="bold red", soft_wrap=True,
-        )  # fmt: skip
-        raise typer.Exit(2) from None
+    except ImportError as e:  # (said as every command's refusal: --json's error object)
+        raise ConfigError(needs_torch("the demo", e)) from None
     progress = None if json else (lambda msg: err_console.print(f"[dim]{msg}[/]"))
     summary, mode = run_demo(models=models, rounds=rounds, preset=preset, device=device,
                              root=root, progress=progress)  # fmt: skip

@@ -90,7 +90,8 @@ def check(
     """Say whether ENGINE can serve the model in DIR, before a job is submitted for it.
 
     `spswap serve` makes the same check before it imports the model into the node's
-    pool. Exits 2, naming the engine that serves the model, when this one cannot.
+    pool. Exits 2, naming the engine that serves the model, when this one cannot. The
+    reference engine's check needs torch.
     """
     if not directory.is_dir():
         raise ConfigError(f"{directory} is not a directory; a model is a directory")
