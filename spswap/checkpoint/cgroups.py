@@ -323,6 +323,13 @@ def sweep(tag: str, proc: Path = PROC) -> list[str]:
     return found
 
 
+def dirs_of(like: Sequence[Membership], proc: Path = PROC) -> list[Path]:
+    """The directories of the cgroups ``like`` (a process's memberships), one per
+    hierarchy mounted here: where a process started in them is what :func:`join` makes."""
+    found = mounts(proc)
+    return [d for m in like if (d := fs_path(m, found)) is not None]
+
+
 def join(pids: list[int], like: Sequence[Membership], proc: Path = PROC) -> list[str]:
     """Move ``pids`` into the cgroups ``like`` (a process's memberships, read when it
     asked) wherever theirs differ (a restored tree into the cgroups of the job run it was

@@ -41,7 +41,7 @@ from spswap.checkpoint.images import (
     verify_before_restore,
     write_meta,
 )
-from spswap.errors import CheckpointFailed, ImageRejected
+from spswap.errors import CheckpointFailed, CriuNotStarted, ImageRejected
 from spswap.fsutil import atomic_write_json, read_json
 from spswap.liveness import pid_alive
 
@@ -260,8 +260,13 @@ def restore_instance(
     images_root: Path, *, job_id: str, expected: Identity, criu_path: Path | None = None,
     gpu_uuids: list[str] | None = None, check_integrity: bool = True,
     read_content: bool = True, criu_as_user: bool = True, hugepages: bool = False,
+    cgroup_dirs: list[Path] | None = None, outside: Callable[[str], None] | None = None,
 ) -> tuple[int, dict[str, float]]:  # fmt: skip
     """Restore the job's image if it matches ``expected``; returns (pid, timings).
+
+    ``cgroup_dirs``: the run's cgroups, where CRIU starts, so that the tree never runs
+    under other device rules or limits; where CRIU cannot start there it restores in
+    spswapd's own (the caller moves the tree), said through ``outside``.
 
     ``gpu_uuids``: the GPUs of the run that restores; when they differ from the ones the
     image was dumped on, the CUDA restore remaps (driver >= 580).
@@ -304,8 +309,17 @@ def restore_instance(
         # the peak); fine here: an image is single use and deleted below in any case
         run_as = (criu.RunAs.for_uid(expected.uid)
                   if criu_as_user and expected.uid != 0 else None)  # fmt: skip
-        pid = criu.restore(image.name, images_root, criu=criu_path, auto_dedup=True,
-                           run_as=run_as, hugepages=hugepages)  # fmt: skip
+        try:
+            pid = criu.restore(image.name, images_root, criu=criu_path, auto_dedup=True,
+                               run_as=run_as, hugepages=hugepages,
+                               cgroup_dirs=cgroup_dirs)  # fmt: skip
+        except CriuNotStarted as e:  # (CRIU never ran: the image is as it was)
+            if not cgroup_dirs:
+                raise
+            if outside is not None:
+                outside(str(e))
+            pid = criu.restore(image.name, images_root, criu=criu_path, auto_dedup=True,
+                               run_as=run_as, hugepages=hugepages)  # fmt: skip
         timings["criu_restore"] = time.monotonic() - t0
         timings.update(cuda_back(pid, cuda, gpu_map))
         restored = True

@@ -149,12 +149,20 @@ def _restore(ctx: Context, st: DaemonState, rec: JobRecord, job_id: str, expecte
             remove_image_soon(image)
             sync_quietly(st)
     st.held_cgroups.drop(job_id)  # (restored here, not early: its cgroup is not needed)
+
+    def outside(why: str) -> None:  # (then moved into the run's cgroups: _into_job)
+        st.event("restore.criu_outside_job", job_id=job_id, uid=rec.uid, reason=why[:500])
+
     try:
+        # CRIU starts in the run's cgroups: the tree never runs under spswapd's device
+        # rules (all GPUs) or outside the job's limits, as it did until it joined the run
         pid, timings = restore_instance(st.cfg.paths.images, job_id=job_id, expected=expected,
                                         gpu_uuids=run_gpu_uuids(st, job_id),
                                         read_content=st.cfg.image_check == "full",
                                         criu_as_user=not st.cfg.criu_as_root,
-                                        hugepages=st.cfg.restore_hugepages)  # fmt: skip
+                                        hugepages=st.cfg.restore_hugepages,
+                                        cgroup_dirs=_run_cgroups(asker),
+                                        outside=outside)  # fmt: skip
     except ImageRejected as e:
         st.statuses.write(job_id, state=CheckpointState.REJECTED, reason=str(e))
         st.event("restore.rejected", job_id=job_id, uid=rec.uid, reason=str(e))
@@ -166,6 +174,15 @@ def _restore(ctx: Context, st: DaemonState, rec: JobRecord, job_id: str, expecte
     finally:
         sync_quietly(st)  # the image is gone whatever happened
     return _restored(ctx, st, rec, job_id, expected, args, pid, timings, asker)
+
+
+def _run_cgroups(asker: Asker) -> list[Path]:
+    """The directories of the cgroups the run's process was in when it asked (none once it
+    is gone: the tree is then ended, :func:`_into_job`)."""
+    try:
+        return cgroups.dirs_of(asker.cgroups) if asker.alive() else []
+    except OSError:  # (no mountinfo: restored in spswapd's own, then moved)
+        return []
 
 
 def _wake_kept(st: DaemonState, rec: JobRecord, job_id: str, expected: Identity,

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,9 +18,9 @@ import pytest
 from spswap.checkpoint import cgroup_paths
 from spswap.config import Config
 from spswap.daemon.client import Client
+from tests.security.conftest import JOB, _remove_cgroups
 from tests.uids import TEST_USER, spawn_as
 
-JOB = "424242"
 IDENT = {"engine": "reference", "engine_version": "0", "torch": "0", "python": "3",
          "model_digest": "ab" * 32, "config_hash": "cd" * 32}  # fmt: skip
 
@@ -31,32 +30,6 @@ def _no_slurm_commands(monkeypatch: pytest.MonkeyPatch) -> None:
     # (autouse: before the daemon starts, which inherits it) no scontrol/squeue: with no
     # controller each query would take 10-18 s
     monkeypatch.setenv("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/sbin")
-
-
-@pytest.fixture
-def job_cgroup() -> Iterator[Path]:
-    """``job_<JOB>`` in the cgroup v2 hierarchy, two levels down as Slurm's are."""
-    v2 = [m for m in cgroup_paths.mounts() if m.controllers == ""]
-    if not v2:
-        pytest.skip("no cgroup v2 hierarchy here")
-    top = Path(v2[0].mountpoint) / f"spswap-test-{uuid.uuid4().hex[:8]}"
-    try:
-        (top / f"job_{JOB}").mkdir(parents=True)
-    except OSError as e:
-        pytest.skip(f"cannot make a cgroup here: {e}")
-    yield top / f"job_{JOB}"
-    _remove_cgroups(top / f"job_{JOB}", top)
-
-
-def _remove_cgroups(*dirs: Path) -> None:
-    """Remove each (emptied of processes a moment ago: retried while the kernel lets go)."""
-    for d in dirs:
-        for _ in range(50):
-            try:
-                d.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
 
 
 def _restore_when(cfg: Config, go: str) -> str:
