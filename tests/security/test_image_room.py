@@ -26,6 +26,7 @@ from spswap.daemon import lifecycle
 from spswap.daemon.client import Client
 from spswap.fsutil import read_json
 from tests.checkpoint.criu_helpers import criu_skip_reason
+from tests.security.user_instance import ASK_CHECKPOINT
 from tests.uids import node_root
 
 pytestmark = [pytest.mark.criu, pytest.mark.slow]
@@ -37,27 +38,20 @@ IDENT = {"engine": "reference", "engine_version": "0", "torch": "0", "python": "
 
 # Holds BALLAST_MIB of its own memory, asks spswapd to checkpoint it (as `spswap serve`
 # does at a stop), then waits to be dumped; a refused dump resumes it (SIGUSR2).
-INSTANCE = """
-import json, os, signal, socket, sys, time
+INSTANCE = (
+    ASK_CHECKPOINT
+    + """
+import os, signal, sys, time
 sock, job, ident, out, mib = sys.argv[1:6]
 ballast = bytearray(os.urandom(1 << 20) * int(mib))
 signal.signal(signal.SIGUSR2, lambda *_: open(out + ".resumed", "w").close())
-s = socket.socket(socket.AF_UNIX)
-s.connect(sock)
-msg = {"v": 1, "op": "checkpoint", "args": {"job_id": job, **json.loads(ident)}}
-s.sendall(json.dumps(msg).encode() + b"\\n")
-reply = b""
-while not reply.endswith(b"\\n"):
-    chunk = s.recv(65536)
-    if not chunk:
-        break
-    reply += chunk
-s.close()
+reply = ask_checkpoint(sock, job, json.loads(ident))
 open(out + ".reply", "wb").write(reply)
 deadline = time.time() + 120
 while time.time() < deadline:
     time.sleep(0.05)
 """
+)
 
 
 @pytest.fixture

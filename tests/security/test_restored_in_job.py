@@ -9,6 +9,7 @@ run's afterwards: a process that looked at its cgroup as it came back saw spswap
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import shutil
@@ -22,32 +23,25 @@ import pytest
 
 from spswap.checkpoint import cgroup_paths
 from spswap.config import Config
-from spswap.daemon import protocol
 from spswap.daemon.client import Client
 from tests.checkpoint.criu_helpers import needs_criu
 from tests.security.conftest import JOB
 from tests.security.test_restore_from_outside import IDENT, _ask
+from tests.security.user_instance import ASK_CHECKPOINT
 
 pytestmark = [pytest.mark.criu, needs_criu]
 
-# The user's instance, as small as one can be: it asks spswapd to checkpoint it (one JSON
-# line on the daemon's socket, as `spswap serve` sends), then looks at its cgroup every
-# millisecond and writes it down at its start and whenever it comes back from a pause
-# (a dump and a restore): the first look after the restore is where CRIU put it.
-WATCHER = """
-import signal, socket, sys, time
+# The user's instance, as small as one can be: it asks spswapd to checkpoint it (as
+# `spswap serve` does at a stop), then looks at its cgroup every millisecond and writes it
+# down at its start and whenever it comes back from a pause (a dump and a restore): the
+# first look after the restore is where CRIU put it.
+WATCHER = (
+    ASK_CHECKPOINT
+    + """
+import signal, sys, time
 signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # (spswapd's "look at your status")
-sock_path, line, out = sys.argv[1], sys.argv[2].encode() + b"\\n", sys.argv[3]
-s = socket.socket(socket.AF_UNIX)
-s.connect(sock_path)
-s.sendall(line)
-reply = b""
-while not reply.endswith(b"\\n"):
-    chunk = s.recv(65536)
-    if not chunk:
-        break
-    reply += chunk
-s.close()
+sock_path, job, ident, out = sys.argv[1:5]
+reply = ask_checkpoint(sock_path, job, json.loads(ident))
 def where():
     with open("/proc/self/cgroup") as f:
         return " ".join(f.read().split())
@@ -62,6 +56,7 @@ while True:
     last = now
     time.sleep(0.001)
 """
+)
 
 
 @pytest.fixture
@@ -78,12 +73,12 @@ def work(user_uid: int) -> Iterator[Path]:
 def _start_watcher(cfg: Config, uid: int, out: Path) -> int:
     """The watcher as ``uid``, a session leader reparented to init (its pid is free for
     the restore once the dump ends it); its pid."""
-    line = protocol.encode(protocol.request("checkpoint", job_id=JOB, **IDENT)).decode().strip()
     gid = pwd.getpwuid(uid).pw_gid
     subprocess.run(
         ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "sh", "-c",
-         'setsid /usr/bin/python3 -c "$0" "$1" "$2" "$3" </dev/null >/dev/null 2>&1 & '
-         'echo $! > "$4"', WATCHER, str(cfg.paths.socket), line, str(out), str(out) + ".pid"],
+         'setsid /usr/bin/python3 -c "$0" "$1" "$2" "$3" "$4" </dev/null >/dev/null 2>&1 & '
+         'echo $! > "$5"', WATCHER, str(cfg.paths.socket), JOB, json.dumps(IDENT), str(out),
+         str(out) + ".pid"],
         check=True, timeout=10,
     )  # fmt: skip
     return int(Path(str(out) + ".pid").read_text())
