@@ -166,7 +166,7 @@ def torch_check(versions: dict[str, str | None], install: str) -> dict[str, Any]
         return check("torch", True, str(versions["torch"]))
     return check("torch", None, f"{', '.join(missing)} not installed",
                  "spswap serve's default engine (reference), spswap demo, models make and "
-                 f"check, bench transfer and traffic need it: {install} (an admin host that "
+                 f"check, bench transfer and traffic need them: {install} (an admin host that "
                  "serves no model can do without)")  # fmt: skip
 
 

@@ -249,8 +249,8 @@ def test_bench_traffic_without_torch_names_the_install_not_a_traceback(tmp_path)
     )
     assert rc == 2 and error["kind"] == "ConfigError", error
     assert error["message"].startswith(
-        "bench traffic (its reference engine, the default) needs torch, safetensors and "
-        "numpy, missing here (No module named 'torch'): install them with `"
+        "bench traffic needs torch, safetensors and numpy, missing here (No module named "
+        "'torch'): install them with `"
     ), error
 
 

@@ -383,7 +383,7 @@ def test_torch_check_names_what_is_missing_and_the_install() -> None:
     assert row["ok"] is None and row["value"] == "torch, numpy not installed"
     assert row["detail"] == (
         "spswap serve's default engine (reference), spswap demo, models make and check, "
-        "bench transfer and traffic need it: `x` (an admin host that serves no model can "
+        "bench transfer and traffic need them: `x` (an admin host that serves no model can "
         "do without)"
     )
 

@@ -364,8 +364,12 @@ def traffic(
     the table: a rate with any is not within the target). Needs torch."""
     if engine == "vllm" and (refusal := _vllm_refusal("bench traffic --engine vllm")):
         raise ConfigError(f"{refusal}; or use --engine reference, which runs on CPU")
-    if engine == "reference" and importlib.util.find_spec("torch") is None:
-        raise ConfigError(needs_torch("bench traffic (its reference engine, the default)"))
+    if engine == "reference" and (
+        gone := [
+            m for m in ("torch", "safetensors", "numpy") if importlib.util.find_spec(m) is None
+        ]
+    ):
+        raise ConfigError(needs_torch("bench traffic", ImportError(f"No module named {gone[0]!r}")))
     counts = tuple(int(c) for c in parse_floats(model_counts, "--model-counts", "2,4"))
     every, per = parse_rates(rates)
     check_rates(counts, every, per)

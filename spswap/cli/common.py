@@ -22,8 +22,9 @@ JsonOpt = typer.Option(
     False,
     "--json",
     help="Print machine-readable JSON instead of tables; when spswap refuses or fails, "
-    '{"error": {"kind", "message", "exit_code"}} (a usage error: an unknown option, a '
-    "missing or invalid argument, prints its usage text only, exit 2).",
+    '{"error": {"kind", "message", "exit_code"}} on stdout, the message on stderr too (a '
+    "usage error: an unknown option, a missing or invalid argument, prints its usage text "
+    "only, exit 2).",
 )
 RootOpt = typer.Option(
     None, "--root", envvar="SPSWAP_ROOT",

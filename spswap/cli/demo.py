@@ -39,7 +39,7 @@ def demo(
     otherwise the runs start from the pool, and the demo says what to run for the
     checkpoint path. Prints every turn's path and time (stop -> first answer) against
     the cold starts. Exits 1 if any answer differs. Everything is removed at the end.
-    Needs torch (`bash scripts/install.sh` installs it).
+    Needs torch: an install without --no-torch (`spswap doctor`'s torch row).
     """
     try:
         import torch  # noqa: F401 - the servers and the models need it

@@ -27,7 +27,9 @@ def doctor(json: bool = JsonOpt, root: Path | None = RootOpt, strict: bool = Str
     (>= 570 for checkpoint, >= 580 to restore onto another GPU), persistence mode, the tmpfs
     under SPSWAP_ROOT and whether it holds the pool in huge pages (faster CUDA restores on a
     GPU node), cgroup mode and whether a dumped tree can be moved out of its job's cgroup,
-    vLLM, and whether the daemon runs.
+    the node's budgets and settings, whether the daemon runs, torch (the reference engine's)
+    and vLLM, and whether spswap's bytecode is compiled for users' runs. Warnings (ok null in
+    --json) say what to do; FAIL is what swapping cannot work without.
 
     As root it also test-dumps and restores a short-lived process of another uid (nobody)
     the way spswapd dumps a job's: CRIU as that user in --unprivileged mode, and root's
