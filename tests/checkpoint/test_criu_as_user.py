@@ -126,6 +126,30 @@ def test_a_users_process_is_dumped_and_restored_by_criu_as_that_user(
     assert os.stat(info.path).st_uid == 0, "root takes the image back after the restore"
 
 
+def test_a_restore_that_cannot_start_in_the_runs_cgroup_restores_outside_and_says_why(
+    user_counter: tuple[int, Path], user_uid: int, tmp_path: Path
+) -> None:
+    """restore_instance's fallback (spswapd's `restore.criu_outside_job`): CRIU is to start
+    in the run's cgroups and cannot (here: a cgroup that is not there); the image, which
+    CRIU never touched, is restored as before, and the caller is told why."""
+    from spswap.checkpoint.images import Identity
+    from spswap.checkpoint.service import dump_instance, restore_instance
+
+    pid, count = user_counter
+    identity = Identity("test", "1", "-", "-", "-", "-", "4.1", "sha256:0", user_uid, "c0")
+    images = count.parent.parent / "images"  # root's, reachable by the user's CRIU
+    dump_instance(images, job_id="fb", pid=pid, identity=identity)
+    criu.wait_pids_free([pid], 10)
+    before = _count(count)
+    said: list[str] = []
+    gone = tmp_path / "no-such-cgroup"
+    restored, _ = restore_instance(images, job_id="fb", expected=identity, check_integrity=False,
+                                   cgroup_dirs=[gone], outside=said.append)  # fmt: skip
+    assert restored == pid and _counts_on(count, before), "restored, it counts on"
+    assert len(said) == 1 and "CRIU could not be started inside the cgroup(s)" in said[0], said
+    assert str(gone) in said[0], said
+
+
 def test_a_dump_as_the_user_leaves_the_tree_frozen_by_root(
     user_counter: tuple[int, Path], user_uid: int
 ) -> None:
