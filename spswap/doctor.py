@@ -26,7 +26,7 @@ from spswap.config import Config
 from spswap.doctor_bytecode import bytecode_check
 from spswap.doctor_check import check
 from spswap.errors import CheckpointFailed
-from spswap.install_hint import pip_install_hint, torch_install_hint
+from spswap.install_hint import TORCH_PARTS, pip_install_hint, torch_install_hint
 from spswap.settings_check import node_sizes, unfit_settings
 
 KERNEL_NEEDS_CRIU_41 = (6, 13)
@@ -150,7 +150,7 @@ def _torch() -> dict[str, Any]:
     from importlib import metadata
 
     versions: dict[str, str | None] = {}
-    for part in ("torch", "safetensors", "numpy"):
+    for part in TORCH_PARTS:
         try:
             versions[part] = metadata.version(part)
         except metadata.PackageNotFoundError:

@@ -10,9 +10,12 @@ names this Python and this checkout instead.
 
 from __future__ import annotations
 
+import importlib.util
 import shlex
 import sys
 from pathlib import Path
+
+TORCH_PARTS = ("torch", "safetensors", "numpy")  # spswap's ``torch`` extra (pyproject.toml)
 
 
 def pip_install_text(extra: str, python: str, checkout: Path | None) -> str:
@@ -75,11 +78,22 @@ def needs_text(what: str, parts: str, install: str, why: str | None = None) -> s
     return f"{what} needs {parts}, missing here{seen}: install {them} with `{install}`"
 
 
+def missing_torch_part() -> str | None:
+    """The first of :data:`TORCH_PARTS` that cannot be imported here, or None."""
+    return next((m for m in TORCH_PARTS if importlib.util.find_spec(m) is None), None)
+
+
 def needs_torch(what: str, error: ImportError | None = None) -> str:
-    """:func:`needs_text` for spswap's ``torch`` extra (torch, safetensors and numpy;
-    ``error`` names the module that was missing), with :func:`torch_install_text`."""
-    return needs_text(what, "torch, safetensors and numpy", torch_install_hint(),
-                      str(error) if error else "No module named 'torch'")  # fmt: skip
+    """:func:`needs_text` for spswap's ``torch`` extra (:data:`TORCH_PARTS`), with
+    :func:`torch_install_text`; ``error`` (else :func:`missing_torch_part`) names the
+    module that was missing."""
+    if error is not None:
+        why: str | None = str(error)
+    else:
+        missing = missing_torch_part()
+        why = f"No module named {missing!r}" if missing else None
+    parts = f"{', '.join(TORCH_PARTS[:-1])} and {TORCH_PARTS[-1]}"
+    return needs_text(what, parts, torch_install_hint(), why)
 
 
 def vllm_gpu_refusal(what: str, *, has_vllm: bool, has_gpu: bool, pip_hint: str) -> str | None:

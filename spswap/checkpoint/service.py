@@ -17,6 +17,7 @@ are ever restored, and only for the same uid (the uid is part of the identity).
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import signal
@@ -309,17 +310,17 @@ def restore_instance(
         # the peak); fine here: an image is single use and deleted below in any case
         run_as = (criu.RunAs.for_uid(expected.uid)
                   if criu_as_user and expected.uid != 0 else None)  # fmt: skip
+        restore = functools.partial(criu.restore, image.name, images_root,
+                                    criu=criu_path, auto_dedup=True, run_as=run_as,
+                                    hugepages=hugepages)  # fmt: skip
         try:
-            pid = criu.restore(image.name, images_root, criu=criu_path, auto_dedup=True,
-                               run_as=run_as, hugepages=hugepages,
-                               cgroup_dirs=cgroup_dirs)  # fmt: skip
+            pid = restore(cgroup_dirs=cgroup_dirs)
         except CriuNotStarted as e:  # (CRIU never ran: the image is as it was)
             if not cgroup_dirs:
                 raise
             if outside is not None:
                 outside(str(e))
-            pid = criu.restore(image.name, images_root, criu=criu_path, auto_dedup=True,
-                               run_as=run_as, hugepages=hugepages)  # fmt: skip
+            pid = restore()
         timings["criu_restore"] = time.monotonic() - t0
         timings.update(cuda_back(pid, cuda, gpu_map))
         restored = True

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,12 @@ from spswap.engines.model_check import check_engine_name
 from spswap.engines.vllm_engine import available
 from spswap.errors import ConfigError
 from spswap.fsutil import atomic_write_json, fs_sizes
-from spswap.install_hint import needs_torch, pip_install_hint, vllm_gpu_refusal
+from spswap.install_hint import (
+    missing_torch_part,
+    needs_torch,
+    pip_install_hint,
+    vllm_gpu_refusal,
+)
 from spswap.multi.engine_settings import model_settings
 
 app = typer.Typer(
@@ -364,12 +368,8 @@ def traffic(
     the table: a rate with any is not within the target). Needs torch."""
     if engine == "vllm" and (refusal := _vllm_refusal("bench traffic --engine vllm")):
         raise ConfigError(f"{refusal}; or use --engine reference, which runs on CPU")
-    if engine == "reference" and (
-        gone := [
-            m for m in ("torch", "safetensors", "numpy") if importlib.util.find_spec(m) is None
-        ]
-    ):
-        raise ConfigError(needs_torch("bench traffic", ImportError(f"No module named {gone[0]!r}")))
+    if engine == "reference" and missing_torch_part() is not None:
+        raise ConfigError(needs_torch("bench traffic"))
     counts = tuple(int(c) for c in parse_floats(model_counts, "--model-counts", "2,4"))
     every, per = parse_rates(rates)
     check_rates(counts, every, per)

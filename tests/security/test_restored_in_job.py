@@ -15,7 +15,6 @@ import pwd
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from tests.checkpoint.criu_helpers import needs_criu
 from tests.security.conftest import JOB
 from tests.security.test_restore_from_outside import IDENT, _ask
 from tests.security.user_instance import ASK_CHECKPOINT
+from tests.slurm.cluster import wait_for
 
 pytestmark = [pytest.mark.criu, needs_criu]
 
@@ -84,13 +84,6 @@ def _start_watcher(cfg: Config, uid: int, out: Path) -> int:
     return int(Path(str(out) + ".pid").read_text())
 
 
-def _wait(what: str, check: object, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 def test_a_users_image_comes_back_inside_the_runs_cgroup_never_spswapds(
     cfg: Config, daemon: int, user_uid: int, job_cgroup: Path, work: Path
 ) -> None:
@@ -99,15 +92,16 @@ def test_a_users_image_comes_back_inside_the_runs_cgroup_never_spswapds(
     pid = _start_watcher(cfg, user_uid, out)
     restored = None
     try:
-        _wait("the dump", lambda: Client(cfg).call("checkpoint.status", job_id=JOB).get("state")
-              == "saved")  # fmt: skip
+        wait_for("the dump", lambda: Client(cfg).call("checkpoint.status", job_id=JOB)
+                 .get("state") == "saved", 60)  # fmt: skip
         lines = out.read_text().splitlines()
         assert lines[0].startswith("asked ") and '"accepted":true' in lines[0], lines
-        _wait("the dumped process's pid to be free", lambda: not Path(f"/proc/{pid}").exists())
+        wait_for("the dumped process's pid to be free",
+                 lambda: not Path(f"/proc/{pid}").exists(), 60)  # fmt: skip
         got = _ask(cfg, user_uid, cfg.root, job_cgroup)
         assert got == "restored", got
         restored = pid
-        _wait("the restored process's first look", lambda: "resumed" in out.read_text(), 30)
+        wait_for("the restored process's first look", lambda: "resumed" in out.read_text(), 30)
         v2 = next(m for m in cgroup_paths.mounts() if m.controllers == "")
         job = "/" + str(job_cgroup.relative_to(v2.mountpoint))
         resumed = [line for line in out.read_text().splitlines() if line.startswith("resumed")]
@@ -122,4 +116,4 @@ def test_a_users_image_comes_back_inside_the_runs_cgroup_never_spswapds(
                     os.kill(p, 9)
                 except ProcessLookupError:
                     pass
-        _wait("the watcher's end", lambda: not Path(f"/proc/{pid}").exists(), 10)
+        wait_for("the watcher's end", lambda: not Path(f"/proc/{pid}").exists(), 10)
