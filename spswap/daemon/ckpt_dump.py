@@ -16,6 +16,7 @@ from spswap.checkpoint.image_layout import layout_summary_quietly
 from spswap.checkpoint.images import Identity
 from spswap.checkpoint.proctree import anon_rss_bytes
 from spswap.checkpoint.service import DumpReport, dump_instance
+from spswap.daemon import prewake
 from spswap.daemon.ckpt_status import (
     identity_of,
     resume,
@@ -87,6 +88,8 @@ def _dump_locked(st: DaemonState, job_id: str, pid: int, pid_start: int | None,
         _requeue(st, job_id)
     if report is not None:
         _record_layout(st, job_id, identity.uid, report)
+    if leave.kept and st.cfg.keep_on_gpu:  # its sleeping GPU state back on its GPU, to
+        prewake.wake_early(st, job_id, resident=True)  # wait there (after the layout: its lock)
 
 
 def _record_layout(st: DaemonState, job_id: str, uid: int, report: DumpReport) -> None:

@@ -231,8 +231,9 @@ def op_job_end(ctx: Context, args: dict[str, Any]) -> Answer:
         dropped = _drop_job_pool_uses(st, job_id)
     except Exception as e:
         problems.append(f"pool: {e}")
-    try:  # woken early for this run, never taken: it holds GPU memory past the job
-        prewake.end_if_untaken(st, job_id)
+    try:  # woken early for this run, never taken: it holds GPU memory past the job (one
+        # kept on its GPU after this run's dump waits there for the next run)
+        prewake.end_if_untaken(st, job_id, keep_resident=True)
     except Exception as e:
         problems.append(f"kept tree: {e}")
     fate = "unknown"

@@ -40,6 +40,9 @@ class Kept:
     # timings; its run's record says "image", not "kept"
     restored_early_s: float | None = None
     restore_timings: dict[str, float] | None = None
+    # its GPU state put back on its GPU right after its dump, to stay there while its job
+    # waits (SPSWAP_KEEP_ON_GPU; spswap.daemon.prewake): not ended for not being taken soon
+    resident: bool = False
 
     def early_s(self) -> float | None:
         """When it was woken or restored early for its job's run (None: neither); such a
@@ -78,6 +81,16 @@ class KeptTrees:
         with self._lock:
             self._by_job[kept.job_id] = kept
 
+    def add_unless(self, kept: Kept, why_not: Callable[[], str | None]) -> str | None:
+        """:meth:`add`, unless ``why_not()``, asked under this object's lock (so that one
+        who looks at the trees after what ``why_not`` reads changed sees this one), says
+        why not; that reason, or None when added."""
+        with self._lock:
+            reason = why_not()
+            if reason is None:
+                self._by_job[kept.job_id] = kept
+            return reason
+
     def take(self, job_id: str) -> Kept | None:
         """The job's kept tree, now owned by the caller (a restore): nothing else may end it
         meanwhile; None when there is none."""
@@ -93,6 +106,11 @@ class KeptTrees:
         """Whether the job has a kept tree here now."""
         with self._lock:
             return job_id in self._by_job
+
+    def resident(self) -> list[Kept]:
+        """The trees whose GPU state stays on their GPU while their job waits, to look at."""
+        with self._lock:
+            return [k for k in self._by_job.values() if k.resident]
 
     def jobs_of_image(self, key: str) -> list[str]:
         """The jobs whose kept tree belongs to image ``key``."""
@@ -120,9 +138,10 @@ class KeptTrees:
 
     def trim_to(self, budget_bytes: int) -> None:
         """End the oldest kept trees until the rest fit ``budget_bytes`` (not those woken
-        or restored early for a run about to take them: they go within a minute anyway)."""
+        or restored early for a run about to take them: they go within a minute anyway;
+        those kept on their GPU count: they stay as long as any)."""
         with self._lock:
-            kept = sorted((k for k in self._by_job.values() if k.early_s() is None),
+            kept = sorted((k for k in self._by_job.values() if k.early_s() is None or k.resident),
                           key=lambda k: k.since)  # fmt: skip
         sizes = [(k.job_id, k.size_bytes()) for k in kept]
         total = sum(n for _, n in sizes)

@@ -26,12 +26,21 @@ It is done only where it is safe and cheap to undo:
 A tree woken early that its run does not take (the run starts cold, or never asks) holds
 GPU memory outside any slot: it is ended :data:`HOLD_S` after the wake and at its job's
 end; the image stays, so a later run still restores from it.
+
+Where the site allows it (``SPSWAP_KEEP_ON_GPU=1``), the same wake runs right after the
+dump instead (:func:`start` with ``resident``): the tree's sleeping GPU state goes back
+onto its GPU and stays there, frozen and locked, while its job waits, so the job's next
+run skips the CUDA restore too. Such a tree holds GPU memory on a GPU Slurm gives to
+other jobs meanwhile, outside any slot: a slot reservation of another job on that GPU
+ends it (:func:`make_way`; its image stays), and so does one granted while it was being
+woken (checked as it is kept).
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -59,23 +68,24 @@ def refusal(*, dumped_gpus: list[str], cuda_pids: list[int], job_gpus: list[str]
         return "the job's GPUs are not known"
     if job_gpus != dumped_gpus:
         return "the job is on other GPUs than its dump (the restore remaps them)"
-    if shared_with:
-        return f"job(s) {', '.join(sorted(shared_with))} hold slots on its GPUs"
-    return None
+    return _shared_text(sorted(shared_with))
 
 
-def start(st: DaemonState, job_id: str) -> None:
+def start(st: DaemonState, job_id: str, *, resident: bool = False) -> None:
     """At the job's prolog (or its run's ``job.starting``): wake its kept tree's GPU state
-    early, off the caller's path."""
-    threading.Thread(target=wake_early, args=(st, job_id), daemon=True).start()
+    early, off the caller's path. ``resident``: right after the job's dump, to stay on
+    its GPU while the job waits (``SPSWAP_KEEP_ON_GPU``)."""
+    threading.Thread(target=wake_early, args=(st, job_id), kwargs={"resident": resident},
+                     daemon=True).start()  # fmt: skip
 
 
-def wake_early(st: DaemonState, job_id: str) -> bool:
+def wake_early(st: DaemonState, job_id: str, *, resident: bool = False) -> bool:
     """The job's kept tree (or, without one, its image restored into one: prerestore):
     thawed, its GPU state restored (LOCKED) and frozen again, for its run's restore to
     unlock; True when its GPU state was woken. Never raises. A failure before the thaw
     leaves the tree kept as it was; one after it ends the tree (its GPU state may be half
-    back; its image stays: the run restores from it)."""
+    back; its image stays: the run restores from it). ``resident``: after the job's dump
+    (a kept tree only), to stay on its GPU until its run takes it (no :data:`HOLD_S`)."""
     lock = st.job_locks.of(job_id)
     if not lock.acquire(blocking=False):  # a dump or the run's restore: not now
         return False
@@ -85,15 +95,15 @@ def wake_early(st: DaemonState, job_id: str) -> bool:
             st.held_cgroups.drop(job_id)  # (no image to restore into it)
             return False
         # no kept tree: its image made one, where the dump held its cgroup (prerestore)
-        kept = st.kept.take(job_id) or restore_early(st, job_id)
+        kept = st.kept.take(job_id) or (None if resident else restore_early(st, job_id))
         if kept is None:
             return False
         if kept.early_timings is not None:  # woken already (the prolog's, then the run's)
             st.kept.add(kept)
             return False
-        woken = _wake_taken(st, job_id, kept)
-        if not woken and kept.restored_early_s is None:
-            return False  # (kept as it was, or ended)
+        woken = _wake_taken(st, job_id, kept, resident=resident)
+        if resident or (not woken and kept.restored_early_s is None):
+            return woken  # (kept as it was, or ended; or kept on its GPU: no hold time)
         # woken or restored early (early_s set): ended unless its run takes it soon
         timer = threading.Timer(HOLD_S, end_if_untaken, args=(st, job_id, kept.early_s()),
                                 kwargs={"wait_s": END_WAIT_S})  # fmt: skip
@@ -107,11 +117,11 @@ def wake_early(st: DaemonState, job_id: str) -> bool:
     return woken
 
 
-def _wake_taken(st: DaemonState, job_id: str, kept: Kept) -> bool:
+def _wake_taken(st: DaemonState, job_id: str, kept: Kept, *, resident: bool = False) -> bool:
     """Wake the GPU state of ``kept`` (taken by the caller) where it may; True when done.
     The tree goes back to the kept trees unless the wake failed (then it is ended)."""
     try:
-        ready = _ready(st, job_id, kept)
+        ready = _ready(st, job_id, kept, resident=resident)
     except Exception:  # noqa: BLE001 - nothing was touched: it stays kept
         ready = None
     if ready is None:
@@ -128,28 +138,49 @@ def _wake_taken(st: DaemonState, job_id: str, kept: Kept) -> bool:
         st.kept.end_taken(kept, "its job's image went while its GPU state was restored "
                                 "early")  # fmt: skip
         return False
-    st.kept.add(kept)
+    if not resident:
+        st.kept.add(kept)
+        return True
+    kept.resident = True
+    # a slot granted to another job on its GPU while it was woken: that job's memory
+    # (checked as it is kept, so that make_way after such a grant finds it)
+    why_not = st.kept.add_unless(kept, lambda: _shared_text(_shared_with(st, job_id)))
+    if why_not is not None:
+        st.kept.end_taken(kept, f"{why_not}: its GPU state is not kept on the GPU; its "
+                                "image stays")  # fmt: skip
+        return False
+    st.event_quietly("kept.on_gpu", job_id=job_id, pid=kept.pid, timings_s=kept.early_timings)
     return True
 
 
-def _ready(st: DaemonState, job_id: str, kept: Kept) -> Path | None:
+def _shared_with(st: DaemonState, job_id: str) -> list[str]:
+    """The other jobs that hold slots on the job's GPUs now ("?" for a user outside any)."""
+    rec = st.jobs.get(job_id)
+    mine = set(rec.gpus) if rec is not None else set()
+    return sorted({r.holder.job_id or "?" for r in st.slot_table().reservations()
+                   if r.holder.job_id != job_id and mine & set(r.gpus)})  # fmt: skip
+
+
+def _shared_text(shared: list[str]) -> str | None:
+    return f"job(s) {', '.join(shared)} hold slots on its GPUs" if shared else None
+
+
+def _ready(st: DaemonState, job_id: str, kept: Kept, *, resident: bool = False) -> Path | None:
     """The kept tree's image when its GPU state may be woken early, else None (and why
     not, in the event log, for a tree that has GPU state)."""
     image = st.cfg.paths.images / kept.key
     record = cuda_record(image)
-    rec = st.jobs.get(job_id)
-    mine = set(rec.gpus) if rec is not None else set()
-    shared = sorted({r.holder.job_id or "?" for r in st.slot_table().reservations()
-                     if r.holder.job_id != job_id and mine & set(r.gpus)})  # fmt: skip
     why_not = refusal(dumped_gpus=list(record.get("gpu_uuids", [])),
                       cuda_pids=list(record.get("cuda_pids", [])),
-                      job_gpus=run_gpu_uuids(st, job_id), shared_with=shared)  # fmt: skip
+                      job_gpus=run_gpu_uuids(st, job_id),
+                      shared_with=_shared_with(st, job_id))  # fmt: skip
     if why_not is None and not (image.is_dir() and kept.alive()):
         why_not = "its image or its tree is gone"
     if why_not is None:
         return image
     if record.get("cuda_pids"):  # (a tree without GPU state has nothing to wake)
-        st.event_quietly("restore.not_woken_early", job_id=job_id, reason=why_not)
+        st.event_quietly("kept.not_on_gpu" if resident else "restore.not_woken_early",
+                         job_id=job_id, reason=why_not)  # fmt: skip
     return None
 
 
@@ -173,14 +204,16 @@ def matches_gpus(st: DaemonState, job_id: str, kept: Kept) -> bool:
 
 
 def end_if_untaken(st: DaemonState, job_id: str, woken_s: float | None = None, *,
-                   wait_s: float = 0.0) -> bool:  # fmt: skip
+                   wait_s: float = 0.0, keep_resident: bool = False) -> bool:  # fmt: skip
     """End the job's kept tree if its GPU state was woken early, or it was restored early
     from its image (at ``woken_s`` when given), and no run took it: it holds GPU memory
     outside any slot, or host memory beside its image. True when ended.
     ``wait_s``: how long to wait for the job's lock (an early wake in progress); without
-    it, nothing is waited for (the epilog's path: the job's dump may hold the lock)."""
+    it, nothing is waited for (the epilog's path: the job's dump may hold the lock).
+    ``keep_resident``: not one kept on its GPU on purpose (the epilog of the run it was
+    dumped from: it waits there for the job's next run)."""
     found = st.kept.get(job_id)
-    if found is None or found.early_s() is None:
+    if found is None or found.early_s() is None or (keep_resident and found.resident):
         return False
     lock = st.job_locks.of(job_id)
     got = lock.acquire(timeout=wait_s) if wait_s else lock.acquire(blocking=False)
@@ -191,7 +224,8 @@ def end_if_untaken(st: DaemonState, job_id: str, woken_s: float | None = None, *
         if kept is None:
             return False
         early_s = kept.early_s()
-        if early_s is None or (woken_s is not None and early_s != woken_s):
+        if (early_s is None or (woken_s is not None and early_s != woken_s)
+                or (keep_resident and kept.resident)):  # fmt: skip
             st.kept.add(kept)
             return False
         what = "its GPU state was" if kept.gpu_back_s is not None else "it was"
@@ -200,3 +234,20 @@ def end_if_untaken(st: DaemonState, job_id: str, woken_s: float | None = None, *
         return True
     finally:
         lock.release()
+
+
+def make_way(st: DaemonState, job_id: str | None, gpus: Collection[int]) -> list[str]:
+    """After a slot reservation of job ``job_id`` (None: a user outside any job) was
+    granted on ``gpus``: end the trees other jobs keep on those GPUs
+    (``SPSWAP_KEEP_ON_GPU``), whose memory the slot table promised the reservation. Their
+    images stay (their runs restore from them). Returns the jobs whose trees were ended."""
+    ended = []
+    for kept in st.kept.resident():
+        rec = st.jobs.get(kept.job_id)
+        if kept.job_id == job_id or (rec is not None and not set(rec.gpus) & set(gpus)):
+            continue  # (its GPUs unknown: ended, to be safe)
+        who = f"job {job_id}" if job_id else "a user outside any job"
+        if st.kept.end(kept.job_id, f"{who} reserved a slot on its GPU, where its GPU state "
+                       "was kept: its next run restores from the image", image_key=kept.key):
+            ended.append(kept.job_id)
+    return ended

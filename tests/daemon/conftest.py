@@ -6,14 +6,20 @@ import json
 import re
 import shutil
 import socket
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from spswap.config import Config
-from spswap.daemon import lifecycle
+from spswap.daemon import lifecycle, prewake
+from spswap.daemon.kept import Kept
+from spswap.daemon.state import DaemonState
+from spswap.daemon.statuses import CheckpointState
+from spswap.fsutil import atomic_write_json
 from tests.uids import node_root
 
 REPO = Path(__file__).resolve().parents[2]
@@ -90,3 +96,70 @@ def prolog_env(cfg: Config, job_id: str, uid: int = 0, user: str = "root") -> di
 
 def which_spswap() -> str:
     return shutil.which("spswap") or str(Path(sys.executable).parent / "spswap")
+
+
+class Parking:
+    """The parked cgroups' calls, recorded (the real ones: tests/checkpoint/)."""
+
+    def __init__(self, pid: int, calls: list[str]) -> None:
+        self._pids = {pid}
+        self.calls = calls
+
+    def pids(self) -> set[int]:
+        return set(self._pids)
+
+    def thaw(self) -> bool:
+        self.calls.append("thaw")
+        return True
+
+    def freeze(self) -> bool:
+        self.calls.append("freeze")
+        return True
+
+    def kill_all(self) -> list[int]:
+        self.calls.append("kill")
+        killed, self._pids = sorted(self._pids), set()
+        return killed
+
+    def remove(self) -> None:
+        self.calls.append("remove")
+
+
+@pytest.fixture
+def kept7(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Job 7's kept tree (a real ``sleep`` process, its parked cgroups' and CUDA calls
+    recorded) in a real daemon state: (state, kept, calls, gpus, events); ``gpus["now"]``
+    is what the job's GPUs read as."""
+    cfg = Config.from_env({}, root=tmp_path / "root")
+    lifecycle.prepare_dirs(cfg)
+    st = DaemonState(cfg)
+    proc = subprocess.Popen(["sleep", "300"])
+    calls: list[str] = []
+    image = cfg.paths.images / "job-7-img"
+    image.mkdir(parents=True)
+    atomic_write_json(image / "spswap-cuda.json", {"cuda_pids": [proc.pid],
+                                                   "gpu_uuids": ["GPU-a"]})  # fmt: skip
+    st.statuses.write("7", state=CheckpointState.SAVED, pid=proc.pid, key=image.name, kept=True)
+    kept = Kept("7", proc.pid, None, Parking(proc.pid, calls), image.name, 0.0)
+    st.kept.add(kept)
+    gpus = {"now": ["GPU-a"]}
+    monkeypatch.setattr(prewake, "run_gpu_uuids", lambda st, job_id: gpus["now"])
+
+    def wake_kept(image: Path, pid: int, **kw: Any) -> dict[str, float]:
+        calls.append(f"cuda_restore unlock={kw['unlock']}")
+        assert kw["tree"] == {proc.pid}
+        return {"cuda_restore": 0.5}
+
+    monkeypatch.setattr(prewake, "wake_kept", wake_kept)
+    events: list[tuple[str, dict[str, Any]]] = []
+    real_event = st.event
+
+    def event(kind: str, **fields: Any) -> None:
+        events.append((kind, fields))
+        real_event(kind, **fields)
+
+    monkeypatch.setattr(st, "event", event)
+    monkeypatch.setattr(st.kept, "_event", event)  # it holds the daemon's own
+    yield st, kept, calls, gpus, events
+    proc.kill()
+    proc.wait()

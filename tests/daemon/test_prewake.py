@@ -7,18 +7,13 @@ daemon state, its locks, statuses, kept trees and events are the real ones."""
 from __future__ import annotations
 
 import os
-import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from spswap.config import Config
-from spswap.daemon import job_ops, lifecycle, prewake
+from spswap.daemon import job_ops, prewake
 from spswap.daemon.kept import Kept
 from spswap.daemon.state import DaemonState
-from spswap.daemon.statuses import CheckpointState
-from spswap.fsutil import atomic_write_json
 
 
 def test_refusal_says_why_not() -> None:
@@ -38,74 +33,10 @@ def test_refusal_says_why_not() -> None:
         assert prewake.refusal(**{**ok, **change}) == why, change  # type: ignore[arg-type]
 
 
-class Parking:
-    """The parked cgroups' calls, recorded (the real ones: tests/checkpoint/)."""
-
-    def __init__(self, pid: int, calls: list[str]) -> None:
-        self._pids = {pid}
-        self.calls = calls
-
-    def pids(self) -> set[int]:
-        return set(self._pids)
-
-    def thaw(self) -> bool:
-        self.calls.append("thaw")
-        return True
-
-    def freeze(self) -> bool:
-        self.calls.append("freeze")
-        return True
-
-    def kill_all(self) -> list[int]:
-        self.calls.append("kill")
-        killed, self._pids = sorted(self._pids), set()
-        return killed
-
-    def remove(self) -> None:
-        self.calls.append("remove")
-
-
-@pytest.fixture
-def setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    cfg = Config.from_env({}, root=tmp_path / "root")
-    lifecycle.prepare_dirs(cfg)
-    st = DaemonState(cfg)
-    proc = subprocess.Popen(["sleep", "300"])
-    calls: list[str] = []
-    image = cfg.paths.images / "job-7-img"
-    image.mkdir(parents=True)
-    atomic_write_json(image / "spswap-cuda.json", {"cuda_pids": [proc.pid],
-                                                   "gpu_uuids": ["GPU-a"]})  # fmt: skip
-    st.statuses.write("7", state=CheckpointState.SAVED, pid=proc.pid, key=image.name, kept=True)
-    kept = Kept("7", proc.pid, None, Parking(proc.pid, calls), image.name, 0.0)
-    st.kept.add(kept)
-    gpus = {"now": ["GPU-a"]}
-    monkeypatch.setattr(prewake, "run_gpu_uuids", lambda st, job_id: gpus["now"])
-
-    def wake_kept(image: Path, pid: int, **kw: Any) -> dict[str, float]:
-        calls.append(f"cuda_restore unlock={kw['unlock']}")
-        assert kw["tree"] == {proc.pid}
-        return {"cuda_restore": 0.5}
-
-    monkeypatch.setattr(prewake, "wake_kept", wake_kept)
-    events: list[tuple[str, dict[str, Any]]] = []
-    real_event = st.event
-
-    def event(kind: str, **fields: Any) -> None:
-        events.append((kind, fields))
-        real_event(kind, **fields)
-
-    monkeypatch.setattr(st, "event", event)
-    monkeypatch.setattr(st.kept, "_event", event)  # it holds the daemon's own
-    yield st, kept, calls, gpus, events
-    proc.kill()
-    proc.wait()
-
-
 def test_woken_early_then_the_restore_only_unlocks(
-    setup: Any, monkeypatch: pytest.MonkeyPatch
+    kept7: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    st, kept, calls, _, events = setup
+    st, kept, calls, _, events = kept7
     assert prewake.wake_early(st, "7")
     assert calls == ["thaw", "cuda_restore unlock=False", "freeze"]
     assert kept.gpu_back_s is not None and kept.early_timings["cuda_restore"] == 0.5
@@ -130,8 +61,8 @@ def test_woken_early_then_the_restore_only_unlocks(
     assert woken[1]["early_cuda_restore"] == 0.5 and woken[1]["cuda_unlock"] == 0.001
 
 
-def test_not_woken_on_other_gpus_or_while_its_job_is_locked(setup: Any) -> None:
-    st, kept, calls, gpus, _ = setup
+def test_not_woken_on_other_gpus_or_while_its_job_is_locked(kept7: Any) -> None:
+    st, kept, calls, gpus, _ = kept7
     gpus["now"] = ["GPU-b"]
     assert not prewake.wake_early(st, "7")
     gpus["now"] = ["GPU-a"]
@@ -140,8 +71,8 @@ def test_not_woken_on_other_gpus_or_while_its_job_is_locked(setup: Any) -> None:
     assert calls == [] and kept.gpu_back_s is None and st.kept.has("7")
 
 
-def test_a_tree_woken_early_and_never_taken_is_ended_at_its_jobs_end(setup: Any) -> None:
-    st, kept, calls, _, events = setup
+def test_a_tree_woken_early_and_never_taken_is_ended_at_its_jobs_end(kept7: Any) -> None:
+    st, kept, calls, _, events = kept7
     assert not prewake.end_if_untaken(st, "7"), "not woken early: it stays kept"
     assert st.kept.has("7")
     assert prewake.wake_early(st, "7")
@@ -155,9 +86,9 @@ def test_a_tree_woken_early_and_never_taken_is_ended_at_its_jobs_end(setup: Any)
 
 
 def test_a_failed_early_wake_ends_the_tree_its_image_stays(
-    setup: Any, monkeypatch: pytest.MonkeyPatch
+    kept7: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    st, kept, calls, _, events = setup
+    st, kept, calls, _, events = kept7
 
     def fails(*a: Any, **kw: Any) -> dict[str, float]:
         raise RuntimeError("cuda-checkpoint said no")
@@ -178,9 +109,9 @@ def _root_ctx(st: DaemonState) -> Any:
 
 
 def test_a_failure_before_the_thaw_leaves_the_tree_kept(
-    setup: Any, monkeypatch: pytest.MonkeyPatch
+    kept7: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    st, kept, calls, _, events = setup
+    st, kept, calls, _, events = kept7
 
     def no_driver(st: Any, job_id: str) -> list[str]:
         raise OSError("NVML is not answering")
@@ -192,13 +123,13 @@ def test_a_failure_before_the_thaw_leaves_the_tree_kept(
 
 
 def test_a_run_on_other_gpus_gets_the_image_not_the_early_tree(
-    setup: Any, monkeypatch: pytest.MonkeyPatch
+    kept7: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Registered again on other GPUs (no epilog between): the tree woken early on the old
     ones is ended, and the restore goes on from the image (never unlocked there)."""
     from spswap.daemon import ckpt_restore
 
-    st, kept, calls, gpus, events = setup
+    st, kept, calls, gpus, events = kept7
     assert prewake.wake_early(st, "7")
     gpus["now"] = ["GPU-b"]
     monkeypatch.setattr(ckpt_restore, "kept_image", lambda root, **kw: root / kept.key)
@@ -221,7 +152,7 @@ def test_a_run_on_other_gpus_gets_the_image_not_the_early_tree(
 
 
 def test_a_restore_that_fails_before_taking_the_tree_ends_it_only_for_its_own_job(
-    setup: Any,
+    kept7: Any,
 ) -> None:
     """Its run starts cold then, and needs the GPU memory the early tree holds; another
     user's failed call for the job (refused) must not end it."""
@@ -232,7 +163,7 @@ def test_a_restore_that_fails_before_taking_the_tree_ends_it_only_for_its_own_jo
     from spswap.daemon.state import Context
     from spswap.errors import SpswapError
 
-    st, kept, calls, _, events = setup
+    st, kept, calls, _, events = kept7
     st.jobs.put(JobRecord(job_id="7", uid=os.getuid(), user="u", gpus=[0]))
     assert prewake.wake_early(st, "7")
     with pytest.raises(SpswapError):  # someone else's call: refused, the tree stays
@@ -254,7 +185,7 @@ def _wait_woken(kept: Kept, timeout_s: float = 10.0) -> None:
         time.sleep(0.01)
 
 
-def test_a_runs_start_wakes_its_kept_tree_once(setup: Any) -> None:
+def test_a_runs_start_wakes_its_kept_tree_once(kept7: Any) -> None:
     """``job.starting`` (sent by `spswap serve` before its imports): the kept tree wakes
     early where nothing woke it; a second start, or the prolog's wake after it, does
     nothing (a second CUDA restore of a restored tree would fail and end it)."""
@@ -263,7 +194,7 @@ def test_a_runs_start_wakes_its_kept_tree_once(setup: Any) -> None:
     from spswap.daemon.jobs import JobRecord
     from spswap.daemon.state import Context
 
-    st, kept, calls, _, events = setup
+    st, kept, calls, _, events = kept7
     st.jobs.put(JobRecord(job_id="7", uid=os.getuid(), user="u", gpus=[0]))
     ctx = Context(peer_uid=os.getuid(), peer_pid=os.getpid(), state=st)
     assert job_ops.op_job_starting(ctx, {"job_id": "7"})["waking"] is True
@@ -277,7 +208,7 @@ def test_a_runs_start_wakes_its_kept_tree_once(setup: Any) -> None:
 
 
 def test_a_runs_start_registers_a_run_no_prolog_registered(
-    setup: Any, monkeypatch: pytest.MonkeyPatch
+    kept7: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """slurmd ran no prolog for the requeued run (the record says its last run ended):
     its start registers it, once Slurm says it runs here as its user, and wakes it."""
@@ -288,7 +219,7 @@ def test_a_runs_start_registers_a_run_no_prolog_registered(
     from spswap.errors import CheckpointFailed, PermissionDenied, RequestRefused
     from spswap.slurm.parse import JobInfo
 
-    st, kept, calls, _, events = setup
+    st, kept, calls, _, events = kept7
     ctx = Context(peer_uid=os.getuid(), peer_pid=os.getpid(), state=st)
     with pytest.raises(RequestRefused, match="job 7 is not registered on this node"):
         job_ops.op_job_starting(ctx, {"job_id": "7"})

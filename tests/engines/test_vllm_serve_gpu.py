@@ -58,6 +58,13 @@ def _answers(uds: Path, model: Path, times_s: list[float] | None = None) -> list
     return out
 
 
+def _events(cfg: Config, kind: str) -> list[dict[str, Any]]:
+    """spswapd's recent events of ``kind``."""
+    from spswap.daemon.client import Client
+
+    return [e for e in Client(cfg).call("events.tail", n=200) if e["kind"] == kind]
+
+
 def _run(cfg: Config, model: Path, state: Path, during: Any = None) -> dict[str, Any]:
     opts = VllmServeOptions(model=model, state_dir=state, start_timeout_s=400,
                             settings=VllmSettings(gpu_memory_utilization=0.3,
@@ -106,16 +113,19 @@ def test_two_runs_of_a_job_and_a_swap_through_the_server(tmp_path: Path) -> None
     assert second["during"]["copy"]["size_bytes"] > 0
 
 
-@pytest.mark.parametrize("fate", ["image", "kept", "dies", "damaged"])
+@pytest.mark.parametrize("fate", ["image", "kept", "on_gpu", "dies", "damaged"])
 def test_the_real_server_is_dumped_and_restored_into_the_next_run(
-    tmp_path: Path, fate: str
+    tmp_path: Path, fate: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`spswap serve --engine vllm` as a job would run it, twice, with a real spswapd: run 0
     is preempted (USR1) and dumped with the whole server tree (API server, engine core,
     CUDA checkpoint); run 1 has it restored and answers like run 0. image: CRIU ends the
     tree and restores it. kept: run 0 runs in a stand-in job cgroup, so spswapd parks it,
     dumps it with --leave-running and freezes it; run 1 gets it back without CRIU (its
-    GPU state woken early, at run 1's start, where the machine has one GPU). dies:
+    GPU state woken early, at run 1's start, where the machine has one GPU). on_gpu: kept,
+    with spswapd's SPSWAP_KEEP_ON_GPU=1: its GPU state back on the GPU right after the
+    dump, so run 1 only unlocks it; after run 1's own dump, another job's reservation on
+    the GPU ends the tree (its image stays). dies:
     restored from its image, then the restored `spswap serve` is killed, its server left
     running with its GPU memory: run 1 ends that server, starts its own from the pool and
     answers like run 0 (before issue 14 the old server stayed up beside the new one).
@@ -139,7 +149,9 @@ def test_the_real_server_is_dumped_and_restored_into_the_next_run(
     reason = criu_ready()
     if reason:
         pytest.skip(reason)
-    kept = fate == "kept"
+    kept = fate in ("kept", "on_gpu")
+    if fate == "on_gpu":  # (spswapd takes its caller's SPSWAP_* settings)
+        monkeypatch.setenv("SPSWAP_KEEP_ON_GPU", "1")
     cgroups = contextlib.ExitStack()
     cgroup = cgroups.enter_context(stand_in_job_cgroup("spswap-gpu-job")) if kept else None
     model = vllm_test_model(tmp_path)
@@ -158,8 +170,9 @@ def test_the_real_server_is_dumped_and_restored_into_the_next_run(
              "--state-dir", str(state), "--gpu-memory-utilization", "0.3",
              "--max-model-len", "512", "--json"],
             env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            # (on_gpu: run 1 too, so that its own dump parks the tree and keeps it)
             preexec_fn=(lambda: (cgroup / "cgroup.procs").write_text(str(os.getpid())))
-            if cgroup is not None and restart == 0 else None,
+            if cgroup is not None and (restart == 0 or fate == "on_gpu") else None,
         )  # fmt: skip
 
     def endpoint(pid: int | None = None) -> dict[str, Any] | None:
@@ -191,6 +204,8 @@ def test_the_real_server_is_dumped_and_restored_into_the_next_run(
             run0.wait(timeout=300)
         status = wait_saved(cfg, job, tmp_path)
         dump_s = time.monotonic() - t0
+        if fate == "on_gpu":  # its GPU state back on the GPU after the dump, before run 1
+            wait("the tree's GPU state kept on the GPU", lambda: _events(cfg, "kept.on_gpu"), 60)
         # what the image holds, as an admin sees it: each process's largest areas
         shown = subprocess.run(
             [sys.executable, "-m", "spswap.cli", "images", "show", job, "--json",
@@ -282,7 +297,20 @@ def test_the_real_server_is_dumped_and_restored_into_the_next_run(
                           "restore": done[0]["detail"] if done else None}))  # fmt: skip
         assert after == before
         assert done and done[0]["detail"]["kept"] is kept, events
-        if gpus:  # woken at run 1's start: the run's restore only unlocked it
+        if fate == "on_gpu":  # on the GPU since the dump: run 1 only unlocked it
+            assert "early_cuda_restore" in done[0]["detail"]["timings_s"], done
+            assert not any(e["kind"] == "restore.woken_early" for e in events), events
+            # run 1's dump kept it on the GPU again; another job's reservation there ends it
+            wait("the tree kept on the GPU again", lambda: len(_events(cfg, "kept.on_gpu")) > 1,
+                 60)  # fmt: skip
+            Client(cfg).call("job.register", job_id="5152", uid=0, user="root", gpus=gpus)
+            Client(cfg).call("slots.reserve", model="other", units=4, job_id="5152",
+                             allowed_gpus=gpus, timeout_s=30)  # fmt: skip
+            ended = wait("the tree ended for job 5152's reservation", lambda: [
+                e for e in _events(cfg, "kept.ended") if "job 5152 reserved" in
+                e["detail"]["reason"]], 30)  # fmt: skip
+            print(json.dumps({"on_gpu_ended": ended[0]["detail"]["reason"]}))
+        elif gpus:  # woken at run 1's start: the run's restore only unlocked it
             assert any(e["kind"] == "restore.woken_early" for e in events), events
         if fate == "dies":
             log1 = (tmp_path / "run1.log").read_text()
