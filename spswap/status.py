@@ -140,7 +140,8 @@ def _checkpoints(directory: Any) -> list[dict[str, Any]]:
     for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
         data = read_json(path)
         if isinstance(data, dict):
-            keep = ("job_id", "uid", "state", "size_bytes", "reason", "timings_s", "kept")
+            keep = ("job_id", "uid", "state", "size_bytes", "reason", "timings_s", "kept",
+                    "on_gpu")  # fmt: skip
             out.append({k: data.get(k) for k in keep})
     return out
 
@@ -232,10 +233,13 @@ def render_instances(instances: list[dict[str, Any]], now: float,
     )
 
 
-def checkpoint_state_text(state: str, kept: bool) -> str:
+def checkpoint_state_text(state: str, kept: bool, on_gpu: bool = False) -> str:
     """A job's checkpoint state as a table shows it: a saved one kept alive (frozen
-    beside its image) says so. Pure."""
-    return "saved, kept alive" if kept and state == "saved" else state
+    beside its image) says so, and where its GPU state waits on its GPU
+    (SPSWAP_KEEP_ON_GPU). Pure."""
+    if not (kept and state == "saved"):
+        return state
+    return "saved, kept alive on its GPU" if on_gpu else "saved, kept alive"
 
 
 def newest_of_jobs(instances: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -293,7 +297,8 @@ def render_checkpoints(checkpoints: list[dict[str, Any]],
         t.add_column(col, overflow="fold")  # a narrow terminal folds values, never cuts them
     for c in checkpoints:
         size = fmt_bytes(c["size_bytes"]) if c.get("size_bytes") else "-"
-        state = checkpoint_state_text(str(c.get("state")), bool(c.get("kept")))
+        state = checkpoint_state_text(str(c.get("state")), bool(c.get("kept")),
+                                      bool(c.get("on_gpu")))  # fmt: skip
         plain_row(t, c.get("job_id"), user_cell(c.get("uid")), state, size)
     return TitleOnOneLine(t)
 

@@ -271,6 +271,8 @@ def test_a_saved_checkpoint_kept_alive_says_so_in_status_and_images_ls() -> None
     assert checkpoint_state_text("saved", True) == "saved, kept alive"
     assert checkpoint_state_text("saved", False) == "saved"
     assert checkpoint_state_text("restored", True) == "restored"
+    assert checkpoint_state_text("saved", True, True) == "saved, kept alive on its GPU"
+    assert checkpoint_state_text("restored", True, True) == "restored"
 
 
 def test_status_of_a_root_that_does_not_exist_makes_nothing_and_says_why(tmp_path: Path):

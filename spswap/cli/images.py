@@ -62,6 +62,7 @@ def collect_images(images_root: Path, statuses_dir: Path) -> list[dict[str, Any]
             "created": meta.get("created_at"), "identity": meta.get("identity", {}),
             "state": "refused" if problem else status.get("state", "unknown"),
             "kept": bool(status.get("kept")) and not problem, "problem": problem,
+            "on_gpu": bool(status.get("on_gpu")) and not problem,
         })  # fmt: skip
     return sorted(out, key=_job_order)
 
@@ -121,7 +122,7 @@ def ls(json: bool = JsonOpt, root: Path | None = RootOpt) -> None:
         ident = i["identity"]
         age = f"{(now - i['created']) / 60:.0f} min" if i["created"] else "?"
         digest = str(ident.get("model_digest", "?"))
-        rows.append([i["job_id"], checkpoint_state_text(i["state"], i["kept"]),
+        rows.append([i["job_id"], checkpoint_state_text(i["state"], i["kept"], i["on_gpu"]),
                      fmt_bytes(i["size_bytes"]), str(ident.get("engine", "?")),
                      i["model"] or digest[:12], user_cell(ident.get("uid"), "?"), age])  # fmt: skip
     # a narrow terminal: columns left out (named under it) rather than words broken

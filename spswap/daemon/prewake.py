@@ -149,6 +149,7 @@ def _wake_taken(st: DaemonState, job_id: str, kept: Kept, *, resident: bool = Fa
         st.kept.end_taken(kept, f"{why_not}: its GPU state is not kept on the GPU; its "
                                 "image stays")  # fmt: skip
         return False
+    st.statuses.mark_on_gpu(job_id)
     st.event_quietly("kept.on_gpu", job_id=job_id, pid=kept.pid, timings_s=kept.early_timings)
     return True
 

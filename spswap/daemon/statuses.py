@@ -90,8 +90,14 @@ class CheckpointStatuses:
 
     def unmark_kept(self, job_id: str) -> None:
         """A saved job's status no longer says kept (``spswap status``): its image remains."""
-        if self.read(job_id).get("kept"):
-            self._amend(job_id, CheckpointState.SAVED, kept=False)
+        status = self.read(job_id)
+        if status.get("kept"):
+            self._amend(job_id, CheckpointState.SAVED, kept=False,
+                        **({"on_gpu": False} if status.get("on_gpu") else {}))  # fmt: skip
+
+    def mark_on_gpu(self, job_id: str) -> None:
+        """A saved job's kept tree waits with its GPU state on its GPU (SPSWAP_KEEP_ON_GPU)."""
+        self._amend(job_id, CheckpointState.SAVED, on_gpu=True)
 
     def _amend(self, job_id: str, only_in: CheckpointState, **fields: Any) -> None:
         """Set ``fields`` in the job's status while it is ``only_in`` (else leave it)."""

@@ -50,6 +50,7 @@ def test_woken_after_its_dump_it_stays_past_its_runs_epilog_and_hold_time(
     assert calls == ["thaw", "cuda_restore unlock=False", "freeze"]
     assert kept.resident and kept.gpu_back_s is not None and st.kept.resident() == [kept]
     assert [k for k, _ in events] == ["kept.on_gpu"]
+    assert st.statuses.read("7")["on_gpu"] is True  # (`spswap status`: "kept alive on its GPU")
     # the epilog of the run it was dumped from (its job requeued): it waits for the next run
     job_ops.op_job_end(_root(st), {"job_id": "7", "requeued": True})
     time.sleep(0.2)
@@ -108,7 +109,7 @@ def test_another_jobs_reservation_on_its_gpu_ends_it_its_own_and_other_gpus_do_n
     assert ended == ["job 8 reserved a slot on its GPU, where its GPU state was kept: its "
                      "next run restores from the image"]  # fmt: skip
     assert (st.cfg.paths.images / kept.key).is_dir(), "the image is the way back"
-    assert st.statuses.read("7")["kept"] is False
+    assert st.statuses.read("7")["kept"] is False and st.statuses.read("7")["on_gpu"] is False
 
 
 def test_a_restore_that_fails_before_taking_it_ends_it(on_gpu: Any) -> None:
