@@ -248,7 +248,8 @@ def make_way(st: DaemonState, job_id: str | None, gpus: Collection[int]) -> list
         if kept.job_id == job_id or (rec is not None and not set(rec.gpus) & set(gpus)):
             continue  # (its GPUs unknown: ended, to be safe)
         who = f"job {job_id}" if job_id else "a user outside any job"
-        if st.kept.end(kept.job_id, f"{who} reserved a slot on its GPU, where its GPU state "
-                       "was kept: its next run restores from the image", image_key=kept.key):
+        why = (f"{who} reserved a slot on its GPU, where its GPU state was kept: its next "
+               "run restores from the image")  # fmt: skip
+        if st.kept.end(kept.job_id, why, image_key=kept.key):
             ended.append(kept.job_id)
     return ended
