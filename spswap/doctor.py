@@ -359,7 +359,8 @@ def collect(cfg: Config) -> dict[str, Any]:
     checks.append(parking)
     checks.append(_freeze_hold())
     can_park = None if os.geteuid() != 0 else parking["ok"] is True
-    checks.append(doctor_node.keep_check(cfg.keep_budget_bytes(), can_park, sizes.mem_total_bytes))
+    checks.append(doctor_node.keep_check(cfg.keep_budget_bytes(), can_park, sizes.mem_total_bytes,
+                                         on_gpu=cfg.keep_on_gpu))  # fmt: skip
     checks.append(doctor_node.root_ownership(cfg))
     checks.append(doctor_node.settings(problems))
     checks.append(doctor_node.daemon(cfg))

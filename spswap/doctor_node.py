@@ -158,15 +158,17 @@ def root_ownership(cfg: Config) -> dict[str, Any]:
     return check("state tree", True, f"{cfg.root}: root's, not writable by others")
 
 
-def keep_check(budget_bytes: int, can_park: bool | None,
-               mem_total_bytes: int | None = None) -> dict[str, Any]:  # fmt: skip
+def keep_check(budget_bytes: int, can_park: bool | None, mem_total_bytes: int | None = None,
+               on_gpu: bool = False) -> dict[str, Any]:  # fmt: skip
     """Whether dumped instances can be kept alive (frozen, parked) for their job's next
     run: a keep budget and parked cgroups are both needed (``can_park`` None: not
-    checked, the caller is not root), and a budget the node's memory can hold. Pure."""
+    checked, the caller is not root), and a budget the node's memory can hold.
+    ``on_gpu``: SPSWAP_KEEP_ON_GPU is on (their GPU state waits on their GPU). Pure."""
     name = "keep dumped instances"
     slower = "each swap back to a dumped job then runs CRIU's restore (about 2 s more)"
     if budget_bytes <= 0:
-        return check(name, None, "off (SPSWAP_KEEP_BYTES=0)", slower)
+        unused = "; SPSWAP_KEEP_ON_GPU=1 has nothing to keep" if on_gpu else ""
+        return check(name, None, f"off (SPSWAP_KEEP_BYTES=0){unused}", slower)
     if mem_total_bytes and budget_bytes > mem_total_bytes:
         return check(name, None, f"up to {fmt_bytes(budget_bytes)} (SPSWAP_KEEP_BYTES): more "
                      f"than this node's {fmt_bytes(mem_total_bytes)} of memory",
@@ -178,8 +180,10 @@ def keep_check(budget_bytes: int, can_park: bool | None,
     if not can_park:
         return check(name, None, "no: needs parked cgroups (see 'dump outside the job')",
                      slower)  # fmt: skip
+    where = (", their sleeping GPU state left on their GPU (SPSWAP_KEEP_ON_GPU=1: GPU "
+             "memory other jobs there do not get)") if on_gpu else ""  # fmt: skip
     return check(name, True, f"up to {fmt_bytes(budget_bytes)} (SPSWAP_KEEP_BYTES), frozen "
-                 "in parked cgroups")  # fmt: skip
+                 f"in parked cgroups{where}")  # fmt: skip
 
 
 THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")

@@ -348,6 +348,12 @@ def test_keep_check() -> None:
         "up to 64.0 GiB (SPSWAP_KEEP_BYTES): more than this node's 24.0 GiB of memory"
     )
     assert over["detail"] == "see the settings row"
+    assert doctor_node.keep_check(8 << 30, True, on_gpu=True)["value"] == (
+        "up to 8.0 GiB (SPSWAP_KEEP_BYTES), frozen in parked cgroups, their sleeping GPU "
+        "state left on their GPU (SPSWAP_KEEP_ON_GPU=1: GPU memory other jobs there do not "
+        "get)")  # fmt: skip
+    assert doctor_node.keep_check(0, True, on_gpu=True)["value"] == (
+        "off (SPSWAP_KEEP_BYTES=0); SPSWAP_KEEP_ON_GPU=1 has nothing to keep")  # fmt: skip
 
 
 def test_the_daemon_row_says_when_spswapd_runs_other_settings(monkeypatch) -> None:

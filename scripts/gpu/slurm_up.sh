@@ -24,6 +24,7 @@
 # Environment: SPSWAP_USER, GRACE_TIME (default 30), SPSWAP_PREFIX (default /opt/spswap),
 # KEEP_BYTES (spswapd's SPSWAP_KEEP_BYTES; 0: every restore from its image),
 # RESTORE_HUGEPAGES (SPSWAP_RESTORE_HUGEPAGES; 1: CRIU's restore fills in huge pages),
+# KEEP_ON_GPU (SPSWAP_KEEP_ON_GPU; 1: kept instances wait with their GPU state on the GPU),
 # ROOT_HUGE (1, the default: /dev/shm/spswap its own tmpfs mounted huge=within_size, as
 # docs/slurm.md recommends; always: huge=always; 0: back on /dev/shm, 4 KiB pages).
 set -euo pipefail
@@ -144,6 +145,8 @@ command -v criu >/dev/null && echo "SPSWAP_CRIU=$(command -v criu)" >> /etc/defa
 [ -n "${KEEP_BYTES:-}" ] && echo "SPSWAP_KEEP_BYTES=$KEEP_BYTES" >> /etc/default/spswap
 # RESTORE_HUGEPAGES=1: CRIU's restore fills in huge pages (the bundle has the patch)
 [ -n "${RESTORE_HUGEPAGES:-}" ] && echo "SPSWAP_RESTORE_HUGEPAGES=$RESTORE_HUGEPAGES" >> /etc/default/spswap
+# KEEP_ON_GPU=1: a kept instance's GPU state waits on its GPU (the next run only unlocks it)
+[ -n "${KEEP_ON_GPU:-}" ] && echo "SPSWAP_KEEP_ON_GPU=$KEEP_ON_GPU" >> /etc/default/spswap
 # a spswapd of an earlier `up` keeps the settings it read: the next prolog starts it anew
 "$PREFIX/bin/spswap" daemon stop >/dev/null 2>&1 || true
 # ROOT_HUGE=1: spswap's root (pool, images) on its own tmpfs mounted huge=within_size (the
