@@ -96,8 +96,9 @@ class Config:
     holds that memory (a sleeping vLLM: 0.7 GB eager, 1.1 GB compiled) on a GPU that
     Slurm has given to another job meanwhile: turn it on only where jobs leave that much
     free (vLLM's ``--gpu-memory-utilization`` 0.9 leaves 8-14 GB). A slot reservation of
-    another job on that GPU ends the tree first (its image stays: its run restores from
-    it). Off by default."""
+    another job on that GPU moves that state back into the tree's host memory (a CUDA
+    checkpoint, 0.4-0.6 s, beside the reservation: the tree stays kept, its run restores
+    the GPU state itself). Off by default."""
     images_bytes: int | None = None
     """What the node's checkpoint images may hold together on the root's file system (a
     tmpfs holds them in memory while their jobs wait); a dump that would go over it drops

@@ -83,6 +83,23 @@ def wake_kept(image: Path, pid: int, *, gpu_uuids: list[str] | None = None,
                                f"back: {e}") from None  # fmt: skip
 
 
+def put_back_kept(image: Path, pid: int) -> dict[str, float]:
+    """The GPU state of a kept tree that :func:`wake_kept` restored with ``unlock=False``
+    (still LOCKED; the tree thawed) back into its host memory by a CUDA checkpoint, as
+    after its dump: the GPU's memory goes back to the driver, and a later
+    :func:`wake_kept` restores it again. CheckpointFailed when it cannot (the caller ends
+    the tree)."""
+    try:
+        t0 = time.monotonic()
+        per_process: dict[str, float] = {}
+        cuda_ckpt.checkpoint_locked(list(cuda_record(image).get("cuda_pids", [])), per_process)
+        return {"cuda_checkpoint": time.monotonic() - t0,
+                **{f"cuda_{k}": v for k, v in per_process.items()}}  # fmt: skip
+    except Exception as e:
+        raise CheckpointFailed(f"the instance (pid {pid}) could not give its GPU state back "
+                               f"to host memory: {e}") from None  # fmt: skip
+
+
 def unlock_kept(image: Path, pid: int) -> dict[str, float]:
     """Unlock a kept tree whose GPU state :func:`wake_kept` restored with ``unlock=False``
     (the tree thawed); CheckpointFailed when it cannot (the caller ends the tree)."""

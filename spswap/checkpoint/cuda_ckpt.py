@@ -292,6 +292,16 @@ def restore_tree(
     return todo
 
 
+def checkpoint_locked(pids: list[int], spent_s: dict[str, float] | None = None) -> list[int]:
+    """Checkpoint those of ``pids`` that are LOCKED (restored, not unlocked yet: their GPU
+    state goes back into their host memory, as at a dump, and the GPU's memory to the
+    driver); returns them. ``spent_s`` as :func:`restore_tree`'s."""
+    _driver()
+    todo = [p for p, s in _states(pids).items() if s == "LOCKED"]
+    _each(todo, checkpoint, "checkpoint", spent_s)
+    return todo
+
+
 def unlock_tree(root_pid: int, pids: list[int] | None = None) -> list[int]:
     """Unlock every LOCKED CUDA process of the tree; returns their pids."""
     _driver()

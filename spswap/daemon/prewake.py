@@ -30,21 +30,19 @@ end; the image stays, so a later run still restores from it.
 Where the site allows it (``SPSWAP_KEEP_ON_GPU=1``), the same wake runs right after the
 dump instead (:func:`start` with ``resident``): the tree's sleeping GPU state goes back
 onto its GPU and stays there, frozen and locked, while its job waits, so the job's next
-run skips the CUDA restore too. Such a tree holds GPU memory on a GPU Slurm gives to
-other jobs meanwhile, outside any slot: a slot reservation of another job on that GPU
-ends it (:func:`make_way`; its image stays), and so does one granted while it was being
-woken (checked as it is kept).
+run skips the CUDA restore too (:mod:`spswap.daemon.on_gpu`: how such a tree keeps out
+of other jobs' slots).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from spswap.checkpoint.cuda_back import cuda_record, wake_kept
+from spswap.daemon import on_gpu
 from spswap.daemon.ckpt_status import run_gpu_uuids
 from spswap.daemon.prerestore import restore_early
 from spswap.daemon.statuses import CheckpointState
@@ -68,7 +66,7 @@ def refusal(*, dumped_gpus: list[str], cuda_pids: list[int], job_gpus: list[str]
         return "the job's GPUs are not known"
     if job_gpus != dumped_gpus:
         return "the job is on other GPUs than its dump (the restore remaps them)"
-    return _shared_text(sorted(shared_with))
+    return on_gpu.shared_text(sorted(shared_with))
 
 
 def start(st: DaemonState, job_id: str, *, resident: bool = False) -> None:
@@ -141,29 +139,7 @@ def _wake_taken(st: DaemonState, job_id: str, kept: Kept, *, resident: bool = Fa
     if not resident:
         st.kept.add(kept)
         return True
-    kept.resident = True
-    # a slot granted to another job on its GPU while it was woken: that job's memory
-    # (checked as it is kept, so that make_way after such a grant finds it)
-    why_not = st.kept.add_unless(kept, lambda: _shared_text(_shared_with(st, job_id)))
-    if why_not is not None:
-        st.kept.end_taken(kept, f"{why_not}: its GPU state is not kept on the GPU; its "
-                                "image stays")  # fmt: skip
-        return False
-    st.statuses.mark_on_gpu(job_id)
-    st.event_quietly("kept.on_gpu", job_id=job_id, pid=kept.pid, timings_s=kept.early_timings)
-    return True
-
-
-def _shared_with(st: DaemonState, job_id: str) -> list[str]:
-    """The other jobs that hold slots on the job's GPUs now ("?" for a user outside any)."""
-    rec = st.jobs.get(job_id)
-    mine = set(rec.gpus) if rec is not None else set()
-    return sorted({r.holder.job_id or "?" for r in st.slot_table().reservations()
-                   if r.holder.job_id != job_id and mine & set(r.gpus)})  # fmt: skip
-
-
-def _shared_text(shared: list[str]) -> str | None:
-    return f"job(s) {', '.join(shared)} hold slots on its GPUs" if shared else None
+    return on_gpu.keep(st, job_id, kept, ready)
 
 
 def _ready(st: DaemonState, job_id: str, kept: Kept, *, resident: bool = False) -> Path | None:
@@ -174,7 +150,7 @@ def _ready(st: DaemonState, job_id: str, kept: Kept, *, resident: bool = False) 
     why_not = refusal(dumped_gpus=list(record.get("gpu_uuids", [])),
                       cuda_pids=list(record.get("cuda_pids", [])),
                       job_gpus=run_gpu_uuids(st, job_id),
-                      shared_with=_shared_with(st, job_id))  # fmt: skip
+                      shared_with=on_gpu.shared_with(st, job_id))  # fmt: skip
     if why_not is None and not (image.is_dir() and kept.alive()):
         why_not = "its image or its tree is gone"
     if why_not is None:
@@ -235,21 +211,3 @@ def end_if_untaken(st: DaemonState, job_id: str, woken_s: float | None = None, *
         return True
     finally:
         lock.release()
-
-
-def make_way(st: DaemonState, job_id: str | None, gpus: Collection[int]) -> list[str]:
-    """After a slot reservation of job ``job_id`` (None: a user outside any job) was
-    granted on ``gpus``: end the trees other jobs keep on those GPUs
-    (``SPSWAP_KEEP_ON_GPU``), whose memory the slot table promised the reservation. Their
-    images stay (their runs restore from them). Returns the jobs whose trees were ended."""
-    ended = []
-    for kept in st.kept.resident():
-        rec = st.jobs.get(kept.job_id)
-        if kept.job_id == job_id or (rec is not None and not set(rec.gpus) & set(gpus)):
-            continue  # (its GPUs unknown: ended, to be safe)
-        who = f"job {job_id}" if job_id else "a user outside any job"
-        why = (f"{who} reserved a slot on its GPU, where its GPU state was kept: its next "
-               "run restores from the image")  # fmt: skip
-        if st.kept.end(kept.job_id, why, image_key=kept.key):
-            ended.append(kept.job_id)
-    return ended

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from spswap.daemon import prewake
+from spswap.daemon import on_gpu
 from spswap.daemon.caller import job_gpus_only, jobless_barred, peer_holder
 from spswap.daemon.jobs import JobRecord
 from spswap.daemon.protocol import Answer
@@ -60,8 +60,8 @@ def op_slots_reserve(ctx: Context, args: dict[str, Any]) -> Answer:
     ctx.state.event("slots.reserve", job_id=holder.job_id, uid=holder.uid, pid=holder.pid,
                     reservation=res.id, model=res.model, gpus=list(res.gpus),
                     units=list(res.units))  # fmt: skip
-    # the memory promised is the reservation's: trees other jobs keep on those GPUs go
-    prewake.make_way(ctx.state, holder.job_id, res.gpus)
+    # the memory promised is the reservation's: trees other jobs keep on those GPUs move
+    on_gpu.make_way(ctx.state, holder.job_id, res.gpus)
     return res.to_json()
 
 

@@ -99,6 +99,11 @@ class CheckpointStatuses:
         """A saved job's kept tree waits with its GPU state on its GPU (SPSWAP_KEEP_ON_GPU)."""
         self._amend(job_id, CheckpointState.SAVED, on_gpu=True)
 
+    def unmark_on_gpu(self, job_id: str) -> None:
+        """A saved job's kept tree's GPU state went back to host memory (kept as before)."""
+        if self.read(job_id).get("on_gpu"):
+            self._amend(job_id, CheckpointState.SAVED, on_gpu=False)
+
     def _amend(self, job_id: str, only_in: CheckpointState, **fields: Any) -> None:
         """Set ``fields`` in the job's status while it is ``only_in`` (else leave it)."""
         status = self.read(job_id)

@@ -196,6 +196,52 @@ def test_checkpoint_and_restore_a_real_cuda_process() -> None:
         proc.wait()
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not cuda_ckpt.available(), reason=f"{cuda_ckpt.unavailable_reason()}")
+def test_a_restored_locked_process_goes_back_to_host_memory_and_runs_after_a_restore() -> None:
+    """What SPSWAP_KEEP_ON_GPU's move off the GPU does (spswap.daemon.on_gpu): a process
+    restored and left LOCKED is checkpointed again without an unlock between, then
+    restored and unlocked, and computes as before."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", GPU_CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        assert proc.stdout.readline().strip() == "ready"
+        assert cuda_ckpt.checkpoint_tree(proc.pid) == [proc.pid]
+        assert cuda_ckpt.restore_tree(proc.pid) == [proc.pid]
+        assert cuda_ckpt.get_state(proc.pid) == "LOCKED"
+        spent: dict[str, float] = {}
+        assert cuda_ckpt.checkpoint_locked([proc.pid], spent) == [proc.pid]
+        assert cuda_ckpt.get_state(proc.pid) == "CHECKPOINTED" and list(spent) == [
+            f"checkpoint_pid{proc.pid}"]  # fmt: skip
+        assert cuda_ckpt.restore_tree(proc.pid) == [proc.pid]
+        assert cuda_ckpt.unlock_tree(proc.pid) == [proc.pid]
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert float(proc.stdout.readline()) == float(sum(range(1 << 20)))
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_checkpoint_locked_takes_only_locked_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """(The driver's states stood in for by a table: the GPU test above runs the real ones.)"""
+    states = {11: "LOCKED", 12: "RUNNING", 13: "LOCKED"}
+    done: list[int] = []
+
+    def checkpoint(pid: int) -> None:
+        assert states[pid] == "LOCKED"
+        states[pid] = "CHECKPOINTED"
+        done.append(pid)
+
+    monkeypatch.setattr(cuda_ckpt, "_driver", lambda: None)
+    monkeypatch.setattr(cuda_ckpt, "get_state", lambda pid: states[pid])
+    monkeypatch.setattr(cuda_ckpt, "checkpoint", checkpoint)
+    assert cuda_ckpt.checkpoint_locked([11, 12, 13]) == [11, 13]
+    assert sorted(done) == [11, 13] and states[12] == "RUNNING"
+
+
 GPU_PARENT = """
 import subprocess, sys
 children = [subprocess.Popen([sys.executable, "-c", sys.argv[1]], stdin=subprocess.PIPE,

@@ -1,10 +1,11 @@
 """A kept tree's sleeping GPU state kept on its GPU while its job waits
-(``SPSWAP_KEEP_ON_GPU``; spswap.daemon.prewake with ``resident``): woken right after its
-dump, left there by the epilog of the run it was dumped from and by the next prolog, only
-unlocked by the job's next run, and ended (its image stays) when another job's slot
-reservation is granted on its GPU, also one granted while it was being woken. The CUDA
-and cgroup calls are stand-ins here (no GPU; the real ones run on a GPU in
-tests/engines/test_vllm_serve_gpu.py, fate ``on_gpu``); the daemon state, its locks,
+(``SPSWAP_KEEP_ON_GPU``; spswap.daemon.prewake with ``resident``, spswap.daemon.on_gpu):
+woken right after its dump, left there by the epilog of the run it was dumped from and by
+the next prolog, only unlocked by the job's next run, and moved back to host memory (a
+kept tree as after its dump) when another job's slot reservation is granted on its GPU,
+also one granted while it was being woken; ended (its image stays) where that move
+fails. The CUDA and cgroup calls are stand-ins here (no GPU; the real ones run on a GPU
+in tests/engines/test_vllm_serve_gpu.py, fate ``on_gpu``); the daemon state, its locks,
 statuses, kept trees, slot table and events are the real ones."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 
 from spswap.config import Config
-from spswap.daemon import job_ops, prewake, slot_ops
+from spswap.daemon import job_ops, on_gpu, prewake, slot_ops
 from spswap.daemon.jobs import JobRecord
 from spswap.daemon.state import Context, DaemonState
 from spswap.slots.table import SlotTable
@@ -27,13 +28,25 @@ def _root(st: DaemonState) -> Context:
 
 
 @pytest.fixture
-def on_gpu(kept7: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """Job 7's kept tree, its job on GPU 0 of a two-GPU slot table."""
+def kept_gpu0(kept7: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Job 7's kept tree, its job on GPU 0 of a two-GPU slot table; its CUDA checkpoint
+    back to host memory recorded."""
     st, kept, calls, gpus, events = kept7
     table = SlotTable(st.cfg.paths.slots, [0, 1])
     monkeypatch.setattr(st, "slot_table", lambda: table)
     st.jobs.put(JobRecord(job_id="7", uid=os.getuid(), user="u", gpus=[0]))
+
+    def put_back_kept(image: Any, pid: int) -> dict[str, float]:
+        calls.append("cuda_checkpoint")
+        return {"cuda_checkpoint": 0.4}
+
+    monkeypatch.setattr(on_gpu, "put_back_kept", put_back_kept)
     return st, kept, calls, events
+
+
+MOVED = "its GPU state went back to host memory (kept as after its dump)"
+WOKEN = ["thaw", "cuda_restore unlock=False", "freeze"]
+MOVED_OFF = ["thaw", "cuda_checkpoint", "freeze"]
 
 
 def test_keep_on_gpu_is_a_yes_no_setting_off_by_default() -> None:
@@ -42,9 +55,9 @@ def test_keep_on_gpu_is_a_yes_no_setting_off_by_default() -> None:
 
 
 def test_woken_after_its_dump_it_stays_past_its_runs_epilog_and_hold_time(
-    on_gpu: Any, monkeypatch: pytest.MonkeyPatch
+    kept_gpu0: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    st, kept, calls, events = on_gpu
+    st, kept, calls, events = kept_gpu0
     monkeypatch.setattr(prewake, "HOLD_S", 0.05)  # (a tree woken at a prolog: ended by then)
     assert prewake.wake_early(st, "7", resident=True)
     assert calls == ["thaw", "cuda_restore unlock=False", "freeze"]
@@ -60,8 +73,8 @@ def test_woken_after_its_dump_it_stays_past_its_runs_epilog_and_hold_time(
     assert calls == ["thaw", "cuda_restore unlock=False", "freeze"]
 
 
-def test_not_kept_on_a_gpu_where_another_job_holds_a_slot(on_gpu: Any) -> None:
-    st, kept, calls, events = on_gpu
+def test_not_kept_on_a_gpu_where_another_job_holds_a_slot(kept_gpu0: Any) -> None:
+    st, kept, calls, events = kept_gpu0
     st.slot_table().reserve(model="m", units=1, allowed_gpus=[0], holder=_holder("8"),
                             timeout_s=1)  # fmt: skip
     assert not prewake.wake_early(st, "7", resident=True)
@@ -70,11 +83,11 @@ def test_not_kept_on_a_gpu_where_another_job_holds_a_slot(on_gpu: Any) -> None:
         ("kept.not_on_gpu", "job(s) 8 hold slots on its GPUs")]  # fmt: skip
 
 
-def test_a_slot_granted_while_it_was_woken_ends_it(
-    on_gpu: Any, monkeypatch: pytest.MonkeyPatch
+def test_a_slot_granted_while_it_was_woken_moves_it_off_the_gpu(
+    kept_gpu0: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The grant came after the check before the wake: checked again as it is kept."""
-    st, kept, calls, events = on_gpu
+    st, kept, calls, events = kept_gpu0
     real_wake = prewake.wake_kept
 
     def wake_then_granted(*a: Any, **kw: Any) -> dict[str, float]:
@@ -84,17 +97,21 @@ def test_a_slot_granted_while_it_was_woken_ends_it(
 
     monkeypatch.setattr(prewake, "wake_kept", wake_then_granted)
     assert not prewake.wake_early(st, "7", resident=True)
-    assert not st.kept.has("7") and calls[-2:] == ["kill", "remove"]
-    ended = [f["reason"] for k, f in events if k == "kept.ended"]
-    assert ended == ["job(s) 8 hold slots on its GPUs: its GPU state is not kept on the GPU; "
-                     "its image stays"]  # fmt: skip
-    assert (st.cfg.paths.images / kept.key).is_dir()
+    assert calls == WOKEN + MOVED_OFF
+    assert st.kept.has("7") and not kept.resident and kept.gpu_back_s is None
+    moved = [f["reason"] for k, f in events if k == "kept.off_gpu"]
+    assert moved == [f"job(s) 8 hold slots on its GPUs: {MOVED}"]
+    status = st.statuses.read("7")
+    assert status["kept"] is True and status["on_gpu"] is False
+    # kept as after its dump (while job 8 holds its slot there, its next run restores the
+    # GPU state itself: no early wake beside another job's slot)
+    assert not prewake.wake_early(st, "7") and st.kept.has("7")
 
 
-def test_another_jobs_reservation_on_its_gpu_ends_it_its_own_and_other_gpus_do_not(
-    on_gpu: Any,
+def test_another_jobs_reservation_on_its_gpu_moves_it_off_its_own_and_other_gpus_do_not(
+    kept_gpu0: Any,
 ) -> None:
-    st, kept, calls, events = on_gpu
+    st, kept, calls, events = kept_gpu0
     assert prewake.wake_early(st, "7", resident=True)
     for job_id, gpu in (("7", 0), ("9", 1)):  # its own run's; another job on GPU 1
         st.jobs.put(JobRecord(job_id=job_id, uid=os.getuid(), user="u", gpus=[gpu]))
@@ -104,20 +121,42 @@ def test_another_jobs_reservation_on_its_gpu_ends_it_its_own_and_other_gpus_do_n
     st.jobs.put(JobRecord(job_id="8", uid=os.getuid(), user="u", gpus=[0]))
     slot_ops.op_slots_reserve(_root(st), {"model": "m", "units": 1, "job_id": "8",
                                           "allowed_gpus": [0], "timeout_s": 1})  # fmt: skip
+    # (moved off in a thread)
+    moved = _wait(lambda: [f["reason"] for k, f in events if k == "kept.off_gpu"])
+    assert moved == [f"job 8 reserved a slot on its GPU: {MOVED}"]
+    assert calls == WOKEN + MOVED_OFF and st.kept.has("7") and not kept.resident
+    assert st.statuses.read("7")["kept"] is True and st.statuses.read("7")["on_gpu"] is False
+
+
+def test_a_move_off_that_fails_ends_it_and_one_under_its_restore_waits(
+    kept_gpu0: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    st, kept, calls, events = kept_gpu0
+    assert prewake.wake_early(st, "7", resident=True)
+    with st.job_locks.of("7"):  # its run's restore owns it: that run takes the memory
+        assert not on_gpu.move_off(st, "7", "job 8 reserved a slot on its GPU")
+    assert kept.resident and calls == WOKEN
+
+    def fails(image: Any, pid: int) -> dict[str, float]:
+        raise RuntimeError("cuda-checkpoint said no")
+
+    monkeypatch.setattr(on_gpu, "put_back_kept", fails)
+    assert not on_gpu.move_off(st, "7", "job 8 reserved a slot on its GPU")
     assert not st.kept.has("7") and calls[-2:] == ["kill", "remove"]
     ended = [f["reason"] for k, f in events if k == "kept.ended"]
-    assert ended == ["job 8 reserved a slot on its GPU, where its GPU state was kept: its "
+    assert ended == ["job 8 reserved a slot on its GPU, where its GPU state was kept, and that "
+                     "state could not go back to host memory (cuda-checkpoint said no): its "
                      "next run restores from the image"]  # fmt: skip
     assert (st.cfg.paths.images / kept.key).is_dir(), "the image is the way back"
     assert st.statuses.read("7")["kept"] is False and st.statuses.read("7")["on_gpu"] is False
 
 
-def test_a_restore_that_fails_before_taking_it_ends_it(on_gpu: Any) -> None:
+def test_a_restore_that_fails_before_taking_it_ends_it(kept_gpu0: Any) -> None:
     """Its run starts cold then, and needs that GPU memory."""
     from spswap.daemon.ckpt_restore import op_restore
     from spswap.errors import SpswapError
 
-    st, kept, calls, _ = on_gpu
+    st, kept, calls, _ = kept_gpu0
     assert prewake.wake_early(st, "7", resident=True)
     with pytest.raises(SpswapError, match="identity incomplete"):
         op_restore(Context(peer_uid=os.getuid(), peer_pid=os.getpid(), state=st),
@@ -130,3 +169,11 @@ def _holder(job_id: str) -> Any:
 
     return Holder(pid=os.getpid(), pid_start=pid_start_time(os.getpid()), uid=os.getuid(),
                   job_id=job_id, since=time.time())  # fmt: skip
+
+
+def _wait(check: Any, timeout_s: float = 10.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while not (found := check()):
+        assert time.monotonic() < deadline, "not done in time"
+        time.sleep(0.01)
+    return found

@@ -125,7 +125,7 @@ def test_the_real_server_is_dumped_and_restored_into_the_next_run(
     GPU state woken early, at run 1's start, where the machine has one GPU). on_gpu: kept,
     with spswapd's SPSWAP_KEEP_ON_GPU=1: its GPU state back on the GPU right after the
     dump, so run 1 only unlocks it; after run 1's own dump, another job's reservation on
-    the GPU ends the tree (its image stays). dies:
+    the GPU moves that state back to host memory (the tree stays kept). dies:
     restored from its image, then the restored `spswap serve` is killed, its server left
     running with its GPU memory: run 1 ends that server, starts its own from the pool and
     answers like run 0 (before issue 14 the old server stayed up beside the new one).
@@ -300,16 +300,18 @@ def test_the_real_server_is_dumped_and_restored_into_the_next_run(
         if fate == "on_gpu":  # on the GPU since the dump: run 1 only unlocked it
             assert "early_cuda_restore" in done[0]["detail"]["timings_s"], done
             assert not any(e["kind"] == "restore.woken_early" for e in events), events
-            # run 1's dump kept it on the GPU again; another job's reservation there ends it
+            # run 1's dump kept it on the GPU again; another job's reservation there moves its
+            # GPU state back to host memory (a CUDA checkpoint of the restored, locked tree)
             wait("the tree kept on the GPU again", lambda: len(_events(cfg, "kept.on_gpu")) > 1,
                  60)  # fmt: skip
             Client(cfg).call("job.register", job_id="5152", uid=0, user="root", gpus=gpus)
             Client(cfg).call("slots.reserve", model="other", units=4, job_id="5152",
                              allowed_gpus=gpus, timeout_s=30)  # fmt: skip
-            ended = wait("the tree ended for job 5152's reservation", lambda: [
-                e for e in _events(cfg, "kept.ended") if "job 5152 reserved" in
+            moved = wait("the tree moved off the GPU for job 5152's reservation", lambda: [
+                e for e in _events(cfg, "kept.off_gpu") if "job 5152 reserved" in
                 e["detail"]["reason"]], 30)  # fmt: skip
-            print(json.dumps({"on_gpu_ended": ended[0]["detail"]["reason"]}))
+            print(json.dumps({"on_gpu_moved_off": moved[0]["detail"]}))
+            assert not _events(cfg, "kept.ended"), "kept, as after its dump"
         elif gpus:  # woken at run 1's start: the run's restore only unlocked it
             assert any(e["kind"] == "restore.woken_early" for e in events), events
         if fate == "dies":
