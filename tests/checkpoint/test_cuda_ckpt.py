@@ -6,6 +6,7 @@ import contextlib
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -170,15 +171,32 @@ print(float(x.sum()), flush=True)
 """
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not cuda_ckpt.available(), reason=f"{cuda_ckpt.unavailable_reason()}")
-def test_checkpoint_and_restore_a_real_cuda_process() -> None:
+@contextlib.contextmanager
+def _gpu_child() -> Iterator[subprocess.Popen]:
+    """A process with GPU memory (GPU_CHILD), ready; killed afterwards."""
     proc = subprocess.Popen(
         [sys.executable, "-c", GPU_CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
     try:
         assert proc.stdout is not None and proc.stdin is not None
         assert proc.stdout.readline().strip() == "ready"
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _computes_as_before(proc: subprocess.Popen) -> None:
+    assert proc.stdout is not None and proc.stdin is not None
+    proc.stdin.write("\n")
+    proc.stdin.flush()
+    assert float(proc.stdout.readline()) == float(sum(range(1 << 20)))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not cuda_ckpt.available(), reason=f"{cuda_ckpt.unavailable_reason()}")
+def test_checkpoint_and_restore_a_real_cuda_process() -> None:
+    with _gpu_child() as proc:
         assert cuda_ckpt.get_state(proc.pid) == "RUNNING"
         assert cuda_ckpt.checkpoint_tree(proc.pid) == [proc.pid]
         assert cuda_ckpt.get_state(proc.pid) == "CHECKPOINTED"
@@ -188,12 +206,7 @@ def test_checkpoint_and_restore_a_real_cuda_process() -> None:
         assert cuda_ckpt.restore_tree(proc.pid, gpu_map) == [proc.pid]
         assert cuda_ckpt.unlock_tree(proc.pid) == [proc.pid]
         assert cuda_ckpt.get_state(proc.pid) == "RUNNING"
-        proc.stdin.write("\n")
-        proc.stdin.flush()
-        assert float(proc.stdout.readline()) == float(sum(range(1 << 20)))
-    finally:
-        proc.kill()
-        proc.wait()
+        _computes_as_before(proc)
 
 
 @pytest.mark.gpu
@@ -202,12 +215,7 @@ def test_a_restored_locked_process_goes_back_to_host_memory_and_runs_after_a_res
     """What SPSWAP_KEEP_ON_GPU's move off the GPU does (spswap.daemon.on_gpu): a process
     restored and left LOCKED is checkpointed again without an unlock between, then
     restored and unlocked, and computes as before."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", GPU_CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert proc.stdout is not None and proc.stdin is not None
-        assert proc.stdout.readline().strip() == "ready"
+    with _gpu_child() as proc:
         assert cuda_ckpt.checkpoint_tree(proc.pid) == [proc.pid]
         assert cuda_ckpt.restore_tree(proc.pid) == [proc.pid]
         assert cuda_ckpt.get_state(proc.pid) == "LOCKED"
@@ -217,12 +225,7 @@ def test_a_restored_locked_process_goes_back_to_host_memory_and_runs_after_a_res
             f"checkpoint_pid{proc.pid}"]  # fmt: skip
         assert cuda_ckpt.restore_tree(proc.pid) == [proc.pid]
         assert cuda_ckpt.unlock_tree(proc.pid) == [proc.pid]
-        proc.stdin.write("\n")
-        proc.stdin.flush()
-        assert float(proc.stdout.readline()) == float(sum(range(1 << 20)))
-    finally:
-        proc.kill()
-        proc.wait()
+        _computes_as_before(proc)
 
 
 def test_checkpoint_locked_takes_only_locked_processes(monkeypatch: pytest.MonkeyPatch) -> None:
