@@ -31,6 +31,11 @@ if TYPE_CHECKING:
     from spswap.daemon.kept import Kept
     from spswap.daemon.state import DaemonState
 
+# How long a move off waits for the job's lock: the wake that keeps the tree holds it a
+# few more milliseconds after the tree is among the kept trees (where make_way sees it);
+# a restore of the job holds it while it takes the tree (then there is nothing to move)
+MOVE_WAIT_S = 15.0
+
 
 def shared_with(st: DaemonState, job_id: str) -> list[str]:
     """The other jobs that hold slots on the job's GPUs now ("?" for a user outside any)."""
@@ -78,12 +83,12 @@ def make_way(st: DaemonState, job_id: str | None, gpus: Collection[int]) -> list
     return moving
 
 
-def move_off(st: DaemonState, job_id: str, why: str) -> bool:
+def move_off(st: DaemonState, job_id: str, why: str, wait_s: float = MOVE_WAIT_S) -> bool:
     """Move the job's tree kept on its GPU off it (see :func:`make_way`); True when moved.
-    Nothing is done where the job's restore holds the tree (its run takes that memory in
-    its own slot) or it no longer waits on the GPU."""
+    Nothing is done where the job's restore took the tree (its run takes that memory in
+    its own slot) or it no longer waits on the GPU. ``wait_s``: for the job's lock."""
     lock = st.job_locks.of(job_id)
-    if not lock.acquire(blocking=False):  # its run's restore (or a wake) owns it
+    if not lock.acquire(timeout=wait_s):  # (a restore that holds it this long owns it)
         return False
     try:
         kept = st.kept.take(job_id)

@@ -128,13 +128,36 @@ def test_another_jobs_reservation_on_its_gpu_moves_it_off_its_own_and_other_gpus
     assert st.statuses.read("7")["kept"] is True and st.statuses.read("7")["on_gpu"] is False
 
 
+def test_a_slot_granted_just_after_it_was_kept_moves_it_off_once_the_wake_lets_go(
+    kept_gpu0: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Granted after the check as it was kept, while the wake still holds the job's lock:
+    make_way's move waits for that lock (it gave up at once before, leaving the tree on
+    the GPU beside the new slot)."""
+    st, kept, calls, events = kept_gpu0
+    real_add_unless = st.kept.add_unless
+
+    def add_then_granted(*a: Any, **kw: Any) -> Any:
+        reason = real_add_unless(*a, **kw)
+        st.jobs.put(JobRecord(job_id="8", uid=os.getuid(), user="u", gpus=[0]))
+        slot_ops.op_slots_reserve(_root(st), {"model": "m", "units": 1, "job_id": "8",
+                                              "allowed_gpus": [0], "timeout_s": 1})  # fmt: skip
+        return reason
+
+    monkeypatch.setattr(st.kept, "add_unless", add_then_granted)
+    assert prewake.wake_early(st, "7", resident=True)
+    moved = _wait(lambda: [f["reason"] for k, f in events if k == "kept.off_gpu"])
+    assert moved == [f"job 8 reserved a slot on its GPU: {MOVED}"]
+    assert calls == WOKEN + MOVED_OFF and st.kept.has("7") and not kept.resident
+
+
 def test_a_move_off_that_fails_ends_it_and_one_under_its_restore_waits(
     kept_gpu0: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     st, kept, calls, events = kept_gpu0
     assert prewake.wake_early(st, "7", resident=True)
     with st.job_locks.of("7"):  # its run's restore owns it: that run takes the memory
-        assert not on_gpu.move_off(st, "7", "job 8 reserved a slot on its GPU")
+        assert not on_gpu.move_off(st, "7", "job 8 reserved a slot on its GPU", wait_s=0.05)
     assert kept.resident and calls == WOKEN
 
     def fails(image: Any, pid: int) -> dict[str, float]:
