@@ -167,8 +167,11 @@ def keep_check(budget_bytes: int, can_park: bool | None, mem_total_bytes: int | 
     name = "keep dumped instances"
     slower = "each swap back to a dumped job then runs CRIU's restore (about 2 s more)"
     if budget_bytes <= 0:
-        unused = "; SPSWAP_KEEP_ON_GPU=1 has nothing to keep" if on_gpu else ""
-        return check(name, None, f"off (SPSWAP_KEEP_BYTES=0){unused}", slower)
+        if on_gpu:
+            return check(name, None, "off (SPSWAP_KEEP_BYTES=0); SPSWAP_KEEP_ON_GPU=1 has "
+                         "nothing to keep", "set SPSWAP_KEEP_BYTES above 0, or drop "
+                         f"SPSWAP_KEEP_ON_GPU; {slower}")  # fmt: skip
+        return check(name, None, "off (SPSWAP_KEEP_BYTES=0)", slower)
     if mem_total_bytes and budget_bytes > mem_total_bytes:
         return check(name, None, f"up to {fmt_bytes(budget_bytes)} (SPSWAP_KEEP_BYTES): more "
                      f"than this node's {fmt_bytes(mem_total_bytes)} of memory",
@@ -180,8 +183,9 @@ def keep_check(budget_bytes: int, can_park: bool | None, mem_total_bytes: int | 
     if not can_park:
         return check(name, None, "no: needs parked cgroups (see 'dump outside the job')",
                      slower)  # fmt: skip
-    where = (", their sleeping GPU state left on their GPU (SPSWAP_KEEP_ON_GPU=1: GPU "
-             "memory other jobs there do not get)") if on_gpu else ""  # fmt: skip
+    where = (", their sleeping GPU state left on their GPU where CUDA checkpoint works "
+             "(SPSWAP_KEEP_ON_GPU=1: held outside any slot until another job reserves "
+             "there)") if on_gpu else ""  # fmt: skip
     return check(name, True, f"up to {fmt_bytes(budget_bytes)} (SPSWAP_KEEP_BYTES), frozen "
                  f"in parked cgroups{where}")  # fmt: skip
 

@@ -350,10 +350,11 @@ def test_keep_check() -> None:
     assert over["detail"] == "see the settings row"
     assert doctor_node.keep_check(8 << 30, True, on_gpu=True)["value"] == (
         "up to 8.0 GiB (SPSWAP_KEEP_BYTES), frozen in parked cgroups, their sleeping GPU "
-        "state left on their GPU (SPSWAP_KEEP_ON_GPU=1: GPU memory other jobs there do not "
-        "get)")  # fmt: skip
-    assert doctor_node.keep_check(0, True, on_gpu=True)["value"] == (
-        "off (SPSWAP_KEEP_BYTES=0); SPSWAP_KEEP_ON_GPU=1 has nothing to keep")  # fmt: skip
+        "state left on their GPU where CUDA checkpoint works (SPSWAP_KEEP_ON_GPU=1: held "
+        "outside any slot until another job reserves there)")  # fmt: skip
+    unused = doctor_node.keep_check(0, True, on_gpu=True)
+    assert unused["value"] == "off (SPSWAP_KEEP_BYTES=0); SPSWAP_KEEP_ON_GPU=1 has nothing to keep"
+    assert unused["detail"].startswith("set SPSWAP_KEEP_BYTES above 0, or drop SPSWAP_KEEP_ON_GPU")
 
 
 def test_the_daemon_row_says_when_spswapd_runs_other_settings(monkeypatch) -> None:

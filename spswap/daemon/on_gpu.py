@@ -45,6 +45,12 @@ def shared_with(st: DaemonState, job_id: str) -> list[str]:
                    if r.holder.job_id != job_id and mine & set(r.gpus)})  # fmt: skip
 
 
+def _gpus(st: DaemonState, job_id: str) -> list[int]:
+    """The job's GPUs (as its prolog recorded them), for its events."""
+    rec = st.jobs.get(job_id)
+    return list(rec.gpus) if rec is not None else []
+
+
 def shared_text(shared: list[str]) -> str | None:
     """Why a tree may not hold GPU memory beside these jobs' slots (None: no such job)."""
     return f"job(s) {', '.join(shared)} hold slots on its GPUs" if shared else None
@@ -59,7 +65,7 @@ def keep(st: DaemonState, job_id: str, kept: Kept, image: Path) -> bool:
     st.statuses.mark_on_gpu(job_id)  # (before it can be moved off: that unmarks it)
     why_not = st.kept.add_unless(kept, lambda: shared_text(shared_with(st, job_id)))
     if why_not is None:
-        st.event_quietly("kept.on_gpu", job_id=job_id, pid=kept.pid,
+        st.event_quietly("kept.on_gpu", job_id=job_id, pid=kept.pid, gpus=_gpus(st, job_id),
                          timings_s=kept.early_timings)  # fmt: skip
         return True
     _move_off_taken(st, job_id, kept, image, why_not)
@@ -120,7 +126,8 @@ def _move_off_taken(st: DaemonState, job_id: str, kept: Kept, image: Path, why: 
     kept.gpu_back_s = kept.early_timings = None
     st.kept.add(kept)
     st.statuses.unmark_on_gpu(job_id)
-    st.event_quietly("kept.off_gpu", job_id=job_id, pid=kept.pid, timings_s=timings,
+    st.event_quietly("kept.off_gpu", job_id=job_id, pid=kept.pid, gpus=_gpus(st, job_id),
+                     timings_s=timings,
                      reason=f"{why}: its GPU state went back to host memory (kept as after "
                             "its dump)")  # fmt: skip
     return True

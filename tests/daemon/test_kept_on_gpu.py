@@ -62,7 +62,7 @@ def test_woken_after_its_dump_it_stays_past_its_runs_epilog_and_hold_time(
     assert prewake.wake_early(st, "7", resident=True)
     assert calls == ["thaw", "cuda_restore unlock=False", "freeze"]
     assert kept.resident and kept.gpu_back_s is not None and st.kept.resident() == [kept]
-    assert [k for k, _ in events] == ["kept.on_gpu"]
+    assert [(k, f["gpus"]) for k, f in events] == [("kept.on_gpu", [0])]  # (on which GPU)
     assert st.statuses.read("7")["on_gpu"] is True  # (`spswap status`: "kept alive on its GPU")
     # the epilog of the run it was dumped from (its job requeued): it waits for the next run
     job_ops.op_job_end(_root(st), {"job_id": "7", "requeued": True})
