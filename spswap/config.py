@@ -159,6 +159,19 @@ class Config:
             raise ConfigError(f"{e} (settings: {settings.path}, then the environment)") from None
 
     @classmethod
+    def root_only(cls, env: Mapping[str, str] | None = None, *, root: Path | None = None
+                  ) -> Config:  # fmt: skip
+        """Only where spswap lives, from the same places as :meth:`load` (``root``, then
+        ``SPSWAP_ROOT`` of ``env``, then the settings file's), every other setting left at
+        its default: for ``spswap daemon stop``, which must stop a running spswapd while
+        the settings file has an error (an edit with a typo would leave the old daemon
+        running on the old settings)."""
+        env = os.environ if env is None else env
+        raw = env.get("SPSWAP_ROOT") or read_settings_file(settings_file_path(env)).values.get(
+            "SPSWAP_ROOT")  # fmt: skip
+        return cls.from_env({}, root=root or (Path(setting_text(raw)) if raw else None))
+
+    @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Config:
         """Build the config from ``SPSWAP_*`` variables; unknown ones are an error."""
         env = os.environ if env is None else env

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from spswap.config import Config, parse_size
+from spswap.config import DEFAULT_ROOT, Config, parse_size
 from spswap.errors import ConfigError
 
 
@@ -175,3 +175,16 @@ def test_image_check_is_quick_by_default_and_full_on_request() -> None:
     assert Config.from_env({"SPSWAP_IMAGE_CHECK": "FULL"}).image_check == "full"
     with pytest.raises(ConfigError, match="use quick .* or full"):
         Config.from_env({"SPSWAP_IMAGE_CHECK": "fast"})
+
+
+def test_root_only_finds_the_root_where_load_does_and_reads_nothing_else(tmp_path: Path) -> None:
+    """(spswap daemon stop with a settings file that has an error elsewhere)"""
+    f = tmp_path / "defaults"
+    f.write_text("SPSWAP_ROOT=/srv/spswap   # the node's\nSPSWAP_KEEP_ON_GPU=maybe\n")
+    env = {"SPSWAP_DEFAULTS": str(f)}
+    with pytest.raises(ConfigError, match="SPSWAP_KEEP_ON_GPU='maybe'"):
+        Config.load(env)
+    assert Config.root_only(env).root == Path("/srv/spswap")
+    assert Config.root_only({**env, "SPSWAP_ROOT": "/dev/shm/x"}).root == Path("/dev/shm/x")
+    assert Config.root_only(env, root=Path("/tmp/r")).root == Path("/tmp/r")
+    assert Config.root_only({"SPSWAP_DEFAULTS": str(tmp_path / "none")}).root == DEFAULT_ROOT

@@ -12,7 +12,7 @@ from spswap.config import Config
 from spswap.daemon import lifecycle
 from spswap.daemon.client import Client
 from spswap.daemon.main import run as run_daemon
-from spswap.errors import DaemonError
+from spswap.errors import ConfigError, DaemonError
 from spswap.settings_check import settings_problems
 from spswap.settings_file import settings_file_path
 
@@ -60,8 +60,15 @@ def stop(
 ) -> None:
     """Stop spswapd (SIGTERM, then SIGKILL after --timeout-s). The pool, slots, jobs and
     images stay on tmpfs; the next start carries on with them. Root stops root's spswapd
-    (a user is refused, exit 3)."""
-    cfg = load_config(root)
+    (a user is refused, exit 3). A settings file with an error does not keep it running:
+    the stop goes on with the root alone, and says what to fix before the next start."""
+    try:
+        cfg = load_config(root)
+    except ConfigError as e:
+        cfg = Config.root_only(root=root)
+        err_console.print(f"spswap daemon stop: warning: {e}; stopping the spswapd of "
+                          f"{cfg.root} anyway: fix the settings before `spswap daemon "
+                          "start`", markup=False)  # fmt: skip
     pid = lifecycle.stop(cfg, timeout_s=timeout_s)
     if pid is None:
         console.print("spswapd was not running", markup=False)

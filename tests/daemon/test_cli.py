@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from pathlib import Path
 
 from spswap.config import Config
 from spswap.daemon import lifecycle
@@ -42,6 +43,33 @@ def test_daemon_commands(cfg: Config) -> None:
     r = spswap(cfg, "daemon", "stop")
     assert r.returncode == 0 and f"spswapd stopped (was pid {pid})" in r.stdout
     assert spswap(cfg, "daemon", "stop").stdout.strip() == "spswapd was not running"
+
+
+def test_a_settings_file_with_an_error_does_not_keep_spswapd_running(
+    cfg: Config, tmp_path: Path
+) -> None:
+    """The walk: an admin edits /etc/default/spswap with a typo, then runs `spswap daemon
+    stop; spswap daemon start` as the docs say: the stop refused (exit 2) and the old
+    daemon ran on with the old settings. Now it stops, says what to fix, and the start
+    refuses until it is fixed."""
+    bad = tmp_path / "defaults"
+    bad.write_text(f"SPSWAP_ROOT={cfg.root}\nSPSWAP_KEEP_ON_GPU=maybe\n")
+    pid = lifecycle.start(cfg, wait_s=15.0)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPSWAP_")}
+    env.update({"SPSWAP_DEFAULTS": str(bad), "COLUMNS": "200"})
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([which_spswap(), *args], env=env, capture_output=True, text=True,
+                              timeout=60)  # fmt: skip
+
+    r = run("daemon", "stop")
+    assert r.returncode == 0 and f"spswapd stopped (was pid {pid})" in r.stdout, r.stderr
+    assert (f"warning: SPSWAP_KEEP_ON_GPU='maybe': use 1 (kept instances stay on their GPU) "
+            f"or 0 (settings: {bad}, then the environment); stopping the spswapd of "
+            f"{cfg.root} anyway") in " ".join(r.stderr.split()), r.stderr  # fmt: skip
+    assert lifecycle.daemon_running(cfg) is None
+    r = run("daemon", "start")
+    assert r.returncode == 2 and "SPSWAP_KEEP_ON_GPU='maybe'" in r.stderr
 
 
 def test_events_without_a_log(cfg: Config) -> None:
