@@ -156,7 +156,7 @@ class Config:
         except ConfigError as e:
             if not any(k.startswith(ENV_PREFIX) for k in settings.values):
                 raise
-            raise ConfigError(f"{e} (settings: {settings.path}, then the environment)") from None
+            raise ConfigError(f"{e} ({_where_set(str(e), env, settings)})") from None
 
     @classmethod
     def root_only(cls, env: Mapping[str, str] | None = None, *, root: Path | None = None
@@ -270,6 +270,19 @@ _NON_CONFIG_VARS = frozenset(
         "python",
     }
 )
+
+
+def _where_set(message: str, env: Mapping[str, str], settings: SettingsFile) -> str:
+    """Where the setting a load refused (named in ``message`` as ``SPSWAP_X=``) came from,
+    so that an admin looks in the right place: the environment over the file, or the
+    file. Pure."""
+    named = [k for k in (*env, *settings.values)
+             if k.startswith(ENV_PREFIX) and f"{k}=" in message]  # fmt: skip
+    if named and named[0] in env:
+        return f"{named[0]} is set in the environment, over the settings file {settings.path}"
+    if named:
+        return f"set in the settings file {settings.path}"
+    return f"settings: {settings.path}, then the environment"
 
 
 def _convert(name: str, raw: str) -> object:

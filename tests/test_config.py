@@ -188,3 +188,20 @@ def test_root_only_finds_the_root_where_load_does_and_reads_nothing_else(tmp_pat
     assert Config.root_only({**env, "SPSWAP_ROOT": "/dev/shm/x"}).root == Path("/dev/shm/x")
     assert Config.root_only(env, root=Path("/tmp/r")).root == Path("/tmp/r")
     assert Config.root_only({"SPSWAP_DEFAULTS": str(tmp_path / "none")}).root == DEFAULT_ROOT
+
+
+def test_a_refused_setting_says_where_it_was_set(tmp_path: Path) -> None:
+    """(The walk: an environment's bad value read as if it were the file's.)"""
+    f = tmp_path / "defaults"
+    f.write_text("SPSWAP_KEEP_ON_GPU=1\n")
+    env = {"SPSWAP_DEFAULTS": str(f), "SPSWAP_KEEP_ON_GPU": "maybe"}
+    with pytest.raises(
+        ConfigError,
+        match=(
+            r"SPSWAP_KEEP_ON_GPU is set in the environment, over the settings file .*defaults\)$"
+        ),
+    ):
+        Config.load(env)
+    f.write_text("SPSWAP_KEEP_ON_GPU=maybe\n")
+    with pytest.raises(ConfigError, match=r"\(set in the settings file .*defaults\)$"):
+        Config.load({"SPSWAP_DEFAULTS": str(f)})

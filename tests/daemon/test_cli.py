@@ -65,7 +65,7 @@ def test_a_settings_file_with_an_error_does_not_keep_spswapd_running(
     r = run("daemon", "stop")
     assert r.returncode == 0 and f"spswapd stopped (was pid {pid})" in r.stdout, r.stderr
     assert (f"warning: SPSWAP_KEEP_ON_GPU='maybe': use 1 (kept instances stay on their GPU) "
-            f"or 0 (settings: {bad}, then the environment); stopping the spswapd of "
+            f"or 0 (set in the settings file {bad}); stopping the spswapd of "
             f"{cfg.root} anyway") in " ".join(r.stderr.split()), r.stderr  # fmt: skip
     assert lifecycle.daemon_running(cfg) is None
     r = run("daemon", "start")
