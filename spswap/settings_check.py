@@ -135,6 +135,8 @@ def _setting_text(name: str, value: Any, missing: object) -> str:
         return "not known (another spswap version)"
     if value is None:
         return "the default"
+    if isinstance(value, bool):  # (before int: a bool is one) as the file writes it
+        return "1" if value else "0"
     if isinstance(value, list):
         return ",".join(map(str, value))
     if name.endswith("_BYTES") and isinstance(value, int) and value:

@@ -174,6 +174,8 @@ def test_settings_differences() -> None:
         "SPSWAP_KEEP_BYTES: 0 here, the default in spswapd"
     ]
     assert settings_differences(here, here) == []
+    on_gpu = Config.from_env({"SPSWAP_KEEP_ON_GPU": "1"}).to_json()  # (as the file says it)
+    assert settings_differences(here, on_gpu) == ["SPSWAP_KEEP_ON_GPU: 0 here, 1 in spswapd"]
     # a daemon of another spswap version that lacks a setting: not "the default"
     older = {k: v for k, v in here.items() if k != "SPSWAP_KEEP_BYTES"}
     assert settings_differences(here, older) == [
