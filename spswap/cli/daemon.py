@@ -31,8 +31,8 @@ WaitOpt = typer.Option(10.0, "--wait-s", min=0.1, help="Seconds to wait for it t
 def start(root: Path | None = RootOpt, wait_s: float = WaitOpt) -> None:
     """Start spswapd detached (its own session, output to log/spswapd.log, a clean
     environment: the settings only) unless it already runs; waits until it answers on
-    its socket. It reads /etc/default/spswap as every command does; the settings this node
-    cannot hold are printed as warnings."""
+    its socket. It reads /etc/default/spswap (or the file $SPSWAP_DEFAULTS names) as every
+    command does; the settings this node cannot hold are printed as warnings."""
     cfg = load_config(root)
     before = lifecycle.daemon_running(cfg)
     pid = lifecycle.start(cfg, wait_s=wait_s)
