@@ -65,14 +65,16 @@ def job_state_dir(job_id: str, spool_wait_s: float = 0.0) -> tuple[Path, str | N
     path = state_dir_of(info.work_dir, info.job_id)
     deadline = time.monotonic() + (spool_wait_s if info.running else 0.0)
     with owner_checked(path):
-        while not (path / "inbox").is_dir():
+        # both boxes: the server makes inbox/ then outbox/, and an ask between the two
+        # was refused as "no spool" (CI, the user guide's test, 2026-12-07)
+        while not ((path / "inbox").is_dir() and (path / "outbox").is_dir()):
             if (why := not_a_spool(path)) is not None:
                 raise SpswapError(why)
             if time.monotonic() >= deadline:
                 waited = f" ({spool_wait_s:g} s after the job ran)" if info.running else ""
-                raise SpswapError(f"{path} has no spool (inbox/){waited}: the job's server "
-                                  "has not started yet (its log says 'requests on' once it "
-                                  "has), or its state directory is elsewhere: give "
+                raise SpswapError(f"{path} has no spool (inbox/, outbox/){waited}: the job's "
+                                  "server has not started yet (its log says 'requests on' "
+                                  "once it has), or its state directory is elsewhere: give "
                                   "--state-dir")  # fmt: skip
             time.sleep(POLL_S)
     return path, (info.state if stopped_for_good(info.state) else None)

@@ -133,8 +133,35 @@ def test_ask_by_job_waits_for_a_running_jobs_spool(
         if state == "RUNNING":
             assert spool_ask.job_state_dir("42", spool_wait_s=30) == (path, None)
         else:
-            with pytest.raises(SpswapError, match=r"has no spool \(inbox/\): the job's server "
+            with pytest.raises(SpswapError, match=r"has no spool \(inbox/, outbox/\): the job's "
+                               r"server "
                                r"has not started yet \(its log says 'requests on'"):  # fmt: skip
                 spool_ask.job_state_dir("42", spool_wait_s=30)
+    finally:
+        timer.cancel()
+
+
+def test_ask_by_job_waits_for_both_boxes_of_a_spool_being_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server makes inbox/ then outbox/: an ask between the two was refused as "no
+    spool" (CI, the user guide's test as a second uid, 2026-12-07)."""
+    import threading
+
+    from spswap.serve import spool_ask
+    from spswap.slurm.parse import JobInfo
+
+    class Backend:
+        def job(self, job_id: str) -> JobInfo:
+            return JobInfo(job_id=job_id, state="RUNNING", work_dir=str(tmp_path))
+
+    monkeypatch.setattr(spool_ask, "CliBackend", Backend)
+    path = state_dir_of(str(tmp_path), "42")
+    (path / "inbox").mkdir(parents=True)
+    timer = threading.Timer(0.3, lambda: (path / "outbox").mkdir())
+    timer.start()
+    try:
+        assert spool_ask.job_state_dir("42", spool_wait_s=30) == (path, None)
+        assert (path / "outbox").is_dir()
     finally:
         timer.cancel()
