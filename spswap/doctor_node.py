@@ -176,16 +176,16 @@ def keep_check(budget_bytes: int, can_park: bool | None, mem_total_bytes: int | 
         return check(name, None, f"up to {fmt_bytes(budget_bytes)} (SPSWAP_KEEP_BYTES): more "
                      f"than this node's {fmt_bytes(mem_total_bytes)} of memory",
                      "see the settings row")  # fmt: skip
+    where = (", their sleeping GPU state left on their GPU where CUDA checkpoint works "
+             "(SPSWAP_KEEP_ON_GPU=1: held outside any slot until another job reserves "
+             "there)") if on_gpu else ""  # fmt: skip
     if can_park is None:
         return check(name, None, f"up to {fmt_bytes(budget_bytes)} (SPSWAP_KEEP_BYTES) where "
-                     "parked cgroups can be made: not checked (needs root)",
+                     f"parked cgroups can be made{where}: not checked (needs root)",
                      "run `sudo spswap doctor` for the node's answer")  # fmt: skip
     if not can_park:
         return check(name, None, "no: needs parked cgroups (see 'dump outside the job')",
                      slower)  # fmt: skip
-    where = (", their sleeping GPU state left on their GPU where CUDA checkpoint works "
-             "(SPSWAP_KEEP_ON_GPU=1: held outside any slot until another job reserves "
-             "there)") if on_gpu else ""  # fmt: skip
     return check(name, True, f"up to {fmt_bytes(budget_bytes)} (SPSWAP_KEEP_BYTES), frozen "
                  f"in parked cgroups{where}")  # fmt: skip
 

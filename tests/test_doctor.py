@@ -352,6 +352,8 @@ def test_keep_check() -> None:
         "up to 8.0 GiB (SPSWAP_KEEP_BYTES), frozen in parked cgroups, their sleeping GPU "
         "state left on their GPU where CUDA checkpoint works (SPSWAP_KEEP_ON_GPU=1: held "
         "outside any slot until another job reserves there)")  # fmt: skip
+    as_user = doctor_node.keep_check(8 << 30, None, on_gpu=True)["value"]  # (said to users too)
+    assert "left on their GPU" in as_user and as_user.endswith("not checked (needs root)")
     unused = doctor_node.keep_check(0, True, on_gpu=True)
     assert unused["value"] == "off (SPSWAP_KEEP_BYTES=0); SPSWAP_KEEP_ON_GPU=1 has nothing to keep"
     assert unused["detail"].startswith("set SPSWAP_KEEP_BYTES above 0, or drop SPSWAP_KEEP_ON_GPU")
