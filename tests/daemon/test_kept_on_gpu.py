@@ -54,6 +54,32 @@ def test_keep_on_gpu_is_a_yes_no_setting_off_by_default() -> None:
     assert Config.from_env({"SPSWAP_KEEP_ON_GPU": "1"}).keep_on_gpu is True
 
 
+def test_a_kept_dump_wakes_its_tree_onto_its_gpu_only_where_the_setting_is_on(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The dump thread's end (ckpt_dump._dump_locked), the dump itself stood in for: a
+    kept tree's wake onto its GPU is asked for with SPSWAP_KEEP_ON_GPU=1 only, after the
+    job's lock is let go."""
+    from spswap.daemon import ckpt_dump, lifecycle
+
+    woken: list[tuple[str, bool, bool]] = []
+    monkeypatch.setattr(ckpt_dump.prewake, "wake_early", lambda st, job_id, **kw: woken.append(
+        (job_id, kw.get("resident", False), st.job_locks.of(job_id).locked())))  # fmt: skip
+
+    def dumped_and_kept(st: Any, job_id: str, *a: Any) -> tuple[bool, None]:
+        a[-1].kept = True  # (the _LeaveJob: the tree was kept)
+        return True, None
+
+    monkeypatch.setattr(ckpt_dump, "_dump", dumped_and_kept)
+    for on in ("0", "1"):
+        cfg = Config.from_env({"SPSWAP_KEEP_ON_GPU": on}, root=tmp_path / f"root{on}")
+        lifecycle.prepare_dirs(cfg)
+        st = DaemonState(cfg)
+        st.job_locks.of("7").acquire()  # (op_checkpoint's, released by the dump thread)
+        ckpt_dump._dump_locked(st, "7", os.getpid(), None, None, False)  # type: ignore[arg-type]
+    assert woken == [("7", True, False)]
+
+
 def test_woken_after_its_dump_it_stays_past_its_runs_epilog_and_hold_time(
     kept_gpu0: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
