@@ -28,10 +28,10 @@ GPU memory outside any slot: it is ended :data:`HOLD_S` after the wake and at it
 end; the image stays, so a later run still restores from it.
 
 Where the site allows it (``SPSWAP_KEEP_ON_GPU=1``), the same wake runs right after the
-dump instead (:func:`start` with ``resident``): the tree's sleeping GPU state goes back
-onto its GPU and stays there, frozen and locked, while its job waits, so the job's next
-run skips the CUDA restore too (:mod:`spswap.daemon.on_gpu`: how such a tree keeps out
-of other jobs' slots).
+dump instead (:func:`wake_early` with ``resident``, from the dump's thread): the tree's
+sleeping GPU state goes back onto its GPU and stays there, frozen and locked, while its
+job waits, so the job's next run skips the CUDA restore too (:mod:`spswap.daemon.on_gpu`:
+how such a tree keeps out of other jobs' slots).
 """
 
 from __future__ import annotations
@@ -69,12 +69,10 @@ def refusal(*, dumped_gpus: list[str], cuda_pids: list[int], job_gpus: list[str]
     return on_gpu.shared_text(sorted(shared_with))
 
 
-def start(st: DaemonState, job_id: str, *, resident: bool = False) -> None:
+def start(st: DaemonState, job_id: str) -> None:
     """At the job's prolog (or its run's ``job.starting``): wake its kept tree's GPU state
-    early, off the caller's path. ``resident``: right after the job's dump, to stay on
-    its GPU while the job waits (``SPSWAP_KEEP_ON_GPU``)."""
-    threading.Thread(target=wake_early, args=(st, job_id), kwargs={"resident": resident},
-                     daemon=True).start()  # fmt: skip
+    early, off the caller's path."""
+    threading.Thread(target=wake_early, args=(st, job_id), daemon=True).start()
 
 
 def wake_early(st: DaemonState, job_id: str, *, resident: bool = False) -> bool:
