@@ -39,8 +39,7 @@ MOVE_WAIT_S = 15.0
 
 def shared_with(st: DaemonState, job_id: str) -> list[str]:
     """The other jobs that hold slots on the job's GPUs now ("?" for a user outside any)."""
-    rec = st.jobs.get(job_id)
-    mine = set(rec.gpus) if rec is not None else set()
+    mine = set(_gpus(st, job_id))
     return sorted({r.holder.job_id or "?" for r in st.slot_table().reservations()
                    if r.holder.job_id != job_id and mine & set(r.gpus)})  # fmt: skip
 

@@ -121,6 +121,11 @@ class Spool:
             box.mkdir(mode=0o700, exist_ok=True)
             box.chmod(0o700)  # whatever the umask, and boxes an older run made 0755
 
+    def ready(self) -> bool:
+        """Whether both boxes are there (:meth:`create` makes inbox/ first: a spool being
+        made is not ready between the two)."""
+        return self.inbox.is_dir() and self.outbox.is_dir()
+
     def submit(self, request: Request) -> bool:
         """Accept ``request``; False when it was accepted or answered before (idempotent).
         RequestIdTaken when its id was asked before with another prompt or length."""

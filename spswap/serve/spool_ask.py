@@ -65,9 +65,9 @@ def job_state_dir(job_id: str, spool_wait_s: float = 0.0) -> tuple[Path, str | N
     path = state_dir_of(info.work_dir, info.job_id)
     deadline = time.monotonic() + (spool_wait_s if info.running else 0.0)
     with owner_checked(path):
-        # both boxes: the server makes inbox/ then outbox/, and an ask between the two
-        # was refused as "no spool" (CI, the user guide's test, 2026-12-07)
-        while not ((path / "inbox").is_dir() and (path / "outbox").is_dir()):
+        # both boxes: an ask between the server's inbox/ and outbox/ was refused as "no
+        # spool" (CI, the user guide's test, 2026-12-07)
+        while not Spool(path).ready():
             if (why := not_a_spool(path)) is not None:
                 raise SpswapError(why)
             if time.monotonic() >= deadline:
@@ -141,7 +141,7 @@ def _put(spool: Spool, state_dir: Path, req: Request | None, rid: str,
     """Check that ``state_dir`` holds a spool, then submit ``req`` (or check that request
     ``rid`` was asked before); for a job that ``ended``, its answer given before (the
     only one it will have)."""
-    if not (spool.inbox.is_dir() and spool.outbox.is_dir()):
+    if not spool.ready():
         if (why := not_a_spool(state_dir)) is not None:
             raise SpswapError(why)
         raise SpswapError(f"{state_dir} has no spool (inbox/, outbox/): is it the state "
