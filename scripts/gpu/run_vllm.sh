@@ -220,7 +220,7 @@ if want apicuda; then
 fi
 if want probe; then
   step probe
-  timeout -k 5 150 python3 scripts/gpu/vllm_copy_probe.py "$MODELS/qwen2-${PROBE_SIZE:-1.5b}" ${PROBE_ARGS:---first} \
+  timeout -k 5 "${PROBE_TIMEOUT_S:-150}" python3 scripts/gpu/vllm_copy_probe.py "$MODELS/qwen2-${PROBE_SIZE:-1.5b}" ${PROBE_ARGS:---first} \
     2>&1 | grep "PROBE\|PINNED\|FIRST\|VERIFY\|Error"
 fi
 

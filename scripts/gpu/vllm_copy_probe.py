@@ -7,6 +7,8 @@ spswap_copy_probe. GPU machine, with the vLLM kit on PYTHONPATH:
 
 --kv-gib N: a KV cache of N GiB (default: what gpu_memory_utilization=0.4 leaves);
 --first-only: only the first-copy variants (with --kv-gib: those for a small KV cache).
+--variants V,V@WAIT_S,...: these first-copy variants instead (e.g. "staged,pull0.2,pull"):
+each as the first write after its own sleep, @WAIT_S after a pause of that many seconds.
 --first: also time each way of writing the weights as the first write after a fresh
 level-2 sleep + weights wake (with and without a pause first, through new or kept staging
 buffers, or pulled by the GPU's cores), then a staged copy right after it: which new
@@ -66,7 +68,12 @@ def main() -> None:
         res = rank_result(eng.llm.collective_rpc("spswap_copy_probe"), "spswap_copy_probe", 1)
         print("PROBE-after-cycle", json.dumps(res), flush=True)
     if "--first" in sys.argv or "--first-only" in sys.argv:
-        first_touch(eng, pool, SMALL_KV_VARIANTS if kv_gib else FIRST_VARIANTS)
+        variants = SMALL_KV_VARIANTS if kv_gib else FIRST_VARIANTS
+        if "--variants" in sys.argv:
+            given = sys.argv[sys.argv.index("--variants") + 1].split(",")
+            variants = [(v.split("@")[0], float(v.split("@")[1]) if "@" in v else 0.0)
+                        for v in given]  # fmt: skip
+        first_touch(eng, pool, variants)
     eng.close()
 
 

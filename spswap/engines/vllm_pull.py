@@ -47,7 +47,10 @@ def pull_share(since_sleep_s: float | None, released_bytes: int | None = None,
                copy_bytes: int | None = None,
                pull_rate_bytes_per_s: float = PULL_BYTES_PER_S) -> float:  # fmt: skip
     """How much of a wake's copy the GPU's cores should pull themselves (see
-    :func:`spswap.transfer.copy.copy_into`): all of it while the driver is still clearing
+    :func:`spswap.transfer.copy.copy_into`; a share between, pulled first and the rest
+    copied by the engines after it, was no faster than the engines alone and slower than
+    pulling all: a 7B on an H100, 45.9-47.0 GB/s against 50.0-50.8 pulled,
+    docs/notes/copy-after-sleep.md): all of it while the driver is still clearing
     what this process's own level-2 sleep released (:func:`scrub_busy_s`) and the pull
     of ``copy_bytes`` (at ``pull_rate_bytes_per_s``: :func:`pull_bytes_per_s` of the
     GPU) is faster than the copy engines' slowed copy

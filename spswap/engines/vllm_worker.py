@@ -211,7 +211,8 @@ class SpswapWorkerExtension(SpswapProbes):
         """Copy the attached entry into the weights (async copies on a dedicated stream);
         returns the TransferReport as a dict, with the ``pull`` share used and the
         ``released_bytes`` it was chosen for. Call after ``wake_up(tags=["weights"])``.
-        ``pull``: the share the GPU's cores pull themselves; None: chosen by
+        ``pull``: the share the GPU's cores pull themselves before the copy engines
+        copy the rest; None: chosen by
         :func:`~spswap.engines.vllm_pull.pull_share` from ``since_sleep_s`` (seconds
         since this process's level-2 sleep; None: it never slept), the bytes that
         sleep handed back to the driver, the copy's own size and this GPU's pull rate.

@@ -85,7 +85,7 @@ class SpswapProbes:
         ``direct-touched``: the weights zeroed on the GPU first (untimed), then direct:
         are copy-engine writes slow into memory the GPU has already written?; ``pull``: the
         GPU's cores read the registered mapping themselves (no copy engine); ``pull0.6``: 60% of
-        the bytes so, the rest by the copy engines at the same time."""
+        the bytes so, then the copy engines the rest (a wake's pull-first copy)."""
         mapping: MappedEntry | None = getattr(self, "_spswap_mapping", None)
         if mapping is None:
             raise EngineError("attach a pool entry first (spswap_attach)")
@@ -111,7 +111,8 @@ class SpswapProbes:
         elif variant == "staged":
             copy_into(mapping, weights, staging_bytes=STAGING_BYTES)
         elif variant.startswith("pull"):  # "pull": all pulled; "pull0.6": 60%, rest CE
-            copy_into(mapping, weights, pull=float(variant[4:] or 1))
+            copy_into(mapping, weights, pull=float(variant[4:] or 1),
+                      staging_bytes=STAGING_BYTES)  # fmt: skip
         elif variant == "memset":
             for t in weights.values():
                 t.zero_()

@@ -122,9 +122,13 @@ def copy_into(
     use instead of allocating them.
 
     ``pull``: the share of the bytes (0 to 1, whole tensors, see :func:`split_for_pull`)
-    that the GPU's own cores read from the registered mapping through its device address
-    (kernels doing loads over PCIe) while the copy engines move the rest, both at once;
-    see :func:`_copy_pulled`. Needs a registered mapping; on CPU it is the plain copy.
+    that the GPU's own cores read first from the registered mapping through its device
+    address (kernels doing loads over PCIe, :func:`_copy_pulled`); the copy engines then
+    move the rest (staged with ``staging_bytes``), after the pull on the same stream: the
+    cores while the driver still slows the copy engines, the engines once it no longer
+    does (at the same time the two ran slower than the pull alone: 28-34 GB/s,
+    docs/notes/copy-after-sleep.md). Needs a registered mapping; on CPU it is the plain
+    copy.
     """
     check_compatible(mapping.manifest, params)
     device = _device_of(params)
@@ -144,7 +148,8 @@ def copy_into(
         try:
             with torch.no_grad(), torch.cuda.stream(stream):
                 if pull > 0 and mapping.registered:
-                    _copy_split(mapping, params, device, pull)
+                    _copy_pull_first(mapping, params, device, pull, staging_bytes,
+                                     staging_buffers)  # fmt: skip
                 elif staging_bytes:
                     _copy_staged(mapping, params, device, staging_bytes, staging_buffers)
                 else:
@@ -184,12 +189,14 @@ def _same_device(a: torch.device, b: torch.device) -> bool:
 def _copy_staged(
     mapping: MappedEntry, params: Mapping[str, torch.Tensor], device: torch.device,
     staging_bytes: int, buffers: Sequence[torch.Tensor] | None = None,
+    skip: frozenset[str] = frozenset(),
 ) -> None:  # fmt: skip
     """Host -> staging buffer (one large copy per piece) -> parameters (device copies),
     with two buffers: on CUDA the host copy of piece k+1 (current stream) runs while
     piece k is scattered (a second stream), so PCIe never waits for the scatter. Events
-    keep a buffer from being refilled before its scatter has read it."""
-    plan = mapping.staging_plan(staging_bytes)  # made once per mapping and piece size
+    keep a buffer from being refilled before its scatter has read it. The tensors named
+    in ``skip`` are left out (another path copied them)."""
+    plan = mapping.staging_plan(staging_bytes, skip)  # made once per mapping, size, skip
     if not plan:
         return
     base = mapping.tensors_base()
@@ -282,21 +289,22 @@ def split_for_pull(sizes: Mapping[str, int], fraction: float) -> set[str]:
     return pulled
 
 
-def _copy_split(mapping: MappedEntry, params: Mapping[str, torch.Tensor],
-                device: torch.device, fraction: float) -> None:  # fmt: skip
-    """The copy engines copy their share on the current stream while kernels on a second
-    stream pull the rest: two paths over the same link at once."""
+def _copy_pull_first(
+    mapping: MappedEntry, params: Mapping[str, torch.Tensor], device: torch.device,
+    fraction: float, staging_bytes: int | None, buffers: Sequence[torch.Tensor] | None,
+) -> None:  # fmt: skip
+    """The cores pull ``fraction`` of the bytes, then the copy engines copy the rest
+    (staged where ``staging_bytes``), all on the current stream: in sequence."""
     pulled = split_for_pull({t.name: t.size_bytes for t in mapping.manifest.tensors}, fraction)
-    sources = mapping.tensors()
-    for name, src in sources.items():
-        if name not in pulled:
-            params[name].copy_(src, non_blocking=True)
-    main = torch.cuda.current_stream(device)
-    side = torch.cuda.Stream(device=device)
-    side.wait_stream(main)  # (the copies above run on; only earlier work is waited for)
-    with torch.cuda.stream(side):
-        _copy_pulled(mapping, params, device, pulled)
-    main.wait_stream(side)
+    _copy_pulled(mapping, params, device, pulled)
+    if len(pulled) == len(mapping.manifest.tensors):
+        return
+    if staging_bytes:
+        _copy_staged(mapping, params, device, staging_bytes, buffers, skip=frozenset(pulled))
+    else:
+        for name, src in mapping.tensors().items():
+            if name not in pulled:
+                params[name].copy_(src, non_blocking=True)
 
 
 def _copy_pulled(mapping: MappedEntry, params: Mapping[str, torch.Tensor],

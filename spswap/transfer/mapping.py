@@ -23,6 +23,8 @@ from spswap.transfer import cuda_host
 from spswap.transfer.dtypes import to_torch
 from spswap.transfer.staging import Piece, staging_plan
 
+MAX_PLANS = 8  # staged plans a mapping keeps (one per piece size and left-out set)
+
 
 class MappedEntry:
     """``data.bin`` of one pool entry, mapped read-only; a context manager."""
@@ -37,7 +39,8 @@ class MappedEntry:
         self._base: torch.Tensor | None = None
         self._views: dict[str, torch.Tensor] | None = None
         self._registration: cuda_host.Registration | None = None
-        self._plans: dict[int, tuple[Piece, ...]] = {}  # by piece size
+        # by piece size and the tensors left out (a pulled share's: few, see staging_plan)
+        self._plans: dict[tuple[int, frozenset[str]], tuple[Piece, ...]] = {}
         self._closed = False
         try:
             fd = os.open(self.data_path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
@@ -107,12 +110,18 @@ class MappedEntry:
             self._views = views
         return self._views
 
-    def staging_plan(self, piece_bytes: int) -> tuple[Piece, ...]:
+    def staging_plan(
+        self, piece_bytes: int, skip: frozenset[str] = frozenset()
+    ) -> tuple[Piece, ...]:
         """The staged copy's plan for pieces of ``piece_bytes`` (:func:`staging_plan`),
-        made once per piece size: a wake copies without planning again."""
-        if piece_bytes not in self._plans:
-            self._plans[piece_bytes] = tuple(staging_plan(self.manifest, piece_bytes))
-        return self._plans[piece_bytes]
+        the tensors named in ``skip`` left out, made once per piece size and ``skip``: a
+        wake copies without planning again."""
+        key = (piece_bytes, skip)
+        if key not in self._plans:
+            if len(self._plans) >= MAX_PLANS:  # a pulled share varies: keep the plain ones
+                self._plans = {k: v for k, v in self._plans.items() if not k[1]}
+            self._plans[key] = tuple(staging_plan(self.manifest, piece_bytes, skip=skip))
+        return self._plans[key]
 
     # -- CUDA registration ---------------------------------------------------------------
     @property

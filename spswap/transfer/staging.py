@@ -24,11 +24,14 @@ class Piece:
     slices: tuple[tuple[str, int, int, int], ...]
 
 
-def staging_plan(manifest: Manifest, piece_bytes: int, buffers: int = 2) -> list[Piece]:
+def staging_plan(manifest: Manifest, piece_bytes: int, buffers: int = 2,
+                 skip: frozenset[str] = frozenset()) -> list[Piece]:  # fmt: skip
     """Cut the entry's data into pieces of ``piece_bytes`` (alignment gaps between tensors
     are skipped, tensors are split across pieces), the pieces taking the ``buffers``
     staging buffers in turn. Pure: the plan :func:`spswap.transfer.copy.copy_into` follows with
-    ``staging_bytes``; every tensor byte lands in exactly one slice."""
+    ``staging_bytes``; every byte of a tensor not named in ``skip`` lands in exactly one
+    slice, and no piece carries a byte of a tensor of ``skip`` (a skipped tensor ends the
+    piece before it)."""
     if piece_bytes <= 0:
         raise TransferError(f"staging piece size must be positive, not {piece_bytes}")
     pieces: list[Piece] = []
@@ -41,6 +44,9 @@ def staging_plan(manifest: Manifest, piece_bytes: int, buffers: int = 2) -> list
             slices.clear()
 
     for t in sorted(manifest.tensors, key=lambda t: t.offset):
+        if t.name in skip:
+            close()
+            continue
         done = 0
         while done < t.size_bytes:
             at = t.offset + done

@@ -152,12 +152,15 @@ def test_pulled_copy_is_bit_exact_on_cuda(pool) -> None:
     dst = {n: torch.zeros_like(t, device="cuda") for n, t in src.items()}
     with MappedEntry(m, pool.data_path(m)) as mapping:
         copy_into(mapping, dst)  # registers
-        for fraction in (1.0, 0.5):  # all pulled; half pulled, half by the copy engines
+        # all pulled; half pulled, then the copy engines, direct or staged (what a wake
+        # right after its sleep does: spswap_copy)
+        for fraction, staging in ((1.0, None), (0.5, None), (0.5, 4096), (0.2, 1 << 20)):
             for t in dst.values():
                 t.zero_()
-            copy_into(mapping, dst, pull=fraction)
+            copy_into(mapping, dst, pull=fraction, staging_bytes=staging)
             for name, t in src.items():
-                assert torch.equal(dst[name].cpu().view(torch.uint8), t.view(torch.uint8)), name
+                got = dst[name].cpu().view(torch.uint8)
+                assert torch.equal(got, t.view(torch.uint8)), (name, fraction, staging)
 
 
 def test_pull_on_cpu_is_the_plain_copy(pool) -> None:
@@ -267,8 +270,30 @@ def test_staging_plan_splits_tensors_and_skips_gaps(pool) -> None:
         staging_plan(m, 0)
 
 
+def test_staging_plan_leaves_out_the_pulled_tensors(pool) -> None:
+    # the copy engines' share after a pull: no piece carries a byte of a pulled tensor
+    from spswap.transfer.staging import staging_plan
+
+    src = {"a": torch.zeros(1024), "b": torch.zeros(1024), "c": torch.zeros(4096)}
+    m = write_entry(pool, "m", src)  # a@0, b@4096, c@8192
+    off = {t.name: t.offset for t in m.tensors}
+    plan = staging_plan(m, 1 << 20, skip=frozenset({"b"}))
+    assert [(p.start, p.end, p.buffer, p.slices) for p in plan] == [
+        (off["a"], off["a"] + 4096, 0, (("a", 0, 0, 4096),)),
+        (off["c"], off["c"] + 16384, 1, (("c", 0, 0, 16384),)),
+    ]
+    plan = staging_plan(m, 8192, skip=frozenset({"a"}))
+    assert [(p.start, p.end, p.slices) for p in plan] == [
+        (off["b"], off["b"] + 8192, (("b", 0, 0, 4096), ("c", 0, 4096, 4096))),
+        (off["c"] + 4096, off["c"] + 12288, (("c", 4096, 0, 8192),)),
+        (off["c"] + 12288, off["c"] + 16384, (("c", 12288, 0, 4096),)),
+    ]
+    assert staging_plan(m, 8192, skip=frozenset(src)) == []
+
+
 def test_a_mapping_plans_once_per_piece_size(pool) -> None:
     # a wake copies without planning again: the mapping keeps the plan for each size
+    from spswap.transfer.mapping import MAX_PLANS
     from spswap.transfer.staging import staging_plan
 
     src = {"a": torch.arange(1024, dtype=torch.float32), "b": torch.ones(3000)}
@@ -278,6 +303,14 @@ def test_a_mapping_plans_once_per_piece_size(pool) -> None:
         assert list(first) == staging_plan(m, 8192)
         assert mapping.staging_plan(8192) is first
         assert list(mapping.staging_plan(4096)) == staging_plan(m, 4096)
+        skip_b = frozenset({"b"})
+        assert list(mapping.staging_plan(4096, skip_b)) == staging_plan(m, 4096, skip=skip_b)
+        assert mapping.staging_plan(4096, skip_b) is mapping.staging_plan(4096, skip_b)
+        # a pulled share varies from wake to wake: the plans left-out sets make are bounded
+        for size in range(1024, 1024 * 20, 1024):
+            mapping.staging_plan(size, skip_b)
+        assert len(mapping._plans) <= MAX_PLANS
+        assert mapping.staging_plan(8192) is first  # the plain plans stay
         dst = {k: torch.zeros_like(v) for k, v in src.items()}
         for _ in range(2):  # the second copy follows the kept plan
             copy_into(mapping, dst, staging_bytes=4096)
