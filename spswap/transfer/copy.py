@@ -124,9 +124,9 @@ def copy_into(
     ``pull``: the share of the bytes (0 to 1, whole tensors, see :func:`split_for_pull`)
     that the GPU's own cores read first from the registered mapping through its device
     address (kernels doing loads over PCIe, :func:`_copy_pulled`); the copy engines then
-    move the rest (staged with ``staging_bytes``), after the pull on the same stream: the
-    cores while the driver still slows the copy engines, the engines once it no longer
-    does (at the same time the two ran slower than the pull alone: 28-34 GB/s,
+    move the rest (staged with ``staging_bytes``), after the pull on the same stream (at
+    the same time the two ran slower than the pull alone, 28-34 GB/s; in sequence no
+    faster than the better of the two whole, so a wake pulls all or none:
     docs/notes/copy-after-sleep.md). Needs a registered mapping; on CPU it is the plain
     copy.
     """
