@@ -191,7 +191,7 @@ fi
 if want sleepprobe; then
   step sleepprobe
   timeout -k 5 300 python3 scripts/gpu/sleep_probe.py "$MODELS/qwen2-1.5b" ${SLEEP_PROBE_ARGS:-} 2>&1 \
-    | grep "START\|INSTALL\|CYCLE\|TIMELINE\|VERIFY\|Error\|error"
+    | grep "START\|INSTALL\|PACK\|ANSWERS\|CYCLE\|TIMELINE\|VERIFY\|Error\|error"
 fi
 
 if want asleep; then

@@ -11,6 +11,14 @@ tag, the ``gc.collect()`` and ``empty_cache()`` of its sleep), run ``--cycles`` 
 cycles, then one cycle with a timeline of 64 MiB pinned -> GPU copies (copy engines)
 between the weights wake and the copy. Prints ``CYCLE`` and ``TIMELINE`` JSON lines.
 
+``--pack``: first move the weights into one allocation of vLLM's sleep-mode pool (each
+tensor copied into a view of one tensor made under the ``weights`` tag at its pool
+entry's offset, the parameters and buffers rebound to those views, the old allocations
+released as vLLM releases a load's unused ones), so that a sleep unmaps and a wake maps
+one allocation for the weights instead of one per segment (docs/notes/copy-after-sleep.md:
+~40-50 us a call). Prints ``PACK`` (allocations by tag before and after) and ``ANSWERS``
+(greedy tokens before the pack and after the cycles, compared).
+
 Diagnostics only: it sends functions to the worker, so it sets
 ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` for its own engine.
 """
@@ -97,6 +105,67 @@ def _install(worker: Any) -> dict[str, Any]:
                        for tag in set(tags.values())}}  # fmt: skip
 
 
+def _pack(worker: Any) -> dict[str, Any]:
+    """In the worker: the weights into one allocation of the sleep-mode pool (see --pack)."""
+    import gc
+
+    import torch
+    import vllm.device_allocator.cumem as cm
+
+    w = getattr(worker, "worker", worker)
+    alloc = cm.CuMemAllocator.get_instance()
+
+    def by_tag() -> dict[str, int]:
+        out: dict[str, int] = {}
+        for data in alloc.pointer_to_data.values():
+            out[data.tag] = out.get(data.tag, 0) + 1
+        return out
+
+    before = by_tag()
+    tensors = w._spswap_tensors()
+    where = {t.name: (t.offset, t.size_bytes) for t in w._spswap_mapping.manifest.tensors}
+    total = max(off + n for off, n in where.values())
+    free_bytes = torch.cuda.mem_get_info()[0]
+    if free_bytes < total + (256 << 20) or any(not t.is_contiguous() for t in tensors.values()):
+        return {"packed": False, "free_bytes": free_bytes, "total_bytes": total}
+
+    def key(t: Any) -> tuple[Any, ...]:
+        return (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)
+
+    old_pool = alloc.allocator_and_pools.get("weights")
+    rebound = 0
+    with alloc.use_memory_pool(tag="weights"):
+        flat = torch.empty(total, dtype=torch.uint8, device="cuda")
+        views = {}
+        for name, t in tensors.items():
+            off, n = where[name]
+            view = flat[off : off + n].view(t.dtype).view(t.shape)
+            view.copy_(t)
+            views[key(t)] = view
+        torch.cuda.synchronize()
+        for mod in w._spswap_model().modules():
+            for p in list(mod._parameters.values()):
+                if p is not None and key(p) in views:
+                    p.data = views[key(p)]
+                    rebound += 1
+            for bname, b in list(mod._buffers.items()):
+                if b is not None and key(b) in views:
+                    mod._buffers[bname] = views[key(b)]
+                    rebound += 1
+        del tensors, views, t, view
+        w._spswap_weights = None  # the worker's lookup: the views from now on
+        gc.collect()
+    released = 0
+    if old_pool is not None:  # the load's pool: release its segments no tensor uses now
+        alloc.allocator_and_pools["weights-before-pack"] = old_pool  # (vLLM drops it last)
+        for seg in old_pool[0].snapshot():
+            if seg["allocated_size"] == 0 and seg["address"] in alloc.pointer_to_data:
+                cm.unmap_and_release(alloc._python_free_callback(seg["address"]))
+                released += 1
+    return {"packed": True, "total_bytes": total, "rebound": rebound, "released": released,
+            "before": before, "after": by_tag()}  # fmt: skip
+
+
 def _records(worker: Any) -> dict[str, Any]:
     """In the worker: the timers' records since the last call, summed by kind."""
     import vllm.device_allocator.cumem as cm
@@ -139,7 +208,10 @@ def _timeline(worker: Any, window_s: float) -> dict[str, Any]:
                               for k, v in sorted(sums.items())}}  # fmt: skip
 
 
-def run_size(model: Path, pool: Any, kv_gib: float, cycles: int) -> None:
+PROMPTS = [[1, 2, 3, 4, 5], [100, 200, 300], [7] * 12]
+
+
+def run_size(model: Path, pool: Any, kv_gib: float, cycles: int, pack: bool = False) -> None:
     from spswap.engines.vllm_engine import VllmEngine, VllmSettings, rank_result
 
     settings = VllmSettings(kv_cache_memory_bytes=int(kv_gib * (1 << 30)) if kv_gib else None)
@@ -153,6 +225,9 @@ def run_size(model: Path, pool: Any, kv_gib: float, cycles: int) -> None:
         def rpc(fn: Any, *args: Any) -> dict[str, Any]:
             return rank_result(llm.collective_rpc(fn, args=args), "probe", 1)
 
+        if pack:
+            answers = eng.generate(PROMPTS, 8)
+            print("PACK", json.dumps(rpc(_pack)), flush=True)
         print("INSTALL", json.dumps(rpc(_install)), flush=True)
         rpc(_records)
         for i in range(cycles):
@@ -181,6 +256,9 @@ def run_size(model: Path, pool: Any, kv_gib: float, cycles: int) -> None:
         }), flush=True)  # fmt: skip
         verify = rpc("spswap_verify", str(pool.pool_dir), eng._attached["digest"])
         print("VERIFY", json.dumps({"kv_gib": kv_gib, **verify}), flush=True)
+        if pack:
+            after = eng.generate(PROMPTS, 8)
+            print("ANSWERS", json.dumps({"identical": after == answers}), flush=True)
     finally:
         eng.close()
 
@@ -190,13 +268,14 @@ def main() -> None:
     ap.add_argument("model", type=Path)
     ap.add_argument("--kv-gib", type=float, nargs="+", default=[0, 4])
     ap.add_argument("--cycles", type=int, default=3)
+    ap.add_argument("--pack", action="store_true", help="the weights in one allocation first")
     args = ap.parse_args()
     os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # functions sent to the worker
     from spswap.pool.store import Pool
 
     pool = Pool(Path(tempfile.mkdtemp(dir="/dev/shm")) / "pool")
     for kv in args.kv_gib:
-        run_size(args.model, pool, kv, args.cycles)
+        run_size(args.model, pool, kv, args.cycles, args.pack)
 
 
 if __name__ == "__main__":
