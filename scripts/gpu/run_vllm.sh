@@ -24,7 +24,9 @@
 #   apicuda   scripts/gpu/api_cuda_probe.py on 0.5B (why vLLM's API server process holds
 #             CUDA state: the calls that start it, with their stacks; APICUDA_ENVS: variants)
 #   release   scripts/gpu/release_probe.py (are copies slow after memory goes back to the driver?)
-#   sleepprobe scripts/gpu/sleep_probe.py on 1.5B (where a cycle's time goes inside vLLM)
+#   sleepprobe scripts/gpu/sleep_probe.py on 1.5B (where a cycle's time goes inside vLLM;
+#             SLEEP_PROBE_SIZES: others, e.g. "0.5b 1.5b"; SLEEP_PROBE_ARGS: its options,
+#             e.g. "--kv-gib 4 --cycles 3 --pack")
 #   asleep    scripts/gpu/asleep_probe.py on 0.5B (ASLEEP_SIZES: e.g. "0.5b 3b"), compiled then eager (what a sleeping vLLM
 #             leaves on the GPU, what each trim saves, CUDA checkpoint/restore times;
 #             ASLEEP_MODES: "compiled eager" by default; ASLEEP_ARGS: more options, e.g.
@@ -190,8 +192,10 @@ fi
 
 if want sleepprobe; then
   step sleepprobe
-  timeout -k 5 300 python3 scripts/gpu/sleep_probe.py "$MODELS/qwen2-1.5b" ${SLEEP_PROBE_ARGS:-} 2>&1 \
-    | grep "START\|INSTALL\|PACK\|ANSWERS\|CYCLE\|TIMELINE\|VERIFY\|Error\|error"
+  for size in ${SLEEP_PROBE_SIZES:-1.5b}; do
+    timeout -k 5 300 python3 scripts/gpu/sleep_probe.py "$MODELS/qwen2-$size" ${SLEEP_PROBE_ARGS:-} \
+      2>&1 | grep "START\|INSTALL\|PACK\|ANSWERS\|CYCLE\|TIMELINE\|VERIFY\|Error\|error"
+  done
 fi
 
 if want asleep; then
