@@ -80,8 +80,9 @@ def main() -> None:
             for ptr in ptrs:
                 check(cu.cuMemAddressFree(ptr, size))
             print("MAPCOUNT", json.dumps({"total_gib": total_gib, "count": count,
-                                          "size_bytes": size, "map_s": maps_s,
-                                          "unmap_s": unmaps_s}), flush=True)  # fmt: skip
+                                          "size_bytes": size, "mapped_bytes": size * count,
+                                          "map_s": maps_s, "unmap_s": unmaps_s}),
+                  flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

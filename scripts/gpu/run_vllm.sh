@@ -193,7 +193,8 @@ fi
 if want sleepprobe; then
   step sleepprobe
   for size in ${SLEEP_PROBE_SIZES:-1.5b}; do
-    timeout -k 5 300 python3 scripts/gpu/sleep_probe.py "$MODELS/qwen2-$size" ${SLEEP_PROBE_ARGS:-} \
+    [ "$(left)" -gt 100 ] || { echo "sleepprobe: no time left for $size"; break; }
+    timeout -k 5 $(( $(left) < 300 ? $(left) - 5 : 300 )) python3 scripts/gpu/sleep_probe.py "$MODELS/qwen2-$size" ${SLEEP_PROBE_ARGS:-} \
       2>&1 | grep "START\|INSTALL\|PACK\|ANSWERS\|CYCLE\|TIMELINE\|VERIFY\|Error\|error"
   done
 fi

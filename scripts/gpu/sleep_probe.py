@@ -126,8 +126,11 @@ def _pack(worker: Any) -> dict[str, Any]:
     where = {t.name: (t.offset, t.size_bytes) for t in w._spswap_mapping.manifest.tensors}
     total = max(off + n for off, n in where.values())
     free_bytes = torch.cuda.mem_get_info()[0]
-    if free_bytes < total + (256 << 20) or any(not t.is_contiguous() for t in tensors.values()):
-        return {"packed": False, "free_bytes": free_bytes, "total_bytes": total}
+    graphs = not w._spswap_no_cuda_graphs()  # captured graphs hold the old addresses
+    if (graphs or free_bytes < total + (256 << 20)
+            or any(not t.is_contiguous() for t in tensors.values())):  # fmt: skip
+        return {"packed": False, "cuda_graphs": graphs, "free_bytes": free_bytes,
+                "total_bytes": total}  # fmt: skip
 
     def key(t: Any) -> tuple[Any, ...]:
         return (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)
@@ -144,6 +147,7 @@ def _pack(worker: Any) -> dict[str, Any]:
             views[key(t)] = view
         torch.cuda.synchronize()
         for mod in w._spswap_model().modules():
+            p = b = None
             for p in list(mod._parameters.values()):
                 if p is not None and key(p) in views:
                     p.data = views[key(p)]
@@ -152,7 +156,9 @@ def _pack(worker: Any) -> dict[str, Any]:
                 if b is not None and key(b) in views:
                     mod._buffers[bname] = views[key(b)]
                     rebound += 1
-        del tensors, views, t, view
+        named = len(tensors)
+        # no name may keep an old tensor alive (its segment would stay)
+        del tensors, views, t, view, mod, p, b
         w._spswap_weights = None  # the worker's lookup: the views from now on
         gc.collect()
     released = 0
@@ -162,7 +168,8 @@ def _pack(worker: Any) -> dict[str, Any]:
             if seg["allocated_size"] == 0 and seg["address"] in alloc.pointer_to_data:
                 cm.unmap_and_release(alloc._python_free_callback(seg["address"]))
                 released += 1
-    return {"packed": True, "total_bytes": total, "rebound": rebound, "released": released,
+    return {"packed": True, "total_bytes": total, "tensors": named, "rebound": rebound,
+            "released": released,
             "before": before, "after": by_tag()}  # fmt: skip
 
 

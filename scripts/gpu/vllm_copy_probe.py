@@ -7,8 +7,9 @@ spswap_copy_probe. GPU machine, with the vLLM kit on PYTHONPATH:
 
 --kv-gib N: a KV cache of N GiB (default: what gpu_memory_utilization=0.4 leaves);
 --first-only: only the first-copy variants (with --kv-gib: those for a small KV cache).
---variants V,V@WAIT_S,...: these first-copy variants instead (e.g. "staged,pull0.2,pull"):
-each as the first write after its own sleep, @WAIT_S after a pause of that many seconds.
+--variants V,V@WAIT_S,...: only these first-copy variants (e.g. "staged,pull0.2,pull";
+implies --first-only): each as the first write after its own sleep, @WAIT_S after a
+pause of that many seconds.
 --first: also time each way of writing the weights as the first write after a fresh
 level-2 sleep + weights wake (with and without a pause first, through new or kept staging
 buffers, or pulled by the GPU's cores), then a staged copy right after it: which new
@@ -52,28 +53,50 @@ def first_touch(eng: VllmEngine, pool: Pool, variants: list[tuple[str, float]]) 
                                            "spswap_verify", 1)), flush=True)  # fmt: skip
 
 
+KNOWN = ("direct", "direct-touched", "staged", "staged-kept", "memset", "pull")
+
+
+def given_variants(argv: list[str]) -> list[tuple[str, float]] | None:
+    """``--variants``'s list, checked before any engine starts; None when not given."""
+    if "--variants" not in argv:
+        return None
+    at = argv.index("--variants") + 1
+    if at >= len(argv) or not argv[at]:
+        sys.exit("--variants needs a list, e.g. staged,pull0.2,direct@0.15")
+    out = []
+    for word in argv[at].split(","):
+        name, _, wait = word.partition("@")
+        try:
+            wait_s = float(wait) if wait else 0.0
+            share_ok = name == "pull" or not name.startswith("pull") or 0 < float(name[4:]) <= 1
+        except ValueError:
+            sys.exit(f"--variants: {word!r} is not NAME or NAME@SECONDS")
+        if not (name in KNOWN or name.startswith("pull")) or not share_ok:
+            sys.exit(f"--variants: unknown {name!r}; one of {', '.join(KNOWN)}, pullSHARE")
+        out.append((name, wait_s))
+    return out
+
+
 def main() -> None:
     model = Path(sys.argv[1])
+    variants_given = given_variants(sys.argv)
     pool = Pool(Path(tempfile.mkdtemp(dir="/dev/shm")) / "pool")
     kv_gib = float(sys.argv[sys.argv.index("--kv-gib") + 1]) if "--kv-gib" in sys.argv else 0
     eng = VllmEngine(model, VllmSettings(kv_cache_memory_bytes=int(kv_gib * (1 << 30)) or None))
     print(json.dumps(eng.start(pool, "probe"), default=str), flush=True)
     size = int(eng.weights_info()["size_bytes"])
     print("PINNED", json.dumps(eng.pinned_copy_limit(size)), flush=True)
-    if "--first-only" not in sys.argv:
+    if "--first-only" not in sys.argv and variants_given is None:
         res = rank_result(eng.llm.collective_rpc("spswap_copy_probe"), "spswap_copy_probe", 1)
         print("PROBE", json.dumps(res), flush=True)
         eng.sleep()
         eng.wake()
         res = rank_result(eng.llm.collective_rpc("spswap_copy_probe"), "spswap_copy_probe", 1)
         print("PROBE-after-cycle", json.dumps(res), flush=True)
-    if "--first" in sys.argv or "--first-only" in sys.argv:
-        variants = SMALL_KV_VARIANTS if kv_gib else FIRST_VARIANTS
-        if "--variants" in sys.argv:
-            given = sys.argv[sys.argv.index("--variants") + 1].split(",")
-            variants = [(v.split("@")[0], float(v.split("@")[1]) if "@" in v else 0.0)
-                        for v in given]  # fmt: skip
-        first_touch(eng, pool, variants)
+    if variants_given is not None:
+        first_touch(eng, pool, variants_given)
+    elif "--first" in sys.argv or "--first-only" in sys.argv:
+        first_touch(eng, pool, SMALL_KV_VARIANTS if kv_gib else FIRST_VARIANTS)
     eng.close()
 
 

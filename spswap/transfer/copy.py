@@ -294,7 +294,8 @@ def _copy_pull_first(
     fraction: float, staging_bytes: int | None, buffers: Sequence[torch.Tensor] | None,
 ) -> None:  # fmt: skip
     """The cores pull ``fraction`` of the bytes, then the copy engines copy the rest
-    (staged where ``staging_bytes``), all on the current stream: in sequence."""
+    (staged where ``staging_bytes``), issued on the current stream after the pull: in
+    sequence (a staged copy's scatter runs on its own stream, after its pieces)."""
     pulled = split_for_pull({t.name: t.size_bytes for t in mapping.manifest.tensors}, fraction)
     _copy_pulled(mapping, params, device, pulled)
     if len(pulled) == len(mapping.manifest.tensors):

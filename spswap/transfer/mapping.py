@@ -120,6 +120,8 @@ class MappedEntry:
         if key not in self._plans:
             if len(self._plans) >= MAX_PLANS:  # a pulled share varies: keep the plain ones
                 self._plans = {k: v for k, v in self._plans.items() if not k[1]}
+                if len(self._plans) >= MAX_PLANS:  # (many piece sizes: start again)
+                    self._plans = {}
             self._plans[key] = tuple(staging_plan(self.manifest, piece_bytes, skip=skip))
         return self._plans[key]
 

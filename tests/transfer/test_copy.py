@@ -311,6 +311,9 @@ def test_a_mapping_plans_once_per_piece_size(pool) -> None:
             mapping.staging_plan(size, skip_b)
         assert len(mapping._plans) <= MAX_PLANS
         assert mapping.staging_plan(8192) is first  # the plain plans stay
+        for size in range(512, 512 * (MAX_PLANS + 4), 512):  # many piece sizes: bounded too
+            mapping.staging_plan(size)
+        assert len(mapping._plans) <= MAX_PLANS
         dst = {k: torch.zeros_like(v) for k, v in src.items()}
         for _ in range(2):  # the second copy follows the kept plan
             copy_into(mapping, dst, staging_bytes=4096)
