@@ -11,10 +11,8 @@ tag, the ``gc.collect()`` and ``empty_cache()`` of its sleep), run ``--cycles`` 
 cycles, then one cycle with a timeline of 64 MiB pinned -> GPU copies (copy engines)
 between the weights wake and the copy. Prints ``CYCLE`` and ``TIMELINE`` JSON lines.
 
-``--pack``: first move the weights into one allocation of vLLM's sleep-mode pool (each
-tensor copied into a view of one tensor made under the ``weights`` tag at its pool
-entry's offset, the parameters and buffers rebound to those views, the old allocations
-released as vLLM releases a load's unused ones), so that a sleep unmaps and a wake maps
+``--pack``: first move the weights into one allocation of vLLM's sleep-mode pool
+(``VllmEngine.pack``, spswap.engines.vllm_pack), so that a sleep unmaps and a wake maps
 one allocation for the weights instead of one per segment (docs/notes/copy-after-sleep.md:
 ~40-50 us a call). Prints ``PACK`` (allocations by tag before and after) and ``ANSWERS``
 (greedy tokens before the pack and after the cycles, compared).
@@ -105,74 +103,6 @@ def _install(worker: Any) -> dict[str, Any]:
                        for tag in set(tags.values())}}  # fmt: skip
 
 
-def _pack(worker: Any) -> dict[str, Any]:
-    """In the worker: the weights into one allocation of the sleep-mode pool (see --pack)."""
-    import gc
-
-    import torch
-    import vllm.device_allocator.cumem as cm
-
-    w = getattr(worker, "worker", worker)
-    alloc = cm.CuMemAllocator.get_instance()
-
-    def by_tag() -> dict[str, int]:
-        out: dict[str, int] = {}
-        for data in alloc.pointer_to_data.values():
-            out[data.tag] = out.get(data.tag, 0) + 1
-        return out
-
-    before = by_tag()
-    tensors = w._spswap_tensors()
-    where = {t.name: (t.offset, t.size_bytes) for t in w._spswap_mapping.manifest.tensors}
-    total = max(off + n for off, n in where.values())
-    free_bytes = torch.cuda.mem_get_info()[0]
-    graphs = not w._spswap_no_cuda_graphs()  # captured graphs hold the old addresses
-    if (graphs or free_bytes < total + (256 << 20)
-            or any(not t.is_contiguous() for t in tensors.values())):  # fmt: skip
-        return {"packed": False, "cuda_graphs": graphs, "free_bytes": free_bytes,
-                "total_bytes": total}  # fmt: skip
-
-    def key(t: Any) -> tuple[Any, ...]:
-        return (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)
-
-    old_pool = alloc.allocator_and_pools.get("weights")
-    rebound = 0
-    with alloc.use_memory_pool(tag="weights"):
-        flat = torch.empty(total, dtype=torch.uint8, device="cuda")
-        views = {}
-        for name, t in tensors.items():
-            off, n = where[name]
-            view = flat[off : off + n].view(t.dtype).view(t.shape)
-            view.copy_(t)
-            views[key(t)] = view
-        torch.cuda.synchronize()
-        for mod in w._spswap_model().modules():
-            p = b = None
-            for p in list(mod._parameters.values()):
-                if p is not None and key(p) in views:
-                    p.data = views[key(p)]
-                    rebound += 1
-            for bname, b in list(mod._buffers.items()):
-                if b is not None and key(b) in views:
-                    mod._buffers[bname] = views[key(b)]
-                    rebound += 1
-        named = len(tensors)
-        # no name may keep an old tensor alive (its segment would stay)
-        del tensors, views, t, view, mod, p, b
-        w._spswap_weights = None  # the worker's lookup: the views from now on
-        gc.collect()
-    released = 0
-    if old_pool is not None:  # the load's pool: release its segments no tensor uses now
-        alloc.allocator_and_pools["weights-before-pack"] = old_pool  # (vLLM drops it last)
-        for seg in old_pool[0].snapshot():
-            if seg["allocated_size"] == 0 and seg["address"] in alloc.pointer_to_data:
-                cm.unmap_and_release(alloc._python_free_callback(seg["address"]))
-                released += 1
-    return {"packed": True, "total_bytes": total, "tensors": named, "rebound": rebound,
-            "released": released,
-            "before": before, "after": by_tag()}  # fmt: skip
-
-
 def _records(worker: Any) -> dict[str, Any]:
     """In the worker: the timers' records since the last call, summed by kind."""
     import vllm.device_allocator.cumem as cm
@@ -234,7 +164,7 @@ def run_size(model: Path, pool: Any, kv_gib: float, cycles: int, pack: bool = Fa
 
         if pack:
             answers = eng.generate(PROMPTS, 8)
-            print("PACK", json.dumps(rpc(_pack)), flush=True)
+            print("PACK", json.dumps(eng.pack()), flush=True)
         print("INSTALL", json.dumps(rpc(_install)), flush=True)
         rpc(_records)
         for i in range(cycles):

@@ -11,7 +11,8 @@ and with the same settings:
    ``wake_up(["kv_cache"])``, ``reset_prefix_cache()``;
 4. export to the pool (once), attach (map + ``cudaHostRegister``, once);
 5. spswap: ``sleep(level=2)`` + wake with the weights copied from the pool, ``cycles``
-   times;
+   times; with ``pack``, then the weights packed into one allocation
+   (:meth:`VllmEngine.pack`) and ``cycles`` more, side by side in the same engine;
 6. start without disk: a fresh ``LLM`` with dummy weights filled from the pool, then
    one more spswap cycle on it;
 7. the pinned-copy limit (``cudaHostAlloc`` buffer -> GPU) in the engine's process.
@@ -120,7 +121,7 @@ def bench_model(
     model_dir: Path, pool: Pool, settings: VllmSettings, *, cycles: int = 3,
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, prompts: list[list[int]] | None = None,
     log: Callable[[str], None] = lambda s: None, keep_entry: bool = False,
-    into: dict[str, Any] | None = None,
+    into: dict[str, Any] | None = None, pack: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     """Every swap path for one model directory; see the module docstring. Results
     accumulate in ``into`` (when given) so a failure part-way keeps what was measured."""
@@ -172,6 +173,14 @@ def bench_model(
             r["spswap_cycles"].append(_spswap_cycle(eng))
             check(f"after_spswap_cycle_{i + 1}", eng)
         log(f"{model_dir.name}: spswap cycles {[c['total_s'] for c in r['spswap_cycles']]}")
+        if pack:
+            r["pack"] = eng.pack()
+            log(f"{model_dir.name}: pack {r['pack']}")
+            if r["pack"].get("packed"):
+                r["spswap_cycles_packed"] = []
+                for i in range(cycles):
+                    r["spswap_cycles_packed"].append(_spswap_cycle(eng))
+                    check(f"after_packed_cycle_{i + 1}", eng)
     finally:
         eng.close()
     eng = VllmEngine(model_dir, settings)
@@ -197,6 +206,14 @@ def bench_model(
     r["copy_median_gb_per_s"] = copy_rate
     l2 = r.get("level2_reload", {}).get("total_s")
     r["goals"] = goals(size, cycle_s, l2, copy_rate, r["pinned"]["gb_per_s"])
+    if r.get("spswap_cycles_packed"):
+        packed = r["spswap_cycles_packed"]
+        r["packed_cycle_median_s"] = statistics.median(c["total_s"] for c in packed)
+        r["packed_copy_median_gb_per_s"] = statistics.median(c["copy"]["gb_per_s"]
+                                                             for c in packed)  # fmt: skip
+        r["goals_packed"] = goals(size, r["packed_cycle_median_s"], l2,
+                                  r["packed_copy_median_gb_per_s"],
+                                  r["pinned"]["gb_per_s"])  # fmt: skip
     return r
 
 
@@ -204,7 +221,7 @@ def bench_swap(
     model_dirs: list[Path], *, pool_dir: Path, settings: VllmSettings | None = None,
     cycles: int = 3, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
     log: Callable[[str], None] = lambda s: None,
-    after_model: Callable[[dict[str, Any]], None] = lambda r: None,
+    after_model: Callable[[dict[str, Any]], None] = lambda r: None, pack: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     """:func:`bench_model` for each directory, with the run's machine and versions;
     ``after_model`` gets the result so far after each model (a run cut short by a time
@@ -217,12 +234,13 @@ def bench_swap(
         "host": platform.node(), "python": platform.python_version(),
         "torch": torch.__version__, "vllm": vllm_version(),
         "settings": settings.to_json(), "cycles": cycles, "max_new_tokens": max_new_tokens,
+        "pack": pack,
         "pool_dir": str(pool_dir), "models": [],
     }  # fmt: skip
     for d in model_dirs:
         partial: dict[str, Any] = {}
         try:
-            bench_model(Path(d), pool, settings, cycles=cycles,
+            bench_model(Path(d), pool, settings, cycles=cycles, pack=pack,
                         max_new_tokens=max_new_tokens, log=log, into=partial)  # fmt: skip
         except Exception as e:
             partial.setdefault("model", Path(d).name)
@@ -257,7 +275,12 @@ def render_bench_swap(result: dict[str, Any]) -> Table:
     for m in result["models"]:
         t.add_column(m["model"], justify="right", overflow="fold")
     errors = any(m.get("errors") for m in result["models"])  # the last row: only then
-    for i, label in enumerate(SWAP_ROWS if errors else SWAP_ROWS[:-1]):
+    rows: tuple[str, ...] = SWAP_ROWS if errors else SWAP_ROWS[:-1]
+    if any(m.get("spswap_cycles_packed") for m in result["models"]):  # spswap bench --pack
+        rows = rows[:PACKED_AFTER] + PACKED_ROWS + rows[PACKED_AFTER:]
+        columns = [c[:PACKED_AFTER] + _packed_cells(m) + c[PACKED_AFTER:]
+                   for c, m in zip(columns, result["models"], strict=True)]  # fmt: skip
+    for i, label in enumerate(rows):
         t.add_row(label, *[c[i] for c in columns])
     return t
 
@@ -266,6 +289,28 @@ SWAP_ROWS = ("weights", "cold start", "L1 sleep+wake", "L2 + reload", "spswap cy
              "  sleep", "  wake weights", "  copy RPC", "  wake KV cache",
              "  bound", "copy GB/s", "pinned GB/s", "copy / pinned", "pool start",
              "vs L2 + reload", "goals met", "identical", "error")  # fmt: skip
+
+
+# the packed cycles' rows (``--pack``), after "copy / pinned"
+PACKED_ROWS = ("packed cycle", "  sleep", "  wake weights", "  copy RPC", "  copy / pinned")
+PACKED_AFTER = SWAP_ROWS.index("copy / pinned") + 1
+
+
+def _median_s(cycles: list[dict[str, Any]], key: str) -> str:
+    values = [c[key] for c in cycles if c.get(key) is not None]
+    return _s(statistics.median(values)) if values else "-"
+
+
+def _packed_cells(m: dict[str, Any]) -> list[str]:
+    """A model's cells for :data:`PACKED_ROWS` ("-" where it did not pack: its
+    ``pack`` report says why). Pure."""
+    cycles = m.get("spswap_cycles_packed") or []
+    if not cycles or "goals_packed" not in m:
+        return ["-"] * len(PACKED_ROWS)
+    fraction = m["goals_packed"]["copy_fraction_of_pinned"]
+    return [_s(m["packed_cycle_median_s"]), _median_s(cycles, "sleep_s"),
+            _median_s(cycles, "wake_weights_s"), _median_s(cycles, "copy_rpc_s"),
+            f"{fraction:.1%}"]  # fmt: skip
 
 
 def _model_column(m: dict[str, Any]) -> list[str]:
@@ -279,8 +324,7 @@ def _model_column(m: dict[str, Any]) -> list[str]:
     cycles = m.get("spswap_cycles") or []
 
     def part(key: str) -> str:
-        values = [c[key] for c in cycles if c.get(key) is not None]
-        return _s(statistics.median(values)) if values else "-"
+        return _median_s(cycles, key)
 
     return [
         fmt_bytes(m["weights"]["size_bytes"]), _s(m["cold_start_s"]),

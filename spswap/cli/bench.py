@@ -189,6 +189,13 @@ def swap(
         help="Also write the JSON report here, after every model (a cut run keeps "
         "the models done).",
     ),
+    pack: bool = typer.Option(
+        False,
+        "--pack",
+        help="After the spswap cycles, pack the engine's weights into one allocation of "
+        "vLLM's sleep-mode pool and run as many cycles again, side by side (eager "
+        "engines only; the report's pack entry says why not where it did not).",
+    ),
     json: bool = JsonOpt,
 ) -> None:
     """vLLM swap paths side by side on the same model and settings (needs a GPU and vLLM):
@@ -203,7 +210,7 @@ def swap(
         if out is not None:  # (whole or not at all: a run cut while writing keeps the last)
             atomic_write_json(out, result)
 
-    result = bench_swap(list(models), pool_dir=pool_dir, cycles=cycles,
+    result = bench_swap(list(models), pool_dir=pool_dir, cycles=cycles, pack=pack,
                         max_new_tokens=max_new_tokens, after_model=save,
                         settings=bench_settings(gpu_memory_utilization, kv_cache_gib),
                         log=_progress)  # fmt: skip

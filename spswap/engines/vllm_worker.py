@@ -50,6 +50,7 @@ class SpswapWorkerExtension(SpswapProbes):
     _spswap_weights: tuple[torch.nn.Module, dict[str, torch.Tensor]] | None
     _spswap_pull_rate: float | None
     _spswap_stack_to_restore: int | None
+    _spswap_packed: tuple[str, torch.Tensor] | None  # (entry digest, block): spswap_pack
 
     # -- helpers (underscore + prefix: not meant for collective_rpc) --------------------
     def _spswap_model(self) -> torch.nn.Module:
@@ -233,13 +234,44 @@ class SpswapWorkerExtension(SpswapProbes):
             rate = self._spswap_pull_bytes_per_s()
             pull = pull_share(since_sleep_s, released, mapping.size_bytes, rate)
         tensors = self._spswap_tensors()
+        packed = getattr(self, "_spswap_packed", None)
+        block = packed[1] if packed and packed[0] == mapping.manifest.digest else None
         called = time.perf_counter()
-        report = copy_into(mapping, tensors, staging_bytes=STAGING_BYTES, pull=pull)
+        report = copy_into(mapping, tensors, staging_bytes=STAGING_BYTES, pull=pull,
+                           packed_into=block)  # fmt: skip
         done = time.perf_counter()
         return {**report.to_json(), "pull": pull, "released_bytes": released,
+                "packed": block is not None,
                 "worker_s": done - entered, "prepare_s": called - entered,
                 "copy_call_s": done - called,
                 "stack_restored_bytes": stack_restored}  # fmt: skip
+
+    def spswap_pack(self) -> dict[str, Any]:
+        """Move the weights into one allocation of vLLM's sleep-mode pool, laid out as the
+        attached entry's data file (:mod:`spswap.engines.vllm_pack`): a level-2 sleep
+        then unmaps, and a wake maps, one allocation for them, and :meth:`spswap_copy`
+        copies the entry in one host copy. Awake, eager engines only, where the GPU has
+        room for the weights twice for a moment; returns what it did (``packed``, else
+        ``why`` not) and vLLM's allocations by tag before and after."""
+        mapping: MappedEntry | None = getattr(self, "_spswap_mapping", None)
+        if mapping is None:
+            raise EngineError("attach a pool entry first (spswap_attach): packing follows "
+                              "its layout")  # fmt: skip
+        from vllm.device_allocator.cumem import CuMemAllocator, unmap_and_release
+
+        from spswap.engines.vllm_pack import pack_weights
+
+        params = dict(self._spswap_tensors())
+        self._spswap_weights = None  # (the lookup's references to the old tensors)
+        report, block = pack_weights(
+            self._spswap_model(), mapping.manifest, params,
+            allocator=CuMemAllocator.get_instance(), release=unmap_and_release,
+            free_bytes=int(torch.cuda.mem_get_info()[0]),
+            cuda_graphs=not self._spswap_no_cuda_graphs(),
+        )  # fmt: skip
+        if block is not None:
+            self._spswap_packed = (mapping.manifest.digest, block)
+        return report
 
     def _spswap_sleep_pool_bytes(self) -> int | None:
         """Bytes in vLLM's sleep-mode pool (weights and KV cache): what a level-2 sleep

@@ -105,6 +105,7 @@ def copy_into(
     staging_bytes: int | None = None,
     staging_buffers: Sequence[torch.Tensor] | None = None,
     pull: float = 0.0,
+    packed_into: torch.Tensor | None = None,
 ) -> TransferReport:
     """Copy every tensor of ``mapping`` into the same-named tensor of ``params``.
 
@@ -129,6 +130,11 @@ def copy_into(
     faster than the better of the two whole, so a wake pulls all or none:
     docs/notes/copy-after-sleep.md). Needs a registered mapping; on CPU it is the plain
     copy.
+
+    ``packed_into``: where every parameter is a view of one block laid out as the entry's
+    data file (:func:`~spswap.transfer.packed.packed_target` of ``params``): that block,
+    and the entry moves in one host copy (``pull`` 1: one pulling kernel; between: the
+    first share pulled, the rest copied) instead of one per tensor or staged piece.
     """
     check_compatible(mapping.manifest, params)
     device = _device_of(params)
@@ -147,7 +153,9 @@ def copy_into(
         start = time.perf_counter()
         try:
             with torch.no_grad(), torch.cuda.stream(stream):
-                if pull > 0 and mapping.registered:
+                if packed_into is not None:
+                    _copy_packed(mapping, packed_into, device, pull)
+                elif pull > 0 and mapping.registered:
                     _copy_pull_first(mapping, params, device, pull, staging_bytes,
                                      staging_buffers)  # fmt: skip
                 elif staging_bytes:
@@ -162,7 +170,9 @@ def copy_into(
     else:
         start = time.perf_counter()
         with torch.no_grad():
-            if staging_bytes:
+            if packed_into is not None:
+                _copy_packed(mapping, packed_into, device, 0.0)
+            elif staging_bytes:
                 _copy_staged(mapping, params, device, staging_bytes, staging_buffers)
             else:
                 for name, src in sources.items():
@@ -306,6 +316,29 @@ def _copy_pull_first(
         for name, src in mapping.tensors().items():
             if name not in pulled:
                 params[name].copy_(src, non_blocking=True)
+
+
+PULL_CUT_ALIGN_BYTES = 4096  # where a packed copy's pulled share ends (any word fits)
+
+
+def _copy_packed(mapping: MappedEntry, block: torch.Tensor, device: torch.device,
+                 pull: float) -> None:  # fmt: skip
+    """The whole data file into ``block`` (the packed weights) at once: its first
+    ``pull`` share read by the cores (registered mapping on CUDA), the rest copied."""
+    size = mapping.size_bytes
+    if block.dtype != torch.uint8 or block.numel() != size or not block.is_contiguous():
+        raise TransferError(f"a packed copy needs a contiguous uint8 block of the entry's "
+                            f"{size} bytes, not {block.dtype} x {block.numel()}")  # fmt: skip
+    pulled = 0
+    if device.type == "cuda" and pull > 0 and mapping.registered:
+        pulled = (
+            size if pull >= 1 else int(pull * size) // PULL_CUT_ALIGN_BYTES * PULL_CUT_ALIGN_BYTES
+        )
+        src = _device_view(mapping, device)[:pulled]
+        word = word_dtype(src.data_ptr(), block.data_ptr(), pulled)
+        torch.bitwise_or(src.view(word), 0, out=block[:pulled].view(word))
+    if pulled < size:
+        block[pulled:].copy_(mapping.tensors_base()[pulled:], non_blocking=device.type == "cuda")
 
 
 def _copy_pulled(mapping: MappedEntry, params: Mapping[str, torch.Tensor],

@@ -219,6 +219,22 @@ def test_render_bench_swap_shows_every_path() -> None:
     assert cells["error"] == ["-", "boom", "-"]
     assert cells["copy / pinned"][0] == "98.3%" and cells["spswap cycle"][0] == "60.0 ms"
     assert cells["wake weights"][0] == "10.0 ms"
+    # spswap bench swap --pack: the packed cycles' rows after "copy / pinned"
+    packed = dict(m, model="packed", spswap_cycles_packed=[
+        {"sleep_s": 0.012, "wake_weights_s": 0.004, "copy_rpc_s": 0.024,
+         "wake_kv_s": 0.005}] * 3, packed_cycle_median_s=0.045,
+        goals_packed=goals(988_000_000, 0.045, 1.5, 53.9, 54.0))  # fmt: skip
+    result["models"] = [packed, dict(m, model="unpacked")]
+    out = io.StringIO()
+    Console(file=out, width=80).print(render_bench_swap(result))
+    lines = [line.split("│") for line in out.getvalue().splitlines() if line.startswith("│")]
+    labels = [cells[1].strip() for cells in lines]
+    at = labels.index("copy / pinned")
+    assert labels[at + 1 : at + 6] == ["packed cycle", "sleep", "wake weights", "copy RPC",
+                                       "copy / pinned"]  # fmt: skip
+    assert [c.strip() for c in lines[at + 1][2:-1]] == ["45.0 ms", "-"]
+    assert [c.strip() for c in lines[at + 2][2:-1]] == ["12.0 ms", "-"]
+    assert [c.strip() for c in lines[at + 5][2:-1]] == ["99.8%", "-"]
     from spswap.bench.swap import kv_text
     from spswap.units import fmt_bytes
 
@@ -515,6 +531,30 @@ def test_start_without_disk_gives_the_cold_outputs(cold: Any, vllm_model: Path) 
         eng.sleep()
         eng.wake()
         assert eng.generate(PROMPTS, NEW_TOKENS) == cold.reference
+
+
+@_apply
+def test_packed_weights_give_the_cold_outputs_from_fewer_allocations(
+    cold: Any, vllm_model: Path
+) -> None:
+    """``VllmEngine.pack``: the weights in one allocation of vLLM's sleep-mode pool (its
+    own bookkeeping, with fewer allocations for the weights after), the same answers,
+    and every later wake copies the entry in one host copy into it."""
+    with VllmEngine(vllm_model, SETTINGS) as eng:
+        eng.start(cold.pool, "unused-name")
+        packed = eng.pack()
+        assert packed["packed"] and packed["rebound"] >= packed["tensors"] > 0, packed
+        assert packed["after"]["weights"] < packed["before"]["weights"], packed
+        assert packed["after"]["kv_cache"] == packed["before"]["kv_cache"], packed
+        assert eng.generate(PROMPTS, NEW_TOKENS) == cold.reference
+        for _ in range(2):
+            eng.sleep()
+            eng.wake()
+            assert eng.last_wake is not None and eng.last_wake.copy["packed"] is True
+            assert eng.generate(PROMPTS, NEW_TOKENS) == cold.reference
+        res = eng.rpc("spswap_verify", str(cold.pool.pool_dir), cold.manifest.digest)
+        assert res["differ"] == [], res
+        print(f"pack: {packed}; last wake: {eng.last_wake}", file=sys.stderr)
 
 
 def test_pull_share_pulls_only_while_the_driver_clears_what_the_sleep_freed() -> None:

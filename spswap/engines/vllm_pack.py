@@ -1,0 +1,86 @@
+"""The weights of a vLLM engine packed into one allocation of vLLM's sleep-mode pool
+(used by the vLLM worker: :meth:`SpswapWorkerExtension.spswap_pack`).
+
+vLLM's sleep-mode allocator (``CuMemAllocator``) maps and unmaps each of its
+allocations with its own driver calls, ~40-50 us each whatever the size, and a loaded
+model's weights span one allocation per segment of torch's pool (77 for a 1.5B: 6-7 ms
+of its level-2 sleep, 10-11 ms of its wake; docs/notes/copy-after-sleep.md). Packed as
+their pool entry's data file (:mod:`spswap.transfer.packed`) they are one allocation,
+and a wake copies them in one host copy.
+
+How: one block is made under vLLM's own ``weights`` tag (``use_memory_pool``), each
+weight copied into its view and the model rebound to the views; then the segments of
+the pool the model was loaded into that no tensor uses any more are released the way
+vLLM releases a load's unused allocations (its free callback, then
+``unmap_and_release``). For a moment the weights are on the GPU twice: packing is
+skipped where the free memory does not allow it, and for engines with CUDA graphs
+(captured graphs hold the old addresses).
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from spswap.pool.manifest import Manifest
+from spswap.transfer.packed import pack_into
+
+WEIGHTS_TAG = "weights"  # vLLM's tag for the weights' allocations
+KEPT_POOL_KEY = "weights-before-pack"  # where the load's pool is kept (vLLM drops it last)
+MARGIN_BYTES = 256 << 20  # free memory kept beside the second copy while packing
+
+
+def allocations_by_tag(allocator: Any) -> dict[str, int]:
+    """How many allocations vLLM's sleep-mode pool holds, by tag."""
+    out: dict[str, int] = {}
+    for data in allocator.pointer_to_data.values():
+        out[data.tag] = out.get(data.tag, 0) + 1
+    return out
+
+
+def pack_weights(
+    model: torch.nn.Module, manifest: Manifest, params: Mapping[str, torch.Tensor], *,
+    allocator: Any, release: Callable[[Any], None], free_bytes: int, cuda_graphs: bool,
+) -> tuple[dict[str, Any], torch.Tensor | None]:  # fmt: skip
+    """Pack ``params`` (the entry's tensors of ``model``) into one block of
+    ``allocator``'s ``weights`` pool; ``release`` unmaps and releases a handle
+    (vLLM's ``unmap_and_release``). Returns a report and the block (None where it did
+    not pack: the report's ``why`` says so). The caller drops its references to
+    ``params`` before the old memory can go: pass a dict it owns no other reference to."""
+    before = allocations_by_tag(allocator)
+    size = manifest.data_size_bytes
+    why = None
+    if cuda_graphs:
+        why = "the engine runs CUDA graphs, which hold the weights' addresses"
+    elif free_bytes < size + MARGIN_BYTES:
+        why = f"{free_bytes} bytes free on the GPU, {size + MARGIN_BYTES} needed for a moment"
+    elif any(not t.is_contiguous() for t in params.values()):
+        why = "a weight is not contiguous"
+    if why is not None:
+        return {"packed": False, "why": why, "before": before}, None
+    loaded_pool = allocator.allocator_and_pools.get(WEIGHTS_TAG)
+    device = next(iter(params.values())).device
+    with allocator.use_memory_pool(tag=WEIGHTS_TAG):
+        block = torch.empty(size, dtype=torch.uint8, device=device)
+        rebound = pack_into(model, manifest, params, block)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        named = len(params)
+        if isinstance(params, dict):
+            params.clear()  # (the caller's last reference to the old tensors)
+        gc.collect()
+    released = 0
+    if loaded_pool is not None:
+        allocator.allocator_and_pools[KEPT_POOL_KEY] = loaded_pool
+        for segment in loaded_pool[0].snapshot():
+            address = segment["address"]
+            if segment["allocated_size"] == 0 and address in allocator.pointer_to_data:
+                release(allocator._python_free_callback(address))
+                released += 1
+    report = {"packed": True, "size_bytes": size, "tensors": named, "rebound": rebound,
+              "released": released, "before": before,
+              "after": allocations_by_tag(allocator)}  # fmt: skip
+    return report, block

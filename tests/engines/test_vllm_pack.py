@@ -1,0 +1,130 @@
+"""spswap.engines.vllm_pack on CPU. vLLM's sleep-mode allocator cannot run here, so a
+stand-in plays its bookkeeping (``pointer_to_data``, ``allocator_and_pools``,
+``use_memory_pool``, the free callback) with the same shapes; the model, its weights and
+the rebinding are real. The real allocator: tests/engines/test_vllm.py's GPU test of
+``VllmEngine.pack``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from spswap.engines.vllm_pack import KEPT_POOL_KEY, MARGIN_BYTES, pack_weights  # noqa: E402
+from spswap.engines.vllm_weights import host_bytes, weight_tensors  # noqa: E402
+from spswap.pool.store import Pool  # noqa: E402
+from spswap.transfer.dtypes import to_safetensors  # noqa: E402
+from spswap.transfer.packed import packed_target  # noqa: E402
+
+
+def _entry(tmp_path, model: torch.nn.Module):  # type: ignore[no-untyped-def]
+    """A real pool entry of ``model``'s weights (as the worker's export writes it)."""
+    with Pool(tmp_path / "pool").writer("tiny") as w:
+        for name, t in sorted(weight_tensors(model).items()):
+            w.add(name, to_safetensors(t.dtype), tuple(t.shape), host_bytes(t))
+    return w.manifest
+
+
+@dataclass
+class _Data:
+    handle: tuple[int, int, int, Any]
+    tag: str
+
+
+class _Pool:
+    def __init__(self, segments: list[dict[str, int]]) -> None:
+        self.segments = segments
+
+    def snapshot(self) -> list[dict[str, int]]:
+        return self.segments
+
+
+class _Allocator:
+    """vLLM's CuMemAllocator's bookkeeping as pack_weights uses it."""
+
+    def __init__(self) -> None:
+        # the load's pool: three weight segments, two now unused after packing would
+        # free them, one still used by something else; one KV cache segment
+        self.pointer_to_data = {1000: _Data((0, 64, 1000, "h1"), "weights"),
+                                2000: _Data((0, 64, 2000, "h2"), "weights"),
+                                3000: _Data((0, 64, 3000, "h3"), "weights"),
+                                9000: _Data((0, 64, 9000, "h9"), "kv_cache")}  # fmt: skip
+        self.loaded = _Pool([])
+        self.allocator_and_pools: dict[str, Any] = {"weights": (self.loaded, None)}
+        self.tags: list[str] = []
+
+    @contextlib.contextmanager
+    def use_memory_pool(self, tag: str):  # type: ignore[no-untyped-def]
+        self.tags.append(tag)
+        self.allocator_and_pools[tag] = (_Pool([]), None)  # a new pool, as vLLM makes
+        self.pointer_to_data[5000] = _Data((0, 64, 5000, "block"), tag)
+        yield
+        # after the block: the load's segments as torch's snapshot would show them
+        # (4000: free but not vLLM's any more, released earlier: left alone)
+        self.loaded.segments = [{"address": 1000, "allocated_size": 0},
+                                {"address": 2000, "allocated_size": 0},
+                                {"address": 3000, "allocated_size": 64},
+                                {"address": 4000, "allocated_size": 0}]  # fmt: skip
+
+    def _python_free_callback(self, address: int) -> tuple[int, int, int, Any]:
+        return self.pointer_to_data.pop(address).handle
+
+
+class _Tiny(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(11, 4)
+        self.proj = torch.nn.Linear(4, 4)
+        self.head = torch.nn.Linear(4, 11, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.proj(self.embed(ids)))
+
+
+def test_pack_weights_rebinds_the_model_and_releases_the_loads_unused_segments(
+    tmp_path,
+) -> None:
+    model = _Tiny()
+    ids = torch.tensor([[3, 1, 4]])
+    want = model(ids).detach()
+    m = _entry(tmp_path, model)
+    alloc, released = _Allocator(), []
+    params = dict(weight_tensors(model))
+    report, block = pack_weights(model, m, params, allocator=alloc, release=released.append,
+                                 free_bytes=1 << 40, cuda_graphs=False)  # fmt: skip
+    assert block is not None and report["packed"] and alloc.tags == ["weights"]
+    assert params == {}  # the caller's references to the old tensors: dropped
+    assert report["tensors"] == 3 and report["rebound"] == 3
+    assert released == [(0, 64, 1000, "h1"), (0, 64, 2000, "h2")]  # not 3000: in use
+    assert report["released"] == 2
+    assert report["before"] == {"weights": 3, "kv_cache": 1}
+    assert report["after"] == {"weights": 2, "kv_cache": 1}  # 3000 and the block
+    assert alloc.allocator_and_pools[KEPT_POOL_KEY][0] is alloc.loaded
+    found = packed_target(m, weight_tensors(model))
+    assert found is not None and found.data_ptr() == block.data_ptr()
+    assert torch.equal(model(ids), want) and model.head.weight is model.embed.weight
+
+
+@pytest.mark.parametrize(
+    ("free_bytes", "graphs", "why"),
+    [(1 << 40, True, "CUDA graphs"), (MARGIN_BYTES, False, "bytes free on the GPU")],
+)
+def test_pack_weights_leaves_the_model_alone_where_it_may_not_pack(
+    tmp_path, free_bytes: int, graphs: bool, why: str
+) -> None:
+    model = _Tiny()
+    before = {n: t.data_ptr() for n, t in weight_tensors(model).items()}
+    m = _entry(tmp_path, model)
+    alloc, released = _Allocator(), []
+    report, block = pack_weights(model, m, dict(weight_tensors(model)), allocator=alloc,
+                                 release=released.append, free_bytes=free_bytes,
+                                 cuda_graphs=graphs)  # fmt: skip
+    assert block is None and not report["packed"] and why in report["why"]
+    assert alloc.tags == [] and released == []
+    assert {n: t.data_ptr() for n, t in weight_tensors(model).items()} == before
