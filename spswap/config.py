@@ -92,7 +92,7 @@ class Config:
     keep_on_gpu: bool = False
     """A kept instance's sleeping GPU state goes back onto its GPU right after its dump
     and stays there, frozen and locked, while its job waits (``SPSWAP_KEEP_ON_GPU=1``):
-    its job's next run skips the CUDA restore (0.30-0.37 s of a kept 0.5B swap on the
+    its job's next run skips the CUDA restore (0.24-0.37 s of a kept 0.5B swap on the
     H200). It holds that memory (a sleeping vLLM 0.5B: 0.7 GB eager, 1.1 GB compiled;
     1-2 GB for larger models) on a GPU that Slurm has given to another job meanwhile:
     turn it on only where jobs leave that much free (vLLM's ``--gpu-memory-utilization``

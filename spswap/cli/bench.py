@@ -10,6 +10,7 @@ import typer
 
 from spswap.bench.swap import (
     DEFAULT_MAX_NEW_TOKENS,
+    PACK_HELP,
     bench_settings,
     bench_swap,
     render_bench_swap,
@@ -189,13 +190,7 @@ def swap(
         help="Also write the JSON report here, after every model (a cut run keeps "
         "the models done).",
     ),
-    pack: bool = typer.Option(
-        False,
-        "--pack",
-        help="After the spswap cycles, pack the engine's weights into one allocation of "
-        "vLLM's sleep-mode pool and run as many cycles again, side by side (eager "
-        "engines only; the report's pack entry says why not where it did not).",
-    ),
+    pack: bool = typer.Option(False, "--pack", help=PACK_HELP),
     json: bool = JsonOpt,
 ) -> None:
     """vLLM swap paths side by side on the same model and settings (needs a GPU and vLLM):

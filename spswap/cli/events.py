@@ -127,8 +127,8 @@ def events(
 ) -> None:
     """Show the node's event log ($SPSWAP_ROOT/log/events.jsonl, written by spswapd):
     job starts and ends, reservation releases, checkpoints (saved, kept, what an image
-    holds: checkpoint.layout), kept instances (kept.ended; kept.on_gpu and kept.off_gpu
-    with SPSWAP_KEEP_ON_GPU), restores, daemon starts and stops. Reads the file
+    holds: checkpoint.layout), kept instances (kept.ended; kept.on_gpu, kept.not_on_gpu
+    and kept.off_gpu with SPSWAP_KEEP_ON_GPU), restores, daemon starts and stops. Reads the file
     directly, so it works while the daemon is down. In a terminal: a table; piped (or with
     --follow): one line per event, for grep. Pool digests show their first 12 characters
     (as `spswap pool ls`) and long details are shortened; --json has everything: a JSON
