@@ -44,16 +44,25 @@ def allocations_by_tag(allocator: Any) -> dict[str, int]:
 def pack_weights(
     model: torch.nn.Module, manifest: Manifest, params: Mapping[str, torch.Tensor], *,
     allocator: Any, release: Callable[[Any], None], free_bytes: int, cuda_graphs: bool,
+    packed_before: bool = False,
 ) -> tuple[dict[str, Any], torch.Tensor | None]:  # fmt: skip
     """Pack ``params`` (the entry's tensors of ``model``) into one block of
     ``allocator``'s ``weights`` pool; ``release`` unmaps and releases a handle
     (vLLM's ``unmap_and_release``). Returns a report and the block (None where it did
     not pack: the report's ``why`` says so). The caller drops its references to
-    ``params`` before the old memory can go: pass a dict it owns no other reference to."""
+    ``params`` before the old memory can go: pass a dict it owns no other reference to.
+    Once per engine (``packed_before``: refused): a second pack would keep the first
+    block, and the pool the model was loaded into is kept only once.
+
+    ``left_in_load_pool_bytes`` in the report: what the load's pool still holds after
+    the release (buffers outside the entry, such as rotary caches): a weight still
+    referenced from elsewhere would show here, and it would not be refilled by a wake."""
     before = allocations_by_tag(allocator)
     size = manifest.data_size_bytes
     why = None
-    if cuda_graphs:
+    if packed_before:
+        why = "the weights are packed already"
+    elif cuda_graphs:
         why = "the engine runs CUDA graphs, which hold the weights' addresses"
     elif free_bytes < size + MARGIN_BYTES:
         why = f"{free_bytes} bytes free on the GPU, {size + MARGIN_BYTES} needed for a moment"
@@ -63,24 +72,32 @@ def pack_weights(
         return {"packed": False, "why": why, "before": before}, None
     loaded_pool = allocator.allocator_and_pools.get(WEIGHTS_TAG)
     device = next(iter(params.values())).device
-    with allocator.use_memory_pool(tag=WEIGHTS_TAG):
-        block = torch.empty(size, dtype=torch.uint8, device=device)
-        rebound = pack_into(model, manifest, params, block)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        named = len(params)
-        if isinstance(params, dict):
-            params.clear()  # (the caller's last reference to the old tensors)
-        gc.collect()
-    released = 0
+    try:
+        with allocator.use_memory_pool(tag=WEIGHTS_TAG):
+            block = torch.empty(size, dtype=torch.uint8, device=device)
+            rebound = pack_into(model, manifest, params, block)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            named = len(params)
+            if isinstance(params, dict):
+                params.clear()  # (the caller's last reference to the old tensors)
+            gc.collect()
+    except BaseException:
+        # vLLM's pool context skips its own cleanup on an error: the load's pool stays
+        # the weights' pool (the model reads old memory or views of equal bytes)
+        if loaded_pool is not None:
+            allocator.allocator_and_pools[WEIGHTS_TAG] = loaded_pool
+        raise
+    released = left_bytes = 0
     if loaded_pool is not None:
         allocator.allocator_and_pools[KEPT_POOL_KEY] = loaded_pool
         for segment in loaded_pool[0].snapshot():
             address = segment["address"]
+            left_bytes += int(segment["allocated_size"])
             if segment["allocated_size"] == 0 and address in allocator.pointer_to_data:
                 release(allocator._python_free_callback(address))
                 released += 1
     report = {"packed": True, "size_bytes": size, "tensors": named, "rebound": rebound,
-              "released": released, "before": before,
-              "after": allocations_by_tag(allocator)}  # fmt: skip
+              "released": released, "left_in_load_pool_bytes": left_bytes,
+              "before": before, "after": allocations_by_tag(allocator)}  # fmt: skip
     return report, block

@@ -50,7 +50,9 @@ class SpswapWorkerExtension(SpswapProbes):
     _spswap_weights: tuple[torch.nn.Module, dict[str, torch.Tensor]] | None
     _spswap_pull_rate: float | None
     _spswap_stack_to_restore: int | None
-    _spswap_packed: tuple[str, torch.Tensor] | None  # (entry digest, block): spswap_pack
+    # (entry digest, model, block): the weights as packed by spswap_pack
+    _spswap_packed: tuple[str, torch.nn.Module, torch.Tensor] | None
+    _spswap_packed_once: bool  # packed (once per engine: see pack_weights)
 
     # -- helpers (underscore + prefix: not meant for collective_rpc) --------------------
     def _spswap_model(self) -> torch.nn.Module:
@@ -235,7 +237,8 @@ class SpswapWorkerExtension(SpswapProbes):
             pull = pull_share(since_sleep_s, released, mapping.size_bytes, rate)
         tensors = self._spswap_tensors()
         packed = getattr(self, "_spswap_packed", None)
-        block = packed[1] if packed and packed[0] == mapping.manifest.digest else None
+        same = packed and packed[0] == mapping.manifest.digest and packed[1] is self._spswap_model()
+        block = packed[2] if packed and same else None
         called = time.perf_counter()
         report = copy_into(mapping, tensors, staging_bytes=STAGING_BYTES, pull=pull,
                            packed_into=block)  # fmt: skip
@@ -260,17 +263,26 @@ class SpswapWorkerExtension(SpswapProbes):
         from vllm.device_allocator.cumem import CuMemAllocator, unmap_and_release
 
         from spswap.engines.vllm_pack import pack_weights
+        from spswap.transfer.packed import packed_target
 
         params = dict(self._spswap_tensors())
         self._spswap_weights = None  # (the lookup's references to the old tensors)
+        model = self._spswap_model()
         report, block = pack_weights(
-            self._spswap_model(), mapping.manifest, params,
+            model, mapping.manifest, params,
             allocator=CuMemAllocator.get_instance(), release=unmap_and_release,
             free_bytes=int(torch.cuda.mem_get_info()[0]),
             cuda_graphs=not self._spswap_no_cuda_graphs(),
+            packed_before=getattr(self, "_spswap_packed_once", False),
         )  # fmt: skip
-        if block is not None:
-            self._spswap_packed = (mapping.manifest.digest, block)
+        if block is None:
+            return report
+        self._spswap_packed_once = True
+        # the layout checked once: each later wake copies into the block alone
+        found = packed_target(mapping.manifest, self._spswap_tensors())
+        report["layout_checked"] = found is not None and found.data_ptr() == block.data_ptr()
+        if report["layout_checked"]:
+            self._spswap_packed = (mapping.manifest.digest, model, block)
         return report
 
     def _spswap_sleep_pool_bytes(self) -> int | None:

@@ -544,6 +544,7 @@ def test_packed_weights_give_the_cold_outputs_from_fewer_allocations(
         eng.start(cold.pool, "unused-name")
         packed = eng.pack()
         assert packed["packed"] and packed["rebound"] >= packed["tensors"] > 0, packed
+        assert packed["layout_checked"] is True, packed
         assert packed["after"]["weights"] < packed["before"]["weights"], packed
         assert packed["after"]["kv_cache"] == packed["before"]["kv_cache"], packed
         assert eng.generate(PROMPTS, NEW_TOKENS) == cold.reference

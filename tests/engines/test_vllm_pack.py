@@ -15,6 +15,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from torch.multiprocessing.reductions import StorageWeakRef  # noqa: E402
+
 from spswap.engines.vllm_pack import KEPT_POOL_KEY, MARGIN_BYTES, pack_weights  # noqa: E402
 from spswap.engines.vllm_weights import host_bytes, weight_tensors  # noqa: E402
 from spswap.pool.store import Pool  # noqa: E402
@@ -96,13 +98,15 @@ def test_pack_weights_rebinds_the_model_and_releases_the_loads_unused_segments(
     m = _entry(tmp_path, model)
     alloc, released = _Allocator(), []
     params = dict(weight_tensors(model))
+    old = [StorageWeakRef(t.untyped_storage()) for t in params.values()]
     report, block = pack_weights(model, m, params, allocator=alloc, release=released.append,
                                  free_bytes=1 << 40, cuda_graphs=False)  # fmt: skip
     assert block is not None and report["packed"] and alloc.tags == ["weights"]
     assert params == {}  # the caller's references to the old tensors: dropped
+    assert all(ref.expired() for ref in old)  # nothing keeps the old memory: it can go
     assert report["tensors"] == 3 and report["rebound"] == 3
     assert released == [(0, 64, 1000, "h1"), (0, 64, 2000, "h2")]  # not 3000: in use
-    assert report["released"] == 2
+    assert report["released"] == 2 and report["left_in_load_pool_bytes"] == 64
     assert report["before"] == {"weights": 3, "kv_cache": 1}
     assert report["after"] == {"weights": 2, "kv_cache": 1}  # 3000 and the block
     assert alloc.allocator_and_pools[KEPT_POOL_KEY][0] is alloc.loaded
@@ -128,3 +132,23 @@ def test_pack_weights_leaves_the_model_alone_where_it_may_not_pack(
     assert block is None and not report["packed"] and why in report["why"]
     assert alloc.tags == [] and released == []
     assert {n: t.data_ptr() for n, t in weight_tensors(model).items()} == before
+
+
+def test_pack_weights_packs_once_and_gives_the_pool_back_on_an_error(tmp_path) -> None:
+    model = _Tiny()
+    m = _entry(tmp_path, model)
+    alloc, released = _Allocator(), []
+    loaded = alloc.allocator_and_pools["weights"]
+    report, block = pack_weights(model, m, dict(weight_tensors(model)), allocator=alloc,
+                                 release=released.append, free_bytes=1 << 40,
+                                 cuda_graphs=False, packed_before=True)  # fmt: skip
+    assert block is None and report["why"] == "the weights are packed already"
+    assert alloc.tags == [] and released == []
+    # an error part-way (a weight the entry does not hold): vLLM's pool context skips its
+    # cleanup, so the load's pool must stay the weights' pool
+    params = dict(weight_tensors(model), extra=torch.zeros(2))
+    params.pop("proj.bias")
+    with pytest.raises(KeyError):
+        pack_weights(model, m, params, allocator=alloc, release=released.append,
+                     free_bytes=1 << 40, cuda_graphs=False)  # fmt: skip
+    assert alloc.allocator_and_pools["weights"] is loaded and released == []

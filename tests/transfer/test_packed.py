@@ -107,3 +107,22 @@ def test_rebind_follows_two_parameters_over_the_same_memory() -> None:
     assert rebind(model, {tensor_key(a.weight): new}) == 2
     assert a.weight.data_ptr() == b.weight.data_ptr() == new.data_ptr()
     assert isinstance(a.weight, torch.nn.Parameter)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none visible)")
+def test_a_packed_copy_on_cuda_is_exact_pulled_or_copied(pool) -> None:
+    """The packed copy on the GPU: one host copy, one pulling kernel, or a 4 KiB-aligned
+    share pulled then the rest copied; every byte as in the pool."""
+    model = Tiny().cuda()
+    m = _entry(pool, model)
+    block = torch.empty(m.data_size_bytes, dtype=torch.uint8, device="cuda")
+    pack_into(model, m, weight_tensors(model), block)
+    want = {n: t.clone() for n, t in weight_tensors(model).items()}
+    with MappedEntry(m, pool.data_path(m)) as mapping:
+        mapping.register_cuda()
+        for pull in (0.0, 0.37, 1.0):
+            block.zero_()
+            copy_into(mapping, weight_tensors(model), packed_into=block, pull=pull)
+            for name, t in weight_tensors(model).items():
+                assert torch.equal(t, want[name]), (name, pull)
