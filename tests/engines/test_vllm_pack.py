@@ -23,6 +23,8 @@ from spswap.pool.store import Pool  # noqa: E402
 from spswap.transfer.dtypes import to_safetensors  # noqa: E402
 from spswap.transfer.packed import packed_target  # noqa: E402
 
+from .test_vllm import _Tiny  # noqa: E402  (ties, a 0-dim weight, both kinds of buffer)
+
 
 def _entry(tmp_path, model: torch.nn.Module):  # type: ignore[no-untyped-def]
     """A real pool entry of ``model``'s weights (as the worker's export writes it)."""
@@ -77,24 +79,11 @@ class _Allocator:
         return self.pointer_to_data.pop(address).handle
 
 
-class _Tiny(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = torch.nn.Embedding(11, 4)
-        self.proj = torch.nn.Linear(4, 4)
-        self.head = torch.nn.Linear(4, 11, bias=False)
-        self.head.weight = self.embed.weight
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.head(self.proj(self.embed(ids)))
-
-
 def test_pack_weights_rebinds_the_model_and_releases_the_loads_unused_segments(
     tmp_path,
 ) -> None:
     model = _Tiny()
-    ids = torch.tensor([[3, 1, 4]])
-    want = model(ids).detach()
+    want = {n: t.clone() for n, t in weight_tensors(model).items()}
     m = _entry(tmp_path, model)
     alloc, released = _Allocator(), []
     params = dict(weight_tensors(model))
@@ -104,7 +93,7 @@ def test_pack_weights_rebinds_the_model_and_releases_the_loads_unused_segments(
     assert block is not None and report["packed"] and alloc.tags == ["weights"]
     assert params == {}  # the caller's references to the old tensors: dropped
     assert all(ref.expired() for ref in old)  # nothing keeps the old memory: it can go
-    assert report["tensors"] == 3 and report["rebound"] == 3
+    assert report["tensors"] == 5 and report["rebound"] == 5
     assert released == [(0, 64, 1000, "h1"), (0, 64, 2000, "h2")]  # not 3000: in use
     assert report["released"] == 2 and report["left_in_load_pool_bytes"] == 64
     assert report["before"] == {"weights": 3, "kv_cache": 1}
@@ -112,7 +101,10 @@ def test_pack_weights_rebinds_the_model_and_releases_the_loads_unused_segments(
     assert alloc.allocator_and_pools[KEPT_POOL_KEY][0] is alloc.loaded
     found = packed_target(m, weight_tensors(model))
     assert found is not None and found.data_ptr() == block.data_ptr()
-    assert torch.equal(model(ids), want) and model.head.weight is model.embed.weight
+    assert model.head.weight is model.embed.weight  # still tied
+    packed = weight_tensors(model)
+    assert all(torch.equal(packed[n], want[n]) for n in want), "the same weights"
+    assert model.cache.data_ptr() != block.data_ptr()  # not in the entry: left alone
 
 
 @pytest.mark.parametrize(
