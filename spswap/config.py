@@ -93,13 +93,13 @@ class Config:
     """A kept instance's sleeping GPU state goes back onto its GPU right after its dump
     and stays there, frozen and locked, while its job waits (``SPSWAP_KEEP_ON_GPU=1``):
     its job's next run skips the CUDA restore (0.24-0.37 s of a kept 0.5B swap on the
-    H200). It holds that memory (a sleeping vLLM 0.5B: 0.7 GB eager, 1.1 GB compiled;
-    1-2 GB for larger models) on a GPU that Slurm has given to another job meanwhile:
-    turn it on only where jobs leave that much free (vLLM's ``--gpu-memory-utilization``
-    0.9 leaves 8-14 GB). A slot reservation of
-    another job on that GPU moves that state back into the tree's host memory (a CUDA
-    checkpoint, 0.4-0.6 s, beside the reservation: the tree stays kept, its run restores
-    the GPU state itself). Off by default."""
+    H100s and the H200). It holds that memory (a sleeping vLLM 0.5B: 0.7 GB eager, 1.1 GB
+    compiled; 1-2 GB for larger models) on a GPU that Slurm has given to another job
+    meanwhile: turn it on only where jobs leave that much free (vLLM's
+    ``--gpu-memory-utilization`` 0.9 leaves 8-14 GB). A slot reservation of another job
+    on that GPU moves that state back into the tree's host memory (a CUDA checkpoint,
+    0.3-0.6 s, beside the reservation: the tree stays kept, its run restores the GPU
+    state itself). Off by default."""
     images_bytes: int | None = None
     """What the node's checkpoint images may hold together on the root's file system (a
     tmpfs holds them in memory while their jobs wait); a dump that would go over it drops

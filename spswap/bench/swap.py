@@ -328,15 +328,12 @@ def _model_column(m: dict[str, Any]) -> list[str]:
                                  ("95%", "copy_ok")) if g[key]]  # fmt: skip
     speed = g["speedup_vs_level2_reload"]
     cycles = m.get("spswap_cycles") or []
-
-    def part(key: str) -> str:
-        return _median_s(cycles, key)
-
     return [
         fmt_bytes(m["weights"]["size_bytes"]), _s(m["cold_start_s"]),
         _s(m["level1"]["total_s"]), _s(m.get("level2_reload", {}).get("total_s")),
-        _s(m["spswap_cycle_median_s"]), part("sleep_s"), part("wake_weights_s"),
-        part("copy_rpc_s"), part("wake_kv_s"), _s(g["bound_s"]),
+        _s(m["spswap_cycle_median_s"]), _median_s(cycles, "sleep_s"),
+        _median_s(cycles, "wake_weights_s"), _median_s(cycles, "copy_rpc_s"),
+        _median_s(cycles, "wake_kv_s"), _s(g["bound_s"]),
         f"{m['copy_median_gb_per_s']:.1f}", f"{m['pinned']['gb_per_s']:.1f}",
         f"{g['copy_fraction_of_pinned']:.1%}", _s(m["pool_start"]["start_s"]),
         f"{speed:.0f}x faster" if speed else "-", ", ".join(ok) or "none",

@@ -12,7 +12,7 @@ itself) whenever another job holds a slot there:
   (the check and the add under the kept trees' lock, so that a grant either is seen
   there or sees the tree in :func:`make_way`);
 - :func:`make_way`: after each slot reservation granted on a GPU, the trees other jobs
-  keep there move off it, each in a thread of its own (0.4-0.6 s of CUDA checkpoint: the
+  keep there move off it, each in a thread of its own (0.3-0.6 s of CUDA checkpoint: the
   reservation is not made to wait for it).
 
 Where the move fails the tree is ended; its image stays the way back in every case.
@@ -45,7 +45,7 @@ def shared_with(st: DaemonState, job_id: str) -> list[str]:
 
 
 def _gpus(st: DaemonState, job_id: str) -> list[int]:
-    """The job's GPUs (as its prolog recorded them), for its events."""
+    """The job's GPUs (as its prolog recorded them)."""
     rec = st.jobs.get(job_id)
     return list(rec.gpus) if rec is not None else []
 

@@ -44,15 +44,14 @@ def allocations_by_tag(allocator: Any) -> dict[str, int]:
 def pack_weights(
     model: torch.nn.Module, manifest: Manifest, params: Mapping[str, torch.Tensor], *,
     allocator: Any, release: Callable[[Any], None], free_bytes: int, cuda_graphs: bool,
-    packed_before: bool = False,
 ) -> tuple[dict[str, Any], torch.Tensor | None]:  # fmt: skip
     """Pack ``params`` (the entry's tensors of ``model``) into one block of
     ``allocator``'s ``weights`` pool; ``release`` unmaps and releases a handle
     (vLLM's ``unmap_and_release``). Returns a report and the block (None where it did
     not pack: the report's ``why`` says so). The caller drops its references to
     ``params`` before the old memory can go: pass a dict it owns no other reference to.
-    Once per engine (``packed_before``: refused): a second pack would keep the first
-    block, and the pool the model was loaded into is kept only once.
+    Once per engine (the load's pool kept under :data:`KEPT_POOL_KEY` says it packed):
+    a second pack would keep the first block and drop the load's pool.
 
     ``left_in_load_pool_bytes`` in the report: what the load's pool still holds after
     the release (buffers outside the entry, such as rotary caches): a weight still
@@ -60,7 +59,7 @@ def pack_weights(
     before = allocations_by_tag(allocator)
     size = manifest.data_size_bytes
     why = None
-    if packed_before:
+    if KEPT_POOL_KEY in allocator.allocator_and_pools:
         why = "the weights are packed already"
     elif cuda_graphs:
         why = "the engine runs CUDA graphs, which hold the weights' addresses"

@@ -52,7 +52,6 @@ class SpswapWorkerExtension(SpswapProbes):
     _spswap_stack_to_restore: int | None
     # (entry digest, model, block): the weights as packed by spswap_pack
     _spswap_packed: tuple[str, torch.nn.Module, torch.Tensor] | None
-    _spswap_packed_once: bool  # packed (once per engine: see pack_weights)
 
     # -- helpers (underscore + prefix: not meant for collective_rpc) --------------------
     def _spswap_model(self) -> torch.nn.Module:
@@ -273,11 +272,9 @@ class SpswapWorkerExtension(SpswapProbes):
             allocator=CuMemAllocator.get_instance(), release=unmap_and_release,
             free_bytes=int(torch.cuda.mem_get_info()[0]),
             cuda_graphs=not self._spswap_no_cuda_graphs(),
-            packed_before=getattr(self, "_spswap_packed_once", False),
         )  # fmt: skip
         if block is None:
             return report
-        self._spswap_packed_once = True
         # the layout checked once: each later wake copies into the block alone
         found = packed_target(mapping.manifest, self._spswap_tensors())
         report["layout_checked"] = found is not None and found.data_ptr() == block.data_ptr()

@@ -131,11 +131,13 @@ def test_pack_weights_packs_once_and_gives_the_pool_back_on_an_error(tmp_path) -
     m = _entry(tmp_path, model)
     alloc, released = _Allocator(), []
     loaded = alloc.allocator_and_pools["weights"]
+    alloc.allocator_and_pools[KEPT_POOL_KEY] = (_Pool([]), None)  # as after a first pack
     report, block = pack_weights(model, m, dict(weight_tensors(model)), allocator=alloc,
                                  release=released.append, free_bytes=1 << 40,
-                                 cuda_graphs=False, packed_before=True)  # fmt: skip
+                                 cuda_graphs=False)  # fmt: skip
     assert block is None and report["why"] == "the weights are packed already"
     assert alloc.tags == [] and released == []
+    del alloc.allocator_and_pools[KEPT_POOL_KEY]
     # an error part-way (a weight the entry does not hold): vLLM's pool context skips its
     # cleanup, so the load's pool must stay the weights' pool
     params = dict(weight_tensors(model), extra=torch.zeros(2))
