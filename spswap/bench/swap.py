@@ -200,21 +200,21 @@ def bench_model(
     # A no-swap repeat that differs means vLLM itself is not run-to-run exact here:
     # later mismatches then say nothing about the swap (see the kit notes on flat logits).
     r["repeat_deterministic"] = identical.get("cold_repeat", False)
-    cycle_s = statistics.median(c["total_s"] for c in r["spswap_cycles"])
-    copy_rate = statistics.median(c["copy"]["gb_per_s"] for c in r["spswap_cycles"])
-    r["spswap_cycle_median_s"] = cycle_s
-    r["copy_median_gb_per_s"] = copy_rate
     l2 = r.get("level2_reload", {}).get("total_s")
+    cycle_s, copy_rate = _cycle_medians(r["spswap_cycles"])
+    r["spswap_cycle_median_s"], r["copy_median_gb_per_s"] = cycle_s, copy_rate
     r["goals"] = goals(size, cycle_s, l2, copy_rate, r["pinned"]["gb_per_s"])
     if r.get("spswap_cycles_packed"):
-        packed = r["spswap_cycles_packed"]
-        r["packed_cycle_median_s"] = statistics.median(c["total_s"] for c in packed)
-        r["packed_copy_median_gb_per_s"] = statistics.median(c["copy"]["gb_per_s"]
-                                                             for c in packed)  # fmt: skip
-        r["goals_packed"] = goals(size, r["packed_cycle_median_s"], l2,
-                                  r["packed_copy_median_gb_per_s"],
-                                  r["pinned"]["gb_per_s"])  # fmt: skip
+        cycle_s, copy_rate = _cycle_medians(r["spswap_cycles_packed"])
+        r["packed_cycle_median_s"], r["packed_copy_median_gb_per_s"] = cycle_s, copy_rate
+        r["goals_packed"] = goals(size, cycle_s, l2, copy_rate, r["pinned"]["gb_per_s"])
     return r
+
+
+def _cycle_medians(cycles: list[dict[str, Any]]) -> tuple[float, float]:
+    """The median cycle's seconds and the median copy's GB/s of ``cycles``."""
+    return (statistics.median(c["total_s"] for c in cycles),
+            statistics.median(c["copy"]["gb_per_s"] for c in cycles))  # fmt: skip
 
 
 def bench_swap(

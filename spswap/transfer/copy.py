@@ -334,20 +334,25 @@ def _copy_packed(mapping: MappedEntry, block: torch.Tensor, device: torch.device
         pulled = (
             size if pull >= 1 else int(pull * size) // PULL_CUT_ALIGN_BYTES * PULL_CUT_ALIGN_BYTES
         )
-        src = _device_view(mapping, device)[:pulled]
-        word = word_dtype(src.data_ptr(), block.data_ptr(), pulled)
-        torch.bitwise_or(src.view(word), 0, out=block[:pulled].view(word))
+        _pull_bytes(_device_view(mapping, device)[:pulled], block[:pulled])
     if pulled < size:
         block[pulled:].copy_(mapping.tensors_base()[pulled:], non_blocking=device.type == "cuda")
 
 
+def _pull_bytes(src: torch.Tensor, dst: torch.Tensor) -> None:
+    """The uint8 ``dst`` gets the bytes of the uint8 ``src`` (the registered mapping's
+    device view) through an elementwise kernel, the GPU's cores reading over PCIe. Not a
+    memcpy (the driver would hand that to the copy engines): an integer ``x | 0`` over the
+    widest word that fits, which moves the bits unchanged."""
+    word = word_dtype(src.data_ptr(), dst.data_ptr(), src.numel())
+    torch.bitwise_or(src.view(word), 0, out=dst.view(word))
+
+
 def _copy_pulled(mapping: MappedEntry, params: Mapping[str, torch.Tensor],
                  device: torch.device, names: set[str]) -> None:  # fmt: skip
-    """Each parameter of ``names`` read by an elementwise kernel straight from the registered
-    mapping. Not a memcpy (the driver would hand that to the copy engines): an integer
-    ``x | 0`` over the widest word that fits, which moves the bits unchanged. The copy
-    engines are what runs at half rate right after a same-process level-2 sleep
-    (docs/benchmarks.md); the cores are not."""
+    """Each parameter of ``names`` read by the cores straight from the registered mapping
+    (:func:`_pull_bytes`). The copy engines are what runs at half rate right after a
+    same-process level-2 sleep (docs/benchmarks.md); the cores are not."""
     src_all = _device_view(mapping, device)
     for t in mapping.manifest.tensors:
         if t.name not in names:
@@ -358,5 +363,4 @@ def _copy_pulled(mapping: MappedEntry, params: Mapping[str, torch.Tensor],
         if flat is None:  # rare: a strided parameter takes a plain copy of its bytes
             dst.copy_(mapping.tensors()[t.name], non_blocking=True)
             continue
-        word = word_dtype(src.data_ptr(), flat.data_ptr(), t.size_bytes)
-        torch.bitwise_or(src.view(word), 0, out=flat.view(word))
+        _pull_bytes(src, flat)
