@@ -42,7 +42,8 @@ class Tiny(torch.nn.Module):
 
 
 def _entry(pool, model: torch.nn.Module):
-    return write_entry(pool, "tiny", {n: t.clone() for n, t in weight_tensors(model).items()})
+    # (write_entry reads host memory: a CUDA model's weights are copied to the host)
+    return write_entry(pool, "tiny", {n: t.cpu().clone() for n, t in weight_tensors(model).items()})
 
 
 def test_a_packed_model_reads_the_same_weights_from_one_block(pool) -> None:
