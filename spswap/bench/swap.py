@@ -292,10 +292,10 @@ SWAP_ROWS = ("weights", "cold start", "L1 sleep+wake", "L2 + reload", "spswap cy
 
 
 PACK_HELP = (
-    "Experimental, not yet run on a GPU: then pack the weights into one allocation of "
-    "vLLM's sleep-mode pool and run --cycles more (the 'packed cycle' rows); skipped where "
-    "the GPU lacks room for the weights twice for a moment (the reason: in the progress log "
-    "and the JSON's pack field)."
+    "Experimental (its GPU test passed; not yet benchmarked): then pack the weights into "
+    "one allocation of vLLM's sleep-mode pool and run --cycles more (the 'packed cycle' "
+    "rows); skipped where the GPU lacks room for the weights twice for a moment (the "
+    "reason: in the progress log and the JSON's pack field)."
 )
 # the packed cycles' rows (``--pack``), after "copy / pinned"
 PACKED_ROWS = ("packed cycle", "  sleep", "  wake weights", "  copy RPC", "  copy / pinned")
