@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -120,16 +122,21 @@ class ModelProc:
                 f"{f' with status {code}' if code is not None else ''} {detail}; its log "
                 "is on the job's stderr").replace("  ", " ")  # fmt: skip
 
+    def ask_close(self) -> None:
+        """Ask the engine to close (it may take seconds: :meth:`close` waits for it)."""
+        if self._proc.poll() is not None or self._proc.stdin is None or self._proc.stdin.closed:
+            return
+        try:
+            with self._lock:
+                self._proc.stdin.write('{"op": "close"}\n')
+                self._proc.stdin.close()
+        except OSError:
+            pass
+
     def close(self, timeout_s: float = 10.0) -> None:
         """Ask the engine to close, then end the process (killed after ``timeout_s``)."""
+        self.ask_close()
         if self._proc.poll() is None:
-            try:
-                with self._lock:
-                    assert self._proc.stdin is not None
-                    self._proc.stdin.write('{"op": "close"}\n')
-                    self._proc.stdin.close()
-            except OSError:
-                pass
             try:
                 self._proc.wait(timeout_s)
             except subprocess.TimeoutExpired:
@@ -138,3 +145,15 @@ class ModelProc:
         for f in (self._proc.stdout,):
             if f is not None:
                 f.close()
+
+
+def close_all(procs: Iterable[ModelProc], timeout_s: float) -> None:
+    """End every engine process, all asked at once: a job's stop waits for the slowest
+    engine, not for their sum (each takes a second or more to exit, and Slurm's KillWait
+    leaves the whole job a few seconds). Each is killed ``timeout_s`` after the asking."""
+    procs = list(procs)
+    for proc in procs:
+        proc.ask_close()
+    deadline = time.monotonic() + timeout_s
+    for proc in procs:
+        proc.close(max(0.0, deadline - time.monotonic()))

@@ -27,7 +27,7 @@ from typing import Any
 from spswap.errors import RequestRejected, SpswapError
 from spswap.multi.metrics import ModelMetrics, render
 from spswap.multi.placement import ModelState, Placement, SwapCause
-from spswap.multi.procs import ModelProc, ModelSpec
+from spswap.multi.procs import ModelProc, ModelSpec, close_all
 from spswap.multi.startup import Started, close_timeout_s, spec_with, start_procs
 
 IDLE_CHECK_S = 0.2
@@ -140,8 +140,7 @@ class Router:
                     break
                 if item is not None and not item[1].done():
                     item[1].set_exception(SpswapError("the server is stopping"))
-        for proc in self.procs.values():
-            proc.close(close_timeout_s(self.engine))
+        close_all(self.procs.values(), close_timeout_s(self.engine))
 
     def set_awake(self, slots: int) -> list[str]:
         """At most ``slots`` models awake from now on (bench traffic's one- vs

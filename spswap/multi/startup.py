@@ -8,7 +8,7 @@ from typing import Any
 
 from spswap.multi.engine_settings import one_at_a_time, start_order
 from spswap.multi.placement import ModelState
-from spswap.multi.procs import ModelProc, ModelSpec
+from spswap.multi.procs import ModelProc, ModelSpec, close_all
 
 Started = Callable[[str, ModelProc], None]  # (model, its process) once it is up
 
@@ -52,8 +52,7 @@ def start_procs(specs: dict[str, ModelSpec], states: dict[str, ModelState], *, e
             for name, sleep_after in order:
                 _placed(name, procs[name], sleep_after, on_started)
     except BaseException:
-        for proc in procs.values():
-            proc.close(close_timeout_s(engine))
+        close_all(procs.values(), close_timeout_s(engine))
         raise
     return procs
 

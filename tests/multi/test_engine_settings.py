@@ -100,6 +100,9 @@ class FakeProc:
         self.log.append(f"{op} {self.name}")
         return {"ok": True}
 
+    def ask_close(self) -> None:
+        pass  # (its order beside the waits: tests/multi/test_close.py)
+
     def close(self, timeout_s: float) -> None:
         self.log.append(f"close {self.name}")
 

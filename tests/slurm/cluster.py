@@ -73,13 +73,16 @@ class UserShell:
                               capture_output=True, text=True, timeout=timeout_s)  # fmt: skip
 
 
-def wait_for(what: str, check: Callable[[], object], timeout_s: float = 30.0) -> object:
-    """Poll ``check`` until it returns something truthy; fail naming ``what``."""
+def wait_for(what: str, check: Callable[[], object], timeout_s: float = 30.0,
+             detail: Callable[[], str] | None = None) -> object:  # fmt: skip
+    """Poll ``check`` until it returns something truthy; fail naming ``what`` (and, with
+    ``detail``, what it returns then: e.g. the job's log, for a failure seen only in CI)."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = check()
         if value:
             return value
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s:g} s waiting for {what}")
+            more = f"\n{detail()}" if detail is not None else ""
+            pytest.fail(f"timed out after {timeout_s:g} s waiting for {what}{more}")
         time.sleep(0.2)

@@ -99,7 +99,8 @@ def test_a_preempted_multi_model_job_comes_back_with_every_model(
         CliBackend().cancel(job)
         # one stop, one stop line: the run that stood in says only that it did
         wait_for("the requeued run's last line", lambda: "run 1 ends: it stood in for the "
-                 "job's restored models" in log_path.read_text(), timeout_s=60)  # fmt: skip
+                 "job's restored models" in log_path.read_text(), timeout_s=60,
+                 detail=log_path.read_text)  # fmt: skip
         assert "; stopped (" not in log_path.read_text()
     finally:
         CliBackend().cancel(job)

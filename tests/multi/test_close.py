@@ -1,0 +1,66 @@
+"""The end of a multi-model job's engines: every engine process is asked to close before
+any is waited for (a stop waits for the slowest, not for their sum: Slurm's KillWait
+leaves the whole job a few seconds), each ends, and one that does not end in time is
+killed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from spswap.multi.procs import ModelProc, ModelSpec, close_all
+
+pytest.importorskip("torch")
+
+
+class _Recorded:
+    """Stands in for a ModelProc where only the order of the calls is asked."""
+
+    def __init__(self, name: str, calls: list[str]) -> None:
+        self.name, self.calls = name, calls
+
+    def ask_close(self) -> None:
+        self.calls.append(f"ask {self.name}")
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        self.calls.append(f"wait {self.name}")
+
+
+def test_every_engine_is_asked_before_any_is_waited_for() -> None:
+    calls: list[str] = []
+    close_all([_Recorded(n, calls) for n in ("a", "b", "c")], 5.0)  # type: ignore[misc]
+    assert calls == ["ask a", "ask b", "ask c", "wait a", "wait b", "wait c"]
+
+
+def test_real_engine_processes_all_end(tmp_path) -> None:
+    from tests.helpers.multi import make_models
+
+    procs = [ModelProc(ModelSpec(m.name, m, ""), engine="reference", device="cpu",
+                       root=tmp_path / "root", cold=True)
+             for m in make_models(tmp_path, 3)]  # fmt: skip
+    for proc in procs:
+        proc.wait_ready()
+    close_all(procs, 30.0)
+    # each ended on its own, after its close (a kill would give -9)
+    assert [proc._proc.returncode for proc in procs] == [0, 0, 0]
+
+
+def test_an_engine_that_does_not_end_in_time_is_killed(tmp_path) -> None:
+    from tests.helpers.multi import make_models
+
+    (model,) = make_models(tmp_path, 1)
+    proc = ModelProc(ModelSpec(model.name, model, ""), engine="reference", device="cpu",
+                     root=tmp_path / "root", cold=True)  # fmt: skip
+    proc.wait_ready()
+    # a process that ignores the close (its stdin) stands beside the real one
+    deaf = ModelProc.__new__(ModelProc)
+    deaf.spec = ModelSpec("deaf", model, "")
+    deaf._lock = proc._lock
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    deaf._proc = subprocess.Popen(sleeper, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  text=True)  # fmt: skip
+    close_all([deaf, proc], 1.0)
+    assert deaf._proc.returncode == -9
+    assert proc._proc.returncode == 0
