@@ -11,8 +11,8 @@ from spswap.config import Config
 from spswap.engines.model_check import check_servable
 from spswap.multi.backend import serve_models
 from spswap.multi.engine_settings import model_settings
-from spswap.multi.serve import MultiOptions
-from spswap.serve.run_end import stood_in_text
+from spswap.multi.serve import MultiOptions, check_names
+from spswap.serve.run_end import models_end_text, stood_in_text
 
 
 def serve_multi(cfg: Config, job: Any, models: list[Path], state_dir: Path, *, engine: str,
@@ -31,6 +31,7 @@ def serve_multi(cfg: Config, job: Any, models: list[Path], state_dir: Path, *, e
     # torch (seconds), which a restore does not need; the first run checked them.
     may_restore = job is not None and job.restart_count > 0
     paths = [checked_model_dir(m, many=True) for m in models]  # every path, then the models
+    check_names(tuple(paths))  # (before the line that says they start)
     if not may_restore:
         for m in paths:
             check_servable(engine, m)
@@ -60,6 +61,5 @@ def serve_multi(cfg: Config, job: Any, models: list[Path], state_dir: Path, *, e
         text = stood_in_text(summary["restart_count"], summary["restored_pid"], models=True)
         err_console.print(f"spswap serve: {text}", markup=False, soft_wrap=True)
     else:
-        stopped = summary["stopped_by"]
-        text = f"stopped by {stopped}" if stopped else "stopped (ended)"
+        text = models_end_text(summary["stopped_by"], summary["answered"], summary["failed"])
         err_console.print(f"spswap serve: {text}", markup=False, soft_wrap=True)

@@ -273,7 +273,12 @@ class MultiBackend:
             except (SpswapError, OSError) as e:
                 self.log(f"spswap serve: could not {what} ({e})")
         if self.router is not None:
-            self.last_summary = {"metrics": self.router.metrics_text()}
+            metrics = self.router.metrics
+            self.last_summary = {
+                "metrics": self.router.metrics_text(),
+                "answered": {n: m.requests.get("ok", 0) for n, m in metrics.items()},
+                "failed": {n: m.requests.get("error", 0) for n, m in metrics.items()},
+            }
 
 
 def multi_run(cfg: Config, opts: MultiOptions, *, job_id: str | None = None,
@@ -310,4 +315,6 @@ def serve_models(cfg: Config, opts: MultiOptions, *, job_id: str | None = None,
             "restored_pid": result.restored_pid, "cold_reason": result.cold_reason,
             "restart_count": result.restart_count,
             "events": result.events,
-            "metrics": run.backend.last_summary.get("metrics", "")}  # fmt: skip
+            "metrics": run.backend.last_summary.get("metrics", ""),
+            "answered": run.backend.last_summary.get("answered", {}),
+            "failed": run.backend.last_summary.get("failed", {})}  # fmt: skip

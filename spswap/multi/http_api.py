@@ -198,7 +198,8 @@ class _Handler(BaseHTTPRequestHandler):
             model, prompt, max_tokens = parse_completion(body, router.specs)
             if model not in router.specs:
                 self._error(404, f"no model {model!r} in this job; it serves: "
-                                 f"{', '.join(router.specs)} (GET /v1/models)")  # fmt: skip
+                                 f"{', '.join(router.specs)} (each named by its directory's "
+                                 "name; GET /v1/models lists them)")  # fmt: skip
                 return
             request_id = self.headers.get(REQUEST_ID_HEADER)
             if request_id is not None and not _REQUEST_ID.fullmatch(request_id):

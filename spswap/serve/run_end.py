@@ -22,6 +22,28 @@ def stood_in_text(run: int, pid: int, *, models: bool = False) -> str:
             f"{it} did")  # fmt: skip
 
 
+def models_end_text(stopped_by: str | None, answered: dict[str, int],
+                    failed: dict[str, int]) -> str:  # fmt: skip
+    """The last line of a multi-model job's instance: what stopped it, what its models
+    answered (each model's count since the models started: a restored instance counts
+    its earlier runs too) and that their engines ended (exact texts:
+    tests/multi/test_end_line.py).
+
+    >>> models_end_text(None, {"a": 1}, {})
+    'stopped (ended); its 1 model answered 1 request since it started (a 1), and its engine ended'
+    """
+    stopped = f"stopped by {stopped_by}" if stopped_by else "stopped (ended)"
+    if not answered:  # (it ended before its models were up)
+        return stopped
+    n, total, bad = len(answered), sum(answered.values()), sum(failed.values())
+    each = ", ".join(f"{name} {count}" for name, count in answered.items())
+    each += f"; {bad} failed" if bad else ""
+    models, they, its = (f"{n} models", "they", "their engines") if n > 1 else \
+        ("1 model", "it", "its engine")  # fmt: skip
+    return (f"{stopped}; its {models} answered {total} request{'s' * (total != 1)} since "
+            f"{they} started ({each}), and {its} ended")  # fmt: skip
+
+
 def run_end_text(result: ServeResult, state_dir: Path, *, spool: bool,
                  job_answered: int | None = None) -> str:  # fmt: skip
     """The line, without the ``spswap serve:`` prefix. ``spool``: the engine answers from

@@ -31,13 +31,18 @@ def write_multi_endpoint(state_dir: Path, socket_path: Path, models: list[str]) 
                                                         "models": models})  # fmt: skip
 
 
-def not_a_spool(state_dir: Path) -> str | None:
+def not_a_spool(state_dir: Path, ended: str | None = None) -> str | None:
     """Why ``state_dir`` cannot be asked through a spool because it is a multi-model
-    job's (what to do instead), or None."""
+    job's (what to do instead), or None. ``ended``: the job's state where it has ended
+    for good (then its endpoint answers no more: no way in to show)."""
     try:
         found = json.loads((state_dir / MULTI_ENDPOINT_FILE).read_text())
     except (OSError, ValueError):
         return None
+    if ended is not None:
+        return (f"this job served several models (spswap serve --models) and has ended "
+                f"({ended}): nothing answers for it any more; submit it again to ask its "
+                "models (through its endpoint: docs/multi.md)")  # fmt: skip
     found = found if isinstance(found, dict) else {}
     socket_path = found.get("socket", "SOCKET")
     models = [str(m) for m in found.get("models") or [] if isinstance(m, str)]
@@ -63,12 +68,13 @@ def job_state_dir(job_id: str, spool_wait_s: float = 0.0) -> tuple[Path, str | N
         raise SpswapError(f"Slurm does not know job {job_id} (or its working directory): "
                           "check the id with squeue, or give --state-dir")  # fmt: skip
     path = state_dir_of(info.work_dir, info.job_id)
+    ended = info.state if stopped_for_good(info.state) else None
     deadline = time.monotonic() + (spool_wait_s if info.running else 0.0)
     with owner_checked(path):
         # both boxes: an ask between the server's inbox/ and outbox/ was refused as "no
         # spool" (CI, the user guide's test, 2026-12-07)
         while not Spool(path).ready():
-            if (why := not_a_spool(path)) is not None:
+            if (why := not_a_spool(path, ended)) is not None:
                 raise SpswapError(why)
             if time.monotonic() >= deadline:
                 waited = f" ({spool_wait_s:g} s after the job ran)" if info.running else ""
@@ -77,7 +83,7 @@ def job_state_dir(job_id: str, spool_wait_s: float = 0.0) -> tuple[Path, str | N
                                   "once it has), or its state directory is elsewhere: give "
                                   "--state-dir")  # fmt: skip
             time.sleep(POLL_S)
-    return path, (info.state if stopped_for_good(info.state) else None)
+    return path, ended
 
 
 @contextlib.contextmanager

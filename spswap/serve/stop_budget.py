@@ -22,6 +22,6 @@ def fitted_drain_s(drain_s: float, kill_wait_s: float | None) -> tuple[float, st
     return fitted, (
         f"spswap serve: the drain at a stop (--drain-s, {drain_s:g} s) cut to {fitted:g} s: "
         "Slurm kills a stopped "
-        f"job {kill_wait_s:g} s after its SIGTERM (KillWait), and the model must be put "
+        f"job {kill_wait_s:g} s after its SIGTERM (KillWait), and what it serves must be put "
         f"away before that ({PARK_MARGIN_S:g} s kept for it)"
     )

@@ -45,7 +45,9 @@ def test_three_models_two_awake_route_swap_and_report(tmp_path, cfg):
         assert status == 200 and b'spswap_multi_awake{model="m2"} 1' in raw
         # a bad request names the fix and the server serves on
         bad = http_api.complete(opts.socket_path, "nope", PROMPT, MAX_NEW)
-        assert bad["status"] == 404 and "m0, m1, m2" in bad["error"]["message"]
+        assert bad["status"] == 404 and bad["error"]["message"] == (
+            "no model 'nope' in this job; it serves: m0, m1, m2 (each named by its "
+            "directory's name; GET /v1/models lists them)")  # fmt: skip
         bad = http_api.complete(opts.socket_path, "m0", [10**9], MAX_NEW)
         assert bad["status"] == 400 and "token ids" in bad["error"]["message"]
         status, raw = http_api.request(opts.socket_path, "POST", "/v1/completions",

@@ -237,3 +237,9 @@ def test_a_multi_model_jobs_state_directory_is_refused_by_spswap_ask_with_the_wa
         "http://localhost/v1/completions -H 'content-type: application/json' -d "
         '\'{"model": "m1", "prompt": [1, 2, 3], "max_tokens": 8}\''
     )
+    # a job that has ended: its socket is gone, so no curl line that can only fail
+    assert not_a_spool(tmp_path, "CANCELLED") == (
+        "this job served several models (spswap serve --models) and has ended (CANCELLED): "
+        "nothing answers for it any more; submit it again to ask its models (through its "
+        "endpoint: docs/multi.md)"
+    )

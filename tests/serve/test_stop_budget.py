@@ -33,7 +33,7 @@ def test_a_drain_as_long_as_kill_wait_is_cut_and_says_why() -> None:
     drain, why = fitted_drain_s(5.0, 5.0)
     assert drain == 3.0
     assert why == ("spswap serve: the drain at a stop (--drain-s, 5 s) cut to 3 s: Slurm kills "
-                   "a stopped job 5 s after its SIGTERM (KillWait), and the model must be put "
+                   "a stopped job 5 s after its SIGTERM (KillWait), and what it serves must be put "
                    "away before that (2 s kept for it)")  # fmt: skip
     assert fitted_drain_s(5.0, 1.0)[0] == 0.5  # never below half a second
     assert fitted_drain_s(0.2, 1.0) == (0.2, None)  # already shorter than the floor

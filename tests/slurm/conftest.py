@@ -20,6 +20,37 @@ import pytest
 from .cluster import DEFAULTS_FILE, SLURM_UP, SlurmCluster, wait_for
 
 __all__ = ["SlurmCluster", "wait_for"]  # tests import these from here too
+LOG_TAIL_LINES = 40
+
+
+def log_tails(cluster: SlurmCluster) -> list[tuple[str, str]]:
+    """The last lines of slurmctld's, slurmd's and spswapd's logs: what a failure seen
+    only in CI needs beside the test's own message."""
+    from spswap.config import Config
+    from spswap.daemon.lifecycle import log_path
+
+    ci_dir = Path(os.environ.get("SLURM_CI_DIR", "/tmp/spswap-slurm")) / "log"
+    paths = [ci_dir / "slurmctld.log", ci_dir / "slurmd.log",
+             log_path(Config.from_env({}, root=cluster.spswap_root))]  # fmt: skip
+    out = []
+    for path in paths:
+        try:
+            lines = path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+        except OSError as e:
+            lines = [f"(not read: {e})"]
+        out.append((f"{path.name} (last {LOG_TAIL_LINES} lines)", "\n".join(lines)))
+    return out
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    """A failed test of the real Slurm shows the daemons' last log lines."""
+    outcome = yield
+    report = outcome.get_result()
+    cluster = getattr(item, "funcargs", {}).get("slurm_cluster")
+    if report.when == "call" and report.failed and isinstance(cluster, SlurmCluster):
+        for title, text in log_tails(cluster):
+            report.sections.append((title, text))
 
 
 def default_proctrack() -> str:

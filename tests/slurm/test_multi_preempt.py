@@ -101,7 +101,11 @@ def test_a_preempted_multi_model_job_comes_back_with_every_model(
         wait_for("the requeued run's last line", lambda: "run 1 ends: it stood in for the "
                  "job's restored models" in log_path.read_text(), timeout_s=60,
                  detail=log_path.read_text)  # fmt: skip
-        assert "; stopped (" not in log_path.read_text()
+        log = log_path.read_text()
+        assert "; stopped (" not in log
+        # the restored models' own last line: the stop, what they answered, their engines
+        assert "spswap serve: stopped by SIGTERM; its 3 models answered " in log, log
+        assert "since they started (m0 " in log and "and their engines ended" in log, log
     finally:
         CliBackend().cancel(job)
         wait_for("the job to end", lambda: CliBackend().job_alive(job) is False, timeout_s=60)
