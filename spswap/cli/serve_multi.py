@@ -61,5 +61,6 @@ def serve_multi(cfg: Config, job: Any, models: list[Path], state_dir: Path, *, e
         text = stood_in_text(summary["restart_count"], summary["restored_pid"], models=True)
         err_console.print(f"spswap serve: {text}", markup=False, soft_wrap=True)
     else:
-        text = models_end_text(summary["stopped_by"], summary["answered"], summary["failed"])
+        text = models_end_text(summary["stopped_by"], summary["answered"], summary["failed"],
+                               engines_ended=summary["engines_ended"])  # fmt: skip
         err_console.print(f"spswap serve: {text}", markup=False, soft_wrap=True)

@@ -267,10 +267,12 @@ class MultiBackend:
                 router = self.router
                 steps.append(("end the models' engines", router.close))
         steps.append(("remove the models' rows", self.records.remove_all))
+        failed = set()
         for what, step in steps:
             try:
                 step()
             except (SpswapError, OSError) as e:
+                failed.add(what)
                 self.log(f"spswap serve: could not {what} ({e})")
         if self.router is not None:
             metrics = self.router.metrics
@@ -278,6 +280,8 @@ class MultiBackend:
                 "metrics": self.router.metrics_text(),
                 "answered": {n: m.requests.get("ok", 0) for n, m in metrics.items()},
                 "failed": {n: m.requests.get("error", 0) for n, m in metrics.items()},
+                # (its line then says so, not that they ended)
+                "engines_ended": served and "end the models' engines" not in failed,
             }
 
 
@@ -317,4 +321,5 @@ def serve_models(cfg: Config, opts: MultiOptions, *, job_id: str | None = None,
             "events": result.events,
             "metrics": run.backend.last_summary.get("metrics", ""),
             "answered": run.backend.last_summary.get("answered", {}),
-            "failed": run.backend.last_summary.get("failed", {})}  # fmt: skip
+            "failed": run.backend.last_summary.get("failed", {}),
+            "engines_ended": run.backend.last_summary.get("engines_ended", False)}  # fmt: skip

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from spswap.errors import RequestRejected, SpswapError
+from spswap.multi.procs import no_model_text
 from spswap.multi.router import Router
 from spswap.serve.front import listen_private_socket
 
@@ -197,9 +198,7 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             model, prompt, max_tokens = parse_completion(body, router.specs)
             if model not in router.specs:
-                self._error(404, f"no model {model!r} in this job; it serves: "
-                                 f"{', '.join(router.specs)} (each named by its directory's "
-                                 "name; GET /v1/models lists them)")  # fmt: skip
+                self._error(404, no_model_text(model, router.specs))
                 return
             request_id = self.headers.get(REQUEST_ID_HEADER)
             if request_id is not None and not _REQUEST_ID.fullmatch(request_id):

@@ -17,6 +17,8 @@ from typing import Any
 
 from spswap.errors import EngineError, RequestRejected
 
+ASK_CLOSE_WAIT_S = 1.0  # how long a close waits for a call in flight before it is written
+
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -25,6 +27,13 @@ class ModelSpec:
     name: str
     path: Path
     digest: str
+
+
+def no_model_text(model: str, served: Iterable[str]) -> str:
+    """The refusal of a request for a model the job does not serve (HTTP 404; exact
+    text: tests/multi/test_router.py)."""
+    return (f"no model {model!r} in this job; it serves: {', '.join(served)} (each named by "
+            "its directory's name; GET /v1/models lists them)")  # fmt: skip
 
 
 def start_hint(error: str) -> str:
@@ -123,15 +132,21 @@ class ModelProc:
                 "is on the job's stderr").replace("  ", " ")  # fmt: skip
 
     def ask_close(self) -> None:
-        """Ask the engine to close (it may take seconds: :meth:`close` waits for it)."""
+        """Ask the engine to close (it may take seconds: :meth:`close` waits for it).
+        A call still waiting for its answer (one longer than the stop's drain) holds the
+        lock: after :data:`ASK_CLOSE_WAIT_S` the close is written anyway (that call's
+        request is written already; the engine reads the close after answering it)."""
         if self._proc.poll() is not None or self._proc.stdin is None or self._proc.stdin.closed:
             return
+        locked = self._lock.acquire(timeout=ASK_CLOSE_WAIT_S)
         try:
-            with self._lock:
-                self._proc.stdin.write('{"op": "close"}\n')
-                self._proc.stdin.close()
-        except OSError:
+            self._proc.stdin.write('{"op": "close"}\n')
+            self._proc.stdin.close()
+        except (OSError, ValueError):  # gone already, or closed by the other thread
             pass
+        finally:
+            if locked:
+                self._lock.release()
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Ask the engine to close, then end the process (killed after ``timeout_s``)."""
@@ -142,9 +157,12 @@ class ModelProc:
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait()
-        for f in (self._proc.stdout,):
+        for f in (self._proc.stdin, self._proc.stdout):
             if f is not None:
-                f.close()
+                try:
+                    f.close()
+                except (OSError, ValueError):  # (a close that hit a broken pipe)
+                    pass
 
 
 def close_all(procs: Iterable[ModelProc], timeout_s: float) -> None:
@@ -152,8 +170,8 @@ def close_all(procs: Iterable[ModelProc], timeout_s: float) -> None:
     engine, not for their sum (each takes a second or more to exit, and Slurm's KillWait
     leaves the whole job a few seconds). Each is killed ``timeout_s`` after the asking."""
     procs = list(procs)
+    deadline = time.monotonic() + timeout_s
     for proc in procs:
         proc.ask_close()
-    deadline = time.monotonic() + timeout_s
     for proc in procs:
         proc.close(max(0.0, deadline - time.monotonic()))

@@ -27,7 +27,7 @@ from typing import Any
 from spswap.errors import RequestRejected, SpswapError
 from spswap.multi.metrics import ModelMetrics, render
 from spswap.multi.placement import ModelState, Placement, SwapCause
-from spswap.multi.procs import ModelProc, ModelSpec, close_all
+from spswap.multi.procs import ModelProc, ModelSpec, close_all, no_model_text
 from spswap.multi.startup import Started, close_timeout_s, spec_with, start_procs
 
 IDLE_CHECK_S = 0.2
@@ -243,8 +243,7 @@ class Router:
         ``request_id`` asked before gives that request's future again (pending, or with
         its answer), also across a stop and restore of the job."""
         if model not in self.specs:
-            raise RequestRejected(f"no model {model!r} in this job; it serves: "
-                                  f"{', '.join(self.specs)} (GET /v1/models)")  # fmt: skip
+            raise RequestRejected(no_model_text(model, self.specs))
         ask = Ask(tuple(prompt_ids), int(max_new_tokens), time.monotonic(), model)
         if request_id is not None:
             with self._cond:

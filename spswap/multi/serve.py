@@ -59,8 +59,8 @@ def check_names(paths: tuple[Path, ...]) -> None:
         raise ConfigError("--models needs at least one model directory")
     same = sorted({str(p) for p in paths if paths.count(p) > 1})
     if same:  # the same directory twice: one is a slip
-        raise ConfigError(f"{', '.join(same)} is given more than once after --models: give "
-                          "each model directory once")  # fmt: skip
+        raise ConfigError(f"{', '.join(same)} {'are' if len(same) > 1 else 'is'} given more "
+                          "than once after --models: give each model directory once")  # fmt: skip
     names = [p.name for p in paths]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:

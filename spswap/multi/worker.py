@@ -107,6 +107,18 @@ def handle(engine: Any, req: dict[str, Any]) -> dict[str, Any]:
         return {"ok": False, "error": f"the engine failed ({type(e).__name__}: {e})"}
 
 
+def _closed_before_go(line: str) -> bool:
+    """Whether the router's first line to a ``--wait-go`` worker ends it rather than lets
+    it load: its stdin closed, or a close (a failed or stopped start closes every engine
+    process; one that loaded first would take the GPU memory the stop gives back)."""
+    if not line:
+        return True
+    try:
+        return bool(json.loads(line).get("op") == "close")
+    except (ValueError, AttributeError):
+        return False
+
+
 def _write(proto: Any, answer: dict[str, Any]) -> None:
     proto.write(json.dumps(answer, default=str) + "\n")
 
@@ -146,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
                 both = [*settings.llm_overrides, *extra.items()]
                 settings = settings_from_json({**settings.to_json(), "llm_overrides": both})
         engine = make_engine(args.engine, args.model, args.device, args.name, settings)
-        if args.wait_go and not sys.stdin.readline():
+        if args.wait_go and _closed_before_go(sys.stdin.readline()):
             return 0  # the router ended before this model's turn to start
         # the router's pool, not a fresh reading of SPSWAP_* (which holds the engine's too)
         cfg = Config.from_env({}, root=args.root)
@@ -169,11 +181,12 @@ def main(argv: list[str] | None = None) -> int:
     engine.close()
     uses.close()
     _write(proto, {"ok": True, "closed": True})
-    if args.engine != "vllm":
+    if args.engine != "vllm" and args.device == "cpu":
         # Nothing of this engine outlives its close, and the interpreter's teardown of
         # torch costs about a second of CPU per model at every job stop, inside the few
-        # seconds Slurm leaves a job between SIGTERM and SIGKILL (KillWait). (vLLM's own
-        # exit hooks still run: its engine's exit is not skipped untested on a GPU.)
+        # seconds Slurm leaves a job between SIGTERM and SIGKILL (KillWait). (An engine
+        # on a GPU, vLLM's above all, exits as before: skipping its exit hooks is not
+        # done untested on a GPU.)
         proto.close()
         sys.stderr.flush()
         os._exit(0)

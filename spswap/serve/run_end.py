@@ -23,10 +23,11 @@ def stood_in_text(run: int, pid: int, *, models: bool = False) -> str:
 
 
 def models_end_text(stopped_by: str | None, answered: dict[str, int],
-                    failed: dict[str, int]) -> str:  # fmt: skip
+                    failed: dict[str, int], *, engines_ended: bool = True) -> str:  # fmt: skip
     """The last line of a multi-model job's instance: what stopped it, what its models
-    answered (each model's count since the models started: a restored instance counts
-    its earlier runs too) and that their engines ended (exact texts:
+    answered and failed (each model's counts since the models started: a restored
+    instance counts its earlier runs too) and, where they did (``engines_ended``; else
+    the line before says why not), that their engines ended (exact texts:
     tests/multi/test_end_line.py).
 
     >>> models_end_text(None, {"a": 1}, {})
@@ -35,13 +36,15 @@ def models_end_text(stopped_by: str | None, answered: dict[str, int],
     stopped = f"stopped by {stopped_by}" if stopped_by else "stopped (ended)"
     if not answered:  # (it ended before its models were up)
         return stopped
-    n, total, bad = len(answered), sum(answered.values()), sum(failed.values())
-    each = ", ".join(f"{name} {count}" for name, count in answered.items())
-    each += f"; {bad} failed" if bad else ""
+    n, total = len(answered), sum(answered.values())
     models, they, its = (f"{n} models", "they", "their engines") if n > 1 else \
         ("1 model", "it", "its engine")  # fmt: skip
-    return (f"{stopped}; its {models} answered {total} request{'s' * (total != 1)} since "
-            f"{they} started ({each}), and {its} ended")  # fmt: skip
+    text = (f"{stopped}; its {models} answered {total} request{'s' * (total != 1)} since "
+            f"{they} started ({', '.join(f'{m} {k}' for m, k in answered.items())})")  # fmt: skip
+    if bad := {m: k for m, k in failed.items() if k}:
+        text += (f", {sum(bad.values())} failed "
+                 f"({', '.join(f'{m} {k}' for m, k in bad.items())})")  # fmt: skip
+    return f"{text}, and {its} ended" if engines_ended else text
 
 
 def run_end_text(result: ServeResult, state_dir: Path, *, spool: bool,

@@ -1,18 +1,17 @@
 """The end of a multi-model job's engines: every engine process is asked to close before
 any is waited for (a stop waits for the slowest, not for their sum: Slurm's KillWait
-leaves the whole job a few seconds), each ends, and one that does not end in time is
-killed."""
+leaves the whole job a few seconds), each ends, one that does not end in time is killed,
+and one still waiting for its turn to load ends without loading."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from spswap.multi.procs import ModelProc, ModelSpec, close_all
-
-pytest.importorskip("torch")
 
 
 class _Recorded:
@@ -28,18 +27,23 @@ class _Recorded:
         self.calls.append(f"wait {self.name}")
 
 
+def _procs(tmp_path: Path, n: int, **kw: object) -> list[ModelProc]:
+    pytest.importorskip("torch")  # (the reference engine's processes)
+    from tests.helpers.multi import make_models
+
+    return [ModelProc(ModelSpec(m.name, m, ""), engine="reference", device="cpu",
+                      root=tmp_path / "root", cold=True, **kw)  # type: ignore[arg-type]
+            for m in make_models(tmp_path, n)]  # fmt: skip
+
+
 def test_every_engine_is_asked_before_any_is_waited_for() -> None:
     calls: list[str] = []
     close_all([_Recorded(n, calls) for n in ("a", "b", "c")], 5.0)  # type: ignore[misc]
     assert calls == ["ask a", "ask b", "ask c", "wait a", "wait b", "wait c"]
 
 
-def test_real_engine_processes_all_end(tmp_path) -> None:
-    from tests.helpers.multi import make_models
-
-    procs = [ModelProc(ModelSpec(m.name, m, ""), engine="reference", device="cpu",
-                       root=tmp_path / "root", cold=True)
-             for m in make_models(tmp_path, 3)]  # fmt: skip
+def test_real_engine_processes_all_end(tmp_path: Path) -> None:
+    procs = _procs(tmp_path, 3)
     for proc in procs:
         proc.wait_ready()
     close_all(procs, 30.0)
@@ -47,20 +51,28 @@ def test_real_engine_processes_all_end(tmp_path) -> None:
     assert [proc._proc.returncode for proc in procs] == [0, 0, 0]
 
 
-def test_an_engine_that_does_not_end_in_time_is_killed(tmp_path) -> None:
-    from tests.helpers.multi import make_models
-
-    (model,) = make_models(tmp_path, 1)
-    proc = ModelProc(ModelSpec(model.name, model, ""), engine="reference", device="cpu",
-                     root=tmp_path / "root", cold=True)  # fmt: skip
+def test_an_engine_that_does_not_end_in_time_is_killed(tmp_path: Path) -> None:
+    (proc,) = _procs(tmp_path, 1)
     proc.wait_ready()
-    # a process that ignores the close (its stdin) stands beside the real one
+    # a process that ignores the close (its stdin) stands beside the real one, after it
     deaf = ModelProc.__new__(ModelProc)
-    deaf.spec = ModelSpec("deaf", model, "")
+    deaf.spec = ModelSpec("deaf", proc.spec.path, "")
     deaf._lock = proc._lock
     sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
     deaf._proc = subprocess.Popen(sleeper, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                   text=True)  # fmt: skip
-    close_all([deaf, proc], 1.0)
-    assert deaf._proc.returncode == -9
+    close_all([proc, deaf], 5.0)
     assert proc._proc.returncode == 0
+    assert deaf._proc.returncode == -9
+
+
+def test_an_engine_waiting_for_its_turn_ends_at_a_close_without_loading(
+    tmp_path: Path,
+) -> None:
+    """A failed or stopped one-at-a-time start closes every engine process: one still
+    waiting for its go took the close for its go and loaded its model first."""
+    (proc,) = _procs(tmp_path, 1, wait_go=True)
+    proc.ask_close()
+    assert proc._proc.wait(60) == 0
+    # it wrote nothing: no hello, so it never loaded
+    assert proc._proc.stdout is not None and proc._proc.stdout.read() == ""

@@ -48,7 +48,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
     outcome = yield
     report = outcome.get_result()
     cluster = getattr(item, "funcargs", {}).get("slurm_cluster")
-    if report.when == "call" and report.failed and isinstance(cluster, SlurmCluster):
+    if report.when in ("setup", "call") and report.failed and isinstance(cluster, SlurmCluster):
         for title, text in log_tails(cluster):
             report.sections.append((title, text))
 
