@@ -295,7 +295,8 @@ def _end_restored_status(ending: _EndingRun) -> None:
     info = ending.slurm
     if info is not None and stopped_for_good(info.state, info.restart_count,
                                              ending.restart_count):  # fmt: skip
-        reason = f"the job is over (Slurm: {info.state}, not requeued): nothing to restore"
+        reason = (f"the job is over (Slurm said {info.state} at its end, not requeued): "
+                  "nothing to restore")  # fmt: skip
         st.statuses.mark_gone(job_id, reason, images_deleted=False)
 
 

@@ -170,7 +170,7 @@ def test_the_epilog_of_a_restored_job_that_ends_for_good_ends_its_restored_statu
     assert status["state"] == after
     if after == CheckpointState.DELETED:
         assert status["reason"] == (
-            "the job is over (Slurm: COMPLETING, not requeued): nothing to restore"
+            "the job is over (Slurm said COMPLETING at its end, not requeued): nothing to restore"
         )
 
 
