@@ -53,6 +53,7 @@ class MultiBackend:
     """The models of one job behind one endpoint (see the module doc)."""
 
     probe_at_start = False  # the awake models at a stop are checked: asked then
+    checks_several = True
 
     def __init__(self, cfg: Config, opts: MultiOptions, *, job_id: str | None,
                  stop: StopSignals, log: Log) -> None:  # fmt: skip

@@ -56,6 +56,8 @@ class Backend(Protocol):
     # it would keep the GPU from the job that preempts this one; False: at each stop (a
     # multi-model job: which models are awake changes as it serves)
     probe_at_start: bool
+    # several models each answer the check (a multi-model job): the log's line says so
+    checks_several: bool
 
     def prepare(self, result: ServeResult) -> None:
         """Before the GPU slot: the state directory, saved requests, the model in the

@@ -208,7 +208,8 @@ class ServeRun(Generic[B]):
         self.log(restore_check.restored_text(restored_how(outcome.kept), self.restart_count,
                                              wake_s=wake_s, check_s=check_s,
                                              check_first_s=probe_s,
-                                             saved=woken.get("saved_requests")))  # fmt: skip
+                                             saved=woken.get("saved_requests"),
+                                             several=self.backend.checks_several))  # fmt: skip
         return True
 
     def _restore_and_proxy(self, result: ServeResult) -> bool:

@@ -102,14 +102,18 @@ def timings_text(timings_s: Any) -> str:
 
 
 def restored_text(how: str, run: int, *, wake_s: float, check_s: float,
-                  check_first_s: float | None, saved: int | None = None) -> str:  # fmt: skip
+                  check_first_s: float | None, saved: int | None = None,
+                  several: bool = False) -> str:  # fmt: skip
     """The restored instance's line in the job's log: how it came back, into which run,
     its wake's time and its check's (beside the same check when its answer was first
     taken, which says what a restore leaves slow; ``check_first_s`` None: there was no
     check), and the saved requests it now answers (``saved``; None where the engine
-    keeps none)."""
+    keeps none); ``several``: each of the awake models answered the check (a multi-model
+    job), the times theirs together."""
+    what, took = ("its awake models' check prompts", "they took") if several else \
+        ("its check prompt", "it took")  # fmt: skip
     checked = "" if check_first_s is None else (
-        f", its check prompt answered as before in {check_s:.3f} s (it took "
+        f", {what} answered as before in {check_s:.3f} s ({took} "
         f"{check_first_s:.3f} s when first asked)")  # fmt: skip
     resumed = "" if saved is None else f"; {saved} saved request(s) to resume"
     return (f"spswap serve: restored {how} into run {run}; weights back in {wake_s:.3f} s"

@@ -66,6 +66,7 @@ class ReferenceBackend:
     """The reference engine's side of a run (see the module doc)."""
 
     probe_at_start = True  # one model: its check's answer taken when it is first up
+    checks_several = False
 
     def __init__(self, cfg: Config, opts: ServeOptions, *, engine_factory: EngineFactory,
                  job_id: str | None, stop: StopSignals, log: Log) -> None:  # fmt: skip

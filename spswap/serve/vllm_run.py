@@ -86,6 +86,7 @@ class VllmBackend:
     engine = "vllm"
     device = "cuda"
     probe_at_start = True  # one model, idle at its start: the check with log-probabilities
+    checks_several = False
 
     def __init__(self, cfg: Config, opts: VllmServeOptions, *, job_id: str | None,
                  stop: StopSignals, pool: Any, log: Log,

@@ -136,6 +136,12 @@ def test_the_restored_line_sets_the_check_beside_the_one_before_the_checkpoint()
         "spswap serve: restored from its image into run 2; weights back in 0.123 s, its "
         "check prompt answered as before in 0.150 s (it took 0.050 s when first asked)"
     )
+    # a multi-model job: each awake model answered its check
+    assert restored_text("from its kept instance", 1, wake_s=0.018, check_s=0.104,
+                         check_first_s=0.072, saved=0, several=True) == (
+        "spswap serve: restored from its kept instance into run 1; weights back in 0.018 s, "
+        "its awake models' check prompts answered as before in 0.104 s (they took 0.072 s "
+        "when first asked); 0 saved request(s) to resume")  # fmt: skip
     assert restored_text("from its image", 1, wake_s=0.2, check_s=0.0, check_first_s=None) \
         == "spswap serve: restored from its image into run 1; weights back in 0.200 s"  # fmt: skip
     assert restored_text("from its kept instance", 3, wake_s=0.004, check_s=0.0,
