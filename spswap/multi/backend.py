@@ -262,11 +262,12 @@ class MultiBackend:
 
     def close(self, result: ServeResult, *, served: bool) -> None:
         steps: list[tuple[str, Callable[[], Any]]] = []
+        end_engines = "end the models' engines"  # (the end line says whether it was done)
         if served:
             steps.append(("close the endpoint", self._close_ways_in))
             if self.router is not None:
                 router = self.router
-                steps.append(("end the models' engines", router.close))
+                steps.append((end_engines, router.close))
         steps.append(("remove the models' rows", self.records.remove_all))
         failed = set()
         for what, step in steps:
@@ -281,8 +282,7 @@ class MultiBackend:
                 "metrics": self.router.metrics_text(),
                 "answered": {n: m.requests.get("ok", 0) for n, m in metrics.items()},
                 "failed": {n: m.requests.get("error", 0) for n, m in metrics.items()},
-                # (its line then says so, not that they ended)
-                "engines_ended": served and "end the models' engines" not in failed,
+                "engines_ended": served and end_engines not in failed,
             }
 
 
@@ -320,7 +320,6 @@ def serve_models(cfg: Config, opts: MultiOptions, *, job_id: str | None = None,
             "restored_pid": result.restored_pid, "cold_reason": result.cold_reason,
             "restart_count": result.restart_count,
             "events": result.events,
-            "metrics": run.backend.last_summary.get("metrics", ""),
-            "answered": run.backend.last_summary.get("answered", {}),
-            "failed": run.backend.last_summary.get("failed", {}),
-            "engines_ended": run.backend.last_summary.get("engines_ended", False)}  # fmt: skip
+            # (what the models did: none of it where the router never started)
+            "metrics": "", "answered": {}, "failed": {}, "engines_ended": False,
+            **run.backend.last_summary}  # fmt: skip
