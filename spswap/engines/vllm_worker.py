@@ -248,17 +248,21 @@ class SpswapWorkerExtension(SpswapProbes):
                 "copy_call_s": done - called,
                 "stack_restored_bytes": stack_restored}  # fmt: skip
 
-    def spswap_pack(self) -> dict[str, Any]:
+    def spswap_pack(self, room_share: float | None = None) -> dict[str, Any]:
         """Move the weights into one allocation of vLLM's sleep-mode pool, laid out as the
         attached entry's data file (:mod:`spswap.engines.vllm_pack`): a level-2 sleep
         then unmaps, and a wake maps, one allocation for them, and :meth:`spswap_copy`
         copies the entry in one host copy. Awake, eager engines only, where the GPU has
-        room for the weights twice for a moment; returns what it did (``packed``, else
-        ``why`` not) and vLLM's allocations by tag before and after."""
+        room for the weights twice for a moment (``room_share``: at most that share of
+        the GPU's memory for the second copy, e.g. what the run's slot holds beyond
+        vLLM's own); returns what it did (``packed``, else ``why`` not) and vLLM's
+        allocations by tag before and after."""
         mapping: MappedEntry | None = getattr(self, "_spswap_mapping", None)
         if mapping is None:
             raise EngineError("attach a pool entry first (spswap_attach): packing follows "
                               "its layout")  # fmt: skip
+        if any(t.device.type != "cuda" for t in self._spswap_tensors().values()):
+            return {"packed": False, "why": "the weights are not on a CUDA GPU"}
         from vllm.device_allocator.cumem import CuMemAllocator, unmap_and_release
 
         from spswap.engines.vllm_pack import pack_weights
@@ -267,10 +271,13 @@ class SpswapWorkerExtension(SpswapProbes):
         params = dict(self._spswap_tensors())
         self._spswap_weights = None  # (the lookup's references to the old tensors)
         model = self._spswap_model()
+        free_bytes, total_bytes = torch.cuda.mem_get_info()
+        if room_share is not None:
+            free_bytes = min(free_bytes, int(room_share * total_bytes))
         report, block = pack_weights(
             model, mapping.manifest, params,
             allocator=CuMemAllocator.get_instance(), release=unmap_and_release,
-            free_bytes=int(torch.cuda.mem_get_info()[0]),
+            free_bytes=int(free_bytes),
             cuda_graphs=not self._spswap_no_cuda_graphs(),
         )  # fmt: skip
         if block is None:

@@ -7,14 +7,14 @@ one at a time under one condition (a device's copies do not overlap usefully); a
 that is answering is never put to sleep: a wake that needs its slot waits for the answer.
 
 At a stop of the job (:meth:`Router.pause`): the answers being made finish, the queued
-requests stay queued (in the process: a checkpoint of the job carries them) and are
-answered once the restored job :meth:`Router.resume` s. A request asked with an id is
-found again by that id (:meth:`Router.submit`): its client, whose connection a stop
-cuts, asks again with the same id and gets the answer made after the restore.
+requests stay queued (a checkpoint of the job carries them) and are answered once the
+restored job :meth:`Router.resume` s. A request asked with an id is found by that id
+(:meth:`Router.submit`): its client, cut off by the stop, asks again with the same id.
 """
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 import time
@@ -54,14 +54,18 @@ class Router:
                  log: Callable[[str], None] = print,
                  on_state: Callable[[str, bool], None] | None = None,
                  engine_settings: dict[str, Any] | None = None, vllm_args: str = "",
+                 pack_room_share: float | None = None,
                  on_started: Started | None = None) -> None:  # fmt: skip
         self.specs = {s.name: s for s in specs}
         self.placement = Placement(tuple(self.specs), slots)
-        self.engine, self.device, self.root, self.job_id = engine, device, root, job_id
+        self.engine = engine
+        self._new_proc = functools.partial(  # each model's engine process, the same options
+            ModelProc, engine=engine, device=device, root=root, job_id=job_id,
+            settings=engine_settings, vllm_args=vllm_args, pack_room_share=pack_room_share,
+        )  # fmt: skip
         self.idle_timeout_s = idle_timeout_s
         self.log = log
         self.on_state = on_state  # (model, awake) after each change: spswap status's rows
-        self.engine_settings, self.vllm_args = engine_settings, vllm_args  # (vllm)
         self.on_started = on_started  # each model up, before it is placed (bench traffic)
         self.procs: dict[str, ModelProc] = {}
         self.metrics = {n: ModelMetrics() for n in self.specs}
@@ -83,13 +87,9 @@ class Router:
         """Start every engine process (vLLM's one at a time: :func:`start_procs`), those
         placed asleep put to sleep."""
 
-        def make(spec: ModelSpec, wait_go: bool) -> ModelProc:
-            return ModelProc(spec, engine=self.engine, device=self.device, root=self.root,
-                             job_id=self.job_id, settings=self.engine_settings,
-                             vllm_args=self.vllm_args, wait_go=wait_go)  # fmt: skip
-
         self.procs = start_procs(self.specs, self.placement.states, engine=self.engine,
-                                 make=make, log=self.log, on_started=self.on_started)  # fmt: skip
+                                 make=lambda spec, wait_go: self._new_proc(spec, wait_go=wait_go),
+                                 log=self.log, on_started=self.on_started)  # fmt: skip
         try:
             for name, proc in self.procs.items():
                 self.specs[name] = spec_with(self.specs[name], proc.hello)

@@ -20,6 +20,7 @@ from spswap.multi.procs import ModelSpec
 from spswap.multi.router import Router
 from spswap.multi.startup import Started
 from spswap.multi.vllm_start import vllm_specs
+from spswap.serve.weights_pack import pack_room_share
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,15 @@ class MultiOptions:
         if self.vllm is not None:
             return self.vllm
         return model_settings(self.units_per_model)
+
+    def pack_room_share(self) -> float | None:
+        """(vLLM) The share of the GPU an eager model's packing may use for its second
+        copy: its units less its share (:func:`~spswap.serve.weights_pack.pack_room_share`);
+        None with CUDA graphs (they hold the weights' addresses: never packed)."""
+        settings = self.vllm_settings()
+        if not settings.enforce_eager:
+            return None
+        return pack_room_share(self.units_per_model, settings.gpu_memory_utilization)
 
 
 def check_names(paths: tuple[Path, ...]) -> None:
@@ -97,7 +107,8 @@ def start_router(cfg: Config, opts: MultiOptions, *, job_id: str | None = None,
                     root=cfg.root, job_id=job_id, idle_timeout_s=opts.idle_timeout_s,
                     log=log, on_state=on_state, on_started=on_started,
                     engine_settings=opts.vllm_settings().to_json() if vllm else None,
-                    vllm_args=opts.vllm_args if vllm else "")  # fmt: skip
+                    vllm_args=opts.vllm_args if vllm else "",
+                    pack_room_share=opts.pack_room_share() if vllm else None)  # fmt: skip
     router.start()
     if opts.latency_target_s is not None:
         swap_s = opts.swap_s if opts.swap_s is not None else router.measure_swap_s()

@@ -33,6 +33,7 @@ class ServeResult:
     refused: int = 0  # (reference) requests answered with an error (bad input)
     pending_left: int = 0  # (reference) requests left in the spool for the next run
     copy: dict[str, Any] | None = None  # the start's copy from the pool (its gb_per_s)
+    pack: dict[str, Any] | None = None  # (vllm) the start's packing of the weights
     drain: dict[str, Any] | None = None  # (vllm) the last stop's drain
     stop_s: float | None = None  # (vllm) how long stopping the server took
     events: list[dict[str, Any]] = field(default_factory=list)  # restores, failed dumps

@@ -50,6 +50,7 @@ from spswap.serve.run_log import RunPath
 from spswap.serve.slot_hold import RunSlot, StopSignals
 from spswap.serve.vllm_api import VllmApiServer, installed_vllm_version, rpc_dir_fits
 from spswap.serve.vllm_export import export_weights
+from spswap.serve.weights_pack import pack_room_share, pack_server_weights
 from spswap.units import fmt_bytes
 
 ENDPOINT_FILE = "endpoint.json"
@@ -175,6 +176,9 @@ class VllmBackend:
             server.rpc("spswap_attach", str(pool.pool_dir), self._digest, False)
             path = RunPath.COLD
         result.digest = self._digest
+        if opts.settings.enforce_eager:  # (captured CUDA graphs hold the weights' addresses)
+            result.pack = pack_server_weights(server, pack_room_share(
+                opts.units, opts.settings.gpu_memory_utilization), self.log)  # fmt: skip
         self._reach()
         self.log(
             f"spswap serve: {opts.model.name} up ({path.value}) in "

@@ -111,6 +111,9 @@ def test_two_runs_of_a_job_and_a_swap_through_the_server(tmp_path: Path) -> None
     assert second["answers"] == first["answers"]
     assert second["during"]["answers"] == first["answers"]
     assert second["during"]["copy"]["size_bytes"] > 0
+    # eager, with room in its slot: each run packed its weights, and the swap copied into them
+    assert first["result"].pack["packed"] and second["result"].pack["packed"]
+    assert second["result"].pack["layout_checked"] and second["during"]["copy"]["packed"]
 
 
 @pytest.mark.parametrize("fate", ["image", "kept", "on_gpu", "dies", "damaged"])
@@ -194,6 +197,7 @@ def test_the_real_server_is_dumped_and_restored_into_the_next_run(
         Client(cfg).call("job.register", job_id=job, uid=0, user="root", gpus=gpus)
         run0 = serve(0)
         ep0 = wait("run 0's server", endpoint, 420)
+        assert "the weights packed into one allocation" in (tmp_path / "run0.log").read_text()
         ipc = [p.name for p in (state / "sock").iterdir() if p.name != "vllm.sock"]
         assert ipc, "vLLM's IPC sockets belong in the private socket directory"
         before_s: list[float] = []

@@ -205,6 +205,8 @@ def test_first_run_exports_and_the_next_starts_from_the_pool(tmp_path: Path) -> 
 
     first, cold, _ = one_run(tmp_path / "s1", signal.SIGUSR1)
     assert first.path is RunPath.COLD and first.stopped_by == "SIGUSR1"
+    # an eager server's weights are packed after its start; on a CPU the worker says why not
+    assert first.pack == {"packed": False, "why": "the weights are not on a CUDA GPU"}
     assert requeued == ["77"]  # USR1: the run asks for its requeue
     pool = Pool.from_config(cfg)
     [entry] = pool.entries()
@@ -216,6 +218,7 @@ def test_first_run_exports_and_the_next_starts_from_the_pool(tmp_path: Path) -> 
     assert second.path is RunPath.POOL and second.digest == first.digest
     assert second.copy is not None and second.copy["size_bytes"] > 0
     assert warm == cold  # random dummy weights, then every byte from the pool
+    assert second.pack == first.pack
     assert requeued == ["77"]  # SIGTERM: no requeue request
 
 

@@ -1,0 +1,55 @@
+"""``spswap serve --engine vllm`` packs an eager server's weights into one allocation
+once it is up (the worker's ``spswap_pack``: :mod:`spswap.engines.vllm_pack`).
+
+vLLM's sleep-mode pool maps and unmaps each of its allocations with its own driver
+calls (~40-50 us each), and a loaded model's weights span dozens of them; packed as
+their pool entry's data file they are one, and every later wake copies them in one host
+copy. Packing holds the weights twice for a moment: the second copy must fit in the
+part of the run's GPU slot that vLLM was not given, or it is skipped. A run that could
+not pack serves as it is: only each swap's few milliseconds are lost.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from spswap.serve.backend import Log
+from spswap.slots.alloc import UNITS_PER_GPU
+from spswap.units import fmt_bytes
+
+
+class _RpcServer(Protocol):
+    def rpc(self, method: str, *args: Any) -> dict[str, Any]: ...
+
+
+def pack_room_share(units: int, gpu_memory_utilization: float) -> float:
+    """The share of the GPU's memory the packing's second copy may use: the run's slot
+    (``units`` of :data:`UNITS_PER_GPU`) less what vLLM was given.
+
+    >>> pack_room_share(4, 0.9), pack_room_share(1, 0.225), pack_room_share(2, 0.5)
+    (0.1, 0.025, 0.0)
+    """
+    return round(max(0.0, units / UNITS_PER_GPU - gpu_memory_utilization), 4)
+
+
+def pack_line(report: dict[str, Any]) -> str:
+    """The run's log line for the worker's ``spswap_pack`` report (exact lines:
+    tests/serve/test_weights_pack.py)."""
+    if report.get("packed"):
+        before = int((report.get("before") or {}).get("weights", 0))
+        return (f"spswap serve: the weights packed into one allocation "
+                f"({fmt_bytes(int(report['size_bytes']))}, {report['tensors']} tensors; "
+                f"were {before}): each sleep and wake maps one")  # fmt: skip
+    return f"spswap serve: the weights were not packed into one allocation ({report.get('why')})"
+
+
+def pack_server_weights(server: _RpcServer, room_share: float, log: Log) -> dict[str, Any]:
+    """Ask the server's worker to pack its weights; what it answered (``packed``, else
+    ``why`` not). Never raises for the packing's own trouble: the server serves on."""
+    try:
+        report = server.rpc("spswap_pack", room_share)
+    except Exception as e:  # noqa: BLE001 - the packing never ends a model's serving
+        log(f"spswap serve: could not pack the weights ({e}); it serves as loaded")
+        return {"packed": False, "why": str(e)}
+    log(pack_line(report))
+    return report
