@@ -60,7 +60,7 @@ def start(engine: Any, kind: str, model: Path, pool: PoolAccess, digest: str, *,
     elif kind == "vllm":
         out = start_engine(engine, pool, uses)
         if pack_room_share is not None:
-            out["pack"] = pack_server_weights(engine, pack_room_share, print)
+            out["pack"] = pack_server_weights(engine, model.name, pack_room_share, print)
     else:
         engine.load_from_pool(pool, digest)
         out = {"from": "pool", "digest": digest}

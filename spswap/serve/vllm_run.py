@@ -9,9 +9,11 @@ The run itself (slot, restore or start, stop, park, release) is
     dtype, parallel layout and config, exported by this user or root): if there, start
     the server with dummy weights and fill them from the pool (no disk read); else start
     it from the checkpoint files and export its weights to the pool once (a user's export
-    goes through spswapd), for every later start. It serves on a private Unix socket (see
-    :mod:`spswap.serve.vllm_api`), and with a port on an authenticated TCP front
-    (:mod:`spswap.serve.http_front`); ``endpoint.json`` in the state directory says where;
+    goes through spswapd), for every later start; an eager server's weights are then
+    packed into one allocation (:mod:`spswap.serve.weights_pack`). It serves on a private
+    Unix socket (:mod:`spswap.serve.vllm_api`), and with a port on an authenticated TCP
+    front (:mod:`spswap.serve.http_front`); ``endpoint.json`` in the state directory says
+    where;
   - serve: until stopped (an EngineError when the server exits under it);
   - drain: the TCP front takes no new connection; running requests get ``drain_s``;
   - sleep: the front closed, the server asleep (level 2) and its GPU memory trimmed: then
@@ -177,8 +179,8 @@ class VllmBackend:
             path = RunPath.COLD
         result.digest = self._digest
         if opts.settings.enforce_eager:  # (captured CUDA graphs hold the weights' addresses)
-            result.pack = pack_server_weights(server, pack_room_share(
-                opts.units, opts.settings.gpu_memory_utilization), self.log)  # fmt: skip
+            room_share = pack_room_share(opts.units, opts.settings.gpu_memory_utilization)
+            result.pack = pack_server_weights(server, opts.model.name, room_share, self.log)
         self._reach()
         self.log(
             f"spswap serve: {opts.model.name} up ({path.value}) in "

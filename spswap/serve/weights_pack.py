@@ -32,24 +32,27 @@ def pack_room_share(units: int, gpu_memory_utilization: float) -> float:
     return round(max(0.0, units / UNITS_PER_GPU - gpu_memory_utilization), 4)
 
 
-def pack_line(report: dict[str, Any]) -> str:
+def pack_line(model: str, report: dict[str, Any]) -> str:
     """The run's log line for the worker's ``spswap_pack`` report (exact lines:
     tests/serve/test_weights_pack.py)."""
     if report.get("packed"):
         before = int((report.get("before") or {}).get("weights", 0))
-        return (f"spswap serve: the weights packed into one allocation "
+        return (f"spswap serve: {model}'s weights packed into one allocation "
                 f"({fmt_bytes(int(report['size_bytes']))}, {report['tensors']} tensors; "
                 f"were {before}): each sleep and wake maps one")  # fmt: skip
-    return f"spswap serve: the weights were not packed into one allocation ({report.get('why')})"
+    why = report.get("why")
+    return f"spswap serve: {model}'s weights were not packed into one allocation ({why})"
 
 
-def pack_server_weights(server: _RpcServer, room_share: float, log: Log) -> dict[str, Any]:
-    """Ask the server's worker to pack its weights; what it answered (``packed``, else
-    ``why`` not). Never raises for the packing's own trouble: the server serves on."""
+def pack_server_weights(server: _RpcServer, model: str, room_share: float,
+                        log: Log) -> dict[str, Any]:  # fmt: skip
+    """Ask the worker of ``model``'s server (or engine) to pack its weights; what it
+    answered (``packed``, else ``why`` not). Never raises for the packing's own trouble:
+    the model serves on."""
     try:
         report = server.rpc("spswap_pack", room_share)
     except Exception as e:  # noqa: BLE001 - the packing never ends a model's serving
-        log(f"spswap serve: could not pack the weights ({e}); it serves as loaded")
+        log(f"spswap serve: could not pack {model}'s weights ({e}); it serves as loaded")
         return {"packed": False, "why": str(e)}
-    log(pack_line(report))
+    log(pack_line(model, report))
     return report

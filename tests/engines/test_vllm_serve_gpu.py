@@ -197,7 +197,7 @@ def test_the_real_server_is_dumped_and_restored_into_the_next_run(
         Client(cfg).call("job.register", job_id=job, uid=0, user="root", gpus=gpus)
         run0 = serve(0)
         ep0 = wait("run 0's server", endpoint, 420)
-        assert "the weights packed into one allocation" in (tmp_path / "run0.log").read_text()
+        assert "'s weights packed into one allocation" in (tmp_path / "run0.log").read_text()
         ipc = [p.name for p in (state / "sock").iterdir() if p.name != "vllm.sock"]
         assert ipc, "vLLM's IPC sockets belong in the private socket directory"
         before_s: list[float] = []

@@ -57,6 +57,10 @@ def test_two_vllm_models_swap_through_the_router_with_cold_answers(tmp_path: Pat
             pytest.skip(f"the pool at {cfg.root} holds these models already ({starts}): "
                         "give a fresh SPSWAP_TEST_ROOT")  # fmt: skip
         assert set(cold) == {a, b} and cold[a] != cold[b], cold  # the seeds answer apart
+        # eager, room in each model's units: its weights packed into one allocation once up
+        # (that packed weights answer as the loaded ones: tests/engines/test_vllm.py)
+        packs = {n: p.hello.get("pack") for n, p in router.procs.items()}
+        assert all(pk and pk["packed"] and pk["layout_checked"] for pk in packs.values()), packs
         assert [router.placement.states[n].value for n in (a, b)] == ["awake", "asleep"]
         for name in (b, a, b, a):
             got = [router.submit(name, p, MAX_NEW).result(300)["token_ids"] for p in PROMPTS]
@@ -69,6 +73,7 @@ def test_two_vllm_models_swap_through_the_router_with_cold_answers(tmp_path: Pat
     again = start_router(cfg, opts, log=lines.append)  # both from the pool now: no disk
     try:
         assert {p.hello["from"] for p in again.procs.values()} == {"pool"}, lines
+        assert all(p.hello["pack"]["packed"] for p in again.procs.values()), lines
         for name in (b, a):
             got = [again.submit(name, p, MAX_NEW).result(300)["token_ids"] for p in PROMPTS]
             assert got == cold[name], (name, lines)

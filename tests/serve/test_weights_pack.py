@@ -31,11 +31,11 @@ def test_the_room_is_the_slot_less_vllms_share() -> None:
 def test_a_pack_the_server_refuses_leaves_the_run_serving_with_the_reason() -> None:
     logs: list[str] = []
     server = _Server(EngineError("vLLM server POST /collective_rpc answered 500: boom"))
-    report = pack_server_weights(server, 0.1, logs.append)
+    report = pack_server_weights(server, "qwen", 0.1, logs.append)
     assert server.calls == [("spswap_pack", 0.1)]
     assert report == {"packed": False, "why": "vLLM server POST /collective_rpc answered 500: boom"}
     assert logs == [
-        "spswap serve: could not pack the weights (vLLM server POST "
+        "spswap serve: could not pack qwen's weights (vLLM server POST "
         "/collective_rpc answered 500: boom); it serves as loaded"
     ]
 
@@ -49,9 +49,9 @@ def test_a_pack_is_logged_with_what_it_did() -> None:
         "before": {"weights": 77, "kv_cache": 28},
         "after": {"weights": 1},
     }
-    assert pack_server_weights(_Server(answer), 0.05, logs.append) == answer
+    assert pack_server_weights(_Server(answer), "qwen", 0.05, logs.append) == answer
     assert logs == [
-        "spswap serve: the weights packed into one allocation (3.0 GiB, 338 "
+        "spswap serve: qwen's weights packed into one allocation (3.0 GiB, 338 "
         "tensors; were 77): each sleep and wake maps one"
     ]
 
@@ -59,7 +59,8 @@ def test_a_pack_is_logged_with_what_it_did() -> None:
 def test_a_pack_the_worker_declined_is_logged_with_its_reason() -> None:
     logs: list[str] = []
     answer = {"packed": False, "why": "a weight is not contiguous", "before": {"weights": 31}}
-    assert pack_server_weights(_Server(answer), 0.05, logs.append) == answer
+    assert pack_server_weights(_Server(answer), "qwen", 0.05, logs.append) == answer
     assert logs == [
-        "spswap serve: the weights were not packed into one allocation (a weight is not contiguous)"
+        "spswap serve: qwen's weights were not packed into one allocation (a weight is not "
+        "contiguous)"
     ]
