@@ -198,8 +198,9 @@ def serve(
     a Unix socket in the state directory (mode 0700: only you and root reach it; its path
     is in STATE_DIR/endpoint.json), its weights filled from the node's pool (the first
     run reads MODEL and exports them), then (--eager) moved into one allocation of vLLM's
-    sleep pool where the slot has room for them twice for a moment: each sleep and wake
-    then maps one allocation, not dozens. On USR1 or SIGTERM the server sleeps and spswapd
+    sleep pool where the slot holds room for a second copy beyond vLLM's share (a lower
+    --gpu-memory-utilization makes room): each sleep and wake then maps one allocation,
+    not dozens; the log says whether it did. On USR1 or SIGTERM the server sleeps and spswapd
     checkpoints it with this process (CUDA checkpoint + CRIU); the requeued run restores
     it and it serves on. Without spswapd it stops the server, releases the slot and asks
     for a requeue; the next run starts from the pool, without disk.

@@ -27,6 +27,7 @@ import torch
 
 from spswap.pool.manifest import Manifest
 from spswap.transfer.packed import pack_into
+from spswap.units import fmt_bytes
 
 WEIGHTS_TAG = "weights"  # vLLM's tag for the weights' allocations
 KEPT_POOL_KEY = "weights-before-pack"  # where the load's pool is kept (vLLM drops it last)
@@ -44,12 +45,16 @@ def allocations_by_tag(allocator: Any) -> dict[str, int]:
 def pack_weights(
     model: torch.nn.Module, manifest: Manifest, params: Mapping[str, torch.Tensor], *,
     allocator: Any, release: Callable[[Any], None], free_bytes: int, cuda_graphs: bool,
+    room_bytes: int | None = None,
 ) -> tuple[dict[str, Any], torch.Tensor | None]:  # fmt: skip
     """Pack ``params`` (the entry's tensors of ``model``) into one block of
     ``allocator``'s ``weights`` pool; ``release`` unmaps and releases a handle
-    (vLLM's ``unmap_and_release``). Returns a report and the block (None where it did
-    not pack: the report's ``why`` says so). The caller drops its references to
-    ``params`` before the old memory can go: pass a dict it owns no other reference to.
+    (vLLM's ``unmap_and_release``). The second copy of the weights needs ``free_bytes``
+    (the GPU's free memory) and, where given, ``room_bytes`` (what the run's slot holds
+    beyond vLLM's share) to hold it and :data:`MARGIN_BYTES`. Returns a report and the
+    block (None where it did not pack: the report's ``why`` says so). The caller drops
+    its references to ``params`` before the old memory can go: pass a dict it owns no
+    other reference to.
     Once per engine (the load's pool kept under :data:`KEPT_POOL_KEY` says it packed):
     a second pack would keep the first block and drop the load's pool.
 
@@ -63,8 +68,13 @@ def pack_weights(
         why = "the weights are packed already"
     elif cuda_graphs:
         why = "the engine runs CUDA graphs, which hold the weights' addresses"
+    elif room_bytes is not None and room_bytes < size + MARGIN_BYTES:
+        why = (f"the slot leaves {fmt_bytes(room_bytes)} beyond vLLM's share, "
+               f"{fmt_bytes(size + MARGIN_BYTES)} needed for a second copy of the weights "
+               "for a moment (lower --gpu-memory-utilization or take more --units)")  # fmt: skip
     elif free_bytes < size + MARGIN_BYTES:
-        why = f"{free_bytes} bytes free on the GPU, {size + MARGIN_BYTES} needed for a moment"
+        why = (f"{fmt_bytes(free_bytes)} free on the GPU, {fmt_bytes(size + MARGIN_BYTES)} "
+               "needed for a second copy of the weights for a moment")  # fmt: skip
     elif any(not t.is_contiguous() for t in params.values()):
         why = "a weight is not contiguous"
     if why is not None:

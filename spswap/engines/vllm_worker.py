@@ -272,12 +272,11 @@ class SpswapWorkerExtension(SpswapProbes):
         self._spswap_weights = None  # (the lookup's references to the old tensors)
         model = self._spswap_model()
         free_bytes, total_bytes = torch.cuda.mem_get_info()
-        if room_share is not None:
-            free_bytes = min(free_bytes, int(room_share * total_bytes))
         report, block = pack_weights(
             model, mapping.manifest, params,
             allocator=CuMemAllocator.get_instance(), release=unmap_and_release,
             free_bytes=int(free_bytes),
+            room_bytes=int(room_share * total_bytes) if room_share is not None else None,
             cuda_graphs=not self._spswap_no_cuda_graphs(),
         )  # fmt: skip
         if block is None:

@@ -29,7 +29,7 @@ from spswap.engines.vllm_engine import VllmEngine, VllmSettings
 from spswap.errors import RequestRejected, SpswapError
 from spswap.multi.engine_settings import check_engine, settings_from_json
 from spswap.multi.vllm_start import llm_overrides, start_engine
-from spswap.serve.weights_pack import pack_server_weights
+from spswap.serve.weights_pack import pack_logged
 
 
 def make_engine(kind: str, model: Path, device: str, name: str,
@@ -60,7 +60,7 @@ def start(engine: Any, kind: str, model: Path, pool: PoolAccess, digest: str, *,
     elif kind == "vllm":
         out = start_engine(engine, pool, uses)
         if pack_room_share is not None:
-            out["pack"] = pack_server_weights(engine, model.name, pack_room_share, print)
+            out["pack"] = pack_logged(engine.pack, model.name, pack_room_share, print)
     else:
         engine.load_from_pool(pool, digest)
         out = {"from": "pool", "digest": digest}

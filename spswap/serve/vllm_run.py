@@ -52,7 +52,7 @@ from spswap.serve.run_log import RunPath
 from spswap.serve.slot_hold import RunSlot, StopSignals
 from spswap.serve.vllm_api import VllmApiServer, installed_vllm_version, rpc_dir_fits
 from spswap.serve.vllm_export import export_weights
-from spswap.serve.weights_pack import pack_room_share, pack_server_weights
+from spswap.serve.weights_pack import pack_logged, pack_room_share
 from spswap.units import fmt_bytes
 
 ENDPOINT_FILE = "endpoint.json"
@@ -180,7 +180,8 @@ class VllmBackend:
         result.digest = self._digest
         if opts.settings.enforce_eager:  # (captured CUDA graphs hold the weights' addresses)
             room_share = pack_room_share(opts.units, opts.settings.gpu_memory_utilization)
-            result.pack = pack_server_weights(server, opts.model.name, room_share, self.log)
+            pack = functools.partial(server.rpc, "spswap_pack")
+            result.pack = pack_logged(pack, opts.model.name, room_share, self.log)
         self._reach()
         self.log(
             f"spswap serve: {opts.model.name} up ({path.value}) in "

@@ -11,15 +11,12 @@ not pack serves as it is: only each swap's few milliseconds are lost.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
 from spswap.serve.backend import Log
 from spswap.slots.alloc import UNITS_PER_GPU
 from spswap.units import fmt_bytes
-
-
-class _RpcServer(Protocol):
-    def rpc(self, method: str, *args: Any) -> dict[str, Any]: ...
 
 
 def pack_room_share(units: int, gpu_memory_utilization: float) -> float:
@@ -37,22 +34,26 @@ def pack_line(model: str, report: dict[str, Any]) -> str:
     tests/serve/test_weights_pack.py)."""
     if report.get("packed"):
         before = int((report.get("before") or {}).get("weights", 0))
-        return (f"spswap serve: {model}'s weights packed into one allocation "
+        line = (f"spswap serve: {model}'s weights packed into one allocation "
                 f"({fmt_bytes(int(report['size_bytes']))}, {report['tensors']} tensors; "
-                f"were {before}): each sleep and wake maps one")  # fmt: skip
+                f"from {before} allocations): each sleep and wake maps one")  # fmt: skip
+        if report.get("layout_checked") is False:  # (the worker then copies tensor by tensor)
+            line += "; their layout did not check out: each wake copies them one by one"
+        return line
     why = report.get("why")
     return f"spswap serve: {model}'s weights were not packed into one allocation ({why})"
 
 
-def pack_server_weights(server: _RpcServer, model: str, room_share: float,
-                        log: Log) -> dict[str, Any]:  # fmt: skip
-    """Ask the worker of ``model``'s server (or engine) to pack its weights; what it
-    answered (``packed``, else ``why`` not). Never raises for the packing's own trouble:
-    the model serves on."""
+def pack_logged(pack: Callable[[float], dict[str, Any]], model: str, room_share: float,
+                log: Log) -> dict[str, Any]:  # fmt: skip
+    """``pack(room_share)`` (the worker's ``spswap_pack``, through ``model``'s server or
+    engine), logged; what it answered (``packed``, else ``why`` not). Never raises for
+    the packing's own trouble: the model goes on with its weights as loaded (a worker
+    that died of it is the server's exit, told where the run watches for that)."""
     try:
-        report = server.rpc("spswap_pack", room_share)
+        report = pack(room_share)
     except Exception as e:  # noqa: BLE001 - the packing never ends a model's serving
-        log(f"spswap serve: could not pack {model}'s weights ({e}); it serves as loaded")
+        log(f"spswap serve: could not pack {model}'s weights ({e}); they stay as loaded")
         return {"packed": False, "why": str(e)}
     log(pack_line(model, report))
     return report

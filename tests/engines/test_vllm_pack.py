@@ -108,11 +108,13 @@ def test_pack_weights_rebinds_the_model_and_releases_the_loads_unused_segments(
 
 
 @pytest.mark.parametrize(
-    ("free_bytes", "graphs", "why"),
-    [(1 << 40, True, "CUDA graphs"), (MARGIN_BYTES, False, "bytes free on the GPU")],
-)
+    ("free_bytes", "room_bytes", "graphs", "why"),
+    [(1 << 40, None, True, "CUDA graphs"),
+     (MARGIN_BYTES, None, False, "256.0 MiB free on the GPU, "),
+     (1 << 40, MARGIN_BYTES, False, "the slot leaves 256.0 MiB beyond vLLM's share, ")],
+)  # fmt: skip
 def test_pack_weights_leaves_the_model_alone_where_it_may_not_pack(
-    tmp_path, free_bytes: int, graphs: bool, why: str
+    tmp_path, free_bytes: int, room_bytes: int | None, graphs: bool, why: str
 ) -> None:
     model = _Tiny()
     before = {n: t.data_ptr() for n, t in weight_tensors(model).items()}
@@ -120,7 +122,7 @@ def test_pack_weights_leaves_the_model_alone_where_it_may_not_pack(
     alloc, released = _Allocator(), []
     report, block = pack_weights(model, m, dict(weight_tensors(model)), allocator=alloc,
                                  release=released.append, free_bytes=free_bytes,
-                                 cuda_graphs=graphs)  # fmt: skip
+                                 room_bytes=room_bytes, cuda_graphs=graphs)  # fmt: skip
     assert block is None and not report["packed"] and why in report["why"]
     assert alloc.tags == [] and released == []
     assert {n: t.data_ptr() for n, t in weight_tensors(model).items()} == before

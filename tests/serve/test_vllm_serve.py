@@ -222,6 +222,24 @@ def test_first_run_exports_and_the_next_starts_from_the_pool(tmp_path: Path) -> 
     assert requeued == ["77"]  # SIGTERM: no requeue request
 
 
+def test_a_server_with_cuda_graphs_is_not_asked_to_pack(tmp_path: Path) -> None:
+    """--no-eager: captured CUDA graphs hold the weights' addresses, so the run never
+    asks the worker to move them (the worker would refuse as well)."""
+    model = tmp_path / "m"
+    save_model(model)
+    opts = VllmServeOptions(model=model, state_dir=tmp_path / "s", launcher=STANDIN,
+                            settings=VllmSettings(enforce_eager=False),
+                            start_timeout_s=60)  # fmt: skip
+    logs: list[str] = []
+    run = vllm_run(Config.from_env({}, root=tmp_path / "root"), opts,
+                   vllm_version="0.26.0-standin", log=logs.append)  # fmt: skip
+    th, out = _run_in_thread(run)
+    run.handle_signal(signal.SIGTERM)
+    th.join(30)
+    assert "error" not in out, out.get("error")
+    assert out["result"].pack is None and not any("pack" in line for line in logs), logs
+
+
 class _DirectPool:
     """The pool as a user's run sees it through PoolAccess, served directly (a user's
     Python cannot be started here: the interpreter lives under /root); the daemon's own

@@ -5,38 +5,47 @@ test)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from spswap.errors import EngineError
-from spswap.serve.weights_pack import pack_room_share, pack_server_weights
+from spswap.multi.engine_settings import model_settings
+from spswap.multi.serve import MultiOptions
+from spswap.serve.weights_pack import pack_logged, pack_room_share
 
 
 class _Server:
     def __init__(self, answer: dict[str, Any] | Exception) -> None:
         self.answer, self.calls = answer, []
 
-    def rpc(self, method: str, *args: Any) -> dict[str, Any]:
-        self.calls.append((method, *args))
+    def pack(self, room_share: float) -> dict[str, Any]:
+        self.calls.append(room_share)
         if isinstance(self.answer, Exception):
             raise self.answer
         return self.answer
 
 
-def test_the_room_is_the_slot_less_vllms_share() -> None:
-    assert pack_room_share(4, 0.9) == 0.1
-    assert pack_room_share(2, 0.45) == 0.05
+def test_a_multi_model_jobs_room_is_each_models_units_less_its_share(tmp_path: Path) -> None:
+    def opts(**kw: Any) -> MultiOptions:
+        return MultiOptions(models=(tmp_path / "a",), socket_path=tmp_path / "s",
+                            state_dir=tmp_path, engine="vllm", device="cuda", **kw)  # fmt: skip
+
+    assert opts().pack_room_share() == 0.05  # 2 units at the default 0.45
+    assert opts(units_per_model=1).pack_room_share() == 0.025
+    assert opts(vllm=model_settings(2, gpu_memory_utilization=0.3)).pack_room_share() == 0.2
+    assert opts(vllm=model_settings(2, eager=False)).pack_room_share() is None  # CUDA graphs
     assert pack_room_share(1, 0.5) == 0.0  # vLLM was given more than the slot: no room
 
 
 def test_a_pack_the_server_refuses_leaves_the_run_serving_with_the_reason() -> None:
     logs: list[str] = []
     server = _Server(EngineError("vLLM server POST /collective_rpc answered 500: boom"))
-    report = pack_server_weights(server, "qwen", 0.1, logs.append)
-    assert server.calls == [("spswap_pack", 0.1)]
+    report = pack_logged(server.pack, "qwen", 0.1, logs.append)
+    assert server.calls == [0.1]
     assert report == {"packed": False, "why": "vLLM server POST /collective_rpc answered 500: boom"}
     assert logs == [
         "spswap serve: could not pack qwen's weights (vLLM server POST "
-        "/collective_rpc answered 500: boom); it serves as loaded"
+        "/collective_rpc answered 500: boom); they stay as loaded"
     ]
 
 
@@ -49,18 +58,28 @@ def test_a_pack_is_logged_with_what_it_did() -> None:
         "before": {"weights": 77, "kv_cache": 28},
         "after": {"weights": 1},
     }
-    assert pack_server_weights(_Server(answer), "qwen", 0.05, logs.append) == answer
+    assert pack_logged(_Server(answer).pack, "qwen", 0.05, logs.append) == answer
     assert logs == [
         "spswap serve: qwen's weights packed into one allocation (3.0 GiB, 338 "
-        "tensors; were 77): each sleep and wake maps one"
+        "tensors; from 77 allocations): each sleep and wake maps one"
     ]
 
 
 def test_a_pack_the_worker_declined_is_logged_with_its_reason() -> None:
     logs: list[str] = []
     answer = {"packed": False, "why": "a weight is not contiguous", "before": {"weights": 31}}
-    assert pack_server_weights(_Server(answer), "qwen", 0.05, logs.append) == answer
+    assert pack_logged(_Server(answer).pack, "qwen", 0.05, logs.append) == answer
     assert logs == [
         "spswap serve: qwen's weights were not packed into one allocation (a weight is not "
         "contiguous)"
     ]
+
+
+def test_a_pack_whose_layout_did_not_check_says_the_wakes_copy_one_by_one() -> None:
+    logs: list[str] = []
+    answer = {"packed": True, "size_bytes": 1 << 30, "tensors": 290, "layout_checked": False,
+              "before": {"weights": 31}}  # fmt: skip
+    pack_logged(_Server(answer).pack, "qwen", 0.05, logs.append)
+    assert logs == ["spswap serve: qwen's weights packed into one allocation (1.0 GiB, 290 "
+                    "tensors; from 31 allocations): each sleep and wake maps one; their layout "
+                    "did not check out: each wake copies them one by one"]  # fmt: skip
