@@ -198,12 +198,13 @@ def serve(
     a Unix socket in the state directory (mode 0700: only you and root reach it; its path
     is in STATE_DIR/endpoint.json), its weights filled from the node's pool (the first
     run reads MODEL and exports them), then (--eager) moved into one allocation of vLLM's
-    sleep pool where the slot holds room for a second copy beyond vLLM's share (a lower
-    --gpu-memory-utilization makes room): each sleep and wake then maps one allocation,
-    not dozens; the log says whether it did. On USR1 or SIGTERM the server sleeps and spswapd
-    checkpoints it with this process (CUDA checkpoint + CRIU); the requeued run restores
-    it and it serves on. Without spswapd it stops the server, releases the slot and asks
-    for a requeue; the next run starts from the pool, without disk.
+    sleep pool where the slot holds room for a second copy beside what the server holds
+    (a smaller --kv-cache-gib or --gpu-memory-utilization makes room): each sleep and wake
+    then maps one allocation, not dozens; the log says whether it did. On USR1 or SIGTERM
+    the server sleeps and spswapd checkpoints it with this process (CUDA checkpoint +
+    CRIU); the requeued run restores it and it serves on. Without spswapd it stops the
+    server, releases the slot and asks for a requeue; the next run starts from the pool,
+    without disk.
 
     Several models (--models MODEL MODEL2 ...): one engine process per model, each
     started once from the pool, behind one OpenAI endpoint on --socket (GET /v1/models

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -34,6 +35,39 @@ KEPT_POOL_KEY = "weights-before-pack"  # where the load's pool is kept (vLLM dro
 MARGIN_BYTES = 256 << 20  # free memory kept beside the second copy while packing
 
 
+@dataclass(frozen=True)
+class SlotRoom:
+    """What the run's GPU slot leaves the packing's second copy: the slot's bytes less
+    what the engine holds now (NVML's figure for its process; where NVML does not list
+    it, all the GPU has in use, which is never less). vLLM's own share is not the
+    measure: with ``--kv-cache-gib`` the engine holds what its KV cache and weights
+    take, more or less than that share."""
+
+    slot_bytes: int
+    held_bytes: int
+    held_by_engine: bool  # False: held_bytes is the whole GPU's use
+
+    @property
+    def room_bytes(self) -> int:
+        return max(0, self.slot_bytes - self.held_bytes)
+
+    def refusal(self, needed_bytes: int) -> str | None:
+        """Why the second copy does not fit, or None where it does (exact texts:
+        tests/engines/test_vllm_pack.py)."""
+        if self.room_bytes >= needed_bytes:
+            return None
+        held = ("the engine holds" if self.held_by_engine
+                else "the GPU has in use (NVML does not list the engine's process)")  # fmt: skip
+        return (f"the slot's {fmt_bytes(self.slot_bytes)} leave {fmt_bytes(self.room_bytes)} "
+                f"beyond the {fmt_bytes(self.held_bytes)} {held}, {fmt_bytes(needed_bytes)} "
+                "needed for a second copy of the weights for a moment (lower --kv-cache-gib "
+                "or --gpu-memory-utilization, or take more --units)")  # fmt: skip
+
+    def to_json(self) -> dict[str, Any]:
+        return {"slot_bytes": self.slot_bytes, "held_bytes": self.held_bytes,
+                "held_by_engine": self.held_by_engine}  # fmt: skip
+
+
 def allocations_by_tag(allocator: Any) -> dict[str, int]:
     """How many allocations vLLM's sleep-mode pool holds, by tag."""
     out: dict[str, int] = {}
@@ -45,13 +79,13 @@ def allocations_by_tag(allocator: Any) -> dict[str, int]:
 def pack_weights(
     model: torch.nn.Module, manifest: Manifest, params: Mapping[str, torch.Tensor], *,
     allocator: Any, release: Callable[[Any], None], free_bytes: int, cuda_graphs: bool,
-    room_bytes: int | None = None,
+    room: SlotRoom | None = None,
 ) -> tuple[dict[str, Any], torch.Tensor | None]:  # fmt: skip
     """Pack ``params`` (the entry's tensors of ``model``) into one block of
     ``allocator``'s ``weights`` pool; ``release`` unmaps and releases a handle
     (vLLM's ``unmap_and_release``). The second copy of the weights needs ``free_bytes``
-    (the GPU's free memory) and, where given, ``room_bytes`` (what the run's slot holds
-    beyond vLLM's share) to hold it and :data:`MARGIN_BYTES`. Returns a report and the
+    (the GPU's free memory) and, where given, ``room`` (what the run's slot leaves
+    beyond what the engine holds) to hold it and :data:`MARGIN_BYTES`. Returns a report and the
     block (None where it did not pack: the report's ``why`` says so). The caller drops
     its references to ``params`` before the old memory can go: pass a dict it owns no
     other reference to.
@@ -68,17 +102,16 @@ def pack_weights(
         why = "the weights are packed already"
     elif cuda_graphs:
         why = "the engine runs CUDA graphs, which hold the weights' addresses"
-    elif room_bytes is not None and room_bytes < size + MARGIN_BYTES:
-        why = (f"the slot leaves {fmt_bytes(room_bytes)} beyond vLLM's share, "
-               f"{fmt_bytes(size + MARGIN_BYTES)} needed for a second copy of the weights "
-               "for a moment (lower --gpu-memory-utilization or take more --units)")  # fmt: skip
+    elif room is not None and (refused := room.refusal(size + MARGIN_BYTES)) is not None:
+        why = refused
     elif free_bytes < size + MARGIN_BYTES:
         why = (f"{fmt_bytes(free_bytes)} free on the GPU, {fmt_bytes(size + MARGIN_BYTES)} "
                "needed for a second copy of the weights for a moment")  # fmt: skip
     elif any(not t.is_contiguous() for t in params.values()):
         why = "a weight is not contiguous"
     if why is not None:
-        return {"packed": False, "why": why, "before": before}, None
+        out = {"packed": False, "why": why, "before": before}
+        return ({**out, "room": room.to_json()} if room is not None else out), None
     loaded_pool = allocator.allocator_and_pools.get(WEIGHTS_TAG)
     device = next(iter(params.values())).device
     try:
@@ -109,4 +142,6 @@ def pack_weights(
     report = {"packed": True, "size_bytes": size, "tensors": named, "rebound": rebound,
               "released": released, "left_in_load_pool_bytes": left_bytes,
               "before": before, "after": allocations_by_tag(allocator)}  # fmt: skip
+    if room is not None:
+        report["room"] = room.to_json()
     return report, block

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from spswap.engines import cuda_limits
+from spswap.engines.gpu_held import process_gpu_bytes
 from spswap.engines.host_heap import release_free_heap
 from spswap.engines.vllm_pull import pull_bytes_per_s, pull_share
 from spswap.engines.vllm_weights import STAGING_BYTES, host_bytes, weight_tensors
@@ -248,15 +249,15 @@ class SpswapWorkerExtension(SpswapProbes):
                 "copy_call_s": done - called,
                 "stack_restored_bytes": stack_restored}  # fmt: skip
 
-    def spswap_pack(self, room_share: float | None = None) -> dict[str, Any]:
+    def spswap_pack(self, slot_share: float | None = None) -> dict[str, Any]:
         """Move the weights into one allocation of vLLM's sleep-mode pool, laid out as the
         attached entry's data file (:mod:`spswap.engines.vllm_pack`): a level-2 sleep
         then unmaps, and a wake maps, one allocation for them, and :meth:`spswap_copy`
         copies the entry in one host copy. Awake, eager engines only, where the GPU has
-        room for the weights twice for a moment (``room_share``: at most that share of
-        the GPU's memory for the second copy, e.g. what the run's slot holds beyond
-        vLLM's own); returns what it did (``packed``, else ``why`` not) and vLLM's
-        allocations by tag before and after."""
+        room for the weights twice for a moment (``slot_share``: the share of the GPU's
+        memory the run's slot holds, of which the engine may not take more; the second
+        copy must fit beside what it holds now); returns what it did (``packed``, else
+        ``why`` not), the room it judged and vLLM's allocations by tag before and after."""
         mapping: MappedEntry | None = getattr(self, "_spswap_mapping", None)
         if mapping is None:
             raise EngineError("attach a pool entry first (spswap_attach): packing follows "
@@ -265,18 +266,23 @@ class SpswapWorkerExtension(SpswapProbes):
             return {"packed": False, "why": "the weights are not on a CUDA GPU"}
         from vllm.device_allocator.cumem import CuMemAllocator, unmap_and_release
 
-        from spswap.engines.vllm_pack import pack_weights
+        from spswap.engines.vllm_pack import SlotRoom, pack_weights
         from spswap.transfer.packed import packed_target
 
         params = dict(self._spswap_tensors())
         self._spswap_weights = None  # (the lookup's references to the old tensors)
         model = self._spswap_model()
         free_bytes, total_bytes = torch.cuda.mem_get_info()
+        room = None
+        if slot_share is not None:
+            held = process_gpu_bytes(os.getpid())  # (this engine core holds its GPU memory)
+            room = SlotRoom(slot_bytes=int(slot_share * total_bytes),
+                            held_bytes=held if held is not None else total_bytes - free_bytes,
+                            held_by_engine=held is not None)  # fmt: skip
         report, block = pack_weights(
             model, mapping.manifest, params,
             allocator=CuMemAllocator.get_instance(), release=unmap_and_release,
-            free_bytes=int(free_bytes),
-            room_bytes=int(room_share * total_bytes) if room_share is not None else None,
+            free_bytes=int(free_bytes), room=room,
             cuda_graphs=not self._spswap_no_cuda_graphs(),
         )  # fmt: skip
         if block is None:

@@ -52,11 +52,12 @@ class ModelProc:
     def __init__(self, spec: ModelSpec, *, engine: str, device: str, root: Path,
                  job_id: str | None = None, settings: dict[str, Any] | None = None,
                  vllm_args: str = "", wait_go: bool = False, cold: bool = False,
-                 pack_room_share: float | None = None) -> None:  # fmt: skip
+                 pack_slot_share: float | None = None) -> None:  # fmt: skip
         """``settings``/``vllm_args``: the vLLM engine's; ``wait_go``: the process
         imports its engine, then loads only at :meth:`go`; ``cold``: from the model's
-        files, not the pool (a cold answer to compare with); ``pack_room_share``: (vLLM)
-        pack the weights once up, the second copy in at most that share of the GPU."""
+        files, not the pool (a cold answer to compare with); ``pack_slot_share``: (vLLM)
+        pack the weights once up, the second copy inside that share of the GPU (the
+        model's units) beside what the engine holds."""
         self.spec = spec
         self._lock = threading.Lock()
         argv = [sys.executable, "-m", "spswap.multi.worker", "--name", spec.name,
@@ -70,8 +71,8 @@ class ModelProc:
             argv += ["--vllm-args", vllm_args]
         argv += ["--wait-go"] if wait_go else []
         argv += ["--cold"] if cold else []
-        if pack_room_share is not None:
-            argv += ["--pack-room-share", str(pack_room_share)]
+        if pack_slot_share is not None:
+            argv += ["--pack-slot-share", str(pack_slot_share)]
         env = dict(os.environ)
         env.setdefault("SPSWAP_CPU_THREADS", "1")
         self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,

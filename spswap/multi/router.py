@@ -54,14 +54,14 @@ class Router:
                  log: Callable[[str], None] = print,
                  on_state: Callable[[str, bool], None] | None = None,
                  engine_settings: dict[str, Any] | None = None, vllm_args: str = "",
-                 pack_room_share: float | None = None,
+                 pack_slot_share: float | None = None,
                  on_started: Started | None = None) -> None:  # fmt: skip
         self.specs = {s.name: s for s in specs}
         self.placement = Placement(tuple(self.specs), slots)
         self.engine = engine
         self._new_proc = functools.partial(  # each model's engine process, the same options
             ModelProc, engine=engine, device=device, root=root, job_id=job_id,
-            settings=engine_settings, vllm_args=vllm_args, pack_room_share=pack_room_share,
+            settings=engine_settings, vllm_args=vllm_args, pack_slot_share=pack_slot_share,
         )  # fmt: skip
         self.idle_timeout_s = idle_timeout_s
         self.log = log

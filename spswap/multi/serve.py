@@ -20,7 +20,7 @@ from spswap.multi.procs import ModelSpec
 from spswap.multi.router import Router
 from spswap.multi.startup import Started
 from spswap.multi.vllm_start import vllm_specs
-from spswap.serve.weights_pack import pack_room_share
+from spswap.serve.weights_pack import pack_slot_share
 
 
 @dataclass(frozen=True)
@@ -52,14 +52,13 @@ class MultiOptions:
             return self.vllm
         return model_settings(self.units_per_model)
 
-    def pack_room_share(self) -> float | None:
-        """(vLLM) The share of the GPU an eager model's packing may use for its second
-        copy: its units less its share (:func:`~spswap.serve.weights_pack.pack_room_share`);
+    def pack_slot_share(self) -> float | None:
+        """(vLLM) The share of the GPU an eager model's engine, its packing's second copy
+        included, stays inside: its units (:func:`~spswap.serve.weights_pack.pack_slot_share`);
         None with CUDA graphs (they hold the weights' addresses: never packed)."""
-        settings = self.vllm_settings()
-        if not settings.enforce_eager:
+        if not self.vllm_settings().enforce_eager:
             return None
-        return pack_room_share(self.units_per_model, settings.gpu_memory_utilization)
+        return pack_slot_share(self.units_per_model)
 
 
 def check_names(paths: tuple[Path, ...]) -> None:
@@ -108,7 +107,7 @@ def start_router(cfg: Config, opts: MultiOptions, *, job_id: str | None = None,
                     log=log, on_state=on_state, on_started=on_started,
                     engine_settings=opts.vllm_settings().to_json() if vllm else None,
                     vllm_args=opts.vllm_args if vllm else "",
-                    pack_room_share=opts.pack_room_share() if vllm else None)  # fmt: skip
+                    pack_slot_share=opts.pack_slot_share() if vllm else None)  # fmt: skip
     router.start()
     if opts.latency_target_s is not None:
         swap_s = opts.swap_s if opts.swap_s is not None else router.measure_swap_s()

@@ -47,11 +47,11 @@ def make_engine(kind: str, model: Path, device: str, name: str,
 
 def start(engine: Any, kind: str, model: Path, pool: PoolAccess, digest: str, *,
           cold: bool, uses: contextlib.ExitStack,
-          pack_room_share: float | None = None) -> dict[str, Any]:  # fmt: skip
+          pack_slot_share: float | None = None) -> dict[str, Any]:  # fmt: skip
     """Load the engine: ``cold`` from its model's files (a cold answer, nothing into the
     pool); else the reference engine from pool entry ``digest``, vLLM from the entry of
     its identity (exported first when there is none), its weights then packed where
-    ``pack_room_share`` is given (:mod:`spswap.serve.weights_pack`; the reason in the
+    ``pack_slot_share`` is given (:mod:`spswap.serve.weights_pack`; the reason in the
     hello's ``pack`` where not). Returns the hello's fields."""
     t0 = time.perf_counter()
     if cold:
@@ -59,8 +59,8 @@ def start(engine: Any, kind: str, model: Path, pool: PoolAccess, digest: str, *,
         out: dict[str, Any] = {"from": "checkpoint", "digest": ""}
     elif kind == "vllm":
         out = start_engine(engine, pool, uses)
-        if pack_room_share is not None:
-            out["pack"] = pack_logged(engine.pack, model.name, pack_room_share, print)
+        if pack_slot_share is not None:
+            out["pack"] = pack_logged(engine.pack, model.name, pack_slot_share, print)
     else:
         engine.load_from_pool(pool, digest)
         out = {"from": "pool", "digest": digest}
@@ -140,8 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--root", required=True, type=Path, help="the node's SPSWAP_ROOT")
     ap.add_argument("--settings", default=None, help="(vllm) VllmSettings as JSON")
     ap.add_argument("--vllm-args", default="", help="(vllm) vLLM's own options, one string")
-    ap.add_argument("--pack-room-share", type=float, default=None,
-                    help="(vllm) pack the weights, in at most this share of the GPU")  # fmt: skip
+    ap.add_argument("--pack-slot-share", type=float, default=None,
+                    help="(vllm) pack the weights, inside this share of the GPU")  # fmt: skip
     ap.add_argument(
         "--wait-go",
         action="store_true",
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = Config.from_env({}, root=args.root)
         hello = start(engine, args.engine, args.model, PoolAccess(cfg, job_id=args.job_id),
                       args.digest, cold=args.cold, uses=uses,
-                      pack_room_share=args.pack_room_share)  # fmt: skip
+                      pack_slot_share=args.pack_slot_share)  # fmt: skip
     except Exception as e:  # noqa: BLE001 - reported to the router, which names the model
         _write(proto, {"ok": False, "error": f"{type(e).__name__}: {e}"})
         uses.close()

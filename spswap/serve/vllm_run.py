@@ -52,7 +52,7 @@ from spswap.serve.run_log import RunPath
 from spswap.serve.slot_hold import RunSlot, StopSignals
 from spswap.serve.vllm_api import VllmApiServer, installed_vllm_version, rpc_dir_fits
 from spswap.serve.vllm_export import export_weights
-from spswap.serve.weights_pack import pack_logged, pack_room_share
+from spswap.serve.weights_pack import pack_logged, pack_slot_share
 from spswap.units import fmt_bytes
 
 ENDPOINT_FILE = "endpoint.json"
@@ -179,9 +179,9 @@ class VllmBackend:
             path = RunPath.COLD
         result.digest = self._digest
         if opts.settings.enforce_eager:  # (captured CUDA graphs hold the weights' addresses)
-            room_share = pack_room_share(opts.units, opts.settings.gpu_memory_utilization)
             pack = functools.partial(server.rpc, "spswap_pack")
-            result.pack = pack_logged(pack, opts.model.name, room_share, self.log)
+            result.pack = pack_logged(pack, opts.model.name, pack_slot_share(opts.units),
+                                      self.log)  # fmt: skip
         self._reach()
         self.log(
             f"spswap serve: {opts.model.name} up ({path.value}) in "

@@ -5,7 +5,8 @@ vLLM's sleep-mode pool maps and unmaps each of its allocations with its own driv
 calls (~40-50 us each), and a loaded model's weights span dozens of them; packed as
 their pool entry's data file they are one, and every later wake copies them in one host
 copy. Packing holds the weights twice for a moment: the second copy must fit in the
-part of the run's GPU slot that vLLM was not given, or it is skipped. A run that could
+part of the run's GPU slot the engine does not hold (its weights, KV cache, CUDA
+context: NVML's figure for its process), or it is skipped. A run that could
 not pack serves as it is: only each swap's few milliseconds are lost.
 """
 
@@ -19,14 +20,15 @@ from spswap.slots.alloc import UNITS_PER_GPU
 from spswap.units import fmt_bytes
 
 
-def pack_room_share(units: int, gpu_memory_utilization: float) -> float:
-    """The share of the GPU's memory the packing's second copy may use: the run's slot
-    (``units`` of :data:`UNITS_PER_GPU`) less what vLLM was given.
+def pack_slot_share(units: int) -> float:
+    """The share of the GPU's memory the run's slot holds (``units`` of
+    :data:`UNITS_PER_GPU`): the engine's process, the packing's second copy included,
+    stays inside it (the worker subtracts what the engine holds now).
 
-    >>> pack_room_share(4, 0.9), pack_room_share(1, 0.225), pack_room_share(2, 0.5)
-    (0.1, 0.025, 0.0)
+    >>> pack_slot_share(4), pack_slot_share(1), pack_slot_share(2)
+    (1.0, 0.25, 0.5)
     """
-    return round(max(0.0, units / UNITS_PER_GPU - gpu_memory_utilization), 4)
+    return min(1.0, units / UNITS_PER_GPU)
 
 
 def pack_line(model: str, report: dict[str, Any]) -> str:
@@ -44,14 +46,14 @@ def pack_line(model: str, report: dict[str, Any]) -> str:
     return f"spswap serve: {model}'s weights were not packed into one allocation ({why})"
 
 
-def pack_logged(pack: Callable[[float], dict[str, Any]], model: str, room_share: float,
+def pack_logged(pack: Callable[[float], dict[str, Any]], model: str, slot_share: float,
                 log: Log) -> dict[str, Any]:  # fmt: skip
-    """``pack(room_share)`` (the worker's ``spswap_pack``, through ``model``'s server or
+    """``pack(slot_share)`` (the worker's ``spswap_pack``, through ``model``'s server or
     engine), logged; what it answered (``packed``, else ``why`` not). Never raises for
     the packing's own trouble: the model goes on with its weights as loaded (a worker
     that died of it is the server's exit, told where the run watches for that)."""
     try:
-        report = pack(room_share)
+        report = pack(slot_share)
     except Exception as e:  # noqa: BLE001 - the packing never ends a model's serving
         log(f"spswap serve: could not pack {model}'s weights ({e}); they stay as loaded")
         return {"packed": False, "why": str(e)}

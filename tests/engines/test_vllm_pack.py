@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 
 from torch.multiprocessing.reductions import StorageWeakRef  # noqa: E402
 
-from spswap.engines.vllm_pack import KEPT_POOL_KEY, MARGIN_BYTES, pack_weights  # noqa: E402
+from spswap.engines.vllm_pack import KEPT_POOL_KEY, MARGIN_BYTES, SlotRoom, pack_weights  # noqa: E402
 from spswap.engines.vllm_weights import host_bytes, weight_tensors  # noqa: E402
 from spswap.pool.store import Pool  # noqa: E402
 from spswap.transfer.dtypes import to_safetensors  # noqa: E402
@@ -107,14 +107,18 @@ def test_pack_weights_rebinds_the_model_and_releases_the_loads_unused_segments(
     assert model.cache.data_ptr() != block.data_ptr()  # not in the entry: left alone
 
 
+GIB = 1 << 30
+
+
 @pytest.mark.parametrize(
-    ("free_bytes", "room_bytes", "graphs", "why"),
+    ("free_bytes", "room", "graphs", "why"),
     [(1 << 40, None, True, "CUDA graphs"),
      (MARGIN_BYTES, None, False, "256.0 MiB free on the GPU, "),
-     (1 << 40, MARGIN_BYTES, False, "the slot leaves 256.0 MiB beyond vLLM's share, ")],
+     (1 << 40, SlotRoom(10 * GIB, 10 * GIB - MARGIN_BYTES, True),
+      False, "the slot's 10.0 GiB leave 256.0 MiB beyond the 9.8 GiB the engine holds, ")],
 )  # fmt: skip
 def test_pack_weights_leaves_the_model_alone_where_it_may_not_pack(
-    tmp_path, free_bytes: int, room_bytes: int | None, graphs: bool, why: str
+    tmp_path, free_bytes: int, room: SlotRoom | None, graphs: bool, why: str
 ) -> None:
     model = _Tiny()
     before = {n: t.data_ptr() for n, t in weight_tensors(model).items()}
@@ -122,8 +126,10 @@ def test_pack_weights_leaves_the_model_alone_where_it_may_not_pack(
     alloc, released = _Allocator(), []
     report, block = pack_weights(model, m, dict(weight_tensors(model)), allocator=alloc,
                                  release=released.append, free_bytes=free_bytes,
-                                 room_bytes=room_bytes, cuda_graphs=graphs)  # fmt: skip
+                                 room=room, cuda_graphs=graphs)  # fmt: skip
     assert block is None and not report["packed"] and why in report["why"]
+    if room is not None:  # the figures it judged by, for the run's record
+        assert report["room"] == room.to_json()
     assert alloc.tags == [] and released == []
     assert {n: t.data_ptr() for n, t in weight_tensors(model).items()} == before
 
@@ -148,3 +154,20 @@ def test_pack_weights_packs_once_and_gives_the_pool_back_on_an_error(tmp_path) -
         pack_weights(model, m, params, allocator=alloc, release=released.append,
                      free_bytes=1 << 40, cuda_graphs=False)  # fmt: skip
     assert alloc.allocator_and_pools["weights"] is loaded and released == []
+
+
+def test_the_slot_room_is_the_slot_less_what_the_engine_holds() -> None:
+    """The packing's room is judged from what the engine holds, not from vLLM's share:
+    with --kv-cache-gib the engine may hold much less (room to pack) or more (none)."""
+    small_kv = SlotRoom(slot_bytes=35 * GIB, held_bytes=6 * GIB, held_by_engine=True)
+    assert small_kv.room_bytes == 29 * GIB and small_kv.refusal(2 * GIB) is None
+    beyond = SlotRoom(slot_bytes=35 * GIB, held_bytes=40 * GIB, held_by_engine=True)
+    assert beyond.room_bytes == 0
+    assert beyond.refusal(GIB) == (
+        "the slot's 35.0 GiB leave 0 B beyond the 40.0 GiB the engine holds, 1.0 GiB "
+        "needed for a second copy of the weights for a moment (lower --kv-cache-gib or "
+        "--gpu-memory-utilization, or take more --units)")  # fmt: skip
+    # NVML did not list the process: the whole GPU's use stands in (never less)
+    whole = SlotRoom(slot_bytes=35 * GIB, held_bytes=34 * GIB, held_by_engine=False)
+    assert "beyond the 34.0 GiB the GPU has in use (NVML does not list the engine's " \
+        "process), 2.0 GiB needed" in str(whole.refusal(2 * GIB))  # fmt: skip

@@ -113,6 +113,10 @@ def test_two_runs_of_a_job_and_a_swap_through_the_server(tmp_path: Path) -> None
     assert second["during"]["copy"]["size_bytes"] > 0
     # eager, with room in its slot: each run packed its weights, and the swap copied into them
     assert first["result"].pack["packed"] and second["result"].pack["packed"]
+    # the room was judged beside what the engine holds (its weights at least)
+    room = first["result"].pack["room"]
+    print("pack room:", room)
+    assert room["held_bytes"] >= first["result"].pack["size_bytes"], room
     assert second["result"].pack["layout_checked"] and second["during"]["copy"]["packed"]
 
 

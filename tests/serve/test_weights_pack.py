@@ -11,30 +11,34 @@ from typing import Any
 from spswap.errors import EngineError
 from spswap.multi.engine_settings import model_settings
 from spswap.multi.serve import MultiOptions
-from spswap.serve.weights_pack import pack_logged, pack_room_share
+from spswap.serve.weights_pack import pack_logged, pack_slot_share
 
 
 class _Server:
     def __init__(self, answer: dict[str, Any] | Exception) -> None:
         self.answer, self.calls = answer, []
 
-    def pack(self, room_share: float) -> dict[str, Any]:
-        self.calls.append(room_share)
+    def pack(self, slot_share: float) -> dict[str, Any]:
+        self.calls.append(slot_share)
         if isinstance(self.answer, Exception):
             raise self.answer
         return self.answer
 
 
-def test_a_multi_model_jobs_room_is_each_models_units_less_its_share(tmp_path: Path) -> None:
+def test_a_models_slot_share_is_its_units(tmp_path: Path) -> None:
+    """Each model's engine stays inside its units' share of the GPU, the packing's second
+    copy included (the worker judges the room beside what the engine holds: with
+    --kv-cache-gib that is not vLLM's share)."""
+
     def opts(**kw: Any) -> MultiOptions:
         return MultiOptions(models=(tmp_path / "a",), socket_path=tmp_path / "s",
                             state_dir=tmp_path, engine="vllm", device="cuda", **kw)  # fmt: skip
 
-    assert opts().pack_room_share() == 0.05  # 2 units at the default 0.45
-    assert opts(units_per_model=1).pack_room_share() == 0.025
-    assert opts(vllm=model_settings(2, gpu_memory_utilization=0.3)).pack_room_share() == 0.2
-    assert opts(vllm=model_settings(2, eager=False)).pack_room_share() is None  # CUDA graphs
-    assert pack_room_share(1, 0.5) == 0.0  # vLLM was given more than the slot: no room
+    assert opts().pack_slot_share() == 0.5  # 2 units of 4
+    assert opts(units_per_model=1).pack_slot_share() == 0.25
+    assert opts(vllm=model_settings(2, kv_cache_gib=4)).pack_slot_share() == 0.5
+    assert opts(vllm=model_settings(2, eager=False)).pack_slot_share() is None  # CUDA graphs
+    assert pack_slot_share(4) == 1.0 and pack_slot_share(8) == 1.0  # never beyond the GPU
 
 
 def test_a_pack_the_server_refuses_leaves_the_run_serving_with_the_reason() -> None:
