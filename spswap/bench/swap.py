@@ -292,8 +292,8 @@ SWAP_ROWS = ("weights", "cold start", "L1 sleep+wake", "L2 + reload", "spswap cy
 
 
 PACK_HELP = (
-    "Experimental (its GPU test passed; not yet benchmarked): then pack the weights into "
-    "one allocation of vLLM's sleep-mode pool and run --cycles more (the 'packed cycle' "
+    "Then pack the weights into one allocation of vLLM's sleep-mode pool (as spswap serve "
+    "--eager does) and run --cycles more, beside the plain ones (the 'packed cycle' "
     "rows); skipped where the GPU lacks room for the weights twice for a moment (the "
     "reason: in the progress log and the JSON's pack field)."
 )
