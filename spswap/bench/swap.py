@@ -294,7 +294,8 @@ SWAP_ROWS = ("weights", "cold start", "L1 sleep+wake", "L2 + reload", "spswap cy
 PACK_HELP = (
     "Then pack the weights into one allocation of vLLM's sleep-mode pool (as spswap serve "
     "--eager does) and run --cycles more, beside the plain ones (the 'packed cycle' "
-    "rows); skipped where the GPU lacks room for the weights twice for a moment (the "
+    "rows); skipped where the GPU's free memory lacks room for the weights twice for a "
+    "moment (spswap serve also keeps that copy inside the job's units; the "
     "reason: in the progress log and the JSON's pack field)."
 )
 # the packed cycles' rows (``--pack``), after "copy / pinned"

@@ -28,11 +28,11 @@ from spswap.cli.serve_slurm import (
     warn_if_not_requeueable,
 )
 from spswap.cli.serve_slurm import requeue as _requeue
+from spswap.cli.serve_vllm import serve_vllm
 from spswap.cli.serve_words import AFTER_DASHDASH, before_dashdash, words_problem
 from spswap.config import Config
 from spswap.engines.model_check import check_servable
 from spswap.engines.protocol import Engine
-from spswap.engines.vllm_engine import VllmSettings, kv_cache_bytes
 from spswap.multi.engine_settings import vllm_only_given
 from spswap.serve.checkpointer import DaemonCheckpointer
 from spswap.serve.factory import make_engine
@@ -43,7 +43,6 @@ from spswap.serve.runtime import ServeOptions, reference_run
 from spswap.serve.spool import Spool
 from spswap.serve.stop_budget import fitted_drain_s
 from spswap.serve.vllm_api import check_user_args
-from spswap.serve.vllm_run import VllmServeOptions, vllm_run
 from spswap.slurm.env import JobEnv
 from spswap.slurm.requeue import requeued_note
 
@@ -86,6 +85,14 @@ def serve(
         True,
         help="(vllm) No CUDA graphs or compilation: the fastest start (--no-eager for "
         "peak throughput).",
+    ),
+    pack: bool = typer.Option(
+        None,
+        "--pack/--no-pack",
+        help="(vllm) Once up, move an eager engine's weights into one allocation of vLLM's "
+        "sleep pool, where the job's units hold room for a second copy for a moment: each "
+        "sleep and wake then maps one allocation, not dozens (a few ms off each swap). "
+        "Default: on with --eager; --no-pack serves them as loaded; never with --no-eager.",
     ),
     vllm_args: str = typer.Option(
         None,
@@ -197,10 +204,11 @@ def serve(
     vLLM (--engine vllm -- VLLM_OPTIONS): runs vLLM's OpenAI-compatible server on
     a Unix socket in the state directory (mode 0700: only you and root reach it; its path
     is in STATE_DIR/endpoint.json), its weights filled from the node's pool (the first
-    run reads MODEL and exports them), then (--eager) moved into one allocation of vLLM's
-    sleep pool where the slot holds room for a second copy beside what the server holds
-    (a smaller --kv-cache-gib or --gpu-memory-utilization makes room): each sleep and wake
-    then maps one allocation, not dozens; the log says whether it did. On USR1 or SIGTERM
+    run reads MODEL and exports them), then (by default with --eager; --no-pack: not)
+    moved into one allocation of vLLM's sleep pool where the slot holds room for a second
+    copy beside what the server holds (a smaller --kv-cache-gib or --gpu-memory-utilization
+    makes room): each sleep and wake then maps one allocation, not dozens; the log (and
+    --json's pack) says whether it did, and why not. On USR1 or SIGTERM
     the server sleeps and spswapd checkpoints it with this process (CUDA checkpoint +
     CRIU); the requeued run restores it and it serves on. Without spswapd it stops the
     server, releases the slot and asks for a requeue; the next run starts from the pool,
@@ -241,6 +249,9 @@ def serve(
         drain_s, cut = fitted_drain_s(drain_s, job_kill_wait_s(state_dir, slurm_answers))
         if cut:
             err_console.print(cut, markup=False, soft_wrap=True)
+    if pack and not eager:
+        raise typer.BadParameter("--pack needs --eager: with --no-eager vLLM's CUDA graphs "
+                                 "hold the weights' addresses")  # fmt: skip
     if models:
         from spswap.cli.serve_multi import serve_multi
 
@@ -249,7 +260,8 @@ def serve(
                                      "batch job's; a job of --models is asked through its "
                                      "endpoint (docs/multi.md)")  # fmt: skip
         ignored = vllm_only_given(engine, kv_cache_gib=kv_cache_gib, vllm_args=vllm_args,
-                                  gpu_memory_utilization=gpu_memory_utilization)  # fmt: skip
+                                  gpu_memory_utilization=gpu_memory_utilization,
+                                  pack=pack)  # fmt: skip
         if ignored:
             err_console.print(f"spswap serve: {', '.join(ignored)} ignored: they are for "
                               "--engine vllm", markup=False)  # fmt: skip
@@ -258,7 +270,8 @@ def serve(
                 "kv_cache_gib": kv_cache_gib, "max_model_len": max_model_len}  # fmt: skip
         serve_multi(cfg, job, [model, *map(Path, before)], state_dir, engine=engine,
                     device=device or ("cuda" if engine == "vllm" else default_device()),
-                    vllm=vllm, vllm_args=vllm_args or "", units=units or 2, awake=awake,
+                    vllm=vllm, vllm_args=vllm_args or "", pack=pack is not False,
+                    units=units or 2, awake=awake,
                     idle_timeout_s=idle_timeout_s,
                     latency_target_s=latency_target_s, swap_s=swap_s, port=port, host=host,
                     socket=_socket_path(socket or Path("auto"), job.job_id if job else None,
@@ -273,13 +286,14 @@ def serve(
         vllm_words = [*after, *shlex.split(vllm_args or "")]
         check_user_args(vllm_words)  # the command line first, then the model's files
         check_servable(engine, model)  # before the model goes into the pool
-        _serve_vllm(cfg, job, model, state_dir, vllm_words,
-                    units=units,
-                    slot_timeout_s=slot_timeout_s, requeue=requeue, json_out=json,
-                    gpu_memory_utilization=gpu_memory_utilization, kv_cache_gib=kv_cache_gib,
-                    max_model_len=max_model_len, eager=eager, port=port, host=host,
-                    launcher=launcher, checkpoint=checkpoint, drain_s=drain_s,
-                    cli_s=cli_s)  # fmt: skip
+        serve_vllm(cfg, job, model, state_dir, vllm_words, units=units,
+                   slot_timeout_s=slot_timeout_s, requeue=_requeue if requeue else None,
+                   json_out=json, gpu_memory_utilization=gpu_memory_utilization,
+                   kv_cache_gib=kv_cache_gib, max_model_len=max_model_len, eager=eager,
+                   pack=pack is not False, port=port, host=host, launcher=launcher,
+                   drain_s=drain_s,
+                   checkpointer_marked=lambda: _checkpointer_marked(cfg, job, checkpoint,
+                                                                    cli_s))  # fmt: skip
         return
     # A requeued run that may restore its instance checks the model only if it starts an
     # engine: the check imports torch (seconds), which a restore does not need; the first
@@ -322,44 +336,6 @@ def serve(
         job_answered = Spool(state_dir).answered_count()
         line = run_end_text(result, state_dir, spool=True, job_answered=job_answered)
         err_console.print(f"spswap serve: {line}", markup=False, soft_wrap=True)
-
-
-def _serve_vllm(
-    cfg: Config, job: Any, model: Path, state_dir: Path, vllm_args: list[str], *,
-    units: int, slot_timeout_s: float, requeue: bool, json_out: bool,
-    gpu_memory_utilization: float | None, kv_cache_gib: float | None, max_model_len: int,
-    eager: bool,
-    port: int | None, host: str, launcher: str | None, checkpoint: bool, drain_s: float,
-    cli_s: float,
-) -> None:  # fmt: skip
-    if gpu_memory_utilization is None:
-        gpu_memory_utilization = round(0.9 * units / 4, 3)
-    settings = VllmSettings(gpu_memory_utilization=gpu_memory_utilization,
-                            kv_cache_memory_bytes=kv_cache_bytes(kv_cache_gib),
-                            max_model_len=max_model_len,
-                            enforce_eager=eager)  # fmt: skip
-    opts = VllmServeOptions(
-        model=model, state_dir=state_dir, settings=settings, vllm_args=tuple(vllm_args),
-        units=units, slot_gpus=tuple(job.gpus) if job else (), slot_timeout_s=slot_timeout_s,
-        http_port=port, http_host=host, launcher=tuple(shlex.split(launcher or "")),
-        drain_s=drain_s,
-    )  # fmt: skip
-    checkpointer, marks_s = _checkpointer_marked(cfg, job, checkpoint, cli_s)
-    run = vllm_run(
-        cfg, opts, job_id=job.job_id if job else None,
-        restart_count=job.restart_count if job else 0,
-        requeue=_requeue if requeue else None,
-        log=lambda msg: err_console.print(msg, markup=False, highlight=False, soft_wrap=True),
-        checkpointer=checkpointer,
-    )  # fmt: skip
-    run.marks_s.update(marks_s)
-    run.install_signal_handlers()
-    result = run.run()
-    if json_out:
-        emit_json({**result.to_json(), "state_dir": str(state_dir)})
-    else:
-        err_console.print(f"spswap serve: {run_end_text(result, state_dir, spool=False)}",
-                          markup=False)  # fmt: skip
 
 
 def _checkpointer_marked(cfg: Config, job: Any, checkpoint: bool,

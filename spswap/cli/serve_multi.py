@@ -17,7 +17,7 @@ from spswap.serve.run_end import models_end_text, stood_in_text
 
 def serve_multi(cfg: Config, job: Any, models: list[Path], state_dir: Path, *, engine: str,
                 device: str | None, units: int, awake: int | None,
-                vllm: dict[str, Any], vllm_args: str,
+                vllm: dict[str, Any], vllm_args: str, pack: bool,
                 idle_timeout_s: float | None, latency_target_s: float | None,
                 swap_s: float | None, port: int | None, host: str, socket: Path | None,
                 slot_timeout_s: float, json_out: bool, drain_s: float,
@@ -26,7 +26,8 @@ def serve_multi(cfg: Config, job: Any, models: list[Path], state_dir: Path, *, e
     """Check the model directories, then serve them all until SIGTERM or USR1 (with
     spswapd, a stop of a job that comes back checkpoints all of them, and its next run
     restores them). ``checkpointer``: made after the checks (it forks the instance).
-    ``vllm``: ``spswap serve``'s vLLM options (each model's share from ``units``)."""
+    ``vllm``: ``spswap serve``'s vLLM options (each model's share from ``units``);
+    ``pack``: (vLLM, eager) pack each model's weights once up."""
     # A requeued run that may restore its models checks none of them: the check imports
     # torch (seconds), which a restore does not need; the first run checked them.
     may_restore = job is not None and job.restart_count > 0
@@ -46,7 +47,7 @@ def serve_multi(cfg: Config, job: Any, models: list[Path], state_dir: Path, *, e
         device=device or "cpu", units_per_model=units, max_awake=awake,
         slot_gpus=tuple(job.gpus) if job else (), slot_timeout_s=slot_timeout_s,
         idle_timeout_s=idle_timeout_s, latency_target_s=latency_target_s, swap_s=swap_s,
-        port=port, host=host, drain_s=drain_s, vllm_args=vllm_args,
+        port=port, host=host, drain_s=drain_s, vllm_args=vllm_args, pack=pack,
         vllm=model_settings(units, **vllm) if engine == "vllm" else None,
     )  # fmt: skip
     summary = serve_models(

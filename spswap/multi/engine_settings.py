@@ -93,11 +93,13 @@ def one_at_a_time(engine: str) -> bool:
 
 
 def vllm_only_given(engine: str, *, kv_cache_gib: float | None, vllm_args: str | None,
-                    gpu_memory_utilization: float | None) -> list[str]:  # fmt: skip
+                    gpu_memory_utilization: float | None,
+                    pack: bool | None = None) -> list[str]:  # fmt: skip
     """The vLLM-only options given to another engine (a job script's ENGINE_ARGS left as
     they were when ENGINE changed), named as the user wrote them."""
     if engine == "vllm":
         return []
     given = {"--kv-cache-gib": kv_cache_gib, "--vllm-args": vllm_args,
-             "--gpu-memory-utilization": gpu_memory_utilization}  # fmt: skip
-    return [flag for flag, value in given.items() if value]
+             "--gpu-memory-utilization": gpu_memory_utilization,
+             "--pack" if pack else "--no-pack": pack}  # fmt: skip
+    return [flag for flag, value in given.items() if value not in (None, "")]

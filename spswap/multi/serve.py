@@ -45,6 +45,7 @@ class MultiOptions:
     drain_s: float = 5.0  # at a stop: how long the answers being made may still run
     vllm: VllmSettings | None = None  # (vllm) each model's: engine_settings.model_settings
     vllm_args: str = ""  # (vllm) vLLM's own options for every model, one string
+    pack: bool = True  # (vllm, eager) each model's weights packed once up (--no-pack: not)
 
     def vllm_settings(self) -> VllmSettings:
         """The vLLM models' settings (given, else those of ``units_per_model``)."""
@@ -55,8 +56,9 @@ class MultiOptions:
     def pack_slot_share(self) -> float | None:
         """(vLLM) The share of the GPU an eager model's engine, its packing's second copy
         included, stays inside: its units (:func:`~spswap.serve.weights_pack.pack_slot_share`);
-        None with CUDA graphs (they hold the weights' addresses: never packed)."""
-        if not self.vllm_settings().enforce_eager:
+        None with CUDA graphs (they hold the weights' addresses: never packed) or
+        ``--no-pack``."""
+        if not self.pack or not self.vllm_settings().enforce_eager:
             return None
         return pack_slot_share(self.units_per_model)
 

@@ -52,7 +52,7 @@ from spswap.serve.run_log import RunPath
 from spswap.serve.slot_hold import RunSlot, StopSignals
 from spswap.serve.vllm_api import VllmApiServer, installed_vllm_version, rpc_dir_fits
 from spswap.serve.vllm_export import export_weights
-from spswap.serve.weights_pack import pack_logged, pack_slot_share
+from spswap.serve.weights_pack import pack_line, pack_logged, pack_skipped, pack_slot_share
 from spswap.units import fmt_bytes
 
 ENDPOINT_FILE = "endpoint.json"
@@ -81,6 +81,7 @@ class VllmServeOptions:
     http_host: str = "127.0.0.1"
     # at a stop: no new requests; those running get this long to finish, then are aborted
     drain_s: float = 5.0
+    pack: bool = True  # (eager) the weights packed into one allocation once up (--no-pack)
 
 
 class VllmBackend:
@@ -178,10 +179,14 @@ class VllmBackend:
             server.rpc("spswap_attach", str(pool.pool_dir), self._digest, False)
             path = RunPath.COLD
         result.digest = self._digest
-        if opts.settings.enforce_eager:  # (captured CUDA graphs hold the weights' addresses)
+        skipped = pack_skipped(opts.settings.enforce_eager, opts.pack)
+        if skipped is None:
             pack = functools.partial(server.rpc, "spswap_pack")
             result.pack = pack_logged(pack, opts.model.name, pack_slot_share(opts.units),
                                       self.log)  # fmt: skip
+        else:
+            result.pack = {"packed": False, "why": skipped}
+            self.log(pack_line(opts.model.name, result.pack))
         self._reach()
         self.log(
             f"spswap serve: {opts.model.name} up ({path.value}) in "

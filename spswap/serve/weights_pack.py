@@ -31,6 +31,22 @@ def pack_slot_share(units: int) -> float:
     return min(1.0, units / UNITS_PER_GPU)
 
 
+def pack_skipped(eager: bool, pack: bool) -> str | None:
+    """Why a run does not try to pack (the log line's and ``--json``'s ``why``), or None
+    when it does.
+
+    >>> pack_skipped(True, True) is None
+    True
+    >>> pack_skipped(True, False)
+    '--no-pack'
+    >>> pack_skipped(False, True)
+    "--no-eager: vLLM's CUDA graphs hold their addresses"
+    """
+    if not eager:  # (captured CUDA graphs would replay into the old addresses)
+        return "--no-eager: vLLM's CUDA graphs hold their addresses"
+    return None if pack else "--no-pack"
+
+
 def pack_line(model: str, report: dict[str, Any]) -> str:
     """The run's log line for the worker's ``spswap_pack`` report (exact lines:
     tests/serve/test_weights_pack.py)."""

@@ -251,3 +251,8 @@ def test_vllm_only_options_given_to_another_engine_are_named():
         vllm_only_given("reference", kv_cache_gib=None, vllm_args="", gpu_memory_utilization=None)
         == []
     )
+    # --no-pack is named too (False, but given); not given (None): nothing
+    for pack, flag in ((False, "--no-pack"), (True, "--pack")):
+        given = vllm_only_given("reference", kv_cache_gib=None, vllm_args=None,
+                                gpu_memory_utilization=None, pack=pack)  # fmt: skip
+        assert given == [flag]

@@ -134,6 +134,25 @@ def test_serve_models_refuses_the_batch_options_before_anything_starts(tmp_path)
 
 
 @pytest.mark.parametrize("many", [True, False])
+def test_pack_with_no_eager_is_refused_before_anything_starts(tmp_path, many):
+    # vLLM's CUDA graphs hold the weights' addresses: --pack cannot be honoured there
+    models = [_vllm_model(tmp_path / n) for n in ("a", "b")][: 2 if many else 1]
+    env = {**os.environ, "SPSWAP_ROOT": str(tmp_path / "root"), "COLUMNS": "300"}
+    env.pop("SLURM_JOB_ID", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "spswap.cli", "serve", *(["--models"] if many else []),
+         *map(str, models), "--engine", "vllm", "--pack", "--no-eager",
+         "--state-dir", str(tmp_path / "state")],
+        env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert (
+        "--pack needs --eager: with --no-eager vLLM's CUDA graphs hold the weights' "
+        "addresses" in proc.stderr
+    ), proc.stderr
+    assert not (tmp_path / "root").exists()
+
+
+@pytest.mark.parametrize("many", [True, False])
 def test_a_socket_directory_others_can_write_is_refused_before_any_model_starts(tmp_path, many):
     """Refused after every model's cold start, a --socket in a shared directory cost the
     user minutes (two vLLM models: 75 s on the H200) for an error known at the start."""

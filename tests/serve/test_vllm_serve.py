@@ -222,13 +222,21 @@ def test_first_run_exports_and_the_next_starts_from_the_pool(tmp_path: Path) -> 
     assert requeued == ["77"]  # SIGTERM: no requeue request
 
 
-def test_a_server_with_cuda_graphs_is_not_asked_to_pack(tmp_path: Path) -> None:
-    """--no-eager: captured CUDA graphs hold the weights' addresses, so the run never
-    asks the worker to move them (the worker would refuse as well)."""
+@pytest.mark.parametrize(
+    ("eager", "pack", "why"),
+    [(False, True, "--no-eager: vLLM's CUDA graphs hold their addresses"),
+     (True, False, "--no-pack")],
+)  # fmt: skip
+def test_a_server_with_cuda_graphs_or_no_pack_is_not_asked_to_pack(
+    tmp_path: Path, eager: bool, pack: bool, why: str
+) -> None:
+    """--no-eager (captured CUDA graphs hold the weights' addresses) or --no-pack: the run
+    never asks the worker to move them (asked, the stand-in's worker would answer that
+    the weights are not on a CUDA GPU), and its log and --json say why."""
     model = tmp_path / "m"
     save_model(model)
     opts = VllmServeOptions(model=model, state_dir=tmp_path / "s", launcher=STANDIN,
-                            settings=VllmSettings(enforce_eager=False),
+                            settings=VllmSettings(enforce_eager=eager), pack=pack,
                             start_timeout_s=60)  # fmt: skip
     logs: list[str] = []
     run = vllm_run(Config.from_env({}, root=tmp_path / "root"), opts,
@@ -237,7 +245,8 @@ def test_a_server_with_cuda_graphs_is_not_asked_to_pack(tmp_path: Path) -> None:
     run.handle_signal(signal.SIGTERM)
     th.join(30)
     assert "error" not in out, out.get("error")
-    assert out["result"].pack is None and not any("pack" in line for line in logs), logs
+    assert out["result"].pack == {"packed": False, "why": why}
+    assert f"spswap serve: m's weights were not packed into one allocation ({why})" in logs
 
 
 class _DirectPool:

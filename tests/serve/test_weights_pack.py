@@ -38,6 +38,7 @@ def test_a_models_slot_share_is_its_units(tmp_path: Path) -> None:
     assert opts(units_per_model=1).pack_slot_share() == 0.25
     assert opts(vllm=model_settings(2, kv_cache_gib=4)).pack_slot_share() == 0.5
     assert opts(vllm=model_settings(2, eager=False)).pack_slot_share() is None  # CUDA graphs
+    assert opts(pack=False).pack_slot_share() is None  # --no-pack
     assert pack_slot_share(4) == 1.0 and pack_slot_share(8) == 1.0  # never beyond the GPU
 
 
