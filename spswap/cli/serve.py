@@ -234,6 +234,9 @@ def serve(
         raise UsageProblem(problem)
     # the first of --models too: one message for a wrong path wherever it stands
     model = checked_model_dir(model, many=models)
+    if pack and not eager:
+        raise typer.BadParameter("--pack needs --eager: with --no-eager vLLM's CUDA graphs "
+                                 "hold the weights' addresses")  # fmt: skip
     cfg = load_config(root)
     job = JobEnv.from_env()
     slurm_answers = functools.cache(controller_answers)  # one `scontrol ping` per start
@@ -249,9 +252,6 @@ def serve(
         drain_s, cut = fitted_drain_s(drain_s, job_kill_wait_s(state_dir, slurm_answers))
         if cut:
             err_console.print(cut, markup=False, soft_wrap=True)
-    if pack and not eager:
-        raise typer.BadParameter("--pack needs --eager: with --no-eager vLLM's CUDA graphs "
-                                 "hold the weights' addresses")  # fmt: skip
     if models:
         from spswap.cli.serve_multi import serve_multi
 
