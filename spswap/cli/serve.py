@@ -43,6 +43,7 @@ from spswap.serve.runtime import ServeOptions, reference_run
 from spswap.serve.spool import Spool
 from spswap.serve.stop_budget import fitted_drain_s
 from spswap.serve.vllm_api import check_user_args
+from spswap.slots.alloc import VALID_UNITS
 from spswap.slurm.env import JobEnv
 from spswap.slurm.requeue import requeued_note
 
@@ -92,7 +93,8 @@ def serve(
         help="(vllm) Once up, move an eager engine's weights into one allocation of vLLM's "
         "sleep pool, where the job's units hold room for a second copy for a moment: each "
         "sleep and wake then maps one allocation, not dozens (a few ms off each swap). "
-        "Default: on with --eager; --no-pack serves them as loaded; never with --no-eager.",
+        "Default: on with --eager; --no-pack serves them as loaded; refused with --no-eager "
+        "(CUDA graphs hold the weights' addresses).",
     ),
     vllm_args: str = typer.Option(
         None,
@@ -189,7 +191,8 @@ def serve(
         False,
         "--json",
         help="Print a JSON summary when the run ends (a refusal: "
-        '{"error": {"kind", "message", "exit_code"}}).',
+        '{"error": {"kind", "message", "exit_code"}}; a usage error: an unknown option, a '
+        "missing or invalid argument, prints its usage text only, exit 2).",
     ),
 ) -> None:
     """Serve MODEL (or several: --models) inside a Slurm job, surviving preemption and requeue.
@@ -234,9 +237,12 @@ def serve(
         raise UsageProblem(problem)
     # the first of --models too: one message for a wrong path wherever it stands
     model = checked_model_dir(model, many=models)
-    if pack and not eager:
+    if pack and not eager and engine == "vllm":
         raise typer.BadParameter("--pack needs --eager: with --no-eager vLLM's CUDA graphs "
                                  "hold the weights' addresses")  # fmt: skip
+    if units is not None and units not in VALID_UNITS:
+        raise typer.BadParameter(f"--units {units}: give 1, 2 or 4 quarter-GPU units (a "
+                                 "quarter, half or whole GPU)")  # fmt: skip
     cfg = load_config(root)
     job = JobEnv.from_env()
     slurm_answers = functools.cache(controller_answers)  # one `scontrol ping` per start
@@ -263,8 +269,8 @@ def serve(
                                   gpu_memory_utilization=gpu_memory_utilization,
                                   pack=pack)  # fmt: skip
         if ignored:
-            err_console.print(f"spswap serve: {', '.join(ignored)} ignored: they are for "
-                              "--engine vllm", markup=False)  # fmt: skip
+            err_console.print(f"spswap serve: {', '.join(ignored)} ignored: for --engine "
+                              "vllm only", markup=False)  # fmt: skip
 
         vllm = {"gpu_memory_utilization": gpu_memory_utilization, "eager": eager,
                 "kv_cache_gib": kv_cache_gib, "max_model_len": max_model_len}  # fmt: skip

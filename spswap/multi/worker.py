@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import shlex
+import signal
 import sys
 import time
 from pathlib import Path
@@ -130,6 +131,10 @@ def _write(proto: Any, answer: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # A Ctrl-C at the job's terminal reaches every process of its group: the router
+    # stops the job and closes its engines; an engine process that died of it on its own
+    # (a traceback through torch's import, or in its loop) would read as a failure.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     ap = argparse.ArgumentParser(prog="spswap.multi.worker")
     ap.add_argument("--name", required=True)
     ap.add_argument("--model", required=True, type=Path)

@@ -161,7 +161,8 @@ def installed_vllm_version() -> str:
         raise EngineError(
             "vLLM is not installed here (no vllm package metadata); it runs on a node with "
             f"a CUDA GPU: there, install it (`{pip_install_hint('vllm')}`); without a GPU, "
-            "serve with --engine reference"
+            "try spswap on a model of its reference engine (`spswap models make --preset "
+            "tiny DIR`, then `spswap serve DIR`)"
         ) from None
 
 

@@ -76,3 +76,31 @@ def test_an_engine_waiting_for_its_turn_ends_at_a_close_without_loading(
     assert proc._proc.wait(60) == 0
     # it wrote nothing: no hello, so it never loaded
     assert proc._proc.stdout is not None and proc._proc.stdout.read() == ""
+
+
+def test_a_ctrl_c_at_the_terminal_leaves_the_engines_to_the_router(tmp_path: Path) -> None:
+    """A Ctrl-C reaches every process of the job's group: the router stops the job and
+    closes its engines. An engine process that died of the SIGINT itself (a
+    KeyboardInterrupt while loading, or in its loop) printed a traceback and read as a
+    failed model; it goes on until the router closes it."""
+    import os
+    import signal
+    import time
+
+    def ignores_sigint(pid: int) -> bool:
+        status = Path(f"/proc/{pid}/status").read_text()
+        mask = next(line.split()[1] for line in status.splitlines() if line.startswith("SigIgn"))
+        return bool(int(mask, 16) & (1 << (signal.SIGINT - 1)))
+
+    (proc,) = _procs(tmp_path, 1)
+    # the worker ignores it from its first statement on (before it imports torch); a
+    # Ctrl-C in the interpreter's own start, a few tenths of a second, still ends it
+    deadline = time.monotonic() + 30
+    while not ignores_sigint(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.kill(proc.pid, signal.SIGINT)  # while it loads (torch, the model)
+    proc.wait_ready()
+    os.kill(proc.pid, signal.SIGINT)  # while it waits for requests
+    assert proc.call("health")["ok"]
+    close_all([proc], 30.0)
+    assert proc._proc.returncode == 0

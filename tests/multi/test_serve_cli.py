@@ -99,7 +99,10 @@ def _vllm_model(d):
 
 @pytest.mark.parametrize(("device", "said"), [
     ("cpu", "--engine vllm runs on a GPU, not on 'cpu'"),
-    ("cuda", "vLLM is not installed here"),
+    ("cuda", "vLLM is not installed here (no vllm package metadata); it runs on a node with a "
+             "CUDA GPU: there, install it ("),
+    ("cuda", "without a GPU, try spswap on a model of its reference engine (`spswap models "
+             "make --preset tiny DIR`, then `spswap serve DIR`)"),
 ])  # fmt: skip
 def test_serve_models_vllm_is_refused_with_the_fix_before_the_pool(tmp_path, device, said):
     from spswap.engines.vllm_engine import available
@@ -130,6 +133,26 @@ def test_serve_models_refuses_the_batch_options_before_anything_starts(tmp_path)
         env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 2, proc.stderr
     assert "--requests and --exit-when-idle are a single model's batch job's" in proc.stderr
+    assert not (tmp_path / "root").exists()
+
+
+@pytest.mark.parametrize("many", [True, False])
+def test_units_a_slot_cannot_have_are_refused_before_anything_starts(tmp_path, many):
+    # a slot is a quarter, half or whole GPU: 3 was taken, then refused at the
+    # reservation, after the model's import (with --models: "1 awake at once" first)
+    models = [tmp_path / "a", tmp_path / "b"][: 2 if many else 1]
+    for m in models:
+        m.mkdir()
+    env = {**os.environ, "SPSWAP_ROOT": str(tmp_path / "root"), "COLUMNS": "300"}
+    env.pop("SLURM_JOB_ID", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "spswap.cli", "serve", *(["--models"] if many else []),
+         *map(str, models), "--units", "3", "--state-dir", str(tmp_path / "state")],
+        env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "--units 3: give 1, 2 or 4 quarter-GPU units (a quarter, half or whole GPU)" in (
+        proc.stderr
+    ), proc.stderr
     assert not (tmp_path / "root").exists()
 
 
