@@ -75,8 +75,13 @@ class ModelProc:
             argv += ["--pack-slot-share", str(pack_slot_share)]
         env = dict(os.environ)
         env.setdefault("SPSWAP_CPU_THREADS", "1")
+        # A session of its own: a Ctrl-C at the job's terminal (SIGINT to its process
+        # group) reaches the router, which stops the job and closes its engines, not the
+        # engine processes, which would die of it on their own (vLLM's set their own
+        # handler for it). Slurm signals a job's processes by its cgroup, not by group.
         self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      text=True, env=env, bufsize=1)  # fmt: skip
+                                      text=True, env=env, bufsize=1,
+                                      start_new_session=True)  # fmt: skip
         self.load_s: float | None = None
         self.hello: dict[str, Any] = {}  # the start's answer: load_s, from, digest
 

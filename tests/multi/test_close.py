@@ -93,6 +93,9 @@ def test_a_ctrl_c_at_the_terminal_leaves_the_engines_to_the_router(tmp_path: Pat
         return bool(int(mask, 16) & (1 << (signal.SIGINT - 1)))
 
     (proc,) = _procs(tmp_path, 1)
+    # the terminal's SIGINT goes to the router's process group: each engine process
+    # leads a session of its own (vLLM's own processes with it), outside that group
+    assert os.getsid(proc.pid) == proc.pid and os.getpgid(proc.pid) != os.getpgid(0)
     # the worker ignores it from its first statement on (before it imports torch); a
     # Ctrl-C in the interpreter's own start, a few tenths of a second, still ends it
     deadline = time.monotonic() + 30

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import pwd
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,3 +87,20 @@ def wait_for(what: str, check: Callable[[], object], timeout_s: float = 30.0,
             more = f"\n{detail()}" if detail is not None else ""
             pytest.fail(f"timed out after {timeout_s:g} s waiting for {what}{more}")
         time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def node_setting(cluster: SlurmCluster, line: str) -> Iterator[None]:
+    """``line`` added to the node's settings file for a while; spswapd stopped at both
+    ends, so the next prolog starts one that reads the file as it is then."""
+    from spswap.config import Config
+    from spswap.daemon.lifecycle import stop
+
+    before = DEFAULTS_FILE.read_text()
+    DEFAULTS_FILE.write_text(before + line + "\n")
+    stop(Config.from_env({}, root=cluster.spswap_root))
+    try:
+        yield
+    finally:
+        DEFAULTS_FILE.write_text(before)
+        stop(Config.from_env({}, root=cluster.spswap_root))

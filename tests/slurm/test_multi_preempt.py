@@ -18,7 +18,7 @@ import pytest
 
 from spswap.multi.sbatch import MultiSbatchOptions, render_serve_multi
 from spswap.serve.run_log import read_runs
-from tests.slurm.cluster import UserShell
+from tests.slurm.cluster import UserShell, node_setting
 from tests.slurm.conftest import SlurmCluster, wait_for
 
 torch = pytest.importorskip("torch")
@@ -32,9 +32,21 @@ MAX_NEW = 6
 PROMPT = [4, 8, 15, 16]
 
 
+@pytest.mark.parametrize("way_back", ["kept", "image"])
 def test_a_preempted_multi_model_job_comes_back_with_every_model(
-    slurm_cluster: SlurmCluster, user_uid: int
+    slurm_cluster: SlurmCluster, user_uid: int, way_back: str
 ) -> None:
+    """``kept``: the node's default keeps the dumped tree alive; ``image``:
+    SPSWAP_KEEP_BYTES=0, so CRIU restores the whole tree (the router and each engine
+    process, every one the leader of its own session) from its image."""
+    if way_back == "image":
+        with node_setting(slurm_cluster, "SPSWAP_KEEP_BYTES=0"):
+            _preempt_and_back(slurm_cluster, user_uid, way_back)
+    else:
+        _preempt_and_back(slurm_cluster, user_uid, way_back)
+
+
+def _preempt_and_back(slurm_cluster: SlurmCluster, user_uid: int, way_back: str) -> None:
     from spswap.slurm.backend import CliBackend
     from tests.checkpoint.criu_helpers import criu_skip_reason
 
@@ -89,7 +101,7 @@ def test_a_preempted_multi_model_job_comes_back_with_every_model(
         wait_for("the endpoint again", serving, timeout_s=120)
         log = log_path.read_text()
         (back,) = [r for r in read_runs(state) if r.restart_count == 1]
-        assert back.path.value in ("kept", "image"), (back, log)
+        assert back.path.value == way_back, (back, log)
         assert "stopped by SIGUSR1: asleep, handed to spswapd for the job's next run" in log, log
         # the restored run says what it took up (nothing was queued at this stop)
         assert "into run 1; weights back in" in log and "; 0 saved request(s) to resume" in log, log

@@ -9,18 +9,17 @@ the model's cold greedy answer, and no slot may leak. SPSWAP_TEST_SLURM=1 to run
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from spswap.serve.sbatch import SbatchOptions, render_serve
 from spswap.slots.table import SlotTable
+from tests.slurm.cluster import node_setting
 from tests.slurm.conftest import SlurmCluster, wait_for
 
 torch = pytest.importorskip("torch")
@@ -443,24 +442,6 @@ def test_a_requeue_while_a_long_request_runs_loses_nothing(slurm_cluster: SlurmC
     ), log
 
 
-@contextlib.contextmanager
-def _node_setting(cluster: SlurmCluster, line: str) -> Iterator[None]:
-    """``line`` added to the node's settings file for a while; spswapd stopped at both
-    ends, so the next prolog starts one that reads the file as it is then."""
-    from spswap.config import Config
-    from spswap.daemon.lifecycle import stop
-    from tests.slurm.cluster import DEFAULTS_FILE
-
-    before = DEFAULTS_FILE.read_text()
-    DEFAULTS_FILE.write_text(before + line + "\n")
-    stop(Config.from_env({}, root=cluster.spswap_root))
-    try:
-        yield
-    finally:
-        DEFAULTS_FILE.write_text(before)
-        stop(Config.from_env({}, root=cluster.spswap_root))
-
-
 def test_with_no_keep_the_requeued_run_takes_its_image_restored_at_its_prolog(
     slurm_cluster: SlurmCluster,
 ) -> None:
@@ -473,7 +454,7 @@ def test_with_no_keep_the_requeued_run_takes_its_image_restored_at_its_prolog(
 
     if not _criu_usable() or slurm_cluster.proctrack != "cgroup":
         pytest.skip("needs CRIU and proctrack/cgroup (a tree parked outside its job)")
-    with _node_setting(slurm_cluster, "SPSWAP_KEEP_BYTES=0"):
+    with node_setting(slurm_cluster, "SPSWAP_KEEP_BYTES=0"):
         job, state, model, prompts = _serving_job(slurm_cluster, "early-img", 16)
         wait_for("the first answers", lambda: len(_answers(state)) >= 2, timeout_s=120)
         CliBackend().signal_batch(job, "USR1")
