@@ -20,7 +20,7 @@ from spswap.multi.procs import ModelSpec
 from spswap.multi.router import Router
 from spswap.multi.startup import Started
 from spswap.multi.vllm_start import vllm_specs
-from spswap.serve.weights_pack import pack_slot_share
+from spswap.serve.weights_pack import pack_skipped, pack_slot_share
 
 
 @dataclass(frozen=True)
@@ -56,9 +56,9 @@ class MultiOptions:
     def pack_slot_share(self) -> float | None:
         """(vLLM) The share of the GPU an eager model's engine, its packing's second copy
         included, stays inside: its units (:func:`~spswap.serve.weights_pack.pack_slot_share`);
-        None with CUDA graphs (they hold the weights' addresses: never packed) or
-        ``--no-pack``."""
-        if not self.pack or not self.vllm_settings().enforce_eager:
+        None where a single model's run would not try either
+        (:func:`~spswap.serve.weights_pack.pack_skipped`: ``--no-pack``, CUDA graphs)."""
+        if pack_skipped(self.vllm_settings().enforce_eager, self.pack) is not None:
             return None
         return pack_slot_share(self.units_per_model)
 

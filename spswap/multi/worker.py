@@ -131,9 +131,10 @@ def _write(proto: Any, answer: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # A Ctrl-C at the job's terminal reaches every process of its group: the router
-    # stops the job and closes its engines; an engine process that died of it on its own
-    # (a traceback through torch's import, or in its loop) would read as a failure.
+    # The router stops the job on a SIGINT and closes its engines: an engine process that
+    # died of one on its own (a traceback through torch's import, or in its loop) would
+    # read as a failure. The router starts each in a session of its own (procs.py), out
+    # of a terminal's Ctrl-C; this covers a SIGINT sent to the process itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     ap = argparse.ArgumentParser(prog="spswap.multi.worker")
     ap.add_argument("--name", required=True)
