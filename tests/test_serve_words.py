@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from spswap.cli.serve_words import before_dashdash, words_problem
+from spswap.cli.serve_words import before_dashdash, unused_options, words_problem
 
 OPTS = ["--units", "--models", "--engine", "--state-dir", "--vllm-args"]
 
@@ -40,3 +40,37 @@ def test_words_problem_says_what_each_stray_word_is(
 ) -> None:
     got = words_problem(model, before, after, many=many, engine=engine, options=OPTS)
     assert got == said
+
+
+IGNORED_WITH_VLLM = ("a vLLM server runs on the job's GPU and answers on the socket "
+                     "STATE_DIR/endpoint.json names")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("given", "engine", "many", "said"),
+    [
+        # each run takes its own options silently
+        (["--units", "--kv-cache-gib", "--no-pack", "--port", "--launcher"], "vllm", False, []),
+        (["--awake", "--port", "--host", "--device", "--no-pack", "--kv-cache-gib"], "vllm",
+         True, []),
+        (["--awake", "--port", "--device", "--socket", "--swap-s"], "reference", True, []),
+        (["--device", "--socket", "--units", "--drain-s"], "reference", False, []),
+        # a job script's options left from another engine or from --models: named
+        (["--kv-cache-gib", "--no-pack", "--max-model-len", "--no-eager", "--port"],
+         "reference", False,
+         ["--kv-cache-gib, --no-pack, --max-model-len, --no-eager ignored: for --engine vllm "
+          "only", "--port ignored: for --engine vllm or --models only"]),
+        (["--vllm-args", "--pack", "--awake"], "reference", True,
+         ["--vllm-args, --pack ignored: for --engine vllm only"]),
+        (["--idle-timeout-s", "--awake", "--device", "--socket"], "vllm", False,
+         ["--idle-timeout-s, --awake ignored: for --models only",
+          f"--device, --socket ignored: {IGNORED_WITH_VLLM}"]),
+        (["--launcher"], "vllm", True, ["--launcher ignored: with --models each model's engine "
+                                        "runs in spswap's own Python, not in vLLM's server "
+                                        "command"]),
+    ],
+)  # fmt: skip
+def test_unused_options_are_named_with_the_runs_that_use_them(
+    given: list[str], engine: str, many: bool, said: list[str]
+) -> None:
+    assert unused_options(given, engine=engine, many=many) == said

@@ -99,3 +99,20 @@ def checked_model_dir(path: Path, *, many: bool) -> Path:
     rest = ("; after --models, every word that is not one of spswap serve's options is a "
             "model directory (vLLM's own options go in --vllm-args)") if many else ""  # fmt: skip
     raise typer.BadParameter(f"model directory {path} {what}{template}{rest}")
+
+
+def given_flags(ctx: typer.Context) -> list[str]:
+    """The options of ``ctx``'s command the user gave (on the command line or through
+    an environment variable), each by its long name as written: ``--no-pack`` for a
+    ``--pack/--no-pack`` switch turned off. Defaults are not named."""
+    # (by the source's name: typer vendors click in some versions and not in others)
+    given = ("COMMANDLINE", "ENVIRONMENT")
+    flags: list[str] = []
+    for param in ctx.command.params:
+        if param.param_type_name != "option" or param.name is None:
+            continue
+        if getattr(ctx.get_parameter_source(param.name), "name", None) not in given:
+            continue
+        turned_off = ctx.params.get(param.name) is False and param.secondary_opts
+        flags.append(max(param.secondary_opts if turned_off else param.opts, key=len))
+    return flags

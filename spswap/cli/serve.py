@@ -17,6 +17,7 @@ from spswap.cli.common import (
     checked_model_dir,
     emit_json,
     err_console,
+    given_flags,
     load_config,
     nonempty_path,
 )
@@ -29,11 +30,15 @@ from spswap.cli.serve_slurm import (
 )
 from spswap.cli.serve_slurm import requeue as _requeue
 from spswap.cli.serve_vllm import serve_vllm
-from spswap.cli.serve_words import AFTER_DASHDASH, before_dashdash, words_problem
+from spswap.cli.serve_words import (
+    AFTER_DASHDASH,
+    before_dashdash,
+    unused_options,
+    words_problem,
+)
 from spswap.config import Config
 from spswap.engines.model_check import check_servable
 from spswap.engines.protocol import Engine
-from spswap.multi.engine_settings import vllm_only_given
 from spswap.serve.checkpointer import DaemonCheckpointer
 from spswap.serve.factory import make_engine
 from spswap.serve.front import default_socket_path, private_socket_dir
@@ -162,10 +167,11 @@ def serve(
         None,
         exists=True,
         dir_okay=False,
-        help='JSON-lines requests to enqueue once ({"id", "prompt_ids", "max_new_tokens"}).',
+        help='(reference, one model) JSON-lines requests to enqueue once ({"id", '
+        '"prompt_ids", "max_new_tokens"}).',
     ),
     exit_when_idle: bool = typer.Option(
-        False, help="Exit once every request is answered (batch jobs)."
+        False, help="(reference, one model) Exit once every request is answered (batch jobs)."
     ),
     requeue: bool = typer.Option(
         True, help="On USR1, ask Slurm to requeue this job after saving its state."
@@ -243,6 +249,17 @@ def serve(
     if units is not None and units not in VALID_UNITS:
         raise typer.BadParameter(f"--units {units}: give 1, 2 or 4 quarter-GPU units (a "
                                  "quarter, half or whole GPU)")  # fmt: skip
+    if (requests is not None or exit_when_idle) and models:
+        raise typer.BadParameter("--requests and --exit-when-idle are a single model's "
+                                 "batch job's; a job of --models is asked through its "
+                                 "endpoint (docs/multi.md)")  # fmt: skip
+    if (requests is not None or exit_when_idle) and engine == "vllm":
+        raise typer.BadParameter("--requests and --exit-when-idle are the reference "
+                                 "engine's batch job's; a vLLM server is asked through its "
+                                 "OpenAI API, on the socket STATE_DIR/endpoint.json names "
+                                 "(docs/slurm.md)")  # fmt: skip
+    for line in unused_options(given_flags(ctx), engine=engine, many=models):
+        err_console.print(f"spswap serve: {line}", markup=False, soft_wrap=True)
     cfg = load_config(root)
     job = JobEnv.from_env()
     slurm_answers = functools.cache(controller_answers)  # one `scontrol ping` per start
@@ -260,17 +277,6 @@ def serve(
             err_console.print(cut, markup=False, soft_wrap=True)
     if models:
         from spswap.cli.serve_multi import serve_multi
-
-        if requests is not None or exit_when_idle:
-            raise typer.BadParameter("--requests and --exit-when-idle are a single model's "
-                                     "batch job's; a job of --models is asked through its "
-                                     "endpoint (docs/multi.md)")  # fmt: skip
-        ignored = vllm_only_given(engine, kv_cache_gib=kv_cache_gib, vllm_args=vllm_args,
-                                  gpu_memory_utilization=gpu_memory_utilization,
-                                  pack=pack)  # fmt: skip
-        if ignored:
-            err_console.print(f"spswap serve: {', '.join(ignored)} ignored: for --engine "
-                              "vllm only", markup=False)  # fmt: skip
 
         vllm = {"gpu_memory_utilization": gpu_memory_utilization, "eager": eager,
                 "kv_cache_gib": kv_cache_gib, "max_model_len": max_model_len}  # fmt: skip

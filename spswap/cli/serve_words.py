@@ -55,3 +55,41 @@ def words_problem(
         return (f"unexpected arguments after --: {' '.join(after)} (options after -- are "
                 "vLLM's, for --engine vllm only)")  # fmt: skip
     return None
+
+
+# options that only some runs use (what the others do without them is in each line below)
+VLLM_ONLY = ("--gpu-memory-utilization", "--kv-cache-gib", "--max-model-len", "--eager",
+             "--no-eager", "--pack", "--no-pack", "--vllm-args", "--launcher")  # fmt: skip
+MODELS_ONLY = ("--awake", "--idle-timeout-s", "--latency-target-s", "--swap-s")
+API_ONLY = ("--port", "--host")  # the OpenAI API: vLLM's server, or the router of --models
+REFERENCE_ONLY = ("--device", "--socket")  # a single vLLM server: the job's GPU, its socket
+
+
+def unused_options(given: Sequence[str], *, engine: str, many: bool) -> list[str]:
+    """One line for each kind of option in ``given`` (the options the user gave, as
+    written) that this run does not use, saying which runs use it: a job script's options
+    left as they were when its engine or its models changed must not pass unnoticed.
+
+    >>> unused_options(["--kv-cache-gib", "--units", "--awake"], engine="reference",
+    ...                many=False)
+    ['--kv-cache-gib ignored: for --engine vllm only', '--awake ignored: for --models only']
+    """
+    lines = []
+
+    def name(flags: Sequence[str], why: str) -> None:
+        if named := [flag for flag in given if flag in flags]:
+            lines.append(f"{', '.join(named)} ignored: {why}")
+
+    if engine != "vllm":
+        name(VLLM_ONLY, "for --engine vllm only")
+    elif many:
+        name(("--launcher",), "with --models each model's engine runs in spswap's own "
+                              "Python, not in vLLM's server command")  # fmt: skip
+    if not many:
+        name(MODELS_ONLY, "for --models only")
+        if engine != "vllm":
+            name(API_ONLY, "for --engine vllm or --models only")
+        else:
+            name(REFERENCE_ONLY, "a vLLM server runs on the job's GPU and answers on the "
+                                 "socket STATE_DIR/endpoint.json names")  # fmt: skip
+    return lines

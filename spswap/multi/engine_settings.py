@@ -90,16 +90,3 @@ def one_at_a_time(engine: str) -> bool:
     """Whether the engines of ``engine`` must start one after another (vLLM: see the
     module doc); the reference engine's start all at once."""
     return engine == "vllm"
-
-
-def vllm_only_given(engine: str, *, kv_cache_gib: float | None, vllm_args: str | None,
-                    gpu_memory_utilization: float | None,
-                    pack: bool | None = None) -> list[str]:  # fmt: skip
-    """The vLLM-only options given to another engine (a job script's ENGINE_ARGS left as
-    they were when ENGINE changed), named as the user wrote them."""
-    if engine == "vllm":
-        return []
-    given = {"--kv-cache-gib": kv_cache_gib, "--vllm-args": vllm_args,
-             "--gpu-memory-utilization": gpu_memory_utilization,
-             "--pack" if pack else "--no-pack": pack}  # fmt: skip
-    return [flag for flag, value in given.items() if value not in (None, "")]

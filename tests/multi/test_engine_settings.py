@@ -21,7 +21,6 @@ from spswap.multi.engine_settings import (
     one_at_a_time,
     settings_from_json,
     start_order,
-    vllm_only_given,
 )
 from spswap.multi.placement import ModelState, Placement
 from spswap.multi.procs import start_hint
@@ -238,21 +237,3 @@ def test_an_entry_found_written_over_starts_cold_and_says_why(monkeypatch):
 
 def test_no_vllm_args_needs_no_vllm():
     assert vllm_start.llm_overrides(Path("/m"), []) == {}
-
-
-def test_vllm_only_options_given_to_another_engine_are_named():
-    assert vllm_only_given(
-        "reference", kv_cache_gib=4.0, vllm_args="--max-num-seqs 8", gpu_memory_utilization=None
-    ) == ["--kv-cache-gib", "--vllm-args"]
-    assert (
-        vllm_only_given("vllm", kv_cache_gib=4.0, vllm_args=None, gpu_memory_utilization=0.4) == []
-    )
-    assert (
-        vllm_only_given("reference", kv_cache_gib=None, vllm_args="", gpu_memory_utilization=None)
-        == []
-    )
-    # --no-pack is named too (False, but given); not given (None): nothing
-    for pack, flag in ((False, "--no-pack"), (True, "--pack")):
-        given = vllm_only_given("reference", kv_cache_gib=None, vllm_args=None,
-                                gpu_memory_utilization=None, pack=pack)  # fmt: skip
-        assert given == [flag]

@@ -251,3 +251,36 @@ def test_a_mistyped_option_is_told_as_one_before_anything_else(tmp_path, args, s
     assert proc.returncode == 2, proc.stderr
     assert said in " ".join(proc.stderr.replace("│", " ").split()), proc.stderr
     assert "state-dir" not in proc.stderr and not (tmp_path / "root").exists()
+
+
+def test_options_a_run_does_not_use_are_named_and_a_vllm_batch_is_refused(tmp_path):
+    """A walk found a one-model reference job taking --kv-cache-gib, --no-pack, --vllm-args
+    and --port without a word (only --models named them), and --requests with --engine
+    vllm left unanswered: now the first are named as ignored and the run goes on; the
+    second is refused before anything starts (the server has no spool)."""
+    m0 = save_checkpoint(preset("tiny", seed=3), tmp_path / "m0")
+    requests = tmp_path / "req.jsonl"
+    requests.write_text('{"id": "r1", "prompt_ids": [1, 2], "max_new_tokens": 2}\n')
+    env = {**os.environ, "SPSWAP_ROOT": str(tmp_path / "root"), "COLUMNS": "300"}
+    env.pop("SLURM_JOB_ID", None)
+    base = [sys.executable, "-m", "spswap.cli", "serve", str(m0), "--device", "cpu",
+            "--requests", str(requests), "--exit-when-idle"]  # fmt: skip
+    proc = subprocess.run(
+        [*base, "--state-dir", str(tmp_path / "s1"), "--kv-cache-gib", "4", "--no-pack",
+         "--vllm-args", "--max-num-seqs 8", "--port", "0", "--awake", "1"],
+        env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert ("spswap serve: --kv-cache-gib, --no-pack, --vllm-args ignored: for --engine vllm "
+            "only\n") in proc.stderr  # fmt: skip
+    assert "spswap serve: --port ignored: for --engine vllm or --models only\n" in proc.stderr
+    assert "spswap serve: --awake ignored: for --models only\n" in proc.stderr
+    assert "answered 1" in proc.stderr, proc.stderr
+    proc = subprocess.run([*base, "--state-dir", str(tmp_path / "s2"), "--engine", "vllm"],
+                          env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert (
+        "--requests and --exit-when-idle are the reference engine's batch job's; a vLLM "
+        "server is asked through its OpenAI API, on the socket STATE_DIR/endpoint.json "
+        "names (docs/slurm.md)"
+    ) in " ".join(proc.stderr.replace("│", " ").split())
+    assert not (tmp_path / "s2").exists() and "ignored" not in proc.stderr
