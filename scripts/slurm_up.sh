@@ -134,23 +134,9 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 say "$(slurmctld -V), $(munged -V 2>&1 | head -1)"
 
-# -- munge ----------------------------------------------------------------------------
-[ -s /etc/munge/munge.key ] || mungekey --create --keyfile=/etc/munge/munge.key
-chown munge:munge /etc/munge/munge.key
-chmod 0400 /etc/munge/munge.key
-install -d -o munge -g munge -m 0755 /run/munge
-mkdir -p "$SLURM_CI_DIR"
-if ! munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then
-    runuser -u munge -- /usr/sbin/munged   # daemonizes itself
-    touch "$SLURM_CI_DIR/munged.ours"
-    for _ in $(seq 1 50); do munge -n 2>/dev/null | unmunge >/dev/null 2>&1 && break; sleep 0.1; done
-fi
-munge -n | unmunge >/dev/null || die "munge does not work: see /var/log/munge/munged.log"
-
 # -- configuration --------------------------------------------------------------------
-# (every refusal below comes before the running test cluster is stopped: a refused run
-# leaves it and its jobs as they were)
-mkdir -p "$SLURM_CI_DIR"/{state,spool,log,dev}
+# (every refusal comes before anything is written or started, munged included: a refused
+# run leaves the running test cluster, its jobs and the node's files as they were)
 HOST=$(hostname -s)
 MEM_MB=$(slurmd -C | sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p')
 
@@ -165,10 +151,18 @@ EPILOG=$(resolve_hook "$SLURM_EPILOG")
 
 # The prolog runs with no PATH: tell it where spswap is.
 FAKE_GPU_LIST=$(seq -s, 0 $((FAKE_GPUS - 1)))  # SPSWAP_GPUS for the fake GPUs ("0,1")
+if [ -n "${SPSWAP_BIN:-}${SPSWAP_ROOT:-}" ] && [ -f "$DEFAULTS_FILE" ] &&
+    ! grep -qF "$DEFAULTS_MARK" "$DEFAULTS_FILE"; then
+    die "$DEFAULTS_FILE exists and was not written by this script: move it aside (mv $DEFAULTS_FILE $DEFAULTS_FILE.site) and run this again to have the test cluster's written, or leave out SPSWAP_BIN and SPSWAP_ROOT and keep yours (it must name SPSWAP_BIN, and SPSWAP_GPUS=$FAKE_GPU_LIST for this test cluster's fake GPUs)"
+fi
+real=()
+if [ "$REAL_GPUS" = 1 ]; then
+    mapfile -t real < <(ls /dev/nvidia[0-9]* 2>/dev/null | grep -E '/nvidia[0-9]+$' | sort -V)
+    [ ${#real[@]} -gt 0 ] || die "REAL_GPUS=1 but no /dev/nvidia[0-9]* on this machine"
+fi
+mkdir -p "$SLURM_CI_DIR"/{state,spool,log,dev}
 if [ -n "${SPSWAP_BIN:-}${SPSWAP_ROOT:-}" ]; then
-    if [ -f "$DEFAULTS_FILE" ] && ! grep -qF "$DEFAULTS_MARK" "$DEFAULTS_FILE"; then
-        die "$DEFAULTS_FILE exists and was not written by this script: move it aside (mv $DEFAULTS_FILE $DEFAULTS_FILE.site) and run this again to have the test cluster's written, or leave out SPSWAP_BIN and SPSWAP_ROOT and keep yours (it must name SPSWAP_BIN, and SPSWAP_GPUS=$FAKE_GPU_LIST for this test cluster's fake GPUs)"
-    fi
+    was=$(cat "$DEFAULTS_FILE" 2>/dev/null || true)
     {
         echo "$DEFAULTS_MARK"
         [ -n "${SPSWAP_BIN:-}" ] && echo "SPSWAP_BIN=$SPSWAP_BIN"
@@ -181,6 +175,13 @@ if [ -n "${SPSWAP_BIN:-}${SPSWAP_ROOT:-}" ]; then
         true
     } > "$DEFAULTS_FILE"
     cp "$DEFAULTS_FILE" "$SLURM_CI_DIR/spswap-defaults.written"  # what `down` may remove
+    # spswapd reads the file at its start only: a running one keeps the settings it read
+    if [ "$was" != "$(cat "$DEFAULTS_FILE")" ] && [ -n "${SPSWAP_BIN:-}" ] &&
+        "$SPSWAP_BIN" daemon status >/dev/null 2>&1; then
+        echo "note: spswapd runs with the settings it read at its start, not the new" \
+             "$DEFAULTS_FILE: restart it ($SPSWAP_BIN daemon stop; $SPSWAP_BIN daemon" \
+             "start; instances it keeps alive end, their images stay)" >&2
+    fi
 elif [ "$REAL_GPUS" != 1 ] && [ "$FAKE_GPUS" -gt 0 ] && [ -f "$DEFAULTS_FILE" ] &&
     ! grep -q '^SPSWAP_GPUS=' "$DEFAULTS_FILE"; then
     # the site's own file is kept: it must name the fake GPUs itself (not /dev/nvidiaN)
@@ -192,8 +193,6 @@ GRES_NODE=""
 GRES_TYPES=""
 : > /etc/slurm/gres.conf
 if [ "$REAL_GPUS" = 1 ]; then
-    mapfile -t real < <(ls /dev/nvidia[0-9]* 2>/dev/null | grep -E '/nvidia[0-9]+$' | sort -V)
-    [ ${#real[@]} -gt 0 ] || die "REAL_GPUS=1 but no /dev/nvidia[0-9]* on this machine"
     for dev in "${real[@]}"; do
         echo "NodeName=$HOST Name=gpu File=$dev"
         echo "NodeName=$HOST Name=shard Count=4 File=$dev"
@@ -230,6 +229,20 @@ if [ "$PROCTRACK" = cgroup ]; then
     fi
 fi
 
+# -- munge ----------------------------------------------------------------------------
+[ -s /etc/munge/munge.key ] || mungekey --create --keyfile=/etc/munge/munge.key
+chown munge:munge /etc/munge/munge.key
+chmod 0400 /etc/munge/munge.key
+install -d -o munge -g munge -m 0755 /run/munge
+mkdir -p "$SLURM_CI_DIR"
+if ! munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then
+    runuser -u munge -- /usr/sbin/munged   # daemonizes itself
+    touch "$SLURM_CI_DIR/munged.ours"
+    for _ in $(seq 1 50); do munge -n 2>/dev/null | unmunge >/dev/null 2>&1 && break; sleep 0.1; done
+fi
+munge -n | unmunge >/dev/null || die "munge does not work: see /var/log/munge/munged.log"
+
+# -- start ----------------------------------------------------------------------------
 if running slurmctld || running slurmd; then stop_cluster; fi
 cat > /etc/slurm/slurm.conf <<EOF
 # generated by spswap scripts/slurm_up.sh: a single-node test cluster

@@ -45,3 +45,23 @@ def test_down_kills_only_its_own_slurmstepd(tmp_path: Path) -> None:
         for p in procs.values():
             p.kill()
             p.wait()
+
+
+def test_a_refused_up_writes_and_starts_nothing(tmp_path: Path) -> None:
+    """A walk: refused for a settings file it did not write, `up` had started munged and
+    made its state directory first (docs/slurm.md: "a refused run changes nothing")."""
+    if os.geteuid() != 0:
+        pytest.skip("slurm_up.sh runs as root")
+    if shutil.which("slurmd") is None or shutil.which("munged") is None:
+        pytest.skip("Slurm is not installed here (a refused run would install it first)")
+    site = tmp_path / "default-spswap"
+    site.write_text("SPSWAP_BIN=/usr/local/bin/spswap\n")
+    state = tmp_path / "slurm-ci"
+    env = {"PATH": os.environ["PATH"], "SLURM_CI_DIR": str(state),
+           "SLURM_UP_DEFAULTS_FILE": str(site), "SPSWAP_BIN": "/bin/true"}  # fmt: skip
+    up = subprocess.run([str(SLURM_UP), "up"], env=env, capture_output=True, text=True,
+                        timeout=120)  # fmt: skip
+    assert up.returncode == 1, up.stderr
+    assert f"{site} exists and was not written by this script" in up.stderr
+    assert not state.exists()  # no state, spool or log directory, no munged.ours
+    assert site.read_text() == "SPSWAP_BIN=/usr/local/bin/spswap\n"
