@@ -76,6 +76,11 @@ def job_state_dir(job_id: str, spool_wait_s: float = 0.0) -> tuple[Path, str | N
         while not Spool(path).ready():
             if (why := not_a_spool(path, ended)) is not None:
                 raise SpswapError(why)
+            if ended is not None:  # its server never made one: no run will now
+                log = f"{info.work_dir}/<job name>-{info.job_id}.log"  # the templates'
+                raise SpswapError(f"job {info.job_id} has ended ({ended}) without a spool in "
+                                  f"{path}: its server never started; the job's log says "
+                                  f"why (the templates write it to {log})")  # fmt: skip
             if time.monotonic() >= deadline:
                 waited = f" ({spool_wait_s:g} s after the job ran)" if info.running else ""
                 raise SpswapError(f"{path} has no spool (inbox/, outbox/){waited}: the job's "

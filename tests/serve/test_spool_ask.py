@@ -165,3 +165,28 @@ def test_ask_by_job_waits_for_both_boxes_of_a_spool_being_made(
         assert (path / "outbox").is_dir()
     finally:
         timer.cancel()
+
+
+def test_ask_by_job_says_a_job_that_ended_without_a_spool_never_served(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A walk asked a job that had FAILED at its start (a template's MODEL= line left as
+    it was) and was told its server "has not started yet": it never will. The job's end
+    and where its log is are said instead, at once."""
+    from spswap.serve import spool_ask
+    from spswap.slurm.parse import JobInfo
+
+    class Backend:
+        def job(self, job_id: str) -> JobInfo:
+            return JobInfo(job_id=job_id, state="FAILED", work_dir=str(tmp_path))
+
+    monkeypatch.setattr(spool_ask, "CliBackend", Backend)
+    t0 = time.monotonic()
+    with pytest.raises(SpswapError) as e:
+        spool_ask.job_state_dir("42", spool_wait_s=30)
+    assert str(e.value) == (
+        f"job 42 has ended (FAILED) without a spool in {tmp_path}/.spswap/42: its server "
+        f"never started; the job's log says why (the templates write it to {tmp_path}/<job "
+        "name>-42.log)"
+    )
+    assert time.monotonic() - t0 < 5
