@@ -96,6 +96,8 @@ def collect_status(cfg: Config, *, gpus: list[dict[str, Any]] | None = None) -> 
             "yours_bytes": sum(
                 c.get("size_bytes") or 0 for c in saved if c.get("uid") == os.getuid()
             ),
+            # what the dumped trees kept alive may hold (SPSWAP_KEEP_BYTES; 0: none kept)
+            "keep_budget_bytes": cfg.keep_budget_bytes(),
         },  # fmt: skip
         "settings": settings,
     }
@@ -281,6 +283,13 @@ def short_note(text: str) -> str:
     return text[: NOTE_CHARS - 1].rstrip() + "… (whole in --json)"
 
 
+def kept_text(keep_budget_bytes: int) -> str:
+    """What the keep budget lets stay alive after a dump, for the status's head. Pure."""
+    if keep_budget_bytes <= 0:
+        return "none: dumped instances come back from their images (SPSWAP_KEEP_BYTES=0)"
+    return f"up to {fmt_bytes(keep_budget_bytes)} of dumped instances (SPSWAP_KEEP_BYTES)"
+
+
 def render_checkpoints(checkpoints: list[dict[str, Any]],
                        images: dict[str, Any] | None = None) -> TitleOnOneLine:  # fmt: skip
     """One row per job with a checkpoint: state, image size, and the reason of a failure;
@@ -331,6 +340,8 @@ def render_status(data: dict[str, Any], *, now: float | None = None) -> Group:
         "SPSWAP_GPUS, e.g. 0,1)"
     )
     head.add_row("GPUs", gpus)  # fmt: skip
+    if (keep := (data.get("images") or {}).get("keep_budget_bytes")) is not None:
+        head.add_row("kept alive", kept_text(int(keep)))
     settings = data.get("settings") or {}
     for line in settings.get("problems", []):
         head.add_row("warning", line)

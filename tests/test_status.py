@@ -92,6 +92,7 @@ def node(tmp_path: Path) -> Config:
         pool_capacity_bytes=1 << 30,
         images_bytes=8 << 30,
         images_user_bytes=4 << 30,
+        keep_bytes=2 << 30,
     )
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
@@ -384,3 +385,12 @@ def test_the_pool_table_names_importers_and_status_says_when_no_checkpoint_is_le
     text = console.export_text()
     assert "instances: none" in text
     assert "checkpoints: none (a preempted job's checkpoint shows here)" in text, text
+
+
+def test_the_keep_budget_is_said_both_ways() -> None:
+    """A walk changed SPSWAP_KEEP_BYTES and found it in `spswap doctor` only."""
+    from spswap.status import kept_text
+
+    assert kept_text(2 << 30) == "up to 2.0 GiB of dumped instances (SPSWAP_KEEP_BYTES)"
+    assert kept_text(0) == ("none: dumped instances come back from their images "
+                            "(SPSWAP_KEEP_BYTES=0)")  # fmt: skip
