@@ -36,6 +36,10 @@ def start(root: Path | None = RootOpt, wait_s: float = WaitOpt) -> None:
     cfg = load_config(root)
     before = lifecycle.daemon_running(cfg)
     pid = lifecycle.start(cfg, wait_s=wait_s)
+    if pid < 0:  # root's, seen by a user (who may not read its pid)
+        console.print(f"spswapd already running (root's: only root starts and stops it; "
+                      f"socket {cfg.paths.socket})", markup=False, soft_wrap=True)  # fmt: skip
+        return
     word = "already running" if before == pid else "started"
     console.print(f"spswapd {word} (pid {pid}, socket {cfg.paths.socket})", markup=False)
     _warn_settings(cfg)
@@ -46,7 +50,7 @@ def _warn_settings(cfg: Config) -> None:
     import os
 
     path = settings_file_path(os.environ)
-    absent = "" if path.exists() else " (absent)"
+    absent = "" if path.exists() else " (absent: the defaults)"
     console.print(f"settings: {path}{absent}, then SPSWAP_* of the environment",
                   markup=False, soft_wrap=True)  # fmt: skip
     for problem in settings_problems(cfg):
@@ -117,7 +121,7 @@ def status(root: Path | None = RootOpt, json: bool = JsonOpt) -> None:
         # (the daemon runs on this node: its settings file is this node's)
         absent = isinstance(settings, str) and not Path(settings).exists()
         console.print(f"settings: {settings}{' (absent: the defaults)' if absent else ''}, "
-                      "then its environment", markup=False, soft_wrap=True)  # fmt: skip
+                      "then SPSWAP_* of its environment", markup=False, soft_wrap=True)  # fmt: skip
         problems = info.get("settings_problems")
         for line in problems if isinstance(problems, list) else []:
             err_console.print(f"warning: {line}", markup=False, soft_wrap=True)

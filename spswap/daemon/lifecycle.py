@@ -116,9 +116,21 @@ def start(cfg: Config, wait_s: float = 10.0) -> int:
     daemon. Raises :class:`DaemonError` (naming the log) when it does not come up.
     """
     deadline = time.monotonic() + wait_s
+    running = daemon_running(cfg)
+    if running is not None and running < 0:  # root's, as a user sees it: it runs
+        return running
     prepare_dirs(cfg)
-    lock_fd = os.open(cfg.paths.run / START_LOCK,
-                      os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)  # fmt: skip
+    try:
+        lock_fd = os.open(cfg.paths.run / START_LOCK,
+                          os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)  # fmt: skip
+    except PermissionError:
+        if os.geteuid() == 0:
+            raise
+        raise PermissionDenied(
+            f"spswapd for {cfg.root} is root's and is not running: only "
+            "root starts it (the Slurm prolog does at a job's start; "
+            "`sudo spswap daemon start`, or ask the node's admin)"
+        ) from None
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_EX)
         running = daemon_running(cfg)

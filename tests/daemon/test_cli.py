@@ -35,7 +35,7 @@ def test_daemon_commands(cfg: Config) -> None:
     assert r.returncode == 0 and f"spswapd running: pid {pid}" in r.stdout
     settings = st["settings_file"]
     absent = "" if os.path.exists(settings) else " (absent: the defaults)"
-    said = f"settings: {settings}{absent}, then its environment"
+    said = f"settings: {settings}{absent}, then SPSWAP_* of its environment"
     assert said in r.stdout, r.stdout
     events = json.loads(spswap(cfg, "events", "--json", "-n", "5").stdout)
     assert [e["kind"] for e in events] == ["daemon.start"]

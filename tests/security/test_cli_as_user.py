@@ -100,3 +100,27 @@ def test_daemon_ensure_as_a_user_sees_roots_running_daemon(cfg: Config, daemon: 
     res = _spswap_as(user_uid, cfg, "daemon", "ensure")
     assert res["code"] == 0 and res["out"] == "", res
     assert Client(cfg).call("status")["pid"] == daemon  # the same daemon
+
+
+def test_daemon_start_as_a_user_says_whose_it_is(cfg: Config, daemon: int,
+                                                 user_uid: int) -> None:  # fmt: skip
+    """A user's `spswap daemon start` said "cannot use .../spswapd.start.lock: permission
+    denied" whether root's spswapd ran or not (a walk): now it says it runs (exit 0), and
+    when it does not, that only root starts it."""
+    from spswap.daemon import lifecycle
+
+    _cli(cfg, "daemon", "start", "--help")  # (modules loaded as root)
+    res = _spswap_as(user_uid, cfg, "daemon", "start")
+    assert res["code"] == 0, res
+    assert " ".join(res["out"].split()) == (
+        f"spswapd already running (root's: only root starts and stops it; socket "
+        f"{cfg.paths.socket})"
+    )
+    assert Client(cfg).call("status")["pid"] == daemon  # the same daemon
+    lifecycle.stop(cfg)
+    res = _spswap_as(user_uid, cfg, "daemon", "start")
+    assert res["error"].startswith("PermissionDenied("), res
+    assert (f"spswapd for {cfg.root} is root's and is not running: only root starts it (the "
+            "Slurm prolog does at a job's start; `sudo spswap daemon start`, or ask the "
+            "node's admin)") in res["error"], res  # fmt: skip
+    assert lifecycle.daemon_running(cfg) is None
