@@ -110,7 +110,9 @@ def daemon_argv() -> list[str]:
 
 
 def start(cfg: Config, wait_s: float = 10.0) -> int:
-    """Start the daemon detached from the caller (safe from a Slurm prolog); its pid.
+    """Start the daemon detached from the caller (safe from a Slurm prolog); its pid
+    (-1: root's daemon runs, seen by a user, who may not read its pid; a user may not
+    start root's: :class:`PermissionDenied`).
 
     Two callers racing are serialised by a start lock; the loser finds the winner's
     daemon. Raises :class:`DaemonError` (naming the log) when it does not come up.
