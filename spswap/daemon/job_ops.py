@@ -285,6 +285,15 @@ class _EndingRun:
         return rec.restart_count if rec is not None else None
 
 
+def over_text(slurm_state: str) -> str:
+    """How a job that ended for good ended, from Slurm's state at its end: COMPLETING is
+    what Slurm 22.05 shows there for a job that completed and for one cancelled alike (a
+    walk read "Slurm said COMPLETING" of a job that had just finished). Pure."""
+    if slurm_state.split()[0].upper() == "COMPLETING":
+        return "it completed or was cancelled, not requeued"
+    return f"Slurm says {slurm_state}, not requeued"
+
+
 def _end_restored_status(ending: _EndingRun) -> None:
     """A job whose instance was restored and that ends for good (scancel, its end): its
     status says so now, not "restored" until a later prolog looks (Slurm is asked only
@@ -295,8 +304,7 @@ def _end_restored_status(ending: _EndingRun) -> None:
     info = ending.slurm
     if info is not None and stopped_for_good(info.state, info.restart_count,
                                              ending.restart_count):  # fmt: skip
-        reason = (f"the job is over (Slurm said {info.state} at its end, not requeued): "
-                  "nothing to restore")  # fmt: skip
+        reason = f"the job is over ({over_text(info.state)}): nothing to restore"
         st.statuses.mark_gone(job_id, reason, images_deleted=False)
 
 

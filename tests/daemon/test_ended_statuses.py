@@ -170,7 +170,7 @@ def test_the_epilog_of_a_restored_job_that_ends_for_good_ends_its_restored_statu
     assert status["state"] == after
     if after == CheckpointState.DELETED:
         assert status["reason"] == (
-            "the job is over (Slurm said COMPLETING at its end, not requeued): nothing to restore"
+            "the job is over (it completed or was cancelled, not requeued): nothing to restore"
         )
 
 
@@ -306,3 +306,11 @@ def test_ended_statuses_stay_while_slurm_does_not_answer(tmp_path: Path) -> None
     collect_images(st, "")
     assert st.statuses.jobs_in(CheckpointState.DELETED) == ["5", "6"]
     assert asked == ["5"]  # one ask a sweep while the controller is away
+
+
+def test_how_a_job_ended_is_said_in_the_users_words() -> None:
+    from spswap.daemon.job_ops import over_text
+
+    assert over_text("COMPLETING") == "it completed or was cancelled, not requeued"
+    assert over_text("CANCELLED by 0") == "Slurm says CANCELLED by 0, not requeued"
+    assert over_text("TIMEOUT") == "Slurm says TIMEOUT, not requeued"
