@@ -179,6 +179,9 @@ def run_size(model: Path, pool: Any, kv_gib: float, cycles: int, pack: bool = Fa
                 "wake_kv_s": round(w.wake_kv_s, 4),
                 "total_s": round(sleep_s + w.total_s, 4), "inside": rpc(_records),
             }), flush=True)  # fmt: skip
+        if pack:  # (asked while the engine is awake: the timeline below wakes vLLM only)
+            after = eng.generate(PROMPTS, 8)
+            print("ANSWERS", json.dumps({"identical": after == answers}), flush=True)
         eng.sleep()
         s = time.perf_counter()
         llm.wake_up(tags=["weights"])
@@ -193,9 +196,6 @@ def run_size(model: Path, pool: Any, kv_gib: float, cycles: int, pack: bool = Fa
         }), flush=True)  # fmt: skip
         verify = rpc("spswap_verify", str(pool.pool_dir), eng._attached["digest"])
         print("VERIFY", json.dumps({"kv_gib": kv_gib, **verify}), flush=True)
-        if pack:
-            after = eng.generate(PROMPTS, 8)
-            print("ANSWERS", json.dumps({"identical": after == answers}), flush=True)
     finally:
         eng.close()
 
