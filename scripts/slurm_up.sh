@@ -135,8 +135,9 @@ fi
 say "$(slurmctld -V), $(munged -V 2>&1 | head -1)"
 
 # -- configuration --------------------------------------------------------------------
-# (every refusal comes before anything is written or started, munged included: a refused
-# run leaves the running test cluster, its jobs and the node's files as they were)
+# (every refusal comes before anything is written or started: a refused run leaves the
+# running test cluster, its jobs and the node's files as they were; then munged is started
+# where none answers, and a munge that does not work stops the run before any file below)
 HOST=$(hostname -s)
 MEM_MB=$(slurmd -C | sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p')
 
@@ -160,6 +161,21 @@ if [ "$REAL_GPUS" = 1 ]; then
     mapfile -t real < <(ls /dev/nvidia[0-9]* 2>/dev/null | grep -E '/nvidia[0-9]+$' | sort -V)
     [ ${#real[@]} -gt 0 ] || die "REAL_GPUS=1 but no /dev/nvidia[0-9]* on this machine"
 fi
+
+# -- munge ----------------------------------------------------------------------------
+[ -s /etc/munge/munge.key ] || mungekey --create --keyfile=/etc/munge/munge.key
+chown munge:munge /etc/munge/munge.key
+chmod 0400 /etc/munge/munge.key
+install -d -o munge -g munge -m 0755 /run/munge
+mkdir -p "$SLURM_CI_DIR"
+if ! munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then
+    runuser -u munge -- /usr/sbin/munged   # daemonizes itself
+    touch "$SLURM_CI_DIR/munged.ours"
+    for _ in $(seq 1 50); do munge -n 2>/dev/null | unmunge >/dev/null 2>&1 && break; sleep 0.1; done
+fi
+munge -n | unmunge >/dev/null || die "munge does not work: see /var/log/munge/munged.log"
+
+# -- files -----------------------------------------------------------------------------
 mkdir -p "$SLURM_CI_DIR"/{state,spool,log,dev}
 if [ -n "${SPSWAP_BIN:-}${SPSWAP_ROOT:-}" ]; then
     was=$(cat "$DEFAULTS_FILE" 2>/dev/null || true)
@@ -176,11 +192,15 @@ if [ -n "${SPSWAP_BIN:-}${SPSWAP_ROOT:-}" ]; then
     } > "$DEFAULTS_FILE"
     cp "$DEFAULTS_FILE" "$SLURM_CI_DIR/spswap-defaults.written"  # what `down` may remove
     # spswapd reads the file at its start only: a running one keeps the settings it read
+    # (asked at the root the old file named: the one whose daemon may run)
+    old_root=$(sed -n 's/^SPSWAP_ROOT=//p' <<<"$was" | tail -n 1)
+    old_root=${old_root:-${SPSWAP_ROOT:-/dev/shm/spswap}}
     if [ "$was" != "$(cat "$DEFAULTS_FILE")" ] && [ -n "${SPSWAP_BIN:-}" ] &&
-        "$SPSWAP_BIN" daemon status >/dev/null 2>&1; then
-        echo "note: spswapd runs with the settings it read at its start, not the new" \
-             "$DEFAULTS_FILE: restart it ($SPSWAP_BIN daemon stop; $SPSWAP_BIN daemon" \
-             "start; instances it keeps alive end, their images stay)" >&2
+        SPSWAP_ROOT=$old_root "$SPSWAP_BIN" daemon status >/dev/null 2>&1; then
+        echo "note: spswapd of $old_root runs with the settings it read at its start, not" \
+             "the new $DEFAULTS_FILE: restart it (SPSWAP_ROOT=$old_root $SPSWAP_BIN daemon" \
+             "stop; $SPSWAP_BIN daemon start; instances it keeps alive end, their images" \
+             "stay)" >&2
     fi
 elif [ "$REAL_GPUS" != 1 ] && [ "$FAKE_GPUS" -gt 0 ] && [ -f "$DEFAULTS_FILE" ] &&
     ! grep -q '^SPSWAP_GPUS=' "$DEFAULTS_FILE"; then
@@ -228,19 +248,6 @@ if [ "$PROCTRACK" = cgroup ]; then
         done
     fi
 fi
-
-# -- munge ----------------------------------------------------------------------------
-[ -s /etc/munge/munge.key ] || mungekey --create --keyfile=/etc/munge/munge.key
-chown munge:munge /etc/munge/munge.key
-chmod 0400 /etc/munge/munge.key
-install -d -o munge -g munge -m 0755 /run/munge
-mkdir -p "$SLURM_CI_DIR"
-if ! munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then
-    runuser -u munge -- /usr/sbin/munged   # daemonizes itself
-    touch "$SLURM_CI_DIR/munged.ours"
-    for _ in $(seq 1 50); do munge -n 2>/dev/null | unmunge >/dev/null 2>&1 && break; sleep 0.1; done
-fi
-munge -n | unmunge >/dev/null || die "munge does not work: see /var/log/munge/munged.log"
 
 # -- start ----------------------------------------------------------------------------
 if running slurmctld || running slurmd; then stop_cluster; fi

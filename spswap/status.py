@@ -96,8 +96,10 @@ def collect_status(cfg: Config, *, gpus: list[dict[str, Any]] | None = None) -> 
             "yours_bytes": sum(
                 c.get("size_bytes") or 0 for c in saved if c.get("uid") == os.getuid()
             ),
-            # what the dumped trees kept alive may hold (SPSWAP_KEEP_BYTES; 0: none kept)
+            # what the dumped trees kept alive may hold (SPSWAP_KEEP_BYTES; 0: none kept),
+            # and whether it was set (unset: 1/8 of RAM, 0 where RAM cannot be read)
             "keep_budget_bytes": cfg.keep_budget_bytes(),
+            "keep_bytes_set": cfg.keep_bytes is not None,
         },  # fmt: skip
         "settings": settings,
     }
@@ -283,11 +285,16 @@ def short_note(text: str) -> str:
     return text[: NOTE_CHARS - 1].rstrip() + "… (whole in --json)"
 
 
-def kept_text(keep_budget_bytes: int) -> str:
-    """What the keep budget lets stay alive after a dump, for the status's head. Pure."""
+def kept_text(keep_budget_bytes: int, set_by_site: bool = True) -> str:
+    """What the keep budget lets stay alive after a dump, for the status's head;
+    ``set_by_site``: SPSWAP_KEEP_BYTES was set (else its default, 1/8 of RAM). Pure."""
+    if keep_budget_bytes <= 0 and not set_by_site:
+        return ("none: this node's memory size could not be read for the default (1/8 of "
+                "RAM): set SPSWAP_KEEP_BYTES")  # fmt: skip
     if keep_budget_bytes <= 0:
         return "none: dumped instances come back from their images (SPSWAP_KEEP_BYTES=0)"
-    return f"up to {fmt_bytes(keep_budget_bytes)} of dumped instances (SPSWAP_KEEP_BYTES)"
+    how = "SPSWAP_KEEP_BYTES" if set_by_site else "SPSWAP_KEEP_BYTES unset: 1/8 of RAM"
+    return f"up to {fmt_bytes(keep_budget_bytes)} of dumped instances ({how})"
 
 
 def render_checkpoints(checkpoints: list[dict[str, Any]],
@@ -340,8 +347,9 @@ def render_status(data: dict[str, Any], *, now: float | None = None) -> Group:
         "SPSWAP_GPUS, e.g. 0,1)"
     )
     head.add_row("GPUs", gpus)  # fmt: skip
-    if (keep := (data.get("images") or {}).get("keep_budget_bytes")) is not None:
-        head.add_row("kept alive", kept_text(int(keep)))
+    images = data.get("images") or {}
+    if (keep := images.get("keep_budget_bytes")) is not None:
+        head.add_row("kept alive", kept_text(int(keep), bool(images.get("keep_bytes_set", True))))
     settings = data.get("settings") or {}
     for line in settings.get("problems", []):
         head.add_row("warning", line)

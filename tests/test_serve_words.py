@@ -65,9 +65,14 @@ IGNORED_WITH_VLLM = ("a vLLM server runs on the job's GPU and answers on the soc
         (["--idle-timeout-s", "--awake", "--device", "--socket"], "vllm", False,
          ["--idle-timeout-s, --awake ignored: for --models only",
           f"--device, --socket ignored: {IGNORED_WITH_VLLM}"]),
-        (["--launcher"], "vllm", True, ["--launcher ignored: with --models each model's engine "
-                                        "runs in spswap's own Python, not in vLLM's server "
-                                        "command"]),
+        (["--launcher", "--host"], "vllm", True,
+         ["--launcher ignored: for one model's vLLM server only (--engine vllm without "
+          "--models: with --models each model's engine runs in spswap's own Python)",
+          "--host ignored: it is the address of --port's TCP endpoint (give --port too)"]),
+        (["--launcher", "--kv-cache-gib"], "reference", True,
+         ["--kv-cache-gib ignored: for --engine vllm only",
+          "--launcher ignored: for one model's vLLM server only (--engine vllm without "
+          "--models: with --models each model's engine runs in spswap's own Python)"]),
     ],
 )  # fmt: skip
 def test_unused_options_are_named_with_the_runs_that_use_them(

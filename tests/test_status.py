@@ -394,3 +394,10 @@ def test_the_keep_budget_is_said_both_ways() -> None:
     assert kept_text(2 << 30) == "up to 2.0 GiB of dumped instances (SPSWAP_KEEP_BYTES)"
     assert kept_text(0) == ("none: dumped instances come back from their images "
                             "(SPSWAP_KEEP_BYTES=0)")  # fmt: skip
+    assert kept_text(2 << 30, set_by_site=False) == (
+        "up to 2.0 GiB of dumped instances (SPSWAP_KEEP_BYTES unset: 1/8 of RAM)"
+    )
+    assert kept_text(0, set_by_site=False) == (  # a review: it said "=0", never set
+        "none: this node's memory size could not be read for the default (1/8 of RAM): set "
+        "SPSWAP_KEEP_BYTES"
+    )

@@ -125,11 +125,13 @@ def serve(
     ),
     launcher: str = typer.Option(
         None,
-        help="(vllm) The command that runs vLLM's OpenAI server module, e.g. a "
+        help="(vllm, one model) The command that runs vLLM's OpenAI server module, e.g. a "
         "container: 'apptainer exec --nv vllm.sif python3 -m "
         "vllm.entrypoints.openai.api_server' (default: this Python, -m that module).",
     ),
-    device: str = typer.Option(None, help="cpu, cuda or cuda:N (default: cuda when present)."),
+    device: str = typer.Option(
+        None, help="(reference, or --models) cpu, cuda or cuda:N (default: cuda when present)."
+    ),
     units: int = typer.Option(
         None,
         help="Quarter-GPU units to reserve on the job's GPU: 1, 2 or 4 (default 4); "
@@ -186,7 +188,8 @@ def serve(
     socket: Path = typer.Option(
         None,
         "--socket",
-        help="Also answer requests on this Unix socket (mode 0600, in a directory only you "
+        help="(reference, or --models) Also answer requests on this Unix socket (mode 0600, "
+        "in a directory only you "
         "may open; `spswap ask`, or with --models the OpenAI API); default: none (with "
         "--models: auto). `auto`: $XDG_RUNTIME_DIR/serve-$SLURM_JOB_ID.sock when that is a "
         "directory of yours on the node, else STATE_DIR/sock/serve.sock (or "

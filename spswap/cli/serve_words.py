@@ -59,10 +59,10 @@ def words_problem(
 
 # options that only some runs use (what the others do without them is in each line below)
 VLLM_ONLY = ("--gpu-memory-utilization", "--kv-cache-gib", "--max-model-len", "--eager",
-             "--no-eager", "--pack", "--no-pack", "--vllm-args", "--launcher")  # fmt: skip
+             "--no-eager", "--pack", "--no-pack", "--vllm-args")  # fmt: skip
 MODELS_ONLY = ("--awake", "--idle-timeout-s", "--latency-target-s", "--swap-s")
 API_ONLY = ("--port", "--host")  # the OpenAI API: vLLM's server, or the router of --models
-REFERENCE_ONLY = ("--device", "--socket")  # a single vLLM server: the job's GPU, its socket
+NOT_FOR_ONE_VLLM_SERVER = ("--device", "--socket")  # it runs on the job's GPU, its own socket
 
 
 def unused_options(given: Sequence[str], *, engine: str, many: bool) -> list[str]:
@@ -82,14 +82,19 @@ def unused_options(given: Sequence[str], *, engine: str, many: bool) -> list[str
 
     if engine != "vllm":
         name(VLLM_ONLY, "for --engine vllm only")
-    elif many:
-        name(("--launcher",), "with --models each model's engine runs in spswap's own "
-                              "Python, not in vLLM's server command")  # fmt: skip
+    if engine != "vllm" or many:
+        name(("--launcher",), "for one model's vLLM server only (--engine vllm without "
+                              "--models: with --models each model's engine runs in "
+                              "spswap's own Python)")  # fmt: skip
     if not many:
         name(MODELS_ONLY, "for --models only")
         if engine != "vllm":
             name(API_ONLY, "for --engine vllm or --models only")
         else:
-            name(REFERENCE_ONLY, "a vLLM server runs on the job's GPU and answers on the "
-                                 "socket STATE_DIR/endpoint.json names")  # fmt: skip
+            name(NOT_FOR_ONE_VLLM_SERVER,
+                 "a vLLM server runs on the job's GPU and answers on the socket "
+                 "STATE_DIR/endpoint.json names")  # fmt: skip
+    if (engine == "vllm" or many) and "--host" in given and "--port" not in given:
+        lines.append("--host ignored: it is the address of --port's TCP endpoint (give "
+                     "--port too)")  # fmt: skip
     return lines

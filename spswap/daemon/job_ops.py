@@ -287,11 +287,12 @@ class _EndingRun:
 
 def over_text(slurm_state: str) -> str:
     """How a job that ended for good ended, from Slurm's state at its end: COMPLETING is
-    what Slurm 22.05 shows there for a job that completed and for one cancelled alike (a
-    walk read "Slurm said COMPLETING" of a job that had just finished). Pure."""
-    if slurm_state.split()[0].upper() == "COMPLETING":
-        return "it completed or was cancelled, not requeued"
-    return f"Slurm says {slurm_state}, not requeued"
+    what Slurm 22.05 shows there for every end (completed, cancelled, failed, out of
+    time; a walk read "Slurm said COMPLETING" of a job that had just finished). Pure."""
+    words = slurm_state.split()
+    if not words or words[0].upper() == "COMPLETING":
+        return "it ended (completed, cancelled, failed or out of time), not requeued"
+    return f"Slurm said {slurm_state} at its end, not requeued"
 
 
 def _end_restored_status(ending: _EndingRun) -> None:
@@ -304,7 +305,7 @@ def _end_restored_status(ending: _EndingRun) -> None:
     info = ending.slurm
     if info is not None and stopped_for_good(info.state, info.restart_count,
                                              ending.restart_count):  # fmt: skip
-        reason = f"the job is over ({over_text(info.state)}): nothing to restore"
+        reason = f"the job is over: {over_text(info.state)}; nothing to restore"
         st.statuses.mark_gone(job_id, reason, images_deleted=False)
 
 

@@ -118,8 +118,11 @@ def start(cfg: Config, wait_s: float = 10.0) -> int:
     daemon. Raises :class:`DaemonError` (naming the log) when it does not come up.
     """
     deadline = time.monotonic() + wait_s
-    running = daemon_running(cfg)
-    if running is not None and running < 0:  # root's, as a user sees it: it runs
+    # root's daemon as a user sees it (its pid file not readable): it runs. Root goes on to
+    # prepare_dirs (which checks the tree is root's) and waits under the start lock: a
+    # pid file it can read but not parse is one being written right now
+    running = daemon_running(cfg) if os.geteuid() != 0 else None
+    if running is not None and running < 0:
         return running
     prepare_dirs(cfg)
     try:

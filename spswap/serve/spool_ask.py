@@ -23,6 +23,7 @@ POLL_S = 0.05
 # In a `spswap serve --models` job's state directory: where its OpenAI endpoint is (such
 # a job has no spool, so `spswap ask --job/--state-dir` says so at once)
 MULTI_ENDPOINT_FILE = "models_endpoint.json"
+VLLM_ENDPOINT_FILE = "endpoint.json"  # a one-model vLLM job's (spswap.serve.vllm_run's)
 
 
 def write_multi_endpoint(state_dir: Path, socket_path: Path, models: list[str]) -> None:
@@ -76,19 +77,42 @@ def job_state_dir(job_id: str, spool_wait_s: float = 0.0) -> tuple[Path, str | N
         while not Spool(path).ready():
             if (why := not_a_spool(path, ended)) is not None:
                 raise SpswapError(why)
-            if ended is not None:  # its server never made one: no run will now
-                log = f"{info.work_dir}/<job name>-{info.job_id}.log"  # the templates'
-                raise SpswapError(f"job {info.job_id} has ended ({ended}) without a spool in "
-                                  f"{path}: its server never started; the job's log says "
-                                  f"why (the templates write it to {log})")  # fmt: skip
-            if time.monotonic() >= deadline:
-                waited = f" ({spool_wait_s:g} s after the job ran)" if info.running else ""
-                raise SpswapError(f"{path} has no spool (inbox/, outbox/){waited}: the job's "
-                                  "server has not started yet (its log says 'requests on' "
-                                  "once it has), or its state directory is elsewhere: give "
-                                  "--state-dir")  # fmt: skip
+            vllm = (path / VLLM_ENDPOINT_FILE).exists()
+            if ended is not None or vllm or time.monotonic() >= deadline:
+                waited = spool_wait_s if info.running and not vllm else None
+                raise SpswapError(no_spool_text(info.job_id, path, ended=ended, vllm=vllm,
+                                                made=path.exists(), waited_s=waited,
+                                                log=info.std_out))  # fmt: skip
             time.sleep(POLL_S)
     return path, ended
+
+
+def no_spool_text(job_id: str, path: Path, *, ended: str | None, vllm: bool, made: bool,
+                  waited_s: float | None, log: str | None) -> str:  # fmt: skip
+    """Why job ``job_id``'s state directory ``path`` takes no request (no spool), and
+    what to do. ``ended``: Slurm's state where the job ended for good; ``vllm``: the
+    directory is a vLLM server's (its endpoint file); ``made``: the directory exists;
+    ``waited_s``: how long a running job was waited for; ``log``: the job's output file
+    (Slurm's StdOut). Pure."""
+    if vllm:
+        if ended is not None:
+            return (f"job {job_id} served vLLM's OpenAI API (spswap serve --engine vllm), "
+                    f"which has no spool, and has ended ({ended}): nothing answers for it any "
+                    "more")  # fmt: skip
+        return (f"job {job_id} serves vLLM's OpenAI API (spswap serve --engine vllm), which "
+                f"has no spool: ask it on its socket, which {path / VLLM_ENDPOINT_FILE} names "
+                "(docs/slurm.md)")  # fmt: skip
+    elsewhere = "or its state directory is elsewhere: give --state-dir"
+    if ended is not None:
+        why = f"the job's log says why: {log}" if log else "the job's log says why"
+        if not made:
+            return (f"job {job_id} has ended ({ended}) without serving: {path} was never made "
+                    f"(its server never started: {why}), {elsewhere}")  # fmt: skip
+        return (f"job {job_id} has ended ({ended}) and {path} has no spool (inbox/, outbox/): "
+                f"{why}, {elsewhere}")  # fmt: skip
+    waited = f" ({waited_s:g} s after the job ran)" if waited_s is not None else ""
+    return (f"{path} has no spool (inbox/, outbox/){waited}: the job's server has not "
+            f"started yet (its log says 'requests on' once it has), {elsewhere}")  # fmt: skip
 
 
 @contextlib.contextmanager

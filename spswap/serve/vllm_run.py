@@ -50,12 +50,13 @@ from spswap.serve.http_front import HttpFront, new_key, port_taken
 from spswap.serve.lifecycle import ServeRun, run_steps
 from spswap.serve.run_log import RunPath
 from spswap.serve.slot_hold import RunSlot, StopSignals
+from spswap.serve.spool_ask import VLLM_ENDPOINT_FILE
 from spswap.serve.vllm_api import VllmApiServer, installed_vllm_version, rpc_dir_fits
 from spswap.serve.vllm_export import export_weights
 from spswap.serve.weights_pack import pack_line, pack_logged, pack_skipped, pack_slot_share
 from spswap.units import fmt_bytes
 
-ENDPOINT_FILE = "endpoint.json"
+ENDPOINT_FILE = VLLM_ENDPOINT_FILE  # (where `spswap ask --job` looks for it too)
 PROBE_TIMEOUT_S = 5.0
 API_KEY_FILE = "api_key"
 HEAP_NOTE_BYTES = 64 << 20  # a heap release this large is logged before the dump

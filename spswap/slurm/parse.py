@@ -75,6 +75,8 @@ class JobInfo:
     """The nodes the job holds or last held, as Slurm writes them (``n[1-3],gpu7``)."""
     work_dir: str | None = None
     """The job's working directory (``sbatch --chdir``, else where it was submitted)."""
+    std_out: str | None = None
+    """Where the job's output goes (``sbatch --output``, expanded), where shown."""
     requeue: bool | None = None
     """Whether Slurm may requeue the job (``Requeue=1``: ``--requeue``, or slurm.conf's
     ``JobRequeue=1``, the default, without ``--no-requeue``); None when not shown."""
@@ -318,6 +320,7 @@ def job_info_from_scontrol(text: str) -> JobInfo:
         comment=_null(fields.get("Comment")),
         nodes=_null(fields.get("NodeList")),
         work_dir=_null(fields.get("WorkDir")),
+        std_out=_null(fields.get("StdOut")),
         requeue={"1": True, "0": False}.get(fields.get("Requeue", "")),
         eligible_s=parse_slurm_time(fields.get("EligibleTime")),
     )

@@ -170,7 +170,8 @@ def test_the_epilog_of_a_restored_job_that_ends_for_good_ends_its_restored_statu
     assert status["state"] == after
     if after == CheckpointState.DELETED:
         assert status["reason"] == (
-            "the job is over (it completed or was cancelled, not requeued): nothing to restore"
+            "the job is over: it ended (completed, cancelled, failed or out of time), not "
+            "requeued; nothing to restore"
         )
 
 
@@ -311,6 +312,7 @@ def test_ended_statuses_stay_while_slurm_does_not_answer(tmp_path: Path) -> None
 def test_how_a_job_ended_is_said_in_the_users_words() -> None:
     from spswap.daemon.job_ops import over_text
 
-    assert over_text("COMPLETING") == "it completed or was cancelled, not requeued"
-    assert over_text("CANCELLED by 0") == "Slurm says CANCELLED by 0, not requeued"
-    assert over_text("TIMEOUT") == "Slurm says TIMEOUT, not requeued"
+    ended = "it ended (completed, cancelled, failed or out of time), not requeued"
+    assert over_text("COMPLETING") == ended and over_text("") == ended
+    assert over_text("CANCELLED by 0") == "Slurm said CANCELLED by 0 at its end, not requeued"
+    assert over_text("TIMEOUT") == "Slurm said TIMEOUT at its end, not requeued"

@@ -178,15 +178,47 @@ def test_ask_by_job_says_a_job_that_ended_without_a_spool_never_served(
 
     class Backend:
         def job(self, job_id: str) -> JobInfo:
-            return JobInfo(job_id=job_id, state="FAILED", work_dir=str(tmp_path))
+            return JobInfo(
+                job_id=job_id,
+                state="FAILED",
+                work_dir=str(tmp_path),
+                std_out=str(tmp_path / "serve-42.log"),
+            )
 
     monkeypatch.setattr(spool_ask, "CliBackend", Backend)
     t0 = time.monotonic()
     with pytest.raises(SpswapError) as e:
         spool_ask.job_state_dir("42", spool_wait_s=30)
     assert str(e.value) == (
-        f"job 42 has ended (FAILED) without a spool in {tmp_path}/.spswap/42: its server "
-        f"never started; the job's log says why (the templates write it to {tmp_path}/<job "
-        "name>-42.log)"
+        f"job 42 has ended (FAILED) without serving: {tmp_path}/.spswap/42 was never made "
+        f"(its server never started: the job's log says why: {tmp_path}/serve-42.log), or "
+        "its state directory is elsewhere: give --state-dir"
     )
     assert time.monotonic() - t0 < 5
+
+
+def test_no_spool_text_says_what_each_case_is() -> None:
+    """A review: a vLLM job (no spool ever) that ended was told its server never
+    started; a state directory elsewhere lost its --state-dir hint."""
+    from spswap.serve.spool_ask import no_spool_text
+
+    p = Path("/w/.spswap/7")
+    said = {k: no_spool_text("7", p, **kw) for k, kw in {
+        "vllm_ended": dict(ended="COMPLETED", vllm=True, made=True, waited_s=None, log=None),
+        "vllm": dict(ended=None, vllm=True, made=True, waited_s=None, log=None),
+        "made_ended": dict(ended="CANCELLED", vllm=False, made=True, waited_s=None,
+                           log="/w/j-7.log"),
+        "running": dict(ended=None, vllm=False, made=False, waited_s=60.0, log=None),
+    }.items()}  # fmt: skip
+    assert said == {
+        "vllm_ended": "job 7 served vLLM's OpenAI API (spswap serve --engine vllm), which has "
+        "no spool, and has ended (COMPLETED): nothing answers for it any more",
+        "vllm": "job 7 serves vLLM's OpenAI API (spswap serve --engine vllm), which has no "
+        "spool: ask it on its socket, which /w/.spswap/7/endpoint.json names (docs/slurm.md)",
+        "made_ended": "job 7 has ended (CANCELLED) and /w/.spswap/7 has no spool (inbox/, "
+        "outbox/): the job's log says why: /w/j-7.log, or its state directory is elsewhere: "
+        "give --state-dir",
+        "running": "/w/.spswap/7 has no spool (inbox/, outbox/) (60 s after the job ran): the "
+        "job's server has not started yet (its log says 'requests on' once it has), or its "
+        "state directory is elsewhere: give --state-dir",
+    }

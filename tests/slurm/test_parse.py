@@ -76,6 +76,12 @@ def test_fields(fixture: str, key: str, value: str) -> None:
     assert parse_scontrol_show_job(_text(fixture))[key] == value
 
 
+def test_job_info_says_where_the_job_writes_its_log() -> None:
+    # (`spswap ask --job N` of a job that ended without serving points at it)
+    assert job_info_from_scontrol(_text("scontrol_show_job_running.txt")).std_out == \
+        "/tmp/envjob.out"  # fmt: skip
+
+
 def test_one_line_layout_can_be_forged_by_a_job_name_multi_line_cannot() -> None:
     # same job (id 8, named "x JobState=COMPLETED Restarts=7"), both layouts
     one_line = parse_scontrol_show_job(_text("scontrol_show_job_oneline_forged_name.txt"))
