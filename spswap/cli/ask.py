@@ -65,7 +65,9 @@ def ask(
 
     A job of several models (spswap serve --models) is asked through its OpenAI
     endpoint instead (POST /v1/completions on its socket: docs/multi.md); ask refuses it
-    and prints the curl line to use.
+    and prints the curl line to use. A vLLM job (spswap serve --engine vllm) has no spool
+    either: ask it through its OpenAI API, on the socket its state directory's
+    endpoint.json names (docs/slurm.md).
     """
     req: dict[str, Any] = {}
     if prompt_ids is None and not request_id:
