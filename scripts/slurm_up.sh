@@ -156,6 +156,12 @@ if [ -n "${SPSWAP_BIN:-}${SPSWAP_ROOT:-}" ] && [ -f "$DEFAULTS_FILE" ] &&
     ! grep -qF "$DEFAULTS_MARK" "$DEFAULTS_FILE"; then
     die "$DEFAULTS_FILE exists and was not written by this script: move it aside (mv $DEFAULTS_FILE $DEFAULTS_FILE.site) and run this again to have the test cluster's written, or leave out SPSWAP_BIN and SPSWAP_ROOT and keep yours (it must name SPSWAP_BIN, and SPSWAP_GPUS=$FAKE_GPU_LIST for this test cluster's fake GPUs)"
 fi
+WRITTEN_COPY="$SLURM_CI_DIR/spswap-defaults.written"  # the file as this script last wrote it
+if [ -n "${SPSWAP_BIN:-}${SPSWAP_ROOT:-}" ] && [ -f "$DEFAULTS_FILE" ] && [ -f "$WRITTEN_COPY" ] &&
+    grep -qF "$DEFAULTS_MARK" "$DEFAULTS_FILE" && ! cmp -s "$DEFAULTS_FILE" "$WRITTEN_COPY"; then
+    # (a walk's edit, SPSWAP_KEEP_BYTES, was written over without a word)
+    die "$DEFAULTS_FILE was edited after this script wrote it ($(diff "$WRITTEN_COPY" "$DEFAULTS_FILE" | sed -n 's/^> //p' | paste -sd' ' -)): run this again without SPSWAP_BIN and SPSWAP_ROOT to keep it as it is, or remove it (rm $DEFAULTS_FILE) to have it written again; a changed setting needs no re-run, only a restart of spswapd (spswap daemon stop; spswap daemon start)"
+fi
 real=()
 if [ "$REAL_GPUS" = 1 ]; then
     mapfile -t real < <(ls /dev/nvidia[0-9]* 2>/dev/null | grep -E '/nvidia[0-9]+$' | sort -V)
@@ -190,17 +196,18 @@ if [ -n "${SPSWAP_BIN:-}${SPSWAP_ROOT:-}" ]; then
         fi
         true
     } > "$DEFAULTS_FILE"
-    cp "$DEFAULTS_FILE" "$SLURM_CI_DIR/spswap-defaults.written"  # what `down` may remove
+    cp "$DEFAULTS_FILE" "$WRITTEN_COPY"  # what `down` may remove, and `up` write again
     # spswapd reads the file at its start only: a running one keeps the settings it read
     # (asked at the root the old file named: the one whose daemon may run)
     old_root=$(sed -n 's/^SPSWAP_ROOT=//p' <<<"$was" | tail -n 1)
     old_root=${old_root:-${SPSWAP_ROOT:-/dev/shm/spswap}}
     if [ "$was" != "$(cat "$DEFAULTS_FILE")" ] && [ -n "${SPSWAP_BIN:-}" ] &&
         SPSWAP_ROOT=$old_root "$SPSWAP_BIN" daemon status >/dev/null 2>&1; then
+        at=""  # the old root named only where the new file names another
+        [ "$old_root" != "${SPSWAP_ROOT:-/dev/shm/spswap}" ] && at="SPSWAP_ROOT=$old_root "
         echo "note: spswapd of $old_root runs with the settings it read at its start, not" \
-             "the new $DEFAULTS_FILE: restart it (SPSWAP_ROOT=$old_root $SPSWAP_BIN daemon" \
-             "stop; $SPSWAP_BIN daemon start; instances it keeps alive end, their images" \
-             "stay)" >&2
+             "the new $DEFAULTS_FILE: restart it (${at}$SPSWAP_BIN daemon stop;" \
+             "$SPSWAP_BIN daemon start; instances it keeps alive end, their images stay)" >&2
     fi
 elif [ "$REAL_GPUS" != 1 ] && [ "$FAKE_GPUS" -gt 0 ] && [ -f "$DEFAULTS_FILE" ] &&
     ! grep -q '^SPSWAP_GPUS=' "$DEFAULTS_FILE"; then

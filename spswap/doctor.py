@@ -295,9 +295,18 @@ def _driver() -> dict[str, Any]:
 
 
 def _cuda_checkpoint() -> dict[str, Any]:
-    reason = cuda_ckpt.unavailable_reason()
+    return cuda_checkpoint_row(cuda_ckpt.unavailable_reason(),
+                               Path("/proc/driver/nvidia/version").exists())  # fmt: skip
+
+
+def cuda_checkpoint_row(reason: str | None, driver: bool) -> dict[str, Any]:
+    """The cuCheckpoint API's row: ``reason`` it is unavailable (None: it is there);
+    ``driver``: an NVIDIA driver is loaded (without one, a CPU-only node, the row says, as
+    the driver's row does, that nothing is needed there). Pure."""
     if reason is None:
         return check("cuCheckpoint API", True, "cuda.bindings.driver")
+    if not driver:
+        reason = f"nothing on a CPU-only node; on a GPU node: {reason}"
     return check("cuCheckpoint API", None, "unavailable", reason)
 
 

@@ -39,6 +39,24 @@ def pip_install_hint(extra: str) -> str:
     return pip_install_text(extra, sys.executable, checkout)
 
 
+def not_yours_text(writable: bool) -> str:
+    """What to add to an install command where this installation (its Python's prefix)
+    is not the user's to change (``writable``: it is): a user of a site's install runs
+    no pip there. Pure.
+
+    >>> not_yours_text(False)
+    '; this installation is not yours to change: ask its admin'
+    """
+    return "" if writable else "; this installation is not yours to change: ask its admin"
+
+
+def prefix_writable() -> bool:
+    """Whether this Python's installation may be changed by this process's user."""
+    import os
+
+    return os.access(sys.prefix, os.W_OK)
+
+
 def torch_install_text(prefix: str, base_prefix: str, script: Path | None,
                        pip_text: str) -> str:  # fmt: skip
     """The command that adds torch to this installation: the install ``script`` of

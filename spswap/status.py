@@ -6,6 +6,7 @@ daemon's pid file); it needs no daemon, no torch and no Slurm.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from typing import Any
@@ -50,6 +51,9 @@ def collect_status(cfg: Config, *, gpus: list[dict[str, Any]] | None = None) -> 
     pid = daemon_running(cfg)
     settings = _settings(cfg, pid is not None)
     daemon_gpus = settings.pop("daemon_gpus")
+    # the keep budget spswapd enforces (a walk saw this shell's edit before the restart)
+    keep_cfg = dataclasses.replace(cfg, keep_bytes=settings.pop("daemon_keep_bytes")) \
+        if "daemon_keep_bytes" in settings else cfg  # fmt: skip
     if daemon_gpus is not None and daemon_gpus != [g["index"] for g in gpus]:
         # the slot table is the daemon's: show its GPUs (the difference is listed)
         gpus = [{"index": i, "name": None, "memory_total_bytes": None, "source": "spswapd"}
@@ -97,9 +101,10 @@ def collect_status(cfg: Config, *, gpus: list[dict[str, Any]] | None = None) -> 
                 c.get("size_bytes") or 0 for c in saved if c.get("uid") == os.getuid()
             ),
             # what the dumped trees kept alive may hold (SPSWAP_KEEP_BYTES; 0: none kept),
-            # and whether it was set (unset: 1/8 of RAM, 0 where RAM cannot be read)
-            "keep_budget_bytes": cfg.keep_budget_bytes(),
-            "keep_bytes_set": cfg.keep_bytes is not None,
+            # and whether it was set (unset: 1/8 of RAM, 0 where RAM cannot be read): the
+            # running spswapd's, else this shell's (what a daemon started now would read)
+            "keep_budget_bytes": keep_cfg.keep_budget_bytes(),
+            "keep_bytes_set": keep_cfg.keep_bytes is not None,
         },  # fmt: skip
         "settings": settings,
     }
@@ -134,6 +139,9 @@ def _settings(cfg: Config, daemon_up: bool) -> dict[str, Any]:
         out["daemon_file"] = theirs["settings_file"]  # the one it read, not this shell's
     if isinstance(theirs.get("gpus"), list):
         out["daemon_gpus"] = [int(g) for g in theirs["gpus"]]
+    keep = (theirs.get("settings") or {}).get("SPSWAP_KEEP_BYTES", "absent")
+    if keep is None or (isinstance(keep, int) and not isinstance(keep, bool)):
+        out["daemon_keep_bytes"] = keep  # the budget in force is the daemon's (None: unset)
     return out
 
 
@@ -336,7 +344,8 @@ def render_status(data: dict[str, Any], *, now: float | None = None) -> Group:
     head = Table.grid(padding=(0, 2))
     head.add_row("spswap", data["spswap"])
     head.add_row("root", data["root"])
-    head.add_row("daemon", "not running (spswap daemon start, or the Slurm prolog starts it)"
+    head.add_row("daemon", "not running (the Slurm prolog starts it at a job's start; root: "
+                 "spswap daemon start)"
                  if not d["running"] else f"running (pid {d['pid']})" if d.get("pid")
                  else "running")  # fmt: skip
     gpus = (

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 
 def test_error_text_is_not_taken_for_markup(tmp_path):
     proc = subprocess.run(
@@ -314,3 +316,20 @@ def test_every_command_that_needs_torch_says_so_in_the_same_words(tmp_path):
                    sys.base_prefix else "install them with `")  # fmt: skip
         assert install in said and ("install.sh`" in said or "[torch]" in said), (argv, said)
     assert not (tmp_path / "new").exists() and not (tmp_path / "d").exists()
+
+
+def test_vllm_missing_tells_a_user_of_a_site_install_to_ask_its_admin(monkeypatch) -> None:
+    """A walk as a normal user was told to run pip in root's venv."""
+    import importlib.util
+
+    from spswap.errors import EngineError
+    from spswap.serve import vllm_api
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here")
+    for writable, said in ((False, True), (True, False)):
+        monkeypatch.setattr(vllm_api, "prefix_writable", lambda w=writable: w)
+        with pytest.raises(EngineError) as e:
+            vllm_api.installed_vllm_version()
+        assert ("`; this installation is not yours to change: ask its admin); without a GPU"
+                in str(e.value)) is said, str(e.value)  # fmt: skip

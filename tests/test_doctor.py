@@ -568,3 +568,14 @@ def test_the_budgets_row_warns_where_set_budgets_overfill_the_root(tmp_path: Pat
     assert budgets(both, settings_problems(both), node_sizes(both))["ok"] is True
     defaults = Config.from_env({}, root=tmp_path)  # 80% + half: always more than it
     assert budgets(defaults, settings_problems(defaults), node_sizes(defaults))["ok"] is None
+
+
+def test_the_cuda_checkpoint_row_on_a_cpu_only_node_says_nothing_is_needed() -> None:
+    """A walk: the driver's row said "nothing on a CPU-only node", the row below it asked
+    for cuda-bindings."""
+    row = doctor.cuda_checkpoint_row("cuda-bindings is not installed (X)", driver=False)
+    said = "nothing on a CPU-only node; on a GPU node: cuda-bindings is not installed (X)"
+    assert (row["ok"], row["value"], row["detail"]) == (None, "unavailable", said)
+    row = doctor.cuda_checkpoint_row("cuda-bindings is not installed (X)", driver=True)
+    assert row["detail"] == "cuda-bindings is not installed (X)"
+    assert doctor.cuda_checkpoint_row(None, driver=False)["ok"] is True

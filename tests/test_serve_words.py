@@ -42,8 +42,9 @@ def test_words_problem_says_what_each_stray_word_is(
     assert got == said
 
 
-IGNORED_WITH_VLLM = ("a vLLM server runs on the job's GPU and answers on the socket "
-                     "STATE_DIR/endpoint.json names")  # fmt: skip
+IGNORED_WITH_VLLM = ("for the reference engine or --models (a vLLM server runs on the job's "
+                     "GPU and answers on its own socket, which STATE_DIR/endpoint.json "
+                     "names)")  # fmt: skip
 
 
 @pytest.mark.parametrize(

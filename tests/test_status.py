@@ -401,3 +401,29 @@ def test_the_keep_budget_is_said_both_ways() -> None:
         "none: this node's memory size could not be read for the default (1/8 of RAM): set "
         "SPSWAP_KEEP_BYTES"
     )
+
+
+def test_the_kept_alive_line_is_the_running_daemons_budget(monkeypatch) -> None:
+    """A walk edited SPSWAP_KEEP_BYTES and, before restarting spswapd, read this shell's
+    1 GiB in the line while spswapd kept its default: the line is the daemon's now (the
+    difference is listed under settings)."""
+    from spswap.daemon import lifecycle
+    from tests.uids import node_root
+
+    if os.geteuid() != 0:
+        pytest.skip("spswapd's tree is root's")
+    for name in [k for k in os.environ if k.startswith("SPSWAP_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("SPSWAP_GPUS", "0")
+    monkeypatch.setenv("SPSWAP_KEEP_BYTES", str(3 << 30))  # the daemon's (it inherits it)
+    monkeypatch.setenv("SPSWAP_DEFAULTS", "/nonexistent")
+    with node_root("spsst-", {"SPSWAP_GPUS": "0", "SPSWAP_KEEP_BYTES": str(3 << 30)}) as cfg:
+        lifecycle.start(cfg, wait_s=15.0)
+        edited = Config.from_env({"SPSWAP_GPUS": "0", "SPSWAP_KEEP_BYTES": str(1 << 30)},
+                                 root=cfg.root)  # fmt: skip
+        data = collect_status(edited, gpus=GPUS[:1])
+        assert (data["images"]["keep_budget_bytes"], data["images"]["keep_bytes_set"]) == \
+            (3 << 30, True)  # fmt: skip
+        assert any("SPSWAP_KEEP_BYTES" in d for d in data["settings"]["differs"])
+    data = collect_status(edited, gpus=GPUS[:1])  # no daemon now: this shell's
+    assert data["images"]["keep_budget_bytes"] == 1 << 30

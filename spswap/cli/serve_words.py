@@ -92,8 +92,8 @@ def unused_options(given: Sequence[str], *, engine: str, many: bool) -> list[str
             name(API_ONLY, "for --engine vllm or --models only")
         else:
             name(NOT_FOR_ONE_VLLM_SERVER,
-                 "a vLLM server runs on the job's GPU and answers on the socket "
-                 "STATE_DIR/endpoint.json names")  # fmt: skip
+                 "for the reference engine or --models (a vLLM server runs on the job's GPU "
+                 "and answers on its own socket, which STATE_DIR/endpoint.json names)")  # fmt: skip
     if (engine == "vllm" or many) and "--host" in given and "--port" not in given:
         lines.append("--host ignored: it is the address of --port's TCP endpoint (give "
                      "--port too)")  # fmt: skip

@@ -34,7 +34,7 @@ from urllib.parse import urlencode
 from spswap.engines.vllm_engine import WORKER_EXTENSION, VllmSettings, engine_env
 from spswap.engines.vllm_wake import WakeTimes, wake
 from spswap.errors import EngineError, StopRequested
-from spswap.install_hint import pip_install_hint
+from spswap.install_hint import not_yours_text, pip_install_hint, prefix_writable
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 # Options spswap sets itself; a user passing one of them after `--` would break the swap.
@@ -160,7 +160,8 @@ def installed_vllm_version() -> str:
     except metadata.PackageNotFoundError:
         raise EngineError(
             "vLLM is not installed here (no vllm package metadata); it runs on a node with "
-            f"a CUDA GPU: there, install it (`{pip_install_hint('vllm')}`); without a GPU, "
+            f"a CUDA GPU: there, install it (`{pip_install_hint('vllm')}`"
+            f"{not_yours_text(prefix_writable())}); without a GPU, "
             "try spswap on a model of its reference engine (`spswap models make --preset "
             "tiny DIR`, then `spswap serve DIR`)"
         ) from None

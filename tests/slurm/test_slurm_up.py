@@ -47,7 +47,8 @@ def test_down_kills_only_its_own_slurmstepd(tmp_path: Path) -> None:
             p.wait()
 
 
-def test_a_refused_up_writes_and_starts_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("whose", ["the site's", "its own, edited"])
+def test_a_refused_up_writes_and_starts_nothing(tmp_path: Path, whose: str) -> None:
     """A walk: refused for a settings file it did not write, `up` had started munged and
     made its state directory first (docs/slurm.md: "a refused run changes nothing")."""
     if os.geteuid() != 0:
@@ -55,13 +56,26 @@ def test_a_refused_up_writes_and_starts_nothing(tmp_path: Path) -> None:
     if any(shutil.which(c) is None for c in ("slurmctld", "slurmd", "sbatch", "munged")):
         pytest.skip("Slurm is not installed here (a refused run would install it first)")
     site = tmp_path / "default-spswap"
-    site.write_text("SPSWAP_BIN=/usr/local/bin/spswap\n")
     state = tmp_path / "slurm-ci"
+    text = "SPSWAP_BIN=/usr/local/bin/spswap\n"
+    said = f"{site} exists and was not written by this script"
+    if whose != "the site's":  # a walk's edit was written over without a word
+        written = "# written by spswap scripts/slurm_up.sh\nSPSWAP_BIN=/bin/true\n"
+        state.mkdir()
+        (state / "spswap-defaults.written").write_text(written)
+        text = written + "SPSWAP_KEEP_BYTES=1G\n"
+        said = (
+            f"{site} was edited after this script wrote it (SPSWAP_KEEP_BYTES=1G): run "
+            "this again without SPSWAP_BIN and SPSWAP_ROOT to keep it as it is"
+        )
+    site.write_text(text)
+    before = sorted(p.name for p in state.iterdir()) if state.exists() else None
     env = {"PATH": os.environ["PATH"], "SLURM_CI_DIR": str(state),
            "SLURM_UP_DEFAULTS_FILE": str(site), "SPSWAP_BIN": "/bin/true"}  # fmt: skip
     up = subprocess.run([str(SLURM_UP), "up"], env=env, capture_output=True, text=True,
                         timeout=120)  # fmt: skip
     assert up.returncode == 1, up.stderr
-    assert f"{site} exists and was not written by this script" in up.stderr
-    assert not state.exists()  # no state, spool or log directory, no munged.ours
-    assert site.read_text() == "SPSWAP_BIN=/usr/local/bin/spswap\n"
+    assert said in up.stderr, up.stderr
+    # no state, spool or log directory, no munged.ours
+    assert (sorted(p.name for p in state.iterdir()) if state.exists() else None) == before
+    assert site.read_text() == text
