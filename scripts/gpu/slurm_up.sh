@@ -147,6 +147,9 @@ command -v criu >/dev/null && echo "SPSWAP_CRIU=$(command -v criu)" >> /etc/defa
 [ -n "${RESTORE_HUGEPAGES:-}" ] && echo "SPSWAP_RESTORE_HUGEPAGES=$RESTORE_HUGEPAGES" >> /etc/default/spswap
 # KEEP_ON_GPU=1: a kept instance's GPU state waits on its GPU (the next run only unlocks it)
 [ -n "${KEEP_ON_GPU:-}" ] && echo "SPSWAP_KEEP_ON_GPU=$KEEP_ON_GPU" >> /etc/default/spswap
+# these lines are the script's own, not an admin's edit: the next `up` (root_huge_compare.sh
+# runs two) writes the file again instead of refusing it as edited
+cp /etc/default/spswap "${SLURM_CI_DIR:-/tmp/spswap-slurm}/spswap-defaults.written"
 # a spswapd of an earlier `up` keeps the settings it read: the next prolog starts it anew
 "$PREFIX/bin/spswap" daemon stop >/dev/null 2>&1 || true
 # ROOT_HUGE=1: spswap's root (pool, images) on its own tmpfs mounted huge=within_size (the
