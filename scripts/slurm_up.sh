@@ -55,6 +55,7 @@ SLURM_PROLOG=${SLURM_PROLOG:-$REPO/slurm/prolog.sh}
 SLURM_EPILOG=${SLURM_EPILOG:-$REPO/slurm/epilog.sh}
 DEFAULTS_FILE=${SLURM_UP_DEFAULTS_FILE:-/etc/default/spswap}
 DEFAULTS_MARK="# written by spswap scripts/slurm_up.sh"
+WRITTEN_COPY="$SLURM_CI_DIR/spswap-defaults.written"  # the file as this script last wrote it
 
 say() { echo "[slurm_up] $*"; }
 die() { echo "slurm_up: $*" >&2; exit 1; }
@@ -109,7 +110,7 @@ if [ "${1:-up}" = down ]; then
     fi
     if [ -f "$DEFAULTS_FILE" ] && grep -qF "$DEFAULTS_MARK" "$DEFAULTS_FILE"; then
         # only as written: an admin's edits stay (the next `up` writes it again)
-        if cmp -s "$DEFAULTS_FILE" "$SLURM_CI_DIR/spswap-defaults.written"; then
+        if cmp -s "$DEFAULTS_FILE" "$WRITTEN_COPY"; then
             rm -f "$DEFAULTS_FILE"
         else
             say "kept $DEFAULTS_FILE: it was edited after this script wrote it (remove it yourself)"
@@ -152,15 +153,14 @@ EPILOG=$(resolve_hook "$SLURM_EPILOG")
 
 # The prolog runs with no PATH: tell it where spswap is.
 FAKE_GPU_LIST=$(seq -s, 0 $((FAKE_GPUS - 1)))  # SPSWAP_GPUS for the fake GPUs ("0,1")
-if [ -n "${SPSWAP_BIN:-}${SPSWAP_ROOT:-}" ] && [ -f "$DEFAULTS_FILE" ] &&
-    ! grep -qF "$DEFAULTS_MARK" "$DEFAULTS_FILE"; then
-    die "$DEFAULTS_FILE exists and was not written by this script: move it aside (mv $DEFAULTS_FILE $DEFAULTS_FILE.site) and run this again to have the test cluster's written, or leave out SPSWAP_BIN and SPSWAP_ROOT and keep yours (it must name SPSWAP_BIN, and SPSWAP_GPUS=$FAKE_GPU_LIST for this test cluster's fake GPUs)"
-fi
-WRITTEN_COPY="$SLURM_CI_DIR/spswap-defaults.written"  # the file as this script last wrote it
-if [ -n "${SPSWAP_BIN:-}${SPSWAP_ROOT:-}" ] && [ -f "$DEFAULTS_FILE" ] && [ -f "$WRITTEN_COPY" ] &&
-    grep -qF "$DEFAULTS_MARK" "$DEFAULTS_FILE" && ! cmp -s "$DEFAULTS_FILE" "$WRITTEN_COPY"; then
+if [ -n "${SPSWAP_BIN:-}${SPSWAP_ROOT:-}" ] && [ -f "$DEFAULTS_FILE" ]; then  # to be written
+    if ! grep -qF "$DEFAULTS_MARK" "$DEFAULTS_FILE"; then
+        die "$DEFAULTS_FILE exists and was not written by this script: move it aside (mv $DEFAULTS_FILE $DEFAULTS_FILE.site) and run this again to have the test cluster's written, or leave out SPSWAP_BIN and SPSWAP_ROOT and keep yours (it must name SPSWAP_BIN, and SPSWAP_GPUS=$FAKE_GPU_LIST for this test cluster's fake GPUs)"
+    fi
     # (a walk's edit, SPSWAP_KEEP_BYTES, was written over without a word)
-    die "$DEFAULTS_FILE was edited after this script wrote it ($(diff "$WRITTEN_COPY" "$DEFAULTS_FILE" | sed -n 's/^> //p' | paste -sd' ' -)): run this again without SPSWAP_BIN and SPSWAP_ROOT to keep it as it is, or remove it (rm $DEFAULTS_FILE) to have it written again; a changed setting needs no re-run, only a restart of spswapd (spswap daemon stop; spswap daemon start)"
+    if [ -f "$WRITTEN_COPY" ] && ! cmp -s "$DEFAULTS_FILE" "$WRITTEN_COPY"; then
+        die "$DEFAULTS_FILE was edited after this script wrote it ($(diff "$WRITTEN_COPY" "$DEFAULTS_FILE" | sed -n 's/^> //p' | paste -sd' ' -)): run this again without SPSWAP_BIN and SPSWAP_ROOT to keep it as it is, or remove it (rm $DEFAULTS_FILE) to have it written again; a changed setting needs no re-run, only a restart of spswapd (spswap daemon stop; spswap daemon start)"
+    fi
 fi
 real=()
 if [ "$REAL_GPUS" = 1 ]; then

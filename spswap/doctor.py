@@ -294,9 +294,9 @@ def _driver() -> dict[str, Any]:
     return check("NVIDIA driver", False, version, f"CUDA checkpoint needs >= {DRIVER_CHECKPOINT}")
 
 
-def _cuda_checkpoint() -> dict[str, Any]:
-    return cuda_checkpoint_row(cuda_ckpt.unavailable_reason(),
-                               Path("/proc/driver/nvidia/version").exists())  # fmt: skip
+def _cuda_checkpoint(driver_row: dict[str, Any]) -> dict[str, Any]:
+    # (a driver is loaded where its row found a version: "none" is a CPU-only node's)
+    return cuda_checkpoint_row(cuda_ckpt.unavailable_reason(), driver_row["value"] != "none")
 
 
 def cuda_checkpoint_row(reason: str | None, driver: bool) -> dict[str, Any]:
@@ -356,9 +356,10 @@ def collect(cfg: Config) -> dict[str, Any]:
     checks.append(check("kernel", True, release))
     checks.append(_kernel_config(release))
     checks.append(_io_uring())
-    checks.append(_driver())
+    driver = _driver()
+    checks.append(driver)
     checks += _nvml_checks(cfg.gpus)
-    checks.append(_cuda_checkpoint())
+    checks.append(_cuda_checkpoint(driver))
     checks += doctor_node.storage(cfg)
     sizes = node_sizes(cfg)
     problems = unfit_settings(cfg, sizes)  # the settings row's, and the budgets row's
