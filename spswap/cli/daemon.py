@@ -50,11 +50,16 @@ def _warn_settings(cfg: Config) -> None:
     import os
 
     path = settings_file_path(os.environ)
-    absent = "" if path.exists() else " (absent: the defaults)"
-    console.print(f"settings: {path}{absent}, then SPSWAP_* of the environment",
-                  markup=False, soft_wrap=True)  # fmt: skip
+    console.print(_settings_line(path, "the"), markup=False, soft_wrap=True)
     for problem in settings_problems(cfg):
         err_console.print(f"warning: {problem}", markup=False, soft_wrap=True)
+
+
+def _settings_line(path: Path | str, whose: str) -> str:
+    """Where a daemon's settings come from: ``path`` (named absent where it is not on
+    this node), then ``whose`` environment's SPSWAP_*."""
+    absent = "" if Path(path).exists() else " (absent: the defaults)"
+    return f"settings: {path}{absent}, then SPSWAP_* of {whose} environment"
 
 
 @app.command("stop")
@@ -119,9 +124,8 @@ def status(root: Path | None = RootOpt, json: bool = JsonOpt) -> None:
         )  # fmt: skip
         settings = info.get("settings_file")
         # (the daemon runs on this node: its settings file is this node's)
-        absent = isinstance(settings, str) and not Path(settings).exists()
-        console.print(f"settings: {settings}{' (absent: the defaults)' if absent else ''}, "
-                      "then SPSWAP_* of its environment", markup=False, soft_wrap=True)  # fmt: skip
+        if isinstance(settings, str):
+            console.print(_settings_line(settings, "its"), markup=False, soft_wrap=True)
         problems = info.get("settings_problems")
         for line in problems if isinstance(problems, list) else []:
             err_console.print(f"warning: {line}", markup=False, soft_wrap=True)

@@ -32,10 +32,14 @@ def write_multi_endpoint(state_dir: Path, socket_path: Path, models: list[str]) 
                                                         "models": models})  # fmt: skip
 
 
-def not_a_spool(state_dir: Path, ended: str | None = None) -> str | None:
+def not_a_spool(state_dir: Path, ended: str | None = None,
+                job_id: str | None = None) -> str | None:  # fmt: skip
     """Why ``state_dir`` cannot be asked through a spool because it is a multi-model
-    job's (what to do instead), or None. ``ended``: the job's state where it has ended
-    for good (then its endpoint answers no more: no way in to show)."""
+    job's or a one-model vLLM job's (what to do instead), or None. ``ended``: the job's
+    state where it has ended for good (then its endpoint answers no more: no way in to
+    show); ``job_id``: the job, where known (its words name it)."""
+    if (state_dir / VLLM_ENDPOINT_FILE).exists():
+        return _vllm_text(state_dir, ended, f"job {job_id}" if job_id else "this job")
     try:
         found = json.loads((state_dir / MULTI_ENDPOINT_FILE).read_text())
     except (OSError, ValueError):
@@ -51,6 +55,17 @@ def not_a_spool(state_dir: Path, ended: str | None = None) -> str | None:
             f"a single model's job (its state directory {state_dir} has no request queue "
             f"for it). Its endpoint is {socket_path}. "
             f"{openai_hint(socket_path, models)}")  # fmt: skip
+
+
+def _vllm_text(state_dir: Path, ended: str | None, job: str) -> str:
+    """A one-model vLLM job's state directory: its server has no spool (it answers
+    vLLM's OpenAI API on a socket of its own)."""
+    if ended is not None:
+        return (f"{job} served vLLM's OpenAI API (spswap serve --engine vllm), which has no "
+                f"spool, and has ended ({ended}): nothing answers for it any more")  # fmt: skip
+    return (f"{job} serves vLLM's OpenAI API (spswap serve --engine vllm), which has no "
+            f"spool: ask it on its socket, which {state_dir / VLLM_ENDPOINT_FILE} names "
+            "(docs/slurm.md)")  # fmt: skip
 
 
 def state_dir_of(work_dir: str, job_id: str) -> Path:
@@ -75,33 +90,23 @@ def job_state_dir(job_id: str, spool_wait_s: float = 0.0) -> tuple[Path, str | N
         # both boxes: an ask between the server's inbox/ and outbox/ was refused as "no
         # spool" (CI, the user guide's test, 2026-12-07)
         while not Spool(path).ready():
-            if (why := not_a_spool(path, ended)) is not None:
+            if (why := not_a_spool(path, ended, info.job_id)) is not None:
                 raise SpswapError(why)
-            vllm = (path / VLLM_ENDPOINT_FILE).exists()
-            if ended is not None or vllm or time.monotonic() >= deadline:
-                waited = spool_wait_s if info.running and not vllm else None
-                raise SpswapError(no_spool_text(info.job_id, path, ended=ended, vllm=vllm,
+            if ended is not None or time.monotonic() >= deadline:
+                waited = spool_wait_s if info.running else None
+                raise SpswapError(no_spool_text(info.job_id, path, ended=ended,
                                                 made=path.exists(), waited_s=waited,
                                                 log=info.std_out))  # fmt: skip
             time.sleep(POLL_S)
     return path, ended
 
 
-def no_spool_text(job_id: str, path: Path, *, ended: str | None, vllm: bool, made: bool,
+def no_spool_text(job_id: str, path: Path, *, ended: str | None, made: bool,
                   waited_s: float | None, log: str | None) -> str:  # fmt: skip
-    """Why job ``job_id``'s state directory ``path`` takes no request (no spool), and
-    what to do. ``ended``: Slurm's state where the job ended for good; ``vllm``: the
-    directory is a vLLM server's (its endpoint file); ``made``: the directory exists;
-    ``waited_s``: how long a running job was waited for; ``log``: the job's output file
-    (Slurm's StdOut). Pure."""
-    if vllm:
-        if ended is not None:
-            return (f"job {job_id} served vLLM's OpenAI API (spswap serve --engine vllm), "
-                    f"which has no spool, and has ended ({ended}): nothing answers for it any "
-                    "more")  # fmt: skip
-        return (f"job {job_id} serves vLLM's OpenAI API (spswap serve --engine vllm), which "
-                f"has no spool: ask it on its socket, which {path / VLLM_ENDPOINT_FILE} names "
-                "(docs/slurm.md)")  # fmt: skip
+    """Why job ``job_id``'s state directory ``path`` takes no request (no spool, and not
+    another kind of job's: :func:`not_a_spool`), and what to do. ``ended``: Slurm's state
+    where the job ended for good; ``made``: the directory exists; ``waited_s``: how long
+    a running job was waited for; ``log``: the job's output file (Slurm's StdOut). Pure."""
     elsewhere = "or its state directory is elsewhere: give --state-dir"
     if ended is not None:
         why = f"the job's log says why: {log}" if log else "the job's log says why"

@@ -204,17 +204,10 @@ def test_no_spool_text_says_what_each_case_is() -> None:
 
     p = Path("/w/.spswap/7")
     said = {k: no_spool_text("7", p, **kw) for k, kw in {
-        "vllm_ended": dict(ended="COMPLETED", vllm=True, made=True, waited_s=None, log=None),
-        "vllm": dict(ended=None, vllm=True, made=True, waited_s=None, log=None),
-        "made_ended": dict(ended="CANCELLED", vllm=False, made=True, waited_s=None,
-                           log="/w/j-7.log"),
-        "running": dict(ended=None, vllm=False, made=False, waited_s=60.0, log=None),
+        "made_ended": dict(ended="CANCELLED", made=True, waited_s=None, log="/w/j-7.log"),
+        "running": dict(ended=None, made=False, waited_s=60.0, log=None),
     }.items()}  # fmt: skip
     assert said == {
-        "vllm_ended": "job 7 served vLLM's OpenAI API (spswap serve --engine vllm), which has "
-        "no spool, and has ended (COMPLETED): nothing answers for it any more",
-        "vllm": "job 7 serves vLLM's OpenAI API (spswap serve --engine vllm), which has no "
-        "spool: ask it on its socket, which /w/.spswap/7/endpoint.json names (docs/slurm.md)",
         "made_ended": "job 7 has ended (CANCELLED) and /w/.spswap/7 has no spool (inbox/, "
         "outbox/): the job's log says why: /w/j-7.log, or its state directory is elsewhere: "
         "give --state-dir",
@@ -222,3 +215,26 @@ def test_no_spool_text_says_what_each_case_is() -> None:
         "job's server has not started yet (its log says 'requests on' once it has), or its "
         "state directory is elsewhere: give --state-dir",
     }
+
+
+def test_a_vllm_jobs_state_directory_names_its_socket_by_job_and_by_state_dir(
+    tmp_path: Path,
+) -> None:
+    """A one-model vLLM job has no spool: `spswap ask --job N` said so, but `--state-dir`
+    on the same directory said "is it the state directory of a serving job?" (a review,
+    2026-12-07)."""
+    from spswap.serve.spool_ask import not_a_spool
+
+    (tmp_path / "endpoint.json").write_text('{"uds": "/x/vllm.sock"}')
+    cases = {"state_dir": (), "job": (None, "7"), "ended": ("COMPLETED", "7")}
+    assert {k: not_a_spool(tmp_path, *a) for k, a in cases.items()} == {
+        "state_dir": "this job serves vLLM's OpenAI API (spswap serve --engine vllm), which "
+        f"has no spool: ask it on its socket, which {tmp_path}/endpoint.json names "
+        "(docs/slurm.md)",
+        "job": "job 7 serves vLLM's OpenAI API (spswap serve --engine vllm), which has no "
+        f"spool: ask it on its socket, which {tmp_path}/endpoint.json names (docs/slurm.md)",
+        "ended": "job 7 served vLLM's OpenAI API (spswap serve --engine vllm), which has no "
+        "spool, and has ended (COMPLETED): nothing answers for it any more",
+    }
+    with pytest.raises(SpswapError, match="^this job serves vLLM's OpenAI API"):
+        ask_spool(tmp_path, {"prompt_ids": [1]}, timeout_s=1)
