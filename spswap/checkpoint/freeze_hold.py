@@ -23,7 +23,9 @@ spswapd's start-up sweep (:func:`cgroups.sweep`) ends what a dead spswapd left i
 holds of its root's tag. A hold made without a tag (``spswap-parked-hold-<random>``: a
 dump outside spswapd, a test's or a script's, whose process died before its release)
 is nobody's: the sweep removes those too, only when empty and made a while ago
-(:func:`sweep_untagged`), never a process in them.
+(:func:`sweep_empty_holds`), never a process in them. A running spswapd's periodic sweep
+removes its own tag's holds that are empty and made a while ago: a release whose tree
+was still leaving after its wait left its hold behind (CI, 2026-12-07).
 """
 
 from __future__ import annotations
@@ -186,7 +188,10 @@ class FreezeHold:
 
 
 RMDIR_WAIT_S = 5.0
-UNTAGGED_STALE_S = 60.0  # a hold in use is empty only for the moments of its making
+# a hold in use is empty only for the moments of its making and of its release (and a
+# sweep's rmdir then races the release's, harmlessly: a cgroup with a process in it is
+# never removed, and the loser of the two rmdirs finds it gone)
+EMPTY_STALE_S = 60.0
 
 
 def hold_name(tag: str, token: str) -> str:
@@ -195,26 +200,28 @@ def hold_name(tag: str, token: str) -> str:
     return f"{cgroups.PREFIX}{tag + '-' if tag else ''}hold-{token}"
 
 
-def untagged_hold(name: str) -> bool:
-    """Whether ``name`` is a hold made without a tag (of no spswapd's root). Pure: a
-    daemon's tag is hex (:func:`cgroups.root_tag`), never "hold"."""
-    return re.fullmatch(re.escape(hold_name("", "")) + r"[0-9a-f]{8}", name) is not None
+def hold_of(name: str, tag: str) -> bool:
+    """Whether ``name`` is a hold made with ``tag`` ("": without a tag, of no spswapd's
+    root). Pure: a daemon's tag is hex (:func:`cgroups.root_tag`), never "hold"."""
+    return re.fullmatch(re.escape(hold_name(tag, "")) + r"[0-9a-f]{8}", name) is not None
 
 
-def sweepable(name: str, age_s: float, pids: int) -> bool:
-    """Whether the start-up sweep removes the cgroup ``name``, made ``age_s`` ago and
-    holding ``pids`` processes: an untagged hold, empty, older than
-    :data:`UNTAGGED_STALE_S` (one being made right now is empty for a moment). Pure."""
-    return untagged_hold(name) and pids == 0 and age_s > UNTAGGED_STALE_S
+def sweepable(name: str, age_s: float, pids: int, tag: str = "") -> bool:
+    """Whether a sweep for ``tag`` removes the cgroup ``name``, made ``age_s`` ago and
+    holding ``pids`` processes: a hold of ``tag``, empty, older than
+    :data:`EMPTY_STALE_S` (one being made right now is empty for a moment). Pure."""
+    return hold_of(name, tag) and pids == 0 and age_s > EMPTY_STALE_S
 
 
-def sweep_untagged(proc: Path = cgroups.PROC, now_s: float | None = None) -> list[str]:
-    """At spswapd's start: remove the empty untagged holds (:func:`sweepable`) in its own
-    v2 cgroup, where a process makes its holds (and where :func:`cgroups.sweep` looks);
-    returns their paths. Never raises."""
+def sweep_empty_holds(tag: str = "", proc: Path = cgroups.PROC,
+                      now_s: float | None = None) -> list[str]:  # fmt: skip
+    """Remove the empty holds of ``tag`` (:func:`sweepable`) in this process's own v2
+    cgroup, where it makes its holds (and where :func:`cgroups.sweep` looks): the
+    untagged ones at spswapd's start, its own tag's in its periodic sweep; returns their
+    paths. Never raises."""
     try:
         own = cgroups.own_dirs(cgroups.mounts(proc), proc).get("")
-        found = [d for d in own.iterdir() if untagged_hold(d.name)] if own else []
+        found = [d for d in own.iterdir() if hold_of(d.name, tag)] if own else []
     except OSError:
         return []
     now_s = time.time() if now_s is None else now_s
@@ -226,7 +233,7 @@ def sweep_untagged(proc: Path = cgroups.PROC, now_s: float | None = None) -> lis
             continue
         parts = [top / "tree", top]
         pids = sum(len(cgroups.procs_of(d)) for d in parts)
-        if sweepable(top.name, age_s, pids):
+        if sweepable(top.name, age_s, pids, tag):
             for d in parts:
                 _rmdir(d)
             if not top.exists():

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from spswap.checkpoint.cgroups import root_tag, sweep
 from spswap.checkpoint.criu import remove_image
-from spswap.checkpoint.freeze_hold import sweep_untagged
+from spswap.checkpoint.freeze_hold import sweep_empty_holds
 from spswap.checkpoint.service import incomplete_images, job_prefix, removing_dirs, temp_dirs
 from spswap.daemon.ckpt_status import resume
 from spswap.daemon.image_uses import sync_quietly
@@ -49,7 +49,7 @@ def recover(st: DaemonState) -> dict[str, Any]:
     to let go, so the daemon answers meanwhile.
     """
     # first: what a dead daemon left parked outside its job (no home known any more)
-    swept = sweep(root_tag(st.cfg.root)) + sweep_untagged()
+    swept = sweep(root_tag(st.cfg.root)) + sweep_empty_holds("")
     if swept:
         st.event("checkpoint.parked_swept", cgroups=swept)
     stale = []

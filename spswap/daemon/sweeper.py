@@ -5,13 +5,16 @@ The epilog tells the daemon when a job ends on this node, and each prolog looks 
 the jobs that left images behind; but a job cancelled while it waits in the queue
 (requeued, held, or pending after a preemption) runs neither here, and its image or kept
 tree would hold the node's memory until the next job starts. The sweep asks Slurm the
-same question the prolog does (:func:`spswap.daemon.job_ops.collect_images`).
+same question the prolog does (:func:`spswap.daemon.job_ops.collect_images`). It also
+removes the daemon's own freeze holds left empty (:func:`freeze_hold.sweep_empty_holds`).
 """
 
 from __future__ import annotations
 
 import threading
 
+from spswap.checkpoint.cgroups import root_tag
+from spswap.checkpoint.freeze_hold import sweep_empty_holds
 from spswap.daemon.job_ops import collect_images
 from spswap.daemon.state import DaemonState
 
@@ -35,6 +38,8 @@ class Sweeper:
         """One sweep; the job ids whose images and kept trees went. Never raises: a
         failed sweep is an event, and the next one tries again."""
         try:
+            if holds := sweep_empty_holds(root_tag(self.st.cfg.root)):
+                self.st.event("checkpoint.holds_swept", cgroups=holds)
             return collect_images(self.st, current_job="")
         except Exception as e:  # noqa: BLE001 - the daemon serves on whatever a sweep hits
             self.st.event("sweep.failed", reason=f"{type(e).__name__}: {e}"[:500])
