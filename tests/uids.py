@@ -95,6 +95,12 @@ def node_root(prefix: str, env: dict[str, str] | None = None) -> Iterator[Config
         yield cfg
     finally:
         lifecycle.stop(cfg, timeout_s=5.0)
+        # what the daemon left parked (kept trees, held cgroups, freeze holds) outlives it
+        # and only a daemon of the same root would sweep it: this root is about to go (an
+        # empty hold of a test root was left on the CI host by every run, 2026-12-07)
+        from spswap.checkpoint.cgroups import root_tag, sweep
+
+        sweep(root_tag(cfg.root))
         # an image left behind keeps links outside the root (link_remap: /dev/shm's) and
         # its dead tree's semaphore names: its job is over, as at a job's end for good
         images = cfg.paths.images
