@@ -98,7 +98,8 @@ def serve(
         help="(vllm) Once up, move an eager engine's weights into one allocation of vLLM's "
         "sleep pool, where the job's units hold room for a second copy for a moment: each "
         "sleep and wake then maps one allocation, not dozens (a few ms off each swap). "
-        "Default: on with --eager; --no-pack serves them as loaded; refused with --no-eager "
+        "Default: on with --eager; weights of more than 8 GiB stay as loaded (a 7B swapped "
+        "slower packed); --no-pack serves them as loaded; refused with --no-eager "
         "(CUDA graphs hold the weights' addresses).",
     ),
     vllm_args: str = typer.Option(

@@ -272,15 +272,16 @@ class VllmEngine:
     def reset_prefix_cache(self) -> None:
         self._loaded().reset_prefix_cache()
 
-    def pack(self, slot_share: float | None = None) -> dict[str, Any]:
+    def pack(self, slot_share: float | None = None,
+             max_bytes: int | None = None) -> dict[str, Any]:  # fmt: skip
         """Up, attached: the weights into one allocation of vLLM's sleep-mode pool, laid
         out as the attached entry (``spswap_pack``: fewer driver calls in every sleep
         and wake, one host copy in every wake; the second copy it holds for a moment must
-        fit beside what the engine holds in ``slot_share`` of the GPU, its slot's);
-        returns what it did, or why not."""
+        fit beside what the engine holds in ``slot_share`` of the GPU, its slot's; weights
+        of more than ``max_bytes`` stay as loaded); returns what it did, or why not."""
         if self._attached is None or self.state is not State.UP:
             raise EngineError(f"{self.name}: pack an awake engine with an attached entry")
-        return self.rpc("spswap_pack", slot_share)
+        return self.rpc("spswap_pack", slot_share, max_bytes)
 
     def trim(self) -> dict[str, Any]:
         """Asleep, before a CUDA checkpoint: return cached device blocks to the driver

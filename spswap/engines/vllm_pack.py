@@ -79,13 +79,14 @@ def allocations_by_tag(allocator: Any) -> dict[str, int]:
 def pack_weights(
     model: torch.nn.Module, manifest: Manifest, params: Mapping[str, torch.Tensor], *,
     allocator: Any, release: Callable[[Any], None], free_bytes: int, cuda_graphs: bool,
-    room: SlotRoom | None = None,
+    room: SlotRoom | None = None, max_bytes: int | None = None,
 ) -> tuple[dict[str, Any], torch.Tensor | None]:  # fmt: skip
     """Pack ``params`` (the entry's tensors of ``model``) into one block of
     ``allocator``'s ``weights`` pool; ``release`` unmaps and releases a handle
     (vLLM's ``unmap_and_release``). The second copy of the weights needs ``free_bytes``
     (the GPU's free memory) and, where given, ``room`` (what the run's slot leaves
-    beyond what the engine holds) to hold it and :data:`MARGIN_BYTES`. Returns a report and the
+    beyond what the engine holds) to hold it and :data:`MARGIN_BYTES`; weights of more than
+    ``max_bytes``, where given, are left as loaded. Returns a report and the
     block (None where it did not pack: the report's ``why`` says so). The caller drops
     its references to ``params`` before the old memory can go: pass a dict it owns no
     other reference to.
@@ -102,6 +103,9 @@ def pack_weights(
         why = "the weights are packed already"
     elif cuda_graphs:
         why = "the engine runs CUDA graphs, which hold the weights' addresses"
+    elif max_bytes is not None and size > max_bytes:
+        why = (f"the weights are {fmt_bytes(size)}, more than {fmt_bytes(max_bytes)}: weights "
+               "that large swapped slower packed (docs/benchmarks.md, section 2)")  # fmt: skip
     elif room is not None and (refused := room.refusal(size + MARGIN_BYTES)) is not None:
         why = refused
     elif free_bytes < size + MARGIN_BYTES:

@@ -249,15 +249,17 @@ class SpswapWorkerExtension(SpswapProbes):
                 "copy_call_s": done - called,
                 "stack_restored_bytes": stack_restored}  # fmt: skip
 
-    def spswap_pack(self, slot_share: float | None = None) -> dict[str, Any]:
+    def spswap_pack(self, slot_share: float | None = None,
+                    max_bytes: int | None = None) -> dict[str, Any]:  # fmt: skip
         """Move the weights into one allocation of vLLM's sleep-mode pool, laid out as the
         attached entry's data file (:mod:`spswap.engines.vllm_pack`): a level-2 sleep
         then unmaps, and a wake maps, one allocation for them, and :meth:`spswap_copy`
         copies the entry in one host copy. Awake, eager engines only, where the GPU has
         room for the weights twice for a moment (``slot_share``: the share of the GPU's
         memory the run's slot holds, of which the engine may not take more; the second
-        copy must fit beside what it holds now); returns what it did (``packed``, else
-        ``why`` not), the room it judged and vLLM's allocations by tag before and after."""
+        copy must fit beside what it holds now; ``max_bytes``: larger weights stay as
+        loaded); returns what it did (``packed``, else ``why`` not), the room it judged and
+        vLLM's allocations by tag before and after."""
         mapping: MappedEntry | None = getattr(self, "_spswap_mapping", None)
         if mapping is None:
             raise EngineError("attach a pool entry first (spswap_attach): packing follows "
@@ -282,7 +284,7 @@ class SpswapWorkerExtension(SpswapProbes):
         report, block = pack_weights(
             model, mapping.manifest, params,
             allocator=CuMemAllocator.get_instance(), release=unmap_and_release,
-            free_bytes=int(free_bytes), room=room,
+            free_bytes=int(free_bytes), room=room, max_bytes=max_bytes,
             cuda_graphs=not self._spswap_no_cuda_graphs(),
         )  # fmt: skip
         if block is None:

@@ -6,8 +6,9 @@ calls (~40-50 us each), and a loaded model's weights span dozens of them; packed
 their pool entry's data file they are one, and every later wake copies them in one host
 copy. Packing holds the weights twice for a moment: the second copy must fit in the
 part of the run's GPU slot the engine does not hold (its weights, KV cache, CUDA
-context: NVML's figure for its process), or it is skipped. A run that could
-not pack serves as it is: only each swap's few milliseconds are lost.
+context: NVML's figure for its process), or it is skipped. Weights of more than
+:data:`SERVE_PACK_MAX_BYTES` are not packed: a 7B's swapped slower packed. A run that
+could not pack serves as it is: only each swap's few milliseconds are lost.
 """
 
 from __future__ import annotations
@@ -18,6 +19,12 @@ from typing import Any
 from spswap.serve.backend import Log
 from spswap.slots.alloc import UNITS_PER_GPU
 from spswap.units import fmt_bytes
+
+# Measured on one H100 host (docs/benchmarks.md, section 2, runs p and r, 2026-12-08):
+# packed, a 0.5B's and a 1.5B's cycle (1.2, 3.3 GiB) took 5-13 ms less, a 7B's (14.2 GiB)
+# 20-22 ms more: its one 15 GB block filled at 84-85% of the pinned rate against 92-95%
+# as loaded. Between the two, nothing was measured: the cap sits in that gap.
+SERVE_PACK_MAX_BYTES = 8 << 30
 
 
 def pack_slot_share(units: int) -> float:
@@ -62,14 +69,15 @@ def pack_line(model: str, report: dict[str, Any]) -> str:
     return f"spswap serve: {model}'s weights were not packed into one allocation ({why})"
 
 
-def pack_logged(pack: Callable[[float], dict[str, Any]], model: str, slot_share: float,
+def pack_logged(pack: Callable[[float, int], dict[str, Any]], model: str, slot_share: float,
                 log: Log) -> dict[str, Any]:  # fmt: skip
-    """``pack(slot_share)`` (the worker's ``spswap_pack``, through ``model``'s server or
-    engine), logged; what it answered (``packed``, else ``why`` not). Never raises for
+    """``pack(slot_share, SERVE_PACK_MAX_BYTES)`` (the worker's ``spswap_pack``, through
+    ``model``'s server or engine), logged; what it answered (``packed``, else ``why``
+    not). Never raises for
     the packing's own trouble: the model goes on with its weights as loaded (a worker
     that died of it is the server's exit, told where the run watches for that)."""
     try:
-        report = pack(slot_share)
+        report = pack(slot_share, SERVE_PACK_MAX_BYTES)
     except Exception as e:  # noqa: BLE001 - the packing never ends a model's serving
         log(f"spswap serve: could not pack {model}'s weights ({e}); they stay as loaded")
         return {"packed": False, "why": str(e)}

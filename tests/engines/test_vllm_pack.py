@@ -111,14 +111,21 @@ GIB = 1 << 30
 
 
 @pytest.mark.parametrize(
-    ("free_bytes", "room", "graphs", "why"),
-    [(1 << 40, None, True, "CUDA graphs"),
-     (MARGIN_BYTES, None, False, "256.0 MiB free on the GPU, "),
-     (1 << 40, SlotRoom(10 * GIB, 10 * GIB - MARGIN_BYTES, True),
-      False, "the slot's 10.0 GiB leave 256.0 MiB beyond the 9.8 GiB the engine holds, ")],
+    ("free_bytes", "room", "graphs", "max_bytes", "why"),
+    [(1 << 40, None, True, None, "CUDA graphs"),
+     (MARGIN_BYTES, None, False, None, "256.0 MiB free on the GPU, "),
+     (1 << 40, SlotRoom(10 * GIB, 10 * GIB - MARGIN_BYTES, True), False, None,
+      "the slot's 10.0 GiB leave 256.0 MiB beyond the 9.8 GiB the engine holds, "),
+     (1 << 40, None, False, 64, "the weights are 20.0 KiB, more than 64 B: weights that large "
+      "swapped slower packed (docs/benchmarks.md, section 2)")],
 )  # fmt: skip
 def test_pack_weights_leaves_the_model_alone_where_it_may_not_pack(
-    tmp_path, free_bytes: int, room: SlotRoom | None, graphs: bool, why: str
+    tmp_path,
+    free_bytes: int,
+    room: SlotRoom | None,
+    graphs: bool,
+    max_bytes: int | None,
+    why: str,
 ) -> None:
     model = _Tiny()
     before = {n: t.data_ptr() for n, t in weight_tensors(model).items()}
@@ -126,7 +133,7 @@ def test_pack_weights_leaves_the_model_alone_where_it_may_not_pack(
     alloc, released = _Allocator(), []
     report, block = pack_weights(model, m, dict(weight_tensors(model)), allocator=alloc,
                                  release=released.append, free_bytes=free_bytes,
-                                 room=room, cuda_graphs=graphs)  # fmt: skip
+                                 room=room, cuda_graphs=graphs, max_bytes=max_bytes)  # fmt: skip
     assert block is None and not report["packed"] and why in report["why"]
     if room is not None:  # the figures it judged by, for the run's record
         assert report["room"] == room.to_json()

@@ -11,15 +11,15 @@ from typing import Any
 from spswap.errors import EngineError
 from spswap.multi.engine_settings import model_settings
 from spswap.multi.serve import MultiOptions
-from spswap.serve.weights_pack import pack_logged, pack_slot_share
+from spswap.serve.weights_pack import SERVE_PACK_MAX_BYTES, pack_logged, pack_slot_share
 
 
 class _Server:
     def __init__(self, answer: dict[str, Any] | Exception) -> None:
         self.answer, self.calls = answer, []
 
-    def pack(self, slot_share: float) -> dict[str, Any]:
-        self.calls.append(slot_share)
+    def pack(self, slot_share: float, max_bytes: int) -> dict[str, Any]:
+        self.calls.append((slot_share, max_bytes))
         if isinstance(self.answer, Exception):
             raise self.answer
         return self.answer
@@ -46,7 +46,8 @@ def test_a_pack_the_server_refuses_leaves_the_run_serving_with_the_reason() -> N
     logs: list[str] = []
     server = _Server(EngineError("vLLM server POST /collective_rpc answered 500: boom"))
     report = pack_logged(server.pack, "qwen", 0.1, logs.append)
-    assert server.calls == [0.1]
+    # serve's cap goes with the call: a 7B's weights swapped slower packed (2026-12-08)
+    assert server.calls == [(0.1, SERVE_PACK_MAX_BYTES)] and SERVE_PACK_MAX_BYTES == 8 << 30
     assert report == {"packed": False, "why": "vLLM server POST /collective_rpc answered 500: boom"}
     assert logs == [
         "spswap serve: could not pack qwen's weights (vLLM server POST "
