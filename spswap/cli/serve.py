@@ -82,6 +82,7 @@ def serve(
     kv_cache_gib: float = typer.Option(
         None,
         min=0.01,
+        metavar="GIB",
         help="(vllm) The KV cache's size in GiB, instead of what "
         "--gpu-memory-utilization leaves: a KV cache sized to the job's need makes every "
         "swap faster (the driver clears the freed KV cache at each sleep).",
@@ -146,22 +147,27 @@ def serve(
         "auto) routing by the request's \"model\" (the directory's name), as many awake as "
         "--units allows, the rest asleep and woken on demand.",
     ),
-    awake: int = typer.Option(None, min=1, help="(--models) At most this many models awake."),
+    awake: int = typer.Option(
+        None, min=1, metavar="N", help="(--models) At most this many models awake."
+    ),
     idle_timeout_s: float = typer.Option(
         None,
         min=0.0,
+        metavar="S",
         help="(--models) Put a model to sleep after this many seconds "
         "without a request (default: never).",
     ),
     latency_target_s: float = typer.Option(
         None,
         min=0.0,
+        metavar="S",
         help="(--models) Refuse at start a set of models that cannot meet "
         "this latency (models <= awake + target / swap seconds).",
     ),
     swap_s: float = typer.Option(
         None,
         min=0.0,
+        metavar="S",
         help="(--models) The swap time the budget assumes (default: one "
         "sleep + wake measured at start).",
     ),
