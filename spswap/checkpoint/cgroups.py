@@ -192,10 +192,10 @@ class Parking:
         return _set_frozen(self.dirs, False, timeout_s)
 
     def remove(self) -> None:
-        """Remove the (empty) parked cgroups."""
+        """Remove the (empty) parked cgroups, with an empty freeze hold left in one."""
         for d in self.dirs.values():
             try:
-                d.rmdir()
+                remove_bottom_up(d, kill=False)
             except OSError:
                 continue
 
@@ -313,14 +313,23 @@ def sweep(tag: str, proc: Path = PROC) -> list[str]:
         kill_cgroups(dirs)  # v2's cgroup.kill takes a hold's tree/ (freeze_hold) too
         for d in dirs:
             try:
-                for child in [c for c in d.iterdir() if c.is_dir()]:
-                    kill_cgroups([child])
-                    child.rmdir()
-                d.rmdir()
+                remove_bottom_up(d)
                 found.append(str(d))
             except OSError:
                 continue
     return found
+
+
+def remove_bottom_up(d: Path, kill: bool = True) -> None:
+    """Remove the cgroup ``d`` and those below it, deepest first (a parked cgroup can hold
+    a freeze hold, which holds ``tree/``: a child with a child of its own made the parked
+    one's removal fail, and a restarted spswapd left it for good), their processes killed
+    first where ``kill`` (else one with a process stays). OSError where one cannot go."""
+    for child in [c for c in d.iterdir() if c.is_dir()]:
+        remove_bottom_up(child, kill)
+    if kill:
+        kill_cgroups([d])
+    d.rmdir()
 
 
 def dirs_of(like: Sequence[Membership], proc: Path = PROC) -> list[Path]:

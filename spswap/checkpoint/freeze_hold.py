@@ -188,9 +188,10 @@ class FreezeHold:
 
 
 RMDIR_WAIT_S = 5.0
-# a hold in use is empty only for the moments of its making and of its release (and a
-# sweep's rmdir then races the release's, harmlessly: a cgroup with a process in it is
-# never removed, and the loser of the two rmdirs finds it gone)
+# a hold in use is empty only for the moments of its making, and from CRIU's end of a
+# tree it does not keep to the hold's release (a sweep's rmdir then races the release's,
+# harmlessly: a cgroup with a process in it is never removed, and the release takes a
+# hold already gone as removed). Its age is its top's mtime: set when tree/ is made.
 EMPTY_STALE_S = 60.0
 
 
@@ -215,13 +216,19 @@ def sweepable(name: str, age_s: float, pids: int, tag: str = "") -> bool:
 
 def sweep_empty_holds(tag: str = "", proc: Path = cgroups.PROC,
                       now_s: float | None = None) -> list[str]:  # fmt: skip
-    """Remove the empty holds of ``tag`` (:func:`sweepable`) in this process's own v2
-    cgroup, where it makes its holds (and where :func:`cgroups.sweep` looks): the
-    untagged ones at spswapd's start, its own tag's in its periodic sweep; returns their
-    paths. Never raises."""
+    """Remove the empty holds of ``tag`` (:func:`sweepable`) where a process makes them:
+    in its own v2 cgroup (where :func:`cgroups.sweep` looks) and, for a daemon's tag,
+    inside its parked cgroups (a parked tree's hold is made there). The untagged ones at
+    spswapd's start, its own tag's in its periodic sweep; returns their paths. Never
+    raises."""
     try:
         own = cgroups.own_dirs(cgroups.mounts(proc), proc).get("")
-        found = [d for d in own.iterdir() if hold_of(d.name, tag)] if own else []
+        found = []
+        for d in own.iterdir() if own else []:
+            if hold_of(d.name, tag):
+                found.append(d)
+            elif tag and d.name.startswith(f"{cgroups.PREFIX}{tag}-") and d.is_dir():
+                found += [h for h in d.iterdir() if hold_of(h.name, tag)]
     except OSError:
         return []
     now_s = time.time() if now_s is None else now_s

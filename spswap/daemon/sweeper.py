@@ -37,9 +37,10 @@ class Sweeper:
     def sweep_once(self) -> list[str]:
         """One sweep; the job ids whose images and kept trees went. Never raises: a
         failed sweep is an event, and the next one tries again."""
+        # (never raises: its own trouble does not keep the images' collection from running)
+        if holds := sweep_empty_holds(root_tag(self.st.cfg.root)):
+            self.st.event_quietly("checkpoint.holds_swept", cgroups=holds)
         try:
-            if holds := sweep_empty_holds(root_tag(self.st.cfg.root)):
-                self.st.event("checkpoint.holds_swept", cgroups=holds)
             return collect_images(self.st, current_job="")
         except Exception as e:  # noqa: BLE001 - the daemon serves on whatever a sweep hits
             self.st.event("sweep.failed", reason=f"{type(e).__name__}: {e}"[:500])

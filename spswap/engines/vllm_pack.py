@@ -104,8 +104,9 @@ def pack_weights(
     elif cuda_graphs:
         why = "the engine runs CUDA graphs, which hold the weights' addresses"
     elif max_bytes is not None and size > max_bytes:
-        why = (f"the weights are {fmt_bytes(size)}, more than {fmt_bytes(max_bytes)}: weights "
-               "that large swapped slower packed (docs/benchmarks.md, section 2)")  # fmt: skip
+        why = (f"the weights are {fmt_bytes(size)}, over spswap serve's {fmt_bytes(max_bytes)} "
+               "limit for packing: packed, a 7B's swap took ~21 ms longer, docs/benchmarks.md "
+               "section 2")  # fmt: skip
     elif room is not None and (refused := room.refusal(size + MARGIN_BYTES)) is not None:
         why = refused
     elif free_bytes < size + MARGIN_BYTES:

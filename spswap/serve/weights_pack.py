@@ -20,10 +20,11 @@ from spswap.serve.backend import Log
 from spswap.slots.alloc import UNITS_PER_GPU
 from spswap.units import fmt_bytes
 
-# Measured on one H100 host (docs/benchmarks.md, section 2, runs p and r, 2026-12-08):
-# packed, a 0.5B's and a 1.5B's cycle (1.2, 3.3 GiB) took 5-13 ms less, a 7B's (14.2 GiB)
-# 20-22 ms more: its one 15 GB block filled at 84-85% of the pinned rate against 92-95%
-# as loaded. Between the two, nothing was measured: the cap sits in that gap.
+# Measured on one H100 host (docs/benchmarks.md, section 2, runs p-r, 2026-12-08):
+# packed, a 0.5B's and a 1.5B's cycle (1.2, 3.3 GiB) took 5-13 ms less (run m, another
+# host with a 4 GiB KV cache, had the 1.5B's 4 ms slower), a 7B's (14.2 GiB) 21-22 ms
+# more: its one 15 GB block filled at 84-85% of the pinned rate against 92-95% as
+# loaded. Between the two, nothing was measured: the cap sits in that gap.
 SERVE_PACK_MAX_BYTES = 8 << 30
 
 

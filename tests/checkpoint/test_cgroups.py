@@ -383,3 +383,22 @@ def test_a_process_that_is_not_the_trees_any_more_goes_straight_back(job_cgroup:
         for p in (proc, other):
             p.kill()
             p.wait()
+
+
+@needs_cgroups
+def test_the_sweep_removes_a_parked_cgroup_with_a_hold_left_in_it() -> None:
+    """A parked tree's freeze hold is made inside its parked cgroup (``hold/tree``): the
+    sweep removed only one level below a parked cgroup, so a hold left there kept the
+    parked cgroup for good (a review, 2026-12-08)."""
+    assert HIERARCHY is not None
+    tag = cgroups.root_tag(Path(f"/tmp/root-nested-{os.getpid()}"))
+    left = HIERARCHY[1] / f"{cgroups.PREFIX}{tag}-7-{os.getpid()}"
+    tree = left / f"{cgroups.PREFIX}{tag}-hold-0123abcd" / "tree"
+    tree.mkdir(parents=True)
+    try:
+        assert cgroups.sweep(tag) == [str(left)]
+        assert not left.exists()
+    finally:
+        for d in (tree, tree.parent, left):
+            if d.exists():
+                d.rmdir()

@@ -116,8 +116,8 @@ GIB = 1 << 30
      (MARGIN_BYTES, None, False, None, "256.0 MiB free on the GPU, "),
      (1 << 40, SlotRoom(10 * GIB, 10 * GIB - MARGIN_BYTES, True), False, None,
       "the slot's 10.0 GiB leave 256.0 MiB beyond the 9.8 GiB the engine holds, "),
-     (1 << 40, None, False, 64, "the weights are 20.0 KiB, more than 64 B: weights that large "
-      "swapped slower packed (docs/benchmarks.md, section 2)")],
+     (1 << 40, None, False, 64, "the weights are 20.0 KiB, over spswap serve's 64 B limit for "
+      "packing: packed, a 7B's swap took ~21 ms longer, docs/benchmarks.md section 2")],
 )  # fmt: skip
 def test_pack_weights_leaves_the_model_alone_where_it_may_not_pack(
     tmp_path,
