@@ -24,6 +24,7 @@ POLL_S = 0.05
 # a job has no spool, so `spswap ask --job/--state-dir` says so at once)
 MULTI_ENDPOINT_FILE = "models_endpoint.json"
 VLLM_ENDPOINT_FILE = "endpoint.json"  # a one-model vLLM job's (spswap.serve.vllm_run's)
+VLLM_LOG_FILE = "vllm.log"  # its server's log: there from its first start, endpoint or not
 
 
 def write_multi_endpoint(state_dir: Path, socket_path: Path, models: list[str]) -> None:
@@ -38,7 +39,7 @@ def not_a_spool(state_dir: Path, ended: str | None = None,
     job's or a one-model vLLM job's (what to do instead), or None. ``ended``: the job's
     state where it has ended for good (then its endpoint answers no more: no way in to
     show); ``job_id``: the job, where known (its words name it)."""
-    if (state_dir / VLLM_ENDPOINT_FILE).exists():
+    if (state_dir / VLLM_ENDPOINT_FILE).exists() or (state_dir / VLLM_LOG_FILE).exists():
         return _vllm_text(state_dir, ended, f"job {job_id}" if job_id else "this job")
     try:
         found = json.loads((state_dir / MULTI_ENDPOINT_FILE).read_text())
@@ -59,13 +60,19 @@ def not_a_spool(state_dir: Path, ended: str | None = None,
 
 def _vllm_text(state_dir: Path, ended: str | None, job: str) -> str:
     """A one-model vLLM job's state directory: its server has no spool (it answers
-    vLLM's OpenAI API on a socket of its own)."""
+    vLLM's OpenAI API on a socket of its own, while ``endpoint.json`` names it)."""
     if ended is not None:
         return (f"{job} served vLLM's OpenAI API (spswap serve --engine vllm), which has no "
                 f"spool, and has ended ({ended}): nothing answers for it any more")  # fmt: skip
-    return (f"{job} serves vLLM's OpenAI API (spswap serve --engine vllm), which has no "
-            f"spool: ask it on its socket, which {state_dir / VLLM_ENDPOINT_FILE} names "
-            "(docs/slurm.md)")  # fmt: skip
+    endpoint = state_dir / VLLM_ENDPOINT_FILE
+    said = (f"{job} serves vLLM's OpenAI API (spswap serve --engine vllm), which has no "
+            "spool: ask it on its socket, which")  # fmt: skip
+    if endpoint.exists():
+        return f"{said} {endpoint} names (docs/slurm.md)"
+    # (removed while the server is parked or dumped, and until a run has it answering)
+    return (f"{said} {endpoint} names once it answers: not now (it is starting, or was "
+            "stopped and waits for its next run; its log: "
+            f"{state_dir / VLLM_LOG_FILE}) (docs/slurm.md)")  # fmt: skip
 
 
 def state_dir_of(work_dir: str, job_id: str) -> Path:

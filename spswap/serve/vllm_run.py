@@ -50,7 +50,7 @@ from spswap.serve.http_front import HttpFront, new_key, port_taken
 from spswap.serve.lifecycle import ServeRun, run_steps
 from spswap.serve.run_log import RunPath
 from spswap.serve.slot_hold import RunSlot, StopSignals
-from spswap.serve.spool_ask import VLLM_ENDPOINT_FILE
+from spswap.serve.spool_ask import VLLM_ENDPOINT_FILE, VLLM_LOG_FILE
 from spswap.serve.vllm_api import VllmApiServer, installed_vllm_version, rpc_dir_fits
 from spswap.serve.vllm_export import export_weights
 from spswap.serve.weights_pack import pack_line, pack_logged, pack_skipped, pack_slot_share
@@ -103,7 +103,7 @@ class VllmBackend:
         self.pool = pool if pool is not None else PoolAccess(cfg, job_id=job_id)
         self.server = VllmApiServer(
             opts.model, opts.state_dir / "sock", opts.settings, opts.vllm_args,
-            log_path=opts.state_dir / "vllm.log", launcher=opts.launcher or None,
+            log_path=opts.state_dir / VLLM_LOG_FILE, launcher=opts.launcher or None,
         )  # fmt: skip
         if "VLLM_RPC_BASE_PATH" not in os.environ and not rpc_dir_fits(opts.state_dir / "sock"):
             log(f"spswap serve: {opts.state_dir} is too long a path for vLLM's IPC sockets "

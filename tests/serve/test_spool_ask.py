@@ -238,3 +238,15 @@ def test_a_vllm_jobs_state_directory_names_its_socket_by_job_and_by_state_dir(
     }
     with pytest.raises(SpswapError, match="^this job serves vLLM's OpenAI API"):
         ask_spool(tmp_path, {"prompt_ids": [1]}, timeout_s=1)
+    # parked or dumped (its endpoint.json removed until a run has it answering): its log
+    # says it is a vLLM job; it was told "the job's server has not started yet (its log
+    # says 'requests on' once it has)", which a vLLM server's log never says (a review)
+    (tmp_path / "endpoint.json").unlink()
+    assert not_a_spool(tmp_path) is None
+    (tmp_path / "vllm.log").write_text("")
+    assert not_a_spool(tmp_path, None, "7") == (
+        "job 7 serves vLLM's OpenAI API (spswap serve --engine vllm), which has no spool: ask "
+        f"it on its socket, which {tmp_path}/endpoint.json names once it answers: not now (it "
+        "is starting, or was stopped and waits for its next run; its log: "
+        f"{tmp_path}/vllm.log) (docs/slurm.md)"
+    )
