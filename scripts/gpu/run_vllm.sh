@@ -24,6 +24,8 @@
 #   apicuda   scripts/gpu/api_cuda_probe.py on 0.5B (why vLLM's API server process holds
 #             CUDA state: the calls that start it, with their stacks; APICUDA_ENVS: variants)
 #   release   scripts/gpu/release_probe.py (are copies slow after memory goes back to the driver?)
+#   packsize  scripts/gpu/packed_size_probe.py, cudaMalloc'd then VMM blocks (does one copy
+#             into a large fresh block run slower than in pieces? PACKSIZE_ARGS: its options)
 #   sleepprobe scripts/gpu/sleep_probe.py on 1.5B (where a cycle's time goes inside vLLM;
 #             SLEEP_PROBE_SIZES: others, e.g. "0.5b 1.5b"; SLEEP_PROBE_ARGS: its options,
 #             e.g. "--kv-gib 4 --cycles 3 --pack")
@@ -188,6 +190,17 @@ if want release; then
   step release
   timeout -k 5 120 python3 scripts/gpu/release_probe.py 2>&1 | grep "RELEASE\|Error"
   timeout -k 5 120 python3 scripts/gpu/release_probe.py --expandable 2>&1 | grep "RELEASE\|Error"
+fi
+
+if want packsize; then
+  step packsize
+  for flag in "" --expandable; do
+    [ "$(left)" -gt 60 ] || { echo "packsize: out of budget"; break; }
+    timeout -k 5 $(( $(left) < 245 ? $(left) - 5 : 240 )) python3 scripts/gpu/packed_size_probe.py \
+      --dir "$(dirname "$POOL")/psp" ${PACKSIZE_ARGS:-} $flag 2>&1 | grep "PACKSIZE\|Error" \
+      | tee -a "$OUT/packsize.jsonl"
+  done
+  rm -rf "$(dirname "$POOL")/psp"
 fi
 
 if want sleepprobe; then
