@@ -53,3 +53,28 @@ def test_smaps_summary_sorts_resident_memory_by_kind_and_anonymous_by_size() -> 
         "largest_anon": [{"rss_mib": 40.0, "size_mib": "64.0", "perms": "rw-p"},
                          {"rss_mib": 1.0, "size_mib": "1.0", "perms": "rw-p"}],
     }  # fmt: skip
+
+
+def test_packed_size_probe_runs_dry_on_cpu(tmp_path: Path) -> None:
+    """scripts/gpu/packed_size_probe.py's dry run (--device cpu): one PACKSIZE line per size
+    and release, each way's three rates, and no file left behind (the GPU's run is the
+    measure; this keeps the script from reaching the GPU machine broken)."""
+    import json
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    out = subprocess.run(
+        [sys.executable, str(repo / "scripts" / "gpu" / "packed_size_probe.py"), "--device",
+         "cpu", "--sizes-gib", "0.004", "--release-gib", "0", "0.004", "--chunk-mib", "1",
+         "--dir", str(tmp_path / "psp")],
+        capture_output=True, text=True, timeout=120, env={"PYTHONPATH": str(repo)},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    lines = [json.loads(x.split(" ", 1)[1]) for x in out.stdout.splitlines()
+             if x.startswith("PACKSIZE ")]  # fmt: skip
+    assert [(r["size_gib"], r["release_gib"]) for r in lines] == [(0.0, 0.0), (0.0, 0.0)]
+    for r in lines:
+        assert r["expandable"] is False
+        assert all(len(r[f"{way}_gb_s"]) == 3 for way in ("whole", "chunked", "same_block"))
+    assert list((tmp_path / "psp").iterdir()) == []
