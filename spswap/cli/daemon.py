@@ -110,7 +110,9 @@ def status(root: Path | None = RootOpt, json: bool = JsonOpt) -> None:
         except DaemonError as e:
             problem = f"spswapd holds its pid file (pid {pid}) but does not answer: {e}"
     else:
-        problem = "spswapd is not running; start it with `spswap daemon start` (as root)"
+        # (a newcomer who just brought Slurm up read "start it" as a failure to mend)
+        problem = ("spswapd is not running: the Slurm prolog starts it at a job's start on "
+                   "this node (root: spswap daemon start)")  # fmt: skip
     if json:
         emit_json({**info, "problem": problem})
     elif problem:

@@ -119,12 +119,35 @@ def no_spool_text(job_id: str, path: Path, *, ended: str | None, made: bool,
         why = f"the job's log says why: {log}" if log else "the job's log says why"
         if not made:
             return (f"job {job_id} has ended ({ended}) without serving: {path} was never made "
-                    f"(its server never started: {why}), {elsewhere}")  # fmt: skip
+                    f"(it was not a serving job, or its server never started: {why}), "
+                    f"{elsewhere}")  # fmt: skip
         return (f"job {job_id} has ended ({ended}) and {path} has no spool (inbox/, outbox/): "
                 f"{why}, {elsewhere}")  # fmt: skip
     waited = f" ({waited_s:g} s after the job ran)" if waited_s is not None else ""
     return (f"{path} has no spool (inbox/, outbox/){waited}: the job's server has not "
             f"started yet (its log says 'requests on' once it has), {elsewhere}")  # fmt: skip
+
+
+def no_state_dir_text(state_dir: Path) -> str:
+    """Why ``spswap ask --state-dir`` cannot ask ``state_dir`` (not a serving job's state
+    directory), and what to give instead: a path that is not there, or the folder of the
+    jobs' state directories (the templates' ``WORKDIR/.spswap``: its jobs named)."""
+    if not state_dir.exists():
+        return (f"{state_dir} does not exist: give a serving job's state directory (the "
+                "templates keep it in WORKDIR/.spswap/JOB_ID), or ask with "
+                "--job JOB_ID")  # fmt: skip
+    try:
+        jobs = sorted(d.name for d in state_dir.iterdir() if Spool(d).ready())
+    except OSError:
+        jobs = []
+    if jobs:
+        more = ", ..." if len(jobs) > 3 else ""
+        shown = ", ".join(str(state_dir / j) for j in jobs[:3])
+        return (f"{state_dir} holds the state directories of jobs {', '.join(jobs[:3])}{more}: "
+                f"give one of them ({shown}{more}), or ask with --job JOB_ID")  # fmt: skip
+    return (
+        f"{state_dir} has no spool (inbox/, outbox/): is it the state directory of a serving job?"
+    )
 
 
 @contextlib.contextmanager
@@ -191,8 +214,7 @@ def _put(spool: Spool, state_dir: Path, req: Request | None, rid: str,
     if not spool.ready():
         if (why := not_a_spool(state_dir)) is not None:
             raise SpswapError(why)
-        raise SpswapError(f"{state_dir} has no spool (inbox/, outbox/): is it the state "
-                          "directory of a serving job?")  # fmt: skip
+        raise SpswapError(no_state_dir_text(state_dir))
     if ended is not None:
         given = spool.answer(rid)
         if given is not None:

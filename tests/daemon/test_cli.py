@@ -21,7 +21,10 @@ def spswap(cfg: Config, *args: str) -> subprocess.CompletedProcess[str]:
 def test_daemon_commands(cfg: Config) -> None:
     r = spswap(cfg, "daemon", "status", "--json")
     assert r.returncode == 1 and json.loads(r.stdout)["running"] is False
-    assert "spswap daemon start" in json.loads(r.stdout)["problem"]
+    assert json.loads(r.stdout)["problem"] == (
+        "spswapd is not running: the Slurm prolog starts it at a job's start on this node "
+        "(root: spswap daemon start)"
+    )
     r = spswap(cfg, "daemon", "start")
     assert r.returncode == 0 and "spswapd started (pid" in r.stdout, r.stderr
     pid = lifecycle.daemon_running(cfg)

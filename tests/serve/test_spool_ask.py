@@ -75,6 +75,31 @@ def test_a_directory_without_a_spool_is_refused(tmp_path: Path) -> None:
     assert state_dir_of("/home/u/run", "7") == Path("/home/u/run/.spswap/7")
 
 
+def test_ask_by_state_dir_names_a_missing_path_and_the_jobs_of_their_folder(
+    tmp_path: Path,
+) -> None:
+    """A newcomer's walk (2026-12-08): a path that is not there, and the templates'
+    WORKDIR/.spswap (the folder of the jobs' state directories), were both asked "is it
+    the state directory of a serving job?"."""
+    from spswap.serve.spool_ask import no_state_dir_text
+
+    gone = tmp_path / "nope"
+    with pytest.raises(SpswapError) as e:
+        ask_spool(gone, {"prompt_ids": [1]}, timeout_s=1)
+    assert str(e.value) == (
+        f"{gone} does not exist: give a serving job's state directory (the templates keep it "
+        "in WORKDIR/.spswap/JOB_ID), or ask with --job JOB_ID"
+    )
+    jobs = tmp_path / ".spswap"
+    for job in ("932", "940"):
+        Spool(jobs / job).create()
+    (jobs / "941").mkdir()  # no spool: not named
+    assert no_state_dir_text(jobs) == (
+        f"{jobs} holds the state directories of jobs 932, 940: give one of them ({jobs}/932, "
+        f"{jobs}/940), or ask with --job JOB_ID"
+    )
+
+
 def test_ask_needs_exactly_one_target() -> None:
     both = subprocess.run([sys.executable, "-m", "spswap.cli", "ask", "1", "--job", "3",
                            "--socket", "/tmp/x.sock"], capture_output=True, text=True)  # fmt: skip
@@ -191,8 +216,8 @@ def test_ask_by_job_says_a_job_that_ended_without_a_spool_never_served(
         spool_ask.job_state_dir("42", spool_wait_s=30)
     assert str(e.value) == (
         f"job 42 has ended (FAILED) without serving: {tmp_path}/.spswap/42 was never made "
-        f"(its server never started: the job's log says why: {tmp_path}/serve-42.log), or "
-        "its state directory is elsewhere: give --state-dir"
+        "(it was not a serving job, or its server never started: the job's log says why: "
+        f"{tmp_path}/serve-42.log), or its state directory is elsewhere: give --state-dir"
     )
     assert time.monotonic() - t0 < 5
 
