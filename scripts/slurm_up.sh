@@ -197,6 +197,8 @@ if [ -n "${SPSWAP_BIN:-}${SPSWAP_ROOT:-}" ]; then
         true
     } > "$DEFAULTS_FILE"
     cp "$DEFAULTS_FILE" "$WRITTEN_COPY"  # what `down` may remove, and `up` write again
+    # (a newcomer's walk: nothing said where spswap's settings for the prolog went)
+    say "wrote $DEFAULTS_FILE ($(grep -v '^#' "$DEFAULTS_FILE" | paste -sd' ' -)): spswap's settings for the prolog, epilog and spswapd; \`$0 down\` removes it unless edited"
     # spswapd reads the file at its start only: a running one keeps the settings it read
     # (asked at the root the old file named: the one whose daemon may run)
     old_root=$(sed -n 's/^SPSWAP_ROOT=//p' <<<"$was" | tail -n 1)
