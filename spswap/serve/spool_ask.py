@@ -143,6 +143,9 @@ def no_state_dir_text(state_dir: Path) -> str:
     if jobs:
         more = ", ..." if len(jobs) > 3 else ""
         shown = ", ".join(str(state_dir / j) for j in jobs[:3])
+        if len(jobs) == 1:
+            return (f"{state_dir} holds the state directory of job {jobs[0]}: give it "
+                    f"({shown}), or ask with --job {jobs[0]}")  # fmt: skip
         return (f"{state_dir} holds the state directories of jobs {', '.join(jobs[:3])}{more}: "
                 f"give one of them ({shown}{more}), or ask with --job JOB_ID")  # fmt: skip
     return (

@@ -91,6 +91,10 @@ def test_ask_by_state_dir_names_a_missing_path_and_the_jobs_of_their_folder(
         "in WORKDIR/.spswap/JOB_ID), or ask with --job JOB_ID"
     )
     jobs = tmp_path / ".spswap"
+    Spool(jobs / "932").create()
+    assert no_state_dir_text(jobs) == (
+        f"{jobs} holds the state directory of job 932: give it ({jobs}/932), or ask with --job 932"
+    )
     for job in ("932", "940"):
         Spool(jobs / job).create()
     (jobs / "941").mkdir()  # no spool: not named
