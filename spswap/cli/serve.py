@@ -48,9 +48,11 @@ from spswap.serve.runtime import ServeOptions, reference_run
 from spswap.serve.spool import Spool
 from spswap.serve.stop_budget import fitted_drain_s
 from spswap.serve.vllm_api import check_user_args
+from spswap.serve.weights_pack import SERVE_PACK_MAX_BYTES
 from spswap.slots.alloc import VALID_UNITS
 from spswap.slurm.env import JobEnv
 from spswap.slurm.requeue import requeued_note
+from spswap.units import fmt_bytes
 
 
 def serve(
@@ -99,9 +101,9 @@ def serve(
         help="(vllm) Once up, move an eager engine's weights into one allocation of vLLM's "
         "sleep pool, where the job's units hold room for a second copy for a moment: each "
         "sleep and wake then maps one allocation, not dozens (a few ms off each swap). "
-        "Default: on with --eager; weights of more than 8 GiB stay as loaded (a 7B swapped "
-        "slower packed); --no-pack serves them as loaded; refused with --no-eager "
-        "(CUDA graphs hold the weights' addresses).",
+        f"Default: on with --eager; weights of more than {fmt_bytes(SERVE_PACK_MAX_BYTES)} stay "
+        "as loaded (a 7B swapped slower packed); --no-pack serves them as loaded; refused "
+        "with --no-eager (CUDA graphs hold the weights' addresses).",
     ),
     vllm_args: str = typer.Option(
         None,
